@@ -1,0 +1,228 @@
+#pragma once
+/// \file accelerator.hpp
+/// `accel::Accelerator`: the one object a training loop talks to. It reads the YAML config (the file named by
+/// `ACCEL_CONFIG_FILE`, which accel-launch sets, or the one given in the options), picks the device and the
+/// backend, and provides Hugging Face Accelerate's API: prepare, backward, gather, accumulation, mixed
+/// precision, clipping, checkpoints. The facade holds no backend-specific code: it delegates to `Backend`.
+///
+/// The smallest diff to a plain LibTorch loop:
+/// \code
+///   #include <accel/accelerator.hpp>                                   // +
+///   accel::Accelerator accelerator;                                    // +
+///   accelerator.prepare(model, optimizer);                             // +
+///   auto loader = accelerator.prepare_data_loader(std::move(ds), 64);  // was torch::data::make_data_loader
+///   ...
+///   accelerator.backward(loss);                                        // was loss.backward()
+/// \endcode
+
+#include <accel/backend.hpp>
+#include <accel/config.hpp>
+#include <accel/data_loader.hpp>
+#include <accel/errors.hpp>
+#include <accel/grad_scaler.hpp>
+
+#include <torch/data/dataloader_options.h>
+#include <torch/data/samplers/random.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace accel {
+
+/// Overrides applied on top of the config file. Example:
+/// `Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::Bf16).gradient_accumulation_steps(4));`
+struct AcceleratorOptions {
+  /// Config file to read (default: `$ACCEL_CONFIG_FILE` when set, else built-in defaults).
+  AcceleratorOptions& config_file(std::string v) { return config_file_ = std::move(v), *this; }
+  /// A complete config to use instead of any file.
+  AcceleratorOptions& config(Config v) { return config_ = std::move(v), *this; }
+  AcceleratorOptions& mixed_precision(MixedPrecision v) { return mixed_precision_ = v, *this; }
+  AcceleratorOptions& gradient_accumulation_steps(int v) { return gradient_accumulation_steps_ = v, *this; }
+  /// Force the CPU even when a GPU is present.
+  AcceleratorOptions& cpu(bool v) { return cpu_ = v, *this; }
+  /// Backend registry to pick from (default: the built-in backends).
+  AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) { return registry_ = std::move(v), *this; }
+
+  std::optional<std::string> config_file_;
+  std::optional<Config> config_;
+  std::optional<MixedPrecision> mixed_precision_;
+  std::optional<int> gradient_accumulation_steps_;
+  std::optional<bool> cpu_;
+  std::shared_ptr<const BackendRegistry> registry_;
+};
+
+/// The training-loop facade. One per process; not thread-safe. Methods marked "collective" must be called
+/// on every rank in the same order.
+class Accelerator {
+ public:
+  /// Reads `$ACCEL_CONFIG_FILE` when set, else uses defaults. Throws ConfigError on a bad config.
+  Accelerator();
+  explicit Accelerator(AcceleratorOptions options);
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // ---- process and device ------------------------------------------------------------------------------
+  /// Device of this rank: `cuda:<local rank>` when LibTorch has CUDA and a GPU is present, else CPU.
+  torch::Device device() const noexcept { return device_; }
+  int process_index() const noexcept { return rank_; }
+  int local_process_index() const noexcept { return local_rank_; }
+  int num_processes() const noexcept { return world_size_; }
+  bool is_main_process() const noexcept { return rank_ == 0; }
+  bool is_local_main_process() const noexcept { return local_rank_ == 0; }
+  const Config& config() const noexcept { return config_; }
+  /// Name of the active backend ("local", "ddp", ...).
+  std::string backend_name() const;
+  MixedPrecision mixed_precision() const noexcept { return config_.mixed_precision; }
+  int gradient_accumulation_steps() const noexcept { return config_.gradient_accumulation_steps; }
+
+  // ---- prepare -----------------------------------------------------------------------------------------
+  /// Prepares, in place, any mix of models (`ModuleHolder` such as `Net`, or `std::shared_ptr<Module>`),
+  /// optimizers and LR schedulers: models move to the device and are handed to the backend; optimizers keep
+  /// working through the user's own `step()` and `zero_grad()`; mixed-precision autocast is switched on for
+  /// the calling thread. Collective.
+  template <class... Ts>
+  void prepare(Ts&... objects) {
+    (prepare_one(objects), ...);
+  }
+
+  /// Replaces `torch::data::make_data_loader<Sampler>(dataset, options)`: a loader that shards the data over
+  /// the ranks, reshuffles per epoch (RandomSampler, the default as in LibTorch) or keeps the order
+  /// (SequentialSampler), moves batches to `device()` and is saved and restored by save_state/load_state.
+  template <class Sampler = torch::data::samplers::RandomSampler, class Dataset>
+  std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset,
+                                                           const torch::data::DataLoaderOptions& options) {
+    DataLoaderOptions o(options.batch_size());
+    o.drop_last(options.drop_last()).shuffle(std::is_same_v<Sampler, torch::data::samplers::RandomSampler>);
+    return prepare_data_loader(std::move(dataset), o);
+  }
+  template <class Dataset>
+  std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset, DataLoaderOptions options) {
+    complete_loader_options(options);
+    auto state = register_loader();
+    return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(options), rank_, world_size_,
+                                                 device_, std::move(state));
+  }
+  template <class Dataset>
+  std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset, std::size_t batch_size) {
+    return prepare_data_loader<torch::data::samplers::RandomSampler>(
+        std::move(dataset), torch::data::DataLoaderOptions(batch_size));
+  }
+
+  /// The model itself: `prepare` works in place, so there is no wrapper to remove.
+  template <class M>
+  M& unwrap_model(M& model) const noexcept {
+    return model;
+  }
+
+  // ---- the step ------------------------------------------------------------------------------------------
+  /// Replaces `loss.backward()`. Divides the loss by `gradient_accumulation_steps`, scales it for fp16, runs
+  /// backward, and on the last micro-step of an accumulation cycle (or the last batch of the data)
+  /// synchronises gradients through the backend and unscales them. On the other micro-steps the gradients are
+  /// set aside, so the user's `optimizer.step()` and `zero_grad()` do nothing until the cycle completes.
+  /// Collective on sync steps.
+  void backward(const torch::Tensor& loss);
+  /// True when the last `backward` ended an accumulation cycle: the optimizer step that follows is real.
+  bool sync_gradients() const noexcept { return sync_gradients_; }
+  /// True when the last sync step found inf/NaN gradients (fp16) and the optimizer step was skipped.
+  bool optimizer_step_was_skipped() const noexcept { return step_was_skipped_; }
+  /// Clips the global gradient norm to `max_norm`; returns the norm before clipping (as in PyTorch).
+  /// On micro-steps that do not sync it does nothing and returns 0. Collective on sync steps.
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0);
+  /// Optimizer steps taken so far (sync steps that were not skipped).
+  std::int64_t completed_steps() const noexcept { return completed_steps_; }
+  /// Micro-steps (backward calls) so far.
+  std::int64_t micro_steps() const noexcept { return micro_steps_; }
+  /// The fp16 loss scaler (nullptr unless mixed_precision is fp16).
+  GradScaler* scaler() noexcept { return scaler_.get(); }
+
+  // ---- collectives ---------------------------------------------------------------------------------------
+  /// Concatenates `t` from every rank along dim 0, in rank order (identity on one process). Collective.
+  torch::Tensor gather(const torch::Tensor& t);
+  /// As gather, but drops the samples that even_batches duplicated at the end of the data. Collective.
+  torch::Tensor gather_for_metrics(const torch::Tensor& t);
+  /// Blocks until every rank reaches this point. Collective.
+  void wait_for_everyone();
+
+  // ---- utilities -------------------------------------------------------------------------------------------
+  /// Streams the arguments followed by a newline to stdout, on the main process only.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream os;
+    (os << ... << args);
+    os << '\n';
+    std::cout << os.str() << std::flush;
+  }
+  /// Seeds LibTorch's CPU and CUDA generators (with `seed + rank` when `device_specific`) and becomes the
+  /// default shuffling seed of loaders prepared afterwards.
+  void set_seed(std::uint64_t seed, bool device_specific = false);
+
+  // ---- checkpoints -----------------------------------------------------------------------------------------
+  /// Saves model (safetensors), optimizers, schedulers, scaler, RNG states, step counters and data-loader
+  /// positions into `dir`, atomically: a crash while saving leaves the previous checkpoint at `dir` intact.
+  /// Collective.
+  void save_state(const std::string& dir);
+  /// Restores everything save_state wrote; training then continues exactly as if never stopped. Objects must
+  /// have been prepared in the same order as when saving. Collective.
+  void load_state(const std::string& dir);
+
+ private:
+  template <class T>
+  void prepare_one(torch::nn::ModuleHolder<T>& model) {
+    prepare_model(model.ptr());
+  }
+  template <class T, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, T>>>
+  void prepare_one(std::shared_ptr<T>& model) {
+    prepare_model(model);
+  }
+  void prepare_one(torch::optim::Optimizer& optimizer) { prepare_optimizer(optimizer); }
+  void prepare_one(torch::optim::LRScheduler& scheduler) { prepare_scheduler(scheduler); }
+
+  void prepare_model(std::shared_ptr<torch::nn::Module> model);
+  void prepare_optimizer(torch::optim::Optimizer& optimizer);
+  void prepare_scheduler(torch::optim::LRScheduler& scheduler);
+  void complete_loader_options(DataLoaderOptions& options) const;
+  std::shared_ptr<detail::LoaderState> register_loader();
+  bool end_of_data() const;
+  std::vector<torch::Tensor> optimizer_params() const;
+  void stash_gradients();
+  void restore_gradients();
+  void enable_autocast();
+
+  Config config_;
+  int rank_ = 0;
+  int local_rank_ = 0;
+  int world_size_ = 1;
+  torch::Device device_ = torch::kCPU;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<GradScaler> scaler_;
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<torch::optim::LRScheduler*> schedulers_;
+  std::vector<std::shared_ptr<detail::LoaderState>> loaders_;
+  std::vector<torch::Tensor> stashed_grads_;  // parallel to optimizer_params() while a cycle is open
+  std::optional<std::uint64_t> seed_;
+
+  bool sync_gradients_ = true;
+  bool step_was_skipped_ = false;
+  std::int64_t micro_steps_ = 0;       // backward calls
+  std::int64_t cycle_position_ = 0;    // micro-steps into the current accumulation cycle
+  std::int64_t completed_steps_ = 0;
+  bool autocast_on_ = false;
+  bool autocast_prev_enabled_ = false;
+  c10::ScalarType autocast_prev_dtype_ = c10::ScalarType::Undefined;
+};
+
+}  // namespace accel

@@ -1,0 +1,74 @@
+#pragma once
+/// \file backend.hpp
+/// The interface every training backend implements (local, ddp, fsdp, zero), and the registry the
+/// Accelerator picks one from by the config's `backend`. See backends/README.md for how to add one.
+
+#include <accel/config.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+/// What a backend gets to know about the process it runs in.
+struct BackendContext {
+  const Config* config = nullptr;
+  torch::Device device = torch::kCPU;
+  int rank = 0;
+  int world_size = 1;
+};
+
+/// A named tensor of a state dict, in a stable order.
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// How gradients, parameters and optimizer state are laid out and synchronised across ranks.
+/// All methods marked "collective" are called on every rank in the same order.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Short name as in YAML ("local", "ddp", ...).
+  virtual std::string name() const = 0;
+  /// Takes over a model whose parameters are already on the device (collective).
+  virtual void prepare_model(torch::nn::Module& model) = 0;
+  /// Takes over an optimizer over (some of) the prepared model's parameters (collective).
+  virtual void prepare_optimizer(torch::optim::Optimizer& optimizer) = 0;
+  /// Before the user's backward; `sync` is false on accumulation micro-steps, which must not communicate.
+  virtual void before_backward(bool sync) = 0;
+  /// After the backward of a sync step: gradients seen by the optimizers are now the global mean (collective).
+  virtual void after_backward(bool sync) = 0;
+  /// Clips the global gradient norm in place; returns the norm before clipping (collective).
+  virtual double clip_grad_norm(double max_norm, double norm_type) = 0;
+  /// Full (unsharded) model parameters and buffers by name (collective).
+  virtual NamedTensors model_state() = 0;
+  /// Loads full model parameters and buffers; throws CheckpointError on missing or mis-shaped entries.
+  virtual void load_model_state(const std::map<std::string, torch::Tensor>& state) = 0;
+};
+
+/// Makes a backend for a context.
+using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
+
+/// Maps backend kinds to factories. Filled explicitly by `register_builtin_backends`, never by static
+/// initialisers, so a program links exactly the backends it names.
+class BackendRegistry {
+ public:
+  /// Registers (or replaces) the factory of a kind.
+  void add(BackendKind kind, BackendFactory factory);
+  /// Builds the backend of a kind; throws UnsupportedOperation naming the kind and the registered ones.
+  std::unique_ptr<Backend> create(BackendKind kind, const BackendContext& context) const;
+  bool contains(BackendKind kind) const;
+
+ private:
+  std::map<BackendKind, BackendFactory> factories_;
+};
+
+/// Registers every backend this build of accelerate-cpp ships.
+void register_builtin_backends(BackendRegistry& registry);
+
+}  // namespace accel

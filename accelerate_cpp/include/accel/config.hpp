@@ -1,0 +1,227 @@
+#pragma once
+/// \file config.hpp
+/// The run configuration of accelerate-cpp: a plain struct with defaults for everything, read from and
+/// written to YAML. Keys follow Hugging Face Accelerate's `default_config.yaml` where the concept is the
+/// same, so a file written by `accelerate config` loads as is (or fails with a message naming the file, line,
+/// key and fix).
+///
+/// Example:
+/// \code
+///   accel::Config config = accel::Config::load_file("accelerate.yaml");  // throws accel::ConfigError
+///   if (config.backend == accel::BackendKind::Fsdp) { ... }
+///   config.num_processes = 4;
+///   config.save_file("out/accelerate.yaml");
+/// \endcode
+///
+/// This header is torch-free and does not include yaml-cpp or fmt. Nothing here is collective: every function
+/// is local to the calling process.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "accel/errors.hpp"
+
+namespace accel {
+
+/// Which training backend runs the job. In YAML either our `backend:` shorthand (`local|ddp|fsdp|zero`) or
+/// Accelerate's `distributed_type:` (`NO` -> local, `MULTI_CPU`/`MULTI_GPU` -> ddp, `FSDP` -> fsdp,
+/// `DEEPSPEED` -> zero). When both are given they must agree.
+enum class BackendKind { Local, Ddp, Fsdp, Zero };
+
+/// Mixed precision mode (`mixed_precision:` `no|fp16|bf16`). fp16 uses dynamic loss scaling.
+enum class MixedPrecision { No, Fp16, Bf16 };
+
+/// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1, 2, 3 are accepted too).
+enum class ShardingStrategy {
+  FullShard,  ///< parameters, gradients and optimizer state sharded; parameters freed after forward (ZeRO-3)
+  ShardGradOp,  ///< gradients and optimizer state sharded; parameters kept after forward (ZeRO-2)
+  NoShard       ///< nothing sharded (DDP-like)
+};
+
+/// How the model is cut into FSDP units (`fsdp_auto_wrap_policy:`).
+enum class AutoWrapPolicy {
+  TransformerBasedWrap,  ///< one unit per module whose `name()` is in `transformer_layer_cls_to_wrap`
+  SizeBasedWrap,         ///< units of at least `min_num_params` parameters
+  NoWrap,                ///< the whole model is one unit
+  PerChildWrap           ///< (accelerate-cpp only) one unit per direct child module
+};
+
+/// When the next FSDP unit's parameters are gathered during backward (`fsdp_backward_prefetch:`).
+enum class BackwardPrefetch { BackwardPre, BackwardPost, NoPrefetch };
+
+/// What `save_state` writes for FSDP models (`fsdp_state_dict_type:`).
+enum class StateDictType {
+  FullStateDict,    ///< one consolidated file written by rank 0
+  ShardedStateDict  ///< one shard per rank
+};
+
+/// Where ZeRO offloads optimizer state or parameters (`offload_*_device:`; `nvme` is not supported).
+enum class OffloadDevice { None, Cpu };
+
+/// Settings of the `fsdp` backend (YAML section `fsdp_config:`, keys prefixed `fsdp_`).
+struct FsdpConfig {
+  /// `fsdp_sharding_strategy`. Accelerate's FSDP2 key `fsdp_reshard_after_forward` maps onto it:
+  /// true -> FULL_SHARD, false -> SHARD_GRAD_OP.
+  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
+  /// `fsdp_auto_wrap_policy`.
+  AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::PerChildWrap;
+  /// `fsdp_min_num_params`: minimum parameters (elements) per unit for SIZE_BASED_WRAP.
+  int64_t min_num_params = 100000000;
+  /// `fsdp_transformer_layer_cls_to_wrap`: comma-separated module names for TRANSFORMER_BASED_WRAP.
+  std::string transformer_layer_cls_to_wrap;
+  /// `fsdp_backward_prefetch`.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;
+  /// `fsdp_forward_prefetch`: gather the next unit during forward.
+  bool forward_prefetch = false;
+  /// `fsdp_offload_params`: keep sharded parameters and optimizer state on CPU.
+  bool offload_params = false;
+  /// `fsdp_state_dict_type`.
+  StateDictType state_dict_type = StateDictType::FullStateDict;
+  /// `fsdp_activation_checkpointing`: recompute each unit's activations in backward.
+  bool activation_checkpointing = false;
+  /// `fsdp_version`: 1 or 2 (Accelerate's flag; both run the same accelerate-cpp implementation).
+  int version = 1;
+  /// `fsdp_cpu_ram_efficient_loading`: only rank 0 materialises full weights when loading.
+  bool cpu_ram_efficient_loading = false;
+  /// `fsdp_sync_module_states`: broadcast rank 0's parameters and buffers at prepare time.
+  bool sync_module_states = true;
+  /// `fsdp_use_orig_params`: accepted for Accelerate compatibility; the user's parameters always stay usable.
+  bool use_orig_params = true;
+
+  /// True when parameters are freed after forward (FULL_SHARD).
+  bool reshard_after_forward() const { return sharding_strategy == ShardingStrategy::FullShard; }
+};
+
+/// Settings of the `zero` backend (YAML section `deepspeed_config:`, DeepSpeed/Accelerate names).
+struct ZeroConfig {
+  /// `zero_stage`: 0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
+  int stage = 2;
+  /// `offload_optimizer_device`: `none` or `cpu` (needs stage >= 1).
+  OffloadDevice offload_optimizer_device = OffloadDevice::None;
+  /// `offload_param_device`: `none` or `cpu` (needs stage 3).
+  OffloadDevice offload_param_device = OffloadDevice::None;
+  /// `gradient_clipping`: max global gradient norm; 0 disables clipping.
+  double gradient_clipping = 0.0;
+  /// `zero3_init_flag`: construct parameters already partitioned (stage 3).
+  bool zero3_init_flag = false;
+  /// `zero3_save_16bit_model`: `save_state` also writes a consolidated 16-bit model (stage 3).
+  bool zero3_save_16bit_model = false;
+  /// `reduce_bucket_size`: gradient reduce-scatter bucket, in bytes (YAML int or float such as 5e8).
+  uint64_t reduce_bucket_size = 500000000;
+  /// `allgather_bucket_size`: parameter all-gather bucket, in bytes.
+  uint64_t allgather_bucket_size = 500000000;
+  /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3.
+  uint64_t stage3_prefetch_bucket_size = 50000000;
+  /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
+  bool activation_checkpointing = false;
+};
+
+/// The whole run configuration. Every field has a default; `Config{}` is a valid single-process CPU/GPU run.
+/// YAML key names equal the field names unless noted.
+struct Config {
+  /// `config_version`: schema version of the file (missing means 1). This build reads version 1 only.
+  int config_version = 1;
+  /// `compute_environment`: only `LOCAL_MACHINE` is supported.
+  std::string compute_environment = "LOCAL_MACHINE";
+  /// Derived from `backend:` and/or `distributed_type:`.
+  BackendKind backend = BackendKind::Local;
+  /// `use_cpu`: run on CPU (Gloo) even when a GPU is present. `distributed_type: MULTI_CPU` implies it.
+  bool use_cpu = false;
+  /// `debug`: check every rank's tensor shapes before each collective so a mismatch is an error, not a hang.
+  bool debug = false;
+  /// `gpu_ids`: `all` or a comma-separated list such as `0,1`.
+  std::string gpu_ids = "all";
+  /// `num_processes`: total number of ranks across all machines.
+  int num_processes = 1;
+  /// `num_machines`: number of nodes; `num_processes` must be a multiple of it.
+  int num_machines = 1;
+  /// `machine_rank`: index of this node, 0..num_machines-1.
+  int machine_rank = 0;
+  /// `main_process_ip`: address of machine 0 (needed when num_machines > 1).
+  std::string main_process_ip;
+  /// `main_process_port`: rendezvous port on machine 0; 0 picks a free port.
+  int main_process_port = 29500;
+  /// `mixed_precision`.
+  MixedPrecision mixed_precision = MixedPrecision::No;
+  /// `gradient_accumulation_steps` (also read from `deepspeed_config:`; the two must agree).
+  int gradient_accumulation_steps = 1;
+  /// `collective_timeout_seconds`: a collective that takes longer fails with a DistributedError.
+  double collective_timeout_seconds = 1800;
+  /// `seed`: seed of every rank's RNGs and of data shuffling (`seed + epoch`); unset leaves RNGs alone.
+  std::optional<uint64_t> seed;
+  /// `even_batches`: complete the last round of batches by wrapping to the start of the epoch.
+  bool even_batches = true;
+  /// `split_batches`: cut each global batch into num_processes slices instead of giving each rank whole
+  /// batches.
+  bool split_batches = false;
+  /// `ddp_bucket_cap_mb`: gradient all-reduce bucket size, in MiB.
+  double ddp_bucket_cap_mb = 25;
+  /// `ddp_first_bucket_cap_mb`: size of the first (latency-sensitive) bucket, in MiB.
+  double ddp_first_bucket_cap_mb = 1;
+  /// `ddp_find_unused_parameters`: tolerate parameters that get no gradient in a step.
+  bool ddp_find_unused_parameters = false;
+  /// `fsdp_config:` section.
+  FsdpConfig fsdp;
+  /// `deepspeed_config:` section.
+  ZeroConfig zero;
+  /// File the config was read from as passed to `load_file`, the `source_name` of `load_string`, or "".
+  std::string source;
+
+  /// Reads and validates a YAML file. An empty file means all defaults.
+  /// Throws ConfigError naming the file (as `path` was given), line, key, value and fix.
+  static Config load_file(const std::string& path);
+  /// Like load_file, from YAML text; `source_name` stands for the file name in messages.
+  static Config load_string(const std::string& yaml, const std::string& source_name = "<string>");
+  /// YAML text with Accelerate-style keys (`distributed_type`, ...) plus ours; `load_string` reads it back
+  /// into an equal Config.
+  std::string to_yaml() const;
+  /// Writes `to_yaml()` to `path`, creating parent directories. Throws ConfigError when it cannot.
+  void save_file(const std::string& path) const;
+  /// Cross-field checks (machine_rank < num_machines, num_processes a multiple of num_machines, ranges ...).
+  /// Throws ConfigError. `load_file`/`load_string` call it (and then also name the offending line).
+  void validate() const;
+};
+
+/// Field-by-field equality of the settings (`source` is ignored).
+bool operator==(const FsdpConfig& a, const FsdpConfig& b);
+/// Negation of operator==.
+inline bool operator!=(const FsdpConfig& a, const FsdpConfig& b) {
+  return !(a == b);
+}
+/// Field-by-field equality of the settings.
+bool operator==(const ZeroConfig& a, const ZeroConfig& b);
+/// Negation of operator==.
+inline bool operator!=(const ZeroConfig& a, const ZeroConfig& b) {
+  return !(a == b);
+}
+/// Field-by-field equality of the settings; `source` is ignored.
+bool operator==(const Config& a, const Config& b);
+/// Negation of operator==.
+inline bool operator!=(const Config& a, const Config& b) {
+  return !(a == b);
+}
+
+/// `local`, `ddp`, `fsdp` or `zero`.
+std::string to_string(BackendKind kind);
+/// `no`, `fp16` or `bf16`.
+std::string to_string(MixedPrecision mode);
+/// The YAML spelling, e.g. `FULL_SHARD`.
+std::string to_string(ShardingStrategy strategy);
+/// The YAML spelling, e.g. `TRANSFORMER_BASED_WRAP`.
+std::string to_string(AutoWrapPolicy policy);
+/// The YAML spelling, e.g. `BACKWARD_PRE`.
+std::string to_string(BackwardPrefetch prefetch);
+/// The YAML spelling, e.g. `FULL_STATE_DICT`.
+std::string to_string(StateDictType type);
+/// `none` or `cpu`.
+std::string to_string(OffloadDevice device);
+
+/// Parses `local|ddp|fsdp|zero` (case-insensitive; `deepspeed` means `zero`). Throws ConfigError listing the
+/// allowed values.
+BackendKind parse_backend(const std::string& text);
+/// Parses `no|fp16|bf16` (case-insensitive; `false` means `no`). Throws ConfigError listing the allowed
+/// values.
+MixedPrecision parse_mixed_precision(const std::string& text);
+
+}  // namespace accel

@@ -1,0 +1,207 @@
+#pragma once
+/// \file data_loader.hpp
+/// The data loader returned by `Accelerator::prepare_data_loader`: shards batches across ranks with Hugging Face
+/// Accelerate's semantics, shuffles identically on every rank (reseeded per epoch with `seed + epoch`), moves
+/// batches to the accelerator's device, remembers its position for `save_state`, and tells the accelerator when
+/// it yields the last batch of an epoch (gradients always synchronise there).
+
+#include <torch/data/example.h>
+#include <torch/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+/// Options of a prepared data loader. Mirrors `torch::data::DataLoaderOptions` plus Accelerate's knobs.
+struct DataLoaderOptions {
+  DataLoaderOptions() = default;
+  /* implicit */ DataLoaderOptions(std::size_t batch_size) : batch_size_(batch_size) {}
+  /// Per-rank batch size (or the global one with `split_batches`). Example: `DataLoaderOptions(64).shuffle(true)`.
+  DataLoaderOptions& batch_size(std::size_t v) { return batch_size_ = v, *this; }
+  /// Shuffle each epoch with the seed `seed + epoch`, identically on every rank.
+  DataLoaderOptions& shuffle(bool v) { return shuffle_ = v, *this; }
+  /// Drop the last incomplete round of batches instead of completing it.
+  DataLoaderOptions& drop_last(bool v) { return drop_last_ = v, *this; }
+  /// Base seed of the shuffling (default: the accelerator's seed, else 0).
+  DataLoaderOptions& seed(std::uint64_t v) { return seed_ = v, *this; }
+  /// Override the config's `even_batches` / `split_batches` for this loader.
+  DataLoaderOptions& even_batches(bool v) { return even_batches_ = v, *this; }
+  DataLoaderOptions& split_batches(bool v) { return split_batches_ = v, *this; }
+
+  std::size_t batch_size_ = 1;
+  bool shuffle_ = false;
+  bool drop_last_ = false;
+  std::optional<std::uint64_t> seed_;
+  std::optional<bool> even_batches_;
+  std::optional<bool> split_batches_;
+};
+
+namespace detail {
+
+/// The batches of sample indices one rank sees in one epoch.
+struct ShardPlan {
+  std::vector<std::vector<std::size_t>> batches;
+  /// Samples in the epoch (the dataset size, minus what drop_last dropped): `gather_for_metrics` keeps exactly
+  /// this many rows over the whole epoch.
+  std::size_t total_samples = 0;
+  /// Rows of the global last round that are real samples rather than wrap-around duplicates (0: none dropped).
+  std::size_t last_round_remainder = 0;
+};
+
+/// Sample order of an epoch: 0..n-1, or a permutation drawn from a generator seeded `seed + epoch`.
+std::vector<std::size_t> epoch_order(std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch);
+
+/// Accelerate's BatchSamplerShard: global batches of `batch_size` from `order`; rank r takes batches r, r+N, ...
+/// With `even_batches` the last round is completed from the start of the epoch; with `split_batches` each global
+/// batch of `batch_size` is cut into N slices instead.
+ShardPlan plan_shard(const std::vector<std::size_t>& order, std::size_t batch_size, int rank, int world,
+                     bool drop_last, bool even_batches, bool split_batches);
+
+/// Position and end-of-data signal shared between a loader and its accelerator.
+struct LoaderState {
+  std::uint64_t epoch = 0;
+  std::size_t next_batch = 0;     ///< batches of the current epoch already yielded
+  bool at_last_batch = false;     ///< the batch just yielded is the epoch's last
+  bool in_epoch = false;          ///< an iteration is in progress
+  bool resumed = false;           ///< set by load_state: the next iteration continues at next_batch
+  std::size_t remainder = 0;      ///< ShardPlan::last_round_remainder of the current epoch
+  std::size_t batches_in_epoch = 0;
+};
+
+/// Moves a batch to a device. Overloads for the batch types of torch::data; add your own for custom batches.
+inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& d) { return t.to(d); }
+template <class D, class T>
+torch::data::Example<D, T> to_device(const torch::data::Example<D, T>& e, const torch::Device& d) {
+  return {to_device(e.data, d), to_device(e.target, d)};
+}
+template <class D>
+torch::data::Example<D, torch::data::example::NoTarget> to_device(
+    const torch::data::Example<D, torch::data::example::NoTarget>& e, const torch::Device& d) {
+  return torch::data::Example<D, torch::data::example::NoTarget>(to_device(e.data, d));
+}
+template <class T>
+std::vector<T> to_device(const std::vector<T>& v, const torch::Device& d) {
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (const auto& x : v) out.push_back(to_device(x, d));
+  return out;
+}
+
+}  // namespace detail
+
+/// A sharded, device-placing loader over a `torch::data` batch dataset (anything with
+/// `get_batch(ArrayRef<size_t>)` and `size()`, e.g. `MNIST(...).map(Stack<>())`).
+/// Each `begin()` starts the next epoch (or resumes the one a checkpoint was saved in).
+template <class Dataset>
+class DataLoader {
+ public:
+  using Batch = decltype(std::declval<Dataset&>().get_batch(std::declval<c10::ArrayRef<std::size_t>>()));
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    Iterator() = default;
+    explicit Iterator(DataLoader* loader) : loader_(loader) { fetch(); }
+    Batch& operator*() { return *current_; }
+    Batch* operator->() { return &*current_; }
+    Iterator& operator++() {
+      fetch();
+      return *this;
+    }
+    bool operator==(const Iterator& o) const { return loader_ == o.loader_; }
+    bool operator!=(const Iterator& o) const { return !(*this == o); }
+
+   private:
+    void fetch() {
+      if (!loader_) return;
+      current_ = loader_->next();
+      if (!current_) loader_ = nullptr;
+    }
+    DataLoader* loader_ = nullptr;
+    std::optional<Batch> current_;
+  };
+
+  DataLoader(Dataset dataset, DataLoaderOptions options, int rank, int world, torch::Device device,
+             std::shared_ptr<detail::LoaderState> state)
+      : dataset_(std::move(dataset)),
+        options_(std::move(options)),
+        rank_(rank),
+        world_(world),
+        device_(device),
+        state_(std::move(state)) {}
+
+  Iterator begin() {
+    start_epoch();
+    return Iterator(this);
+  }
+  Iterator end() { return Iterator(); }
+
+  /// Batches this rank yields per epoch.
+  std::size_t size() { return plan_for(state_->epoch).batches.size(); }
+  /// Samples in the dataset.
+  std::size_t dataset_size() const { return *dataset_.size(); }
+  /// Epoch that the next (or current) iteration runs.
+  std::uint64_t epoch() const { return state_->epoch; }
+  /// Jump to an epoch (as `sampler.set_epoch` in PyTorch); resets the position within the epoch.
+  void set_epoch(std::uint64_t e) {
+    state_->epoch = e;
+    state_->next_batch = 0;
+    state_->in_epoch = false;
+  }
+
+ private:
+  detail::ShardPlan plan_for(std::uint64_t epoch) const {
+    const auto n = *dataset_.size();
+    const auto order = detail::epoch_order(n, options_.shuffle_, options_.seed_.value_or(0), epoch);
+    return detail::plan_shard(order, options_.batch_size_, rank_, world_, options_.drop_last_,
+                              options_.even_batches_.value_or(true), options_.split_batches_.value_or(false));
+  }
+
+  void start_epoch() {
+    // An iteration left early (`break`) is abandoned and the next one starts a new epoch, as re-iterating a
+    // PyTorch loader does; after load_state the restored epoch continues at the restored batch instead.
+    if (!state_->resumed && state_->next_batch > 0) {
+      state_->epoch += 1;
+      state_->next_batch = 0;
+    }
+    state_->resumed = false;
+    plan_ = plan_for(state_->epoch);
+    state_->in_epoch = true;
+    state_->at_last_batch = false;
+    state_->remainder = plan_.last_round_remainder;
+    state_->batches_in_epoch = plan_.batches.size();
+  }
+
+  std::optional<Batch> next() {
+    if (state_->next_batch >= plan_.batches.size()) {
+      state_->in_epoch = false;
+      state_->at_last_batch = false;
+      state_->epoch += 1;
+      state_->next_batch = 0;
+      return std::nullopt;
+    }
+    const auto& idx = plan_.batches[state_->next_batch++];
+    state_->at_last_batch = state_->next_batch == plan_.batches.size();
+    return detail::to_device(dataset_.get_batch(idx), device_);
+  }
+
+  Dataset dataset_;
+  DataLoaderOptions options_;
+  int rank_;
+  int world_;
+  torch::Device device_;
+  std::shared_ptr<detail::LoaderState> state_;
+  detail::ShardPlan plan_;
+};
+
+}  // namespace accel

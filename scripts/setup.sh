@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One-command set-up for accelerate-cpp on Debian 12: installs what is missing (Debian packages, a
+# project-local Python venv with torch==2.11.0), configures CMake against the wheel's LibTorch and builds.
+# Idempotent and quiet when everything is already present. Environment knobs:
+#   ACCEL_BUILD_DIR (default build), ACCEL_BUILD_TYPE (Release), ACCEL_WERROR (OFF; CI sets ON),
+#   ACCEL_TORCH_PREFIX (a LibTorch you bring yourself, e.g. the unzipped official libtorch; skips the venv torch)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build_dir=${ACCEL_BUILD_DIR:-build}
+torch_version=2.11.0
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. Debian packages (headers and tools). libgloo-dev gives the gloo headers the wheel lacks;
+#    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader.
+pkgs=(build-essential cmake ninja-build ccache clang-format pkg-config zlib1g-dev libcli11-dev libyaml-cpp-dev
+  catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=(); [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Project-local venv with the pinned torch wheel (its LibTorch is what we link) and the Python
+#    peers used by tests and benchmarks.
+venv="$root/.venv"
+py_pkgs=("torch==$torch_version" safetensors numpy)
+if [[ -z ${ACCEL_TORCH_PREFIX:-} ]]; then
+  if ! "$venv/bin/python" -c "import torch, safetensors, numpy; assert torch.__version__.split('+')[0] == '$torch_version'" \
+      2>/dev/null; then
+    log "creating $venv with ${py_pkgs[*]} (first time: ~2 min and ~5 GB, mostly CUDA libraries)"
+    [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"
+  fi
+  torch_prefix=$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+else
+  torch_prefix=$ACCEL_TORCH_PREFIX
+fi
+
+# 3. Configure (once) and build. ccache and precompiled headers keep rebuilds short.
+if [[ ! -f $build_dir/CMakeCache.txt ]]; then
+  log "configuring CMake in $build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${ACCEL_BUILD_TYPE:-Release}" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DACCEL_WERROR="${ACCEL_WERROR:-OFF}" \
+    -DACCEL_PYTHON="$venv/bin/python" >"$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log" >&2; exit 1; }
+fi
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+# Every LibTorch translation unit needs >1 GiB: two jobs fit the 2-core, 24 GiB machines we target.
+cmake --build "$build_dir" -j "${ACCEL_JOBS:-2}" | { grep -v -x 'ninja: no work to do.' || true; }
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,195 @@
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+
+#include <ATen/autocast_mode.h>
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+
+namespace {
+
+// Plain LibTorch: one SGD step on the whole batch x, y.
+std::vector<torch::Tensor> big_batch_step(const torch::Tensor& x, const torch::Tensor& y) {
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  opt.zero_grad();
+  torch::mse_loss(model(x), y).backward();
+  opt.step();
+  return test::snapshot(*model);
+}
+
+}  // namespace
+
+TEST_CASE("accelerator: defaults on CPU are one local process") {
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  REQUIRE(acc.device() == torch::Device(torch::kCPU));
+  REQUIRE(acc.num_processes() == 1);
+  REQUIRE(acc.is_main_process());
+  REQUIRE(acc.backend_name() == "local");
+  auto t = torch::arange(5);
+  REQUIRE(torch::equal(acc.gather(t), t));
+}
+
+TEST_CASE("accelerator: accumulating 4 micro-batches equals one step on the big batch") {
+  Regression data(8);
+  const auto expected = big_batch_step(data.x, data.y);
+
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::No, 4)));
+  acc.prepare(model, opt);
+  const auto initial = test::snapshot(*model);
+  for (int i = 0; i < 4; ++i) {
+    auto xs = data.x.slice(0, 2 * i, 2 * i + 2), ys = data.y.slice(0, 2 * i, 2 * i + 2);
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(xs), ys));
+    REQUIRE(acc.sync_gradients() == (i == 3));
+    opt.step();  // the user's step: a no-op until the cycle completes
+    const auto now = test::snapshot(*model);
+    for (std::size_t k = 0; k < now.size(); ++k) {
+      if (i < 3) REQUIRE(torch::equal(now[k], initial[k]));
+    }
+  }
+  const auto got = test::snapshot(*model);
+  for (std::size_t k = 0; k < got.size(); ++k) REQUIRE(torch::allclose(got[k], expected[k], 1e-6, 1e-7));
+  REQUIRE(acc.completed_steps() == 1);
+}
+
+TEST_CASE("accelerator: gradients always synchronise on the last batch of the data") {
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::No, 4)));
+  acc.prepare(model, opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(12).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(2));
+  std::vector<bool> syncs;
+  for (auto& batch : *loader) {
+    acc.backward(torch::mse_loss(model(batch.data), batch.target));
+    syncs.push_back(acc.sync_gradients());
+    opt.step();
+    opt.zero_grad();
+  }
+  REQUIRE(syncs == std::vector<bool>{false, false, false, true, false, true});
+  REQUIRE(acc.completed_steps() == 2);
+}
+
+TEST_CASE("accelerator: bf16 autocast runs the forward in bfloat16 and trains close to fp32") {
+  Regression data(16);
+  auto run = [&](MixedPrecision mp, torch::ScalarType* out_dtype) {
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), 0.05);
+    Accelerator acc(AcceleratorOptions().config(test::make_config(mp)));
+    acc.prepare(model, opt);
+    for (int step = 0; step < 5; ++step) {
+      opt.zero_grad();
+      auto out = model(data.x);
+      *out_dtype = out.scalar_type();
+      acc.backward(torch::mse_loss(out.to(torch::kFloat32), data.y));
+      opt.step();
+    }
+    return test::snapshot(*model);
+  };
+  torch::ScalarType fp32_dtype{}, bf16_dtype{};
+  const auto a = run(MixedPrecision::No, &fp32_dtype);
+  const auto b = run(MixedPrecision::Bf16, &bf16_dtype);
+  REQUIRE(fp32_dtype == torch::kFloat32);
+  REQUIRE(bf16_dtype == torch::kBFloat16);
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(b[k].scalar_type() == torch::kFloat32);  // master weights stay fp32
+    REQUIRE(torch::allclose(a[k], b[k], 2e-2, 2e-2));
+  }
+  REQUIRE_FALSE(at::autocast::is_autocast_enabled(torch::kCPU));  // restored by the destructor
+}
+
+TEST_CASE("accelerator: fp16 skips the step on inf/NaN gradients and backs off the scale") {
+  Regression data(8);
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::Fp16)));
+  acc.prepare(model, opt);
+  REQUIRE(acc.scaler() != nullptr);
+  REQUIRE(acc.scaler()->get_scale() == 65536.0);
+
+  bool poison = false;
+  float poison_value = std::numeric_limits<float>::infinity();
+  model->fc1->weight.register_hook([&](torch::Tensor g) {
+    return poison ? torch::full_like(g, poison_value) : g;
+  });
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    poison = true;
+    poison_value = bad;
+    const auto before = test::snapshot(*model);
+    const double scale_before = acc.scaler()->get_scale();
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(data.x).to(torch::kFloat32), data.y));
+    REQUIRE(acc.optimizer_step_was_skipped());
+    opt.step();
+    const auto after = test::snapshot(*model);
+    for (std::size_t k = 0; k < after.size(); ++k) REQUIRE(torch::equal(before[k], after[k]));
+    REQUIRE(acc.scaler()->get_scale() == scale_before * 0.5);
+  }
+  poison = false;
+  const auto before = test::snapshot(*model);
+  opt.zero_grad();
+  acc.backward(torch::mse_loss(model(data.x).to(torch::kFloat32), data.y));
+  REQUIRE_FALSE(acc.optimizer_step_was_skipped());
+  opt.step();
+  REQUIRE_FALSE(torch::equal(before[0], test::snapshot(*model)[0]));
+  REQUIRE(acc.completed_steps() == 1);
+}
+
+TEST_CASE("accelerator: fp16 gradients reach the optimizer unscaled") {
+  Regression data(8);
+  auto grads = [&](MixedPrecision mp) {
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Accelerator acc(AcceleratorOptions().config(test::make_config(mp)));
+    acc.prepare(model, opt);
+    acc.backward(torch::mse_loss(model(data.x).to(torch::kFloat32), data.y));
+    return model->fc2->weight.grad().clone();
+  };
+  REQUIRE(torch::allclose(grads(MixedPrecision::Fp16), grads(MixedPrecision::No), 2e-2, 2e-2));
+}
+
+TEST_CASE("accelerator: clip_grad_norm_ clips the global norm and returns it") {
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt);
+  Regression data(8);
+  acc.backward(100.0 * torch::mse_loss(model(data.x), data.y));
+  double expected = 0;
+  for (const auto& p : model->parameters()) expected += p.grad().pow(2).sum().item<double>();
+  expected = std::sqrt(expected);
+  REQUIRE(acc.clip_grad_norm_(0.5) == Approx(expected).epsilon(1e-5));
+  double after = 0;
+  for (const auto& p : model->parameters()) after += p.grad().pow(2).sum().item<double>();
+  REQUIRE(std::sqrt(after) == Approx(0.5).epsilon(1e-4));
+}
+
+TEST_CASE("accelerator: misuse gets a clear error") {
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  Mlp model;
+  acc.prepare(model);
+  REQUIRE_THROWS_WITH(acc.prepare(model), "prepare: this model was already prepared; prepare each model once");
+  auto loss = torch::ones({1});
+  REQUIRE_THROWS_WITH(acc.backward(loss),
+                      "backward: the loss does not require grad; was it computed under torch::NoGradGuard?");
+}
+
+TEST_CASE("accelerator: set_seed makes runs repeatable") {
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.set_seed(123);
+  const auto a = torch::rand({4});
+  acc.set_seed(123);
+  REQUIRE(torch::equal(a, torch::rand({4})));
+}

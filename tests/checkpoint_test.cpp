@@ -1,0 +1,159 @@
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+
+#include <accel/safetensors.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+
+namespace {
+
+// A run with everything a checkpoint must carry: dropout (RNG), shuffled data (loader position), Adam (optimizer
+// state), StepLR (scheduler), fp16 or not (scaler), accumulation (counters).
+struct Run {
+  explicit Run(MixedPrecision mp, std::uint64_t init_seed)
+      : model((torch::manual_seed(init_seed), Mlp(6, 0.2))),
+        opt(model->parameters(), torch::optim::AdamOptions(1e-2)),
+        sched(opt, 3, 0.5),
+        acc(AcceleratorOptions().config(test::make_config(mp, 2))) {
+    acc.set_seed(11);
+    acc.prepare(model, opt, sched);
+    loader = acc.prepare_data_loader(Regression(40).map(torch::data::transforms::Stack<>()),
+                                     torch::data::DataLoaderOptions(4));
+  }
+  // Trains until `stop_after` optimizer steps in total (or to the end of `epochs`); returns true if stopped early.
+  bool train(int epochs, std::int64_t stop_after) {
+    while (loader->epoch() < static_cast<std::uint64_t>(epochs)) {
+      for (auto& batch : *loader) {
+        acc.backward(torch::mse_loss(model(batch.data).to(torch::kFloat32), batch.target));
+        opt.step();
+        if (acc.sync_gradients()) sched.step();
+        opt.zero_grad();
+        if (acc.sync_gradients() && acc.micro_steps() == stop_after * 2) return true;
+      }
+    }
+    return false;
+  }
+  Mlp model;
+  torch::optim::Adam opt;
+  torch::optim::StepLR sched;
+  Accelerator acc;
+  std::unique_ptr<DataLoader<torch::data::datasets::MapDataset<Regression, torch::data::transforms::Stack<>>>>
+      loader;
+};
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  REQUIRE(::pclose(pipe) == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: resuming continues bit-for-bit as if never stopped") {
+  for (auto mp : {MixedPrecision::No, MixedPrecision::Fp16}) {
+    test::TempDir dir;
+    const auto ckpt = (dir.path / "ckpt").string();
+    // Reference: 3 epochs straight through.
+    Run ref(mp, 1);
+    REQUIRE_FALSE(ref.train(3, -1));
+    // Interrupted: stop after 7 optimizer steps (mid-epoch 1), save, throw everything away.
+    {
+      Run first(mp, 1);
+      REQUIRE(first.train(3, 7));
+      first.acc.save_state(ckpt);
+      torch::manual_seed(999);  // disturb the global RNG; load_state must restore it
+    }
+    // Resumed: different initial weights, everything restored from the checkpoint.
+    Run resumed(mp, 2);
+    resumed.acc.load_state(ckpt);
+    REQUIRE(resumed.acc.completed_steps() == 7);
+    REQUIRE_FALSE(resumed.train(3, -1));
+    const auto a = test::snapshot(*ref.model), b = test::snapshot(*resumed.model);
+    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(torch::equal(a[k], b[k]));
+    REQUIRE(ref.opt.param_groups()[0].options().get_lr() == resumed.opt.param_groups()[0].options().get_lr());
+    REQUIRE(ref.acc.completed_steps() == resumed.acc.completed_steps());
+    if (mp == MixedPrecision::Fp16) REQUIRE(ref.acc.scaler()->get_scale() == resumed.acc.scaler()->get_scale());
+  }
+}
+
+TEST_CASE("checkpoint: a save that fails midway leaves the previous checkpoint intact") {
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 2);
+  run.acc.save_state(ckpt);
+  const auto saved = safetensors::File::open(ckpt + "/model.safetensors");
+  const auto w = saved.info("fc1.weight");
+  std::vector<std::uint8_t> before(saved.data("fc1.weight"), saved.data("fc1.weight") + w.nbytes);
+
+  run.train(1, 4);
+  // A complex buffer cannot be stored in safetensors: the save throws after writing other files.
+  run.model->register_buffer("bad", torch::zeros({2}, torch::kComplexFloat));
+  REQUIRE_THROWS_AS(run.acc.save_state(ckpt), CheckpointError);
+  const auto after = safetensors::File::open(ckpt + "/model.safetensors");
+  REQUIRE(std::vector<std::uint8_t>(after.data("fc1.weight"), after.data("fc1.weight") + w.nbytes) == before);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) entries += e.path().filename() != "" ? 1 : 0;
+  REQUIRE(entries == 1);  // no temporary directory left behind
+}
+
+TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message") {
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  {
+    Run run(MixedPrecision::No, 1);
+    run.acc.save_state(ckpt);
+  }
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  Mlp model;
+  acc.prepare(model);
+  REQUIRE_THROWS_WITH(acc.load_state(ckpt), ckpt + ": the checkpoint holds 1 optimizers but 0 were prepared; "
+                                                    "prepare the same objects, in the same order, as when saving");
+  REQUIRE_THROWS_WITH(acc.load_state((dir.path / "nope").string()),
+                      "load_state: '" + (dir.path / "nope").string() +
+                          "' is not a directory; pass the directory save_state wrote");
+}
+
+TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
+  const std::string python = ACCEL_PYTHON;
+  if (python.empty()) FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python> (scripts/setup.sh does)");
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 2);
+  run.acc.save_state(ckpt);
+  const auto out = run_command(python + " " + ACCEL_TESTS_DIR + "/python/read_safetensors.py " + ckpt +
+                               "/model.safetensors");
+  std::map<std::string, std::pair<std::string, double>> seen;
+  std::istringstream lines(out);
+  std::string name, dtype, shape;
+  double sum = 0;
+  while (lines >> name) {
+    if (name == "__metadata__") {
+      std::getline(lines, shape);
+      continue;
+    }
+    lines >> dtype >> shape >> sum;
+    seen[name] = {dtype + " " + shape, sum};
+  }
+  REQUIRE(seen.size() == 4);
+  for (const auto& item : run.model->named_parameters()) {
+    const auto& t = item.value();
+    REQUIRE(seen.count(item.key()) == 1);
+    std::string expect_shape = "float32 [";
+    for (std::int64_t d = 0; d < t.dim(); ++d) expect_shape += (d ? "," : "") + std::to_string(t.size(d));
+    REQUIRE(seen[item.key()].first == expect_shape + "]");
+    REQUIRE(seen[item.key()].second == Approx(t.to(torch::kFloat64).sum().item<double>()).epsilon(1e-9));
+  }
+}

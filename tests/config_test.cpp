@@ -1,0 +1,516 @@
+// Tests of accel::Config: defaults, Accelerate compatibility, round trips and the exact text of every error.
+
+#include "accel/config.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#ifndef ACCEL_TEST_DATA_DIR
+#error "compile with -DACCEL_TEST_DATA_DIR=\"<path to tests/data>\""
+#endif
+#ifndef ACCEL_CONFIG_TEMPLATE_DIR
+#define ACCEL_CONFIG_TEMPLATE_DIR ACCEL_TEST_DATA_DIR "/../../config_templates"
+#endif
+
+namespace {
+
+std::string data_file(const std::string& name) {
+  return std::string(ACCEL_TEST_DATA_DIR) + "/config/" + name;
+}
+
+std::string template_file(const std::string& name) {
+  return std::string(ACCEL_CONFIG_TEMPLATE_DIR) + "/" + name;
+}
+
+// The ConfigError thrown by loading `path`; fails the test when nothing is thrown.
+accel::ConfigError load_error(const std::string& path) {
+  try {
+    accel::Config::load_file(path);
+  } catch (const accel::ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError from " << path);
+  throw;  // unreachable: FAIL throws
+}
+
+accel::ConfigError string_error(const std::string& yaml) {
+  try {
+    accel::Config::load_string(yaml, "inline.yaml");
+  } catch (const accel::ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError from:\n" << yaml);
+  throw;
+}
+
+// Loads a bad file from tests/data/config and returns its message with the path prefix removed, so that the
+// expectations below read like what a user sees for `accel-launch launch --config_file <name>`.
+std::string bad_file_message(const std::string& name) {
+  const std::string path = data_file(name);
+  const std::string message = load_error(path).what();
+  REQUIRE(message.rfind(path, 0) == 0);
+  return name + message.substr(path.size());
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults", "[config]") {
+  const accel::Config c;
+  CHECK(c.config_version == 1);
+  CHECK(c.compute_environment == "LOCAL_MACHINE");
+  CHECK(c.backend == accel::BackendKind::Local);
+  CHECK_FALSE(c.use_cpu);
+  CHECK_FALSE(c.debug);
+  CHECK(c.gpu_ids == "all");
+  CHECK(c.num_processes == 1);
+  CHECK(c.num_machines == 1);
+  CHECK(c.machine_rank == 0);
+  CHECK(c.main_process_ip.empty());
+  CHECK(c.main_process_port == 29500);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);
+  CHECK(c.gradient_accumulation_steps == 1);
+  CHECK(c.collective_timeout_seconds == 1800);
+  CHECK_FALSE(c.seed.has_value());
+  CHECK(c.even_batches);
+  CHECK_FALSE(c.split_batches);
+  CHECK(c.ddp_bucket_cap_mb == 25);
+  CHECK(c.ddp_first_bucket_cap_mb == 1);
+  CHECK_FALSE(c.ddp_find_unused_parameters);
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::FullShard);
+  CHECK(c.fsdp.reshard_after_forward());
+  CHECK(c.zero.stage == 2);
+  CHECK(c.zero.reduce_bucket_size == 500000000u);
+  CHECK(c.source.empty());
+  CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("config: empty input means defaults", "[config]") {
+  const accel::Config from_file = accel::Config::load_file(data_file("empty.yaml"));
+  CHECK(from_file == accel::Config{});
+  CHECK(from_file.source == data_file("empty.yaml"));
+  CHECK(accel::Config::load_string("") == accel::Config{});
+  CHECK(accel::Config::load_string("---\n").source == "<string>");
+}
+
+TEST_CASE("config: real Accelerate multi-GPU file loads", "[config]") {
+  const accel::Config c = accel::Config::load_file(template_file("accelerate_multi_gpu.yaml"));
+  CHECK(c.num_processes == 2);
+  CHECK(c.backend == accel::BackendKind::Ddp);
+  CHECK(c.mixed_precision == accel::MixedPrecision::Fp16);
+  CHECK_FALSE(c.use_cpu);
+  CHECK(c.gpu_ids == "all");
+  CHECK(c.num_machines == 1);
+  CHECK(c.machine_rank == 0);
+}
+
+TEST_CASE("config: annotated local template loads as the defaults", "[config]") {
+  accel::Config c = accel::Config::load_file(template_file("local.yaml"));
+  CHECK(c == accel::Config{});
+}
+
+TEST_CASE("config: fsdp section parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("accelerate_fsdp.yaml"));
+  CHECK(c.backend == accel::BackendKind::Fsdp);
+  CHECK(c.num_processes == 4);
+  CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);  // Accelerate's numeric form 2
+  CHECK_FALSE(c.fsdp.reshard_after_forward());
+  CHECK(c.fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap);
+  CHECK(c.fsdp.transformer_layer_cls_to_wrap == "TransformerBlock");
+  CHECK(c.fsdp.backward_prefetch == accel::BackwardPrefetch::BackwardPost);  // older key name
+  CHECK(c.fsdp.forward_prefetch);
+  CHECK(c.fsdp.offload_params);
+  CHECK(c.fsdp.state_dict_type == accel::StateDictType::ShardedStateDict);
+  CHECK(c.fsdp.activation_checkpointing);
+  CHECK(c.fsdp.min_num_params == 1000000);
+  CHECK(c.fsdp.version == 2);
+  CHECK(c.fsdp.cpu_ram_efficient_loading);
+  CHECK(c.fsdp.sync_module_states);
+  CHECK(c.fsdp.use_orig_params);
+}
+
+TEST_CASE("config: fsdp_reshard_after_forward maps onto the sharding strategy", "[config]") {
+  const accel::Config c = accel::Config::load_string(
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_reshard_after_forward: false\n");
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
+  const accel::Config d = accel::Config::load_string("fsdp_config:\n  fsdp_sharding_strategy: 3\n");
+  CHECK(d.fsdp.sharding_strategy == accel::ShardingStrategy::NoShard);
+}
+
+TEST_CASE("config: deepspeed section parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("accelerate_deepspeed.yaml"));
+  CHECK(c.backend == accel::BackendKind::Zero);
+  CHECK(c.num_processes == 8);
+  CHECK(c.num_machines == 2);
+  CHECK(c.machine_rank == 1);
+  CHECK(c.main_process_ip == "10.0.0.1");
+  CHECK(c.main_process_port == 29501);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);
+  CHECK(c.gradient_accumulation_steps == 8);  // from deepspeed_config
+  CHECK(c.zero.stage == 3);
+  CHECK(c.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.offload_param_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.gradient_clipping == 1.0);
+  CHECK(c.zero.zero3_init_flag);
+  CHECK(c.zero.zero3_save_16bit_model);
+  CHECK(c.zero.reduce_bucket_size == 500000000u);  // written as 5e8
+  CHECK(c.zero.allgather_bucket_size == 200000000u);
+  CHECK(c.zero.stage3_prefetch_bucket_size == 50000000u);  // written as 5.0e+7
+  CHECK(c.zero.activation_checkpointing);
+}
+
+TEST_CASE("config: accelerate-cpp keys parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("ours.yaml"));
+  CHECK(c.backend == accel::BackendKind::Ddp);
+  CHECK(c.use_cpu);
+  CHECK(c.num_processes == 2);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);  // YAML false
+  CHECK(c.collective_timeout_seconds == 60.5);
+  REQUIRE(c.seed.has_value());
+  CHECK(*c.seed == 1234u);
+  CHECK_FALSE(c.even_batches);
+  CHECK(c.split_batches);
+  CHECK(c.ddp_bucket_cap_mb == 50);
+  CHECK(c.ddp_first_bucket_cap_mb == 2.5);
+  CHECK(c.ddp_find_unused_parameters);
+  CHECK(c.main_process_ip.empty());  // null keeps the default
+}
+
+TEST_CASE("config: backend and distributed_type", "[config]") {
+  using accel::BackendKind;
+  auto backend_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).backend; };
+  CHECK(backend_of("distributed_type: 'NO'\n") == BackendKind::Local);
+  CHECK(backend_of("distributed_type: NO\n") == BackendKind::Local);
+  CHECK(backend_of("distributed_type: MULTI_GPU\nnum_processes: 2\n") == BackendKind::Ddp);
+  CHECK(backend_of("distributed_type: FSDP\n") == BackendKind::Fsdp);
+  CHECK(backend_of("distributed_type: DEEPSPEED\n") == BackendKind::Zero);
+  CHECK(backend_of("backend: zero\ndistributed_type: DEEPSPEED\n") == BackendKind::Zero);
+  CHECK(backend_of("backend: FSDP\n") == BackendKind::Fsdp);
+  const accel::Config cpu = accel::Config::load_string("distributed_type: MULTI_CPU\nnum_processes: 2\n");
+  CHECK(cpu.backend == BackendKind::Ddp);
+  CHECK(cpu.use_cpu);  // MULTI_CPU implies use_cpu
+
+  const accel::ConfigError e = string_error("backend: zero\ndistributed_type: FSDP\n");
+  CHECK(std::string(e.what()) ==
+        "inline.yaml:1: backend: 'zero' disagrees with distributed_type 'FSDP' (line 2), which means backend "
+        "fsdp; "
+        "make them agree or remove one of them");
+  CHECK(e.line() == 1);
+  CHECK(e.key() == "backend");
+  CHECK(e.file() == "inline.yaml");
+}
+
+TEST_CASE("config: mixed precision values", "[config]") {
+  using accel::MixedPrecision;
+  auto mode_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).mixed_precision; };
+  CHECK(mode_of("mixed_precision: no\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: 'no'\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: false\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: fp16\n") == MixedPrecision::Fp16);
+  CHECK(mode_of("mixed_precision: BF16\n") == MixedPrecision::Bf16);
+  CHECK(mode_of("mixed_precision:\n") == MixedPrecision::No);
+}
+
+TEST_CASE("config: accepted Accelerate keys without meaning here", "[config]") {
+  CHECK_NOTHROW(accel::Config::load_string(
+      "dynamo_config: {}\ndynamo_backend: 'NO'\nmegatron_lm_config: {}\ntpu_name: null\ntpu_zone: null\n"
+      "commands: null\ncommand_file: null\nmain_process_port: 0\ngradient_accumulation_steps: 4\n"));
+  CHECK_NOTHROW(accel::Config::load_string("dynamo_config:\n  dynamo_backend: NO\n  dynamo_mode: default\n"));
+}
+
+TEST_CASE("config: round trip through to_yaml", "[config]") {
+  accel::Config c;
+  c.backend = accel::BackendKind::Fsdp;
+  c.num_processes = 8;
+  c.num_machines = 2;
+  c.machine_rank = 1;
+  c.main_process_ip = "192.168.1.10";
+  c.main_process_port = 0;
+  c.gpu_ids = "0,1,2,3";
+  c.mixed_precision = accel::MixedPrecision::Bf16;
+  c.gradient_accumulation_steps = 4;
+  c.collective_timeout_seconds = 0.1;
+  c.seed = 18446744073709551615ull;
+  c.even_batches = false;
+  c.split_batches = true;
+  c.ddp_bucket_cap_mb = 12.5;
+  c.debug = true;
+  c.fsdp.sharding_strategy = accel::ShardingStrategy::NoShard;
+  c.fsdp.auto_wrap_policy = accel::AutoWrapPolicy::TransformerBasedWrap;
+  c.fsdp.transformer_layer_cls_to_wrap = "Block, it's";
+  c.fsdp.backward_prefetch = accel::BackwardPrefetch::NoPrefetch;
+  c.fsdp.version = 2;
+  c.zero.stage = 3;
+  c.zero.offload_param_device = accel::OffloadDevice::Cpu;
+  c.zero.gradient_clipping = 0.5;
+  c.zero.reduce_bucket_size = 123;
+
+  const accel::Config back = accel::Config::load_string(c.to_yaml(), "roundtrip");
+  CHECK(back == c);
+  CHECK(back.source == "roundtrip");
+  CHECK(back.to_yaml() == c.to_yaml());
+
+  for (const char* name : {"accelerate_fsdp.yaml", "accelerate_deepspeed.yaml", "ours.yaml", "empty.yaml"}) {
+    const accel::Config loaded = accel::Config::load_file(data_file(name));
+    CHECK(accel::Config::load_string(loaded.to_yaml()) == loaded);
+  }
+  const accel::Config multi_gpu = accel::Config::load_file(template_file("accelerate_multi_gpu.yaml"));
+  const std::string yaml = multi_gpu.to_yaml();
+  CHECK(yaml.find("distributed_type: MULTI_GPU\n") != std::string::npos);
+  CHECK(yaml.find("mixed_precision: 'fp16'\n") != std::string::npos);
+  CHECK(accel::Config::load_string(yaml) == multi_gpu);
+}
+
+TEST_CASE("config: save_file creates parent directories", "[config]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("accel_config_test_" + std::to_string(::getpid()));
+  const std::string path = (dir / "nested" / "deeper" / "config.yaml").string();
+  accel::Config c;
+  c.backend = accel::BackendKind::Zero;
+  c.num_processes = 2;
+  c.save_file(path);
+  const accel::Config back = accel::Config::load_file(path);
+  CHECK(back == c);
+  CHECK(back.source == path);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("config: validate checks cross-field rules", "[config]") {
+  accel::Config c;
+  c.backend = accel::BackendKind::Ddp;
+  c.num_processes = 2;
+  c.num_machines = 2;
+  c.machine_rank = 2;
+  try {
+    c.validate();
+    FAIL("validate() accepted machine_rank == num_machines");
+  } catch (const accel::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+    CHECK(e.line() == 0);
+    CHECK(e.key() == "machine_rank");
+  }
+  c.source = "bad.yaml";
+  try {
+    c.validate();
+    FAIL("validate() accepted machine_rank == num_machines");
+  } catch (const accel::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "bad.yaml: machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+  }
+  c.machine_rank = 0;
+  CHECK_NOTHROW(c.validate());
+
+  accel::Config port;
+  port.main_process_port = 70000;
+  CHECK_THROWS_WITH(port.validate(), "main_process_port (70000) must be in 0..65535 (0 picks a free port)");
+  accel::Config steps;
+  steps.gradient_accumulation_steps = 0;
+  CHECK_THROWS_WITH(steps.validate(), "gradient_accumulation_steps (0) must be at least 1");
+  accel::Config none;
+  none.num_processes = 0;
+  CHECK_THROWS_WITH(none.validate(), "num_processes (0) must be at least 1");
+  accel::Config multiple;
+  multiple.backend = accel::BackendKind::Ddp;
+  multiple.num_machines = 4;
+  multiple.num_processes = 6;
+  CHECK_THROWS_WITH(
+      multiple.validate(),
+      "num_processes (6) must be a multiple of num_machines (4), as it counts the processes of all "
+      "machines; set num_processes to 4 or 8");
+  accel::Config version;
+  version.config_version = 3;
+  CHECK_THROWS_AS(version.validate(), accel::ConfigError);
+}
+
+TEST_CASE("config: to_string and parse functions", "[config]") {
+  CHECK(accel::to_string(accel::BackendKind::Zero) == "zero");
+  CHECK(accel::to_string(accel::MixedPrecision::Bf16) == "bf16");
+  CHECK(accel::to_string(accel::ShardingStrategy::ShardGradOp) == "SHARD_GRAD_OP");
+  CHECK(accel::to_string(accel::AutoWrapPolicy::PerChildWrap) == "PER_CHILD_WRAP");
+  CHECK(accel::to_string(accel::OffloadDevice::Cpu) == "cpu");
+  CHECK(accel::parse_backend("ddp") == accel::BackendKind::Ddp);
+  CHECK(accel::parse_backend("FSDP") == accel::BackendKind::Fsdp);
+  CHECK(accel::parse_backend("deepspeed") == accel::BackendKind::Zero);
+  CHECK(accel::parse_mixed_precision("fp16") == accel::MixedPrecision::Fp16);
+  CHECK_THROWS_WITH(
+      accel::parse_backend("dpp"),
+      "backend: invalid value 'dpp' (did you mean 'ddp'?); allowed values: local, ddp, fsdp, zero");
+  CHECK_THROWS_WITH(
+      accel::parse_mixed_precision("fp8"),
+      "mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, bf16");
+}
+
+TEST_CASE("config: missing file", "[config]") {
+  const std::string path = data_file("does_not_exist.yaml");
+  const accel::ConfigError e = load_error(path);
+  CHECK(std::string(e.what()) == "cannot open config file '" + path +
+                                     "': No such file or directory; create one with 'accel-launch config'");
+  CHECK(e.file() == path);
+  CHECK(e.line() == 0);
+}
+
+TEST_CASE("config: error location accessors", "[config]") {
+  const accel::ConfigError e = load_error(data_file("fsdp_unknown_key.yaml"));
+  CHECK(e.file() == data_file("fsdp_unknown_key.yaml"));
+  CHECK(e.line() == 4);
+  CHECK(e.key() == "fsdp_config.fsdp_sharding_stratgy");
+  const accel::ConfigError m = load_error(data_file("machine_rank.yaml"));
+  CHECK(m.line() == 4);
+  CHECK(m.key() == "machine_rank");
+  const accel::ConfigError s = load_error(data_file("syntax_error.yaml"));
+  CHECK(s.line() == 3);
+  CHECK(s.key().empty());
+}
+
+TEST_CASE("config: bad files give exact messages", "[config]") {
+  // Each file in tests/data/config has exactly one problem; the message must name file, line, key and the
+  // fix.
+  CHECK(bad_file_message("unknown_key.yaml") ==
+        "unknown_key.yaml:3: unknown key 'mixed_precison' (did you mean 'mixed_precision'?)");
+  CHECK(bad_file_message("invalid_mixed_precision.yaml") ==
+        "invalid_mixed_precision.yaml:2: mixed_precision: invalid value 'fp32'; allowed values: no, fp16, "
+        "bf16");
+  CHECK(bad_file_message("bad_integer.yaml") ==
+        "bad_integer.yaml:4: num_processes: expected a positive integer, got 'two'");
+  CHECK(bad_file_message("machine_rank.yaml") ==
+        "machine_rank.yaml:4: machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+  CHECK(bad_file_message("syntax_error.yaml") ==
+        "syntax_error.yaml:3: YAML syntax error: illegal map value (column 8); check the indentation and "
+        "quoting "
+        "on this line and the one above");
+  CHECK(bad_file_message("not_mapping.yaml") ==
+        "not_mapping.yaml:1: expected a mapping of 'key: value' lines at the top level, got a sequence; see "
+        "config_templates/local.yaml for an example");
+  CHECK(bad_file_message("duplicate_key.yaml") ==
+        "duplicate_key.yaml:3: duplicate key 'num_processes' (first set on line 1); keep only one of them");
+  CHECK(bad_file_message("fsdp_unknown_key.yaml") ==
+        "fsdp_unknown_key.yaml:4: unknown key 'fsdp_config.fsdp_sharding_stratgy' (did you mean "
+        "'fsdp_config.fsdp_sharding_strategy'?)");
+  CHECK(bad_file_message("misplaced_fsdp_key.yaml") ==
+        "misplaced_fsdp_key.yaml:3: unknown key 'fsdp_offload_params' (did you mean "
+        "'fsdp_config.fsdp_offload_params'? it belongs inside the fsdp_config: section)");
+  CHECK(
+      bad_file_message("backend_mismatch.yaml") ==
+      "backend_mismatch.yaml:1: backend: 'fsdp' disagrees with distributed_type 'MULTI_GPU' (line 3), which "
+      "means backend ddp; make them agree or remove one of them");
+  CHECK(bad_file_message("non_string_key.yaml") ==
+        "non_string_key.yaml:2: keys must be plain names such as 'num_processes', got a sequence as a key");
+  CHECK(bad_file_message("dynamo.yaml") ==
+        "dynamo.yaml:3: dynamo_config.dynamo_backend: 'INDUCTOR' is not supported by accelerate-cpp "
+        "(LibTorch has "
+        "no torch.compile); set dynamo_backend: 'NO' or remove it");
+  CHECK(bad_file_message("wrong_type.yaml") ==
+        "wrong_type.yaml:1: num_processes: expected a positive integer, got a mapping");
+  CHECK(bad_file_message("nvme.yaml") ==
+        "nvme.yaml:5: deepspeed_config.offload_optimizer_device: 'nvme' is not supported by accelerate-cpp; "
+        "allowed values: none, cpu");
+  CHECK(
+      bad_file_message("config_version.yaml") ==
+      "config_version.yaml:1: config_version: this build of accelerate-cpp reads config_version 1 only, got "
+      "'2'; upgrade accelerate-cpp or write a new file with 'accel-launch config'");
+  CHECK(bad_file_message("fp8.yaml") ==
+        "fp8.yaml:1: mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, "
+        "bf16");
+  CHECK(bad_file_message("bad_bool.yaml") == "bad_bool.yaml:1: debug: expected true or false, got 'maybe'");
+  CHECK(bad_file_message("bad_port.yaml") ==
+        "bad_port.yaml:1: main_process_port: expected a port number from 0 to 65535, got '70000'");
+  CHECK(bad_file_message("not_multiple.yaml") ==
+        "not_multiple.yaml:3: num_processes (3) must be a multiple of num_machines (2), as it counts the "
+        "processes of all machines; set num_processes to 2 or 4");
+  CHECK(bad_file_message("local_multi_process.yaml") ==
+        "local_multi_process.yaml:2: num_processes (2) needs a distributed backend, but the backend is "
+        "local; set "
+        "distributed_type: MULTI_GPU (or MULTI_CPU, FSDP, DEEPSPEED) or num_processes: 1");
+  CHECK(bad_file_message("reshard_conflict.yaml") ==
+        "reshard_conflict.yaml:5: fsdp_config.fsdp_reshard_after_forward: false disagrees with "
+        "fsdp_sharding_strategy 'FULL_SHARD' (line 4); reshard_after_forward true means FULL_SHARD and false "
+        "means SHARD_GRAD_OP: make them agree or remove one");
+  CHECK(bad_file_message("accumulation_conflict.yaml") ==
+        "accumulation_conflict.yaml:5: deepspeed_config.gradient_accumulation_steps: 4 disagrees with "
+        "gradient_accumulation_steps 2 (line 1); make them agree or remove one of them");
+  CHECK(bad_file_message("offload_param_stage2.yaml") ==
+        "offload_param_stage2.yaml:5: deepspeed_config.offload_param_device: cpu needs zero_stage 3, but "
+        "zero_stage is 2; set zero_stage: 3 or offload_param_device: none");
+  CHECK(bad_file_message("section_not_mapping.yaml") ==
+        "section_not_mapping.yaml:1: fsdp_config: expected a mapping of fsdp_* keys (or {}), got 'yes'");
+  CHECK(
+      bad_file_message("two_documents.yaml") ==
+      "two_documents.yaml:3: a second YAML document starts here; a config file holds exactly one (remove the "
+      "'---' line and what follows, or merge the two)");
+  CHECK(bad_file_message("unsupported_distributed_type.yaml") ==
+        "unsupported_distributed_type.yaml:1: distributed_type: 'XLA' is not supported by accelerate-cpp; "
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+  CHECK(bad_file_message("distributed_type_typo.yaml") ==
+        "distributed_type_typo.yaml:1: distributed_type: invalid value 'MULTI_GPUS' (did you mean "
+        "'MULTI_GPU'?); "
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+  CHECK(bad_file_message("deepspeed_unknown_key.yaml") ==
+        "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
+        "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
+        "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
+        "reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size, activation_checkpointing, "
+        "deepspeed_multinode_launcher, deepspeed_config_file");
+  CHECK(
+      bad_file_message("sagemaker.yaml") ==
+      "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
+      "values: LOCAL_MACHINE");
+  CHECK(bad_file_message("bad_bucket_size.yaml") ==
+        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a positive number of bytes "
+        "(such "
+        "as 500000000 or 5e8), got '5.5e-3'");
+  CHECK(bad_file_message("multi_cpu_use_cpu.yaml") ==
+        "multi_cpu_use_cpu.yaml:2: use_cpu: false contradicts distributed_type 'MULTI_CPU' (line 1); set "
+        "use_cpu: "
+        "true, or distributed_type: MULTI_GPU to train on GPUs");
+  CHECK(bad_file_message("hybrid_shard.yaml") ==
+        "hybrid_shard.yaml:4: fsdp_config.fsdp_sharding_strategy: 'HYBRID_SHARD' is not supported by "
+        "accelerate-cpp; allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  CHECK(bad_file_message("bad_timeout.yaml") ==
+        "bad_timeout.yaml:1: collective_timeout_seconds: expected a positive number of seconds, got '-5'");
+}
+
+TEST_CASE("config: the full message keeps the path exactly as passed", "[config]") {
+  const std::string path = data_file("unknown_key.yaml");
+  const accel::ConfigError e = load_error(path);
+  REQUIRE(e.what() == path + ":3: unknown key 'mixed_precison' (did you mean 'mixed_precision'?)");
+  CHECK(e.line() == 3);
+  CHECK(e.key() == "mixed_precison");
+  CHECK(e.file() == path);
+}
+
+TEST_CASE("config: inline errors", "[config]") {
+  CHECK(std::string(string_error("Num_Processes: 2\n").what()) ==
+        "inline.yaml:1: unknown key 'Num_Processes' (did you mean 'num_processes'?)");
+  CHECK(std::string(string_error("fsdp_config:\n  num_processes: 2\n").what()) ==
+        "inline.yaml:2: unknown key 'fsdp_config.num_processes' (it belongs at the top level, not inside "
+        "fsdp_config:)");
+  CHECK(std::string(string_error("zero_stage: 3\n").what()) ==
+        "inline.yaml:1: unknown key 'zero_stage' (did you mean 'deepspeed_config.zero_stage'? it belongs "
+        "inside "
+        "the deepspeed_config: section)");
+  CHECK(std::string(string_error("hello\n").what()) ==
+        "inline.yaml:1: expected a mapping of 'key: value' lines at the top level, got 'hello'; see "
+        "config_templates/local.yaml for an example");
+  CHECK(std::string(string_error("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n").what()) ==
+        "inline.yaml:1: megatron_lm_config: Megatron-LM is not supported by accelerate-cpp; remove this "
+        "section "
+        "or leave it empty ({})");
+  CHECK(
+      std::string(string_error("deepspeed_config:\n  deepspeed_config_file: ds.json\n").what()) ==
+      "inline.yaml:2: deepspeed_config.deepspeed_config_file: a DeepSpeed JSON file is not supported by "
+      "accelerate-cpp; put its settings (zero_stage, offload_optimizer_device, ...) into deepspeed_config:");
+  CHECK(std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
+        "inline.yaml:1: gpu_ids: expected a string, got a sequence");
+  CHECK(std::string(string_error("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: "
+                                 "TRANSFORMER_BASED_WRAP\n")
+                        .what()) ==
+        "inline.yaml:3: fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap (comma-separated module names as returned by "
+        "Module::name()); set it, or use PER_CHILD_WRAP");
+}
