@@ -4,6 +4,17 @@
 if(NOT TARGET torch)
   # The CUDA wheel probes for GPUs at configure time; on machines without one it builds for common archs.
   find_package(Torch REQUIRED)
+  if(NOT ACCEL_TOP_LEVEL)
+    # Imported targets are directory-scoped; a parent project that add_subdirectory()s us links `torch`
+    # through our targets and needs to see torch_cpu, torch_cuda, ... too.
+    get_directory_property(_accel_imported IMPORTED_TARGETS)
+    foreach(_t IN LISTS _accel_imported)
+      get_target_property(_global ${_t} IMPORTED_GLOBAL)
+      if(NOT _global)
+        set_target_properties(${_t} PROPERTIES IMPORTED_GLOBAL TRUE)
+      endif()
+    endforeach()
+  endif()
 endif()
 find_package(yaml-cpp REQUIRED)
 find_package(Threads REQUIRED)

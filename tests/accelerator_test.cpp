@@ -55,7 +55,8 @@ TEST_CASE("accelerator: accumulating 4 micro-batches equals one step on the big 
     }
   }
   const auto got = test::snapshot(*model);
-  for (std::size_t k = 0; k < got.size(); ++k) REQUIRE(torch::allclose(got[k], expected[k], 1e-6, 1e-7));
+  for (std::size_t k = 0; k < got.size(); ++k)
+    REQUIRE(torch::allclose(got[k], expected[k], 1e-6, 1e-7));
   REQUIRE(acc.completed_steps() == 1);
 }
 
@@ -119,9 +120,8 @@ TEST_CASE("accelerator: fp16 skips the step on inf/NaN gradients and backs off t
 
   bool poison = false;
   float poison_value = std::numeric_limits<float>::infinity();
-  model->fc1->weight.register_hook([&](torch::Tensor g) {
-    return poison ? torch::full_like(g, poison_value) : g;
-  });
+  model->fc1->weight.register_hook(
+      [&](torch::Tensor g) { return poison ? torch::full_like(g, poison_value) : g; });
   for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     poison = true;
     poison_value = bad;
@@ -132,7 +132,8 @@ TEST_CASE("accelerator: fp16 skips the step on inf/NaN gradients and backs off t
     REQUIRE(acc.optimizer_step_was_skipped());
     opt.step();
     const auto after = test::snapshot(*model);
-    for (std::size_t k = 0; k < after.size(); ++k) REQUIRE(torch::equal(before[k], after[k]));
+    for (std::size_t k = 0; k < after.size(); ++k)
+      REQUIRE(torch::equal(before[k], after[k]));
     REQUIRE(acc.scaler()->get_scale() == scale_before * 0.5);
   }
   poison = false;
@@ -173,11 +174,13 @@ TEST_CASE("accelerator: clip_grad_norm_ clips the global norm and returns it") {
   Regression data(8);
   acc.backward(100.0 * torch::mse_loss(model(data.x), data.y));
   double expected = 0;
-  for (const auto& p : model->parameters()) expected += p.grad().pow(2).sum().item<double>();
+  for (const auto& p : model->parameters())
+    expected += p.grad().pow(2).sum().item<double>();
   expected = std::sqrt(expected);
   REQUIRE(acc.clip_grad_norm_(0.5) == Approx(expected).epsilon(1e-5));
   double after = 0;
-  for (const auto& p : model->parameters()) after += p.grad().pow(2).sum().item<double>();
+  for (const auto& p : model->parameters())
+    after += p.grad().pow(2).sum().item<double>();
   REQUIRE(std::sqrt(after) == Approx(0.5).epsilon(1e-4));
 }
 
@@ -185,7 +188,8 @@ TEST_CASE("accelerator: misuse gets a clear error") {
   Accelerator acc(AcceleratorOptions().config(test::make_config()));
   Mlp model;
   acc.prepare(model);
-  REQUIRE_THROWS_WITH(acc.prepare(model), "prepare: this model was already prepared; prepare each model once");
+  REQUIRE_THROWS_WITH(acc.prepare(model),
+                      "prepare: this model was already prepared; prepare each model once");
   auto loss = torch::ones({1});
   REQUIRE_THROWS_WITH(acc.backward(loss),
                       "backward: the loss does not require grad; was it computed under torch::NoGradGuard?");

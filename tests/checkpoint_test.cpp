@@ -14,8 +14,8 @@ using test::Regression;
 
 namespace {
 
-// A run with everything a checkpoint must carry: dropout (RNG), shuffled data (loader position), Adam (optimizer
-// state), StepLR (scheduler), fp16 or not (scaler), accumulation (counters).
+// A run with everything a checkpoint must carry: dropout (RNG), shuffled data (loader position), Adam
+// (optimizer state), StepLR (scheduler), fp16 or not (scaler), accumulation (counters).
 struct Run {
   explicit Run(MixedPrecision mp, std::uint64_t init_seed)
       : model((torch::manual_seed(init_seed), Mlp(6, 0.2))),
@@ -27,7 +27,8 @@ struct Run {
     loader = acc.prepare_data_loader(Regression(40).map(torch::data::transforms::Stack<>()),
                                      torch::data::DataLoaderOptions(4));
   }
-  // Trains until `stop_after` optimizer steps in total (or to the end of `epochs`); returns true if stopped early.
+  // Trains until `stop_after` optimizer steps in total (or to the end of `epochs`); returns true if stopped
+  // early.
   bool train(int epochs, std::int64_t stop_after) {
     while (loader->epoch() < static_cast<std::uint64_t>(epochs)) {
       for (auto& batch : *loader) {
@@ -53,7 +54,8 @@ std::string run_command(const std::string& cmd) {
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr)
+    out += buf;
   REQUIRE(::pclose(pipe) == 0);
   return out;
 }
@@ -80,10 +82,12 @@ TEST_CASE("checkpoint: resuming continues bit-for-bit as if never stopped") {
     REQUIRE(resumed.acc.micro_steps() == 14);
     REQUIRE_FALSE(resumed.train(3, -1));
     const auto a = test::snapshot(*ref.model), b = test::snapshot(*resumed.model);
-    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(torch::equal(a[k], b[k]));
+    for (std::size_t k = 0; k < a.size(); ++k)
+      REQUIRE(torch::equal(a[k], b[k]));
     REQUIRE(ref.opt.param_groups()[0].options().get_lr() == resumed.opt.param_groups()[0].options().get_lr());
     REQUIRE(ref.acc.completed_steps() == resumed.acc.completed_steps());
-    if (mp == MixedPrecision::Fp16) REQUIRE(ref.acc.scaler()->get_scale() == resumed.acc.scaler()->get_scale());
+    if (mp == MixedPrecision::Fp16)
+      REQUIRE(ref.acc.scaler()->get_scale() == resumed.acc.scaler()->get_scale());
   }
 }
 
@@ -104,7 +108,8 @@ TEST_CASE("checkpoint: a save that fails midway leaves the previous checkpoint i
   const auto after = safetensors::File::open(ckpt + "/model.safetensors");
   REQUIRE(std::vector<std::uint8_t>(after.data("fc1.weight"), after.data("fc1.weight") + w.nbytes) == before);
   int entries = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path)) entries += e.path().filename() != "" ? 1 : 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    entries += e.path().filename() != "" ? 1 : 0;
   REQUIRE(entries == 1);  // no temporary directory left behind
 }
 
@@ -118,8 +123,10 @@ TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message")
   Accelerator acc(AcceleratorOptions().config(test::make_config()));
   Mlp model;
   acc.prepare(model);
-  REQUIRE_THROWS_WITH(acc.load_state(ckpt), ckpt + ": the checkpoint holds 1 optimizers but 0 were prepared; "
-                                                    "prepare the same objects, in the same order, as when saving");
+  REQUIRE_THROWS_WITH(acc.load_state(ckpt),
+                      ckpt +
+                          ": the checkpoint holds 1 optimizers but 0 were prepared; "
+                          "prepare the same objects, in the same order, as when saving");
   REQUIRE_THROWS_WITH(acc.load_state((dir.path / "nope").string()),
                       "load_state: '" + (dir.path / "nope").string() +
                           "' is not a directory; pass the directory save_state wrote");
@@ -127,7 +134,8 @@ TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message")
 
 TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
   const std::string python = ACCEL_PYTHON;
-  if (python.empty()) FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python> (scripts/setup.sh does)");
+  if (python.empty())
+    FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python> (scripts/setup.sh does)");
   test::TempDir dir;
   const auto ckpt = (dir.path / "ckpt").string();
   Run run(MixedPrecision::No, 1);
@@ -152,7 +160,8 @@ TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
     const auto& t = item.value();
     REQUIRE(seen.count(item.key()) == 1);
     std::string expect_shape = "float32 [";
-    for (std::int64_t d = 0; d < t.dim(); ++d) expect_shape += (d ? "," : "") + std::to_string(t.size(d));
+    for (std::int64_t d = 0; d < t.dim(); ++d)
+      expect_shape += (d ? "," : "") + std::to_string(t.size(d));
     REQUIRE(seen[item.key()].first == expect_shape + "]");
     REQUIRE(seen[item.key()].second == Approx(t.to(torch::kFloat64).sum().item<double>()).epsilon(1e-9));
   }

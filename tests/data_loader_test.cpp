@@ -8,13 +8,15 @@ namespace {
 
 std::vector<std::size_t> iota(std::size_t n) {
   std::vector<std::size_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = i;
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = i;
   return v;
 }
 
 std::vector<std::size_t> counts(std::size_t n, std::size_t batch, int world, bool even) {
   std::vector<std::size_t> out;
-  for (int r = 0; r < world; ++r) out.push_back(plan_shard(iota(n), batch, r, world, false, even, false).batches.size());
+  for (int r = 0; r < world; ++r)
+    out.push_back(plan_shard(iota(n), batch, r, world, false, even, false).batches.size());
   return out;
 }
 
@@ -50,10 +52,12 @@ TEST_CASE("data: shards cover the data exactly once (without even_batches paddin
       std::vector<int> seen(n, 0);
       for (int r = 0; r < world; ++r) {
         for (const auto& b : plan_shard(iota(n), 4, r, world, false, false, false).batches) {
-          for (auto i : b) seen[i] += 1;
+          for (auto i : b)
+            seen[i] += 1;
         }
       }
-      for (std::size_t i = 0; i < n; ++i) REQUIRE(seen[i] == 1);
+      for (std::size_t i = 0; i < n; ++i)
+        REQUIRE(seen[i] == 1);
     }
   }
 }
@@ -67,9 +71,10 @@ TEST_CASE("data: 22 samples over 2 ranks with batch 4 leave 6 real rows in the l
 TEST_CASE("data: split_batches cuts each global batch into N slices") {
   REQUIRE(plan_shard(iota(8), 4, 1, 2, false, true, true).batches ==
           std::vector<std::vector<std::size_t>>{{2, 3}, {6, 7}});
-  REQUIRE_THROWS_WITH(plan_shard(iota(8), 3, 0, 2, false, true, true),
-                      "data loader: split_batches needs a batch_size divisible by the 2 processes, got 3; use a "
-                      "multiple of 2");
+  REQUIRE_THROWS_WITH(
+      plan_shard(iota(8), 3, 0, 2, false, true, true),
+      "data loader: split_batches needs a batch_size divisible by the 2 processes, got 3; use a "
+      "multiple of 2");
 }
 
 TEST_CASE("data: shuffling is a permutation, identical for the same seed+epoch, new each epoch") {

@@ -8,7 +8,8 @@ using accel::GradScalerOptions;
 TEST_CASE("scaler: defaults are init 65536, growth x2 after 2000 clean steps, backoff 0.5") {
   GradScaler s;
   REQUIRE(s.get_scale() == 65536.0);
-  for (int i = 0; i < 1999; ++i) s.update(false);
+  for (int i = 0; i < 1999; ++i)
+    s.update(false);
   REQUIRE(s.get_scale() == 65536.0);
   s.update(false);
   REQUIRE(s.get_scale() == 131072.0);

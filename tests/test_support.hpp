@@ -69,7 +69,8 @@ struct TempDir {
 /// Copies every parameter of a module (detached, cloned) in registration order.
 inline std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (const auto& p : m.parameters())
+    out.push_back(p.detach().clone());
   return out;
 }
 

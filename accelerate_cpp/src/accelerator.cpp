@@ -33,8 +33,8 @@ int env_int(const char* name, int fallback) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   if (*end != '\0' || x < 0) {
-    throw ConfigError(fmt::format("environment variable {}='{}' is not a non-negative integer", name, v), {}, 0,
-                      name);
+    throw ConfigError(fmt::format("environment variable {}='{}' is not a non-negative integer", name, v), {},
+                      0, name);
   }
   return static_cast<int>(x);
 }
@@ -55,12 +55,13 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   rank_ = env_int("RANK", 0);
   local_rank_ = env_int("LOCAL_RANK", 0);
   if (world_size_ < 1 || rank_ >= world_size_) {
-    throw ConfigError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's environment", rank_,
-                                  world_size_),
+    throw ConfigError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's environment",
+                                  rank_, world_size_),
                       {}, 0, "RANK");
   }
   if (!config_.use_cpu && torch::cuda::is_available()) {
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank_ % torch::cuda::device_count()));
+    device_ =
+        torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank_ % torch::cuda::device_count()));
   }
   if (config_.seed) set_seed(*config_.seed);
   auto registry = options.registry_ ? options.registry_ : builtin_registry();
@@ -85,7 +86,9 @@ Accelerator::~Accelerator() {
   }
 }
 
-std::string Accelerator::backend_name() const { return backend_->name(); }
+std::string Accelerator::backend_name() const {
+  return backend_->name();
+}
 
 void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   if (!model) throw UsageError("prepare: the model is empty (a null ModuleHolder or shared_ptr)");
@@ -116,7 +119,9 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   optimizers_.push_back(&optimizer);
 }
 
-void Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) { schedulers_.push_back(&scheduler); }
+void Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
+  schedulers_.push_back(&scheduler);
+}
 
 void Accelerator::complete_loader_options(DataLoaderOptions& options) const {
   if (!options.seed_) options.seed_ = seed_.value_or(0);
@@ -144,8 +149,8 @@ void Accelerator::enable_autocast() {
   const auto type = device_.type();
   autocast_prev_enabled_ = at::autocast::is_autocast_enabled(type);
   autocast_prev_dtype_ = at::autocast::get_autocast_dtype(type);
-  at::autocast::set_autocast_dtype(type, config_.mixed_precision == MixedPrecision::Bf16 ? at::kBFloat16
-                                                                                        : at::kHalf);
+  at::autocast::set_autocast_dtype(
+      type, config_.mixed_precision == MixedPrecision::Bf16 ? at::kBFloat16 : at::kHalf);
   at::autocast::set_autocast_enabled(type, true);
   autocast_on_ = true;
 }
@@ -154,7 +159,8 @@ std::vector<torch::Tensor> Accelerator::optimizer_params() const {
   std::vector<torch::Tensor> params;
   for (auto* opt : optimizers_) {
     for (auto& group : opt->param_groups()) {
-      for (auto& p : group.params()) params.push_back(p);
+      for (auto& p : group.params())
+        params.push_back(p);
     }
   }
   return params;
@@ -215,7 +221,8 @@ void Accelerator::backward(const torch::Tensor& loss) {
     scaler_->update(found_inf);
     if (found_inf) {
       // Undefined gradients make the user's optimizer.step() skip every parameter.
-      for (auto p : params) p.mutable_grad() = torch::Tensor();
+      for (auto p : params)
+        p.mutable_grad() = torch::Tensor();
       step_was_skipped_ = true;
       return;
     }
@@ -234,7 +241,9 @@ torch::Tensor Accelerator::gather(const torch::Tensor& t) {
   throw UnsupportedOperation("gather across processes needs the distributed runtime (backend: ddp)");
 }
 
-torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& t) { return gather(t); }
+torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& t) {
+  return gather(t);
+}
 
 void Accelerator::wait_for_everyone() {}
 

@@ -34,7 +34,9 @@ struct SchedulerAccess : torch::optim::LRScheduler {
   static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&SchedulerAccess::step_count_); }
 };
 
-torch::Tensor scalar(std::int64_t v) { return torch::tensor(v, torch::kInt64); }
+torch::Tensor scalar(std::int64_t v) {
+  return torch::tensor(v, torch::kInt64);
+}
 
 std::vector<torch::Device> rng_devices() {
   std::vector<torch::Device> devices{torch::kCPU};
@@ -49,8 +51,8 @@ std::vector<torch::Device> rng_devices() {
 std::string require(const safetensors::File& f, const std::string& key) {
   auto it = f.metadata().find(key);
   if (it == f.metadata().end()) {
-    throw CheckpointError(fmt::format("{}: metadata has no '{}'; this is not an accelerate-cpp checkpoint", f.path(),
-                                      key));
+    throw CheckpointError(
+        fmt::format("{}: metadata has no '{}'; this is not an accelerate-cpp checkpoint", f.path(), key));
   }
   return it->second;
 }
@@ -79,23 +81,25 @@ void Accelerator::save_state(const std::string& dir) {
                        scalar(SchedulerAccess::step_count(*schedulers_[i])));
   }
   for (std::size_t i = 0; i < loaders_.size(); ++i) {
-    state.emplace_back(fmt::format("loader.{}.epoch", i), scalar(static_cast<std::int64_t>(loaders_[i]->epoch)));
-    state.emplace_back(fmt::format("loader.{}.next_batch", i),
-                       scalar(static_cast<std::int64_t>(loaders_[i]->in_epoch ? loaders_[i]->next_batch : 0)));
+    state.emplace_back(fmt::format("loader.{}.epoch", i),
+                       scalar(static_cast<std::int64_t>(loaders_[i]->epoch)));
+    state.emplace_back(
+        fmt::format("loader.{}.next_batch", i),
+        scalar(static_cast<std::int64_t>(loaders_[i]->in_epoch ? loaders_[i]->next_batch : 0)));
   }
   if (scaler_) {
-    for (auto& [k, v] : scaler_->state_dict()) state.emplace_back("scaler." + k, v);
+    for (auto& [k, v] : scaler_->state_dict())
+      state.emplace_back("scaler." + k, v);
   }
-  const std::map<std::string, std::string> meta{
-      {"format", kFormat},
-      {"format_version", kFormatVersion},
-      {"backend", backend_->name()},
-      {"world_size", std::to_string(world_size_)},
-      {"mixed_precision", to_string(config_.mixed_precision)},
-      {"models", std::to_string(models_.size())},
-      {"optimizers", std::to_string(optimizers_.size())},
-      {"schedulers", std::to_string(schedulers_.size())},
-      {"loaders", std::to_string(loaders_.size())}};
+  const std::map<std::string, std::string> meta{{"format", kFormat},
+                                                {"format_version", kFormatVersion},
+                                                {"backend", backend_->name()},
+                                                {"world_size", std::to_string(world_size_)},
+                                                {"mixed_precision", to_string(config_.mixed_precision)},
+                                                {"models", std::to_string(models_.size())},
+                                                {"optimizers", std::to_string(optimizers_.size())},
+                                                {"schedulers", std::to_string(schedulers_.size())},
+                                                {"loaders", std::to_string(loaders_.size())}};
   detail::write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
 
   NamedTensors rng;
@@ -113,28 +117,32 @@ void Accelerator::load_state(const std::string& dir) {
   detail::recover_interrupted(dir);
   const fs::path root(dir);
   if (!fs::is_directory(root)) {
-    throw CheckpointError(fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
+    throw CheckpointError(
+        fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
   }
   const auto state_file = safetensors::File::open((root / "accelerator_state.safetensors").string());
   if (require(state_file, "format") != kFormat) {
     throw CheckpointError(fmt::format("{}: not an accelerate-cpp checkpoint", state_file.path()));
   }
   if (const auto v = require(state_file, "format_version"); v != kFormatVersion) {
-    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
-                                      state_file.path(), v, kFormatVersion));
+    throw CheckpointError(
+        fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
+                    state_file.path(), v, kFormatVersion));
   }
   if (const auto b = require(state_file, "backend"); b != backend_->name()) {
-    throw CheckpointError(fmt::format(
-        "{}: the checkpoint was saved by the '{}' backend but this run uses '{}'; resume with `backend: {}` or "
-        "consolidate the checkpoint first",
-        dir, b, backend_->name(), b));
+    throw CheckpointError(
+        fmt::format("{}: the checkpoint was saved by the '{}' backend but this run uses '{}'; resume with "
+                    "`backend: {}` or "
+                    "consolidate the checkpoint first",
+                    dir, b, backend_->name(), b));
   }
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
     if (saved != std::to_string(have)) {
-      throw CheckpointError(fmt::format("{}: the checkpoint holds {} {} but {} were prepared; prepare the same "
-                                        "objects, in the same order, as when saving",
-                                        dir, saved, what, have));
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} {} but {} were prepared; prepare the same "
+                      "objects, in the same order, as when saving",
+                      dir, saved, what, have));
     }
   };
   check_count("models", models_.size());
@@ -148,10 +156,13 @@ void Accelerator::load_state(const std::string& dir) {
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     const auto path = (root / indexed("optimizer", i, ".pt")).string();
-    if (!fs::exists(path)) throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
+    if (!fs::exists(path))
+      throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
     torch::load(*optimizers_[i], path);
   }
-  auto get = [&](const std::string& name) { return detail::read_tensor(state_file, name).item<std::int64_t>(); };
+  auto get = [&](const std::string& name) {
+    return detail::read_tensor(state_file, name).item<std::int64_t>();
+  };
   micro_steps_ = get("micro_steps");
   cycle_position_ = get("cycle_position");
   completed_steps_ = get("completed_steps");
@@ -170,14 +181,16 @@ void Accelerator::load_state(const std::string& dir) {
   }
   if (scaler_) {
     if (!state_file.contains("scaler.scale")) {
-      throw CheckpointError(fmt::format("{}: the checkpoint has no fp16 loss-scaler state (saved with "
-                                        "mixed_precision: {}), but this run uses fp16",
-                                        dir, require(state_file, "mixed_precision")));
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint has no fp16 loss-scaler state (saved with "
+                      "mixed_precision: {}), but this run uses fp16",
+                      dir, require(state_file, "mixed_precision")));
     }
     scaler_->load_state_dict({{"scale", detail::read_tensor(state_file, "scaler.scale")},
                               {"growth_tracker", detail::read_tensor(state_file, "scaler.growth_tracker")}});
   }
-  const auto rng_file = safetensors::File::open((root / fmt::format("random_states_{}.safetensors", rank_)).string());
+  const auto rng_file =
+      safetensors::File::open((root / fmt::format("random_states_{}.safetensors", rank_)).string());
   for (const auto& d : rng_devices()) {
     if (!rng_file.contains(d.str())) continue;  // saved on a machine with fewer devices
     auto gen = at::globalContext().defaultGenerator(d);

@@ -10,21 +10,23 @@ namespace accel::detail {
 std::vector<std::size_t> epoch_order(std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch) {
   std::vector<std::size_t> order(n);
   if (!shuffle) {
-    for (std::size_t i = 0; i < n; ++i) order[i] = i;
+    for (std::size_t i = 0; i < n; ++i)
+      order[i] = i;
     return order;
   }
   // Same draw as PyTorch's RandomSampler with a generator seeded `seed + epoch`: identical on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + epoch);
   const auto perm = at::randperm(static_cast<std::int64_t>(n), gen, at::TensorOptions().dtype(at::kLong));
   const auto* p = perm.data_ptr<std::int64_t>();
-  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::size_t>(p[i]);
+  for (std::size_t i = 0; i < n; ++i)
+    order[i] = static_cast<std::size_t>(p[i]);
   return order;
 }
 
 namespace {
 
-std::vector<std::vector<std::size_t>> global_batches(const std::vector<std::size_t>& order, std::size_t batch_size,
-                                                     bool drop_last) {
+std::vector<std::vector<std::size_t>> global_batches(const std::vector<std::size_t>& order,
+                                                     std::size_t batch_size, bool drop_last) {
   std::vector<std::vector<std::size_t>> batches;
   for (std::size_t begin = 0; begin < order.size(); begin += batch_size) {
     const auto end = std::min(order.size(), begin + batch_size);
@@ -49,25 +51,29 @@ ShardPlan plan_shard(const std::vector<std::size_t>& order, std::size_t batch_si
 
   if (world == 1) {  // a single process uses the plain loader, as Accelerate does
     plan.batches = global_batches(order, batch_size, drop_last);
-    for (const auto& b : plan.batches) plan.total_samples += b.size();
+    for (const auto& b : plan.batches)
+      plan.total_samples += b.size();
     return plan;
   }
 
   if (split_batches) {
     // Each global batch of `batch_size` is cut into N equal slices (Accelerate requires divisibility).
     if (batch_size % n != 0) {
-      throw UsageError(fmt::format(
-          "data loader: split_batches needs a batch_size divisible by the {} processes, got {}; use a multiple "
-          "of {}",
-          n, batch_size, n));
+      throw UsageError(
+          fmt::format("data loader: split_batches needs a batch_size divisible by the {} processes, got {}; "
+                      "use a multiple "
+                      "of {}",
+                      n, batch_size, n));
     }
     const std::size_t slice = batch_size / n;
     auto batches = global_batches(order, batch_size, drop_last);
-    for (auto& b : batches) plan.total_samples += b.size();
+    for (auto& b : batches)
+      plan.total_samples += b.size();
     for (auto& b : batches) {
       if (b.size() < batch_size && even_batches) {
         // Complete the last global batch from the start of the epoch.
-        for (std::size_t i = 0; b.size() < batch_size; i = (i + 1) % order.size()) b.push_back(order[i]);
+        for (std::size_t i = 0; b.size() < batch_size; i = (i + 1) % order.size())
+          b.push_back(order[i]);
         plan.last_round_remainder = plan.total_samples % batch_size;
       }
       const std::size_t begin = std::min(b.size(), r * slice), end = std::min(b.size(), begin + slice);

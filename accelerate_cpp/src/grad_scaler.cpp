@@ -14,10 +14,12 @@ GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : option
     throw UsageError(fmt::format("GradScaler: growth_factor must be > 1, got {}", options_.growth_factor_));
   }
   if (!(options_.backoff_factor_ > 0 && options_.backoff_factor_ < 1)) {
-    throw UsageError(fmt::format("GradScaler: backoff_factor must be in (0, 1), got {}", options_.backoff_factor_));
+    throw UsageError(
+        fmt::format("GradScaler: backoff_factor must be in (0, 1), got {}", options_.backoff_factor_));
   }
   if (options_.growth_interval_ < 1) {
-    throw UsageError(fmt::format("GradScaler: growth_interval must be >= 1, got {}", options_.growth_interval_));
+    throw UsageError(
+        fmt::format("GradScaler: growth_interval must be >= 1, got {}", options_.growth_interval_));
   }
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   scale_ = torch::full({1}, options_.init_scale_, f32);
@@ -44,13 +46,17 @@ bool GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
 
 void GradScaler::update(bool found_inf) {
   found_inf_.fill_(found_inf ? 1.0f : 0.0f);
-  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor_, options_.backoff_factor_,
-                         options_.growth_interval_);
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor_,
+                         options_.backoff_factor_, options_.growth_interval_);
 }
 
-double GradScaler::get_scale() const { return scale_.item<float>(); }
+double GradScaler::get_scale() const {
+  return scale_.item<float>();
+}
 
-std::int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<std::int32_t>(); }
+std::int64_t GradScaler::growth_tracker() const {
+  return growth_tracker_.item<std::int32_t>();
+}
 
 std::map<std::string, torch::Tensor> GradScaler::state_dict() const {
   return {{"scale", scale_.cpu().clone()}, {"growth_tracker", growth_tracker_.cpu().clone()}};
@@ -60,7 +66,8 @@ void GradScaler::load_state_dict(const std::map<std::string, torch::Tensor>& sta
   for (const char* key : {"scale", "growth_tracker"}) {
     auto it = state.find(key);
     if (it == state.end()) {
-      throw CheckpointError(fmt::format("GradScaler state has no '{}' entry; was it saved by a GradScaler?", key));
+      throw CheckpointError(
+          fmt::format("GradScaler state has no '{}' entry; was it saved by a GradScaler?", key));
     }
   }
   scale_.copy_(state.at("scale"));

@@ -31,7 +31,8 @@ class LocalBackend final : public Backend {
     std::vector<torch::Tensor> params;
     for (auto* opt : optimizers_) {
       for (auto& group : opt->param_groups()) {
-        for (auto& p : group.params()) params.push_back(p);
+        for (auto& p : group.params())
+          params.push_back(p);
       }
     }
     return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
@@ -40,8 +41,10 @@ class LocalBackend final : public Backend {
   NamedTensors model_state() override {
     NamedTensors out;
     if (model_ == nullptr) return out;
-    for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value().detach());
-    for (const auto& item : model_->named_buffers()) out.emplace_back(item.key(), item.value().detach());
+    for (const auto& item : model_->named_parameters())
+      out.emplace_back(item.key(), item.value().detach());
+    for (const auto& item : model_->named_buffers())
+      out.emplace_back(item.key(), item.value().detach());
     return out;
   }
 
@@ -51,18 +54,22 @@ class LocalBackend final : public Backend {
     auto load = [&](const std::string& name, torch::Tensor& dst) {
       auto it = state.find(name);
       if (it == state.end()) {
-        throw CheckpointError(fmt::format("checkpoint has no tensor '{}' for the model; was it saved from the "
-                                          "same model architecture?",
-                                          name));
+        throw CheckpointError(
+            fmt::format("checkpoint has no tensor '{}' for the model; was it saved from the "
+                        "same model architecture?",
+                        name));
       }
       if (it->second.sizes() != dst.sizes()) {
-        throw CheckpointError(fmt::format("checkpoint tensor '{}' has shape {} but the model expects {}", name,
-                                          fmt::join(it->second.sizes(), "x"), fmt::join(dst.sizes(), "x")));
+        throw CheckpointError(fmt::format("checkpoint tensor '{}' has shape {} but the model expects {}",
+                                          name, fmt::join(it->second.sizes(), "x"),
+                                          fmt::join(dst.sizes(), "x")));
       }
       dst.copy_(it->second);
     };
-    for (auto& item : model_->named_parameters()) load(item.key(), item.value());
-    for (auto& item : model_->named_buffers()) load(item.key(), item.value());
+    for (auto& item : model_->named_parameters())
+      load(item.key(), item.value());
+    for (auto& item : model_->named_buffers())
+      load(item.key(), item.value());
   }
 
  private:

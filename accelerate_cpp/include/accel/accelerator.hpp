@@ -40,7 +40,8 @@
 namespace accel {
 
 /// Overrides applied on top of the config file. Example:
-/// `Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::Bf16).gradient_accumulation_steps(4));`
+/// `Accelerator
+/// acc(AcceleratorOptions().mixed_precision(MixedPrecision::Bf16).gradient_accumulation_steps(4));`
 struct AcceleratorOptions {
   /// Config file to read (default: `$ACCEL_CONFIG_FILE` when set, else built-in defaults).
   AcceleratorOptions& config_file(std::string v) { return config_file_ = std::move(v), *this; }
@@ -51,7 +52,9 @@ struct AcceleratorOptions {
   /// Force the CPU even when a GPU is present.
   AcceleratorOptions& cpu(bool v) { return cpu_ = v, *this; }
   /// Backend registry to pick from (default: the built-in backends).
-  AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) { return registry_ = std::move(v), *this; }
+  AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
+    return registry_ = std::move(v), *this;
+  }
 
   std::optional<std::string> config_file_;
   std::optional<Config> config_;
@@ -154,7 +157,8 @@ class Accelerator {
   /// Blocks until every rank reaches this point. Collective.
   void wait_for_everyone();
 
-  // ---- utilities -------------------------------------------------------------------------------------------
+  // ---- utilities
+  // -------------------------------------------------------------------------------------------
   /// Streams the arguments followed by a newline to stdout, on the main process only.
   template <class... Args>
   void print(const Args&... args) const {
@@ -168,7 +172,8 @@ class Accelerator {
   /// default shuffling seed of loaders prepared afterwards.
   void set_seed(std::uint64_t seed, bool device_specific = false);
 
-  // ---- checkpoints -----------------------------------------------------------------------------------------
+  // ---- checkpoints
+  // -----------------------------------------------------------------------------------------
   /// Saves model (safetensors), optimizers, schedulers, scaler, RNG states, step counters and data-loader
   /// positions into `dir`, atomically: a crash while saving leaves the previous checkpoint at `dir` intact.
   /// Collective.
@@ -217,8 +222,8 @@ class Accelerator {
 
   bool sync_gradients_ = true;
   bool step_was_skipped_ = false;
-  std::int64_t micro_steps_ = 0;       // backward calls
-  std::int64_t cycle_position_ = 0;    // micro-steps into the current accumulation cycle
+  std::int64_t micro_steps_ = 0;     // backward calls
+  std::int64_t cycle_position_ = 0;  // micro-steps into the current accumulation cycle
   std::int64_t completed_steps_ = 0;
   bool autocast_on_ = false;
   bool autocast_prev_enabled_ = false;

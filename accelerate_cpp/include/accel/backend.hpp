@@ -41,7 +41,8 @@ class Backend {
   virtual void prepare_optimizer(torch::optim::Optimizer& optimizer) = 0;
   /// Before the user's backward; `sync` is false on accumulation micro-steps, which must not communicate.
   virtual void before_backward(bool sync) = 0;
-  /// After the backward of a sync step: gradients seen by the optimizers are now the global mean (collective).
+  /// After the backward of a sync step: gradients seen by the optimizers are now the global mean
+  /// (collective).
   virtual void after_backward(bool sync) = 0;
   /// Clips the global gradient norm in place; returns the norm before clipping (collective).
   virtual double clip_grad_norm(double max_norm, double norm_type) = 0;

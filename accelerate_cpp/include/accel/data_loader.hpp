@@ -1,9 +1,9 @@
 #pragma once
 /// \file data_loader.hpp
-/// The data loader returned by `Accelerator::prepare_data_loader`: shards batches across ranks with Hugging Face
-/// Accelerate's semantics, shuffles identically on every rank (reseeded per epoch with `seed + epoch`), moves
-/// batches to the accelerator's device, remembers its position for `save_state`, and tells the accelerator when
-/// it yields the last batch of an epoch (gradients always synchronise there).
+/// The data loader returned by `Accelerator::prepare_data_loader`: shards batches across ranks with Hugging
+/// Face Accelerate's semantics, shuffles identically on every rank (reseeded per epoch with `seed + epoch`),
+/// moves batches to the accelerator's device, remembers its position for `save_state`, and tells the
+/// accelerator when it yields the last batch of an epoch (gradients always synchronise there).
 
 #include <torch/data/example.h>
 #include <torch/types.h>
@@ -21,7 +21,8 @@ namespace accel {
 struct DataLoaderOptions {
   DataLoaderOptions() = default;
   /* implicit */ DataLoaderOptions(std::size_t batch_size) : batch_size_(batch_size) {}
-  /// Per-rank batch size (or the global one with `split_batches`). Example: `DataLoaderOptions(64).shuffle(true)`.
+  /// Per-rank batch size (or the global one with `split_batches`). Example:
+  /// `DataLoaderOptions(64).shuffle(true)`.
   DataLoaderOptions& batch_size(std::size_t v) { return batch_size_ = v, *this; }
   /// Shuffle each epoch with the seed `seed + epoch`, identically on every rank.
   DataLoaderOptions& shuffle(bool v) { return shuffle_ = v, *this; }
@@ -46,35 +47,38 @@ namespace detail {
 /// The batches of sample indices one rank sees in one epoch.
 struct ShardPlan {
   std::vector<std::vector<std::size_t>> batches;
-  /// Samples in the epoch (the dataset size, minus what drop_last dropped): `gather_for_metrics` keeps exactly
-  /// this many rows over the whole epoch.
+  /// Samples in the epoch (the dataset size, minus what drop_last dropped): `gather_for_metrics` keeps
+  /// exactly this many rows over the whole epoch.
   std::size_t total_samples = 0;
-  /// Rows of the global last round that are real samples rather than wrap-around duplicates (0: none dropped).
+  /// Rows of the global last round that are real samples rather than wrap-around duplicates (0: none
+  /// dropped).
   std::size_t last_round_remainder = 0;
 };
 
 /// Sample order of an epoch: 0..n-1, or a permutation drawn from a generator seeded `seed + epoch`.
 std::vector<std::size_t> epoch_order(std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch);
 
-/// Accelerate's BatchSamplerShard: global batches of `batch_size` from `order`; rank r takes batches r, r+N, ...
-/// With `even_batches` the last round is completed from the start of the epoch; with `split_batches` each global
-/// batch of `batch_size` is cut into N slices instead.
+/// Accelerate's BatchSamplerShard: global batches of `batch_size` from `order`; rank r takes batches r, r+N,
+/// ... With `even_batches` the last round is completed from the start of the epoch; with `split_batches` each
+/// global batch of `batch_size` is cut into N slices instead.
 ShardPlan plan_shard(const std::vector<std::size_t>& order, std::size_t batch_size, int rank, int world,
                      bool drop_last, bool even_batches, bool split_batches);
 
 /// Position and end-of-data signal shared between a loader and its accelerator.
 struct LoaderState {
   std::uint64_t epoch = 0;
-  std::size_t next_batch = 0;     ///< batches of the current epoch already yielded
-  bool at_last_batch = false;     ///< the batch just yielded is the epoch's last
-  bool in_epoch = false;          ///< an iteration is in progress
-  bool resumed = false;           ///< set by load_state: the next iteration continues at next_batch
-  std::size_t remainder = 0;      ///< ShardPlan::last_round_remainder of the current epoch
+  std::size_t next_batch = 0;  ///< batches of the current epoch already yielded
+  bool at_last_batch = false;  ///< the batch just yielded is the epoch's last
+  bool in_epoch = false;       ///< an iteration is in progress
+  bool resumed = false;        ///< set by load_state: the next iteration continues at next_batch
+  std::size_t remainder = 0;   ///< ShardPlan::last_round_remainder of the current epoch
   std::size_t batches_in_epoch = 0;
 };
 
 /// Moves a batch to a device. Overloads for the batch types of torch::data; add your own for custom batches.
-inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& d) { return t.to(d); }
+inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& d) {
+  return t.to(d);
+}
 template <class D, class T>
 torch::data::Example<D, T> to_device(const torch::data::Example<D, T>& e, const torch::Device& d) {
   return {to_device(e.data, d), to_device(e.target, d)};
@@ -88,7 +92,8 @@ template <class T>
 std::vector<T> to_device(const std::vector<T>& v, const torch::Device& d) {
   std::vector<T> out;
   out.reserve(v.size());
-  for (const auto& x : v) out.push_back(to_device(x, d));
+  for (const auto& x : v)
+    out.push_back(to_device(x, d));
   return out;
 }
 
