@@ -1,11 +1,13 @@
 #include <accel/backend.hpp>
 
+#include "ddp/ddp_backend.hpp"
 #include "local/local_backend.hpp"
 
 namespace accel {
 
 void register_builtin_backends(BackendRegistry& registry) {
   registry.add(BackendKind::Local, backends::make_local_backend);
+  registry.add(BackendKind::Ddp, backends::make_ddp_backend);
 }
 
 }  // namespace accel

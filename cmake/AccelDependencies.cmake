@@ -17,6 +17,7 @@ if(NOT TARGET torch)
   endif()
 endif()
 find_package(yaml-cpp REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)  # Debian: /usr/share/cmake/CLI11/CLI11Config.cmake
 find_package(Threads REQUIRED)
 
 # fmt: LibTorch ships fmt headers in its include directory, which comes first on every LibTorch target's

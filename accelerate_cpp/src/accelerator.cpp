@@ -6,6 +6,8 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 namespace accel {
@@ -27,16 +29,26 @@ Config resolve_config(const AcceleratorOptions& o) {
   return config;
 }
 
-int env_int(const char* name, int fallback) {
+bool env_flag(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
+  if (v == nullptr) return false;
+  const std::string s(v);
+  return s == "1" || s == "true" || s == "TRUE" || s == "yes";
+}
+
+// Collective timeout: ACCEL_COLLECTIVE_TIMEOUT (seconds) overrides the config's collective_timeout_seconds.
+double timeout_seconds(const Config& config) {
+  const char* v = std::getenv("ACCEL_COLLECTIVE_TIMEOUT");
+  if (v == nullptr || *v == '\0') return config.collective_timeout_seconds;
   char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0) {
-    throw ConfigError(fmt::format("environment variable {}='{}' is not a non-negative integer", name, v), {},
-                      0, name);
+  const double x = std::strtod(v, &end);
+  if (*end != '\0' || !(x > 0)) {
+    throw ConfigError(
+        fmt::format("environment variable ACCEL_COLLECTIVE_TIMEOUT='{}' is not a positive number of seconds",
+                    v),
+        {}, 0, "ACCEL_COLLECTIVE_TIMEOUT");
   }
-  return static_cast<int>(x);
+  return x;
 }
 
 std::shared_ptr<const BackendRegistry> builtin_registry() {
@@ -50,26 +62,31 @@ std::shared_ptr<const BackendRegistry> builtin_registry() {
 Accelerator::Accelerator() : Accelerator(AcceleratorOptions{}) {}
 
 Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(options)) {
-  // torchrun-style variables; accel-launch sets the same names.
-  world_size_ = env_int("WORLD_SIZE", 1);
-  rank_ = env_int("RANK", 0);
-  local_rank_ = env_int("LOCAL_RANK", 0);
-  if (world_size_ < 1 || rank_ >= world_size_) {
-    throw ConfigError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's environment",
-                                  rank_, world_size_),
-                      {}, 0, "RANK");
-  }
+  state_ = options.process_state_ ? *options.process_state_ : ProcessState::from_environment();
+  world_size_ = state_.world_size;
+  rank_ = state_.rank;
+  local_rank_ = state_.local_rank;
   if (!config_.use_cpu && torch::cuda::is_available()) {
     device_ =
         torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank_ % torch::cuda::device_count()));
   }
+  CommunicatorOptions comm_options;
+  comm_options.timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds(config_) * 1000));
+  comm_options.debug = config_.debug || env_flag("ACCEL_DEBUG") || env_flag("ACCELERATE_DEBUG_MODE");
+  comm_ = Communicator::create(state_, device_, comm_options);
   if (config_.seed) set_seed(*config_.seed);
+  // Launched on several ranks with a single-process config (or none): data parallel, as Accelerate infers
+  // MULTI_CPU / MULTI_GPU from the launcher's environment.
+  if (world_size_ > 1 && config_.backend == BackendKind::Local) config_.backend = BackendKind::Ddp;
+  config_.num_processes = world_size_;
   auto registry = options.registry_ ? options.registry_ : builtin_registry();
   BackendContext context;
   context.config = &config_;
   context.device = device_;
   context.rank = rank_;
   context.world_size = world_size_;
+  context.comm = comm_.get();
   backend_ = registry->create(config_.backend, context);
   if (config_.mixed_precision == MixedPrecision::Fp16) {
     scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
@@ -131,14 +148,21 @@ void Accelerator::complete_loader_options(DataLoaderOptions& options) const {
 
 std::shared_ptr<detail::LoaderState> Accelerator::register_loader() {
   loaders_.push_back(std::make_shared<detail::LoaderState>());
+  loaders_.back()->clock = loader_clock_;
   return loaders_.back();
 }
 
-bool Accelerator::end_of_data() const {
+detail::LoaderState* Accelerator::active_loader() const {
+  detail::LoaderState* active = nullptr;
   for (const auto& l : loaders_) {
-    if (l->in_epoch && l->at_last_batch) return true;
+    if (l->last_yield > 0 && (active == nullptr || l->last_yield > active->last_yield)) active = l.get();
   }
-  return false;
+  return active;
+}
+
+bool Accelerator::end_of_data() const {
+  const auto* l = active_loader();
+  return l != nullptr && l->in_epoch && l->at_last_batch;
 }
 
 void Accelerator::enable_autocast() {
@@ -237,15 +261,101 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& t) {
-  if (world_size_ == 1) return t;
-  throw UnsupportedOperation("gather across processes needs the distributed runtime (backend: ddp)");
+  if (world_size_ == 1) return t.dim() == 0 ? t.reshape({1}) : t;
+  auto x = t.dim() == 0 ? t.reshape({1}) : t;
+  // Sizes along dim 0 may differ (even_batches off, last batches): gather them first, pad, gather, trim.
+  auto size = torch::tensor({x.size(0)}, torch::TensorOptions().dtype(torch::kInt64).device(x.device()));
+  const auto sizes = comm_->all_gather(size).cpu();
+  const auto* n = sizes.data_ptr<std::int64_t>();
+  const auto longest = *std::max_element(n, n + world_size_);
+  if (std::all_of(n, n + world_size_, [&](std::int64_t v) { return v == longest; }))
+    return comm_->all_gather(x);
+  auto gathered = comm_->all_gather(pad_across_processes(x, 0));
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < world_size_; ++r)
+    parts.push_back(gathered.narrow(0, r * longest, n[r]));
+  return torch::cat(parts);
 }
 
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& t) {
-  return gather(t);
+  auto all = gather(t);
+  // At the end of an epoch, the last round held `remainder` real samples and the rest were wrapped around.
+  const auto* l = active_loader();
+  if (world_size_ > 1 && l != nullptr && l->in_epoch && l->at_last_batch && l->remainder > 0) {
+    return all.narrow(0, 0, std::min<std::int64_t>(all.size(0), static_cast<std::int64_t>(l->remainder)));
+  }
+  return all;
 }
 
-void Accelerator::wait_for_everyone() {}
+torch::Tensor Accelerator::reduce(const torch::Tensor& t, ReduceOp op) {
+  auto out = t.clone();
+  comm_->all_reduce(out, op);
+  return out;
+}
+
+torch::Tensor Accelerator::broadcast(const torch::Tensor& t, int from) {
+  if (from < 0 || from >= world_size_) {
+    throw UsageError(fmt::format("broadcast: source rank {} is outside 0..{}", from, world_size_ - 1));
+  }
+  auto out = t.clone();
+  comm_->broadcast(out, from);
+  return out;
+}
+
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& t, std::int64_t dim, double pad_index,
+                                                bool pad_first) {
+  if (world_size_ == 1 || t.dim() == 0) return t;
+  if (dim < 0) dim += t.dim();
+  if (dim < 0 || dim >= t.dim()) {
+    throw UsageError(
+        fmt::format("pad_across_processes: dim {} is out of range for a {}-d tensor", dim, t.dim()));
+  }
+  auto size = torch::tensor({t.size(dim)}, torch::TensorOptions().dtype(torch::kInt64).device(t.device()));
+  const auto longest = comm_->all_gather(size).max().item<std::int64_t>();
+  if (longest == t.size(dim)) return t;
+  auto shape = t.sizes().vec();
+  shape[static_cast<std::size_t>(dim)] = longest;
+  auto out = torch::full(shape, pad_index, t.options());
+  const auto start = pad_first ? longest - t.size(dim) : 0;
+  out.narrow(dim, start, t.size(dim)).copy_(t);
+  return out;
+}
+
+void Accelerator::wait_for_everyone() {
+  comm_->barrier();
+}
+
+Accelerator::SplitRange Accelerator::split_range(std::size_t n) const {
+  const auto w = static_cast<std::size_t>(world_size_), r = static_cast<std::size_t>(rank_);
+  const std::size_t per = n / w, extra = n % w;
+  const std::size_t begin = r * per + std::min(r, extra);
+  return {begin, begin + per + (r < extra ? 1 : 0), per + (extra > 0 ? 1 : 0)};
+}
+
+torch::Tensor Accelerator::split_between_processes(const torch::Tensor& t, bool apply_padding) const {
+  const auto [begin, end, longest] = split_range(static_cast<std::size_t>(t.size(0)));
+  auto out = t.narrow(0, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end - begin));
+  if (apply_padding && t.size(0) > 0 && end - begin < longest) {
+    out = torch::cat({out, t.narrow(0, t.size(0) - 1, 1).expand_as(t.narrow(0, 0, 1))});
+  }
+  return out;
+}
+
+Accelerator::MainProcessFirst::MainProcessFirst(Accelerator* acc, bool main) : acc_(acc), main_(main) {
+  if (!main_) acc_->wait_for_everyone();  // wait until the main process finished the block
+}
+
+Accelerator::MainProcessFirst::~MainProcessFirst() noexcept(false) {
+  if (acc_ != nullptr && main_) acc_->wait_for_everyone();  // release the others
+}
+
+Accelerator::MainProcessFirst Accelerator::main_process_first() {
+  return MainProcessFirst(this, is_main_process());
+}
+
+Accelerator::MainProcessFirst Accelerator::local_main_process_first() {
+  return MainProcessFirst(this, is_local_main_process());
+}
 
 void Accelerator::set_seed(std::uint64_t seed, bool device_specific) {
   const std::uint64_t s = device_specific ? seed + static_cast<std::uint64_t>(rank_) : seed;

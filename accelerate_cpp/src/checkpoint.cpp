@@ -61,10 +61,55 @@ std::string require(const safetensors::File& f, const std::string& key) {
 
 void Accelerator::save_state(const std::string& dir) {
   namespace fs = std::filesystem;
-  // Single-writer for now: the local backend runs one process. Multi-rank backends add per-rank shards.
-  detail::AtomicDirectory out(dir);
-  const fs::path tmp = out.path();
+  // The main process owns the temporary directory and commits it; every rank writes its own files into it
+  // (the same path on every rank: one machine, or a shared filesystem), then all meet before the commit.
+  std::unique_ptr<detail::AtomicDirectory> out;
+  std::string tmp_path;
+  std::string failure;
+  if (is_main_process()) {
+    try {
+      out = std::make_unique<detail::AtomicDirectory>(dir);
+      tmp_path = out->path().string();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  tmp_path = comm_->exchange(failure.empty() ? tmp_path : "\n" + failure)[0];
+  if (!tmp_path.empty() && tmp_path[0] == '\n') {
+    throw CheckpointError(
+        fmt::format("save_state: rank 0 could not create '{}': {}", dir, tmp_path.substr(1)));
+  }
+  const fs::path tmp = tmp_path;
+  try {
+    write_state_files(tmp);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Every rank reports; one failure anywhere keeps the previous checkpoint (the temporary one is dropped).
+  const auto results = comm_->exchange(failure);
+  for (int r = 0; r < world_size_; ++r) {
+    if (!results[static_cast<std::size_t>(r)].empty()) {
+      throw CheckpointError(
+          fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir, r,
+                      results[static_cast<std::size_t>(r)]));
+    }
+  }
+  if (out) out->commit();
+  comm_->barrier();
+}
 
+void Accelerator::write_state_files(const std::filesystem::path& tmp) {
+  if (rank_ == 0) write_main_state_files(tmp);
+  NamedTensors rng;
+  for (const auto& d : rng_devices()) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng.emplace_back(d.str(), gen.get_state());
+  }
+  detail::write_tensors((tmp / fmt::format("random_states_{}.safetensors", rank_)).string(), rng);
+}
+
+void Accelerator::write_main_state_files(const std::filesystem::path& tmp) {
   for (std::size_t i = 0; i < models_.size(); ++i) {
     detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), backend_->model_state(),
                           {{"format", "pt"}});
@@ -101,20 +146,12 @@ void Accelerator::save_state(const std::string& dir) {
                                                 {"schedulers", std::to_string(schedulers_.size())},
                                                 {"loaders", std::to_string(loaders_.size())}};
   detail::write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
-
-  NamedTensors rng;
-  for (const auto& d : rng_devices()) {
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng.emplace_back(d.str(), gen.get_state());
-  }
-  detail::write_tensors((tmp / fmt::format("random_states_{}.safetensors", rank_)).string(), rng);
-  out.commit();
 }
 
 void Accelerator::load_state(const std::string& dir) {
   namespace fs = std::filesystem;
-  detail::recover_interrupted(dir);
+  if (is_main_process()) detail::recover_interrupted(dir);
+  comm_->barrier();
   const fs::path root(dir);
   if (!fs::is_directory(root)) {
     throw CheckpointError(
@@ -128,6 +165,12 @@ void Accelerator::load_state(const std::string& dir) {
     throw CheckpointError(
         fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
                     state_file.path(), v, kFormatVersion));
+  }
+  if (const auto w = require(state_file, "world_size"); w != std::to_string(world_size_)) {
+    throw CheckpointError(
+        fmt::format("{}: the checkpoint was saved by {} processes but this run has {}; resume with "
+                    "the same number of processes",
+                    dir, w, world_size_));
   }
   if (const auto b = require(state_file, "backend"); b != backend_->name()) {
     throw CheckpointError(

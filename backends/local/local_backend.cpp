@@ -2,9 +2,9 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/grad_utils.hpp"
+
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <torch/nn/utils/clip_grad.h>
 
 namespace accel::backends {
 namespace {
@@ -35,41 +35,13 @@ class LocalBackend final : public Backend {
           params.push_back(p);
       }
     }
-    return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+    return detail::clip_grad_norm_local(params, max_norm, norm_type);
   }
 
-  NamedTensors model_state() override {
-    NamedTensors out;
-    if (model_ == nullptr) return out;
-    for (const auto& item : model_->named_parameters())
-      out.emplace_back(item.key(), item.value().detach());
-    for (const auto& item : model_->named_buffers())
-      out.emplace_back(item.key(), item.value().detach());
-    return out;
-  }
+  NamedTensors model_state() override { return model_ ? detail::module_state(*model_) : NamedTensors{}; }
 
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
-    if (model_ == nullptr) return;
-    torch::NoGradGuard no_grad;
-    auto load = [&](const std::string& name, torch::Tensor& dst) {
-      auto it = state.find(name);
-      if (it == state.end()) {
-        throw CheckpointError(
-            fmt::format("checkpoint has no tensor '{}' for the model; was it saved from the "
-                        "same model architecture?",
-                        name));
-      }
-      if (it->second.sizes() != dst.sizes()) {
-        throw CheckpointError(fmt::format("checkpoint tensor '{}' has shape {} but the model expects {}",
-                                          name, fmt::join(it->second.sizes(), "x"),
-                                          fmt::join(dst.sizes(), "x")));
-      }
-      dst.copy_(it->second);
-    };
-    for (auto& item : model_->named_parameters())
-      load(item.key(), item.value());
-    for (auto& item : model_->named_buffers())
-      load(item.key(), item.value());
+    if (model_) detail::load_module_state(*model_, state);
   }
 
  private:

@@ -16,6 +16,7 @@
 /// \endcode
 
 #include <accel/backend.hpp>
+#include <accel/communicator.hpp>
 #include <accel/config.hpp>
 #include <accel/data_loader.hpp>
 #include <accel/errors.hpp>
@@ -29,6 +30,7 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -51,6 +53,8 @@ struct AcceleratorOptions {
   AcceleratorOptions& gradient_accumulation_steps(int v) { return gradient_accumulation_steps_ = v, *this; }
   /// Force the CPU even when a GPU is present.
   AcceleratorOptions& cpu(bool v) { return cpu_ = v, *this; }
+  /// Process layout to use instead of reading the environment (tests, custom launchers).
+  AcceleratorOptions& process_state(ProcessState v) { return process_state_ = std::move(v), *this; }
   /// Backend registry to pick from (default: the built-in backends).
   AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
     return registry_ = std::move(v), *this;
@@ -61,6 +65,7 @@ struct AcceleratorOptions {
   std::optional<MixedPrecision> mixed_precision_;
   std::optional<int> gradient_accumulation_steps_;
   std::optional<bool> cpu_;
+  std::optional<ProcessState> process_state_;
   std::shared_ptr<const BackendRegistry> registry_;
 };
 
@@ -150,12 +155,59 @@ class Accelerator {
   GradScaler* scaler() noexcept { return scaler_.get(); }
 
   // ---- collectives ---------------------------------------------------------------------------------------
-  /// Concatenates `t` from every rank along dim 0, in rank order (identity on one process). Collective.
+  /// Concatenates `t` from every rank along dim 0, in rank order (identity on one process). Ranks may hold
+  /// different sizes along dim 0 (the rest of the shape must agree). A 0-d tensor counts as one row.
+  /// Collective.
   torch::Tensor gather(const torch::Tensor& t);
-  /// As gather, but drops the samples that even_batches duplicated at the end of the data. Collective.
+  /// As gather, but at the end of an evaluation loop drops the samples that `even_batches` duplicated to
+  /// complete the last round, so a dataset of 22 samples yields exactly 22 rows. Collective.
   torch::Tensor gather_for_metrics(const torch::Tensor& t);
+  /// Element-wise reduction over ranks of a copy of `t`: sum, mean or max (identity on one process).
+  /// Collective.
+  torch::Tensor reduce(const torch::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  /// Rank `from`'s `t`, on every rank (shapes must agree). Collective.
+  torch::Tensor broadcast(const torch::Tensor& t, int from = 0);
+  /// Pads `t` along `dim` with `pad_index` to the largest size over ranks (at the end, or the start with
+  /// `pad_first`), so that it can be gathered. Collective.
+  torch::Tensor pad_across_processes(const torch::Tensor& t, std::int64_t dim = 0, double pad_index = 0,
+                                     bool pad_first = false);
   /// Blocks until every rank reaches this point. Collective.
   void wait_for_everyone();
+  /// This rank's contiguous share of `items` (the first `size % N` ranks get one more); with `apply_padding`
+  /// every share is as long as the longest, padded with the last item. Not collective.
+  template <class T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const {
+    const auto [begin, end, longest] = split_range(items.size());
+    std::vector<T> out(items.begin() + static_cast<std::ptrdiff_t>(begin),
+                       items.begin() + static_cast<std::ptrdiff_t>(end));
+    while (apply_padding && !items.empty() && out.size() < longest)
+      out.push_back(items.back());
+    return out;
+  }
+  /// This rank's share of `t` along dim 0, as split_between_processes on a vector.
+  torch::Tensor split_between_processes(const torch::Tensor& t, bool apply_padding = false) const;
+
+  /// RAII guard: the main process runs the guarded block first, the others after it left (e.g. to download or
+  /// preprocess once). Collective: every rank must create and destroy one. `local` uses the local main
+  /// process.
+  class MainProcessFirst {
+   public:
+    MainProcessFirst(MainProcessFirst&& o) noexcept : acc_(o.acc_), main_(o.main_) { o.acc_ = nullptr; }
+    ~MainProcessFirst() noexcept(false);
+    MainProcessFirst(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(MainProcessFirst&&) = delete;
+
+   private:
+    friend class Accelerator;
+    MainProcessFirst(Accelerator* acc, bool main);
+    Accelerator* acc_;
+    bool main_;
+  };
+  [[nodiscard]] MainProcessFirst main_process_first();
+  [[nodiscard]] MainProcessFirst local_main_process_first();
+  /// The process-group wrapper (byte counters, raw collectives).
+  Communicator& communicator() noexcept { return *comm_; }
 
   // ---- utilities
   // -------------------------------------------------------------------------------------------
@@ -204,12 +256,21 @@ class Accelerator {
   void stash_gradients();
   void restore_gradients();
   void enable_autocast();
+  void write_state_files(const std::filesystem::path& tmp);
+  void write_main_state_files(const std::filesystem::path& tmp);
+  struct SplitRange {
+    std::size_t begin, end, longest;
+  };
+  SplitRange split_range(std::size_t n) const;
+  detail::LoaderState* active_loader() const;
 
   Config config_;
+  ProcessState state_;
   int rank_ = 0;
   int local_rank_ = 0;
   int world_size_ = 1;
   torch::Device device_ = torch::kCPU;
+  std::shared_ptr<Communicator> comm_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<GradScaler> scaler_;
 
@@ -217,6 +278,7 @@ class Accelerator {
   std::vector<torch::optim::Optimizer*> optimizers_;
   std::vector<torch::optim::LRScheduler*> schedulers_;
   std::vector<std::shared_ptr<detail::LoaderState>> loaders_;
+  std::shared_ptr<std::uint64_t> loader_clock_ = std::make_shared<std::uint64_t>(0);
   std::vector<torch::Tensor> stashed_grads_;  // parallel to optimizer_params() while a cycle is open
   std::optional<std::uint64_t> seed_;
 

@@ -3,6 +3,7 @@
 /// The interface every training backend implements (local, ddp, fsdp, zero), and the registry the
 /// Accelerator picks one from by the config's `backend`. See backends/README.md for how to add one.
 
+#include <accel/communicator.hpp>
 #include <accel/config.hpp>
 
 #include <torch/nn/module.h>
@@ -23,6 +24,9 @@ struct BackendContext {
   torch::Device device = torch::kCPU;
   int rank = 0;
   int world_size = 1;
+  /// The process group wrapper; backends communicate only through it. Never null; lives longer than the
+  /// backend.
+  Communicator* comm = nullptr;
 };
 
 /// A named tensor of a state dict, in a stable order.

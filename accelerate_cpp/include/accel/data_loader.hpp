@@ -73,6 +73,8 @@ struct LoaderState {
   bool resumed = false;        ///< set by load_state: the next iteration continues at next_batch
   std::size_t remainder = 0;   ///< ShardPlan::last_round_remainder of the current epoch
   std::size_t batches_in_epoch = 0;
+  std::uint64_t last_yield = 0;          ///< value of `clock` when this loader last yielded a batch
+  std::shared_ptr<std::uint64_t> clock;  ///< shared by the loaders of one accelerator: which yielded last
 };
 
 /// Moves a batch to a device. Overloads for the batch types of torch::data; add your own for custom batches.
@@ -196,6 +198,7 @@ class DataLoader {
       return std::nullopt;
     }
     const auto& idx = plan_.batches[state_->next_batch++];
+    if (state_->clock) state_->last_yield = ++*state_->clock;
     state_->at_last_batch = state_->next_batch == plan_.batches.size();
     return detail::to_device(dataset_.get_batch(idx), device_);
   }

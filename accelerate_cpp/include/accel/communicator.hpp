@@ -1,0 +1,110 @@
+#pragma once
+/// \file communicator.hpp
+/// The only code that talks to c10d: rendezvous through a TCPStore hosted by rank 0, ProcessGroupGloo for CPU
+/// tensors and ProcessGroupNCCL for CUDA tensors, collective timeouts, per-collective byte counters, and an
+/// optional debug mode that compares every rank's call before each collective so that a mismatch becomes a
+/// DistributedError on every rank instead of a hang. Every collective method must be called by all ranks in
+/// the same order ("collective").
+
+#include <accel/process_state.hpp>
+
+#include <torch/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace accel {
+
+/// Reduction of `all_reduce` / `reduce_scatter`.
+enum class ReduceOp { Sum, Mean, Max, Min };
+
+/// Collective types, for byte counters and debug descriptions.
+enum class Collective { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, Exchange, kCount };
+
+/// Name of a collective type ("all_reduce", ...).
+const char* to_string(Collective c);
+
+/// Options of a Communicator.
+struct CommunicatorOptions {
+  /// Timeout of every collective and of the rendezvous.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Compare operation, shapes and dtypes across ranks before each collective.
+  bool debug = false;
+};
+
+/// Bytes moved by one collective type, counted on this rank.
+struct ByteCount {
+  std::uint64_t calls = 0;    ///< collectives issued
+  std::uint64_t payload = 0;  ///< bytes of the tensors handed to the collective (inputs), in bytes
+  /// Bytes this rank sends over the wire with the bandwidth-optimal (ring) algorithm, in bytes:
+  /// all_reduce 2(N-1)/N x payload, all_gather and reduce_scatter (N-1)/N x the full tensor, broadcast
+  /// payload on the root. Gloo's actual algorithm may differ; this is the standard volume benchmarks compare
+  /// against.
+  std::uint64_t wire = 0;
+};
+
+/// A pending asynchronous collective.
+class CollectiveHandle {
+ public:
+  virtual ~CollectiveHandle() = default;
+  /// Blocks until the collective finished; rethrows its failure as DistributedError.
+  virtual void wait() = 0;
+};
+
+/// Process-group wrapper. One per Accelerator; not thread-safe.
+class Communicator {
+ public:
+  /// Connects to the job described by `state` (rendezvous through rank 0's TCPStore at
+  /// master_addr:master_port; blocks until every rank joined or the timeout passed). With one process nothing
+  /// is opened and every collective is the identity. Throws DistributedError naming address, port and rank.
+  /// Like PyTorch's default process group, a connection lives until the process exits: a later call with the
+  /// same layout and device returns the same communicator (with `options` applied), so a program may create
+  /// several Accelerators one after the other.
+  static std::shared_ptr<Communicator> create(const ProcessState& state, torch::Device device,
+                                              CommunicatorOptions options = {});
+  virtual ~Communicator() = default;
+
+  int rank() const noexcept { return state_.rank; }
+  int world_size() const noexcept { return state_.world_size; }
+  const ProcessState& state() const noexcept { return state_; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  /// Changes the timeout (of waits started from now on) and the debug mode.
+  void set_options(const CommunicatorOptions& options) { options_ = options; }
+
+  /// In-place all-reduce of one tensor (collective).
+  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  /// Asynchronous in-place all-reduce (SUM) of tensors that stay alive until `wait()` (collective).
+  virtual std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor> tensors) = 0;
+  /// In-place broadcast from `root` (collective).
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  /// Concatenation along dim 0 of every rank's tensor, which must all have the same shape (collective).
+  virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
+  /// Every rank's `input` (world_size x shard numel) summed, this rank's shard returned (collective).
+  virtual torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op) = 0;
+  /// Blocks until all ranks arrive (collective).
+  virtual void barrier() = 0;
+  /// Every rank's string, indexed by rank; goes through the store, not the process group (collective).
+  virtual std::vector<std::string> exchange(const std::string& mine) = 0;
+
+  /// Bytes counted for one collective type since construction or the last reset.
+  ByteCount bytes(Collective c) const { return counters_[static_cast<std::size_t>(c)]; }
+  /// Sum of `wire` over all collective types.
+  std::uint64_t total_wire_bytes() const;
+  void reset_counters() { counters_ = {}; }
+
+ protected:
+  Communicator(ProcessState state, CommunicatorOptions options)
+      : state_(std::move(state)), options_(options) {}
+  void count(Collective c, std::uint64_t payload, std::uint64_t wire);
+
+  ProcessState state_;
+  CommunicatorOptions options_;
+  std::array<ByteCount, static_cast<std::size_t>(Collective::kCount)> counters_{};
+};
+
+}  // namespace accel

@@ -1,0 +1,368 @@
+#include <accel/communicator.hpp>
+#include <accel/errors.hpp>
+
+#include "c10d_backends.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace accel {
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::AllReduce:
+      return "all_reduce";
+    case Collective::Broadcast:
+      return "broadcast";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::Barrier:
+      return "barrier";
+    case Collective::Exchange:
+      return "exchange";
+    case Collective::kCount:
+      break;
+  }
+  return "?";
+}
+
+std::uint64_t Communicator::total_wire_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& c : counters_)
+    total += c.wire;
+  return total;
+}
+
+void Communicator::count(Collective c, std::uint64_t payload, std::uint64_t wire) {
+  auto& counter = counters_[static_cast<std::size_t>(c)];
+  counter.calls += 1;
+  counter.payload += payload;
+  counter.wire += wire;
+}
+
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Mean:
+      return "mean";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+  }
+  return "?";
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
+    default:
+      return c10d::ReduceOp::SUM;  // Mean = Sum, then divided: Gloo has no AVG on every dtype
+  }
+}
+
+std::string describe(const torch::Tensor& t) {
+  return fmt::format("shape=[{}], dtype={}, device={}", fmt::join(t.sizes(), ", "),
+                     c10::toString(t.scalar_type()), t.device().type() == torch::kCPU ? "cpu" : "cuda");
+}
+
+/// One process: every collective is the identity.
+class SingleProcessCommunicator final : public Communicator {
+ public:
+  SingleProcessCommunicator(ProcessState s, CommunicatorOptions o) : Communicator(std::move(s), o) {}
+  void all_reduce(torch::Tensor&, ReduceOp) override {}
+  std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor>) override {
+    struct Done : CollectiveHandle {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
+  void broadcast(torch::Tensor&, int) override {}
+  torch::Tensor all_gather(const torch::Tensor& t) override { return t.dim() == 0 ? t.reshape({1}) : t; }
+  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp) override { return input; }
+  void barrier() override {}
+  std::vector<std::string> exchange(const std::string& mine) override { return {mine}; }
+};
+
+class WorkHandle final : public CollectiveHandle {
+ public:
+  WorkHandle(c10::intrusive_ptr<c10d::Work> work, std::vector<torch::Tensor> keep,
+             std::chrono::milliseconds timeout, std::string what)
+      : work_(std::move(work)), keep_(std::move(keep)), timeout_(timeout), what_(std::move(what)) {}
+  void wait() override {
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("{} failed: {}", what_, e.what()));
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<torch::Tensor> keep_;
+  std::chrono::milliseconds timeout_;
+  std::string what_;
+};
+
+class C10dCommunicator final : public Communicator {
+ public:
+  C10dCommunicator(ProcessState s, torch::Device device, CommunicatorOptions o)
+      : Communicator(std::move(s), o), device_(device) {
+    const auto& st = state_;
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<std::uint16_t>(st.master_port);
+      so.isServer = st.rank == 0;
+      so.numWorkers = st.world_size;
+      so.waitWorkers = true;
+      so.timeout = options_.timeout;
+      store_ = c10::make_intrusive<c10d::TCPStore>(st.master_addr, so);
+    } catch (const std::exception& e) {
+      throw DistributedError(
+          fmt::format("rank {}: rendezvous with {}:{} failed within {} s: {}{}", st.rank, st.master_addr,
+                      st.master_port, options_.timeout.count() / 1000.0, first_line(e.what()),
+                      st.rank == 0 ? "; is the port already in use? choose another with --main_process_port"
+                                   : "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it"));
+    }
+    try {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create();
+      gloo_options->timeout = options_.timeout;
+      const bool loopback = st.master_addr.rfind("127.", 0) == 0 || st.master_addr == "localhost";
+      gloo_options->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                               : c10d::ProcessGroupGloo::createDefaultDevice());
+      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", store_), st.rank, st.world_size, gloo_options);
+      if (device_.is_cuda()) {
+        nccl_ = detail::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", store_), st.rank,
+                                          st.world_size, options_.timeout);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(
+          fmt::format("rank {}: creating the process group failed: {}", st.rank, first_line(e.what())));
+    }
+  }
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    check("all_reduce", fmt::format("{}, op={}", describe(tensor), op_name(op)));
+    std::vector<torch::Tensor> ts{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = options_.timeout;
+    run("all_reduce", [&] { return backend_for(tensor)->allreduce(ts, o); });
+    if (op == ReduceOp::Mean) tensor.div_(world_size());
+    count(Collective::AllReduce, tensor.nbytes(), ring_all_reduce(tensor.nbytes()));
+  }
+
+  std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor> tensors) override {
+    std::string desc;
+    std::uint64_t bytes = 0;
+    for (const auto& t : tensors) {
+      desc += (desc.empty() ? "" : "; ") + describe(t);
+      bytes += t.nbytes();
+    }
+    check("all_reduce", desc + ", op=sum");
+    c10d::AllreduceOptions o;
+    o.timeout = options_.timeout;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = backend_for(tensors.front())->allreduce(tensors, o);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: all_reduce failed: {}", rank(), first_line(e.what())));
+    }
+    count(Collective::AllReduce, bytes, ring_all_reduce(bytes));
+    return std::make_unique<WorkHandle>(std::move(work), std::move(tensors), options_.timeout,
+                                        fmt::format("rank {}: all_reduce", rank()));
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    check("broadcast", fmt::format("{}, root={}", describe(tensor), root));
+    std::vector<torch::Tensor> ts{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = options_.timeout;
+    run("broadcast", [&] { return backend_for(tensor)->broadcast(ts, o); });
+    count(Collective::Broadcast, tensor.nbytes(), rank() == root ? tensor.nbytes() : 0);
+  }
+
+  torch::Tensor all_gather(const torch::Tensor& tensor) override {
+    check("all_gather", describe(tensor));
+    auto in = tensor.dim() == 0 ? tensor.reshape({1}).contiguous() : tensor.contiguous();
+    auto sizes = in.sizes().vec();
+    sizes[0] *= world_size();
+    auto out = torch::empty(sizes, in.options());
+    c10d::AllgatherOptions o;
+    o.timeout = options_.timeout;
+    run("all_gather", [&] { return backend_for(in)->_allgather_base(out, in, o); });
+    count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    return out;
+  }
+
+  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op) override {
+    check("reduce_scatter", fmt::format("{}, op={}", describe(input), op_name(op)));
+    if (input.numel() % world_size() != 0) {
+      throw UsageError(
+          fmt::format("reduce_scatter: {} elements do not split into {} equal shards; pad the input",
+                      input.numel(), world_size()));
+    }
+    auto in = input.contiguous();
+    auto out = torch::empty({in.numel() / world_size()}, in.options());
+    auto flat = in.view({-1});
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = options_.timeout;
+    run("reduce_scatter", [&] { return backend_for(in)->_reduce_scatter_base(out, flat, o); });
+    if (op == ReduceOp::Mean) out.div_(world_size());
+    count(Collective::ReduceScatter, in.nbytes(), in.nbytes() / world_size() * (world_size() - 1));
+    return out;
+  }
+
+  void barrier() override {
+    check("barrier", "");
+    c10d::BarrierOptions o;
+    o.timeout = options_.timeout;
+    run("barrier", [&] { return gloo_->barrier(o); });
+    count(Collective::Barrier, 0, 0);
+  }
+
+  std::vector<std::string> exchange(const std::string& mine) override {
+    const auto seq = exchange_seq_++;
+    auto key = [&](int r) { return fmt::format("accel/x/{}/{}", seq, r); };
+    store_->set(key(rank()), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size(); ++r)
+      keys.push_back(key(r));
+    wait_keys(keys, fmt::format("exchange #{}", seq));
+    std::vector<std::string> out;
+    for (const auto& k : keys) {
+      const auto v = store_->get(k);
+      out.emplace_back(v.begin(), v.end());
+    }
+    // Everyone has read the previous round once they wrote this one: drop our key of the previous round.
+    if (seq > 0) store_->deleteKey(fmt::format("accel/x/{}/{}", seq - 1, rank()));
+    count(Collective::Exchange, mine.size(), mine.size());
+    return out;
+  }
+
+ private:
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  std::uint64_t ring_all_reduce(std::uint64_t bytes) const {
+    return 2 * bytes * static_cast<std::uint64_t>(world_size() - 1) /
+           static_cast<std::uint64_t>(world_size());
+  }
+
+  c10d::Backend* backend_for(const torch::Tensor& t) {
+    if (t.is_cuda()) {
+      if (!nccl_) {
+        throw UsageError(
+            fmt::format("rank {}: a CUDA tensor reached a collective, but the accelerator runs on {}", rank(),
+                        device_.str()));
+      }
+      return nccl_.get();
+    }
+    return gloo_.get();
+  }
+
+  template <class F>
+  void run(const char* what, F&& start) {
+    try {
+      start()->wait(options_.timeout);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: {} failed: {}", rank(), what, first_line(e.what())));
+    }
+  }
+
+  void wait_keys(const std::vector<std::string>& keys, const std::string& what) {
+    try {
+      store_->wait(keys, options_.timeout);
+    } catch (const std::exception&) {
+      std::vector<int> missing;
+      for (int r = 0; r < world_size(); ++r) {
+        if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing.push_back(r);
+      }
+      throw DistributedError(
+          fmt::format("rank {}: rank(s) {} did not reach {} within {} s; they are stuck, crashed, or took a "
+                      "different code path",
+                      rank(), fmt::join(missing, ", "), what, options_.timeout.count() / 1000.0));
+    }
+  }
+
+  // Debug mode: every rank publishes a description of the collective it is about to run and compares it with
+  // everyone else's. A mismatch (or a rank that never arrives) is a DistributedError on every rank.
+  void check(const char* op, const std::string& args) {
+    if (!options_.debug) return;
+    const auto seq = debug_seq_++;
+    const std::string mine = fmt::format("{}({})", op, args);
+    auto key = [&](int r) { return fmt::format("accel/debug/{}/{}", seq, r); };
+    store_->set(key(rank()), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size(); ++r)
+      keys.push_back(key(r));
+    wait_keys(keys, fmt::format("collective #{} ({} on rank {})", seq, mine, rank()));
+    std::vector<std::string> calls;
+    bool same = true;
+    for (const auto& k : keys) {
+      const auto v = store_->get(k);
+      calls.emplace_back(v.begin(), v.end());
+      same = same && calls.back() == mine;
+    }
+    if (seq > 0) store_->deleteKey(fmt::format("accel/debug/{}/{}", seq - 1, rank()));
+    if (!same) {
+      std::string lines;
+      for (int r = 0; r < world_size(); ++r)
+        lines += fmt::format("\n  rank {}: {}", r, calls[static_cast<std::size_t>(r)]);
+      throw DistributedError(fmt::format(
+          "rank {}: collective #{} differs across ranks (debug mode caught it instead of a hang):{}\nEvery "
+          "rank must "
+          "call the same collectives, in the same order, with the same shapes and dtypes; pad with "
+          "accelerator.pad_across_processes() when sizes differ.",
+          rank(), seq, lines));
+    }
+  }
+
+  torch::Device device_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> nccl_;
+  std::uint64_t debug_seq_ = 0;
+  std::uint64_t exchange_seq_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::create(const ProcessState& state, torch::Device device,
+                                                   CommunicatorOptions options) {
+  if (state.world_size == 1) return std::make_shared<SingleProcessCommunicator>(state, options);
+  // Process-wide, never destroyed: tearing a TCPStore server down while a peer may already be reconnecting
+  // for the next Accelerator would race, and the OS reclaims sockets and threads at exit anyway.
+  static std::mutex mutex;
+  static auto* live = new std::map<std::string, std::shared_ptr<Communicator>>();
+  const auto key = fmt::format("{}:{}/{}/{}/{}", state.master_addr, state.master_port, state.rank,
+                               state.world_size, device.str());
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*live)[key];
+  if (!slot) slot = std::make_shared<C10dCommunicator>(state, device, options);
+  slot->set_options(options);
+  return slot;
+}
+
+}  // namespace accel

@@ -1,0 +1,61 @@
+#include "grad_utils.hpp"
+
+#include <accel/errors.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <sstream>
+
+namespace accel::backends::detail {
+
+NamedTensors module_state(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& item : module.named_parameters())
+    out.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers())
+    out.emplace_back(item.key(), item.value().detach());
+  return out;
+}
+
+void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor& dst) {
+    auto it = state.find(name);
+    if (it == state.end()) {
+      throw CheckpointError(fmt::format(
+          "checkpoint has no tensor '{}' for the model; was it saved from the same model architecture?",
+          name));
+    }
+    if (it->second.sizes() != dst.sizes()) {
+      throw CheckpointError(fmt::format("checkpoint tensor '{}' has shape [{}] but the model expects [{}]",
+                                        name, fmt::join(it->second.sizes(), ", "),
+                                        fmt::join(dst.sizes(), ", ")));
+    }
+    dst.copy_(it->second);
+  };
+  for (auto& item : module.named_parameters())
+    load(item.key(), item.value());
+  for (auto& item : module.named_buffers())
+    load(item.key(), item.value());
+}
+
+double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type) {
+  return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+}
+
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string ea, eb;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(sa, ea, ';'));
+    const bool gb = static_cast<bool>(std::getline(sb, eb, ';'));
+    if (!ga && !gb) return "identical";
+    if (!ga) ea = "<nothing>";
+    if (!gb) eb = "<nothing>";
+    if (ea != eb) return fmt::format("'{}' on rank 0 vs '{}'", ea, eb);
+  }
+}
+
+}  // namespace accel::backends::detail

@@ -1,0 +1,22 @@
+#pragma once
+// Helpers shared by the backends: state dicts of whole modules, local gradient clipping, diffing signatures.
+
+#include <accel/backend.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace accel::backends::detail {
+
+/// Parameters then buffers of `module`, detached, by name.
+NamedTensors module_state(torch::nn::Module& module);
+/// Copies every parameter and buffer of `module` from `state`; CheckpointError on a missing or mis-shaped
+/// entry.
+void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);
+/// torch::nn::utils::clip_grad_norm_ over `params` (gradients already identical or already global).
+double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type);
+/// The first ';'-separated entry in which two signatures differ, as "'a' vs 'b'".
+std::string first_difference(const std::string& a, const std::string& b);
+
+}  // namespace accel::backends::detail

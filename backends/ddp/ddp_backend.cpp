@@ -1,0 +1,266 @@
+// DDP: buckets of gradients in reverse parameter order (first bucket small so communication starts early),
+// each all-reduced asynchronously as soon as the AccumulateGrad hooks of all its parameters fired, in bucket
+// order on every rank (Gloo/NCCL need the same collective order everywhere); one wait at the end of backward.
+#include "ddp_backend.hpp"
+
+#include <accel/errors.hpp>
+
+#include "../common/grad_utils.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <unordered_map>
+
+namespace accel::backends {
+namespace {
+
+struct Bucket {
+  std::vector<std::size_t> params;  // indices into DdpBackend::params_
+  std::size_t ready = 0;
+  torch::Tensor flat;                      // communication buffer
+  std::unique_ptr<CollectiveHandle> work;  // pending all-reduce
+};
+
+class DdpBackend;
+
+// Fires after AccumulateGrad wrote the parameter's .grad.
+class ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(DdpBackend* backend, std::size_t index) : backend_(backend), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override;
+
+ private:
+  DdpBackend* backend_;
+  std::size_t index_;
+};
+
+class DdpBackend final : public Backend {
+ public:
+  explicit DdpBackend(const BackendContext& context) : ctx_(context), comm_(*context.comm) {}
+
+  ~DdpBackend() override {
+    // Hooks point at this object: remove them from the accumulators that outlive us.
+    for (auto& [node, key] : hooks_)
+      node->del_post_hook(key);
+  }
+
+  std::string name() const override { return "ddp"; }
+
+  void prepare_model(torch::nn::Module& model) override {
+    if (model_ != nullptr)
+      throw UsageError("the ddp backend prepares one model; call prepare() with it once");
+    model_ = &model;
+    for (const auto& item : model.named_parameters()) {
+      if (item.value().requires_grad()) {
+        names_.push_back(item.key());
+        params_.push_back(item.value());
+      }
+    }
+    check_same_model_everywhere(model);
+    broadcast_state(model);
+    build_buckets();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+      const auto key = acc->add_post_hook(std::make_unique<ReadyHook>(this, i));
+      hooks_.emplace_back(acc, key);  // keeping the node alive keeps the hook alive
+    }
+  }
+
+  void prepare_optimizer(torch::optim::Optimizer&) override {}
+
+  void before_backward(bool sync) override {
+    syncing_ = sync;
+    if (!sync) return;
+    for (auto& b : buckets_) {
+      b.ready = 0;
+      b.work.reset();
+    }
+    seen_.assign(params_.size(), false);
+    next_bucket_ = 0;
+  }
+
+  void after_backward(bool sync) override {
+    if (!sync) return;
+    std::vector<std::string> unused;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!seen_[i]) unused.push_back(names_[i]);
+    }
+    if (!unused.empty()) {
+      if (!ctx_.config->ddp_find_unused_parameters) {
+        // Fail before any rank waits on a bucket that will never be complete.
+        throw UsageError(fmt::format(
+            "ddp: parameter(s) {} received no gradient in this backward, so their buckets cannot be reduced. "
+            "Make every parameter take part in the loss, or set `ddp_find_unused_parameters: true` in the "
+            "config to reduce them as zeros",
+            fmt::join(unused, ", ")));
+      }
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!seen_[i]) mark_ready(i);
+      }
+    }
+    syncing_ = false;
+    for (auto& b : buckets_) {
+      b.work->wait();
+      unflatten(b);
+    }
+  }
+
+  double clip_grad_norm(double max_norm, double norm_type) override {
+    return detail::clip_grad_norm_local(params_, max_norm,
+                                        norm_type);  // gradients are identical on every rank
+  }
+
+  NamedTensors model_state() override { return detail::module_state(*model_); }
+
+  void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
+    detail::load_module_state(*model_, state);
+  }
+
+  // Called from ReadyHook during backward.
+  void on_grad_ready(std::size_t index) {
+    if (!syncing_ || seen_[index]) return;  // micro-steps communicate nothing
+    mark_ready(index);
+  }
+
+ private:
+  void mark_ready(std::size_t index) {
+    seen_[index] = true;
+    auto& b = buckets_[bucket_of_[index]];
+    b.ready += 1;
+    // Launch complete buckets strictly in bucket order, so every rank issues the same sequence.
+    while (next_bucket_ < buckets_.size() &&
+           buckets_[next_bucket_].ready == buckets_[next_bucket_].params.size()) {
+      launch(buckets_[next_bucket_]);
+      ++next_bucket_;
+    }
+  }
+
+  void launch(Bucket& b) {
+    std::size_t offset = 0;
+    torch::NoGradGuard no_grad;
+    for (auto i : b.params) {
+      const auto& p = params_[i];
+      const auto n = p.numel();
+      auto dst = b.flat.narrow(0, static_cast<std::int64_t>(offset), n);
+      const auto& g = p.grad();
+      if (g.defined()) {
+        dst.copy_(g.reshape({-1}));
+      } else {
+        dst.zero_();  // an unused parameter tolerated by ddp_find_unused_parameters
+      }
+      offset += static_cast<std::size_t>(n);
+    }
+    b.work = comm_.all_reduce_async({b.flat});
+  }
+
+  void unflatten(Bucket& b) {
+    torch::NoGradGuard no_grad;
+    b.flat.div_(comm_.world_size());
+    std::size_t offset = 0;
+    for (auto i : b.params) {
+      auto& p = params_[i];
+      const auto n = p.numel();
+      auto src = b.flat.narrow(0, static_cast<std::int64_t>(offset), n).view(p.sizes());
+      auto& g = p.mutable_grad();
+      if (g.defined()) {
+        g.copy_(src);
+      } else {
+        g = src.clone();
+      }
+      offset += static_cast<std::size_t>(n);
+    }
+  }
+
+  void build_buckets() {
+    const double first_cap = ctx_.config->ddp_first_bucket_cap_mb * 1024 * 1024;
+    const double cap = ctx_.config->ddp_bucket_cap_mb * 1024 * 1024;
+    bucket_of_.assign(params_.size(), 0);
+    Bucket current;
+    double bytes = 0;
+    // Reverse registration order approximates the order in which backward produces gradients.
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const double p_bytes = static_cast<double>(params_[k].numel() * params_[k].element_size());
+      const double limit = buckets_.empty() ? first_cap : cap;
+      if (!current.params.empty() && bytes + p_bytes > limit) {
+        finish_bucket(current);
+        current = Bucket{};
+        bytes = 0;
+      }
+      current.params.push_back(k);
+      bytes += p_bytes;
+    }
+    if (!current.params.empty()) finish_bucket(current);
+  }
+
+  void finish_bucket(Bucket& b) {
+    std::int64_t numel = 0;
+    const auto options = params_[b.params.front()].options();
+    for (auto i : b.params) {
+      if (params_[i].options().dtype() != options.dtype() || params_[i].device() != options.device()) {
+        throw UnsupportedOperation(
+            fmt::format("ddp: parameters of one model must share dtype and device; '{}' differs", names_[i]));
+      }
+      bucket_of_[i] = buckets_.size();
+      numel += params_[i].numel();
+    }
+    b.flat = torch::zeros({numel}, options.requires_grad(false));
+    buckets_.push_back(std::move(b));
+  }
+
+  void check_same_model_everywhere(torch::nn::Module& model) {
+    std::string signature;
+    for (const auto& item : model.named_parameters()) {
+      signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
+    }
+    for (const auto& item : model.named_buffers()) {
+      signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
+    }
+    const auto all = comm_.exchange(signature);
+    for (int r = 1; r < comm_.world_size(); ++r) {
+      if (all[static_cast<std::size_t>(r)] != all[0]) {
+        throw DistributedError(fmt::format(
+            "ddp: the model on rank {} differs from rank 0's: {}; every rank must build the same model", r,
+            detail::first_difference(all[0], all[static_cast<std::size_t>(r)])));
+      }
+    }
+  }
+
+  void broadcast_state(torch::nn::Module& model) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model.parameters())
+      comm_.broadcast(p, 0);
+    for (auto& b : model.buffers())
+      comm_.broadcast(b, 0);
+  }
+
+  BackendContext ctx_;
+  Communicator& comm_;
+  torch::nn::Module* model_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;
+  std::vector<bool> seen_;
+  std::size_t next_bucket_ = 0;
+  bool syncing_ = false;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+};
+
+torch::autograd::variable_list ReadyHook::operator()(const torch::autograd::variable_list& outputs,
+                                                     const torch::autograd::variable_list&) {
+  backend_->on_grad_ready(index_);
+  return outputs;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_ddp_backend(const BackendContext& context) {
+  if (context.comm == nullptr) throw UsageError("the ddp backend needs a communicator");
+  return std::make_unique<DdpBackend>(context);
+}
+
+}  // namespace accel::backends

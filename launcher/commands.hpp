@@ -1,0 +1,27 @@
+#pragma once
+/// \file commands.hpp
+/// The subcommands of accel-launch. Each lives in its own file as an options struct, a `setup_*` that
+/// registers it on the CLI11 app, and a `run_*` that does the work. Library errors (accel::Error and
+/// subclasses) propagate to `main`, the only place that turns them into messages and exit codes.
+
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace accel::launcher {
+
+/// `accel-launch launch [options] PROGRAM [ARGS...]`: spawns the ranks of this machine.
+void setup_launch_command(CLI::App& app);
+/// `accel-launch config [default]`: the questionnaire that writes the YAML config.
+void setup_config_command(CLI::App& app);
+/// `accel-launch env`: a copy-paste block for bug reports.
+void setup_env_command(CLI::App& app);
+
+/// Where `config` writes and `launch` reads by default: `$ACCEL_CONFIG_FILE` if set, else
+/// `$XDG_CONFIG_HOME/accelerate-cpp/default_config.yaml`, else
+/// `~/.config/accelerate-cpp/default_config.yaml`.
+std::string default_config_path();
+
+}  // namespace accel::launcher

@@ -1,0 +1,105 @@
+/// \file config_command.cpp
+/// `accel-launch config` (the questionnaire) and `accel-launch config default` (a file without questions).
+
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "commands.hpp"
+#include "questionnaire.hpp"
+
+namespace accel::launcher {
+namespace {
+
+/// Options of `config` and `config default` (one struct: `--config_file` may be given before or after
+/// `default`).
+struct ConfigCommandOptions {
+  std::string config_file;
+  bool force = false;
+  int num_processes = 1;
+  std::string mixed_precision = "no";
+};
+
+constexpr const char* kStdinHelp =
+    "Answers may be piped on stdin, one per line, e.g.\n"
+    "  printf '0\\nddp\\n\\n4\\n' | accel-launch config --config_file my.yaml\n"
+    "An empty line takes the default shown in brackets; a choice accepts its number (from 0) or its name "
+    "(case-insensitive). When stdin ends early, the remaining questions take their defaults (the output says "
+    "so); a question without a default (main process IP, FSDP module names) then fails. On a non-interactive "
+    "stdin an invalid answer is asked again at most 5 times, then the command fails. An existing file is "
+    "overwritten.";
+
+std::string resolve_path(const ConfigCommandOptions& options) {
+  return options.config_file.empty() ? default_config_path() : options.config_file;
+}
+
+void save(const Config& config, const std::string& path, bool existed) {
+  config.save_file(path);
+  if (existed) std::cout << "Overwrote the existing file " << path << "\n";
+  std::cout << "accelerate-cpp configuration saved at " << path << std::endl;
+}
+
+void run_config_command(const ConfigCommandOptions& options) {
+  const std::string path = resolve_path(options);
+  QuestionnaireOptions questionnaire;
+  questionnaire.interactive = ::isatty(STDIN_FILENO) != 0;
+  questionnaire.max_attempts = questionnaire.interactive ? 0 : 5;
+  const Config config = run_questionnaire(std::cin, std::cout, questionnaire);
+  save(config, path, std::filesystem::exists(path));
+}
+
+void run_config_default_command(const ConfigCommandOptions& options) {
+  const std::string path = resolve_path(options);
+  const bool existed = std::filesystem::exists(path);
+  if (existed && !options.force) throw UsageError(path + " already exists; pass --force to overwrite it");
+  save(default_config(options.num_processes, parse_mixed_precision(options.mixed_precision)), path, existed);
+}
+
+}  // namespace
+
+void setup_config_command(CLI::App& app) {
+  auto options = std::make_shared<ConfigCommandOptions>();
+
+  CLI::App* config = app.add_subcommand(
+      "config",
+      "Ask a few questions (compute environment, backend, processes, FSDP/ZeRO settings, gradient "
+      "accumulation, mixed precision) and write the YAML config that 'accel-launch launch' reads.");
+  config->footer(kStdinHelp);
+  config->add_option("--config_file,--config-file", options->config_file,
+                     "Where to write the config (default: $ACCEL_CONFIG_FILE, else "
+                     "$XDG_CONFIG_HOME/accelerate-cpp/default_config.yaml, else "
+                     "~/.config/accelerate-cpp/default_config.yaml)");
+
+  CLI::App* defaults = config->add_subcommand(
+      "default",
+      "Write a config without asking: the local backend with one process, or ddp with --num_processes > 1. "
+      "Refuses to replace an existing file unless --force is given.");
+  defaults->footer(
+      "Example: accel-launch config default --config_file my.yaml --num_processes 2 --mixed_precision bf16");
+  defaults->add_option("--config_file,--config-file", options->config_file,
+                       "Where to write the config (default: as for 'accel-launch config')");
+  defaults->add_flag("--force,-f", options->force, "Overwrite the file if it exists");
+  defaults
+      ->add_option("--mixed_precision,--mixed-precision", options->mixed_precision,
+                   "Mixed precision: no, fp16 (with dynamic loss scaling) or bf16")
+      ->check(CLI::IsMember({"no", "fp16", "bf16"}, CLI::ignore_case))
+      ->capture_default_str();
+  defaults
+      ->add_option("--num_processes,--num-processes", options->num_processes,
+                   "Number of processes on this machine; more than 1 selects the ddp backend")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  defaults->callback([options] { run_config_default_command(*options); });
+
+  // With subcommands, CLI11 runs this callback after theirs: `config default` must not start the questions.
+  config->callback([options, defaults] {
+    if (defaults->parsed()) return;
+    run_config_command(*options);
+  });
+}
+
+}  // namespace accel::launcher

@@ -1,0 +1,295 @@
+/// \file launch_command.cpp
+/// The `launch` subcommand: options struct, `setup_launch_command`, `run_launch`.
+
+#include "launch_command.hpp"
+
+#include <pwd.h>
+#include <sched.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "commands.hpp"
+#include "free_port.hpp"
+#include "supervisor.hpp"
+
+extern char** environ;
+
+namespace accel::launcher {
+namespace {
+
+constexpr const char* kDefaultAddress = "127.0.0.1";
+
+std::string get_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// The resolved config as a private file (mode 0600 from mkstemps) that exists as long as this object.
+class TempConfigFile {
+ public:
+  explicit TempConfigFile(const std::string& text) {
+    std::string dir = get_env("TMPDIR");
+    if (dir.empty()) dir = "/tmp";
+    std::string name = dir + "/accel-launch-config-XXXXXX.yaml";
+    const int fd = ::mkstemps(name.data(), 5);
+    if (fd < 0) {
+      throw LaunchError("cannot create the resolved config file in '" + dir + "': " + std::strerror(errno) +
+                        "; set TMPDIR to a writable directory");
+    }
+    path_ = name;
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int error = errno;
+        ::close(fd);
+        ::unlink(path_.c_str());
+        throw LaunchError("cannot write the resolved config file '" + path_ + "': " + std::strerror(error));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
+  TempConfigFile(const TempConfigFile&) = delete;
+  TempConfigFile& operator=(const TempConfigFile&) = delete;
+  ~TempConfigFile() { ::unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// CPUs this process may run on (respects taskset/cgroup cpusets), at least 1.
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// "--name_with_underscores,--name-with-dashes": `accelerate launch` accepts both spellings.
+std::string both_spellings(const std::string& name) {
+  std::string dashed = name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  return dashed == name ? "--" + name : "--" + name + ",--" + dashed;
+}
+
+}  // namespace
+
+std::string default_config_path() {
+  const std::string explicit_path = get_env("ACCEL_CONFIG_FILE");
+  if (!explicit_path.empty()) return explicit_path;
+  const std::string xdg = get_env("XDG_CONFIG_HOME");
+  if (!xdg.empty()) return xdg + "/accelerate-cpp/default_config.yaml";
+  std::string home = get_env("HOME");
+  if (home.empty()) {
+    const passwd* entry = ::getpwuid(::getuid());
+    if (entry != nullptr && entry->pw_dir != nullptr) home = entry->pw_dir;
+  }
+  return home + "/.config/accelerate-cpp/default_config.yaml";
+}
+
+Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices) {
+  std::string file = options.config_file;
+  if (file.empty()) {
+    const std::string candidate = default_config_path();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec)) file = candidate;
+  }
+  Config config = file.empty() ? Config{} : Config::load_file(file);
+
+  bool overridden = false;
+  auto set = [&overridden](auto& field, const auto& value) {
+    if (value) {
+      field = *value;
+      overridden = true;
+    }
+  };
+  set(config.num_processes, options.num_processes);
+  set(config.num_machines, options.num_machines);
+  set(config.machine_rank, options.machine_rank);
+  set(config.main_process_ip, options.main_process_ip);
+  set(config.main_process_port, options.main_process_port);
+  set(config.gradient_accumulation_steps, options.gradient_accumulation_steps);
+  if (options.mixed_precision) {
+    config.mixed_precision = parse_mixed_precision(*options.mixed_precision);
+    overridden = true;
+  }
+  if (options.backend) {
+    config.backend = parse_backend(*options.backend);
+    overridden = true;
+  } else if (options.num_processes && *options.num_processes > 1 && config.backend == BackendKind::Local) {
+    config.backend = BackendKind::Ddp;
+    overridden = true;
+    if (notices != nullptr) {
+      notices->push_back("accel-launch: --num_processes " + std::to_string(*options.num_processes) +
+                         " needs a distributed backend; using ddp (choose another with --backend)");
+    }
+  }
+  if (options.cpu) config.use_cpu = overridden = true;
+  if (options.debug) config.debug = overridden = true;
+
+  // The file alone was validated by load_file; what fails now comes from the flags, so the message must not
+  // point at a line of the file.
+  config.source.clear();
+  try {
+    config.validate();
+  } catch (const ConfigError& e) {
+    if (file.empty() || !overridden) throw;
+    throw ConfigError(
+        std::string(e.what()) + " (config file '" + file + "' with the command-line options applied)", file,
+        0, e.key());
+  }
+  if (config.num_machines > 1 && config.main_process_ip.empty()) {
+    throw ConfigError(
+        "main_process_ip is required with num_machines " + std::to_string(config.num_machines) +
+            ": pass the address of machine 0 with --main_process_ip to every machine's launcher",
+        file, 0, "main_process_ip");
+  }
+  if (config.num_machines > 1 && config.main_process_port == 0) {
+    throw ConfigError(
+        "main_process_port 0 (pick a free port) only works on a single machine: with num_machines " +
+            std::to_string(config.num_machines) +
+            " every machine must use the same explicit port; pass e.g. --main_process_port 29500 to all of "
+            "them",
+        file, 0, "main_process_port");
+  }
+  return config;
+}
+
+void run_launch(const LaunchOptions& options) {
+  if (options.command.empty()) {
+    throw UsageError(
+        "launch: missing PROGRAM; usage: accel-launch launch [options] PROGRAM [ARGS...] (see accel-launch "
+        "launch --help)");
+  }
+  if (!(options.grace_period_seconds >= 0)) {
+    throw UsageError("--grace_period must be 0 or more seconds, got " +
+                     std::to_string(options.grace_period_seconds));
+  }
+  std::vector<std::string> notices;
+  Config config = resolve_launch_config(options, &notices);
+  const std::string executable = find_executable(options.command.front());
+
+  if (config.main_process_ip.empty()) config.main_process_ip = kDefaultAddress;
+  if (config.main_process_port == 0) {
+    config.main_process_port = pick_free_port(config.main_process_ip);
+  } else if (config.machine_rank == 0 && !is_port_free(config.main_process_ip, config.main_process_port)) {
+    throw LaunchError(
+        "port " + std::to_string(config.main_process_port) + " on " + config.main_process_ip +
+        " is already in use (another training run?); choose another with --main_process_port or "
+        "use 0 to pick a free one");
+  }
+
+  const int local_ranks = config.num_processes / config.num_machines;
+  const bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr;
+  const int omp_threads = std::max(1, available_cores() / local_ranks);
+  if (set_omp && local_ranks > 1) {
+    notices.push_back("accel-launch: setting OMP_NUM_THREADS=" + std::to_string(omp_threads) +
+                      " for each rank (" + std::to_string(available_cores()) + " cores / " +
+                      std::to_string(local_ranks) +
+                      " local ranks) to avoid oversubscribing the CPU; set OMP_NUM_THREADS to override");
+  }
+  for (const std::string& notice : notices)
+    std::cerr << notice << "\n";
+  std::cerr.flush();
+
+  const TempConfigFile config_file(config.to_yaml());
+
+  const std::set<std::string> owned = {"RANK",          "LOCAL_RANK",  "WORLD_SIZE",  "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",    "MASTER_ADDR", "MASTER_PORT", "ACCEL_CONFIG_FILE",
+                                       "ACCEL_LAUNCHED"};
+  std::vector<std::string> base;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    if (owned.count(text.substr(0, text.find('='))) == 0) base.push_back(text);
+  }
+
+  SupervisorOptions supervisor;
+  supervisor.executable = executable;
+  supervisor.argv = options.command;
+  supervisor.grace_period_seconds = options.grace_period_seconds;
+  for (int local = 0; local < local_ranks; ++local) {
+    RankSpec rank;
+    rank.local_rank = local;
+    rank.global_rank = config.machine_rank * local_ranks + local;
+    rank.environment = base;
+    auto add = [&rank](const std::string& name, const std::string& value) {
+      rank.environment.push_back(name + "=" + value);
+    };
+    add("RANK", std::to_string(rank.global_rank));
+    add("LOCAL_RANK", std::to_string(local));
+    add("WORLD_SIZE", std::to_string(config.num_processes));
+    add("LOCAL_WORLD_SIZE", std::to_string(local_ranks));
+    add("GROUP_RANK", std::to_string(config.machine_rank));
+    add("MASTER_ADDR", config.main_process_ip);
+    add("MASTER_PORT", std::to_string(config.main_process_port));
+    add("ACCEL_CONFIG_FILE", config_file.path());
+    add("ACCEL_LAUNCHED", "1");
+    if (set_omp) add("OMP_NUM_THREADS", std::to_string(omp_threads));
+    supervisor.ranks.push_back(std::move(rank));
+  }
+
+  const SupervisorResult result = supervise(supervisor);
+  if (result.exit_code != 0) throw RanksFailed(result.report, result.exit_code);
+}
+
+void setup_launch_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  CLI::App* sub = app.add_subcommand("launch",
+                                     "Run PROGRAM as num_processes / num_machines ranks on this machine, "
+                                     "with RANK, WORLD_SIZE, MASTER_ADDR, "
+                                     "MASTER_PORT, ... set; stops all ranks when one fails");
+  sub->add_option(both_spellings("config_file"), options->config_file,
+                  "YAML config (default: " + default_config_path() + " if it exists)");
+  sub->add_option_function<int>(
+      both_spellings("num_processes"), [options](const int& v) { options->num_processes = v; },
+      "Total number of ranks over all machines");
+  sub->add_option_function<int>(
+      both_spellings("num_machines"), [options](const int& v) { options->num_machines = v; },
+      "Number of machines");
+  sub->add_option_function<int>(
+      both_spellings("machine_rank"), [options](const int& v) { options->machine_rank = v; },
+      "Index of this machine, 0..num_machines-1");
+  sub->add_option_function<std::string>(
+      both_spellings("main_process_ip"), [options](const std::string& v) { options->main_process_ip = v; },
+      "Address of machine 0 (default 127.0.0.1)");
+  sub->add_option_function<int>(
+      both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
+      "Rendezvous port on machine 0 (default 29500; 0 picks a free port, single machine only)");
+  sub->add_option_function<std::string>(
+         both_spellings("mixed_precision"), [options](const std::string& v) { options->mixed_precision = v; },
+         "Mixed precision")
+      ->type_name("no|fp16|bf16");
+  sub->add_option_function<int>(
+      both_spellings("gradient_accumulation_steps"),
+      [options](const int& v) { options->gradient_accumulation_steps = v; }, "Gradient accumulation steps");
+  sub->add_option_function<std::string>(
+         both_spellings("backend"), [options](const std::string& v) { options->backend = v; },
+         "Training backend (default: from the config; ddp when --num_processes > 1)")
+      ->type_name("local|ddp|fsdp|zero");
+  sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present (use_cpu)");
+  sub->add_flag("--debug", options->debug, "Check tensor shapes on every rank before each collective");
+  sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,
+                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+      ->capture_default_str();
+  sub->add_option("PROGRAM", options->command,
+                  "The program to run, then its arguments (everything after PROGRAM is passed to it)")
+      ->type_name("[ARGS...]");
+  // Everything from PROGRAM on is the program's, even arguments that look like our options.
+  sub->positionals_at_end();
+  sub->callback([options] { run_launch(*options); });
+}
+
+}  // namespace accel::launcher

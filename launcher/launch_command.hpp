@@ -1,0 +1,72 @@
+#pragma once
+/// \file launch_command.hpp
+/// `accel-launch launch [options] PROGRAM [ARGS...]`: resolves the config (file, then flags), checks it, the
+/// program and the rendezvous port before anything starts, then runs this machine's ranks under the
+/// supervisor.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accel/config.hpp"
+#include "accel/errors.hpp"
+
+namespace accel::launcher {
+
+/// Options of `launch`. An unset optional keeps the value of the config file (or its default).
+struct LaunchOptions {
+  /// `--config_file`; empty means `default_config_path()` if that file exists, else all defaults.
+  std::string config_file;
+  /// `--num_processes`: ranks over all machines.
+  std::optional<int> num_processes;
+  /// `--num_machines`.
+  std::optional<int> num_machines;
+  /// `--machine_rank`: index of this machine, 0..num_machines-1.
+  std::optional<int> machine_rank;
+  /// `--main_process_ip`: address of machine 0 (default 127.0.0.1 on a single machine).
+  std::optional<std::string> main_process_ip;
+  /// `--main_process_port`: rendezvous port on machine 0; 0 picks a free one (single machine only).
+  std::optional<int> main_process_port;
+  /// `--mixed_precision`: `no|fp16|bf16`.
+  std::optional<std::string> mixed_precision;
+  /// `--gradient_accumulation_steps`.
+  std::optional<int> gradient_accumulation_steps;
+  /// `--backend`: `local|ddp|fsdp|zero`.
+  std::optional<std::string> backend;
+  /// `--cpu`: sets `use_cpu`.
+  bool cpu = false;
+  /// `--debug`: sets `debug` (shape checks before every collective).
+  bool debug = false;
+  /// `--grace_period`: seconds between SIGTERM and SIGKILL when stopping the ranks.
+  double grace_period_seconds = 3.0;
+  /// PROGRAM followed by its arguments (everything after PROGRAM belongs to it).
+  std::vector<std::string> command;
+};
+
+/// The ranks did not all succeed: one failed, or the launcher was stopped by a signal. `what()` is the full
+/// root-cause report (it already starts with "accel-launch: "); `main` prints it and exits with
+/// `exit_code()` (the failing rank's exit code, or 128 + signal).
+class RanksFailed : public LaunchError {
+ public:
+  /// `report` as produced by the supervisor; `exit_code` in 1..255.
+  RanksFailed(const std::string& report, int exit_code) : LaunchError(report), exit_code_(exit_code) {}
+  /// What the launcher process should exit with.
+  int exit_code() const noexcept { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+/// The configuration the ranks will see: the config file (`--config_file`, else the default file if it
+/// exists, else defaults) with the flags of `options` applied, validated. With `--num_processes` > 1 and
+/// neither `--backend` nor a distributed backend in the file, the backend becomes `ddp` (as `accelerate
+/// launch` does); a line saying so is appended to `notices` when given. Throws accel::ConfigError naming the
+/// file/flag, value and fix.
+Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices = nullptr);
+
+/// Checks the config, the program and the port, then runs this machine's ranks until they all exit.
+/// Throws ConfigError/UsageError (nothing started), LaunchError (nothing started, or the supervisor failed),
+/// or RanksFailed (the ranks ran and did not all exit 0).
+void run_launch(const LaunchOptions& options);
+
+}  // namespace accel::launcher

@@ -1,0 +1,383 @@
+/// \file questionnaire.cpp
+/// The question engine (Prompter) and the questions of `accel-launch config`.
+
+#include "questionnaire.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <stdexcept>
+#include <utility>
+
+namespace accel::launcher {
+namespace {
+
+std::string trim(const std::string& text) {
+  const auto is_space = [](unsigned char c) { return std::isspace(c) != 0; };
+  auto begin = std::find_if_not(text.begin(), text.end(), is_space);
+  auto end = std::find_if_not(text.rbegin(), std::string::const_reverse_iterator(begin), is_space).base();
+  return std::string(begin, end);
+}
+
+// Case-insensitive, with '-', '_' and ' ' alike, so that "multi-machine", "Multi machine" and
+// "MULTI_MACHINE" all name the same choice.
+std::string normalize(const std::string& name) {
+  std::string out;
+  for (unsigned char c : trim(name)) {
+    out += (c == '-' || c == ' ') ? '_' : static_cast<char>(std::tolower(c));
+  }
+  return out;
+}
+
+template <typename Int>
+bool parse_int(const std::string& answer, Int min, Int max, Int& value, std::string& error) {
+  const char* first = answer.data();
+  const char* last = answer.data() + answer.size();
+  if (first != last && *first == '+') ++first;
+  Int parsed = 0;
+  const auto [end, ec] = std::from_chars(first, last, parsed);
+  if (ec == std::errc::result_out_of_range && end == last) {
+    error = "'" + answer + "' is too large";
+    return false;
+  }
+  if (ec != std::errc() || end != last || first == last) {
+    error = "'" + answer + "' is not a whole number";
+    return false;
+  }
+  if (parsed < min || parsed > max) {
+    error = max == std::numeric_limits<Int>::max()
+                ? answer + " is too small: enter a number of at least " + std::to_string(min)
+                : answer + " is out of range: enter a number from " + std::to_string(min) + " to " +
+                      std::to_string(max);
+    return false;
+  }
+  value = parsed;
+  return true;
+}
+
+std::string quoted(const std::string& text) {
+  return "'" + text + "'";
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------------------------------
+// Prompter
+
+Prompter::Prompter(std::istream& in, std::ostream& out, QuestionnaireOptions options)
+    : in_(in), out_(out), options_(options) {}
+
+std::string Prompter::ask(const std::string& question, const std::string& prompt,
+                          const std::optional<std::string>& default_text,
+                          const std::function<bool(const std::string&, std::string&)>& accept) {
+  std::string error;
+  for (int attempt = 1;; ++attempt) {
+    out_ << prompt << std::flush;
+    std::string line;
+    if (!ended_ && !std::getline(in_, line)) ended_ = true;
+    if (ended_) {
+      if (options_.interactive) out_ << "\n";
+      if (!default_text) {
+        out_ << "(end of input)\n" << std::flush;
+        throw UsageError("stdin ended before question '" + question +
+                         "' was answered; give one answer per line (an empty line takes the default)");
+      }
+      out_ << *default_text << " (default: end of input)\n" << std::flush;
+      if (!accept(*default_text, error)) throw std::logic_error("invalid default for '" + question + "'");
+      return *default_text;
+    }
+    const std::string answer = trim(line);
+    if (answer.empty() && default_text) {
+      if (!options_.interactive) out_ << *default_text << " (default)\n";
+      if (!accept(*default_text, error)) throw std::logic_error("invalid default for '" + question + "'");
+      return *default_text;
+    }
+    if (!options_.interactive) out_ << answer << "\n";
+    if (answer.empty()) {
+      error = "this question has no default: type an answer";
+    } else if (accept(answer, error)) {
+      return answer;
+    }
+    out_ << "Error: " << error << "\n";
+    if (options_.max_attempts > 0 && attempt >= options_.max_attempts) {
+      throw ConfigError("no valid answer for '" + question + "' after " + std::to_string(attempt) +
+                        " attempts; the last one was rejected because " + error);
+    }
+  }
+}
+
+size_t Prompter::ask_choice(const std::string& question, const std::vector<Choice>& choices,
+                            size_t default_index, const AnswerCheck<size_t>& check) {
+  if (choices.empty() || default_index >= choices.size()) {
+    throw std::logic_error("ask_choice: bad choices for '" + question + "'");
+  }
+  size_t width = 0;
+  for (const Choice& choice : choices)
+    width = std::max(width, choice.name.size());
+  out_ << question << "\n";
+  std::vector<std::string> names;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    out_ << "  " << i << ") " << choices[i].name;
+    if (!choices[i].description.empty()) {
+      out_ << std::string(width - choices[i].name.size() + 2, ' ') << choices[i].description;
+    }
+    out_ << "\n";
+    names.push_back(choices[i].name);
+  }
+  std::string names_list;
+  for (size_t i = 0; i < names.size(); ++i)
+    names_list += (i == 0 ? "" : ", ") + names[i];
+  const std::string prompt =
+      "Enter 0-" + std::to_string(choices.size() - 1) + " or a name [" + choices[default_index].name + "]: ";
+
+  size_t chosen = default_index;
+  auto accept = [&](const std::string& answer, std::string& error) {
+    std::optional<size_t> index;
+    if (std::all_of(answer.begin(), answer.end(), [](unsigned char c) { return std::isdigit(c) != 0; })) {
+      size_t number = 0;
+      const auto [end, ec] = std::from_chars(answer.data(), answer.data() + answer.size(), number);
+      if (ec == std::errc() && end == answer.data() + answer.size() && number < choices.size()) {
+        index = number;
+      }
+    }
+    for (size_t i = 0; i < choices.size() && !index; ++i) {
+      if (normalize(choices[i].name) == normalize(answer)) index = i;
+      for (const std::string& alias : choices[i].aliases) {
+        if (normalize(alias) == normalize(answer)) index = i;
+      }
+    }
+    if (!index) {
+      error = quoted(answer) + " is not one of the choices: enter a number from 0 to " +
+              std::to_string(choices.size() - 1) + " or one of " + names_list;
+      return false;
+    }
+    if (check) {
+      if (auto reason = check(*index)) {
+        error = *reason;
+        return false;
+      }
+    }
+    chosen = *index;
+    return true;
+  };
+  ask(question, prompt, choices[default_index].name, accept);
+  return chosen;
+}
+
+int Prompter::ask_int(const std::string& question, int default_value, int min, int max,
+                      const AnswerCheck<int>& check) {
+  int value = default_value;
+  auto accept = [&](const std::string& answer, std::string& error) {
+    int parsed = 0;
+    if (!parse_int(answer, min, max, parsed, error)) return false;
+    if (check) {
+      if (auto reason = check(parsed)) {
+        error = *reason;
+        return false;
+      }
+    }
+    value = parsed;
+    return true;
+  };
+  const std::string text = std::to_string(default_value);
+  ask(question, question + " [" + text + "]: ", text, accept);
+  return value;
+}
+
+int64_t Prompter::ask_int64(const std::string& question, int64_t default_value, int64_t min, int64_t max) {
+  int64_t value = default_value;
+  auto accept = [&](const std::string& answer, std::string& error) {
+    return parse_int(answer, min, max, value, error);
+  };
+  const std::string text = std::to_string(default_value);
+  ask(question, question + " [" + text + "]: ", text, accept);
+  return value;
+}
+
+bool Prompter::ask_bool(const std::string& question, bool default_value) {
+  bool value = default_value;
+  auto accept = [&](const std::string& answer, std::string& error) {
+    const std::string word = normalize(answer);
+    if (word == "yes" || word == "y" || word == "true" || word == "1") {
+      value = true;
+    } else if (word == "no" || word == "n" || word == "false" || word == "0") {
+      value = false;
+    } else {
+      error = quoted(answer) + " is not yes or no";
+      return false;
+    }
+    return true;
+  };
+  const std::string text = default_value ? "yes" : "no";
+  ask(question, question + " (yes/no) [" + text + "]: ", text, accept);
+  return value;
+}
+
+std::string Prompter::ask_text(const std::string& question, const std::optional<std::string>& default_value,
+                               const AnswerCheck<std::string>& check) {
+  std::string value;
+  auto accept = [&](const std::string& answer, std::string& error) {
+    if (check) {
+      if (auto reason = check(answer)) {
+        error = *reason;
+        return false;
+      }
+    }
+    value = answer;
+    return true;
+  };
+  const std::string prompt = question + (default_value ? " [" + *default_value + "]: " : ": ");
+  ask(question, prompt, default_value, accept);
+  return value;
+}
+
+// -----------------------------------------------------------------------------------------------------------
+// The questions
+
+Config run_questionnaire(std::istream& in, std::ostream& out, const QuestionnaireOptions& options) {
+  Prompter prompter(in, out, options);
+  Config config;
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+
+  const size_t environment =
+      prompter.ask_choice("In which compute environment are you running?",
+                          {{"This machine", "one machine, any number of processes"},
+                           {"Multi-machine", "several machines (multi-node training)"}},
+                          0);
+  if (environment == 1) {
+    config.num_machines = prompter.ask_int("How many machines will you use?", 2, 2, kIntMax);
+    config.machine_rank = prompter.ask_int("What is the rank of this machine (0 for the main machine)?", 0, 0,
+                                           config.num_machines - 1);
+    config.main_process_ip = prompter.ask_text(
+        "What is the IP address or host name of the machine that will host the main process?", std::nullopt,
+        [](const std::string& answer) -> std::optional<std::string> {
+          if (std::any_of(answer.begin(), answer.end(), [](unsigned char c) { return std::isspace(c); })) {
+            return quoted(answer) + " contains spaces: enter one IP address or host name";
+          }
+          return std::nullopt;
+        });
+    config.main_process_port = prompter.ask_int(
+        "What is the port you will use to communicate with the main process (0 picks a free port)?",
+        config.main_process_port, 0, 65535);
+  }
+
+  const int machines = config.num_machines;
+  const size_t backend = prompter.ask_choice(
+      "Which type of distributed training do you want?",
+      {{"local", "no distributed training: one process", {"no", "no distributed training"}},
+       {"ddp", "data parallel (DDP) over several CPU processes or GPUs", {"multi-cpu", "multi-gpu"}},
+       {"fsdp", "fully sharded data parallel (FSDP)"},
+       {"zero", "ZeRO stages 0-3 with optional CPU offload (DeepSpeed-style)", {"deepspeed"}}},
+      machines > 1 ? 1 : 0, [machines](size_t index) -> std::optional<std::string> {
+        if (index == 0 && machines > 1) {
+          return "local runs a single process; training on " + std::to_string(machines) +
+                 " machines needs ddp, fsdp or zero";
+        }
+        return std::nullopt;
+      });
+  config.backend = std::vector<BackendKind>{BackendKind::Local, BackendKind::Ddp, BackendKind::Fsdp,
+                                            BackendKind::Zero}[backend];
+
+  config.use_cpu =
+      prompter.ask_bool("Do you want to run your training on CPU only (even if a GPU is available)?", false);
+
+  // The local backend runs exactly one process, so there is nothing to ask.
+  if (config.backend != BackendKind::Local) {
+    config.num_processes = prompter.ask_int(
+        machines > 1 ? "How many processes will you use in total (across all machines)?"
+                     : "How many processes will you use?",
+        2 * machines, 1, kIntMax, [machines](int n) -> std::optional<std::string> {
+          if (n % machines != 0) {
+            return std::to_string(n) + " is not a multiple of the number of machines (" +
+                   std::to_string(machines) + "): every machine runs the same number of processes";
+          }
+          return std::nullopt;
+        });
+  }
+
+  if (config.backend == BackendKind::Fsdp) {
+    FsdpConfig& fsdp = config.fsdp;
+    fsdp.sharding_strategy =
+        std::vector<ShardingStrategy>{ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                      ShardingStrategy::NoShard}[prompter.ask_choice(
+            "What should be your FSDP sharding strategy?",
+            {{"FULL_SHARD", "shard parameters, gradients and optimizer state (like ZeRO-3)"},
+             {"SHARD_GRAD_OP", "shard gradients and optimizer state (like ZeRO-2)"},
+             {"NO_SHARD", "shard nothing (like DDP)"}},
+            0)];
+    fsdp.auto_wrap_policy =
+        std::vector<AutoWrapPolicy>{AutoWrapPolicy::TransformerBasedWrap, AutoWrapPolicy::SizeBasedWrap,
+                                    AutoWrapPolicy::NoWrap, AutoWrapPolicy::PerChildWrap}[prompter.ask_choice(
+            "What should be your FSDP auto wrap policy?",
+            {{"TRANSFORMER_BASED_WRAP", "one unit per module whose name() is in a list"},
+             {"SIZE_BASED_WRAP", "units of at least a minimum number of parameters"},
+             {"NO_WRAP", "the whole model is one unit"},
+             {"PER_CHILD_WRAP", "one unit per direct child module"}},
+            3)];
+    if (fsdp.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap) {
+      fsdp.transformer_layer_cls_to_wrap = prompter.ask_text(
+          "Which modules should be wrapped (comma-separated Module::name() values, e.g. TransformerBlock)?",
+          std::nullopt);
+    }
+    if (fsdp.auto_wrap_policy == AutoWrapPolicy::SizeBasedWrap) {
+      fsdp.min_num_params =
+          prompter.ask_int64("What should be the minimum number of parameters of an FSDP unit?",
+                             fsdp.min_num_params, 0, std::numeric_limits<int64_t>::max());
+    }
+    fsdp.offload_params =
+        prompter.ask_bool("Do you want to offload sharded parameters and optimizer state to CPU?", false);
+    fsdp.activation_checkpointing = prompter.ask_bool("Do you want to use activation checkpointing?", false);
+  }
+
+  if (config.backend == BackendKind::Zero) {
+    ZeroConfig& zero = config.zero;
+    zero.stage =
+        static_cast<int>(prompter.ask_choice("What ZeRO optimization stage do you want?",
+                                             {{"0", "no sharding (like DDP)"},
+                                              {"1", "shard optimizer state"},
+                                              {"2", "shard optimizer state and gradients"},
+                                              {"3", "shard optimizer state, gradients and parameters"}},
+                                             2));
+    const std::vector<Choice> devices = {{"none", "keep it on the training device"}, {"cpu", "CPU memory"}};
+    const std::vector<OffloadDevice> device_kinds = {OffloadDevice::None, OffloadDevice::Cpu};
+    if (zero.stage >= 1) {
+      zero.offload_optimizer_device =
+          device_kinds[prompter.ask_choice("Where should the optimizer state be offloaded?", devices, 0)];
+    }
+    if (zero.stage == 3) {
+      zero.offload_param_device =
+          device_kinds[prompter.ask_choice("Where should the parameters be offloaded?", devices, 0)];
+    }
+    zero.activation_checkpointing = prompter.ask_bool("Do you want to use activation checkpointing?", false);
+  }
+
+  config.gradient_accumulation_steps =
+      prompter.ask_int("How many gradient accumulation steps do you want?", 1, 1, kIntMax);
+  config.mixed_precision = std::vector<MixedPrecision>{MixedPrecision::No, MixedPrecision::Fp16,
+                                                       MixedPrecision::Bf16}[prompter.ask_choice(
+      "Do you wish to use mixed precision?",
+      {{"no", "full precision (fp32)"}, {"fp16", "float16 with dynamic loss scaling"}, {"bf16", "bfloat16"}},
+      0)];
+  if (config.backend != BackendKind::Local) {
+    config.debug = prompter.ask_bool(
+        "Should every collective first check that all ranks pass matching shapes (turns hangs into errors, "
+        "but is slower)?",
+        false);
+  }
+  config.validate();
+  return config;
+}
+
+Config default_config(int num_processes, MixedPrecision mixed_precision) {
+  Config config;
+  config.num_processes = num_processes;
+  config.backend = num_processes > 1 ? BackendKind::Ddp : BackendKind::Local;
+  config.mixed_precision = mixed_precision;
+  config.validate();
+  return config;
+}
+
+}  // namespace accel::launcher

@@ -1,0 +1,555 @@
+/// \file supervisor.cpp
+/// fork/exec of the ranks and one poll() loop over their pipes plus a self-pipe that carries signals
+/// (SIGCHLD, and SIGINT/SIGTERM/SIGHUP to forward), so no thread per rank and no work in signal handlers.
+
+#include "supervisor.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "accel/errors.hpp"
+
+namespace accel::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signals the launcher forwards to the ranks.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// Longest partial line kept before it is emitted anyway, so a rank that never prints '\n' cannot exhaust
+// memory.
+constexpr std::size_t kMaxLineBytes = 64 * 1024;
+// After SIGKILL, how long to wait for the kernel to reap before giving up on a rank (stuck in D state).
+constexpr auto kReapTimeout = std::chrono::seconds(2);
+// How long output is still read after every rank has exited while a grandchild keeps a pipe open.
+constexpr auto kDrainAfterStop = std::chrono::milliseconds(500);
+
+// Write end of the self-pipe; the handlers only write(2) the signal number into it.
+volatile sig_atomic_t g_signal_pipe = -1;
+
+extern "C" void on_signal(int signal_number) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  if (g_signal_pipe >= 0) {
+    [[maybe_unused]] const ssize_t ignored = ::write(g_signal_pipe, &byte, 1);
+  }
+  errno = saved;
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Writes everything, retrying on EINTR/EAGAIN; gives up silently when the reader is gone (EPIPE), because the
+// ranks must still be supervised when nobody reads the launcher's output any more.
+void write_all(int fd, const std::string& text) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+// Installs the forwarding/SIGCHLD handlers and the self-pipe; restores everything on destruction.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      throw LaunchError(std::string("cannot create the signal pipe: ") + std::strerror(errno));
+    }
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    g_signal_pipe = write_fd_;
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      sigaction(kForwardedSignals[i], nullptr, &saved_[i]);
+      // A signal ignored on entry (nohup, background job of a non-interactive shell) stays ignored, by us and
+      // by the ranks: a training run started with nohup must survive the end of the session.
+      if (saved_[i].sa_handler != SIG_IGN) sigaction(kForwardedSignals[i], &action, nullptr);
+    }
+    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &action, &saved_chld_);
+    // A closed stdout of the launcher must not kill it while ranks still run.
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &saved_pipe_);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+  ~SignalGuard() {
+    for (std::size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      sigaction(kForwardedSignals[i], &saved_[i], nullptr);
+    }
+    sigaction(SIGCHLD, &saved_chld_, nullptr);
+    sigaction(SIGPIPE, &saved_pipe_, nullptr);
+    g_signal_pipe = -1;
+    close_fd(read_fd_);
+    close_fd(write_fd_);
+  }
+  int read_fd() const { return read_fd_; }
+  /// Puts the signal dispositions the launcher was started with back, for a child between fork and exec
+  /// (async-signal-safe: sigaction only).
+  void restore_for_child() const {
+    for (std::size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      sigaction(kForwardedSignals[i], &saved_[i], nullptr);
+    }
+    sigaction(SIGCHLD, &saved_chld_, nullptr);
+    sigaction(SIGPIPE, &saved_pipe_, nullptr);
+  }
+
+ private:
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  struct sigaction saved_[std::size(kForwardedSignals)]{};
+  struct sigaction saved_chld_ {};
+  struct sigaction saved_pipe_ {};
+};
+
+// One output stream (stdout or stderr) of a rank.
+struct Stream {
+  int fd = -1;
+  int target_fd = 1;
+  std::string partial;
+};
+
+struct Rank {
+  int global_rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // waitpid status once reaped
+  Stream streams[2];
+  std::deque<std::string> tail;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(const SupervisorOptions& options) : options_(options) {}
+
+  SupervisorResult run() {
+    SignalGuard guard;
+    spawn_all(guard);
+    loop(guard.read_fd());
+    return result();
+  }
+
+ private:
+  void spawn_all(const SignalGuard& guard) {
+    std::vector<const char*> argv;
+    for (const std::string& arg : options_.argv)
+      argv.push_back(arg.c_str());
+    argv.push_back(nullptr);
+    const std::string exec_failed = "accel-launch: cannot execute '" + options_.executable + "'\n";
+
+    ranks_.resize(options_.ranks.size());
+    for (std::size_t i = 0; i < options_.ranks.size(); ++i) {
+      const RankSpec& spec = options_.ranks[i];
+      Rank& rank = ranks_[i];
+      rank.global_rank = spec.global_rank;
+      rank.local_rank = spec.local_rank;
+      std::vector<const char*> envp;
+      for (const std::string& entry : spec.environment)
+        envp.push_back(entry.c_str());
+      envp.push_back(nullptr);
+
+      int out[2] = {-1, -1};
+      int err[2] = {-1, -1};
+      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+        const int error = errno;
+        for (int fd : {out[0], out[1], err[0], err[1]})
+          if (fd >= 0) ::close(fd);
+        abort_start(spec.global_rank, std::string("cannot create pipes: ") + std::strerror(error));
+      }
+
+      // Signals stay blocked across fork so that a handler never runs in the child before exec.
+      sigset_t all;
+      sigset_t previous;
+      sigfillset(&all);
+      sigprocmask(SIG_BLOCK, &all, &previous);
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        // Child: only async-signal-safe calls from here on.
+        ::setpgid(0, 0);
+        guard.restore_for_child();
+        sigprocmask(SIG_SETMASK, &previous, nullptr);
+        const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null_fd >= 0) ::dup2(null_fd, 0);
+        ::dup2(out[1], 1);
+        ::dup2(err[1], 2);
+        ::execve(options_.executable.c_str(), const_cast<char* const*>(argv.data()),
+                 const_cast<char* const*>(envp.data()));
+        [[maybe_unused]] const ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+        ::_exit(127);
+      }
+      const int fork_error = errno;
+      if (pid > 0) ::setpgid(pid, pid);  // also here, so that kill(-pid) works before the child ran
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
+      ::close(out[1]);
+      ::close(err[1]);
+      if (pid < 0) {
+        ::close(out[0]);
+        ::close(err[0]);
+        abort_start(spec.global_rank, std::string("fork failed: ") + std::strerror(fork_error));
+      }
+      rank.pid = pid;
+      rank.running = true;
+      rank.streams[0] = Stream{out[0], options_.stdout_fd, {}};
+      rank.streams[1] = Stream{err[0], options_.stderr_fd, {}};
+      for (const Stream& stream : rank.streams) {
+        ::fcntl(stream.fd, F_SETFL, ::fcntl(stream.fd, F_GETFL) | O_NONBLOCK);
+      }
+    }
+  }
+
+  // Kills and reaps the ranks started so far, then throws.
+  [[noreturn]] void abort_start(int global_rank, const std::string& reason) {
+    for (Rank& rank : ranks_) {
+      if (rank.running) ::kill(-rank.pid, SIGKILL);
+    }
+    for (Rank& rank : ranks_) {
+      if (rank.running) ::waitpid(rank.pid, nullptr, 0);
+      for (Stream& stream : rank.streams)
+        close_fd(stream.fd);
+    }
+    throw LaunchError("cannot start rank " + std::to_string(global_rank) + ": " + reason);
+  }
+
+  void signal_all(int signal_number) {
+    // Exited ranks too: their process group may still hold grandchildren.
+    for (const Rank& rank : ranks_) {
+      if (rank.pid > 0) ::kill(-rank.pid, signal_number);
+    }
+  }
+
+  void begin_stop(int signal_number) {
+    if (stopping_) return;
+    stopping_ = true;
+    signal_all(signal_number);
+    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(options_.grace_period_seconds));
+  }
+
+  void reap() {
+    for (Rank& rank : ranks_) {
+      if (!rank.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(rank.pid, &status, WNOHANG);
+      if (r != rank.pid) continue;
+      rank.running = false;
+      rank.status = status;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && !stopping_) {
+        failed_rank_ = &rank - ranks_.data();
+        begin_stop(SIGTERM);
+      }
+    }
+  }
+
+  void handle_signals(int fd) {
+    unsigned char bytes[64];
+    for (;;) {
+      const ssize_t n = ::read(fd, bytes, sizeof(bytes));
+      if (n <= 0) break;
+      for (ssize_t i = 0; i < n; ++i) {
+        const int s = bytes[i];
+        if (s == SIGCHLD) continue;  // reap() runs every iteration anyway
+        if (!stopping_) {
+          received_signal_ = s;
+          begin_stop(s);
+        } else if (!killed_) {
+          // A second Ctrl-C: the user does not want to wait for the grace period.
+          kill_now();
+        }
+      }
+    }
+  }
+
+  void kill_now() {
+    signal_all(SIGKILL);
+    killed_ = true;
+    killed_at_ = Clock::now();
+  }
+
+  void emit_line(Rank& rank, std::string line, std::string& out) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    out += "[rank " + std::to_string(rank.global_rank) + "] " + line + "\n";
+    rank.tail.push_back(std::move(line));
+    while (rank.tail.size() > options_.tail_lines)
+      rank.tail.pop_front();
+  }
+
+  void read_stream(Rank& rank, Stream& stream) {
+    char buffer[65536];
+    std::string out;
+    for (;;) {
+      const ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        stream.partial.append(buffer, static_cast<std::size_t>(n));
+        std::size_t start = 0;
+        for (std::size_t newline; (newline = stream.partial.find('\n', start)) != std::string::npos;
+             start = newline + 1) {
+          emit_line(rank, stream.partial.substr(start, newline - start), out);
+        }
+        stream.partial.erase(0, start);
+        if (stream.partial.size() >= kMaxLineBytes) {
+          emit_line(rank, std::move(stream.partial), out);
+          stream.partial.clear();
+        }
+        if (static_cast<std::size_t>(n) < sizeof(buffer)) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      // EOF or error: the partial last line still belongs to the output.
+      flush_stream(rank, stream, out);
+      break;
+    }
+    write_all(stream.target_fd, out);
+  }
+
+  void flush_stream(Rank& rank, Stream& stream, std::string& out) {
+    if (!stream.partial.empty()) {
+      emit_line(rank, std::move(stream.partial), out);
+      stream.partial.clear();
+    }
+    close_fd(stream.fd);
+  }
+
+  void close_all_streams() {
+    for (Rank& rank : ranks_) {
+      for (Stream& stream : rank.streams) {
+        if (stream.fd < 0) continue;
+        std::string out;
+        flush_stream(rank, stream, out);
+        write_all(stream.target_fd, out);
+      }
+    }
+  }
+
+  void loop(int signal_fd) {
+    std::optional<Clock::time_point> all_exited_at;
+    for (;;) {
+      reap();
+      const Clock::time_point now = Clock::now();
+      const bool any_running =
+          std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+      if (stopping_ && !killed_ && now >= kill_at_) kill_now();
+      if (killed_ && any_running && now - killed_at_ >= kReapTimeout) break;  // unkillable; give up
+
+      std::vector<pollfd> fds;
+      std::vector<std::pair<Rank*, Stream*>> owners;
+      fds.push_back({signal_fd, POLLIN, 0});
+      owners.emplace_back(nullptr, nullptr);
+      for (Rank& rank : ranks_) {
+        for (Stream& stream : rank.streams) {
+          if (stream.fd < 0) continue;
+          fds.push_back({stream.fd, POLLIN, 0});
+          owners.emplace_back(&rank, &stream);
+        }
+      }
+
+      // Once every rank is gone, a grandchild that inherited a pipe must not keep the launcher alive.
+      std::optional<Clock::time_point> deadline;
+      if (!any_running) {
+        if (fds.size() == 1) break;
+        if (!all_exited_at) all_exited_at = now;
+        const auto drain = stopping_ ? Clock::duration(kDrainAfterStop)
+                                     : std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.grace_period_seconds));
+        deadline = *all_exited_at + drain;
+        if (now >= *deadline) {
+          close_all_streams();
+          break;
+        }
+      }
+      if (stopping_ && !killed_) deadline = deadline ? std::min(*deadline, kill_at_) : kill_at_;
+      if (killed_ && any_running) {
+        const Clock::time_point give_up = killed_at_ + kReapTimeout;
+        deadline = deadline ? std::min(*deadline, give_up) : give_up;
+      }
+      int timeout_ms = 1000;  // also a safety net should a SIGCHLD be lost
+      if (deadline) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now).count() + 1;
+        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, timeout_ms));
+      }
+
+      const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        const int error = errno;
+        signal_all(SIGKILL);
+        throw LaunchError(std::string("poll failed while supervising the ranks: ") + std::strerror(error));
+      }
+      if (fds[0].revents != 0) handle_signals(signal_fd);
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+      }
+    }
+  }
+
+  SupervisorResult result() const {
+    SupervisorResult result;
+    if (failed_rank_) {
+      const Rank& rank = ranks_[*failed_rank_];
+      std::ostringstream report;
+      report << "accel-launch: rank " << rank.global_rank << " (local rank " << rank.local_rank << ", pid "
+             << rank.pid << ") ";
+      if (WIFSIGNALED(rank.status)) {
+        const int s = WTERMSIG(rank.status);
+        report << "was killed by signal " << s << " (" << signal_name(s) << ")\n";
+        result.exit_code = 128 + s;
+      } else {
+        result.exit_code = WEXITSTATUS(rank.status);
+        report << "failed with exit code " << result.exit_code << "\n";
+      }
+      if (rank.tail.empty()) {
+        report << "---- rank " << rank.global_rank << " printed nothing ----\n";
+      } else {
+        report << "---- last " << rank.tail.size() << " lines of rank " << rank.global_rank << " ----\n";
+        for (const std::string& line : rank.tail)
+          report << line << "\n";
+        report << "----\n";
+      }
+      result.report = report.str();
+    } else if (received_signal_) {
+      result.exit_code = 128 + received_signal_;
+      result.report = "accel-launch: received " + signal_name(received_signal_) + "; forwarded it to all " +
+                      std::to_string(ranks_.size()) + " rank(s) and stopped them\n";
+    }
+    for (const Rank& rank : ranks_) {
+      if (rank.running) {
+        result.report += "accel-launch: rank " + std::to_string(rank.global_rank) + " (pid " +
+                         std::to_string(rank.pid) +
+                         ") did not exit after SIGKILL; it may be stuck in the kernel\n";
+        if (result.exit_code == 0) result.exit_code = 1;
+      }
+    }
+    return result;
+  }
+
+  const SupervisorOptions& options_;
+  std::vector<Rank> ranks_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_at_{};
+  Clock::time_point killed_at_{};
+  std::optional<std::size_t> failed_rank_;
+  int received_signal_ = 0;
+};
+
+}  // namespace
+
+SupervisorResult supervise(const SupervisorOptions& options) {
+  if (options.ranks.empty()) throw UsageError("supervise: no ranks to start");
+  if (options.argv.empty()) throw UsageError("supervise: argv is empty");
+  return Supervisor(options).run();
+}
+
+std::string find_executable(const std::string& program) {
+  auto check = [](const std::string& path) -> std::optional<std::string> {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) return "does not exist";
+    if (S_ISDIR(info.st_mode)) return "is a directory";
+    if (::access(path.c_str(), X_OK) != 0) return "is not executable (chmod +x it)";
+    return std::nullopt;
+  };
+  if (program.empty()) throw LaunchError("the program to launch is an empty string");
+  if (program.find('/') != std::string::npos) {
+    if (const auto problem = check(program)) {
+      throw LaunchError("cannot launch program '" + program + "': it " + *problem);
+    }
+    return program;
+  }
+  const char* path_env = std::getenv("PATH");
+  const std::string path = path_env != nullptr ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  std::optional<std::string> first_problem;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t end = path.find(':', start);
+    std::string dir = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + program;
+    const auto problem = check(candidate);
+    if (!problem) return candidate;
+    if (!first_problem && *problem != "does not exist") first_problem = candidate + " " + *problem;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  throw LaunchError("cannot launch program '" + program + "': not found in PATH" +
+                    (first_problem ? " (" + *first_problem + ")" : std::string()) +
+                    "; pass a path such as ./" + program + " for a program in the current directory");
+}
+
+std::string signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    default:
+      return "signal " + std::to_string(signal_number);
+  }
+}
+
+}  // namespace accel::launcher

@@ -1,0 +1,67 @@
+#pragma once
+/// \file supervisor.hpp
+/// Runs the ranks of one machine: spawns each in its own process group, streams its output line by line with
+/// a
+/// `[rank N] ` prefix, and stops all of them as soon as one fails or the launcher is interrupted ("first
+/// failure wins"). Torch-free; POSIX only.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace accel::launcher {
+
+/// One rank to start on this machine.
+struct RankSpec {
+  /// Rank in the whole world (`RANK`); shown in the `[rank N] ` prefix and in reports.
+  int global_rank = 0;
+  /// Rank on this machine (`LOCAL_RANK`).
+  int local_rank = 0;
+  /// The complete environment of the process, as `NAME=value` strings.
+  std::vector<std::string> environment;
+};
+
+/// What to run and how to stop it.
+struct SupervisorOptions {
+  /// Path of the executable, already checked to exist and be executable (see `find_executable`).
+  std::string executable;
+  /// Its argv; argv[0] is the program as the user typed it.
+  std::vector<std::string> argv;
+  /// The ranks of this machine.
+  std::vector<RankSpec> ranks;
+  /// Seconds between the stop signal (SIGTERM, or the signal the launcher received) and SIGKILL.
+  double grace_period_seconds = 3.0;
+  /// Lines of each rank's output (stdout and stderr together) kept for the failure report.
+  std::size_t tail_lines = 20;
+  /// File descriptors that receive the prefixed stdout and stderr lines of the ranks.
+  int stdout_fd = 1;
+  /// See `stdout_fd`.
+  int stderr_fd = 2;
+};
+
+/// How a supervised run ended.
+struct SupervisorResult {
+  /// 0 when every rank exited 0; otherwise the first failing rank's exit code, 128 + the signal that killed
+  /// it, or 128 + the signal (SIGINT, SIGTERM, SIGHUP) that stopped the launcher.
+  int exit_code = 0;
+  /// Empty on success; otherwise the root-cause report, e.g.
+  /// "accel-launch: rank 1 (local rank 1, pid 1234) failed with exit code 3\n---- last 2 lines of rank 1 ----
+  /// \n...\n----\n".
+  std::string report;
+};
+
+/// Runs `options.ranks` to completion. The ranks' stdin is /dev/null (they run in background process groups
+/// so that Ctrl-C reaches only the launcher, which forwards it). SIGINT, SIGTERM and SIGHUP sent to the
+/// launcher while this runs are forwarded to every rank's process group; a second one sends SIGKILL at once.
+/// Throws accel::LaunchError when the ranks cannot be started (ranks already running are killed first).
+SupervisorResult supervise(const SupervisorOptions& options);
+
+/// The path to execute for `program`: `program` itself when it contains a '/', else the first match in
+/// `$PATH`. Throws accel::LaunchError naming the program when it does not exist, is a directory or is not
+/// executable.
+std::string find_executable(const std::string& program);
+
+/// "SIGTERM" for SIGTERM etc.; "signal N" when the number has no common name.
+std::string signal_name(int signal_number);
+
+}  // namespace accel::launcher

@@ -1,0 +1,376 @@
+// One rank of a multi-process test. CTest starts it on 2 or 3 ranks through accel-launch (or with
+// torchrun-style variables); each scenario checks its results on every rank and exits non-zero with a message
+// on a mismatch.
+//
+//   dist_worker <scenario>      scenarios: collectives, metrics, equivalence, accumulation, bf16, sync,
+//                               debug_mismatch, unused, checkpoint, process
+#include <accel/accelerator.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "test_support.hpp"
+
+namespace {
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+
+int failures = 0;
+
+#define CHECK_THAT(cond, ...)                                                                          \
+  do {                                                                                                 \
+    if (!(cond)) {                                                                                     \
+      std::ostringstream os_;                                                                          \
+      os_ << __VA_ARGS__;                                                                              \
+      std::cerr << "CHECK FAILED at line " << __LINE__ << ": " #cond " -- " << os_.str() << std::endl; \
+      ++failures;                                                                                      \
+    }                                                                                                  \
+  } while (0)
+
+Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) {
+  Config c = test::make_config(mp, accumulation);
+  c.backend = BackendKind::Ddp;
+  c.collective_timeout_seconds = 60;
+  return c;
+}
+
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  return a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
+}
+
+void collectives() {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int n = acc.num_processes(), r = acc.process_index();
+  const auto mine = torch::arange(n, torch::kFloat32) + 1 + n * r;
+  CHECK_THAT(torch::equal(acc.gather(mine), torch::arange(n * n, torch::kFloat32) + 1), acc.gather(mine));
+  // reduce: element i is sum_r (i + 1 + n r) = n(i+1) + n^2(n-1)/2
+  const auto i = torch::arange(n, torch::kFloat32);
+  const auto sum = n * (i + 1) + n * n * (n - 1) / 2.0;
+  CHECK_THAT(torch::equal(acc.reduce(mine, ReduceOp::Sum), sum), acc.reduce(mine, ReduceOp::Sum));
+  CHECK_THAT(torch::allclose(acc.reduce(mine, ReduceOp::Mean), sum / n), acc.reduce(mine, ReduceOp::Mean));
+  CHECK_THAT(torch::equal(acc.reduce(mine, ReduceOp::Max), i + 1 + n * (n - 1)),
+             acc.reduce(mine, ReduceOp::Max));
+  CHECK_THAT(torch::equal(acc.broadcast(mine, n - 1), i + 1 + n * (n - 1)), "broadcast from the last rank");
+  // Different sizes per rank: rank r holds r+1 rows.
+  const auto rows = torch::full({r + 1, 2}, static_cast<float>(r));
+  const auto g = acc.gather(rows);
+  CHECK_THAT(g.size(0) == n * (n + 1) / 2, g.sizes());
+  CHECK_THAT(acc.pad_across_processes(rows).size(0) == n, "pad to the longest");
+  CHECK_THAT(acc.pad_across_processes(rows, 0, -1, true)[0][0].item<float>() == (r == n - 1 ? r : -1),
+             "pad first");
+  const auto scalar = acc.gather(torch::tensor(static_cast<float>(r)));
+  CHECK_THAT(scalar.size(0) == n, "a 0-d tensor gathers as one row each");
+  // split_between_processes: 7 items over n ranks, contiguous, covering each once.
+  std::vector<int> items{0, 1, 2, 3, 4, 5, 6};
+  const auto share = acc.split_between_processes(items);
+  const auto all =
+      acc.gather(torch::tensor(std::vector<std::int64_t>(share.begin(), share.end()), torch::kInt64));
+  CHECK_THAT(torch::equal(all, torch::arange(7)), all);
+  CHECK_THAT(acc.split_between_processes(items, true).size() == (7 + n - 1) / static_cast<std::size_t>(n),
+             "padding");
+  // main_process_first: rank 0 writes a file inside the block; the others must see it when they enter.
+  const auto marker =
+      std::filesystem::temp_directory_path() /
+      ("accel-mpf-" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  {
+    auto guard = acc.main_process_first();
+    if (acc.is_main_process()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::ofstream(marker) << "done";
+    } else {
+      CHECK_THAT(std::filesystem::exists(marker), "the main process ran its block first");
+    }
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove(marker);
+}
+
+void metrics() {
+  // 22 samples, batch 4, 2 ranks: the last round wraps around, gather_for_metrics drops the duplicates.
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  Regression data(22);
+  data.x = torch::arange(22, torch::kFloat32).unsqueeze(1);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      std::move(data).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+  std::vector<torch::Tensor> seen;
+  for (auto& batch : *loader)
+    seen.push_back(acc.gather_for_metrics(batch.data.squeeze(1)));
+  const auto all = torch::cat(seen);
+  CHECK_THAT(all.size(0) == 22, "gather_for_metrics returned " << all.size(0) << " rows");
+  CHECK_THAT(torch::equal(std::get<0>(all.sort()), torch::arange(22, torch::kFloat32)), all);
+}
+
+// Trains `steps` optimizer steps on the ranks with per-rank batch `batch` and returns the final parameters;
+// `reference` does the same in one process with batch world*batch*accumulation.
+template <class Opt>
+std::vector<torch::Tensor> train_distributed(Accelerator& acc, int steps, std::size_t batch, Opt make_opt) {
+  torch::manual_seed(0);
+  Mlp model;
+  auto opt = make_opt(model->parameters());
+  acc.prepare(model, *opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(static_cast<std::int64_t>(batch) * acc.num_processes() * acc.gradient_accumulation_steps() *
+                 steps)
+          .map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions(batch));
+  for (auto& b : *loader) {
+    opt->zero_grad();
+    acc.backward(torch::mse_loss(model(b.data).to(torch::kFloat32), b.target));
+    if (acc.sync_gradients()) {
+      // After the sync every rank holds the same gradients.
+      for (const auto& p : model->parameters()) {
+        const auto all = acc.gather(p.grad().unsqueeze(0));
+        for (int r = 1; r < acc.num_processes(); ++r) {
+          CHECK_THAT(torch::equal(all[r], all[0]), "gradients differ across ranks after sync");
+        }
+      }
+    }
+    opt->step();
+  }
+  return test::snapshot(*model);
+}
+
+template <class Opt>
+std::vector<torch::Tensor> reference(int world, int steps, std::size_t batch, int accumulation,
+                                     MixedPrecision mp, Opt make_opt) {
+  torch::manual_seed(0);
+  Mlp model;
+  auto opt = make_opt(model->parameters());
+  const auto big = static_cast<std::int64_t>(batch) * world * accumulation;
+  Regression data(big * steps);
+  at::autocast::set_autocast_dtype(torch::kCPU, torch::kBFloat16);
+  at::autocast::set_autocast_enabled(torch::kCPU, mp == MixedPrecision::Bf16);
+  for (int s = 0; s < steps; ++s) {
+    opt->zero_grad();
+    auto x = data.x.slice(0, s * big, (s + 1) * big), y = data.y.slice(0, s * big, (s + 1) * big);
+    torch::mse_loss(model(x).to(torch::kFloat32), y).backward();
+    at::autocast::clear_cache();
+    opt->step();
+  }
+  at::autocast::set_autocast_enabled(torch::kCPU, false);
+  return test::snapshot(*model);
+}
+
+void equivalence_case(const char* name, MixedPrecision mp, int accumulation, double tol) {
+  auto sgd = [](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); };
+  auto adamw = [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2));
+  };
+  for (int which = 0; which < 2; ++which) {
+    std::vector<torch::Tensor> ref, got;
+    int world = 0;
+    {
+      Accelerator acc(AcceleratorOptions().config(cpu_config(mp, accumulation)));
+      world = acc.num_processes();
+      got = which == 0 ? train_distributed(acc, 4, 4, sgd) : train_distributed(acc, 4, 4, adamw);
+    }
+    ref = which == 0 ? reference(world, 4, 4, accumulation, mp, sgd)
+                     : reference(world, 4, 4, accumulation, mp, adamw);
+    for (std::size_t k = 0; k < ref.size(); ++k) {
+      const double diff = (ref[k] - got[k]).abs().max().item<double>();
+      CHECK_THAT(close(ref[k], got[k], tol), name << (which == 0 ? " SGD" : " AdamW") << ": parameter " << k
+                                                  << " differs from the single-process run by " << diff
+                                                  << " (tolerance " << tol << ")");
+    }
+    std::cout << name << (which == 0 ? " SGD" : " AdamW") << ": matches one process with batch "
+              << world * 4 * accumulation << std::endl;
+  }
+}
+
+void sync_pattern() {
+  // Accumulation 2 over 5 batches per rank: syncs on 2, 4 and the last batch; micro-steps send nothing; the
+  // gradients differ across ranks during a micro-step (each saw its own data).
+  Accelerator acc(AcceleratorOptions().config(cpu_config(MixedPrecision::No, 2)));
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.05);
+  acc.prepare(model, opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(4 * 5 * acc.num_processes()).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions(4));
+  std::vector<bool> pattern;
+  const std::uint64_t param_bytes = [&] {
+    std::uint64_t b = 0;
+    for (const auto& p : model->parameters())
+      b += p.nbytes();
+    return b;
+  }();
+  for (auto& b : *loader) {
+    const auto before = acc.communicator().bytes(Collective::AllReduce);
+    acc.backward(torch::mse_loss(model(b.data), b.target));
+    const auto after = acc.communicator().bytes(Collective::AllReduce);
+    pattern.push_back(acc.sync_gradients());
+    if (!acc.sync_gradients()) {
+      CHECK_THAT(after.calls == before.calls, "a micro-step communicated");
+    } else {
+      CHECK_THAT(after.payload - before.payload == param_bytes,
+                 "a sync step all-reduced " << after.payload - before.payload << " bytes, parameters hold "
+                                            << param_bytes);
+      const auto wire = after.wire - before.wire;
+      const auto theory = 2 * param_bytes * (acc.num_processes() - 1) / acc.num_processes();
+      CHECK_THAT(wire == theory, "wire bytes " << wire << " vs ring all-reduce " << theory);
+    }
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK_THAT((pattern == std::vector<bool>{false, true, false, true, true}), "sync pattern");
+}
+
+void micro_step_grads_differ() {
+  // Plain backward on different data: before any sync, the ranks' gradients differ; after sync they agree.
+  Accelerator acc(AcceleratorOptions().config(cpu_config(MixedPrecision::No, 2)));
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.05);
+  acc.prepare(model, opt);
+  Regression data(8, 6, 100 + static_cast<std::uint64_t>(acc.process_index()));
+  acc.backward(torch::mse_loss(model(data.x), data.y));  // micro-step: gradients set aside, not synced
+  CHECK_THAT(!acc.sync_gradients(), "first micro-step must not sync");
+  // Read the set-aside gradient through a second micro-step's restore: run a zero loss so nothing is added.
+  acc.backward(0.0 * model(data.x).sum());
+  CHECK_THAT(acc.sync_gradients(), "second micro-step syncs");
+  const auto all = acc.gather(model->fc2->weight.grad().unsqueeze(0));
+  for (int r = 1; r < acc.num_processes(); ++r)
+    CHECK_THAT(torch::equal(all[r], all[0]), "synced gradients");
+  // Same data without accumulation: local gradients before sync differ across ranks.
+  torch::manual_seed(0);
+  Mlp plain;
+  torch::mse_loss(plain(data.x), data.y).backward();
+  const auto local = acc.gather(plain->fc2->weight.grad().unsqueeze(0));
+  CHECK_THAT(!torch::equal(local[0], local[1]), "local gradients of different data should differ");
+}
+
+void debug_mismatch() {
+  Config c = cpu_config();
+  c.debug = true;
+  c.collective_timeout_seconds = 20;
+  Accelerator acc(AcceleratorOptions().config(c));
+  auto t = torch::ones({acc.process_index() == 0 ? 4 : 3});
+  try {
+    acc.reduce(t);
+    CHECK_THAT(false, "a shape mismatch must raise DistributedError");
+  } catch (const DistributedError& e) {
+    const std::string msg = e.what();
+    std::cout << "caught as expected: " << msg << std::endl;
+    CHECK_THAT(msg.find("differs across ranks") != std::string::npos, msg);
+    CHECK_THAT(
+        msg.find("rank 0: all_reduce(shape=[4], dtype=Float, device=cpu, op=sum)") != std::string::npos, msg);
+    CHECK_THAT(
+        msg.find("rank 1: all_reduce(shape=[3], dtype=Float, device=cpu, op=sum)") != std::string::npos, msg);
+  }
+}
+
+void unused() {
+  struct TwoHeadsImpl : torch::nn::Module {
+    TwoHeadsImpl()
+        : a(register_module("a", torch::nn::Linear(6, 1))),
+          b(register_module("b", torch::nn::Linear(6, 1))) {}
+    torch::Tensor forward(torch::Tensor x) { return a(x); }  // b never takes part
+    torch::nn::Linear a, b;
+  };
+  TORCH_MODULE(TwoHeads);
+  Regression data(8);
+  for (bool tolerate : {false, true}) {
+    Config c = cpu_config();
+    c.ddp_find_unused_parameters = tolerate;
+    Accelerator acc(AcceleratorOptions().config(c));
+    TwoHeads model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    acc.prepare(model, opt);
+    try {
+      acc.backward(torch::mse_loss(model(data.x), data.y));
+      CHECK_THAT(tolerate, "unused parameters must be an error without ddp_find_unused_parameters");
+      CHECK_THAT(model->b->weight.grad().abs().sum().item<float>() == 0, "unused gradients are zero");
+    } catch (const UsageError& e) {
+      CHECK_THAT(!tolerate, "unexpected error: " << e.what());
+      CHECK_THAT(std::string(e.what()).find("parameter(s) b.weight, b.bias received no gradient") !=
+                     std::string::npos,
+                 e.what());
+    }
+  }
+}
+
+void checkpoint() {
+  // Save at step 3 on every rank, keep training, then resume from the checkpoint: identical end state.
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("accel-dist-ckpt-" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  auto run = [&](bool save, bool load) {
+    Accelerator acc(AcceleratorOptions().config(cpu_config()));
+    acc.set_seed(5);
+    torch::manual_seed(load ? 77 : 0);
+    Mlp model(6, 0.3);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    acc.prepare(model, opt);
+    auto loader = acc.prepare_data_loader(Regression(64).map(torch::data::transforms::Stack<>()),
+                                          torch::data::DataLoaderOptions(4));
+    if (load) acc.load_state(dir.string());
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (auto& b : *loader) {
+        opt.zero_grad();
+        acc.backward(torch::mse_loss(model(b.data), b.target));
+        opt.step();
+        if (save && acc.completed_steps() == 3) acc.save_state(dir.string());
+      }
+    }
+    return test::snapshot(*model);
+  };
+  const auto full = run(true, false);
+  const auto resumed = run(false, true);
+  for (std::size_t k = 0; k < full.size(); ++k)
+    CHECK_THAT(torch::equal(full[k], resumed[k]), "resume differs");
+}
+
+void process() {
+  Accelerator acc;  // from the environment and $ACCEL_CONFIG_FILE, as a user's program would
+  std::cout << "rank " << acc.process_index() << " of " << acc.num_processes() << ", local "
+            << acc.local_process_index() << ", backend " << acc.backend_name() << ", launcher "
+            << ProcessState::from_environment().launcher << std::endl;
+  const auto all = acc.gather(torch::tensor({acc.process_index()}));
+  CHECK_THAT(all.size(0) == acc.num_processes(), all);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::map<std::string, std::function<void()>> scenarios{
+      {"collectives", collectives},
+      {"metrics", metrics},
+      {"equivalence", [] { equivalence_case("fp32", MixedPrecision::No, 1, 2e-5); }},
+      {"accumulation", [] { equivalence_case("fp32 + accumulation 2", MixedPrecision::No, 2, 2e-5); }},
+      {"bf16", [] { equivalence_case("bf16", MixedPrecision::Bf16, 1, 2e-2); }},
+      {"sync",
+       [] {
+         sync_pattern();
+         micro_step_grads_differ();
+       }},
+      {"debug_mismatch", debug_mismatch},
+      {"unused", unused},
+      {"checkpoint", checkpoint},
+      {"process", process}};
+  if (argc != 2 || scenarios.count(argv[1]) == 0) {
+    std::cerr << "usage: dist_worker <scenario>" << std::endl;
+    return 2;
+  }
+  scenarios.at(argv[1])();
+  if (failures > 0) {
+    std::cerr << failures << " check(s) failed" << std::endl;
+    return 1;
+  }
+  std::cout << "scenario " << argv[1] << " passed" << std::endl;
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "error: " << e.what() << std::endl;
+  return 1;
+}
