@@ -21,13 +21,19 @@ int main(int argc, char** argv) try {
   for (int epoch = 0; epoch < args.epochs; ++epoch) {
     model->train();
     const auto start = std::chrono::steady_clock::now();
-    std::size_t seen = 0;
+    std::size_t seen = 0, step = 0;
     for (auto& batch : *train_loader) {
       optimizer.zero_grad();
       auto loss = torch::cross_entropy_loss(model(batch.data), batch.target);
       accelerator.backward(loss);
       optimizer.step();
       seen += batch.data.size(0) * accelerator.num_processes();
+      if (++step % 100 == 0) {  // progress on the main rank: mean loss over ranks, global samples/s
+        const auto mean_loss = accelerator.reduce(loss.detach(), accel::ReduceOp::Mean).item<double>();
+        const std::chrono::duration<double> t = std::chrono::steady_clock::now() - start;
+        accelerator.print("epoch ", epoch, " [", seen, "/", train_loader->dataset_size(), "] loss ", mean_loss, " | ",
+                          static_cast<int>(seen / t.count()), " samples/s");
+      }
     }
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     accelerator.print("epoch ", epoch, ": ", seen / took.count(), " samples/s");
