@@ -15,10 +15,14 @@ int main(int argc, char** argv) try {
   std::size_t batch_size = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (k == "--warmup") warmup = std::stoi(argv[i + 1]);
-    else if (k == "--batch-size") batch_size = std::stoul(argv[i + 1]);
-    else throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --batch-size B");
+    if (k == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (k == "--warmup")
+      warmup = std::stoi(argv[i + 1]);
+    else if (k == "--batch-size")
+      batch_size = std::stoul(argv[i + 1]);
+    else
+      throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --batch-size B");
   }
   torch::manual_seed(0);
   fashion::Net model;
@@ -27,7 +31,8 @@ int main(int argc, char** argv) try {
   accelerator.prepare(model, optimizer);
   const auto n = static_cast<std::int64_t>((steps + warmup) * batch_size * accelerator.num_processes());
   auto loader = accelerator.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-      fashion::Dataset(fashion::default_data_dir(), true, n).map(torch::data::transforms::Stack<>()), batch_size);
+      fashion::Dataset(fashion::default_data_dir(), true, n).map(torch::data::transforms::Stack<>()),
+      batch_size);
 
   using Clock = std::chrono::steady_clock;
   Clock::time_point start;
@@ -41,7 +46,8 @@ int main(int argc, char** argv) try {
     optimizer.step();
     if (++step == 1) {
       first_step_unix_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+          std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
     }
     if (step == warmup) {
       accelerator.wait_for_everyone();
@@ -53,16 +59,19 @@ int main(int argc, char** argv) try {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const int timed = step - warmup;
   std::uint64_t params = 0;
-  for (const auto& p : model->parameters()) params += p.nbytes();
+  for (const auto& p : model->parameters())
+    params += p.nbytes();
   const int w = accelerator.num_processes();
   const auto wire = accelerator.communicator().bytes(accel::Collective::AllReduce).wire - bytes_start;
   if (accelerator.is_main_process()) {
     std::printf(
-        "{\"impl\": \"accelerate-cpp\", \"world\": %d, \"threads\": %d, \"batch_per_rank\": %zu, \"steps\": %d, "
+        "{\"impl\": \"accelerate-cpp\", \"world\": %d, \"threads\": %d, \"batch_per_rank\": %zu, \"steps\": "
+        "%d, "
         "\"samples_per_s\": %.1f, \"step_ms\": %.3f, \"wire_bytes_per_step\": %.1f, "
         "\"theory_bytes_per_step\": %.1f, \"first_step_unix_ms\": %.1f}\n",
-        w, torch::get_num_threads(), batch_size, timed, timed * batch_size * w / seconds, seconds / timed * 1e3,
-        static_cast<double>(wire) / timed, 2.0 * params * (w - 1) / w, first_step_unix_ms);
+        w, torch::get_num_threads(), batch_size, timed, timed * batch_size * w / seconds,
+        seconds / timed * 1e3, static_cast<double>(wire) / timed, 2.0 * params * (w - 1) / w,
+        first_step_unix_ms);
   }
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());

@@ -31,8 +31,8 @@ int main(int argc, char** argv) try {
       if (++step % 100 == 0) {  // progress on the main rank: mean loss over ranks, global samples/s
         const auto mean_loss = accelerator.reduce(loss.detach(), accel::ReduceOp::Mean).item<double>();
         const std::chrono::duration<double> t = std::chrono::steady_clock::now() - start;
-        accelerator.print("epoch ", epoch, " [", seen, "/", train_loader->dataset_size(), "] loss ", mean_loss, " | ",
-                          static_cast<int>(seen / t.count()), " samples/s");
+        accelerator.print("epoch ", epoch, " [", seen, "/", train_loader->dataset_size(), "] loss ",
+                          mean_loss, " | ", static_cast<int>(seen / t.count()), " samples/s");
       }
     }
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
