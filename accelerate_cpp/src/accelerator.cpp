@@ -149,6 +149,8 @@ void Accelerator::complete_loader_options(DataLoaderOptions& options) const {
 std::shared_ptr<detail::LoaderState> Accelerator::register_loader() {
   loaders_.push_back(std::make_shared<detail::LoaderState>());
   loaders_.back()->clock = loader_clock_;
+  // Loaders must not outlive their accelerator (as with Accelerate's prepared objects).
+  loaders_.back()->on_advance = [this] { backend_->sync_parameters(); };
   return loaders_.back();
 }
 
@@ -241,7 +243,13 @@ void Accelerator::backward(const torch::Tensor& loss) {
   cycle_position_ = 0;
   if (scaler_) {
     const auto params = optimizer_params();
-    const bool found_inf = scaler_->unscale_(params);
+    bool found_inf = scaler_->unscale_(params);
+    if (world_size_ > 1) {
+      // Sharded backends hold different gradient slices per rank: skip (or not) everywhere alike.
+      auto flag = torch::tensor({found_inf ? 1.0f : 0.0f});
+      comm_->all_reduce(flag, ReduceOp::Max);
+      found_inf = flag.item<float>() != 0.0f;
+    }
     scaler_->update(found_inf);
     if (found_inf) {
       // Undefined gradients make the user's optimizer.step() skip every parameter.
@@ -323,6 +331,10 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& t, std::int
 
 void Accelerator::wait_for_everyone() {
   comm_->barrier();
+}
+
+void Accelerator::sync_parameters() {
+  backend_->sync_parameters();
 }
 
 Accelerator::SplitRange Accelerator::split_range(std::size_t n) const {

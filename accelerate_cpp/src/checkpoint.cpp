@@ -63,6 +63,7 @@ void Accelerator::save_state(const std::string& dir) {
   namespace fs = std::filesystem;
   // The main process owns the temporary directory and commits it; every rank writes its own files into it
   // (the same path on every rank: one machine, or a shared filesystem), then all meet before the commit.
+  backend_->sync_parameters();  // collective: the model must be current before rank 0 writes it
   std::unique_ptr<detail::AtomicDirectory> out;
   std::string tmp_path;
   std::string failure;
@@ -100,6 +101,12 @@ void Accelerator::save_state(const std::string& dir) {
 
 void Accelerator::write_state_files(const std::filesystem::path& tmp) {
   if (rank_ == 0) write_main_state_files(tmp);
+  if (backend_->shards_optimizer_state()) {
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+      torch::save(*optimizers_[i],
+                  (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", rank_))).string());
+    }
+  }
   NamedTensors rng;
   for (const auto& d : rng_devices()) {
     auto gen = at::globalContext().defaultGenerator(d);
@@ -114,7 +121,7 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp) {
     detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), backend_->model_state(),
                           {{"format", "pt"}});
   }
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+  for (std::size_t i = 0; i < optimizers_.size() && !backend_->shards_optimizer_state(); ++i) {
     torch::save(*optimizers_[i], (tmp / indexed("optimizer", i, ".pt")).string());
   }
 
@@ -198,7 +205,10 @@ void Accelerator::load_state(const std::string& dir) {
     backend_->load_model_state(detail::read_tensors(f));
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-    const auto path = (root / indexed("optimizer", i, ".pt")).string();
+    const auto path = (root / indexed("optimizer", i,
+                                      backend_->shards_optimizer_state() ? fmt::format("_rank{}.pt", rank_)
+                                                                         : std::string(".pt")))
+                          .string();
     if (!fs::exists(path))
       throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
     torch::load(*optimizers_[i], path);

@@ -92,6 +92,7 @@ class SingleProcessCommunicator final : public Communicator {
     };
     return std::make_unique<Done>();
   }
+  std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor, int) override { return all_reduce_async({}); }
   void broadcast(torch::Tensor&, int) override {}
   torch::Tensor all_gather(const torch::Tensor& t) override { return t.dim() == 0 ? t.reshape({1}) : t; }
   torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp) override { return input; }
@@ -189,6 +190,23 @@ class C10dCommunicator final : public Communicator {
     count(Collective::AllReduce, bytes, ring_all_reduce(bytes));
     return std::make_unique<WorkHandle>(std::move(work), std::move(tensors), options_.timeout,
                                         fmt::format("rank {}: all_reduce", rank()));
+  }
+
+  std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor tensor, int root) override {
+    check("reduce", fmt::format("{}, root={}", describe(tensor), root));
+    std::vector<torch::Tensor> ts{tensor};
+    c10d::ReduceOptions o;
+    o.rootRank = root;
+    o.timeout = options_.timeout;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = backend_for(tensor)->reduce(ts, o);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: reduce failed: {}", rank(), first_line(e.what())));
+    }
+    count(Collective::Reduce, tensor.nbytes(), rank() == root ? 0 : tensor.nbytes());
+    return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout,
+                                        fmt::format("rank {}: reduce", rank()));
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {

@@ -45,6 +45,33 @@ double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max
   return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
 }
 
+void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who) {
+  std::string signature;
+  for (const auto& item : model.named_parameters()) {
+    signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
+  }
+  for (const auto& item : model.named_buffers()) {
+    signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
+  }
+  const auto all = comm.exchange(signature);
+  for (int r = 1; r < comm.world_size(); ++r) {
+    if (all[static_cast<std::size_t>(r)] != all[0]) {
+      throw DistributedError(
+          fmt::format("{}: the model on rank {} differs from rank 0's: {}; every rank must build "
+                      "the same model",
+                      who, r, first_difference(all[0], all[static_cast<std::size_t>(r)])));
+    }
+  }
+}
+
+void broadcast_module(Communicator& comm, torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters())
+    comm.broadcast(p, 0);
+  for (auto& b : model.buffers())
+    comm.broadcast(b, 0);
+}
+
 std::string first_difference(const std::string& a, const std::string& b) {
   std::istringstream sa(a), sb(b);
   std::string ea, eb;

@@ -16,6 +16,11 @@ NamedTensors module_state(torch::nn::Module& module);
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);
 /// torch::nn::utils::clip_grad_norm_ over `params` (gradients already identical or already global).
 double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type);
+/// Compares every rank's parameter and buffer names and shapes; DistributedError naming the first difference.
+/// `who` prefixes the message ("ddp", "zero"). Collective.
+void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who);
+/// Broadcasts every parameter and buffer from rank 0 (collective).
+void broadcast_module(Communicator& comm, torch::nn::Module& model);
 /// The first ';'-separated entry in which two signatures differ, as "'a' vs 'b'".
 std::string first_difference(const std::string& a, const std::string& b);
 

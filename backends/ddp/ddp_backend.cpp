@@ -60,8 +60,8 @@ class DdpBackend final : public Backend {
         params_.push_back(item.value());
       }
     }
-    check_same_model_everywhere(model);
-    broadcast_state(model);
+    detail::check_same_model_everywhere(comm_, model, "ddp");
+    detail::broadcast_module(comm_, model);
     build_buckets();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -209,32 +209,6 @@ class DdpBackend final : public Backend {
     }
     b.flat = torch::zeros({numel}, options.requires_grad(false));
     buckets_.push_back(std::move(b));
-  }
-
-  void check_same_model_everywhere(torch::nn::Module& model) {
-    std::string signature;
-    for (const auto& item : model.named_parameters()) {
-      signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
-    }
-    for (const auto& item : model.named_buffers()) {
-      signature += fmt::format("{}:[{}];", item.key(), fmt::join(item.value().sizes(), ","));
-    }
-    const auto all = comm_.exchange(signature);
-    for (int r = 1; r < comm_.world_size(); ++r) {
-      if (all[static_cast<std::size_t>(r)] != all[0]) {
-        throw DistributedError(fmt::format(
-            "ddp: the model on rank {} differs from rank 0's: {}; every rank must build the same model", r,
-            detail::first_difference(all[0], all[static_cast<std::size_t>(r)])));
-      }
-    }
-  }
-
-  void broadcast_state(torch::nn::Module& model) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : model.parameters())
-      comm_.broadcast(p, 0);
-    for (auto& b : model.buffers())
-      comm_.broadcast(b, 0);
   }
 
   BackendContext ctx_;

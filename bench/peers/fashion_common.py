@@ -45,6 +45,11 @@ def parse_args(description: str) -> argparse.Namespace:
         default=0,
         help="fail unless the job has exactly this many ranks (0: do not check)",
     )
+    parser.add_argument(
+        "--no-byte-count",
+        action="store_true",
+        help="do not register the byte-counting DDP communication hook (wire_bytes_per_step is then 0)",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1 or args.batch_size < 1:
         parser.error("--steps, --warmup and --batch-size must be >= 1")
@@ -74,7 +79,10 @@ def _read_idx(path: str, magic: int, header: int) -> tuple[np.ndarray, int]:
 
 
 def load_train(limit: int = 0, data_dir: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``limit`` (0: all 60000) training images [n,1,28,28] float32 normalised and labels [n] int64."""
+    """Load the first ``limit`` (0: all 60000) training samples.
+
+    Returns images [n, 1, 28, 28] float32, normalised, and labels [n] int64.
+    """
     data_dir = data_dir or os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR)
     images, n = _read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"), 2051, 16)
     labels, n_labels = _read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"), 2049, 8)
@@ -89,7 +97,7 @@ def load_train(limit: int = 0, data_dir: str | None = None) -> tuple[torch.Tenso
 
 
 def samples_needed(steps: int, warmup: int, batch_size: int, world: int) -> int:
-    """Samples the whole job reads: ``steps + warmup`` batches per rank (same formula as the C++ benchmark)."""
+    """Samples the whole job reads: ``steps + warmup`` batches per rank (as in the C++ benchmark)."""
     return (steps + warmup) * batch_size * world
 
 

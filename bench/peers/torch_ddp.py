@@ -1,8 +1,8 @@
-"""PyTorch DDP (gloo, CPU) peer of ``bench/ddp_throughput.cpp``: same model, data, optimizer and sharding.
+r"""PyTorch DDP (gloo, CPU) peer of ``bench/ddp_throughput.cpp``: same model, data, optimizer and sharding.
 
 Launch with torchrun from the project venv, e.g.::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc_per_node 2 --master_port 29500 \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc_per_node 2 --master_port 29500 \
         bench/peers/torch_ddp.py --steps 60 --warmup 10 --batch-size 64
 
 Rank 0 prints one JSON line (``impl`` ``"pytorch-ddp"``) in the format of ``bench_ddp_throughput``.
@@ -14,7 +14,6 @@ import os
 import sys
 import time
 
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -35,7 +34,8 @@ def main() -> None:
     model, optimizer = fc.make_model_and_optimizer()
     ddp = DistributedDataParallel(model)
     counter = fc.AllReduceByteCounter()
-    ddp.register_comm_hook(counter, fc.AllReduceByteCounter.hook)
+    if not args.no_byte_count:
+        ddp.register_comm_hook(counter, fc.AllReduceByteCounter.hook)
 
     n = fc.samples_needed(args.steps, args.warmup, args.batch_size, world)
     x, y = fc.load_train(n)

@@ -147,6 +147,10 @@ class Accelerator {
   /// Clips the global gradient norm to `max_norm`; returns the norm before clipping (as in PyTorch).
   /// On micro-steps that do not sync it does nothing and returns 0. Collective on sync steps.
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
+  /// Refreshes the model's parameters from the sharded copies the optimizer updated (ZeRO / FSDP backends; a
+  /// no-op otherwise). Prepared data loaders do this at every batch; call it after `optimizer.step()` only in
+  /// a loop that feeds batches some other way. Collective.
+  void sync_parameters();
   /// Optimizer steps taken so far (sync steps that were not skipped).
   std::int64_t completed_steps() const noexcept { return completed_steps_; }
   /// Micro-steps (backward calls) so far.

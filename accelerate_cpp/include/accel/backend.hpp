@@ -50,6 +50,12 @@ class Backend {
   virtual void after_backward(bool sync) = 0;
   /// Clips the global gradient norm in place; returns the norm before clipping (collective).
   virtual double clip_grad_norm(double max_norm, double norm_type) = 0;
+  /// Brings the model's parameters up to date after the user's `optimizer.step()` updated sharded copies;
+  /// called at step boundaries (a prepared loader fetching the next batch or ending an epoch, save_state).
+  /// Must be cheap when nothing changed. Collective.
+  virtual void sync_parameters() {}
+  /// Whether each rank's optimizer holds only its own shard of the state (saved per rank by save_state).
+  virtual bool shards_optimizer_state() const { return false; }
   /// Full (unsharded) model parameters and buffers by name (collective).
   virtual NamedTensors model_state() = 0;
   /// Loads full model parameters and buffers; throws CheckpointError on missing or mis-shaped entries.

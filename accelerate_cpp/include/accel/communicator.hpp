@@ -24,7 +24,7 @@ namespace accel {
 enum class ReduceOp { Sum, Mean, Max, Min };
 
 /// Collective types, for byte counters and debug descriptions.
-enum class Collective { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, Exchange, kCount };
+enum class Collective { AllReduce, Broadcast, AllGather, ReduceScatter, Reduce, Barrier, Exchange, kCount };
 
 /// Name of a collective type ("all_reduce", ...).
 const char* to_string(Collective c);
@@ -80,6 +80,9 @@ class Communicator {
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
   /// Asynchronous in-place all-reduce (SUM) of tensors that stay alive until `wait()` (collective).
   virtual std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor> tensors) = 0;
+  /// Asynchronous sum of every rank's `tensor` into `root`'s `tensor` (others' content is unspecified after);
+  /// the tensor stays alive until `wait()` (collective).
+  virtual std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor tensor, int root) = 0;
   /// In-place broadcast from `root` (collective).
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   /// Concatenation along dim 0 of every rank's tensor, which must all have the same shape (collective).

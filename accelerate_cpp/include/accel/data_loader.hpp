@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -75,6 +76,9 @@ struct LoaderState {
   std::size_t batches_in_epoch = 0;
   std::uint64_t last_yield = 0;          ///< value of `clock` when this loader last yielded a batch
   std::shared_ptr<std::uint64_t> clock;  ///< shared by the loaders of one accelerator: which yielded last
+  /// Called before each batch and at the end of an epoch: a step boundary, where sharded backends refresh the
+  /// model's parameters after the user's optimizer.step(). Collective.
+  std::function<void()> on_advance;
 };
 
 /// Moves a batch to a device. Overloads for the batch types of torch::data; add your own for custom batches.
@@ -190,6 +194,7 @@ class DataLoader {
   }
 
   std::optional<Batch> next() {
+    if (state_->on_advance) state_->on_advance();
     if (state_->next_batch >= plan_.batches.size()) {
       state_->in_epoch = false;
       state_->at_last_batch = false;

@@ -1,0 +1,442 @@
+#include "zero_backend.hpp"
+
+#include <accel/errors.hpp>
+
+#include "../common/grad_utils.hpp"
+#include "../ddp/ddp_backend.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+
+namespace accel::backends {
+namespace {
+
+/// One optimizer parameter group laid out flat and sharded.
+struct Group {
+  std::vector<std::size_t> params;   // indices into ZeroBackend::params_
+  std::vector<std::int64_t> offset;  // flat offset of each of `params`
+  std::int64_t numel = 0;            // P of this group
+  std::int64_t shard = 0;            // S = ceil(P / N)
+  torch::Tensor master;              // [S]: this rank's slice, the tensor the optimizer updates
+};
+
+/// Stage-2 bucket: a contiguous flat range [begin, end) of one group.
+struct Bucket {
+  std::size_t group = 0;
+  std::vector<std::size_t> members;  // indices into Group::params
+  std::int64_t begin = 0, end = 0;
+  std::size_t ready = 0;
+};
+
+struct ParamRef {
+  std::size_t group = 0, member = 0, bucket = 0;
+};
+
+class ZeroBackend;
+
+class ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(ZeroBackend* backend, std::size_t index) : backend_(backend), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override;
+
+ private:
+  ZeroBackend* backend_;
+  std::size_t index_;
+};
+
+class ZeroBackend final : public Backend {
+ public:
+  ZeroBackend(const BackendContext& context, ZeroOptions options)
+      : ctx_(context), comm_(*context.comm), options_(std::move(options)) {}
+
+  ~ZeroBackend() override {
+    for (auto& [node, key] : hooks_)
+      node->del_post_hook(key);
+  }
+
+  std::string name() const override { return options_.name; }
+  bool shards_optimizer_state() const override { return true; }
+
+  void prepare_model(torch::nn::Module& model) override {
+    if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
+    model_ = &model;
+    detail::check_same_model_everywhere(comm_, model, options_.name);
+    detail::broadcast_module(comm_, model);
+    for (const auto& item : model.named_parameters()) {
+      names_.push_back(item.key());
+      params_.push_back(item.value());
+    }
+  }
+
+  void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
+    if (model_ == nullptr) {
+      throw UsageError(
+          fmt::format("{}: prepare the model before (or together with) its optimizer: "
+                      "accelerator.prepare(model, optimizer)",
+                      options_.name));
+    }
+    if (!optimizer.state().empty()) {
+      throw UsageError(
+          fmt::format("{}: the optimizer already has state (it has stepped); prepare it before the "
+                      "first optimizer.step() so that its state can be sharded",
+                      options_.name));
+    }
+    const auto n = comm_.world_size();
+    for (auto& pg : optimizer.param_groups()) {
+      Group g;
+      for (const auto& p : pg.params()) {
+        const auto index = index_of(p);
+        if (ref_.count(index) != 0) {
+          throw UsageError(
+              fmt::format("{}: parameter '{}' is in two optimizer groups", options_.name, names_[index]));
+        }
+        ref_[index] = ParamRef{groups_.size(), g.params.size(), 0};
+        g.params.push_back(index);
+        g.offset.push_back(g.numel);
+        g.numel += p.numel();
+      }
+      if (g.params.empty()) continue;
+      g.shard = (g.numel + n - 1) / n;
+      const auto& first = params_[g.params.front()];
+      auto flat = torch::zeros({g.shard * n}, first.options().requires_grad(false));
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        const auto& p = params_[g.params[m]];
+        if (p.scalar_type() != first.scalar_type() || p.device() != first.device()) {
+          throw UnsupportedOperation(
+              fmt::format("{}: parameters of one optimizer group must share dtype and device; "
+                          "'{}' differs",
+                          options_.name, names_[g.params[m]]));
+        }
+        flat.narrow(0, g.offset[m], p.numel()).copy_(p.detach().reshape({-1}));
+      }
+      auto slice = flat.narrow(0, comm_.rank() * g.shard, g.shard).clone();
+      // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
+      g.master = options_.offload_optimizer ? slice.to(torch::kCPU) : slice;
+      pg.params() = {g.master};
+      groups_.push_back(std::move(g));
+    }
+    build_buckets();
+    install_hooks();
+  }
+
+  void before_backward(bool sync) override {
+    if (dirty_) {
+      throw UsageError(fmt::format(
+          "{}: optimizer.step() updated the sharded parameters but the model was not refreshed before this "
+          "forward; iterate a data loader from accelerator.prepare_data_loader() (it refreshes at every "
+          "batch), "
+          "or call accelerator.sync_parameters() after optimizer.step()",
+          options_.name));
+    }
+    syncing_ = sync;
+    if (!sync) return;
+    seen_.assign(params_.size(), false);
+    for (auto& b : buckets_)
+      b.ready = 0;
+    next_bucket_ = 0;
+    pending_.clear();
+  }
+
+  void after_backward(bool sync) override {
+    if (!sync) return;
+    syncing_ = false;
+    if (options_.stage == 1) {
+      reduce_scatter_all();
+    } else {
+      std::vector<std::string> unused;
+      for (const auto& [index, r] : ref_) {
+        if (!seen_[index]) unused.push_back(names_[index]);
+      }
+      if (!unused.empty() && !ctx_.config->ddp_find_unused_parameters) {
+        throw UsageError(
+            fmt::format("{}: parameter(s) {} received no gradient in this backward; make every "
+                        "parameter take part in the loss, or set `ddp_find_unused_parameters: true` "
+                        "to reduce them as zeros",
+                        options_.name, fmt::join(unused, ", ")));
+      }
+      for (const auto& [index, r] : ref_) {
+        if (!seen_[index]) mark_ready(index);
+      }
+      finish_pending();
+    }
+    // Gradients of parameters no optimizer updates are not needed either.
+    for (auto& p : params_)
+      p.mutable_grad() = torch::Tensor();
+    // The user's optimizer.step() comes next and updates the masters. Version counters cannot tell us when:
+    // LibTorch's SGD updates through .data(), which does not bump them (seen on 2.11).
+    dirty_ = true;
+  }
+
+  double clip_grad_norm(double max_norm, double norm_type) override {
+    if (norm_type != 2.0) {
+      throw UnsupportedOperation(
+          fmt::format("{}: clip_grad_norm_ supports the 2-norm only, got {}", options_.name, norm_type));
+    }
+    // Each rank holds a disjoint slice of the gradient (padding is zero): the global norm is the square root
+    // of the sum over ranks of the local sums of squares.
+    auto sq = torch::zeros({1}, torch::kFloat64);
+    for (const auto& g : groups_) {
+      if (g.master.grad().defined()) sq += g.master.grad().to(torch::kFloat64).pow(2).sum().cpu();
+    }
+    comm_.all_reduce(sq, ReduceOp::Sum);
+    const double norm = std::sqrt(sq.item<double>());
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+      torch::NoGradGuard no_grad;
+      for (auto& g : groups_) {
+        if (g.master.grad().defined()) g.master.mutable_grad().mul_(coef);
+      }
+    }
+    return norm;
+  }
+
+  void sync_parameters() override {
+    if (!dirty_) return;
+    torch::NoGradGuard no_grad;
+    for (auto& g : groups_) {
+      const auto device_slice = g.master.to(params_[g.params.front()].device());
+      const auto full = comm_.all_gather(device_slice);
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        auto& p = params_[g.params[m]];
+        p.view({-1}).copy_(full.narrow(0, g.offset[m], p.numel()));
+      }
+    }
+    dirty_ = false;
+  }
+
+  NamedTensors model_state() override {
+    sync_parameters();
+    return detail::module_state(*model_);
+  }
+
+  void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
+    detail::load_module_state(*model_, state);
+    // The masters are the optimizer's copy of the weights: reload this rank's slices from the model.
+    torch::NoGradGuard no_grad;
+    for (auto& g : groups_) {
+      auto flat = torch::zeros({g.shard * comm_.world_size()}, g.master.options());
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        flat.narrow(0, g.offset[m], params_[g.params[m]].numel())
+            .copy_(params_[g.params[m]].detach().reshape({-1}));
+      }
+      g.master.copy_(flat.narrow(0, comm_.rank() * g.shard, g.shard));
+    }
+    dirty_ = false;
+  }
+
+  void on_grad_ready(std::size_t index) {
+    if (!syncing_ || options_.stage != 2 || ref_.count(index) == 0 || seen_[index]) return;
+    mark_ready(index);
+  }
+
+ private:
+  std::size_t index_of(const torch::Tensor& p) const {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return i;
+    }
+    throw UsageError(fmt::format(
+        "{}: the optimizer holds a tensor that is not a parameter of the prepared model", options_.name));
+  }
+
+  void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
+    auto& grad = g.master.mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(g.master);
+    grad.narrow(0, at, reduced_slice.numel()).copy_(reduced_slice.div(comm_.world_size()));
+  }
+
+  // Stage 1: one reduce-scatter of each group's whole padded gradient.
+  void reduce_scatter_all() {
+    torch::NoGradGuard no_grad;
+    for (auto& g : groups_) {
+      const auto& first = params_[g.params.front()];
+      auto flat = torch::zeros({g.shard * comm_.world_size()}, first.options().requires_grad(false));
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        auto& p = params_[g.params[m]];
+        if (p.grad().defined()) {
+          flat.narrow(0, g.offset[m], p.numel()).copy_(p.grad().reshape({-1}));
+        } else if (!ctx_.config->ddp_find_unused_parameters) {
+          throw UsageError(
+              fmt::format("{}: parameter {} received no gradient in this backward; set "
+                          "`ddp_find_unused_parameters: true` to reduce it as zeros",
+                          options_.name, names_[g.params[m]]));
+        }
+        p.mutable_grad() = torch::Tensor();
+      }
+      const auto mine = comm_.reduce_scatter(flat, ReduceOp::Sum);
+      g.master.mutable_grad() = torch::Tensor();
+      set_master_grad(g, mine.to(g.master.device()), 0);
+    }
+  }
+
+  // Stage 2: buckets of contiguous flat ranges, built in reverse parameter order (the order backward produces
+  // gradients in), launched strictly in bucket order so that every rank issues the same collectives.
+  void build_buckets() {
+    if (options_.stage != 2) return;
+    for (std::size_t gi = groups_.size(); gi-- > 0;) {
+      auto& g = groups_[gi];
+      Bucket b;
+      b.group = gi;
+      std::uint64_t bytes = 0;
+      for (std::size_t m = g.params.size(); m-- > 0;) {
+        const auto& p = params_[g.params[m]];
+        const auto p_bytes = static_cast<std::uint64_t>(p.numel()) * p.element_size();
+        if (!b.members.empty() && bytes + p_bytes > options_.bucket_bytes) {
+          close_bucket(b);
+          b = Bucket{};
+          b.group = gi;
+          bytes = 0;
+        }
+        b.members.push_back(m);
+        bytes += p_bytes;
+      }
+      if (!b.members.empty()) close_bucket(b);
+    }
+  }
+
+  void close_bucket(Bucket& b) {
+    const auto& g = groups_[b.group];
+    const auto first = b.members.back(), last = b.members.front();  // members are in reverse order
+    b.begin = g.offset[first];
+    b.end = g.offset[last] + params_[g.params[last]].numel();
+    for (auto m : b.members)
+      ref_[g.params[m]].bucket = buckets_.size();
+    buckets_.push_back(std::move(b));
+  }
+
+  void install_hooks() {
+    if (options_.stage != 2) return;
+    for (const auto& [index, r] : ref_) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[index]);
+      const auto key = acc->add_post_hook(std::make_unique<ReadyHook>(this, index));
+      hooks_.emplace_back(acc, key);
+    }
+  }
+
+  void mark_ready(std::size_t index) {
+    seen_[index] = true;
+    buckets_[ref_.at(index).bucket].ready += 1;
+    while (next_bucket_ < buckets_.size() &&
+           buckets_[next_bucket_].ready == buckets_[next_bucket_].members.size()) {
+      launch(next_bucket_++);
+    }
+  }
+
+  struct Pending {
+    std::size_t bucket;
+    std::size_t group;
+    torch::Tensor buffer;
+    // (owner, flat offset within the group, reduced tensor, pending reduce)
+    std::vector<std::tuple<int, std::int64_t, torch::Tensor, std::unique_ptr<CollectiveHandle>>> parts;
+  };
+
+  void launch(std::size_t bi) {
+    torch::NoGradGuard no_grad;
+    finish_pending();  // at most one bucket buffer alive: reduce k overlaps the computation of bucket k+1's
+                       // grads
+    auto& b = buckets_[bi];
+    auto& g = groups_[b.group];
+    const auto& first = params_[g.params[b.members.front()]];
+    Pending pending{bi, b.group, torch::empty({b.end - b.begin}, first.options().requires_grad(false)), {}};
+    for (auto m : b.members) {
+      auto& p = params_[g.params[m]];
+      auto dst = pending.buffer.narrow(0, g.offset[m] - b.begin, p.numel());
+      if (p.grad().defined()) {
+        dst.copy_(p.grad().reshape({-1}));
+      } else {
+        dst.zero_();
+      }
+      p.mutable_grad() = torch::Tensor();  // the full gradient is gone; only the bucket remains
+    }
+    // Reduce each owner's part of the bucket to that owner.
+    for (int r = 0; r < comm_.world_size(); ++r) {
+      const auto lo = std::max(b.begin, r * g.shard), hi = std::min(b.end, (r + 1) * g.shard);
+      if (lo >= hi) continue;
+      auto part = pending.buffer.narrow(0, lo - b.begin, hi - lo);  // a view: no copy
+      auto work = comm_.reduce_async(part, r);
+      pending.parts.emplace_back(r, lo, std::move(part), std::move(work));
+    }
+    pending_.push_back(std::move(pending));
+  }
+
+  void finish_pending() {
+    for (auto& pending : pending_) {
+      auto& g = groups_[pending.group];
+      for (auto& [owner, global, part, work] : pending.parts) {
+        work->wait();
+        if (owner == comm_.rank())
+          set_master_grad(g, part.to(g.master.device()), global - comm_.rank() * g.shard);
+      }
+    }
+    pending_.clear();
+  }
+
+  BackendContext ctx_;
+  Communicator& comm_;
+  ZeroOptions options_;
+  torch::nn::Module* model_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Group> groups_;
+  std::map<std::size_t, ParamRef> ref_;
+  std::vector<Bucket> buckets_;
+  std::vector<bool> seen_;
+  std::size_t next_bucket_ = 0;
+  bool syncing_ = false;
+  bool dirty_ = false;  // a sync backward happened since the model was last refreshed from the masters
+  std::vector<Pending> pending_;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+};
+
+torch::autograd::variable_list ReadyHook::operator()(const torch::autograd::variable_list& outputs,
+                                                     const torch::autograd::variable_list&) {
+  backend_->on_grad_ready(index_);
+  return outputs;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOptions options) {
+  if (context.comm == nullptr) throw UsageError("the zero backend needs a communicator");
+  if (options.stage != 1 && options.stage != 2) {
+    throw UnsupportedOperation(
+        fmt::format("zero: stage {} is not available in this build (stages 0, 1 and 2 are)", options.stage));
+  }
+  return std::make_unique<ZeroBackend>(context, std::move(options));
+}
+
+std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& context) {
+  const auto& z = context.config->zero;
+  if (z.stage == 0) return make_ddp_backend(context);
+  ZeroOptions o;
+  o.stage = z.stage;
+  o.bucket_bytes = z.reduce_bucket_size;
+  o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
+  return make_zero_backend(context, o);
+}
+
+std::unique_ptr<Backend> make_fsdp_backend_from_config(const BackendContext& context) {
+  const auto& f = context.config->fsdp;
+  switch (f.sharding_strategy) {
+    case ShardingStrategy::NoShard:
+      return make_ddp_backend(context);
+    case ShardingStrategy::ShardGradOp: {
+      ZeroOptions o;
+      o.stage = 2;
+      o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
+      o.offload_optimizer = f.offload_params;
+      o.name = "fsdp";
+      return make_zero_backend(context, o);
+    }
+    default:
+      throw UnsupportedOperation(
+          "fsdp: FULL_SHARD (parameters sharded at rest) is not available in this build yet; use "
+          "fsdp_sharding_strategy: SHARD_GRAD_OP (gradients and optimizer state sharded) or NO_SHARD");
+  }
+}
+
+}  // namespace accel::backends
