@@ -18,7 +18,8 @@ is ever filled in.
 Usage (from the repository root)::
 
     python3 bench/ddp_bench.py [--steps 60] [--warmup 10] [--batch-size 64] [--repeats 3]
-                               [--build-dir build] [--out BENCHMARKS.md]
+                               [--wait-idle 15] [--build-dir build] [--out BENCHMARKS.md]
+                               [--python .venv/bin/python]
 
 The driver uses only the standard library; the peers run with the project venv's Python (``--python``).
 """
@@ -107,6 +108,13 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument(
         "--out", type=Path, default=REPO / "BENCHMARKS.md", help="report file (default BENCHMARKS.md)"
+    )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=15.0,
+        help="before each run, wait up to this many seconds for other processes to leave the CPU idle "
+        "(default 15; 0 disables)",
     )
     p.add_argument(
         "--python",
@@ -208,6 +216,22 @@ def own_cpu_seconds() -> float:
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
     return total
+
+
+def wait_for_idle(max_wait_s: float) -> float:
+    """Wait, at most ``max_wait_s``, until other processes use < ``CONTENTION_CORES`` cores over 1 s.
+
+    Returns the seconds waited. Running anyway after the limit is fine: the run's own contention figure
+    records what happened.
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < max_wait_s:
+        busy0, own0, wall0 = cpu_busy_seconds(), own_cpu_seconds(), time.monotonic()
+        time.sleep(1.0)
+        load = (cpu_busy_seconds() - busy0 - (own_cpu_seconds() - own0)) / (time.monotonic() - wall0)
+        if load < CONTENTION_CORES:
+            break
+    return time.monotonic() - start
 
 
 def run_once(
@@ -362,7 +386,7 @@ def report(results: list[Runs], args: argparse.Namespace, info: dict[str, str], 
 
     cmd = "python3 bench/ddp_bench.py " + shlex.join(
         ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-         "--repeats", str(args.repeats)]
+         "--repeats", str(args.repeats), "--wait-idle", f"{args.wait_idle:g}"]
     )  # fmt: skip
     machine = "\n".join(f"- {k}: {v}" for k, v in info.items())
     launches = "\n".join(
@@ -426,7 +450,8 @@ Definitions and notes:
 - Other CPU load: CPU time the whole machine spent busy during a run (`/proc/stat`) minus the CPU time of
   the driver and everything it launched, divided by the run's wall time. On a small machine, ranks that use
   every core are slowed down by anything else that runs; intra-op thread pools (2 threads on 2 cores, the
-  1-rank configuration) can stall badly when one of their cores is taken.
+  1-rank configuration) can stall badly when one of their cores is taken. Before each run the driver waits
+  (up to `--wait-idle` seconds) for the rest of the machine to go idle, then runs anyway.
 
 Exact launch commands (ports vary per run):
 
@@ -464,6 +489,10 @@ def main() -> int:
                 for runs in results[shift:] + results[:shift]:
                     cfg = runs.config
                     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // cfg.world)))
+                    if args.wait_idle > 0:
+                        waited = wait_for_idle(args.wait_idle)
+                        if waited > 2:
+                            print(f"        waited {waited:.0f} s for the CPU to become idle", flush=True)
                     if cfg.impl == "hf-accelerate":
                         env["HF_HOME"] = hf_home
                     rec, launch_ms, other_load = run_once(cfg, args, accelerate_bin, env)

@@ -397,6 +397,48 @@ void checkpoint() {
     CHECK_THAT(torch::equal(full[k], resumed[k]), "resume differs");
 }
 
+// memory_report() after a sync backward and step matches estimate_memory() within 5%.
+void memory() {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  torch::manual_seed(0);
+  // Large enough that bucket rounding and biases are noise: ~0.5 M parameters.
+  torch::nn::Sequential model(torch::nn::Linear(512, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                              torch::nn::ReLU(), torch::nn::Linear(512, 1));
+  std::uint64_t p_total = 0;
+  for (const auto& p : model->parameters())
+    p_total += static_cast<std::uint64_t>(p.numel());
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  acc.prepare(model, opt);
+  const auto x = torch::randn({8, 512}), y = torch::randn({8, 1});
+  opt.zero_grad();
+  acc.backward(torch::mse_loss(model->forward(x), y));
+  opt.step();
+  const auto measured = acc.memory_report();
+  MemoryEstimateInput in;
+  in.num_parameters = p_total;
+  in.num_processes = acc.num_processes();
+  in.backend = backend_variant == "ddp" ? "ddp" : backend_variant.rfind("zero", 0) == 0 ? "zero" : "fsdp";
+  in.zero_stage = backend_variant == "zero1" ? 1 : 2;
+  in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op" ? "SHARD_GRAD_OP" : "NO_SHARD";
+  in.optimizer = "adam";
+  const auto predicted = estimate_memory(in);
+  auto within = [](std::uint64_t m, std::uint64_t p) {
+    return std::abs(static_cast<double>(m) - static_cast<double>(p)) <= 0.05 * static_cast<double>(p);
+  };
+  CHECK_THAT(within(measured.parameters, predicted.parameters),
+             "parameters measured " << measured.parameters << " predicted " << predicted.parameters);
+  CHECK_THAT(within(measured.gradients, predicted.gradients),
+             "gradients measured " << measured.gradients << " predicted " << predicted.gradients);
+  CHECK_THAT(
+      within(measured.optimizer_state, predicted.optimizer_state),
+      "optimizer state measured " << measured.optimizer_state << " predicted " << predicted.optimizer_state);
+  if (acc.is_main_process()) {
+    std::cout << backend_variant << " on " << acc.num_processes() << " ranks, measured:\n"
+              << measured.to_string() << "\npredicted:\n"
+              << predicted.to_string() << std::endl;
+  }
+}
+
 void process() {
   Accelerator acc;  // from the environment and $ACCEL_CONFIG_FILE, as a user's program would
   std::cout << "rank " << acc.process_index() << " of " << acc.num_processes() << ", local "
@@ -424,7 +466,8 @@ int main(int argc, char** argv) try {
       {"unused", unused},
       {"checkpoint", checkpoint},
       {"process", process},
-      {"sharding", sharding}};
+      {"sharding", sharding},
+      {"memory", memory}};
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {
     std::cerr << "usage: dist_worker <scenario> [ddp|zero1|zero2|fsdp_grad_op|fsdp_no_shard]" << std::endl;
     return 2;

@@ -1,4 +1,5 @@
 #include <accel/accelerator.hpp>
+#include <accel/checkpointing.hpp>
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
@@ -113,9 +114,39 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
     if (m == model) throw UsageError("prepare: this model was already prepared; prepare each model once");
   }
   model->to(device_);  // in place: the optimizer's parameter handles stay valid
+  if (config_.fsdp.activation_checkpointing || config_.zero.activation_checkpointing) {
+    enable_activation_checkpointing(*model);
+  }
   backend_->prepare_model(*model);
   models_.push_back(std::move(model));
   enable_autocast();
+}
+
+void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
+  // Without code changes this works where the blocks are Sequentials: the model itself, or its direct
+  // children. Parameter names and tensors stay the same (see checkpointing.hpp).
+  int wrapped = 0;
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&model)) {
+    torch::nn::Sequential holder(
+        std::static_pointer_cast<torch::nn::SequentialImpl>(seq->shared_from_this()));
+    checkpoint_sequential(holder);
+    wrapped = 1;
+  } else {
+    for (const auto& child : model.children()) {
+      if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(child)) {
+        torch::nn::Sequential holder(seq);
+        checkpoint_sequential(holder);
+        ++wrapped;
+      }
+    }
+  }
+  if (wrapped == 0) {
+    throw UsageError(
+        "activation_checkpointing is on, but the model is not a torch::nn::Sequential and has no Sequential "
+        "children to checkpoint; wrap its blocks explicitly with accel::Checkpointed "
+        "(accel/checkpointing.hpp) or "
+        "turn the option off");
+  }
 }
 
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {

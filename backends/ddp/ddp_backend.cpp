@@ -116,6 +116,13 @@ class DdpBackend final : public Backend {
 
   NamedTensors model_state() override { return detail::module_state(*model_); }
 
+  std::vector<torch::Tensor> gradient_buffers() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& b : buckets_)
+      out.push_back(b.flat);
+    return out;
+  }
+
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     detail::load_module_state(*model_, state);
   }
@@ -164,13 +171,12 @@ class DdpBackend final : public Backend {
     for (auto i : b.params) {
       auto& p = params_[i];
       const auto n = p.numel();
-      auto src = b.flat.narrow(0, static_cast<std::int64_t>(offset), n).view(p.sizes());
-      auto& g = p.mutable_grad();
-      if (g.defined()) {
-        g.copy_(src);
-      } else {
-        g = src.clone();
-      }
+      // The gradient shares its bucket's memory (PyTorch's gradient_as_bucket_view), so gradients are not
+      // held twice. It aliases the storage rather than being an autograd view: LibTorch's zero_grad()
+      // detach_()es gradients, which views refuse.
+      auto g = torch::empty({0}, b.flat.options());
+      g.set_(b.flat.storage(), b.flat.storage_offset() + static_cast<std::int64_t>(offset), p.sizes());
+      p.mutable_grad() = g;
       offset += static_cast<std::size_t>(n);
     }
   }

@@ -21,6 +21,7 @@
 #include <accel/data_loader.hpp>
 #include <accel/errors.hpp>
 #include <accel/grad_scaler.hpp>
+#include <accel/memory.hpp>
 
 #include <torch/data/dataloader_options.h>
 #include <torch/data/samplers/random.h>
@@ -151,6 +152,9 @@ class Accelerator {
   /// no-op otherwise). Prepared data loaders do this at every batch; call it after `optimizer.step()` only in
   /// a loop that feeds batches some other way. Collective.
   void sync_parameters();
+  /// Bytes of parameters, gradients and optimizer state this rank holds now, measured by walking the tensors
+  /// of the prepared models and optimizers (shared storages counted once). Not collective.
+  MemoryReport memory_report() const;
   /// Optimizer steps taken so far (sync steps that were not skipped).
   std::int64_t completed_steps() const noexcept { return completed_steps_; }
   /// Micro-steps (backward calls) so far.
@@ -251,6 +255,7 @@ class Accelerator {
   void prepare_one(torch::optim::LRScheduler& scheduler) { prepare_scheduler(scheduler); }
 
   void prepare_model(std::shared_ptr<torch::nn::Module> model);
+  void enable_activation_checkpointing(torch::nn::Module& model);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void prepare_scheduler(torch::optim::LRScheduler& scheduler);
   void complete_loader_options(DataLoaderOptions& options) const;

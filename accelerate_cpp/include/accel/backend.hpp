@@ -54,6 +54,8 @@ class Backend {
   /// called at step boundaries (a prepared loader fetching the next batch or ending an epoch, save_state).
   /// Must be cheap when nothing changed. Collective.
   virtual void sync_parameters() {}
+  /// Communication buffers that hold gradients (DDP buckets ...), counted by memory_report.
+  virtual std::vector<torch::Tensor> gradient_buffers() const { return {}; }
   /// Whether each rank's optimizer holds only its own shard of the state (saved per rank by save_state).
   virtual bool shards_optimizer_state() const { return false; }
   /// Full (unsharded) model parameters and buffers by name (collective).

@@ -1,0 +1,82 @@
+// Accelerator::memory_report: exact bytes held in parameter, gradient and optimizer-state tensors.
+#include <accel/accelerator.hpp>
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <unordered_set>
+
+namespace accel {
+namespace {
+
+class Counter {
+ public:
+  // Counts a tensor's storage once, however many tensors view it.
+  std::uint64_t add(const torch::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return 0;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (!seen_.insert(key).second) return 0;
+    return t.storage().nbytes();
+  }
+
+ private:
+  std::unordered_set<const void*> seen_;
+};
+
+std::vector<torch::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
+  if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return {m->momentum_buffer()};
+  if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&s)) {
+    return {r->square_avg(), r->momentum_buffer(), r->grad_avg()};
+  }
+  if (const auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return {g->sum()};
+  return {};
+}
+
+}  // namespace
+
+MemoryReport Accelerator::memory_report() const {
+  MemoryReport r;
+  Counter counter;
+  for (const auto& m : models_) {
+    for (const auto& p : m->parameters())
+      r.parameters += counter.add(p);
+  }
+  for (auto* opt : optimizers_) {
+    for (const auto& group : opt->param_groups()) {
+      for (const auto& p : group.params())
+        r.parameters += counter.add(p);  // sharded masters
+    }
+  }
+  for (const auto& m : models_) {
+    for (const auto& p : m->parameters())
+      r.gradients += counter.add(p.grad());
+  }
+  for (auto* opt : optimizers_) {
+    for (const auto& group : opt->param_groups()) {
+      for (const auto& p : group.params())
+        r.gradients += counter.add(p.grad());
+    }
+  }
+  for (const auto& g : stashed_grads_)
+    r.gradients += counter.add(g);
+  for (const auto& b : backend_->gradient_buffers())
+    r.gradients += counter.add(b);
+  for (auto* opt : optimizers_) {
+    for (const auto& [key, state] : opt->state()) {
+      for (const auto& t : state_tensors(*state))
+        r.optimizer_state += counter.add(t);
+    }
+  }
+  return r;
+}
+
+}  // namespace accel
