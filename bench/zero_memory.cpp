@@ -1,0 +1,73 @@
+// Step time and per-rank memory of one backend on a model large enough to matter (~21 M parameters, Adam),
+// run under accel-launch; bench/zero_bench.py runs it for DDP and each ZeRO stage side by side.
+//
+//   accel-launch launch --config_file config_templates/zero_stage2.yaml build/bench/bench_zero_memory --steps 10
+#include <accel/accelerator.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+int main(int argc, char** argv) try {
+  int steps = 10, warmup = 2;
+  std::int64_t width = 2304;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--steps") steps = std::stoi(argv[i + 1]);
+    else if (k == "--warmup") warmup = std::stoi(argv[i + 1]);
+    else if (k == "--width") width = std::stoll(argv[i + 1]);
+    else throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --width W");
+  }
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int l = 0; l < 4; ++l) {
+    model->push_back(torch::nn::Linear(width, width));
+    model->push_back(torch::nn::ReLU());
+  }
+  model->push_back(torch::nn::Linear(width, 10));
+  std::int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-4));
+  accel::Accelerator accelerator;
+  accelerator.prepare(model, optimizer);
+  const std::int64_t batch = 32;
+  const auto n = static_cast<std::size_t>((steps + warmup) * batch * accelerator.num_processes());
+  auto x = torch::randn({static_cast<std::int64_t>(n), width});
+  auto y = torch::randint(0, 10, {static_cast<std::int64_t>(n)});
+  auto loader = accelerator.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      torch::data::datasets::TensorDataset(torch::cat({x, y.unsqueeze(1).to(torch::kFloat32)}, 1))
+          .map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+      static_cast<std::size_t>(batch));
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  int step = 0;
+  accel::MemoryReport after_step;
+  for (auto& b : *loader) {
+    if (step == warmup) {
+      accelerator.wait_for_everyone();
+      start = Clock::now();
+    }
+    const auto inputs = b.data.narrow(1, 0, width), targets = b.data.select(1, width).to(torch::kLong);
+    optimizer.zero_grad();
+    accelerator.backward(torch::cross_entropy_loss(model->forward(inputs), targets));
+    optimizer.step();
+    after_step = accelerator.memory_report();  // gradients and optimizer state both present
+    ++step;
+  }
+  accelerator.wait_for_everyone();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (accelerator.is_main_process()) {
+    std::printf(
+        "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": %llu, "
+        "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu}\n",
+        accelerator.backend_name().c_str(), accelerator.num_processes(), static_cast<long long>(params),
+        seconds / (step - warmup) * 1e3, static_cast<unsigned long long>(after_step.parameters),
+        static_cast<unsigned long long>(after_step.gradients),
+        static_cast<unsigned long long>(after_step.optimizer_state),
+        static_cast<unsigned long long>(after_step.total()));
+  }
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 1;
+}
