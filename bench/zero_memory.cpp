@@ -1,7 +1,8 @@
 // Step time and per-rank memory of one backend on a model large enough to matter (~21 M parameters, Adam),
 // run under accel-launch; bench/zero_bench.py runs it for DDP and each ZeRO stage side by side.
 //
-//   accel-launch launch --config_file config_templates/zero_stage2.yaml build/bench/bench_zero_memory --steps 10
+//   accel-launch launch --config_file config_templates/zero_stage2.yaml build/bench/bench_zero_memory --steps
+//   10
 #include <accel/accelerator.hpp>
 
 #include <torch/torch.h>
@@ -14,10 +15,14 @@ int main(int argc, char** argv) try {
   std::int64_t width = 2304;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (k == "--warmup") warmup = std::stoi(argv[i + 1]);
-    else if (k == "--width") width = std::stoll(argv[i + 1]);
-    else throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --width W");
+    if (k == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (k == "--warmup")
+      warmup = std::stoi(argv[i + 1]);
+    else if (k == "--width")
+      width = std::stoll(argv[i + 1]);
+    else
+      throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --width W");
   }
   torch::manual_seed(0);
   torch::nn::Sequential model;
@@ -27,7 +32,8 @@ int main(int argc, char** argv) try {
   }
   model->push_back(torch::nn::Linear(width, 10));
   std::int64_t params = 0;
-  for (const auto& p : model->parameters()) params += p.numel();
+  for (const auto& p : model->parameters())
+    params += p.numel();
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-4));
   accel::Accelerator accelerator;
   accelerator.prepare(model, optimizer);
@@ -59,7 +65,8 @@ int main(int argc, char** argv) try {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (accelerator.is_main_process()) {
     std::printf(
-        "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": %llu, "
+        "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": "
+        "%llu, "
         "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu}\n",
         accelerator.backend_name().c_str(), accelerator.num_processes(), static_cast<long long>(params),
         seconds / (step - warmup) * 1e3, static_cast<unsigned long long>(after_step.parameters),

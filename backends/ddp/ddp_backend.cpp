@@ -5,12 +5,11 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/grad_hooks.hpp"
 #include "../common/grad_utils.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <unordered_map>
 
@@ -24,29 +23,9 @@ struct Bucket {
   std::unique_ptr<CollectiveHandle> work;  // pending all-reduce
 };
 
-class DdpBackend;
-
-// Fires after AccumulateGrad wrote the parameter's .grad.
-class ReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  ReadyHook(DdpBackend* backend, std::size_t index) : backend_(backend), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override;
-
- private:
-  DdpBackend* backend_;
-  std::size_t index_;
-};
-
 class DdpBackend final : public Backend {
  public:
   explicit DdpBackend(const BackendContext& context) : ctx_(context), comm_(*context.comm) {}
-
-  ~DdpBackend() override {
-    // Hooks point at this object: remove them from the accumulators that outlive us.
-    for (auto& [node, key] : hooks_)
-      node->del_post_hook(key);
-  }
 
   std::string name() const override { return "ddp"; }
 
@@ -64,9 +43,7 @@ class DdpBackend final : public Backend {
     detail::broadcast_module(comm_, model);
     build_buckets();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-      const auto key = acc->add_post_hook(std::make_unique<ReadyHook>(this, i));
-      hooks_.emplace_back(acc, key);  // keeping the node alive keeps the hook alive
+      hooks_.add(params_[i], i, [this](std::size_t index) { on_grad_ready(index); });
     }
   }
 
@@ -127,7 +104,7 @@ class DdpBackend final : public Backend {
     detail::load_module_state(*model_, state);
   }
 
-  // Called from ReadyHook during backward.
+  // Called from the gradient hooks during backward.
   void on_grad_ready(std::size_t index) {
     if (!syncing_ || seen_[index]) return;  // micro-steps communicate nothing
     mark_ready(index);
@@ -227,14 +204,8 @@ class DdpBackend final : public Backend {
   std::vector<bool> seen_;
   std::size_t next_bucket_ = 0;
   bool syncing_ = false;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
-
-torch::autograd::variable_list ReadyHook::operator()(const torch::autograd::variable_list& outputs,
-                                                     const torch::autograd::variable_list&) {
-  backend_->on_grad_ready(index_);
-  return outputs;
-}
 
 }  // namespace
 

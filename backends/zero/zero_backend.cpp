@@ -2,13 +2,12 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/grad_hooks.hpp"
 #include "../common/grad_utils.hpp"
 #include "../ddp/ddp_backend.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 
@@ -36,28 +35,10 @@ struct ParamRef {
   std::size_t group = 0, member = 0, bucket = 0;
 };
 
-class ZeroBackend;
-
-class ReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  ReadyHook(ZeroBackend* backend, std::size_t index) : backend_(backend), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override;
-
- private:
-  ZeroBackend* backend_;
-  std::size_t index_;
-};
-
 class ZeroBackend final : public Backend {
  public:
   ZeroBackend(const BackendContext& context, ZeroOptions options)
       : ctx_(context), comm_(*context.comm), options_(std::move(options)) {}
-
-  ~ZeroBackend() override {
-    for (auto& [node, key] : hooks_)
-      node->del_post_hook(key);
-  }
 
   std::string name() const override { return options_.name; }
   bool shards_optimizer_state() const override { return true; }
@@ -311,9 +292,7 @@ class ZeroBackend final : public Backend {
   void install_hooks() {
     if (options_.stage != 2) return;
     for (const auto& [index, r] : ref_) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[index]);
-      const auto key = acc->add_post_hook(std::make_unique<ReadyHook>(this, index));
-      hooks_.emplace_back(acc, key);
+      hooks_.add(params_[index], index, [this](std::size_t i) { on_grad_ready(i); });
     }
   }
 
@@ -389,14 +368,8 @@ class ZeroBackend final : public Backend {
   bool syncing_ = false;
   bool dirty_ = false;  // a sync backward happened since the model was last refreshed from the masters
   std::vector<Pending> pending_;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
-
-torch::autograd::variable_list ReadyHook::operator()(const torch::autograd::variable_list& outputs,
-                                                     const torch::autograd::variable_list&) {
-  backend_->on_grad_ready(index_);
-  return outputs;
-}
 
 }  // namespace
 
