@@ -419,7 +419,7 @@ TEST_CASE("launcher: a SIGHUP ignored on entry (nohup) is neither caught nor for
 TEST_CASE("launcher: ranks that ignore SIGTERM are killed with their process group after the grace period") {
   TempDir dir;
   const RunResult r = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--grace-period",
-                           "1", script("stubborn.sh")},
+                           "1", script("ignore_term.sh")},
                           {"MARKER_DIR=" + dir.str(), "FAIL_RANK=1"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.exit_code == 5);
