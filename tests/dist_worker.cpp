@@ -336,6 +336,28 @@ void debug_mismatch() {
   }
 }
 
+// Debug mode: a rank that skips a collective is named by the others within the timeout, instead of a hang.
+void debug_missing() {
+  Config c = cpu_config();
+  c.debug = true;
+  c.collective_timeout_seconds = 5;
+  Accelerator acc(AcceleratorOptions().config(c));
+  acc.wait_for_everyone();
+  if (acc.process_index() == 1) return;  // rank 1 "forgets" the next collective and finishes
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    acc.reduce(torch::ones({2}));
+    CHECK_THAT(false, "a missing rank must raise DistributedError");
+  } catch (const DistributedError& e) {
+    const std::string msg = e.what();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << "caught as expected after " << waited << " s: " << msg << std::endl;
+    CHECK_THAT(msg.find("rank(s) 1 did not reach collective #1 (all_reduce(shape=[2]") != std::string::npos,
+               msg);
+    CHECK_THAT(waited < 30, "the error must come within the timeout, took " << waited << " s");
+  }
+}
+
 void unused() {
   struct TwoHeadsImpl : torch::nn::Module {
     TwoHeadsImpl()
@@ -463,6 +485,7 @@ int main(int argc, char** argv) try {
          micro_step_grads_differ();
        }},
       {"debug_mismatch", debug_mismatch},
+      {"debug_missing", debug_missing},
       {"unused", unused},
       {"checkpoint", checkpoint},
       {"process", process},

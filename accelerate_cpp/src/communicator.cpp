@@ -25,6 +25,8 @@ const char* to_string(Collective c) {
       return "all_gather";
     case Collective::ReduceScatter:
       return "reduce_scatter";
+    case Collective::Reduce:
+      return "reduce";
     case Collective::Barrier:
       return "barrier";
     case Collective::Exchange:
