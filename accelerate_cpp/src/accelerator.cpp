@@ -95,6 +95,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
 }
 
 Accelerator::~Accelerator() {
+  // A loader that outlives its accelerator keeps working, without step-boundary parameter refreshes.
+  for (auto& l : loaders_)
+    l->on_advance = nullptr;
   if (autocast_on_) {
     at::autocast::set_autocast_enabled(device_.type(), autocast_prev_enabled_);
     if (autocast_prev_dtype_ != c10::ScalarType::Undefined) {
@@ -180,7 +183,6 @@ void Accelerator::complete_loader_options(DataLoaderOptions& options) const {
 std::shared_ptr<detail::LoaderState> Accelerator::register_loader() {
   loaders_.push_back(std::make_shared<detail::LoaderState>());
   loaders_.back()->clock = loader_clock_;
-  // Loaders must not outlive their accelerator (as with Accelerate's prepared objects).
   loaders_.back()->on_advance = [this] { backend_->sync_parameters(); };
   return loaders_.back();
 }
