@@ -46,7 +46,11 @@ Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) 
   if (backend_variant == "zero1" || backend_variant == "zero2") {
     c.backend = BackendKind::Zero;
     c.zero.stage = backend_variant == "zero1" ? 1 : 2;
-    c.zero.reduce_bucket_size = 600;  // several buckets even for the small test model
+    // Several buckets even for the small test model; the `peak` scenario's model gets ~4 buckets.
+    c.zero.reduce_bucket_size =
+        std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak"
+            ? 300000
+            : 600;
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard") {
     c.backend = BackendKind::Fsdp;
     c.fsdp.sharding_strategy =
@@ -461,6 +465,52 @@ void memory() {
   }
 }
 
+// Peak CPU bytes added during backward, measured by the counting allocator: DDP holds every gradient
+// (P floats), stage 2 only its slice plus a bucket (the model is large next to its activations here).
+void peak() {
+  CpuMemoryCounter::install();
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(512, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                              torch::nn::ReLU(), torch::nn::Linear(512, 512), torch::nn::ReLU(),
+                              torch::nn::Linear(512, 1));
+  std::uint64_t p_bytes = 0;
+  for (const auto& p : model->parameters())
+    p_bytes += p.nbytes();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  acc.prepare(model, opt);
+  const auto x = torch::randn({4, 512}), y = torch::randn({4, 1});
+  std::uint64_t extra = 0;
+  for (int step = 0; step < 2; ++step) {  // the second step runs with every buffer in place
+    opt.zero_grad();
+    auto loss = torch::mse_loss(model->forward(x), y);
+    const auto before = CpuMemoryCounter::current();
+    CpuMemoryCounter::reset_peak();
+    acc.backward(loss);
+    extra = CpuMemoryCounter::peak() - before;
+    opt.step();
+    acc.sync_parameters();
+  }
+  const auto n = static_cast<std::uint64_t>(acc.num_processes());
+  const std::uint64_t shard = (p_bytes + n - 1) / n;
+  if (acc.is_main_process()) {
+    std::cout << backend_variant << ": peak bytes added by backward " << extra << " (parameters " << p_bytes
+              << ", shard " << shard << ")" << std::endl;
+  }
+  // Largest stage-2 bucket: buckets never split a parameter, so one 512x512 weight (1 MiB) exceeds the 300 kB
+  // cap.
+  const std::uint64_t bucket = 512 * 512 * 4 + 512 * 4;
+  if (backend_variant == "ddp") {
+    CHECK_THAT(extra >= p_bytes * 9 / 10, "DDP's backward must hold every gradient, measured " << extra);
+  } else if (backend_variant == "zero2") {
+    // The slice of reduced gradients, plus what one bucket in flight costs: the not-yet-freed gradients of
+    // the next bucket, the bucket buffer, and Gloo's receive buffer for the reduce.
+    CHECK_THAT(extra <= shard + 3 * bucket, "stage 2 backward added " << extra << " bytes; want <= shard "
+                                                                      << shard << " + 3 buckets of "
+                                                                      << bucket);
+  }
+}
+
 void process() {
   Accelerator acc;  // from the environment and $ACCEL_CONFIG_FILE, as a user's program would
   std::cout << "rank " << acc.process_index() << " of " << acc.num_processes() << ", local "
@@ -490,12 +540,14 @@ int main(int argc, char** argv) try {
       {"checkpoint", checkpoint},
       {"process", process},
       {"sharding", sharding},
-      {"memory", memory}};
+      {"memory", memory},
+      {"peak", peak}};
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {
     std::cerr << "usage: dist_worker <scenario> [ddp|zero1|zero2|fsdp_grad_op|fsdp_no_shard]" << std::endl;
     return 2;
   }
   if (argc == 3) backend_variant = argv[2];
+  ::setenv("ACCEL_TEST_SCENARIO", argv[1], 1);
   scenarios.at(argv[1])();
   if (failures > 0) {
     std::cerr << failures << " check(s) failed" << std::endl;

@@ -227,7 +227,7 @@ class ZeroBackend final : public Backend {
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
     auto& grad = g.master.mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(g.master);
-    grad.narrow(0, at, reduced_slice.numel()).copy_(reduced_slice.div(comm_.world_size()));
+    grad.narrow(0, at, reduced_slice.numel()).copy_(reduced_slice).div_(comm_.world_size());  // no temporary
   }
 
   // Stage 1: one reduce-scatter of each group's whole padded gradient.

@@ -19,6 +19,21 @@ struct MemoryReport {
   std::string to_string() const;
 };
 
+/// Counts every byte LibTorch allocates on the CPU, by wrapping its CPU allocator (one per process, so this
+/// is process-wide state LibTorch forces on us). Tensors allocated before `install()` are not counted.
+class CpuMemoryCounter {
+ public:
+  /// Wraps LibTorch's CPU allocator; idempotent. Not for CUDA memory (use CUDA's allocator statistics).
+  static void install();
+  static bool installed() noexcept;
+  /// Bytes currently allocated through the wrapper.
+  static std::uint64_t current() noexcept;
+  /// Highest `current()` since install or the last `reset_peak()`.
+  static std::uint64_t peak() noexcept;
+  /// Sets the peak to the current value.
+  static void reset_peak() noexcept;
+};
+
 /// What `estimate_memory` needs to know.
 struct MemoryEstimateInput {
   std::uint64_t num_parameters = 0;                      ///< P, trainable elements of the model
