@@ -5,6 +5,8 @@
 //   accel-launch launch --cpu --num_processes 2 build/bench/bench_ddp_throughput --steps 60 --batch-size 64
 #include <accel/accelerator.hpp>
 
+#include "bench_args.hpp"
+
 #include "../examples/fashion_mnist/fashion_mnist.hpp"
 
 #include <chrono>
@@ -13,17 +15,11 @@
 int main(int argc, char** argv) try {
   int steps = 60, warmup = 10;
   std::size_t batch_size = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (k == "--warmup")
-      warmup = std::stoi(argv[i + 1]);
-    else if (k == "--batch-size")
-      batch_size = std::stoul(argv[i + 1]);
-    else
-      throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --batch-size B");
-  }
+  bench::Flags()
+      .add("--steps", steps)
+      .add("--warmup", warmup)
+      .add("--batch-size", batch_size)
+      .parse(argc, argv);
   torch::manual_seed(0);
   fashion::Net model;
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));

@@ -5,6 +5,8 @@
 //   build/bench/bench_overhead [--rounds 7] [--steps 40] [--batch-size 64]
 #include <accel/accelerator.hpp>
 
+#include "bench_args.hpp"
+
 #include "../examples/fashion_mnist/fashion_mnist.hpp"
 
 #include <algorithm>
@@ -25,17 +27,11 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) try {
   int rounds = 7, steps = 40;
   std::size_t batch_size = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--rounds")
-      rounds = std::stoi(argv[i + 1]);
-    else if (k == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (k == "--batch-size")
-      batch_size = std::stoul(argv[i + 1]);
-    else
-      throw std::invalid_argument("unknown argument " + k + "; use --rounds N --steps N --batch-size B");
-  }
+  bench::Flags()
+      .add("--rounds", rounds)
+      .add("--steps", steps)
+      .add("--batch-size", batch_size)
+      .parse(argc, argv);
   const auto limit = static_cast<std::int64_t>(steps * batch_size);
   const auto dir = fashion::default_data_dir();
 

@@ -5,6 +5,8 @@
 //   10
 #include <accel/accelerator.hpp>
 
+#include "bench_args.hpp"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -13,17 +15,7 @@
 int main(int argc, char** argv) try {
   int steps = 10, warmup = 2;
   std::int64_t width = 2304;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (k == "--warmup")
-      warmup = std::stoi(argv[i + 1]);
-    else if (k == "--width")
-      width = std::stoll(argv[i + 1]);
-    else
-      throw std::invalid_argument("unknown argument " + k + "; use --steps N --warmup N --width W");
-  }
+  bench::Flags().add("--steps", steps).add("--warmup", warmup).add("--width", width).parse(argc, argv);
   torch::manual_seed(0);
   torch::nn::Sequential model;
   for (int l = 0; l < 4; ++l) {
