@@ -27,7 +27,12 @@ using test::Mlp;
 using test::Regression;
 
 int failures = 0;
-std::string backend_variant = "ddp";  // second argument: ddp | zero1 | zero2 | fsdp_grad_op | fsdp_no_shard
+// second argument: ddp | zero1 | zero2 | zero3 | fsdp_full_shard | fsdp_grad_op | fsdp_no_shard
+std::string backend_variant = "ddp";
+
+bool params_sharded() {
+  return backend_variant == "zero3" || backend_variant == "fsdp_full_shard";
+}
 
 #define CHECK_THAT(cond, ...)                                                                          \
   do {                                                                                                 \
@@ -43,18 +48,21 @@ Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) 
   Config c = test::make_config(mp, accumulation);
   c.backend = BackendKind::Ddp;
   c.collective_timeout_seconds = 60;
-  if (backend_variant == "zero1" || backend_variant == "zero2") {
+  if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3") {
     c.backend = BackendKind::Zero;
-    c.zero.stage = backend_variant == "zero1" ? 1 : 2;
+    c.zero.stage = backend_variant[4] - '0';
     // Several buckets even for the small test model; the `peak` scenario's model gets ~4 buckets.
     c.zero.reduce_bucket_size =
         std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak"
             ? 300000
             : 600;
-  } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard") {
+  } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
+             backend_variant == "fsdp_full_shard") {
     c.backend = BackendKind::Fsdp;
-    c.fsdp.sharding_strategy =
-        backend_variant == "fsdp_grad_op" ? ShardingStrategy::ShardGradOp : ShardingStrategy::NoShard;
+    c.fsdp.sharding_strategy = backend_variant == "fsdp_grad_op"      ? ShardingStrategy::ShardGradOp
+                               : backend_variant == "fsdp_full_shard" ? ShardingStrategy::FullShard
+                                                                      : ShardingStrategy::NoShard;
+    c.fsdp.forward_prefetch = true;
     c.ddp_bucket_cap_mb = 0.001;
   } else if (backend_variant != "ddp") {
     throw std::invalid_argument("unknown backend variant " + backend_variant);
@@ -76,34 +84,66 @@ void sharding() {
   acc.prepare(model, opt);
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
       Regression(4 * n * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
-  const std::int64_t shard = (p_total + n - 1) / n;
+  // Stages 1-2 shard the whole flat model; stage 3 / FULL_SHARD each unit (here: each Linear) separately.
+  std::int64_t shard = (p_total + n - 1) / n;
+  std::vector<std::int64_t> unit_shards;
+  if (params_sharded()) {
+    shard = 0;
+    for (const auto& child : model->children()) {
+      std::int64_t u = 0;
+      for (const auto& p : child->parameters())
+        u += p.numel();
+      if (u == 0) continue;
+      unit_shards.push_back((u + n - 1) / n);
+      shard += unit_shards.back();
+    }
+    // At rest the model's parameters hold no memory: only the shards exist.
+    for (const auto& p : model->parameters())
+      CHECK_THAT(p.storage().nbytes() == 0, "stage 3 parameters must be freed at rest");
+  }
   for (auto& b : *loader) {
     acc.communicator().reset_counters();
     opt.zero_grad();
     acc.backward(torch::mse_loss(model(b.data), b.target));
     for (const auto& p : model->parameters())
       CHECK_THAT(!p.grad().defined(), "full gradients must be freed");
-    const auto& master = opt.param_groups()[0].params()[0];
-    CHECK_THAT(master.numel() == shard,
-               "optimizer parameter has " << master.numel() << " elements, want " << shard);
-    CHECK_THAT(master.grad().numel() == shard, "gradient shard has " << master.grad().numel());
+    std::int64_t held = 0, held_grad = 0;
+    for (const auto& master : opt.param_groups()[0].params()) {
+      held += master.numel();
+      held_grad += master.grad().numel();
+    }
+    CHECK_THAT(held == shard, "optimizer parameters have " << held << " elements, want " << shard);
+    CHECK_THAT(held_grad == shard, "gradient shards have " << held_grad << " elements, want " << shard);
+    // Stage 3 model parameters are released again after backward.
+    if (params_sharded()) {
+      for (const auto& p : model->parameters())
+        CHECK_THAT(p.storage().nbytes() == 0, "stage 3 parameters must be released after backward");
+    }
     opt.step();
     acc.sync_parameters();
     // Reduce (stage 2) or reduce-scatter (stage 1) plus all-gather: (N-1)/N x padded P each, as DDP's
-    // all-reduce.
+    // all-reduce. Stage 3 all-gathers twice (forward and backward): 1.5 x DDP.
     const auto& c = acc.communicator();
     const auto wire = c.bytes(Collective::Reduce).wire + c.bytes(Collective::ReduceScatter).wire +
                       c.bytes(Collective::AllGather).wire;
-    // Within 5% of DDP's ring all-reduce volume 2(N-1)/N x P (the difference is the padding to N x
-    // ceil(P/N)).
+    // Within 5% of theory (the difference is the padding to N x ceil(P/N)).
     const double ddp = 2.0 * static_cast<double>(p_total) * 4 * (n - 1) / n;
-    CHECK_THAT(std::abs(static_cast<double>(wire) - ddp) <= 0.05 * ddp,
-               "wire bytes per step " << wire << " vs DDP's " << ddp);
+    const double theory = params_sharded() ? 1.5 * ddp : ddp;
+    CHECK_THAT(std::abs(static_cast<double>(wire) - theory) <= 0.05 * theory,
+               "wire bytes per step " << wire << " vs theory " << theory << " (DDP's " << ddp << ")");
+    if (acc.is_main_process()) {
+      std::cout << backend_variant << ": wire bytes per step / DDP's = " << static_cast<double>(wire) / ddp
+                << std::endl;
+    }
   }
-  for (const auto& [key, state] : opt.state()) {
-    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*state);
-    CHECK_THAT(adam.exp_avg().numel() == shard && adam.exp_avg_sq().numel() == shard,
-               "Adam state per rank must be ceil(P/N) = " << shard << " elements");
+  std::size_t k = 0;
+  for (const auto& master : opt.param_groups()[0].params()) {
+    const auto want = params_sharded() ? unit_shards.at(k++) : shard;
+    const auto& adam =
+        static_cast<const torch::optim::AdamParamState&>(*opt.state().at(master.unsafeGetTensorImpl()));
+    CHECK_THAT(adam.exp_avg().numel() == want && adam.exp_avg_sq().numel() == want,
+               "Adam state per rank must be ceil(P/N) = " << want << " elements per state tensor, has "
+                                                          << adam.exp_avg().numel());
   }
   // The model itself is whole and identical on every rank.
   for (const auto& p : model->parameters()) {
@@ -382,7 +422,13 @@ void unused() {
     try {
       acc.backward(torch::mse_loss(model(data.x), data.y));
       CHECK_THAT(tolerate, "unused parameters must be an error without ddp_find_unused_parameters");
-      CHECK_THAT(model->b->weight.grad().abs().sum().item<float>() == 0, "unused gradients are zero");
+      if (params_sharded()) {
+        // The optimizer's shards of b hold zero gradients.
+        for (const auto& master : opt.param_groups()[0].params())
+          CHECK_THAT(master.grad().defined(), "every shard has a gradient");
+      } else {
+        CHECK_THAT(model->b->weight.grad().abs().sum().item<float>() == 0, "unused gradients are zero");
+      }
     } catch (const UsageError& e) {
       CHECK_THAT(!tolerate, "unexpected error: " << e.what());
       CHECK_THAT(std::string(e.what()).find("parameter(s) b.weight, b.bias received no gradient") !=
@@ -444,8 +490,10 @@ void memory() {
   in.num_parameters = p_total;
   in.num_processes = acc.num_processes();
   in.backend = backend_variant == "ddp" ? "ddp" : backend_variant.rfind("zero", 0) == 0 ? "zero" : "fsdp";
-  in.zero_stage = backend_variant == "zero1" ? 1 : 2;
-  in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op" ? "SHARD_GRAD_OP" : "NO_SHARD";
+  in.zero_stage = backend_variant == "zero1" ? 1 : backend_variant == "zero3" ? 3 : 2;
+  in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op"      ? "SHARD_GRAD_OP"
+                              : backend_variant == "fsdp_full_shard" ? "FULL_SHARD"
+                                                                     : "NO_SHARD";
   in.optimizer = "adam";
   const auto predicted = estimate_memory(in);
   auto within = [](std::uint64_t m, std::uint64_t p) {
@@ -482,12 +530,25 @@ void peak() {
   for (const auto& p : model->parameters())
     p_bytes += p.nbytes();
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
-  acc.prepare(model, opt);
   const auto x = torch::randn({4, 256}), y = torch::randn({4, 1});
-  std::uint64_t extra = 0;
-  for (int step = 0; step < 2; ++step) {  // the second step runs with every buffer in place
-    opt.zero_grad();
+  // Activations of one forward (what a forward adds besides gathered parameters), measured unprepared.
+  std::uint64_t activations = 0;
+  {
+    const auto before = CpuMemoryCounter::current();
+    CpuMemoryCounter::reset_peak();
     auto loss = torch::mse_loss(model->forward(x), y);
+    activations = CpuMemoryCounter::peak() - before;
+  }
+  const auto held_before_prepare = CpuMemoryCounter::current();
+  acc.prepare(model, opt);
+  const auto held_after_prepare = CpuMemoryCounter::current();
+  std::uint64_t extra = 0, forward_extra = 0;
+  for (int step = 0; step < 2; ++step) {  // the second step runs with every buffer in place (and prefetch)
+    opt.zero_grad();
+    const auto before_forward = CpuMemoryCounter::current();
+    CpuMemoryCounter::reset_peak();
+    auto loss = torch::mse_loss(model->forward(x), y);
+    forward_extra = CpuMemoryCounter::peak() - before_forward;
     const auto before = CpuMemoryCounter::current();
     CpuMemoryCounter::reset_peak();
     acc.backward(loss);
@@ -498,8 +559,12 @@ void peak() {
   const auto n = static_cast<std::uint64_t>(acc.num_processes());
   const std::uint64_t shard = (p_bytes + n - 1) / n;
   if (acc.is_main_process()) {
-    std::cout << backend_variant << ": peak bytes added by backward " << extra << " (parameters " << p_bytes
-              << ", shard " << shard << ")" << std::endl;
+    std::cout << backend_variant << ": peak bytes added by forward " << forward_extra << " (activations "
+              << activations << "), by backward " << extra << " (parameters " << p_bytes << ", shard "
+              << shard << "); prepare changed the bytes held by "
+              << static_cast<std::int64_t>(held_after_prepare) -
+                     static_cast<std::int64_t>(held_before_prepare)
+              << std::endl;
   }
   // Largest stage-2 bucket: one 256x256 layer with its bias (a bucket never splits a parameter).
   const std::uint64_t bucket = 256 * 256 * 4 + 256 * 4;
@@ -514,6 +579,25 @@ void peak() {
                                                                        << bucket);
     CHECK_THAT(extra < p_bytes,
                "stage 2 must hold less than DDP's whole gradient " << p_bytes << ", got " << extra);
+  } else if (params_sharded()) {
+    const std::uint64_t unit = bucket;  // one Linear per unit; the last one is smaller
+    // At rest: the parameters (P) were freed and the slices (P/N) allocated.
+    CHECK_THAT(held_before_prepare - held_after_prepare >= (p_bytes - shard) * 95 / 100,
+               "prepare must free the parameters down to the shard: held " << held_before_prepare << " -> "
+                                                                           << held_after_prepare);
+    // Forward: activations plus at most two gathered units (the current one and the prefetched one), plus
+    // the flat temporary Gloo's all-gather allocates while a gather is in flight (one unit; NCCL writes
+    // into the output directly).
+    CHECK_THAT(forward_extra <= activations + (2 + 1) * unit + 64 * 1024,
+               "forward added " << forward_extra << " bytes; want <= activations " << activations
+                                << " + 2 units of " << unit << " + Gloo's temporary");
+    // Backward: the gradient slices (P/N) plus a bounded number of unit-sized buffers: two gathered units
+    // and Gloo's all-gather temporary, the parameter gradient autograd produced, the unit gradient being
+    // filled, the one being reduce-scattered and Gloo's reduce-scatter temporary. Far below DDP's P.
+    CHECK_THAT(extra <= shard + 8 * unit + activations, "stage 3 backward added "
+                                                            << extra << " bytes; want <= shard " << shard
+                                                            << " + 8 units of " << unit);
+    CHECK_THAT(extra < p_bytes, "stage 3 backward must add less than the whole gradient " << p_bytes);
   }
 }
 
@@ -549,7 +633,9 @@ int main(int argc, char** argv) try {
       {"memory", memory},
       {"peak", peak}};
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {
-    std::cerr << "usage: dist_worker <scenario> [ddp|zero1|zero2|fsdp_grad_op|fsdp_no_shard]" << std::endl;
+    std::cerr
+        << "usage: dist_worker <scenario> [ddp|zero1|zero2|zero3|fsdp_full_shard|fsdp_grad_op|fsdp_no_shard]"
+        << std::endl;
     return 2;
   }
   if (argc == 3) backend_variant = argv[2];

@@ -100,7 +100,11 @@ void Accelerator::save_state(const std::string& dir) {
 }
 
 void Accelerator::write_state_files(const std::filesystem::path& tmp) {
-  if (rank_ == 0) write_main_state_files(tmp);
+  // Collective on every rank (sharded parameters are gathered); rank 0 writes them.
+  std::vector<NamedTensors> model_states;
+  for (std::size_t i = 0; i < models_.size(); ++i)
+    model_states.push_back(backend_->model_state());
+  if (rank_ == 0) write_main_state_files(tmp, model_states);
   if (backend_->shards_optimizer_state()) {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) {
       torch::save(*optimizers_[i],
@@ -116,9 +120,10 @@ void Accelerator::write_state_files(const std::filesystem::path& tmp) {
   detail::write_tensors((tmp / fmt::format("random_states_{}.safetensors", rank_)).string(), rng);
 }
 
-void Accelerator::write_main_state_files(const std::filesystem::path& tmp) {
-  for (std::size_t i = 0; i < models_.size(); ++i) {
-    detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), backend_->model_state(),
+void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
+                                         const std::vector<NamedTensors>& model_states) {
+  for (std::size_t i = 0; i < model_states.size(); ++i) {
+    detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i],
                           {{"format", "pt"}});
   }
   for (std::size_t i = 0; i < optimizers_.size() && !backend_->shards_optimizer_state(); ++i) {

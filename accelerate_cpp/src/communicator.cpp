@@ -98,6 +98,14 @@ class SingleProcessCommunicator final : public Communicator {
   void broadcast(torch::Tensor&, int) override {}
   torch::Tensor all_gather(const torch::Tensor& t) override { return t.dim() == 0 ? t.reshape({1}) : t; }
   torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp) override { return input; }
+  std::unique_ptr<CollectiveHandle> all_gather_async(torch::Tensor output, torch::Tensor input) override {
+    output.view({-1}).copy_(input.view({-1}));
+    return all_reduce_async({});
+  }
+  std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output, torch::Tensor input) override {
+    output.view({-1}).copy_(input.view({-1}));
+    return all_reduce_async({});
+  }
   void barrier() override {}
   std::vector<std::string> exchange(const std::string& mine) override { return {mine}; }
 };
@@ -253,6 +261,42 @@ class C10dCommunicator final : public Communicator {
     return out;
   }
 
+  std::unique_ptr<CollectiveHandle> all_gather_async(torch::Tensor output, torch::Tensor input) override {
+    check("all_gather", describe(input));
+    check_split("all_gather", output, input);
+    c10d::AllgatherOptions o;
+    o.timeout = options_.timeout;
+    auto in = input.view({-1}), out = output.view({-1});
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = backend_for(in)->_allgather_base(out, in, o);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: all_gather failed: {}", rank(), first_line(e.what())));
+    }
+    count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
+                                        options_.timeout, fmt::format("rank {}: all_gather", rank()));
+  }
+
+  std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output, torch::Tensor input) override {
+    check("reduce_scatter", fmt::format("{}, op=sum", describe(input)));
+    check_split("reduce_scatter", input, output);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = to_c10d(ReduceOp::Sum);
+    o.timeout = options_.timeout;
+    auto in = input.view({-1}), out = output.view({-1});
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = backend_for(in)->_reduce_scatter_base(out, in, o);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {}: reduce_scatter failed: {}", rank(), first_line(e.what())));
+    }
+    count(Collective::ReduceScatter, in.nbytes(),
+          out.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
+                                        options_.timeout, fmt::format("rank {}: reduce_scatter", rank()));
+  }
+
   void barrier() override {
     check("barrier", "");
     c10d::BarrierOptions o;
@@ -286,6 +330,17 @@ class C10dCommunicator final : public Communicator {
   std::uint64_t ring_all_reduce(std::uint64_t bytes) const {
     return 2 * bytes * static_cast<std::uint64_t>(world_size() - 1) /
            static_cast<std::uint64_t>(world_size());
+  }
+
+  // `whole` must be contiguous with world_size x the numel of the contiguous `part`, on the same device.
+  void check_split(const char* op, const torch::Tensor& whole, const torch::Tensor& part) const {
+    if (!whole.is_contiguous() || !part.is_contiguous() || whole.numel() != part.numel() * world_size() ||
+        whole.device() != part.device() || whole.scalar_type() != part.scalar_type()) {
+      throw UsageError(fmt::format(
+          "{}: needs contiguous tensors of one dtype and device, the whole holding world_size ({}) x the "
+          "part's elements; got {} and {}",
+          op, world_size(), describe(whole), describe(part)));
+    }
   }
 
   c10d::Backend* backend_for(const torch::Tensor& t) {

@@ -34,21 +34,23 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
                                   in.mixed_precision),
                       {}, 0, "mixed_precision");
   }
-  bool sharded = false;
+  bool sharded = false, params_sharded = false;
   if (in.backend == "zero") {
-    if (in.zero_stage < 0 || in.zero_stage > 2) {
+    if (in.zero_stage < 0 || in.zero_stage > 3) {
       throw ConfigError(
-          fmt::format("estimate-memory: zero_stage {} is not available (0, 1 or 2)", in.zero_stage), {}, 0,
+          fmt::format("estimate-memory: zero_stage {} is not available (0, 1, 2 or 3)", in.zero_stage), {}, 0,
           "zero_stage");
     }
     sharded = in.zero_stage >= 1;
+    params_sharded = in.zero_stage == 3;
   } else if (in.backend == "fsdp") {
-    if (in.fsdp_sharding_strategy == "SHARD_GRAD_OP") {
+    if (in.fsdp_sharding_strategy == "SHARD_GRAD_OP" || in.fsdp_sharding_strategy == "FULL_SHARD") {
       sharded = true;
+      params_sharded = in.fsdp_sharding_strategy == "FULL_SHARD";
     } else if (in.fsdp_sharding_strategy != "NO_SHARD") {
       throw ConfigError(
-          fmt::format("estimate-memory: fsdp_sharding_strategy '{}' is not available (NO_SHARD, "
-                      "SHARD_GRAD_OP)",
+          fmt::format("estimate-memory: fsdp_sharding_strategy '{}' is not available (FULL_SHARD, "
+                      "SHARD_GRAD_OP, NO_SHARD)",
                       in.fsdp_sharding_strategy),
           {}, 0, "fsdp_sharding_strategy");
     }
@@ -61,7 +63,12 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   const std::uint64_t s = (p + n - 1) / n;  // elements per shard
   constexpr std::uint64_t kFloat = 4;  // fp32 weights, gradients and optimizer state (autocast keeps them)
   MemoryReport r;
-  if (sharded && n > 1) {
+  if (params_sharded && n > 1) {
+    // At rest only the slices exist (units are gathered while they compute; not counted here).
+    r.parameters = kFloat * s;
+    r.gradients = kFloat * s;
+    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
+  } else if (sharded && n > 1) {
     r.parameters = kFloat * (p + s);
     r.gradients = kFloat * s;
     r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);

@@ -2,6 +2,8 @@
 
 #include <accel/errors.hpp>
 
+#include <cmath>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -43,6 +45,29 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
 
 double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type) {
   return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+}
+
+double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
+                              double norm_type, const std::string& who) {
+  if (norm_type != 2.0) {
+    throw UnsupportedOperation(
+        fmt::format("{}: clip_grad_norm_ supports the 2-norm only, got {}", who, norm_type));
+  }
+  // The global norm is the square root of the sum over ranks of the local sums of squares.
+  auto sq = torch::zeros({1}, torch::kFloat64);
+  for (const auto& s : shards) {
+    if (s.grad().defined()) sq += s.grad().to(torch::kFloat64).pow(2).sum().cpu();
+  }
+  comm.all_reduce(sq, ReduceOp::Sum);
+  const double norm = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& s : shards) {
+      if (s.grad().defined()) s.grad().mul_(coef);
+    }
+  }
+  return norm;
 }
 
 void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who) {

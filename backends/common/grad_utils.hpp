@@ -16,6 +16,11 @@ NamedTensors module_state(torch::nn::Module& module);
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);
 /// torch::nn::utils::clip_grad_norm_ over `params` (gradients already identical or already global).
 double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type);
+/// Clips the global 2-norm of gradients split across ranks: each rank passes the tensors holding its disjoint
+/// slices (padding zero); their `.grad()`s are scaled in place. Returns the norm before clipping. `who`
+/// prefixes errors. Collective.
+double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
+                              double norm_type, const std::string& who);
 /// Compares every rank's parameter and buffer names and shapes; DistributedError naming the first difference.
 /// `who` prefixes the message ("ddp", "zero"). Collective.
 void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who);

@@ -5,11 +5,10 @@
 #include "../common/grad_hooks.hpp"
 #include "../common/grad_utils.hpp"
 #include "../ddp/ddp_backend.hpp"
+#include "full_shard_backend.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <cmath>
 
 namespace accel::backends {
 namespace {
@@ -154,26 +153,10 @@ class ZeroBackend final : public Backend {
   }
 
   double clip_grad_norm(double max_norm, double norm_type) override {
-    if (norm_type != 2.0) {
-      throw UnsupportedOperation(
-          fmt::format("{}: clip_grad_norm_ supports the 2-norm only, got {}", options_.name, norm_type));
-    }
-    // Each rank holds a disjoint slice of the gradient (padding is zero): the global norm is the square root
-    // of the sum over ranks of the local sums of squares.
-    auto sq = torch::zeros({1}, torch::kFloat64);
-    for (const auto& g : groups_) {
-      if (g.master.grad().defined()) sq += g.master.grad().to(torch::kFloat64).pow(2).sum().cpu();
-    }
-    comm_.all_reduce(sq, ReduceOp::Sum);
-    const double norm = std::sqrt(sq.item<double>());
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      torch::NoGradGuard no_grad;
-      for (auto& g : groups_) {
-        if (g.master.grad().defined()) g.master.mutable_grad().mul_(coef);
-      }
-    }
-    return norm;
+    std::vector<torch::Tensor> masters;
+    for (const auto& g : groups_)
+      masters.push_back(g.master);
+    return detail::clip_sharded_grad_norm(comm_, masters, max_norm, norm_type, options_.name);
   }
 
   void sync_parameters() override {
@@ -377,7 +360,9 @@ std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOp
   if (context.comm == nullptr) throw UsageError("the zero backend needs a communicator");
   if (options.stage != 1 && options.stage != 2) {
     throw UnsupportedOperation(
-        fmt::format("zero: stage {} is not available in this build (stages 0, 1 and 2 are)", options.stage));
+        fmt::format("zero: make_zero_backend serves stages 1 and 2, got {} (stage 0 is DDP, stage 3 "
+                    "make_full_shard_backend)",
+                    options.stage));
   }
   return std::make_unique<ZeroBackend>(context, std::move(options));
 }
@@ -385,6 +370,15 @@ std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOp
 std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& context) {
   const auto& z = context.config->zero;
   if (z.stage == 0) return make_ddp_backend(context);
+  if (z.stage == 3) {
+    FullShardOptions o;
+    o.name = "zero";
+    o.policy = UnitPolicy::PerModule;  // DeepSpeed gathers each module's own parameters
+    o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size > 0;
+    o.offload =
+        z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
+    return make_full_shard_backend(context, o);
+  }
   ZeroOptions o;
   o.stage = z.stage;
   o.bucket_bytes = z.reduce_bucket_size;
@@ -405,11 +399,40 @@ std::unique_ptr<Backend> make_fsdp_backend_from_config(const BackendContext& con
       o.name = "fsdp";
       return make_zero_backend(context, o);
     }
-    default:
-      throw UnsupportedOperation(
-          "fsdp: FULL_SHARD (parameters sharded at rest) is not available in this build yet; use "
-          "fsdp_sharding_strategy: SHARD_GRAD_OP (gradients and optimizer state sharded) or NO_SHARD");
+    case ShardingStrategy::FullShard: {
+      FullShardOptions o;
+      o.name = "fsdp";
+      switch (f.auto_wrap_policy) {
+        case AutoWrapPolicy::PerChildWrap:
+          o.policy = UnitPolicy::PerChild;
+          break;
+        case AutoWrapPolicy::SizeBasedWrap:
+          o.policy = UnitPolicy::SizeBased;
+          break;
+        case AutoWrapPolicy::TransformerBasedWrap:
+          o.policy = UnitPolicy::ClassBased;
+          break;
+        case AutoWrapPolicy::NoWrap:
+          o.policy = UnitPolicy::Whole;
+          break;
+      }
+      o.min_num_params = f.min_num_params;
+      std::string names = f.transformer_layer_cls_to_wrap;
+      for (std::size_t at = 0; at <= names.size();) {
+        const auto comma = std::min(names.find(',', at), names.size());
+        auto name = names.substr(at, comma - at);
+        name.erase(0, name.find_first_not_of(' '));
+        name.erase(name.find_last_not_of(' ') + 1);
+        if (!name.empty()) o.wrap_classes.push_back(name);
+        at = comma + 1;
+      }
+      o.forward_prefetch = f.forward_prefetch;
+      o.backward_prefetch = f.backward_prefetch != BackwardPrefetch::NoPrefetch;
+      o.offload = f.offload_params;
+      return make_full_shard_backend(context, o);
+    }
   }
+  throw UnsupportedOperation("fsdp: unknown sharding strategy");
 }
 
 }  // namespace accel::backends

@@ -266,7 +266,8 @@ class Accelerator {
   void restore_gradients();
   void enable_autocast();
   void write_state_files(const std::filesystem::path& tmp);
-  void write_main_state_files(const std::filesystem::path& tmp);
+  void write_main_state_files(const std::filesystem::path& tmp,
+                              const std::vector<NamedTensors>& model_states);
   struct SplitRange {
     std::size_t begin, end, longest;
   };

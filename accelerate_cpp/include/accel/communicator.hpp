@@ -89,6 +89,15 @@ class Communicator {
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
   /// Every rank's `input` (world_size x shard numel) summed, this rank's shard returned (collective).
   virtual torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op) = 0;
+  /// Asynchronous all-gather: every rank's contiguous `input` (same numel everywhere) is written, in rank
+  /// order, into the contiguous `output` of world_size x input numel elements. Both stay alive until `wait()`
+  /// (collective).
+  virtual std::unique_ptr<CollectiveHandle> all_gather_async(torch::Tensor output, torch::Tensor input) = 0;
+  /// Asynchronous reduce-scatter (sum): the sum of every rank's contiguous `input` (world_size x output numel
+  /// elements), this rank's part written to the contiguous `output`. Both stay alive until `wait()`
+  /// (collective).
+  virtual std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output,
+                                                                 torch::Tensor input) = 0;
   /// Blocks until all ranks arrive (collective).
   virtual void barrier() = 0;
   /// Every rank's string, indexed by rank; goes through the store, not the process group (collective).

@@ -39,15 +39,16 @@ struct MemoryEstimateInput {
   std::uint64_t num_parameters = 0;                      ///< P, trainable elements of the model
   int num_processes = 1;                                 ///< N
   std::string backend = "ddp";                           ///< local | ddp | zero | fsdp
-  int zero_stage = 2;                                    ///< for zero: 0, 1 or 2
-  std::string fsdp_sharding_strategy = "SHARD_GRAD_OP";  ///< for fsdp: NO_SHARD or SHARD_GRAD_OP
+  int zero_stage = 2;                                    ///< for zero: 0, 1, 2 or 3
+  std::string fsdp_sharding_strategy = "SHARD_GRAD_OP";  ///< for fsdp: NO_SHARD, SHARD_GRAD_OP or FULL_SHARD
   std::string optimizer = "adam";      ///< adam | adamw | sgd | sgd_momentum | rmsprop | adagrad
   std::string mixed_precision = "no";  ///< no | bf16 | fp16 (weights stay fp32: autocast)
 };
 
 /// Predicted per-rank bytes right after a sync backward (gradients present) with the optimizer state created,
 /// for accelerate-cpp's own layouts: whole fp32 parameters on every rank (stages 1-2 add a fp32 master slice
-/// of S = ceil(P/N) elements), gradients whole (local, ddp) or S elements (zero 1-2, SHARD_GRAD_OP),
+/// of S = ceil(P/N) elements; stage 3 and FULL_SHARD keep only the slice at rest, padded per unit, which
+/// the estimate ignores), gradients whole (local, ddp) or S elements (zero 1-2, SHARD_GRAD_OP),
 /// optimizer state k x P or k x S elements (k = 2 for Adam/AdamW, 1 for SGD with momentum, RMSprop and
 /// Adagrad, 0 for SGD). Throws ConfigError naming the bad field.
 MemoryReport estimate_memory(const MemoryEstimateInput& input);

@@ -1,0 +1,692 @@
+#include "full_shard_backend.hpp"
+
+#include <accel/errors.hpp>
+
+#include "../common/grad_hooks.hpp"
+#include "../common/grad_utils.hpp"
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace accel::backends {
+namespace {
+
+// ------------------------------------------------------------------------------------------------------------
+// The trigger: one process-wide RecordFunction callback for every live fully sharded backend.
+
+thread_local bool tl_quiet = false;  // this thread runs the backend's own operators: ignore them
+
+/// Runs the backend's own tensor operations unobserved.
+class Quiet {
+ public:
+  Quiet() : prev_(tl_quiet) { tl_quiet = true; }
+  ~Quiet() { tl_quiet = prev_; }
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+
+ private:
+  bool prev_;
+  at::DisableRecordFunctionGuard no_record_;
+};
+
+class FullShardBackend;
+
+struct Registry {
+  std::shared_mutex mu;
+  std::vector<FullShardBackend*> backends;
+  std::atomic<int> count{0};
+  at::CallbackHandle handle = 0;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // never destroyed: callbacks may run during static destruction
+  return *r;
+}
+
+struct PinContext final : at::ObserverContext {
+  FullShardBackend* backend = nullptr;
+  std::vector<std::size_t> units;
+};
+
+std::unique_ptr<at::ObserverContext> on_operator_start(const at::RecordFunction& fn);
+void on_operator_end(const at::RecordFunction& fn, at::ObserverContext* ctx);
+
+// ------------------------------------------------------------------------------------------------------------
+
+/// The parameters of one unit that belong to one optimizer group, laid out flat and sharded.
+struct Flat {
+  std::size_t unit = 0;
+  std::vector<std::size_t> params;   // indices into FullShardBackend::params_
+  std::vector<std::int64_t> offset;  // flat offset of each of `params`
+  std::int64_t numel = 0;            // U
+  std::int64_t shard = 0;            // S = ceil(U / N)
+  torch::Tensor master;              // [S]: this rank's slice, the tensor the user's optimizer updates
+  torch::Tensor gathered;            // [N*S] while the unit is gathered (the parameters point into it)
+  std::unique_ptr<CollectiveHandle> gathering;
+  torch::Tensor grad;  // [N*S] full gradient being accumulated (until it is reduce-scattered)
+  std::size_t grads_seen = 0;
+  bool launched = false;  // reduce-scatter of this backward launched
+};
+
+struct Unit {
+  std::string name;
+  std::vector<std::size_t> params;  // indices into params_, in model order
+  std::vector<std::size_t> flats;   // indices into flats_
+  bool live = false;                // parameters point into gathered memory
+  bool gathering = false;           // an all-gather into `Flat::gathered` is in flight
+  int pins = 0;                     // operators running on this unit's parameters
+  std::int64_t bytes = 0;           // gathered bytes (padded)
+};
+
+struct ParamSlot {
+  std::size_t flat = 0;
+  std::int64_t offset = 0;
+};
+
+class FullShardBackend final : public Backend {
+ public:
+  FullShardBackend(const BackendContext& context, FullShardOptions options)
+      : ctx_(context), comm_(*context.comm), options_(std::move(options)) {}
+
+  ~FullShardBackend() override { unregister(); }
+
+  std::string name() const override { return options_.name; }
+  bool shards_optimizer_state() const override { return true; }
+
+  void prepare_model(torch::nn::Module& model) override {
+    if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
+    model_ = &model;
+    detail::check_same_model_everywhere(comm_, model, options_.name);
+    detail::broadcast_module(comm_, model);
+    for (const auto& item : model.named_parameters()) {
+      index_by_name_[item.key()] = names_.size();
+      names_.push_back(item.key());
+      params_.push_back(item.value());
+    }
+    assigned_.assign(params_.size(), false);
+    auto rest = walk(model, "", true);
+    if (!rest.empty()) add_unit("<root>", rest);
+  }
+
+  void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
+    if (model_ == nullptr) {
+      throw UsageError(
+          fmt::format("{}: prepare the model before (or together with) its optimizer: "
+                      "accelerator.prepare(model, optimizer)",
+                      options_.name));
+    }
+    if (!flats_.empty()) {
+      throw UsageError(
+          fmt::format("{}: one optimizer per model is supported with sharded parameters", options_.name));
+    }
+    if (!optimizer.state().empty()) {
+      throw UsageError(
+          fmt::format("{}: the optimizer already has state (it has stepped); prepare it before the "
+                      "first optimizer.step() so that its state can be sharded",
+                      options_.name));
+    }
+    const auto n = comm_.world_size();
+    slot_.assign(params_.size(), std::nullopt);
+    torch::NoGradGuard no_grad;
+    for (auto& pg : optimizer.param_groups()) {
+      std::vector<bool> in_group(params_.size(), false);
+      for (const auto& p : pg.params()) {
+        const auto index = index_of(p);
+        if (slot_[index]) {
+          throw UsageError(
+              fmt::format("{}: parameter '{}' is in two optimizer groups", options_.name, names_[index]));
+        }
+        in_group[index] = true;
+        slot_[index] = ParamSlot{};
+      }
+      std::vector<torch::Tensor> masters;
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        Flat f;
+        f.unit = u;
+        for (auto index : units_[u].params) {
+          if (!in_group[index]) continue;
+          const auto& p = params_[index];
+          check_ownership(index);
+          if (!f.params.empty() && (p.scalar_type() != params_[f.params.front()].scalar_type() ||
+                                    p.device() != params_[f.params.front()].device())) {
+            throw UnsupportedOperation(fmt::format(
+                "{}: parameters of one unit and optimizer group must share dtype and device; '{}' differs",
+                options_.name, names_[index]));
+          }
+          *slot_[index] = ParamSlot{flats_.size(), f.numel};
+          f.params.push_back(index);
+          f.offset.push_back(f.numel);
+          f.numel += p.numel();
+        }
+        if (f.params.empty()) continue;
+        f.shard = (f.numel + n - 1) / n;
+        const auto& first = params_[f.params.front()];
+        auto flat = torch::zeros({f.shard * n}, first.options().requires_grad(false));
+        for (std::size_t m = 0; m < f.params.size(); ++m) {
+          flat.narrow(0, f.offset[m], params_[f.params[m]].numel())
+              .copy_(params_[f.params[m]].detach().reshape({-1}));
+        }
+        auto slice = flat.narrow(0, comm_.rank() * f.shard, f.shard).clone();
+        f.master = options_.offload ? slice.to(torch::kCPU) : slice;
+        masters.push_back(f.master);
+        units_[u].flats.push_back(flats_.size());
+        units_[u].bytes += f.shard * n * static_cast<std::int64_t>(first.element_size());
+        flats_.push_back(std::move(f));
+      }
+      pg.params() = masters;
+    }
+    // At rest a rank keeps only its slices: free the parameters' memory (tensors, shapes and autograd
+    // metadata stay, so the model and its optimizer hooks keep working).
+    for (const auto& f : flats_) {
+      for (auto index : f.params)
+        free_storage(index);
+    }
+    for (std::size_t index = 0; index < params_.size(); ++index) {
+      if (slot_[index]) hooks_.add(params_[index], index, [this](std::size_t i) { on_grad(i); });
+    }
+    do_register();
+  }
+
+  void before_backward(bool sync) override {
+    raise_sticky_error();
+    if (!at::isRecordFunctionEnabled()) {
+      throw UsageError(fmt::format(
+          "{}: at::RecordFunction is disabled on this thread (a DisableRecordFunctionGuard?); sharded "
+          "parameters are gathered through it, so the forward and backward must run with it enabled",
+          options_.name));
+    }
+    std::lock_guard lock(mu_);
+    // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order).
+    release_all();
+    recording_ = false;
+    syncing_ = sync;
+    for (auto& f : flats_) {
+      f.grads_seen = 0;
+      f.launched = false;
+    }
+    seen_.assign(params_.size(), false);
+  }
+
+  void after_backward(bool sync) override {
+    std::unique_lock lock(mu_);
+    release_all();
+    raise_sticky_error();
+    if (sync) {
+      std::vector<std::string> unused;
+      for (const auto& f : flats_) {
+        if (f.launched) continue;
+        for (auto index : f.params) {
+          if (!seen_[index]) unused.push_back(names_[index]);
+        }
+      }
+      if (!unused.empty() && !ctx_.config->ddp_find_unused_parameters) {
+        finish_reduce();
+        throw UsageError(
+            fmt::format("{}: parameter(s) {} received no gradient in this backward; make "
+                        "every parameter take part in the loss, or set `ddp_find_unused_parameters: true` "
+                        "to reduce them as zeros",
+                        options_.name, fmt::join(unused, ", ")));
+      }
+      for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
+        if (!flats_[fi].launched) launch_reduce(fi);
+      }
+      finish_reduce();
+    }
+    syncing_ = false;
+    // Gradients of parameters no optimizer updates are not needed.
+    for (std::size_t index = 0; index < params_.size(); ++index) {
+      if (!slot_[index]) params_[index].mutable_grad() = torch::Tensor();
+    }
+  }
+
+  double clip_grad_norm(double max_norm, double norm_type) override {
+    std::vector<torch::Tensor> masters;
+    for (const auto& f : flats_)
+      masters.push_back(f.master);
+    return detail::clip_sharded_grad_norm(comm_, masters, max_norm, norm_type, options_.name);
+  }
+
+  void sync_parameters() override {
+    // Units gathered before the user's optimizer.step() hold old values: drop them; the next use gathers.
+    std::lock_guard lock(mu_);
+    release_all();
+    raise_sticky_error();
+  }
+
+  std::vector<torch::Tensor> gradient_buffers() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& f : flats_) {
+      if (f.grad.defined()) out.push_back(f.grad);
+    }
+    return out;
+  }
+
+  NamedTensors model_state() override {
+    std::lock_guard lock(mu_);
+    Quiet quiet;
+    gather_all();
+    NamedTensors out;
+    for (const auto& item : model_->named_parameters())
+      out.emplace_back(item.key(), item.value().detach().clone());
+    for (const auto& item : model_->named_buffers())
+      out.emplace_back(item.key(), item.value().detach().clone());
+    release_all();
+    return out;
+  }
+
+  void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
+    std::lock_guard lock(mu_);
+    Quiet quiet;
+    gather_all();
+    detail::load_module_state(*model_, state);
+    torch::NoGradGuard no_grad;
+    for (auto& f : flats_) {
+      if (f.gathered.defined()) f.master.copy_(f.gathered.narrow(0, comm_.rank() * f.shard, f.shard));
+    }
+    release_all();
+  }
+
+  // --- called by the trigger ---
+
+  /// Units whose (freed or gathered) parameters appear among an operator's inputs.
+  std::vector<std::size_t> units_of(c10::ArrayRef<const c10::IValue> inputs) const {
+    std::vector<std::size_t> out;
+    auto add = [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      const auto it = unit_of_storage_.find(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+      if (it != unit_of_storage_.end() && std::find(out.begin(), out.end(), it->second) == out.end()) {
+        out.push_back(it->second);
+      }
+    };
+    for (const auto& iv : inputs) {
+      if (iv.isTensor()) {
+        add(iv.toTensor());
+      } else if (iv.isList()) {
+        for (const auto& e : iv.toListRef()) {
+          if (e.isTensor()) add(e.toTensor());
+        }
+      }
+    }
+    return out;
+  }
+
+  /// Makes `used` live before an operator runs (and pins them until it ends); releases the others and
+  /// prefetches the next unit. Exceptions cannot leave a RecordFunction callback (LibTorch swallows them and
+  /// the kernel would then read freed memory), so a failure ends the process with a message naming the unit.
+  void touch(const std::vector<std::size_t>& used) noexcept {
+    std::lock_guard lock(mu_);
+    try {
+      for (auto u : used)
+        units_[u].pins += 1;
+      const bool backward = torch::autograd::get_current_graph_task_id() != -1;
+      std::optional<std::size_t> next;
+      bool moved = false;
+      for (auto u : used) {
+        if (current_ && *current_ == u) continue;
+        current_ = u;
+        moved = true;
+        if (recording_ && std::find(order_.begin(), order_.end(), u) == order_.end()) order_.push_back(u);
+        next = prefetch_target(u, backward);
+      }
+      if (moved) {
+        // Release before gathering: the peak stays at the units in use plus the one prefetched.
+        for (std::size_t v = 0; v < units_.size(); ++v) {
+          auto& unit = units_[v];
+          if ((unit.live || unit.gathering) && unit.pins == 0 && (!next || *next != v)) release(v);
+        }
+      }
+      for (auto u : used)
+        materialise(u);
+      if (next && !units_[*next].live && !units_[*next].gathering) start_gather(*next);
+    } catch (const std::exception& e) {
+      std::cerr << fmt::format(
+                       "[accelerate-cpp] rank {}: {}: gathering the parameters of unit '{}' failed: {}\n"
+                       "[accelerate-cpp] an operator is about to read them, and an error cannot leave "
+                       "LibTorch's operator callback: aborting this rank",
+                       comm_.rank(), options_.name, used.empty() ? "?" : units_[used.front()].name, e.what())
+                << std::endl;
+      std::abort();
+    }
+  }
+
+  void unpin(const std::vector<std::size_t>& used) {
+    std::lock_guard lock(mu_);
+    for (auto u : used)
+      units_[u].pins -= 1;
+  }
+
+ private:
+  // --- units from the wrap policy ---
+
+  /// Assigns parameters of `m`'s subtree to units bottom-up; returns the ones left for the parent.
+  std::vector<std::size_t> walk(torch::nn::Module& m, const std::string& prefix, bool root) {
+    std::vector<std::size_t> rest;
+    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+      const auto index = index_by_name_.at(prefix + item.key());
+      if (!assigned_[index]) {
+        assigned_[index] = true;
+        rest.push_back(index);
+      }
+    }
+    for (const auto& child : m.named_children()) {
+      auto sub = walk(*child.value(), prefix + child.key() + ".", false);
+      if (sub.empty()) continue;
+      if (wraps(*child.value(), sub, root)) {
+        add_unit(prefix + child.key(), sub);
+      } else {
+        rest.insert(rest.end(), sub.begin(), sub.end());
+      }
+    }
+    return rest;
+  }
+
+  bool wraps(const torch::nn::Module& child, const std::vector<std::size_t>& params,
+             bool parent_is_root) const {
+    switch (options_.policy) {
+      case UnitPolicy::PerModule:
+        return true;
+      case UnitPolicy::PerChild:
+        return parent_is_root;
+      case UnitPolicy::SizeBased: {
+        std::int64_t total = 0;
+        for (auto i : params)
+          total += params_[i].numel();
+        return total >= options_.min_num_params;
+      }
+      case UnitPolicy::ClassBased: {
+        const auto full = child.name();
+        auto bare = full.substr(full.rfind(':') == std::string::npos ? 0 : full.rfind(':') + 1);
+        const auto without_impl = bare.size() > 4 && bare.compare(bare.size() - 4, 4, "Impl") == 0
+                                      ? bare.substr(0, bare.size() - 4)
+                                      : bare;
+        for (const auto& c : options_.wrap_classes) {
+          if (c == full || c == bare || c == without_impl) return true;
+        }
+        return false;
+      }
+      case UnitPolicy::Whole:
+        return false;
+    }
+    return false;
+  }
+
+  void add_unit(const std::string& name, const std::vector<std::size_t>& params) {
+    Unit u;
+    u.name = name;
+    u.params = params;
+    std::sort(u.params.begin(), u.params.end());  // model order
+    for (auto index : u.params) {
+      unit_of_storage_[params_[index].unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()] =
+          units_.size();
+    }
+    units_.push_back(std::move(u));
+  }
+
+  std::size_t index_of(const torch::Tensor& p) const {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return i;
+    }
+    throw UsageError(fmt::format(
+        "{}: the optimizer holds a tensor that is not a parameter of the prepared model", options_.name));
+  }
+
+  void check_ownership(std::size_t index) const {
+    const auto& p = params_[index];
+    if (!p.is_contiguous() || p.storage_offset() != 0 ||
+        p.storage().nbytes() != static_cast<std::size_t>(p.numel()) * p.element_size()) {
+      throw UnsupportedOperation(fmt::format(
+          "{}: parameter '{}' does not own its storage (a view of another tensor, or non-contiguous); "
+          "sharded parameters must be plain contiguous tensors",
+          options_.name, names_[index]));
+    }
+  }
+
+  // --- memory of the parameters ---
+
+  c10::StorageImpl* storage_of(std::size_t index) const {
+    return params_[index].unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  }
+
+  void free_storage(std::size_t index) {
+    auto* s = storage_of(index);
+    s->set_data_ptr_noswap(c10::DataPtr(nullptr, params_[index].device()));
+    s->set_nbytes(0);
+  }
+
+  void start_gather(std::size_t u) {
+    Quiet quiet;
+    auto& unit = units_[u];
+    for (auto fi : unit.flats) {
+      auto& f = flats_[fi];
+      const auto& first = params_[f.params.front()];
+      f.gathered = torch::empty({f.shard * comm_.world_size()}, first.options().requires_grad(false));
+      auto input = f.master.device() == first.device() ? f.master : f.master.to(first.device());
+      f.gathering = comm_.all_gather_async(f.gathered, input);
+    }
+    unit.gathering = true;
+  }
+
+  void materialise(std::size_t u) {
+    auto& unit = units_[u];
+    if (unit.live) return;
+    if (!unit.gathering) start_gather(u);
+    Quiet quiet;
+    for (auto fi : unit.flats) {
+      auto& f = flats_[fi];
+      f.gathering->wait();
+      f.gathering.reset();
+      auto* base = static_cast<char*>(f.gathered.data_ptr());
+      for (std::size_t m = 0; m < f.params.size(); ++m) {
+        const auto& p = params_[f.params[m]];
+        // The parameter's storage points into the gathered buffer; the context keeps the buffer alive.
+        auto* s = storage_of(f.params[m]);
+        s->set_data_ptr_noswap(c10::DataPtr(
+            base + f.offset[m] * static_cast<std::int64_t>(p.element_size()), new torch::Tensor(f.gathered),
+            [](void* ctx) { delete static_cast<torch::Tensor*>(ctx); }, p.device()));
+        s->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
+      }
+    }
+    unit.gathering = false;
+    unit.live = true;
+    live_bytes_ += unit.bytes;
+    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+  }
+
+  void release(std::size_t u) {
+    auto& unit = units_[u];
+    Quiet quiet;
+    if (unit.gathering) {
+      for (auto fi : unit.flats) {
+        auto& f = flats_[fi];
+        if (f.gathering) f.gathering->wait();  // every rank started it: finish before dropping the buffer
+        f.gathering.reset();
+      }
+      unit.gathering = false;
+    }
+    for (auto fi : unit.flats) {
+      for (auto index : flats_[fi].params)
+        free_storage(index);
+      flats_[fi].gathered = torch::Tensor();
+    }
+    if (unit.live) live_bytes_ -= unit.bytes;
+    unit.live = false;
+    if (current_ && *current_ == u) current_.reset();
+  }
+
+  void release_all() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].live || units_[u].gathering) release(u);
+    }
+  }
+
+  void gather_all() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (!units_[u].live && !units_[u].gathering) start_gather(u);
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      materialise(u);
+  }
+
+  std::optional<std::size_t> prefetch_target(std::size_t u, bool backward) const {
+    if (recording_) return std::nullopt;
+    const auto it = std::find(order_.begin(), order_.end(), u);
+    if (it == order_.end()) return std::nullopt;
+    const auto pos = static_cast<std::size_t>(it - order_.begin());
+    if (!backward && options_.forward_prefetch && pos + 1 < order_.size()) return order_[pos + 1];
+    if (backward && options_.backward_prefetch && pos > 0) return order_[pos - 1];
+    return std::nullopt;
+  }
+
+  // --- gradients ---
+
+  void on_grad(std::size_t index) {
+    std::lock_guard lock(mu_);
+    Quiet quiet;
+    torch::NoGradGuard no_grad;
+    auto& p = params_[index];
+    const auto& slot = *slot_[index];
+    auto& f = flats_[slot.flat];
+    if (p.grad().defined()) {
+      if (!f.grad.defined()) f.grad = torch::zeros({f.shard * comm_.world_size()}, p.grad().options());
+      f.grad.narrow(0, slot.offset, p.numel()).add_(p.grad().reshape({-1}));
+    }
+    p.mutable_grad() = torch::Tensor();  // the full gradient lives on only in the flat buffer
+    if (!syncing_ || seen_[index]) return;
+    seen_[index] = true;
+    f.grads_seen += 1;
+    if (f.grads_seen == f.params.size()) launch_reduce(slot.flat);
+  }
+
+  struct PendingReduce {
+    std::size_t flat;
+    torch::Tensor out;
+    std::unique_ptr<CollectiveHandle> work;
+  };
+
+  void launch_reduce(std::size_t fi) {
+    Quiet quiet;
+    finish_reduce();  // one reduce-scatter in flight: it overlaps the next unit's backward
+    auto& f = flats_[fi];
+    const auto& first = params_[f.params.front()];
+    if (!f.grad.defined()) f.grad = torch::zeros({f.shard * comm_.world_size()}, first.options());
+    PendingReduce pending{fi, torch::empty({f.shard}, f.grad.options()), nullptr};
+    pending.work = comm_.reduce_scatter_async(pending.out, f.grad);
+    f.grad = torch::Tensor();  // the handle keeps it until the collective finished
+    f.launched = true;
+    pending_ = std::move(pending);
+  }
+
+  void finish_reduce() {
+    if (!pending_) return;
+    Quiet quiet;
+    pending_->work->wait();
+    auto& f = flats_[pending_->flat];
+    pending_->out.div_(comm_.world_size());
+    f.master.mutable_grad() = pending_->out.to(f.master.device());
+    pending_.reset();
+  }
+
+  // --- registration with the trigger ---
+
+  void do_register() {
+    auto& r = registry();
+    std::unique_lock lock(r.mu);
+    r.backends.push_back(this);
+    if (r.count.fetch_add(1) == 0) {
+      r.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_operator_start, &on_operator_end)
+                                           .needsInputs(true)
+                                           .scopes({at::RecordScope::FUNCTION}));
+    }
+    registered_ = true;
+  }
+
+  void unregister() {
+    if (!registered_) return;
+    auto& r = registry();
+    std::unique_lock lock(r.mu);
+    r.backends.erase(std::remove(r.backends.begin(), r.backends.end(), this), r.backends.end());
+    if (r.count.fetch_sub(1) == 1) at::removeCallback(r.handle);
+    registered_ = false;
+  }
+
+  void raise_sticky_error() {
+    if (sticky_error_.empty()) return;
+    throw DistributedError(std::exchange(sticky_error_, std::string()));
+  }
+
+  BackendContext ctx_;
+  Communicator& comm_;
+  FullShardOptions options_;
+  torch::nn::Module* model_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+  std::map<std::string, std::size_t> index_by_name_;
+  std::vector<bool> assigned_;
+  std::vector<Unit> units_;
+  std::vector<Flat> flats_;
+  std::vector<std::optional<ParamSlot>> slot_;
+  std::unordered_map<const c10::StorageImpl*, std::size_t> unit_of_storage_;  // read-only after prepare
+  std::recursive_mutex mu_;  // unit state: operators may run on several threads
+  std::optional<std::size_t> current_;
+  std::vector<std::size_t> order_;  // units in the order the first forward used them
+  bool recording_ = true;
+  bool syncing_ = false;
+  std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
+  std::optional<PendingReduce> pending_;
+  std::int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
+  std::string sticky_error_;
+  bool registered_ = false;
+  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
+};
+
+std::unique_ptr<at::ObserverContext> on_operator_start(const at::RecordFunction& fn) {
+  auto& r = registry();
+  if (tl_quiet || r.count.load(std::memory_order_acquire) == 0) return nullptr;
+  FullShardBackend* owner = nullptr;
+  std::vector<std::size_t> units;
+  {
+    std::shared_lock lock(r.mu);
+    for (auto* b : r.backends) {
+      units = b->units_of(fn.inputs());
+      if (!units.empty()) {
+        owner = b;
+        break;
+      }
+    }
+  }
+  if (owner == nullptr) return nullptr;
+  Quiet quiet;
+  owner->touch(units);
+  auto ctx = std::make_unique<PinContext>();
+  ctx->backend = owner;
+  ctx->units = std::move(units);
+  return ctx;
+}
+
+void on_operator_end(const at::RecordFunction& /*fn*/, at::ObserverContext* ctx) {
+  if (ctx == nullptr) return;
+  auto* pin = static_cast<PinContext*>(ctx);
+  pin->backend->unpin(pin->units);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, FullShardOptions options) {
+  if (context.comm == nullptr)
+    throw UsageError(fmt::format("the {} backend needs a communicator", options.name));
+  return std::make_unique<FullShardBackend>(context, std::move(options));
+}
+
+}  // namespace accel::backends

@@ -1,0 +1,50 @@
+#pragma once
+/// \file full_shard_backend.hpp
+/// ZeRO stage 3 and FSDP FULL_SHARD: parameters, gradients and optimizer state sharded.
+///
+/// - The model is cut into units (auto-wrap policy). Each unit's parameters of one optimizer group form a
+/// flat
+///   vector padded to a multiple of N; rank r keeps the slice [r*S, (r+1)*S) as the tensor the user's
+///   optimizer updates, and the parameters' own storages are freed: at rest a rank holds P/N parameters.
+/// - A unit is gathered just before an operator uses one of its parameters (forward, or a saved tensor in
+///   backward) and released again when another unit is needed, with the next unit prefetched asynchronously
+///   in the order recorded during the first forward (reverse order in backward). The user's model code does
+///   not change: a process-wide at::RecordFunction callback spots operator inputs whose storage belongs to a
+///   freed parameter (see docs/zero3_design.md for the mechanism and its pitfalls).
+/// - Gradients are accumulated into the unit's flat gradient as backward produces them, and the complete
+///   flat gradient is reduce-scattered (asynchronously) into the owner's shard.
+/// Communication per step: all-gather in forward, again in backward, and one reduce-scatter: 1.5 x DDP.
+
+#include <accel/backend.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace accel::backends {
+
+/// How the model is cut into units, each gathered and released as a whole.
+enum class UnitPolicy {
+  PerModule,   ///< every module's own parameters (DeepSpeed ZeRO-3's granularity)
+  PerChild,    ///< every direct child of the model (and the model's own parameters)
+  SizeBased,   ///< bottom-up: a subtree with at least `min_num_params` unassigned parameters
+  ClassBased,  ///< every module whose class name is in `wrap_classes`
+  Whole        ///< the whole model is one unit
+};
+
+/// Options of the fully sharded backend.
+struct FullShardOptions {
+  std::string name = "zero";  ///< reported by name() and in messages ("zero" or "fsdp")
+  UnitPolicy policy = UnitPolicy::PerModule;
+  std::int64_t min_num_params = 100000000;  ///< SizeBased threshold
+  std::vector<std::string> wrap_classes;    ///< ClassBased names (`name()` of the module, with or without
+                                            ///< namespace and `Impl`)
+  bool forward_prefetch = true;             ///< gather the next unit while the current one computes (forward)
+  bool backward_prefetch = true;            ///< the same in backward
+  bool offload = false;                     ///< shards (and so optimizer state) live in CPU memory
+};
+
+/// Makes the ZeRO-3 / FULL_SHARD backend.
+std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, FullShardOptions options);
+
+}  // namespace accel::backends
