@@ -5,8 +5,10 @@
 //   dist_worker <scenario>      scenarios: collectives, metrics, equivalence, accumulation, bf16, sync,
 //                               debug_mismatch, unused, checkpoint, process
 #include <accel/accelerator.hpp>
+#include <accel/safetensors.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -469,6 +471,83 @@ void checkpoint() {
     CHECK_THAT(torch::equal(full[k], resumed[k]), "resume differs");
 }
 
+// Resharded checkpoints: `reshard_save` trains on the ranks it runs on (global batch 12) and saves at step 3
+// and at the end; `reshard_load` (another number of ranks and/or another backend) resumes from step 3,
+// checks that re-saving at once reproduces the checkpoint bitwise, then finishes the run and compares the end
+// state with the saved run's (tolerance: the N*B equivalence one).
+std::map<std::string, torch::Tensor> read_all(const std::filesystem::path& path) {
+  const auto f = safetensors::File::open(path.string());
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : f.names()) {
+    const auto& info = f.info(name);
+    const auto dtype = info.dtype == safetensors::DType::F32   ? torch::kFloat32
+                       : info.dtype == safetensors::DType::F64 ? torch::kFloat64
+                                                               : torch::kInt64;
+    out[name] = torch::from_blob(const_cast<std::uint8_t*>(f.data(name)), info.shape, dtype).clone();
+  }
+  return out;
+}
+
+std::filesystem::path reshard_dir() {
+  const char* d = std::getenv("ACCEL_TEST_CKPT_DIR");
+  if (d == nullptr) throw std::runtime_error("set ACCEL_TEST_CKPT_DIR");
+  return d;
+}
+
+void reshard(bool load) {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int n = acc.num_processes();
+  acc.set_seed(5);
+  torch::manual_seed(load ? 77 : 0);  // resuming must not depend on the initial weights
+  Mlp model;
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  acc.prepare(model, opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(60).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions(static_cast<std::size_t>(12 / n)));
+  const auto dir = reshard_dir();
+  if (load) {
+    acc.load_state((dir / "ckpt").string());
+    const auto again = dir / fmt::format("reloaded_{}", n);
+    acc.save_state(again.string());
+    if (acc.is_main_process()) {
+      for (const char* file : {"model.safetensors", "optimizer_full.safetensors"}) {
+        const auto want = read_all(dir / "ckpt" / file), got = read_all(again / file);
+        CHECK_THAT(want.size() == got.size(),
+                   file << ": " << got.size() << " tensors, saved " << want.size());
+        for (const auto& [name, t] : want) {
+          CHECK_THAT(got.count(name) != 0 && torch::equal(got.at(name), t),
+                     file << ": '" << name << "' differs after resuming on " << n << " ranks with "
+                          << backend_variant);
+        }
+      }
+    }
+  }
+  for (auto& b : *loader) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(b.data), b.target));
+    opt.step();
+    if (!load && acc.completed_steps() == 3) acc.save_state((dir / "ckpt").string());
+  }
+  CHECK_THAT(acc.completed_steps() == 5, "completed " << acc.completed_steps() << " steps, want 5");
+  const auto end = dir / fmt::format("final_{}", load ? std::to_string(n) : std::string("saved"));
+  acc.save_state(end.string());
+  if (load && acc.is_main_process()) {
+    for (const char* file : {"model.safetensors", "optimizer_full.safetensors"}) {
+      const auto want = read_all(dir / "final_saved" / file), got = read_all(end / file);
+      for (const auto& [name, t] : want) {
+        const bool ok = got.count(name) != 0 && got.at(name).sizes() == t.sizes() &&
+                        (t.scalar_type() == torch::kInt64 ? torch::equal(got.at(name), t)
+                                                          : torch::allclose(got.at(name), t, 2e-5, 2e-5));
+        CHECK_THAT(ok, file << ": '" << name << "' after finishing on " << n << " ranks differs from the "
+                            << "uninterrupted run");
+      }
+    }
+    std::cout << "resumed on " << n << " rank(s) with " << backend_variant
+              << ": identical state after loading, same end state as the uninterrupted run" << std::endl;
+  }
+}
+
 // memory_report() after a sync backward and step matches estimate_memory() within 5%.
 void memory() {
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -586,11 +665,12 @@ void peak() {
                "prepare must free the parameters down to the shard: held " << held_before_prepare << " -> "
                                                                            << held_after_prepare);
     // Forward: activations plus at most two gathered units (the current one and the prefetched one), plus
-    // the flat temporary Gloo's all-gather allocates while a gather is in flight (one unit; NCCL writes
-    // into the output directly).
-    CHECK_THAT(forward_extra <= activations + (2 + 1) * unit + 64 * 1024,
+    // unit-sized transients of the collectives: the flat buffer Gloo's all-gather works in, and a gathered
+    // buffer whose last reference the process group's worker thread drops after wait() returned (timing
+    // dependent: measured 2.9 to 3.8 units in all).
+    CHECK_THAT(forward_extra <= activations + (2 + 2) * unit + 64 * 1024,
                "forward added " << forward_extra << " bytes; want <= activations " << activations
-                                << " + 2 units of " << unit << " + Gloo's temporary");
+                                << " + 2 units of " << unit << " + 2 collective transients");
     // Backward: the gradient slices (P/N) plus a bounded number of unit-sized buffers: two gathered units
     // and Gloo's all-gather temporary, the parameter gradient autograd produced, the unit gradient being
     // filled, the one being reduce-scattered and Gloo's reduce-scatter temporary. Far below DDP's P.
@@ -631,7 +711,9 @@ int main(int argc, char** argv) try {
       {"process", process},
       {"sharding", sharding},
       {"memory", memory},
-      {"peak", peak}};
+      {"peak", peak},
+      {"reshard_save", [] { reshard(false); }},
+      {"reshard_load", [] { reshard(true); }}};
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {
     std::cerr
         << "usage: dist_worker <scenario> [ddp|zero1|zero2|zero3|fsdp_full_shard|fsdp_grad_op|fsdp_no_shard]"

@@ -1,11 +1,16 @@
 // Accelerator::save_state / load_state. Layout of a checkpoint directory (format version 1):
 //   model.safetensors, model_1.safetensors ...   full weights and buffers of each prepared model
-//   optimizer.pt, optimizer_1.pt ...              LibTorch archives of each optimizer's state
+//   optimizer.pt, optimizer_1.pt ...              LibTorch archives of each optimizer's state (sharded
+//                                                  backends: optimizer_rank<r>.pt per rank)
+//   optimizer_full.safetensors ...                 the same state per model parameter ("<param>/<state>"),
+//                                                  world-size and backend independent (built-in optimizers):
+//                                                  what resuming on another world size or backend reads
 //   accelerator_state.safetensors                 counters, scaler, schedulers, loader positions + metadata
 //   random_states_<rank>.safetensors              RNG states of each rank
 #include <accel/accelerator.hpp>
 #include <accel/detail/atomic_dir.hpp>
 
+#include "optimizer_state.hpp"
 #include "tensor_io.hpp"
 
 #include <ATen/Context.h>
@@ -57,7 +62,135 @@ std::string require(const safetensors::File& f, const std::string& key) {
   return it->second;
 }
 
+// Layouts of an optimizer that updates model parameters directly: each tensor is one whole parameter.
+std::vector<OptimizerTensorLayout> identity_layouts(
+    const torch::optim::Optimizer& optimizer, const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+  std::map<const void*, std::string> names;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    for (const auto& item : models[i]->named_parameters()) {
+      names.emplace(item.value().unsafeGetTensorImpl(),
+                    i == 0 ? item.key() : fmt::format("{}:{}", i, item.key()));
+    }
+  }
+  std::vector<OptimizerTensorLayout> out;
+  for (const auto& pg : optimizer.param_groups()) {
+    for (const auto& t : pg.params()) {
+      const auto it = names.find(t.unsafeGetTensorImpl());
+      if (it == names.end()) return {};  // not every tensor is a model parameter: no conversion possible
+      OptimizerTensorLayout l;
+      l.pieces.push_back({it->second, 0, t.numel()});
+      l.flat_numel = l.length = t.numel();
+      out.push_back(std::move(l));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<std::int64_t>> parameter_shapes(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    for (const auto& item : models[i]->named_parameters()) {
+      shapes[i == 0 ? item.key() : fmt::format("{}:{}", i, item.key())] = item.value().sizes().vec();
+    }
+  }
+  return shapes;
+}
+
+constexpr const char* kStateNames[] = {"step",       "exp_avg",         "exp_avg_sq", "max_exp_avg_sq",
+                                       "square_avg", "momentum_buffer", "grad_avg",   "sum"};
+
 }  // namespace
+
+std::vector<OptimizerTensorLayout> Accelerator::optimizer_layouts(
+    const torch::optim::Optimizer& optimizer) const {
+  auto layouts = backend_->optimizer_layout(optimizer);
+  return layouts.empty() ? identity_layouts(optimizer, models_) : layouts;
+}
+
+std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(
+    const torch::optim::Optimizer& optimizer) {
+  if (detail::optimizer_kind(optimizer).empty()) return std::nullopt;
+  const auto layouts = optimizer_layouts(optimizer);
+  if (layouts.empty()) return std::nullopt;
+  const auto shapes = parameter_shapes(models_);
+  NamedTensors out;
+  std::size_t k = 0;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const auto& pg = optimizer.param_groups()[g];
+    out.emplace_back(fmt::format("param_groups/{}/lr", g),
+                     torch::tensor(pg.options().get_lr(), torch::kFloat64));
+    for (const auto& t : pg.params()) {
+      const auto& layout = layouts[k++];
+      const auto it = optimizer.state().find(t.unsafeGetTensorImpl());
+      if (it == optimizer.state().end()) continue;  // never stepped (the same on every rank)
+      for (const auto& [name, value] : detail::named_state(*it->second)) {
+        if (!value.defined()) continue;
+        if (name == "step") {
+          for (const auto& piece : layout.pieces)
+            out.emplace_back(piece.param + "/step", value.clone());
+          continue;
+        }
+        // Sharded: every rank contributes its slice (collective, the same tensors in the same order).
+        const auto flat = layout.length == layout.flat_numel
+                              ? value.reshape({-1})
+                              : comm_->all_gather(value.reshape({-1}).contiguous());
+        for (const auto& piece : layout.pieces) {
+          out.emplace_back(
+              piece.param + "/" + name,
+              flat.narrow(0, piece.offset, piece.numel).reshape(shapes.at(piece.param)).cpu().clone());
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void Accelerator::load_converted_optimizer_state(torch::optim::Optimizer& optimizer,
+                                                 const std::string& path) {
+  const auto kind = detail::optimizer_kind(optimizer);
+  const auto file = safetensors::File::open(path);
+  const auto saved_kind = require(file, "optimizer");
+  if (kind != saved_kind) {
+    throw CheckpointError(fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}",
+                                      path, saved_kind,
+                                      kind.empty() ? "of a type that cannot be converted" : kind));
+  }
+  const auto layouts = optimizer_layouts(optimizer);
+  optimizer.state().clear();
+  std::size_t k = 0;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    auto& pg = optimizer.param_groups()[g];
+    const auto lr_key = fmt::format("param_groups/{}/lr", g);
+    if (file.contains(lr_key)) pg.options().set_lr(detail::read_tensor(file, lr_key).item<double>());
+    for (const auto& t : pg.params()) {
+      const auto& layout = layouts.at(k++);
+      std::map<std::string, torch::Tensor> named;
+      for (const char* name : kStateNames) {
+        const auto first = layout.pieces.front().param + "/" + name;
+        if (!file.contains(first)) continue;
+        if (std::string(name) == "step") {
+          named["step"] = detail::read_tensor(file, first);
+          continue;
+        }
+        auto flat = torch::zeros({layout.flat_numel}, t.options().requires_grad(false).device(torch::kCPU));
+        for (const auto& piece : layout.pieces) {
+          const auto key = piece.param + "/" + name;
+          if (!file.contains(key)) {
+            throw CheckpointError(
+                fmt::format("{}: no '{}' although '{}' is there; the checkpoint's optimizer "
+                            "covered other parameters than this one",
+                            path, key, first));
+          }
+          flat.narrow(0, piece.offset, piece.numel).copy_(detail::read_tensor(file, key).reshape({-1}));
+        }
+        named[name] = flat.narrow(0, layout.begin, layout.length).clone().view(t.sizes()).to(t.device());
+      }
+      if (named.empty()) continue;  // this parameter had not stepped when the checkpoint was saved
+      optimizer.state()[t.unsafeGetTensorImpl()] = detail::make_state(kind, named);
+    }
+  }
+}
 
 void Accelerator::save_state(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -104,7 +237,18 @@ void Accelerator::write_state_files(const std::filesystem::path& tmp) {
   std::vector<NamedTensors> model_states;
   for (std::size_t i = 0; i < models_.size(); ++i)
     model_states.push_back(backend_->model_state());
-  if (rank_ == 0) write_main_state_files(tmp, model_states);
+  std::vector<std::optional<NamedTensors>> optimizer_states;
+  for (auto* opt : optimizers_)
+    optimizer_states.push_back(consolidated_optimizer_state(*opt));
+  if (rank_ == 0) {
+    write_main_state_files(tmp, model_states);
+    for (std::size_t i = 0; i < optimizer_states.size(); ++i) {
+      if (!optimizer_states[i]) continue;
+      detail::write_tensors((tmp / indexed("optimizer", i, "_full.safetensors")).string(),
+                            *optimizer_states[i],
+                            {{"format", "pt"}, {"optimizer", detail::optimizer_kind(*optimizers_[i])}});
+    }
+  }
   if (backend_->shards_optimizer_state()) {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) {
       torch::save(*optimizers_[i],
@@ -143,6 +287,8 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
     state.emplace_back(
         fmt::format("loader.{}.next_batch", i),
         scalar(static_cast<std::int64_t>(loaders_[i]->in_epoch ? loaders_[i]->next_batch : 0)));
+    state.emplace_back(fmt::format("loader.{}.samples_per_step", i),
+                       scalar(static_cast<std::int64_t>(loaders_[i]->samples_per_step)));
   }
   if (scaler_) {
     for (auto& [k, v] : scaler_->state_dict())
@@ -178,19 +324,10 @@ void Accelerator::load_state(const std::string& dir) {
         fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
                     state_file.path(), v, kFormatVersion));
   }
-  if (const auto w = require(state_file, "world_size"); w != std::to_string(world_size_)) {
-    throw CheckpointError(
-        fmt::format("{}: the checkpoint was saved by {} processes but this run has {}; resume with "
-                    "the same number of processes",
-                    dir, w, world_size_));
-  }
-  if (const auto b = require(state_file, "backend"); b != backend_->name()) {
-    throw CheckpointError(
-        fmt::format("{}: the checkpoint was saved by the '{}' backend but this run uses '{}'; resume with "
-                    "`backend: {}` or "
-                    "consolidate the checkpoint first",
-                    dir, b, backend_->name(), b));
-  }
+  const auto saved_world = require(state_file, "world_size");
+  const auto saved_backend = require(state_file, "backend");
+  // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
+  const bool convert = saved_world != std::to_string(world_size_) || saved_backend != backend_->name();
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
     if (saved != std::to_string(have)) {
@@ -210,6 +347,20 @@ void Accelerator::load_state(const std::string& dir) {
     backend_->load_model_state(detail::read_tensors(f));
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    if (convert) {
+      const auto path = (root / indexed("optimizer", i, "_full.safetensors")).string();
+      if (!fs::exists(path)) {
+        throw CheckpointError(fmt::format(
+            "{}: the checkpoint was saved by {} process(es) with the '{}' backend and this run has {} with "
+            "'{}'; "
+            "converting needs the per-parameter optimizer state '{}', which is written for LibTorch's Adam, "
+            "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
+            dir, saved_world, saved_backend, world_size_, backend_->name(), path, saved_world,
+            saved_backend));
+      }
+      load_converted_optimizer_state(*optimizers_[i], path);
+      continue;
+    }
     const auto path = (root / indexed("optimizer", i,
                                       backend_->shards_optimizer_state() ? fmt::format("_rank{}.pt", rank_)
                                                                          : std::string(".pt")))
@@ -233,6 +384,22 @@ void Accelerator::load_state(const std::string& dir) {
     auto& l = *loaders_[i];
     l.epoch = static_cast<std::uint64_t>(get(fmt::format("loader.{}.epoch", i)));
     l.next_batch = static_cast<std::size_t>(get(fmt::format("loader.{}.next_batch", i)));
+    const auto sps_key = fmt::format("loader.{}.samples_per_step", i);
+    if (state_file.contains(sps_key) && l.samples_per_step != 0) {
+      // Another world size or batch size: continue after the same number of samples.
+      const auto saved_sps = static_cast<std::size_t>(get(sps_key));
+      const auto samples = l.next_batch * saved_sps;
+      if (samples % l.samples_per_step != 0) {
+        throw CheckpointError(
+            fmt::format("{}: loader {} stopped after {} samples of epoch {} ({} per step when saved), which "
+                        "is not a whole "
+                        "number of this run's steps of {} samples; resume with a batch size and number of "
+                        "processes whose "
+                        "product divides {}, or from a checkpoint saved at an epoch end",
+                        dir, i, samples, l.epoch, saved_sps, l.samples_per_step, samples));
+      }
+      l.next_batch = samples / l.samples_per_step;
+    }
     l.resumed = l.next_batch > 0;
     l.in_epoch = false;
     l.at_last_batch = false;
@@ -247,8 +414,13 @@ void Accelerator::load_state(const std::string& dir) {
     scaler_->load_state_dict({{"scale", detail::read_tensor(state_file, "scaler.scale")},
                               {"growth_tracker", detail::read_tensor(state_file, "scaler.growth_tracker")}});
   }
-  const auto rng_file =
-      safetensors::File::open((root / fmt::format("random_states_{}.safetensors", rank_)).string());
+  const auto rng_path = root / fmt::format("random_states_{}.safetensors", rank_);
+  if (convert && !fs::exists(rng_path)) {
+    // This rank did not exist in the saved run: its generators keep their (seeded) state.
+    if (autocast_on_) at::autocast::clear_cache();
+    return;
+  }
+  const auto rng_file = safetensors::File::open(rng_path.string());
   for (const auto& d : rng_devices()) {
     if (!rng_file.contains(d.str())) continue;  // saved on a machine with fewer devices
     auto gen = at::globalContext().defaultGenerator(d);

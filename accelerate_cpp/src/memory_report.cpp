@@ -1,11 +1,7 @@
 // Accelerator::memory_report: exact bytes held in parameter, gradient and optimizer-state tensors.
 #include <accel/accelerator.hpp>
 
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
+#include "optimizer_state.hpp"
 
 #include <unordered_set>
 
@@ -27,18 +23,11 @@ class Counter {
 };
 
 std::vector<torch::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
-  if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : detail::named_state(s)) {
+    if (name != "step") out.push_back(t);
   }
-  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return {m->momentum_buffer()};
-  if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&s)) {
-    return {r->square_avg(), r->momentum_buffer(), r->grad_avg()};
-  }
-  if (const auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return {g->sum()};
-  return {};
+  return out;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <accel/errors.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -68,6 +69,41 @@ double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tenso
     }
   }
   return norm;
+}
+
+OptimizerTensorLayout flat_layout(const std::vector<std::string>& names,
+                                  const std::vector<torch::Tensor>& params,
+                                  const std::vector<std::size_t>& indices,
+                                  const std::vector<std::int64_t>& offsets, std::int64_t shard,
+                                  const Communicator& comm) {
+  OptimizerTensorLayout l;
+  for (std::size_t m = 0; m < indices.size(); ++m)
+    l.pieces.push_back({names[indices[m]], offsets[m], params[indices[m]].numel()});
+  l.flat_numel = shard * comm.world_size();
+  l.begin = shard * comm.rank();
+  l.length = shard;
+  return l;
+}
+
+std::vector<OptimizerTensorLayout> layouts_for(
+    const torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>>& known, const std::string& who) {
+  std::vector<OptimizerTensorLayout> out;
+  for (const auto& pg : optimizer.param_groups()) {
+    for (const auto& t : pg.params()) {
+      const auto it = std::find_if(known.begin(), known.end(), [&](const auto& k) {
+        return k.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+      });
+      if (it == known.end()) {
+        throw UsageError(
+            fmt::format("{}: the optimizer holds a tensor this backend did not create; prepare it with "
+                        "accelerator.prepare",
+                        who));
+      }
+      out.push_back(it->second);
+    }
+  }
+  return out;
 }
 
 void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who) {

@@ -21,6 +21,18 @@ double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max
 /// prefixes errors. Collective.
 double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
                               double norm_type, const std::string& who);
+/// The layout of a flat vector made of `params[indices[m]]` (named `names[indices[m]]`) at `offsets[m]`,
+/// sharded `shard` elements per rank.
+OptimizerTensorLayout flat_layout(const std::vector<std::string>& names,
+                                  const std::vector<torch::Tensor>& params,
+                                  const std::vector<std::size_t>& indices,
+                                  const std::vector<std::int64_t>& offsets, std::int64_t shard,
+                                  const Communicator& comm);
+/// The layouts of `optimizer`'s tensors, in order, looked up among `known` (master tensor, layout) pairs;
+/// UsageError naming `who` for a tensor the backend did not create.
+std::vector<OptimizerTensorLayout> layouts_for(
+    const torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>>& known, const std::string& who);
 /// Compares every rank's parameter and buffer names and shapes; DistributedError naming the first difference.
 /// `who` prefixes the message ("ddp", "zero"). Collective.
 void check_same_model_everywhere(Communicator& comm, torch::nn::Module& model, const std::string& who);

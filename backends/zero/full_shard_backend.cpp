@@ -265,6 +265,14 @@ class FullShardBackend final : public Backend {
     raise_sticky_error();
   }
 
+  std::vector<OptimizerTensorLayout> optimizer_layout(
+      const torch::optim::Optimizer& optimizer) const override {
+    std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>> known;
+    for (const auto& f : flats_)
+      known.emplace_back(f.master, detail::flat_layout(names_, params_, f.params, f.offset, f.shard, comm_));
+    return detail::layouts_for(optimizer, known, options_.name);
+  }
+
   std::vector<torch::Tensor> gradient_buffers() const override {
     std::vector<torch::Tensor> out;
     for (const auto& f : flats_) {

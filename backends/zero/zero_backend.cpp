@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace accel::backends {
 namespace {
 
@@ -157,6 +159,14 @@ class ZeroBackend final : public Backend {
     for (const auto& g : groups_)
       masters.push_back(g.master);
     return detail::clip_sharded_grad_norm(comm_, masters, max_norm, norm_type, options_.name);
+  }
+
+  std::vector<OptimizerTensorLayout> optimizer_layout(
+      const torch::optim::Optimizer& optimizer) const override {
+    std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>> known;
+    for (const auto& g : groups_)
+      known.emplace_back(g.master, detail::flat_layout(names_, params_, g.params, g.offset, g.shard, comm_));
+    return detail::layouts_for(optimizer, known, options_.name);
   }
 
   void sync_parameters() override {

@@ -239,7 +239,11 @@ class Accelerator {
   /// Collective.
   void save_state(const std::string& dir);
   /// Restores everything save_state wrote; training then continues exactly as if never stopped. Objects must
-  /// have been prepared in the same order as when saving. Collective.
+  /// have been prepared in the same order as when saving. A checkpoint saved by another number of processes
+  /// or another backend is converted (the whole model is in model.safetensors, the optimizer state per
+  /// parameter in optimizer_full.safetensors for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad; loader
+  /// positions continue after the same number of samples); otherwise it is refused with a message saying
+  /// why. Collective.
   void load_state(const std::string& dir);
 
  private:
@@ -266,6 +270,9 @@ class Accelerator {
   void restore_gradients();
   void enable_autocast();
   void write_state_files(const std::filesystem::path& tmp);
+  std::vector<OptimizerTensorLayout> optimizer_layouts(const torch::optim::Optimizer& optimizer) const;
+  std::optional<NamedTensors> consolidated_optimizer_state(const torch::optim::Optimizer& optimizer);
+  void load_converted_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& path);
   void write_main_state_files(const std::filesystem::path& tmp,
                               const std::vector<NamedTensors>& model_states);
   struct SplitRange {

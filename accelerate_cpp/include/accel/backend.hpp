@@ -32,6 +32,21 @@ struct BackendContext {
 /// A named tensor of a state dict, in a stable order.
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+/// Where the elements of one tensor an optimizer updates come from, so that checkpoints can be converted
+/// between world sizes and backends: the flat vector [0, flat_numel) is the concatenation of `pieces` (named
+/// model parameters, flattened) padded with zeros, and this rank's tensor holds [begin, begin + length).
+struct OptimizerTensorLayout {
+  struct Piece {
+    std::string param;        ///< name in the model's named_parameters()
+    std::int64_t offset = 0;  ///< where it starts in the flat vector
+    std::int64_t numel = 0;
+  };
+  std::vector<Piece> pieces;
+  std::int64_t flat_numel = 0;
+  std::int64_t begin = 0;
+  std::int64_t length = 0;
+};
+
 /// How gradients, parameters and optimizer state are laid out and synchronised across ranks.
 /// All methods marked "collective" are called on every rank in the same order.
 class Backend {
@@ -58,6 +73,12 @@ class Backend {
   virtual std::vector<torch::Tensor> gradient_buffers() const { return {}; }
   /// Whether each rank's optimizer holds only its own shard of the state (saved per rank by save_state).
   virtual bool shards_optimizer_state() const { return false; }
+  /// The layout of every tensor in `optimizer`'s parameter groups, in order, when the backend re-pointed the
+  /// optimizer at flat shards; empty when the optimizer updates the model's parameters themselves.
+  virtual std::vector<OptimizerTensorLayout> optimizer_layout(
+      const torch::optim::Optimizer& /*optimizer*/) const {
+    return {};
+  }
   /// Full (unsharded) model parameters and buffers by name (collective).
   virtual NamedTensors model_state() = 0;
   /// Loads full model parameters and buffers; throws CheckpointError on missing or mis-shaped entries.

@@ -74,6 +74,9 @@ struct LoaderState {
   bool resumed = false;        ///< set by load_state: the next iteration continues at next_batch
   std::size_t remainder = 0;   ///< ShardPlan::last_round_remainder of the current epoch
   std::size_t batches_in_epoch = 0;
+  /// Samples of the data one batch position covers across all ranks (batch x N, or batch with
+  /// split_batches): converts positions when a checkpoint is resumed on another number of processes.
+  std::size_t samples_per_step = 0;
   std::uint64_t last_yield = 0;          ///< value of `clock` when this loader last yielded a batch
   std::shared_ptr<std::uint64_t> clock;  ///< shared by the loaders of one accelerator: which yielded last
   /// Called before each batch and at the end of an epoch: a step boundary, where sharded backends refresh the
@@ -149,7 +152,11 @@ class DataLoader {
         rank_(rank),
         world_(world),
         device_(device),
-        state_(std::move(state)) {}
+        state_(std::move(state)) {
+    state_->samples_per_step =
+        options_.batch_size_ *
+        (options_.split_batches_.value_or(false) ? 1 : static_cast<std::size_t>(world_));
+  }
 
   Iterator begin() {
     start_epoch();

@@ -1,0 +1,28 @@
+#pragma once
+// Typed access to the per-parameter state of LibTorch's built-in optimizers, by name: what memory_report
+// counts and what checkpoints convert between world sizes and backends.
+
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::detail {
+
+/// "adam", "adamw", "sgd", "rmsprop" or "adagrad"; "" for other optimizer types.
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer);
+
+/// The state tensors of one parameter by name (undefined ones included), plus "step" as a 0-d int64 tensor
+/// where the state has a step counter. Empty for unknown state types.
+std::vector<std::pair<std::string, torch::Tensor>> named_state(
+    const torch::optim::OptimizerParamState& state);
+
+/// A state of the optimizer kind built from `named` (as named_state returns it; missing names stay
+/// undefined).
+std::unique_ptr<torch::optim::OptimizerParamState> make_state(
+    const std::string& kind, const std::map<std::string, torch::Tensor>& named);
+
+}  // namespace accel::detail
