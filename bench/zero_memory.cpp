@@ -16,6 +16,7 @@ int main(int argc, char** argv) try {
   int steps = 10, warmup = 2;
   std::int64_t width = 2304;
   bench::Flags().add("--steps", steps).add("--warmup", warmup).add("--width", width).parse(argc, argv);
+  accel::CpuMemoryCounter::install();  // peak bytes of the timed steps (parameters, activations, buffers, data)
   torch::manual_seed(0);
   torch::nn::Sequential model;
   for (int l = 0; l < 4; ++l) {
@@ -44,6 +45,7 @@ int main(int argc, char** argv) try {
   for (auto& b : *loader) {
     if (step == warmup) {
       accelerator.wait_for_everyone();
+      accel::CpuMemoryCounter::reset_peak();
       start = Clock::now();
     }
     const auto inputs = b.data.narrow(1, 0, width), targets = b.data.select(1, width).to(torch::kLong);
@@ -59,12 +61,13 @@ int main(int argc, char** argv) try {
     std::printf(
         "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": "
         "%llu, "
-        "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu}\n",
+        "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu, \"peak_bytes\": %llu}\n",
         accelerator.backend_name().c_str(), accelerator.num_processes(), static_cast<long long>(params),
         seconds / (step - warmup) * 1e3, static_cast<unsigned long long>(after_step.parameters),
         static_cast<unsigned long long>(after_step.gradients),
         static_cast<unsigned long long>(after_step.optimizer_state),
-        static_cast<unsigned long long>(after_step.total()));
+        static_cast<unsigned long long>(after_step.total()),
+        static_cast<unsigned long long>(accel::CpuMemoryCounter::peak()));
   }
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());
