@@ -16,7 +16,8 @@ int main(int argc, char** argv) try {
   int steps = 10, warmup = 2;
   std::int64_t width = 2304;
   bench::Flags().add("--steps", steps).add("--warmup", warmup).add("--width", width).parse(argc, argv);
-  accel::CpuMemoryCounter::install();  // peak bytes of the timed steps (parameters, activations, buffers, data)
+  accel::CpuMemoryCounter::install();  // peak bytes of the timed steps (parameters, activations, buffers,
+                                       // data)
   torch::manual_seed(0);
   torch::nn::Sequential model;
   for (int l = 0; l < 4; ++l) {

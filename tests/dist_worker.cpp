@@ -58,6 +58,7 @@ Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) 
         std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak"
             ? 300000
             : 600;
+    c.zero.allgather_bucket_size = 600;  // several all-gather chunks after each step
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
              backend_variant == "fsdp_full_shard") {
     c.backend = BackendKind::Fsdp;

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <deque>
 
 namespace accel::backends {
 namespace {
@@ -172,13 +173,37 @@ class ZeroBackend final : public Backend {
   void sync_parameters() override {
     if (!dirty_) return;
     torch::NoGradGuard no_grad;
+    const auto n = comm_.world_size();
     for (auto& g : groups_) {
-      const auto device_slice = g.master.to(params_[g.params.front()].device());
-      const auto full = comm_.all_gather(device_slice);
-      for (std::size_t m = 0; m < g.params.size(); ++m) {
-        auto& p = params_[g.params[m]];
-        p.view({-1}).copy_(full.narrow(0, g.offset[m], p.numel()));
+      const auto& first = params_[g.params.front()];
+      const auto slice = g.master.device() == first.device() ? g.master : g.master.to(first.device());
+      // Gathered in chunks of about gather_bucket_bytes, two in flight: the copy of one chunk into the
+      // parameters overlaps the transfer of the next, and no whole-model buffer is ever allocated.
+      const auto per_rank = std::clamp<std::int64_t>(
+          static_cast<std::int64_t>(options_.gather_bucket_bytes / (first.element_size() * n)), 1, g.shard);
+      struct Chunk {
+        std::int64_t at, len;
+        torch::Tensor out;
+        std::unique_ptr<CollectiveHandle> work;
+      };
+      std::deque<Chunk> in_flight;
+      auto finish = [&](Chunk& c) {
+        c.work->wait();
+        for (int r = 0; r < n; ++r)
+          write_flat_range(g, r * g.shard + c.at, c.out.narrow(0, r * c.len, c.len));
+      };
+      for (std::int64_t at = 0; at < g.shard; at += per_rank) {
+        const auto len = std::min(per_rank, g.shard - at);
+        Chunk c{at, len, torch::empty({n * len}, first.options().requires_grad(false)), nullptr};
+        c.work = comm_.all_gather_async(c.out, slice.narrow(0, at, len));
+        in_flight.push_back(std::move(c));
+        if (in_flight.size() > 2) {
+          finish(in_flight.front());
+          in_flight.pop_front();
+        }
       }
+      for (auto& c : in_flight)
+        finish(c);
     }
     dirty_ = false;
   }
@@ -217,6 +242,39 @@ class ZeroBackend final : public Backend {
         "{}: the optimizer holds a tensor that is not a parameter of the prepared model", options_.name));
   }
 
+  // Calls f(flat tensor of parameter m, offset in it, offset in the range, length) for every parameter piece
+  // covering flat positions [begin, end) of `g` (positions past the last parameter are padding).
+  template <class F>
+  void for_flat_range(const Group& g, std::int64_t begin, std::int64_t end, F f) {
+    auto m = static_cast<std::size_t>(std::upper_bound(g.offset.begin(), g.offset.end(), begin) -
+                                      g.offset.begin());
+    m = m == 0 ? 0 : m - 1;
+    for (; m < g.params.size() && g.offset[m] < end; ++m) {
+      const auto numel = params_[g.params[m]].numel();
+      const auto lo = std::max(begin, g.offset[m]), hi = std::min(end, g.offset[m] + numel);
+      if (lo < hi) f(g.params[m], lo - g.offset[m], lo - begin, hi - lo);
+    }
+  }
+
+  // Copies `values` into the parameters covering flat positions [begin, begin + values.numel()).
+  void write_flat_range(const Group& g, std::int64_t begin, const torch::Tensor& values) {
+    for_flat_range(
+        g, begin, begin + values.numel(), [&](std::size_t index, auto in_param, auto in_range, auto len) {
+          params_[index].view({-1}).narrow(0, in_param, len).copy_(values.narrow(0, in_range, len));
+        });
+  }
+
+  // Copies the gradients at flat positions [begin, begin + out.numel()) into `out` (missing ones stay as they
+  // are: zero).
+  void read_flat_range(const Group& g, std::int64_t begin, torch::Tensor out) {
+    for_flat_range(g, begin, begin + out.numel(),
+                   [&](std::size_t index, auto in_param, auto in_range, auto len) {
+                     const auto& grad = params_[index].grad();
+                     if (grad.defined())
+                       out.narrow(0, in_range, len).copy_(grad.reshape({-1}).narrow(0, in_param, len));
+                   });
+  }
+
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
     auto& grad = g.master.mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(g.master);
@@ -226,24 +284,40 @@ class ZeroBackend final : public Backend {
   // Stage 1: one reduce-scatter of each group's whole padded gradient.
   void reduce_scatter_all() {
     torch::NoGradGuard no_grad;
+    const auto n = comm_.world_size();
     for (auto& g : groups_) {
       const auto& first = params_[g.params.front()];
-      auto flat = torch::zeros({g.shard * comm_.world_size()}, first.options().requires_grad(false));
       for (std::size_t m = 0; m < g.params.size(); ++m) {
-        auto& p = params_[g.params[m]];
-        if (p.grad().defined()) {
-          flat.narrow(0, g.offset[m], p.numel()).copy_(p.grad().reshape({-1}));
-        } else if (!ctx_.config->ddp_find_unused_parameters) {
+        if (!params_[g.params[m]].grad().defined() && !ctx_.config->ddp_find_unused_parameters) {
           throw UsageError(
               fmt::format("{}: parameter {} received no gradient in this backward; set "
                           "`ddp_find_unused_parameters: true` to reduce it as zeros",
                           options_.name, names_[g.params[m]]));
         }
-        p.mutable_grad() = torch::Tensor();
       }
-      const auto mine = comm_.reduce_scatter(flat, ReduceOp::Sum);
+      // Chunks of about bucket_bytes, each rank's k-th piece side by side, two reduce-scatters in flight;
+      // no whole-model gradient copy is made.
+      const auto per_rank = std::clamp<std::int64_t>(
+          static_cast<std::int64_t>(options_.bucket_bytes / (first.element_size() * n)), 1, g.shard);
+      auto grad = torch::empty({g.shard}, first.options().requires_grad(false));
+      std::deque<std::unique_ptr<CollectiveHandle>> in_flight;
+      for (std::int64_t at = 0; at < g.shard; at += per_rank) {
+        const auto len = std::min(per_rank, g.shard - at);
+        auto input = torch::zeros({n * len}, first.options().requires_grad(false));
+        for (int r = 0; r < n; ++r)
+          read_flat_range(g, r * g.shard + at, input.narrow(0, r * len, len));
+        in_flight.push_back(comm_.reduce_scatter_async(grad.narrow(0, at, len), input));
+        if (in_flight.size() > 2) {
+          in_flight.front()->wait();
+          in_flight.pop_front();
+        }
+      }
+      for (auto& w : in_flight)
+        w->wait();
+      for (auto index : g.params)
+        params_[index].mutable_grad() = torch::Tensor();
       g.master.mutable_grad() = torch::Tensor();
-      set_master_grad(g, mine.to(g.master.device()), 0);
+      set_master_grad(g, grad.to(g.master.device()), 0);
     }
   }
 
@@ -392,6 +466,7 @@ std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& con
   ZeroOptions o;
   o.stage = z.stage;
   o.bucket_bytes = z.reduce_bucket_size;
+  o.gather_bucket_bytes = z.allgather_bucket_size;
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
   return make_zero_backend(context, o);
 }
@@ -405,6 +480,7 @@ std::unique_ptr<Backend> make_fsdp_backend_from_config(const BackendContext& con
       ZeroOptions o;
       o.stage = 2;
       o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
+      o.gather_bucket_bytes = o.bucket_bytes;
       o.offload_optimizer = f.offload_params;
       o.name = "fsdp";
       return make_zero_backend(context, o);

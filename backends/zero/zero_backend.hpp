@@ -5,12 +5,13 @@
 /// the
 ///   contiguous slice [r*S, (r+1)*S), S = ceil(P/N), and the user's optimizer is re-pointed at a flat
 ///   "master" tensor of that slice, so each rank holds exactly S elements of every optimizer state tensor;
-/// - stage 1: after backward the full gradients are reduce-scattered in one call; stage 2: during backward,
+/// - stage 1: after backward the full gradients are reduce-scattered in chunks of `bucket_bytes` (two in
+///   flight, each rank's k-th piece side by side); stage 2: during backward,
 ///   gradients are reduced to their owners in buckets as they become ready, and the full gradients are freed
 ///   bucket by bucket, so a rank holds its S gradient elements plus at most one bucket;
 /// - after the user's `optimizer.step()` the updated slices are all-gathered into the model's parameters at
 /// the
-///   next step boundary (`Backend::sync_parameters`).
+///   next step boundary (`Backend::sync_parameters`), in chunks of `gather_bucket_bytes`, two in flight.
 /// Communication per step equals DDP's: reduce(-scatter) (N-1)/N x P plus all-gather (N-1)/N x P elements.
 
 #include <accel/backend.hpp>
@@ -21,13 +22,14 @@ namespace accel::backends {
 
 /// Options of the sharded-optimizer backend.
 struct ZeroOptions {
-  int stage = 2;                           ///< 1 or 2
-  std::uint64_t bucket_bytes = 500000000;  ///< stage 2 reduce bucket, in bytes
-  bool offload_optimizer = false;          ///< keep master slices and optimizer state in CPU memory
-  std::string name = "zero";               ///< reported by name() ("zero" or "fsdp")
+  int stage = 2;                                  ///< 1 or 2
+  std::uint64_t bucket_bytes = 500000000;         ///< stage 2 reduce bucket / stage 1 chunk, in bytes
+  std::uint64_t gather_bucket_bytes = 500000000;  ///< parameter all-gather chunk after the step, in bytes
+  bool offload_optimizer = false;                 ///< keep master slices and optimizer state in CPU memory
+  std::string name = "zero";                      ///< reported by name() ("zero" or "fsdp")
 };
 
-/// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is not available yet).
+/// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is full_shard_backend.hpp).
 std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOptions options);
 /// Factory for `backend: zero`: reads `deepspeed_config` (zero_stage, reduce_bucket_size, offload ...).
 std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& context);
