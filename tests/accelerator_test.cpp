@@ -2,6 +2,8 @@
 
 #include "test_support.hpp"
 
+#include <accel/safetensors.hpp>
+
 #include <ATen/autocast_mode.h>
 
 using namespace accel;
@@ -201,4 +203,46 @@ TEST_CASE("accelerator: set_seed makes runs repeatable") {
   const auto a = torch::rand({4});
   acc.set_seed(123);
   REQUIRE(torch::equal(a, torch::rand({4})));
+}
+
+TEST_CASE(
+    "accelerator: settings without effect in this run are reported; zero3_save_16bit_model writes fp16") {
+  Config c = test::make_config();
+  c.backend = BackendKind::Zero;
+  c.zero.stage = 3;
+  c.zero.offload_param_device = OffloadDevice::Cpu;
+  c.zero.zero3_init_flag = true;
+  c.zero.zero3_save_16bit_model = true;
+  Accelerator acc(AcceleratorOptions().config(c));
+  const auto& notes = acc.notices();
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0] ==
+        "deepspeed_config.offload_param_device: cpu has no effect: this run trains on the CPU, where that "
+        "state "
+        "lives already");
+  CHECK(notes[1].rfind("deepspeed_config.zero3_init_flag: true has no effect", 0) == 0);
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare(model, opt);
+  Regression data(8);
+  acc.backward(torch::mse_loss(model(data.x), data.y));
+  opt.step();
+  test::TempDir dir;
+  acc.save_state(dir.path.string());
+  const auto full = safetensors::File::open((dir.path / "model.safetensors").string());
+  const auto half = safetensors::File::open((dir.path / "model_16bit.safetensors").string());
+  REQUIRE(half.names() == full.names());
+  for (const auto& name : full.names()) {
+    CHECK(half.info(name).dtype == safetensors::DType::F16);
+    CHECK(half.info(name).shape == full.info(name).shape);
+  }
+  // The fp16 copy holds the same (rounded) weights as the fp32 model.
+  const auto& info = full.info("fc2.weight");
+  const auto w32 =
+      torch::from_blob(const_cast<std::uint8_t*>(full.data("fc2.weight")), info.shape, torch::kFloat32);
+  const auto w16 =
+      torch::from_blob(const_cast<std::uint8_t*>(half.data("fc2.weight")), info.shape, torch::kFloat16);
+  CHECK(torch::allclose(w16.to(torch::kFloat32), w32, 1e-3, 1e-3));
+  CHECK(!torch::equal(w32, torch::zeros_like(w32)));
 }

@@ -92,6 +92,42 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   if (config_.mixed_precision == MixedPrecision::Fp16) {
     scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
   }
+  collect_notices();
+  if (is_main_process()) {
+    for (const auto& n : notices_)
+      std::cerr << "accelerate-cpp: note: " << n << std::endl;
+  }
+}
+
+void Accelerator::collect_notices() {
+  const auto& z = config_.zero;
+  const auto& f = config_.fsdp;
+  const bool zero = config_.backend == BackendKind::Zero, fsdp = config_.backend == BackendKind::Fsdp;
+  if (device_.is_cpu()) {
+    const char* why = "this run trains on the CPU, where that state lives already";
+    if (zero && z.offload_optimizer_device == OffloadDevice::Cpu)
+      notices_.push_back(
+          fmt::format("deepspeed_config.offload_optimizer_device: cpu has no effect: {}", why));
+    if (zero && z.offload_param_device == OffloadDevice::Cpu)
+      notices_.push_back(fmt::format("deepspeed_config.offload_param_device: cpu has no effect: {}", why));
+    if (fsdp && f.offload_params)
+      notices_.push_back(fmt::format("fsdp_config.fsdp_offload_params: true has no effect: {}", why));
+  }
+  if (zero && z.zero3_init_flag) {
+    notices_.push_back(
+        "deepspeed_config.zero3_init_flag: true has no effect: LibTorch modules build their parameters whole "
+        "before prepare(); stage 3 frees all but this rank's shard during prepare()");
+  }
+  if (fsdp && f.state_dict_type == StateDictType::ShardedStateDict) {
+    notices_.push_back(
+        "fsdp_config.fsdp_state_dict_type: SHARDED_STATE_DICT has no effect: save_state always writes the "
+        "whole model, each rank's optimizer shard and the per-parameter optimizer state");
+  }
+  if (fsdp && f.cpu_ram_efficient_loading) {
+    notices_.push_back(
+        "fsdp_config.fsdp_cpu_ram_efficient_loading: true has no effect: every rank builds the model before "
+        "prepare(), which then broadcasts rank 0's weights");
+  }
 }
 
 Accelerator::~Accelerator() {

@@ -1,5 +1,6 @@
 // Accelerator::save_state / load_state. Layout of a checkpoint directory (format version 1):
 //   model.safetensors, model_1.safetensors ...   full weights and buffers of each prepared model
+//   model_16bit.safetensors ...                   the same in fp16/bf16 (zero3_save_16bit_model: true)
 //   optimizer.pt, optimizer_1.pt ...              LibTorch archives of each optimizer's state (sharded
 //                                                  backends: optimizer_rank<r>.pt per rank)
 //   optimizer_full.safetensors ...                 the same state per model parameter ("<param>/<state>"),
@@ -269,6 +270,15 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
   for (std::size_t i = 0; i < model_states.size(); ++i) {
     detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i],
                           {{"format", "pt"}});
+    if (config_.backend == BackendKind::Zero && config_.zero.zero3_save_16bit_model) {
+      // DeepSpeed's zero3_save_16bit_model: a consolidated copy in the training's 16-bit type, for inference.
+      const auto dtype = config_.mixed_precision == MixedPrecision::Bf16 ? torch::kBFloat16 : torch::kFloat16;
+      NamedTensors half;
+      for (const auto& [name, t] : model_states[i])
+        half.emplace_back(name, t.is_floating_point() ? t.to(dtype) : t);
+      detail::write_tensors((tmp / indexed("model_16bit", i, ".safetensors")).string(), half,
+                            {{"format", "pt"}});
+    }
   }
   for (std::size_t i = 0; i < optimizers_.size() && !backend_->shards_optimizer_state(); ++i) {
     torch::save(*optimizers_[i], (tmp / indexed("optimizer", i, ".pt")).string());

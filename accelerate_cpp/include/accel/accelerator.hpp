@@ -92,6 +92,9 @@ class Accelerator {
   const Config& config() const noexcept { return config_; }
   /// Name of the active backend ("local", "ddp", ...).
   std::string backend_name() const;
+  /// Settings of the config that have no effect in this run, each with the reason (for example CPU offload on
+  /// a CPU run). The main process also prints them to stderr once, at construction.
+  const std::vector<std::string>& notices() const noexcept { return notices_; }
   MixedPrecision mixed_precision() const noexcept { return config_.mixed_precision; }
   int gradient_accumulation_steps() const noexcept { return config_.gradient_accumulation_steps; }
 
@@ -269,6 +272,7 @@ class Accelerator {
   void stash_gradients();
   void restore_gradients();
   void enable_autocast();
+  void collect_notices();
   void write_state_files(const std::filesystem::path& tmp);
   std::vector<OptimizerTensorLayout> optimizer_layouts(const torch::optim::Optimizer& optimizer) const;
   std::optional<NamedTensors> consolidated_optimizer_state(const torch::optim::Optimizer& optimizer);
@@ -296,6 +300,7 @@ class Accelerator {
   std::vector<torch::optim::LRScheduler*> schedulers_;
   std::vector<std::shared_ptr<detail::LoaderState>> loaders_;
   std::shared_ptr<std::uint64_t> loader_clock_ = std::make_shared<std::uint64_t>(0);
+  std::vector<std::string> notices_;
   std::vector<torch::Tensor> stashed_grads_;  // parallel to optimizer_params() while a cycle is open
   std::optional<std::uint64_t> seed_;
 
