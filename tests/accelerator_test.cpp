@@ -246,3 +246,20 @@ TEST_CASE(
   CHECK(torch::allclose(w16.to(torch::kFloat32), w32, 1e-3, 1e-3));
   CHECK(!torch::equal(w32, torch::zeros_like(w32)));
 }
+
+TEST_CASE("accelerator: stage 3 refuses tied parameters with a clear message") {
+  struct TiedImpl : torch::nn::Module {
+    TiedImpl() {
+      a = register_module("a", torch::nn::Linear(4, 4));
+      register_parameter("head", a->weight);  // the same tensor under a second name, as tied embeddings are
+    }
+    torch::nn::Linear a{nullptr};
+  };
+  Config c = test::make_config();
+  c.backend = BackendKind::Zero;
+  c.zero.stage = 3;
+  Accelerator acc(AcceleratorOptions().config(c));
+  auto model = std::make_shared<TiedImpl>();
+  REQUIRE_THROWS_WITH(acc.prepare(model),
+                      Catch::Contains("parameters 'head' and 'a.weight' share memory (tied weights)"));
+}

@@ -549,6 +549,53 @@ void reshard(bool load) {
   }
 }
 
+// A frozen layer (requires_grad false) whose parameters are still handed to the optimizer, as
+// `model->parameters()` after freezing gives them: it trains, the frozen layer stays as it was, and the
+// result matches one process with batch N*B.
+void frozen() {
+  auto build = [] {
+    torch::manual_seed(0);
+    Mlp model;
+    for (auto& p : model->fc1->parameters())
+      p.set_requires_grad(false);
+    return model;
+  };
+  std::vector<torch::Tensor> got, initial;
+  int world = 0;
+  {
+    Accelerator acc(AcceleratorOptions().config(cpu_config()));
+    world = acc.num_processes();
+    auto model = build();
+    initial = test::snapshot(*model);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    acc.prepare(model, opt);
+    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+    for (auto& b : *loader) {
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      opt.step();
+    }
+    got = test::snapshot(*model);
+  }
+  auto model = build();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  Regression data(4 * world * 3);
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    const auto big = 4 * world;
+    torch::mse_loss(model(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
+        .backward();
+    opt.step();
+  }
+  const auto want = test::snapshot(*model);
+  CHECK_THAT(torch::equal(got[0], initial[0]) && torch::equal(got[1], initial[1]),
+             "the frozen layer changed");
+  CHECK_THAT(!torch::equal(got[2], initial[2]), "the trainable layer did not train");
+  for (std::size_t k = 0; k < want.size(); ++k)
+    CHECK_THAT(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
+}
+
 // memory_report() after a sync backward and step matches estimate_memory() within 5%.
 void memory() {
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -713,6 +760,7 @@ int main(int argc, char** argv) try {
       {"sharding", sharding},
       {"memory", memory},
       {"peak", peak},
+      {"frozen", frozen},
       {"reshard_save", [] { reshard(false); }},
       {"reshard_load", [] { reshard(true); }}};
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {

@@ -21,7 +21,9 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 
 namespace accel {
@@ -98,6 +100,19 @@ std::map<std::string, std::vector<std::int64_t>> parameter_shapes(
   return shapes;
 }
 
+// Identifies how an optimizer's tensors map onto model parameters (stage, wrap policy, world size ...): a
+// checkpoint with another fingerprint is converted, never loaded slice for slice into the wrong tensors.
+std::string layout_fingerprint(const std::vector<OptimizerTensorLayout>& layouts) {
+  std::string text;
+  for (const auto& l : layouts) {
+    text += fmt::format("[{} {} {}", l.flat_numel, l.begin, l.length);
+    for (const auto& p : l.pieces)
+      text += fmt::format(" {}@{}+{}", p.param, p.offset, p.numel);
+    text += "]";
+  }
+  return fmt::format("{:016x}", std::hash<std::string>{}(text));
+}
+
 constexpr const char* kStateNames[] = {"step",       "exp_avg",         "exp_avg_sq", "max_exp_avg_sq",
                                        "square_avg", "momentum_buffer", "grad_avg",   "sum"};
 
@@ -158,6 +173,12 @@ void Accelerator::load_converted_optimizer_state(torch::optim::Optimizer& optimi
                                       kind.empty() ? "of a type that cannot be converted" : kind));
   }
   const auto layouts = optimizer_layouts(optimizer);
+  if (layouts.empty()) {
+    throw CheckpointError(
+        fmt::format("{}: the prepared optimizer holds tensors that are not parameters of the "
+                    "prepared models, so per-parameter state cannot be mapped onto it",
+                    path));
+  }
   optimizer.state().clear();
   std::size_t k = 0;
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
@@ -168,22 +189,27 @@ void Accelerator::load_converted_optimizer_state(torch::optim::Optimizer& optimi
       const auto& layout = layouts.at(k++);
       std::map<std::string, torch::Tensor> named;
       for (const char* name : kStateNames) {
-        const auto first = layout.pieces.front().param + "/" + name;
-        if (!file.contains(first)) continue;
+        // Pieces whose parameter had not stepped when saving (for example unused in a DDP run) start from
+        // zero, as a fresh optimizer state would.
+        const auto present = std::any_of(layout.pieces.begin(), layout.pieces.end(), [&](const auto& piece) {
+          return file.contains(piece.param + "/" + name);
+        });
+        if (!present) continue;
         if (std::string(name) == "step") {
-          named["step"] = detail::read_tensor(file, first);
+          std::int64_t step = 0;
+          for (const auto& piece : layout.pieces) {
+            const auto key = piece.param + "/step";
+            if (file.contains(key))
+              step = std::max(step, detail::read_tensor(file, key).item<std::int64_t>());
+          }
+          named["step"] = torch::tensor(step, torch::kInt64);
           continue;
         }
         auto flat = torch::zeros({layout.flat_numel}, t.options().requires_grad(false).device(torch::kCPU));
         for (const auto& piece : layout.pieces) {
           const auto key = piece.param + "/" + name;
-          if (!file.contains(key)) {
-            throw CheckpointError(
-                fmt::format("{}: no '{}' although '{}' is there; the checkpoint's optimizer "
-                            "covered other parameters than this one",
-                            path, key, first));
-          }
-          flat.narrow(0, piece.offset, piece.numel).copy_(detail::read_tensor(file, key).reshape({-1}));
+          if (file.contains(key))
+            flat.narrow(0, piece.offset, piece.numel).copy_(detail::read_tensor(file, key).reshape({-1}));
         }
         named[name] = flat.narrow(0, layout.begin, layout.length).clone().view(t.sizes()).to(t.device());
       }
@@ -304,7 +330,11 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
     for (auto& [k, v] : scaler_->state_dict())
       state.emplace_back("scaler." + k, v);
   }
-  const std::map<std::string, std::string> meta{{"format", kFormat},
+  std::string fingerprints;
+  for (auto* opt : optimizers_)
+    fingerprints += (fingerprints.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  const std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints},
+                                                {"format", kFormat},
                                                 {"format_version", kFormatVersion},
                                                 {"backend", backend_->name()},
                                                 {"world_size", std::to_string(world_size_)},
@@ -337,7 +367,13 @@ void Accelerator::load_state(const std::string& dir) {
   const auto saved_world = require(state_file, "world_size");
   const auto saved_backend = require(state_file, "backend");
   // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
-  const bool convert = saved_world != std::to_string(world_size_) || saved_backend != backend_->name();
+  std::string fingerprints;
+  for (auto* opt : optimizers_)
+    fingerprints += (fingerprints.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
+  const bool convert =
+      saved_world != std::to_string(world_size_) || saved_backend != backend_->name() ||
+      (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints);
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
     if (saved != std::to_string(have)) {
@@ -362,8 +398,8 @@ void Accelerator::load_state(const std::string& dir) {
       if (!fs::exists(path)) {
         throw CheckpointError(fmt::format(
             "{}: the checkpoint was saved by {} process(es) with the '{}' backend and this run has {} with "
-            "'{}'; "
-            "converting needs the per-parameter optimizer state '{}', which is written for LibTorch's Adam, "
+            "'{}' (or another sharding layout); converting needs the per-parameter optimizer state '{}', "
+            "which is written for LibTorch's Adam, "
             "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
             dir, saved_world, saved_backend, world_size_, backend_->name(), path, saved_world,
             saved_backend));

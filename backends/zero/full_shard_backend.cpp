@@ -77,7 +77,8 @@ struct Flat {
   std::unique_ptr<CollectiveHandle> gathering;
   torch::Tensor grad;  // [N*S] full gradient being accumulated (until it is reduce-scattered)
   std::size_t grads_seen = 0;
-  bool launched = false;  // reduce-scatter of this backward launched
+  std::size_t trainable = 0;  // parameters with requires_grad: the gradients a complete backward delivers
+  bool launched = false;      // reduce-scatter of this backward launched
 };
 
 struct Unit {
@@ -110,7 +111,15 @@ class FullShardBackend final : public Backend {
     model_ = &model;
     detail::check_same_model_everywhere(comm_, model, options_.name);
     detail::broadcast_module(comm_, model);
+    std::map<const c10::StorageImpl*, std::string> owner;
     for (const auto& item : model.named_parameters()) {
+      const auto* storage = item.value().unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      if (!owner.emplace(storage, item.key()).second) {
+        throw UnsupportedOperation(
+            fmt::format("{}: parameters '{}' and '{}' share memory (tied weights); sharding parameters needs "
+                        "each to own its storage; use stage 2 / SHARD_GRAD_OP for this model",
+                        options_.name, owner.at(storage), item.key()));
+      }
       index_by_name_[item.key()] = names_.size();
       names_.push_back(item.key());
       params_.push_back(item.value());
@@ -171,7 +180,7 @@ class FullShardBackend final : public Backend {
           f.numel += p.numel();
         }
         if (f.params.empty()) continue;
-        f.shard = (f.numel + n - 1) / n;
+        f.shard = std::max<std::int64_t>(1, (f.numel + n - 1) / n);
         const auto& first = params_[f.params.front()];
         auto flat = torch::zeros({f.shard * n}, first.options().requires_grad(false));
         for (std::size_t m = 0; m < f.params.size(); ++m) {
@@ -194,7 +203,11 @@ class FullShardBackend final : public Backend {
         free_storage(index);
     }
     for (std::size_t index = 0; index < params_.size(); ++index) {
-      if (slot_[index]) hooks_.add(params_[index], index, [this](std::size_t i) { on_grad(i); });
+      // Frozen parameters (requires_grad false) get no gradient and have no gradient accumulator to hook.
+      if (slot_[index] && params_[index].requires_grad()) {
+        hooks_.add(params_[index], index, [this](std::size_t i) { on_grad(i); });
+        flats_[slot_[index]->flat].trainable += 1;
+      }
     }
     do_register();
   }
@@ -211,6 +224,7 @@ class FullShardBackend final : public Backend {
     // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order).
     release_all();
     recording_ = false;
+    stepping_ = false;  // no optimizer step can happen inside backward
     syncing_ = sync;
     for (auto& f : flats_) {
       f.grads_seen = 0;
@@ -228,11 +242,14 @@ class FullShardBackend final : public Backend {
       for (const auto& f : flats_) {
         if (f.launched) continue;
         for (auto index : f.params) {
-          if (!seen_[index]) unused.push_back(names_[index]);
+          if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
         }
       }
       if (!unused.empty() && !ctx_.config->ddp_find_unused_parameters) {
         finish_reduce();
+        syncing_ = false;
+        for (auto& f : flats_)
+          f.grad = torch::Tensor();  // nothing of this failed backward leaks into the next one
         throw UsageError(
             fmt::format("{}: parameter(s) {} received no gradient in this backward; make "
                         "every parameter take part in the loss, or set `ddp_find_unused_parameters: true` "
@@ -245,6 +262,10 @@ class FullShardBackend final : public Backend {
       finish_reduce();
     }
     syncing_ = false;
+    // The user's optimizer.step() comes next and updates the shards; LibTorch's SGD does so through .data(),
+    // so version counters cannot tell when. Until the next step boundary (sync_parameters), a unit is
+    // released as soon as the operators using it end, so nothing gathered before the step outlives it.
+    if (sync) stepping_ = true;
     // Gradients of parameters no optimizer updates are not needed.
     for (std::size_t index = 0; index < params_.size(); ++index) {
       if (!slot_[index]) params_[index].mutable_grad() = torch::Tensor();
@@ -262,6 +283,7 @@ class FullShardBackend final : public Backend {
     // Units gathered before the user's optimizer.step() hold old values: drop them; the next use gathers.
     std::lock_guard lock(mu_);
     release_all();
+    stepping_ = false;
     raise_sticky_error();
   }
 
@@ -371,8 +393,10 @@ class FullShardBackend final : public Backend {
 
   void unpin(const std::vector<std::size_t>& used) {
     std::lock_guard lock(mu_);
-    for (auto u : used)
+    for (auto u : used) {
       units_[u].pins -= 1;
+      if (stepping_ && units_[u].pins == 0 && units_[u].live) release(u);
+    }
   }
 
  private:
@@ -574,7 +598,7 @@ class FullShardBackend final : public Backend {
     if (!syncing_ || seen_[index]) return;
     seen_[index] = true;
     f.grads_seen += 1;
-    if (f.grads_seen == f.params.size()) launch_reduce(slot.flat);
+    if (f.grads_seen == f.trainable) launch_reduce(slot.flat);
   }
 
   struct PendingReduce {
@@ -651,6 +675,7 @@ class FullShardBackend final : public Backend {
   std::vector<std::size_t> order_;  // units in the order the first forward used them
   bool recording_ = true;
   bool syncing_ = false;
+  bool stepping_ = false;   // between a sync backward and the next step boundary: keep no unit gathered
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
   std::int64_t live_bytes_ = 0, peak_live_bytes_ = 0;

@@ -84,7 +84,7 @@ class ZeroBackend final : public Backend {
         g.numel += p.numel();
       }
       if (g.params.empty()) continue;
-      g.shard = (g.numel + n - 1) / n;
+      g.shard = std::max<std::int64_t>(1, (g.numel + n - 1) / n);
       const auto& first = params_[g.params.front()];
       auto flat = torch::zeros({g.shard * n}, first.options().requires_grad(false));
       for (std::size_t m = 0; m < g.params.size(); ++m) {
@@ -133,7 +133,7 @@ class ZeroBackend final : public Backend {
     } else {
       std::vector<std::string> unused;
       for (const auto& [index, r] : ref_) {
-        if (!seen_[index]) unused.push_back(names_[index]);
+        if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
       }
       if (!unused.empty() && !ctx_.config->ddp_find_unused_parameters) {
         throw UsageError(
@@ -146,6 +146,11 @@ class ZeroBackend final : public Backend {
         if (!seen_[index]) mark_ready(index);
       }
       finish_pending();
+      // A rank whose slice is only padding received nothing: give it zeros, so that every rank's optimizer
+      // steps (and holds state for) the same tensors.
+      for (auto& g : groups_) {
+        if (!g.master.grad().defined()) g.master.mutable_grad() = torch::zeros_like(g.master);
+      }
     }
     // Gradients of parameters no optimizer updates are not needed either.
     for (auto& p : params_)
@@ -194,13 +199,13 @@ class ZeroBackend final : public Backend {
       };
       for (std::int64_t at = 0; at < g.shard; at += per_rank) {
         const auto len = std::min(per_rank, g.shard - at);
-        Chunk c{at, len, torch::empty({n * len}, first.options().requires_grad(false)), nullptr};
-        c.work = comm_.all_gather_async(c.out, slice.narrow(0, at, len));
-        in_flight.push_back(std::move(c));
-        if (in_flight.size() > 2) {
+        if (in_flight.size() == 2) {
           finish(in_flight.front());
           in_flight.pop_front();
         }
+        Chunk c{at, len, torch::empty({n * len}, first.options().requires_grad(false)), nullptr};
+        c.work = comm_.all_gather_async(c.out, slice.narrow(0, at, len));
+        in_flight.push_back(std::move(c));
       }
       for (auto& c : in_flight)
         finish(c);
@@ -288,7 +293,8 @@ class ZeroBackend final : public Backend {
     for (auto& g : groups_) {
       const auto& first = params_[g.params.front()];
       for (std::size_t m = 0; m < g.params.size(); ++m) {
-        if (!params_[g.params[m]].grad().defined() && !ctx_.config->ddp_find_unused_parameters) {
+        if (!params_[g.params[m]].grad().defined() && params_[g.params[m]].requires_grad() &&
+            !ctx_.config->ddp_find_unused_parameters) {
           throw UsageError(
               fmt::format("{}: parameter {} received no gradient in this backward; set "
                           "`ddp_find_unused_parameters: true` to reduce it as zeros",
@@ -303,14 +309,14 @@ class ZeroBackend final : public Backend {
       std::deque<std::unique_ptr<CollectiveHandle>> in_flight;
       for (std::int64_t at = 0; at < g.shard; at += per_rank) {
         const auto len = std::min(per_rank, g.shard - at);
+        if (in_flight.size() == 2) {
+          in_flight.front()->wait();
+          in_flight.pop_front();
+        }
         auto input = torch::zeros({n * len}, first.options().requires_grad(false));
         for (int r = 0; r < n; ++r)
           read_flat_range(g, r * g.shard + at, input.narrow(0, r * len, len));
         in_flight.push_back(comm_.reduce_scatter_async(grad.narrow(0, at, len), input));
-        if (in_flight.size() > 2) {
-          in_flight.front()->wait();
-          in_flight.pop_front();
-        }
       }
       for (auto& w : in_flight)
         w->wait();
@@ -359,7 +365,9 @@ class ZeroBackend final : public Backend {
   void install_hooks() {
     if (options_.stage != 2) return;
     for (const auto& [index, r] : ref_) {
-      hooks_.add(params_[index], index, [this](std::size_t i) { on_grad_ready(i); });
+      // Frozen parameters have no gradient accumulator; their bucket slots are filled at the end of backward.
+      if (params_[index].requires_grad())
+        hooks_.add(params_[index], index, [this](std::size_t i) { on_grad_ready(i); });
     }
   }
 
