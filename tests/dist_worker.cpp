@@ -148,6 +148,14 @@ void sharding() {
                "Adam state per rank must be ceil(P/N) = " << want << " elements per state tensor, has "
                                                           << adam.exp_avg().numel());
   }
+  // get_state_dict(): every parameter whole, by name, equal to what the model computes with.
+  const auto state = acc.get_state_dict();
+  const auto params = model->named_parameters();
+  CHECK_THAT(state.size() == params.size(), "get_state_dict has " << state.size() << " entries");
+  for (const auto& [name, t] : state) {
+    CHECK_THAT(params.contains(name) && torch::equal(t, params[name].detach()),
+               "get_state_dict: '" << name << "' differs from the model's parameter");
+  }
   // The model itself is whole and identical on every rank.
   for (const auto& p : model->parameters()) {
     const auto all = acc.gather(p.detach().unsqueeze(0));
@@ -235,9 +243,27 @@ std::vector<torch::Tensor> train_distributed(Accelerator& acc, int steps, std::s
                  steps)
           .map(torch::data::transforms::Stack<>()),
       torch::data::DataLoaderOptions(batch));
+  std::int64_t p_total = 0;
+  for (const auto& p : model->parameters())
+    p_total += p.numel();
   for (auto& b : *loader) {
     opt->zero_grad();
     acc.backward(torch::mse_loss(model(b.data).to(torch::kFloat32), b.target));
+    if (!acc.sync_gradients() && params_sharded()) {
+      // Between micro-steps ZeRO-3 keeps only reduced slices (it reduce-scatters every micro-step); FSDP
+      // keeps the whole unsharded gradient, as PyTorch's no_sync does.
+      const auto held = acc.memory_report().gradients;
+      std::uint64_t shards = 0;
+      for (const auto& master : opt->param_groups()[0].params())
+        shards += static_cast<std::uint64_t>(master.numel()) * 4;
+      if (backend_variant == "zero3") {
+        CHECK_THAT(held <= shards,
+                   "zero3 holds " << held << " gradient bytes between micro-steps, shards are " << shards);
+      } else {
+        CHECK_THAT(held >= static_cast<std::uint64_t>(p_total) * 4,
+                   "FSDP no_sync must keep the whole gradient, holds " << held);
+      }
+    }
     if (acc.sync_gradients()) {
       // After the sync every rank holds the same gradients (sharded backends free the model's gradients).
       for (const auto& p : model->parameters()) {

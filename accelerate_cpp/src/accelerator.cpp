@@ -143,6 +143,12 @@ Accelerator::~Accelerator() {
   }
 }
 
+NamedTensors Accelerator::get_state_dict() {
+  if (models_.empty()) throw UsageError("get_state_dict: no model was prepared");
+  backend_->sync_parameters();
+  return backend_->model_state();
+}
+
 std::string Accelerator::backend_name() const {
   return backend_->name();
 }

@@ -151,6 +151,7 @@ std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(
         const auto flat = layout.length == layout.flat_numel
                               ? value.reshape({-1})
                               : comm_->all_gather(value.reshape({-1}).contiguous());
+        if (rank_ != 0) continue;  // only the main process writes the file
         for (const auto& piece : layout.pieces) {
           out.emplace_back(
               piece.param + "/" + name,

@@ -225,7 +225,9 @@ class FullShardBackend final : public Backend {
     release_all();
     recording_ = false;
     stepping_ = false;  // no optimizer step can happen inside backward
-    syncing_ = sync;
+    // ZeRO reduce-scatters on every micro-step (no full gradient stays resident between micro-steps); FSDP's
+    // no_sync keeps accumulating the unsharded gradient locally and communicates on the sync step only.
+    syncing_ = sync || options_.reduce_every_micro_step;
     for (auto& f : flats_) {
       f.grads_seen = 0;
       f.launched = false;
@@ -237,7 +239,7 @@ class FullShardBackend final : public Backend {
     std::unique_lock lock(mu_);
     release_all();
     raise_sticky_error();
-    if (sync) {
+    if (syncing_) {
       std::vector<std::string> unused;
       for (const auto& f : flats_) {
         if (f.launched) continue;
@@ -626,7 +628,10 @@ class FullShardBackend final : public Backend {
     pending_->work->wait();
     auto& f = flats_[pending_->flat];
     pending_->out.div_(comm_.world_size());
-    f.master.mutable_grad() = pending_->out.to(f.master.device());
+    // Accumulates, as autograd does: earlier micro-steps' slices (restored by the accelerator) add up.
+    auto reduced = pending_->out.to(f.master.device());
+    auto& grad = f.master.mutable_grad();
+    grad = grad.defined() ? grad.add_(reduced) : reduced;
     pending_.reset();
   }
 

@@ -42,6 +42,9 @@ struct FullShardOptions {
   bool forward_prefetch = true;             ///< gather the next unit while the current one computes (forward)
   bool backward_prefetch = true;            ///< the same in backward
   bool offload = false;                     ///< shards (and so optimizer state) live in CPU memory
+  /// Reduce-scatter gradients on accumulation micro-steps too (DeepSpeed), instead of accumulating the
+  /// unsharded gradient locally until the sync step (FSDP's no_sync).
+  bool reduce_every_micro_step = false;
 };
 
 /// Makes the ZeRO-3 / FULL_SHARD backend.

@@ -466,6 +466,7 @@ std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& con
     FullShardOptions o;
     o.name = "zero";
     o.policy = UnitPolicy::PerModule;  // DeepSpeed gathers each module's own parameters
+    o.reduce_every_micro_step = true;
     o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size > 0;
     o.offload =
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;

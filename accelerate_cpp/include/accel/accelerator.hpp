@@ -136,6 +136,10 @@ class Accelerator {
   M& unwrap_model(M& model) const noexcept {
     return model;
   }
+  /// The prepared model's whole parameters and buffers by name, as Accelerate's `get_state_dict`: with
+  /// sharded parameters (ZeRO-3, FULL_SHARD) every rank must call it (collective); use it to export weights
+  /// before the accelerator goes away (afterwards a stage-3 model's parameters stay released).
+  NamedTensors get_state_dict();
 
   // ---- the step ------------------------------------------------------------------------------------------
   /// Replaces `loss.backward()`. Divides the loss by `gradient_accumulation_steps`, scales it for fp16, runs
