@@ -26,6 +26,25 @@ std::int64_t get_step(const std::map<std::string, torch::Tensor>& named) {
   return t.defined() ? t.item<std::int64_t>() : 0;
 }
 
+template <class AdamState>
+std::vector<std::pair<std::string, torch::Tensor>> adam_state(const AdamState& a) {
+  return {{"step", step_tensor(a.step())},
+          {"exp_avg", a.exp_avg()},
+          {"exp_avg_sq", a.exp_avg_sq()},
+          {"max_exp_avg_sq", a.max_exp_avg_sq()}};
+}
+
+template <class AdamState>
+std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(
+    const std::map<std::string, torch::Tensor>& n) {
+  auto s = std::make_unique<AdamState>();
+  s->step(get_step(n));
+  s->exp_avg(get(n, "exp_avg"));
+  s->exp_avg_sq(get(n, "exp_avg_sq"));
+  s->max_exp_avg_sq(get(n, "max_exp_avg_sq"));
+  return s;
+}
+
 }  // namespace
 
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
@@ -38,18 +57,8 @@ std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::optim::OptimizerParamState& s) {
-  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) {
-    return {{"step", step_tensor(a->step())},
-            {"exp_avg", a->exp_avg()},
-            {"exp_avg_sq", a->exp_avg_sq()},
-            {"max_exp_avg_sq", a->max_exp_avg_sq()}};
-  }
-  if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) {
-    return {{"step", step_tensor(a->step())},
-            {"exp_avg", a->exp_avg()},
-            {"exp_avg_sq", a->exp_avg_sq()},
-            {"max_exp_avg_sq", a->max_exp_avg_sq()}};
-  }
+  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) return adam_state(*a);
+  if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) return adam_state(*a);
   if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(&s)) {
     return {{"momentum_buffer", m->momentum_buffer()}};
   }
@@ -67,22 +76,8 @@ std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::opti
 
 std::unique_ptr<torch::optim::OptimizerParamState> make_state(const std::string& kind,
                                                               const std::map<std::string, torch::Tensor>& n) {
-  if (kind == "adam") {
-    auto s = std::make_unique<torch::optim::AdamParamState>();
-    s->step(get_step(n));
-    s->exp_avg(get(n, "exp_avg"));
-    s->exp_avg_sq(get(n, "exp_avg_sq"));
-    s->max_exp_avg_sq(get(n, "max_exp_avg_sq"));
-    return s;
-  }
-  if (kind == "adamw") {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(get_step(n));
-    s->exp_avg(get(n, "exp_avg"));
-    s->exp_avg_sq(get(n, "exp_avg_sq"));
-    s->max_exp_avg_sq(get(n, "max_exp_avg_sq"));
-    return s;
-  }
+  if (kind == "adam") return make_adam_state<torch::optim::AdamParamState>(n);
+  if (kind == "adamw") return make_adam_state<torch::optim::AdamWParamState>(n);
   if (kind == "sgd") {
     auto s = std::make_unique<torch::optim::SGDParamState>();
     s->momentum_buffer(get(n, "momentum_buffer"));

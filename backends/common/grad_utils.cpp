@@ -71,6 +71,49 @@ double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tenso
   return norm;
 }
 
+std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,
+                            const std::string& who) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return i;
+  }
+  throw UsageError(
+      fmt::format("{}: the optimizer holds a tensor that is not a parameter of the prepared model", who));
+}
+
+std::int64_t shard_size(std::int64_t numel, int world) {
+  return std::max<std::int64_t>(1, (numel + world - 1) / world);
+}
+
+torch::Tensor flat_slice(const std::vector<torch::Tensor>& params, const std::vector<std::size_t>& indices,
+                         const std::vector<std::int64_t>& offsets, std::int64_t shard,
+                         const Communicator& comm, bool to_cpu) {
+  torch::NoGradGuard no_grad;
+  const auto& first = params[indices.front()];
+  auto flat = torch::zeros({shard * comm.world_size()}, first.options().requires_grad(false));
+  for (std::size_t m = 0; m < indices.size(); ++m) {
+    const auto& p = params[indices[m]];
+    flat.narrow(0, offsets[m], p.numel()).copy_(p.detach().reshape({-1}));
+  }
+  auto slice = flat.narrow(0, comm.rank() * shard, shard).clone();
+  return to_cpu ? slice.to(torch::kCPU) : slice;
+}
+
+void check_shardable_optimizer(const torch::nn::Module* model, const torch::optim::Optimizer& optimizer,
+                               const std::string& who) {
+  if (model == nullptr) {
+    throw UsageError(
+        fmt::format("{}: prepare the model before (or together with) its optimizer: "
+                    "accelerator.prepare(model, optimizer)",
+                    who));
+  }
+  if (!optimizer.state().empty()) {
+    throw UsageError(
+        fmt::format("{}: the optimizer already has state (it has stepped); prepare it before the first "
+                    "optimizer.step() so that its state can be sharded",
+                    who));
+  }
+}
+
 OptimizerTensorLayout flat_layout(const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& params,
                                   const std::vector<std::size_t>& indices,

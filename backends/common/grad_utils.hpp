@@ -21,6 +21,20 @@ double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max
 /// prefixes errors. Collective.
 double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
                               double norm_type, const std::string& who);
+/// The position of `p` (the same tensor, not an equal one) in `params`; UsageError naming `who` if absent.
+std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,
+                            const std::string& who);
+/// ceil(numel / world), at least 1: the elements of each rank's slice of a flat vector.
+std::int64_t shard_size(std::int64_t numel, int world);
+/// This rank's slice [rank * shard, (rank + 1) * shard) of the zero-padded concatenation of the (flattened)
+/// `params[indices[m]]` placed at `offsets[m]`, as a new tensor (in CPU memory when `to_cpu`).
+torch::Tensor flat_slice(const std::vector<torch::Tensor>& params, const std::vector<std::size_t>& indices,
+                         const std::vector<std::int64_t>& offsets, std::int64_t shard,
+                         const Communicator& comm, bool to_cpu = false);
+/// The checks every sharded backend makes before re-pointing an optimizer at flat slices: the model was
+/// prepared first and the optimizer has no state yet. UsageError naming `who`.
+void check_shardable_optimizer(const torch::nn::Module* model, const torch::optim::Optimizer& optimizer,
+                               const std::string& who);
 /// The layout of a flat vector made of `params[indices[m]]` (named `names[indices[m]]`) at `offsets[m]`,
 /// sharded `shard` elements per rank.
 OptimizerTensorLayout flat_layout(const std::vector<std::string>& names,

@@ -130,21 +130,10 @@ class FullShardBackend final : public Backend {
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
-    if (model_ == nullptr) {
-      throw UsageError(
-          fmt::format("{}: prepare the model before (or together with) its optimizer: "
-                      "accelerator.prepare(model, optimizer)",
-                      options_.name));
-    }
+    detail::check_shardable_optimizer(model_, optimizer, options_.name);
     if (!flats_.empty()) {
       throw UsageError(
           fmt::format("{}: one optimizer per model is supported with sharded parameters", options_.name));
-    }
-    if (!optimizer.state().empty()) {
-      throw UsageError(
-          fmt::format("{}: the optimizer already has state (it has stepped); prepare it before the "
-                      "first optimizer.step() so that its state can be sharded",
-                      options_.name));
     }
     const auto n = comm_.world_size();
     slot_.assign(params_.size(), std::nullopt);
@@ -180,15 +169,9 @@ class FullShardBackend final : public Backend {
           f.numel += p.numel();
         }
         if (f.params.empty()) continue;
-        f.shard = std::max<std::int64_t>(1, (f.numel + n - 1) / n);
+        f.shard = detail::shard_size(f.numel, n);
         const auto& first = params_[f.params.front()];
-        auto flat = torch::zeros({f.shard * n}, first.options().requires_grad(false));
-        for (std::size_t m = 0; m < f.params.size(); ++m) {
-          flat.narrow(0, f.offset[m], params_[f.params[m]].numel())
-              .copy_(params_[f.params[m]].detach().reshape({-1}));
-        }
-        auto slice = flat.narrow(0, comm_.rank() * f.shard, f.shard).clone();
-        f.master = options_.offload ? slice.to(torch::kCPU) : slice;
+        f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, options_.offload);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
         units_[u].bytes += f.shard * n * static_cast<std::int64_t>(first.element_size());
@@ -469,11 +452,7 @@ class FullShardBackend final : public Backend {
   }
 
   std::size_t index_of(const torch::Tensor& p) const {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return i;
-    }
-    throw UsageError(fmt::format(
-        "{}: the optimizer holds a tensor that is not a parameter of the prepared model", options_.name));
+    return detail::parameter_index(params_, p, options_.name);
   }
 
   void check_ownership(std::size_t index) const {

@@ -57,18 +57,7 @@ class ZeroBackend final : public Backend {
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
-    if (model_ == nullptr) {
-      throw UsageError(
-          fmt::format("{}: prepare the model before (or together with) its optimizer: "
-                      "accelerator.prepare(model, optimizer)",
-                      options_.name));
-    }
-    if (!optimizer.state().empty()) {
-      throw UsageError(
-          fmt::format("{}: the optimizer already has state (it has stepped); prepare it before the "
-                      "first optimizer.step() so that its state can be sharded",
-                      options_.name));
-    }
+    detail::check_shardable_optimizer(model_, optimizer, options_.name);
     const auto n = comm_.world_size();
     for (auto& pg : optimizer.param_groups()) {
       Group g;
@@ -84,22 +73,18 @@ class ZeroBackend final : public Backend {
         g.numel += p.numel();
       }
       if (g.params.empty()) continue;
-      g.shard = std::max<std::int64_t>(1, (g.numel + n - 1) / n);
+      g.shard = detail::shard_size(g.numel, n);
       const auto& first = params_[g.params.front()];
-      auto flat = torch::zeros({g.shard * n}, first.options().requires_grad(false));
-      for (std::size_t m = 0; m < g.params.size(); ++m) {
-        const auto& p = params_[g.params[m]];
+      for (auto index : g.params) {
+        const auto& p = params_[index];
         if (p.scalar_type() != first.scalar_type() || p.device() != first.device()) {
           throw UnsupportedOperation(
-              fmt::format("{}: parameters of one optimizer group must share dtype and device; "
-                          "'{}' differs",
-                          options_.name, names_[g.params[m]]));
+              fmt::format("{}: parameters of one optimizer group must share dtype and device; '{}' differs",
+                          options_.name, names_[index]));
         }
-        flat.narrow(0, g.offset[m], p.numel()).copy_(p.detach().reshape({-1}));
       }
-      auto slice = flat.narrow(0, comm_.rank() * g.shard, g.shard).clone();
       // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
-      g.master = options_.offload_optimizer ? slice.to(torch::kCPU) : slice;
+      g.master = detail::flat_slice(params_, g.params, g.offset, g.shard, comm_, options_.offload_optimizer);
       pg.params() = {g.master};
       groups_.push_back(std::move(g));
     }
@@ -222,14 +207,8 @@ class ZeroBackend final : public Backend {
     detail::load_module_state(*model_, state);
     // The masters are the optimizer's copy of the weights: reload this rank's slices from the model.
     torch::NoGradGuard no_grad;
-    for (auto& g : groups_) {
-      auto flat = torch::zeros({g.shard * comm_.world_size()}, g.master.options());
-      for (std::size_t m = 0; m < g.params.size(); ++m) {
-        flat.narrow(0, g.offset[m], params_[g.params[m]].numel())
-            .copy_(params_[g.params[m]].detach().reshape({-1}));
-      }
-      g.master.copy_(flat.narrow(0, comm_.rank() * g.shard, g.shard));
-    }
+    for (auto& g : groups_)
+      g.master.copy_(detail::flat_slice(params_, g.params, g.offset, g.shard, comm_));
     dirty_ = false;
   }
 
@@ -240,11 +219,7 @@ class ZeroBackend final : public Backend {
 
  private:
   std::size_t index_of(const torch::Tensor& p) const {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return i;
-    }
-    throw UsageError(fmt::format(
-        "{}: the optimizer holds a tensor that is not a parameter of the prepared model", options_.name));
+    return detail::parameter_index(params_, p, options_.name);
   }
 
   // Calls f(flat tensor of parameter m, offset in it, offset in the range, length) for every parameter piece
