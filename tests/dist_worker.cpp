@@ -8,6 +8,7 @@
 #include <accel/safetensors.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -668,6 +669,38 @@ void memory() {
 
 // Peak CPU bytes added during backward, measured by the counting allocator: DDP holds every gradient
 // (P floats), stage 2 only its slice plus a bucket (the model is large next to its activations here).
+// Samples something at the start of every operator the main thread runs (a RecordFunction callback of the
+// test's own, independent of the backends' bookkeeping): the bytes parameters and gradients hold at each
+// point.
+class OperatorProbe {
+ public:
+  explicit OperatorProbe(std::function<void()> sample) {
+    sample_ = std::move(sample);
+    main_ = std::this_thread::get_id();
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OperatorProbe() {
+    at::removeCallback(handle_);
+    sample_ = nullptr;
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& /*fn*/) {
+    if (busy_ || !sample_ || std::this_thread::get_id() != main_) return nullptr;
+    busy_ = true;
+    {
+      at::DisableRecordFunctionGuard quiet;
+      sample_();
+    }
+    busy_ = false;
+    return nullptr;
+  }
+  static inline std::function<void()> sample_;
+  static inline std::thread::id main_;
+  static inline thread_local bool busy_ = false;
+  at::CallbackHandle handle_ = 0;
+};
+
 void peak() {
   CpuMemoryCounter::install();
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -696,7 +729,21 @@ void peak() {
   acc.prepare(model, opt);
   const auto held_after_prepare = CpuMemoryCounter::current();
   std::uint64_t extra = 0, forward_extra = 0;
+  // Parameter and gradient bytes from memory_report() before every operator of the second step: the model's
+  // storages, the optimizer's slices and the backend's buffers holding parameters (a unit being gathered)
+  // or gradients (a bucket or unit gradient being reduced).
+  std::uint64_t max_param_bytes = 0, max_grad_bytes = 0;
+  bool probing = false;
+  auto probe_sample = [&] {
+    if (!probing) return;
+    const auto report = acc.memory_report();
+    const auto params = report.parameters;
+    max_param_bytes = std::max(max_param_bytes, params);
+    max_grad_bytes = std::max(max_grad_bytes, report.gradients);
+  };
+  OperatorProbe probe(probe_sample);
   for (int step = 0; step < 2; ++step) {  // the second step runs with every buffer in place (and prefetch)
+    probing = step == 1;
     opt.zero_grad();
     const auto before_forward = CpuMemoryCounter::current();
     CpuMemoryCounter::reset_peak();
@@ -710,8 +757,11 @@ void peak() {
     acc.sync_parameters();
   }
   const auto n = static_cast<std::uint64_t>(acc.num_processes());
-  const std::uint64_t shard = (p_bytes + n - 1) / n;
+  const std::uint64_t shard = (p_bytes / 4 + n - 1) / n * 4;  // ceil(P/N) fp32 elements
+  probing = false;
   if (acc.is_main_process()) {
+    std::cout << backend_variant << ": per operator, parameters held at most " << max_param_bytes
+              << " bytes and gradients at most " << max_grad_bytes << " bytes" << std::endl;
     std::cout << backend_variant << ": peak bytes added by forward " << forward_extra << " (activations "
               << activations << "), by backward " << extra << " (parameters " << p_bytes << ", shard "
               << shard << "); prepare changed the bytes held by "
@@ -719,10 +769,13 @@ void peak() {
                      static_cast<std::int64_t>(held_before_prepare)
               << std::endl;
   }
-  // Largest stage-2 bucket: one 256x256 layer with its bias (a bucket never splits a parameter).
-  const std::uint64_t bucket = 256 * 256 * 4 + 256 * 4;
+  // Largest unit: one 256x256 layer with its bias. Largest stage-2 bucket (buckets never split a parameter
+  // and are filled in reverse order up to 300,000 bytes): the last Linear(256, 1) with the one before it.
+  const std::uint64_t unit = 256 * 256 * 4 + 256 * 4;
+  const std::uint64_t bucket = unit + 257 * 4;
   if (backend_variant == "ddp") {
     CHECK_THAT(extra >= p_bytes * 9 / 10, "DDP's backward must hold every gradient, measured " << extra);
+    CHECK_THAT(max_param_bytes == p_bytes, "DDP holds every parameter: " << max_param_bytes);
   } else if (backend_variant == "zero2") {
     // The reduced slice (allocated during backward), plus buckets in flight: the gradients of the bucket
     // being filled, the bucket buffer, the one being reduced, and the process group's temporaries
@@ -732,8 +785,26 @@ void peak() {
                                                                        << bucket);
     CHECK_THAT(extra < p_bytes,
                "stage 2 must hold less than DDP's whole gradient " << p_bytes << ", got " << extra);
+    // Gradient bytes at every operator of backward: the slice (P/N) plus the bucket being filled (gradients
+    // autograd produced, not yet copied) and the one being reduced: two buckets, as DeepSpeed's
+    // double-buffered stage 2 holds.
+    CHECK_THAT(max_grad_bytes <= shard + 2 * bucket, "stage 2 gradients reached "
+                                                         << max_grad_bytes << " bytes; want <= shard "
+                                                         << shard << " + 2 buckets of " << bucket);
   } else if (params_sharded()) {
-    const std::uint64_t unit = bucket;  // one Linear per unit; the last one is smaller
+    // Parameter bytes at every operator: the slices (P/N, padded per unit) plus at most the two largest
+    // units (the one computing and the one prefetched).
+    const std::uint64_t slices = 33 * 4 * 2;  // per-unit padding: at most N - 1 elements per unit
+    CHECK_THAT(max_param_bytes <= shard + slices + 2 * unit, "stage 3 parameters reached "
+                                                                 << max_param_bytes << " bytes; want <= P/N "
+                                                                 << shard << " + 2 units of " << unit);
+    CHECK_THAT(max_param_bytes >= shard + unit,
+               "the probe must see a gathered unit, saw " << max_param_bytes);
+    // Gradient bytes at every operator: the slices plus the unit gradient being filled and the one being
+    // reduce-scattered.
+    CHECK_THAT(max_grad_bytes <= shard + slices + 2 * unit, "stage 3 gradients reached "
+                                                                << max_grad_bytes << " bytes; want <= P/N "
+                                                                << shard << " + 2 units of " << unit);
     // At rest: the parameters (P) were freed and the slices (P/N) allocated.
     CHECK_THAT(held_before_prepare - held_after_prepare >= (p_bytes - shard) * 95 / 100,
                "prepare must free the parameters down to the shard: held " << held_before_prepare << " -> "

@@ -45,6 +45,8 @@ MemoryReport Accelerator::memory_report() const {
         r.parameters += counter.add(p);  // sharded masters
     }
   }
+  for (const auto& b : backend_->parameter_buffers())
+    r.parameters += counter.add(b);
   for (const auto& m : models_) {
     for (const auto& p : m->parameters())
       r.gradients += counter.add(p.grad());

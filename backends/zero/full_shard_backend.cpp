@@ -280,11 +280,22 @@ class FullShardBackend final : public Backend {
     return detail::layouts_for(optimizer, known, options_.name);
   }
 
+  std::vector<torch::Tensor> parameter_buffers() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& unit : units_) {
+      if (!unit.gathering || unit.live) continue;  // a live unit is counted through its parameters
+      for (auto fi : unit.flats)
+        out.push_back(flats_[fi].gathered);
+    }
+    return out;
+  }
+
   std::vector<torch::Tensor> gradient_buffers() const override {
     std::vector<torch::Tensor> out;
     for (const auto& f : flats_) {
       if (f.grad.defined()) out.push_back(f.grad);
     }
+    if (pending_) out.push_back(pending_->input);  // a unit gradient being reduce-scattered
     return out;
   }
 
@@ -584,6 +595,7 @@ class FullShardBackend final : public Backend {
 
   struct PendingReduce {
     std::size_t flat;
+    torch::Tensor input;
     torch::Tensor out;
     std::unique_ptr<CollectiveHandle> work;
   };
@@ -594,7 +606,7 @@ class FullShardBackend final : public Backend {
     auto& f = flats_[fi];
     const auto& first = params_[f.params.front()];
     if (!f.grad.defined()) f.grad = torch::zeros({f.shard * comm_.world_size()}, first.options());
-    PendingReduce pending{fi, torch::empty({f.shard}, f.grad.options()), nullptr};
+    PendingReduce pending{fi, f.grad, torch::empty({f.shard}, f.grad.options()), nullptr};
     pending.work = comm_.reduce_scatter_async(pending.out, f.grad);
     f.grad = torch::Tensor();  // the handle keeps it until the collective finished
     f.launched = true;

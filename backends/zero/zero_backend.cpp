@@ -198,6 +198,13 @@ class ZeroBackend final : public Backend {
     dirty_ = false;
   }
 
+  std::vector<torch::Tensor> gradient_buffers() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& pending : pending_)
+      out.push_back(pending.buffer);  // a bucket of gradients being reduced
+    return out;
+  }
+
   NamedTensors model_state() override {
     sync_parameters();
     return detail::module_state(*model_);

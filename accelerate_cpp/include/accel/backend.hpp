@@ -71,6 +71,9 @@ class Backend {
   virtual void sync_parameters() {}
   /// Communication buffers that hold gradients (DDP buckets ...), counted by memory_report.
   virtual std::vector<torch::Tensor> gradient_buffers() const { return {}; }
+  /// Buffers that hold parameters but are no parameter's storage yet (a unit being gathered), counted by
+  /// memory_report.
+  virtual std::vector<torch::Tensor> parameter_buffers() const { return {}; }
   /// Whether each rank's optimizer holds only its own shard of the state (saved per rank by save_state).
   virtual bool shards_optimizer_state() const { return false; }
   /// The layout of every tensor in `optimizer`'s parameter groups, in order, when the backend re-pointed the
