@@ -454,8 +454,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
         "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
         "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
-        "reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size, activation_checkpointing, "
-        "deepspeed_multinode_launcher, deepspeed_config_file");
+        "reduce_bucket_size, overlap_comm, allgather_bucket_size, stage3_prefetch_bucket_size, "
+        "activation_checkpointing, deepspeed_multinode_launcher, deepspeed_config_file");
   CHECK(
       bad_file_message("sagemaker.yaml") ==
       "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "

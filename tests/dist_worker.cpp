@@ -30,7 +30,8 @@ using test::Mlp;
 using test::Regression;
 
 int failures = 0;
-// second argument: ddp | zero1 | zero2 | zero3 | fsdp_full_shard | fsdp_grad_op | fsdp_no_shard
+// second argument: ddp | zero1 | zero2 | zero2_no_overlap | zero3 | fsdp_full_shard | fsdp_grad_op |
+// fsdp_no_shard
 std::string backend_variant = "ddp";
 
 bool params_sharded() {
@@ -51,9 +52,11 @@ Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) 
   Config c = test::make_config(mp, accumulation);
   c.backend = BackendKind::Ddp;
   c.collective_timeout_seconds = 60;
-  if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3") {
+  if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3" ||
+      backend_variant == "zero2_no_overlap") {
     c.backend = BackendKind::Zero;
     c.zero.stage = backend_variant[4] - '0';
+    c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
     // Several buckets even for the small test model; the `peak` scenario's model gets ~4 buckets.
     c.zero.reduce_bucket_size =
         std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak"
@@ -770,27 +773,30 @@ void peak() {
               << std::endl;
   }
   // Largest unit: one 256x256 layer with its bias. Largest stage-2 bucket (buckets never split a parameter
-  // and are filled in reverse order up to 300,000 bytes): the last Linear(256, 1) with the one before it.
+  // and are filled in reverse order up to 300,000 bytes): Linear(256, 1), the last 256x256 layer and the
+  // bias of the one before.
   const std::uint64_t unit = 256 * 256 * 4 + 256 * 4;
-  const std::uint64_t bucket = unit + 257 * 4;
+  const std::uint64_t bucket = unit + 257 * 4 + 256 * 4;
   if (backend_variant == "ddp") {
     CHECK_THAT(extra >= p_bytes * 9 / 10, "DDP's backward must hold every gradient, measured " << extra);
     CHECK_THAT(max_param_bytes == p_bytes, "DDP holds every parameter: " << max_param_bytes);
-  } else if (backend_variant == "zero2") {
+  } else if (backend_variant == "zero2" || backend_variant == "zero2_no_overlap") {
     // The reduced slice (allocated during backward), plus buckets in flight: the gradients of the bucket
     // being filled, the bucket buffer, the one being reduced, and the process group's temporaries
     // (timing-dependent).
     CHECK_THAT(extra <= shard + 10 * bucket, "stage 2 backward added " << extra << " bytes; want <= shard "
-                                                                       << shard << " + 6 buckets of "
+                                                                       << shard << " + 10 buckets of "
                                                                        << bucket);
     CHECK_THAT(extra < p_bytes,
                "stage 2 must hold less than DDP's whole gradient " << p_bytes << ", got " << extra);
     // Gradient bytes at every operator of backward: the slice (P/N) plus the bucket being filled (gradients
-    // autograd produced, not yet copied) and the one being reduced: two buckets, as DeepSpeed's
-    // double-buffered stage 2 holds.
-    CHECK_THAT(max_grad_bytes <= shard + 2 * bucket, "stage 2 gradients reached "
-                                                         << max_grad_bytes << " bytes; want <= shard "
-                                                         << shard << " + 2 buckets of " << bucket);
+    // are copied in as they arrive and freed at once) and, with overlap_comm (the default), the one being
+    // reduced meanwhile: two buckets. With overlap_comm: false each bucket is reduced before backward
+    // continues: one bucket at most.
+    const std::uint64_t buckets = backend_variant == "zero2" ? 2 : 1;
+    CHECK_THAT(max_grad_bytes <= shard + buckets * bucket,
+               "stage 2 gradients reached " << max_grad_bytes << " bytes; want <= shard " << shard << " + "
+                                            << buckets << " bucket(s) of " << bucket);
   } else if (params_sharded()) {
     // Parameter bytes at every operator: the slices (P/N, padded per unit) plus at most the two largest
     // units (the one computing and the one prefetched).

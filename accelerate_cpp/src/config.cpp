@@ -560,6 +560,7 @@ HandlerTable deepspeed_table(Reader& r, Config& c, Pending& p) {
       {"zero3_save_16bit_model", [&](const Entry& e) { z.zero3_save_16bit_model = r.boolean(e); }},
       {"reduce_bucket_size",
        [&r, &z, bytes](const Entry& e) { z.reduce_bucket_size = r.count(e, 1, bytes); }},
+      {"overlap_comm", [&](const Entry& e) { z.overlap_comm = r.boolean(e); }},
       {"allgather_bucket_size",
        [&r, &z, bytes](const Entry& e) { z.allgather_bucket_size = r.count(e, 1, bytes); }},
       {"stage3_prefetch_bucket_size",
@@ -1017,7 +1018,7 @@ bool operator==(const ZeroConfig& a, const ZeroConfig& b) {
          a.offload_param_device == b.offload_param_device && a.gradient_clipping == b.gradient_clipping &&
          a.zero3_init_flag == b.zero3_init_flag && a.zero3_save_16bit_model == b.zero3_save_16bit_model &&
          a.reduce_bucket_size == b.reduce_bucket_size && a.allgather_bucket_size == b.allgather_bucket_size &&
-         a.stage3_prefetch_bucket_size == b.stage3_prefetch_bucket_size &&
+         a.stage3_prefetch_bucket_size == b.stage3_prefetch_bucket_size && a.overlap_comm == b.overlap_comm &&
          a.activation_checkpointing == b.activation_checkpointing;
 }
 
@@ -1133,6 +1134,7 @@ std::string Config::to_yaml() const {
     item("zero3_init_flag", yaml_bool(zero.zero3_init_flag));
     item("zero3_save_16bit_model", yaml_bool(zero.zero3_save_16bit_model));
     item("reduce_bucket_size", std::to_string(zero.reduce_bucket_size));
+    item("overlap_comm", yaml_bool(zero.overlap_comm));
     item("allgather_bucket_size", std::to_string(zero.allgather_bucket_size));
     item("stage3_prefetch_bucket_size", std::to_string(zero.stage3_prefetch_bucket_size));
     item("activation_checkpointing", yaml_bool(zero.activation_checkpointing));

@@ -31,6 +31,7 @@ struct Bucket {
   std::vector<std::size_t> members;  // indices into Group::params
   std::int64_t begin = 0, end = 0;
   std::size_t ready = 0;
+  torch::Tensor filling;  // [end - begin]: gradients copied in as they arrive (each freed at once)
 };
 
 struct ParamRef {
@@ -104,8 +105,10 @@ class ZeroBackend final : public Backend {
     syncing_ = sync;
     if (!sync) return;
     seen_.assign(params_.size(), false);
-    for (auto& b : buckets_)
+    for (auto& b : buckets_) {
       b.ready = 0;
+      b.filling = torch::Tensor();
+    }
     next_bucket_ = 0;
     pending_.clear();
   }
@@ -355,7 +358,18 @@ class ZeroBackend final : public Backend {
 
   void mark_ready(std::size_t index) {
     seen_[index] = true;
-    buckets_[ref_.at(index).bucket].ready += 1;
+    torch::NoGradGuard no_grad;
+    auto& b = buckets_[ref_.at(index).bucket];
+    auto& g = groups_[b.group];
+    auto& p = params_[index];
+    // Copy on arrival and free the gradient at once: a rank holds the bucket being filled, not its gradients
+    // plus a copy.
+    if (!b.filling.defined()) b.filling = torch::zeros({b.end - b.begin}, p.options().requires_grad(false));
+    if (p.grad().defined()) {
+      b.filling.narrow(0, g.offset[ref_.at(index).member] - b.begin, p.numel()).copy_(p.grad().reshape({-1}));
+    }
+    p.mutable_grad() = torch::Tensor();
+    b.ready += 1;
     while (next_bucket_ < buckets_.size() &&
            buckets_[next_bucket_].ready == buckets_[next_bucket_].members.size()) {
       launch(next_bucket_++);
@@ -372,22 +386,11 @@ class ZeroBackend final : public Backend {
 
   void launch(std::size_t bi) {
     torch::NoGradGuard no_grad;
-    finish_pending();  // at most one bucket buffer alive: reduce k overlaps the computation of bucket k+1's
-                       // grads
+    finish_pending();  // one bucket in flight: reducing bucket k overlaps filling bucket k+1
     auto& b = buckets_[bi];
     auto& g = groups_[b.group];
-    const auto& first = params_[g.params[b.members.front()]];
-    Pending pending{bi, b.group, torch::empty({b.end - b.begin}, first.options().requires_grad(false)), {}};
-    for (auto m : b.members) {
-      auto& p = params_[g.params[m]];
-      auto dst = pending.buffer.narrow(0, g.offset[m] - b.begin, p.numel());
-      if (p.grad().defined()) {
-        dst.copy_(p.grad().reshape({-1}));
-      } else {
-        dst.zero_();
-      }
-      p.mutable_grad() = torch::Tensor();  // the full gradient is gone; only the bucket remains
-    }
+    Pending pending{bi, b.group, std::move(b.filling), {}};
+    b.filling = torch::Tensor();
     // Reduce each owner's part of the bucket to that owner.
     for (int r = 0; r < comm_.world_size(); ++r) {
       const auto lo = std::max(b.begin, r * g.shard), hi = std::min(b.end, (r + 1) * g.shard);
@@ -397,6 +400,7 @@ class ZeroBackend final : public Backend {
       pending.parts.emplace_back(r, lo, std::move(part), std::move(work));
     }
     pending_.push_back(std::move(pending));
+    if (!options_.overlap_comm) finish_pending();  // reduced before backward continues: one bucket at most
   }
 
   void finish_pending() {
@@ -457,6 +461,7 @@ std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& con
   ZeroOptions o;
   o.stage = z.stage;
   o.bucket_bytes = z.reduce_bucket_size;
+  o.overlap_comm = z.overlap_comm;
   o.gather_bucket_bytes = z.allgather_bucket_size;
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
   return make_zero_backend(context, o);

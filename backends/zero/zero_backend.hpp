@@ -25,8 +25,9 @@ struct ZeroOptions {
   int stage = 2;                                  ///< 1 or 2
   std::uint64_t bucket_bytes = 500000000;         ///< stage 2 reduce bucket / stage 1 chunk, in bytes
   std::uint64_t gather_bucket_bytes = 500000000;  ///< parameter all-gather chunk after the step, in bytes
-  bool offload_optimizer = false;                 ///< keep master slices and optimizer state in CPU memory
-  std::string name = "zero";                      ///< reported by name() ("zero" or "fsdp")
+  bool overlap_comm = true;  ///< stage 2: reduce a bucket while the next fills (else one bucket at most)
+  bool offload_optimizer = false;  ///< keep master slices and optimizer state in CPU memory
+  std::string name = "zero";       ///< reported by name() ("zero" or "fsdp")
 };
 
 /// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is full_shard_backend.hpp).

@@ -109,6 +109,9 @@ struct ZeroConfig {
   bool zero3_save_16bit_model = false;
   /// `reduce_bucket_size`: gradient reduce-scatter bucket, in bytes (YAML int or float such as 5e8).
   uint64_t reduce_bucket_size = 500000000;
+  /// `overlap_comm`: stage 2 reduces a bucket while backward fills the next (two buckets of gradients at
+  /// most); false reduces each bucket before backward continues (one bucket at most, no overlap).
+  bool overlap_comm = true;
   /// `allgather_bucket_size`: parameter all-gather bucket, in bytes.
   uint64_t allgather_bucket_size = 500000000;
   /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3.
