@@ -124,6 +124,13 @@ std::vector<OptimizerTensorLayout> Accelerator::optimizer_layouts(
   return layouts.empty() ? identity_layouts(optimizer, models_) : layouts;
 }
 
+std::string Accelerator::optimizer_fingerprints() const {
+  std::string out;
+  for (auto* opt : optimizers_)
+    out += (out.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  return out;
+}
+
 std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(
     const torch::optim::Optimizer& optimizer) {
   if (detail::optimizer_kind(optimizer).empty()) return std::nullopt;
@@ -331,9 +338,7 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
     for (auto& [k, v] : scaler_->state_dict())
       state.emplace_back("scaler." + k, v);
   }
-  std::string fingerprints;
-  for (auto* opt : optimizers_)
-    fingerprints += (fingerprints.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  const auto fingerprints = optimizer_fingerprints();
   const std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints},
                                                 {"format", kFormat},
                                                 {"format_version", kFormatVersion},
@@ -368,9 +373,7 @@ void Accelerator::load_state(const std::string& dir) {
   const auto saved_world = require(state_file, "world_size");
   const auto saved_backend = require(state_file, "backend");
   // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
-  std::string fingerprints;
-  for (auto* opt : optimizers_)
-    fingerprints += (fingerprints.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  const auto fingerprints = optimizer_fingerprints();
   const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
   const bool convert =
       saved_world != std::to_string(world_size_) || saved_backend != backend_->name() ||

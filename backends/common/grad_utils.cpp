@@ -71,6 +71,17 @@ double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tenso
   return norm;
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> take_over_model(Communicator& comm,
+                                                                   torch::nn::Module& model,
+                                                                   const std::string& who) {
+  check_same_model_everywhere(comm, model, who);
+  broadcast_module(comm, model);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : model.named_parameters())
+    out.emplace_back(item.key(), item.value());
+  return out;
+}
+
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,
                             const std::string& who) {
   for (std::size_t i = 0; i < params.size(); ++i) {

@@ -21,6 +21,11 @@ double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max
 /// prefixes errors. Collective.
 double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
                               double norm_type, const std::string& who);
+/// What every sharded backend does first in prepare_model: checks that every rank has the same model,
+/// broadcasts rank 0's weights, and returns the parameters by name in model order (collective).
+std::vector<std::pair<std::string, torch::Tensor>> take_over_model(Communicator& comm,
+                                                                   torch::nn::Module& model,
+                                                                   const std::string& who);
 /// The position of `p` (the same tensor, not an equal one) in `params`; UsageError naming `who` if absent.
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,
                             const std::string& who);

@@ -67,7 +67,6 @@ void on_operator_end(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
 /// The parameters of one unit that belong to one optimizer group, laid out flat and sharded.
 struct Flat {
-  std::size_t unit = 0;
   std::vector<std::size_t> params;   // indices into FullShardBackend::params_
   std::vector<std::int64_t> offset;  // flat offset of each of `params`
   std::int64_t numel = 0;            // U
@@ -88,7 +87,6 @@ struct Unit {
   bool live = false;                // parameters point into gathered memory
   bool gathering = false;           // an all-gather into `Flat::gathered` is in flight
   int pins = 0;                     // operators running on this unit's parameters
-  std::int64_t bytes = 0;           // gathered bytes (padded)
 };
 
 struct ParamSlot {
@@ -109,20 +107,18 @@ class FullShardBackend final : public Backend {
   void prepare_model(torch::nn::Module& model) override {
     if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
     model_ = &model;
-    detail::check_same_model_everywhere(comm_, model, options_.name);
-    detail::broadcast_module(comm_, model);
     std::map<const c10::StorageImpl*, std::string> owner;
-    for (const auto& item : model.named_parameters()) {
-      const auto* storage = item.value().unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-      if (!owner.emplace(storage, item.key()).second) {
+    for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
+      const auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      if (!owner.emplace(storage, name).second) {
         throw UnsupportedOperation(
             fmt::format("{}: parameters '{}' and '{}' share memory (tied weights); sharding parameters needs "
                         "each to own its storage; use stage 2 / SHARD_GRAD_OP for this model",
-                        options_.name, owner.at(storage), item.key()));
+                        options_.name, owner.at(storage), name));
       }
-      index_by_name_[item.key()] = names_.size();
-      names_.push_back(item.key());
-      params_.push_back(item.value());
+      index_by_name_[name] = names_.size();
+      names_.push_back(name);
+      params_.push_back(p);
     }
     assigned_.assign(params_.size(), false);
     auto rest = walk(model, "", true);
@@ -152,7 +148,6 @@ class FullShardBackend final : public Backend {
       std::vector<torch::Tensor> masters;
       for (std::size_t u = 0; u < units_.size(); ++u) {
         Flat f;
-        f.unit = u;
         for (auto index : units_[u].params) {
           if (!in_group[index]) continue;
           const auto& p = params_[index];
@@ -170,11 +165,9 @@ class FullShardBackend final : public Backend {
         }
         if (f.params.empty()) continue;
         f.shard = detail::shard_size(f.numel, n);
-        const auto& first = params_[f.params.front()];
         f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, options_.offload);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
-        units_[u].bytes += f.shard * n * static_cast<std::int64_t>(first.element_size());
         flats_.push_back(std::move(f));
       }
       pg.params() = masters;
@@ -196,7 +189,6 @@ class FullShardBackend final : public Backend {
   }
 
   void before_backward(bool sync) override {
-    raise_sticky_error();
     if (!at::isRecordFunctionEnabled()) {
       throw UsageError(fmt::format(
           "{}: at::RecordFunction is disabled on this thread (a DisableRecordFunctionGuard?); sharded "
@@ -221,7 +213,6 @@ class FullShardBackend final : public Backend {
   void after_backward(bool sync) override {
     std::unique_lock lock(mu_);
     release_all();
-    raise_sticky_error();
     if (syncing_) {
       std::vector<std::string> unused;
       for (const auto& f : flats_) {
@@ -269,7 +260,6 @@ class FullShardBackend final : public Backend {
     std::lock_guard lock(mu_);
     release_all();
     stepping_ = false;
-    raise_sticky_error();
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -524,8 +514,6 @@ class FullShardBackend final : public Backend {
     }
     unit.gathering = false;
     unit.live = true;
-    live_bytes_ += unit.bytes;
-    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   }
 
   void release(std::size_t u) {
@@ -544,7 +532,6 @@ class FullShardBackend final : public Backend {
         free_storage(index);
       flats_[fi].gathered = torch::Tensor();
     }
-    if (unit.live) live_bytes_ -= unit.bytes;
     unit.live = false;
     if (current_ && *current_ == u) current_.reset();
   }
@@ -649,11 +636,6 @@ class FullShardBackend final : public Backend {
     registered_ = false;
   }
 
-  void raise_sticky_error() {
-    if (sticky_error_.empty()) return;
-    throw DistributedError(std::exchange(sticky_error_, std::string()));
-  }
-
   BackendContext ctx_;
   Communicator& comm_;
   FullShardOptions options_;
@@ -674,8 +656,6 @@ class FullShardBackend final : public Backend {
   bool stepping_ = false;   // between a sync backward and the next step boundary: keep no unit gathered
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
-  std::int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
-  std::string sticky_error_;
   bool registered_ = false;
   detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };

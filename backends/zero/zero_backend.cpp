@@ -49,11 +49,9 @@ class ZeroBackend final : public Backend {
   void prepare_model(torch::nn::Module& model) override {
     if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
     model_ = &model;
-    detail::check_same_model_everywhere(comm_, model, options_.name);
-    detail::broadcast_module(comm_, model);
-    for (const auto& item : model.named_parameters()) {
-      names_.push_back(item.key());
-      params_.push_back(item.value());
+    for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
+      names_.push_back(name);
+      params_.push_back(p);
     }
   }
 

@@ -279,6 +279,7 @@ class Accelerator {
   void collect_notices();
   void write_state_files(const std::filesystem::path& tmp);
   std::vector<OptimizerTensorLayout> optimizer_layouts(const torch::optim::Optimizer& optimizer) const;
+  std::string optimizer_fingerprints() const;
   std::optional<NamedTensors> consolidated_optimizer_state(const torch::optim::Optimizer& optimizer);
   void load_converted_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& path);
   void write_main_state_files(const std::filesystem::path& tmp,
