@@ -16,6 +16,23 @@ if(NOT TARGET torch)
     endforeach()
   endif()
 endif()
+
+# Refuse a LibTorch of another release series before anything links it (a system libtorch-dev 1.13 found
+# first would link the wrong libc10 and crash at start-up). ACCEL_TORCH_VERSION_SUPPORTED is major.minor of the
+# torch wheel scripts/setup.sh pins (tests/cmake/torch_version_unit.cmake checks that they agree).
+include(AccelTorchVersion)
+set(ACCEL_TORCH_VERSION_SUPPORTED 2.11)
+set(ACCEL_TORCH_VERSION_REQUIRED "${ACCEL_TORCH_VERSION_SUPPORTED}" CACHE STRING
+  "LibTorch version the configure insists on (2.11: any 2.11.x; 2.11.0: exactly); empty: no check")
+accel_check_torch_version("${Torch_VERSION}" "${ACCEL_TORCH_VERSION_REQUIRED}" "${Torch_DIR}" FIX
+  "Fix: point CMAKE_PREFIX_PATH at LibTorch ${ACCEL_TORCH_VERSION_REQUIRED} and re-configure from scratch (cmake \
+--fresh or a new build directory: Torch_DIR and the LibTorch library paths are cached). For the venv wheel:\n\
+  cmake --fresh -S . -B build -DCMAKE_PREFIX_PATH=$(.venv/bin/python -c 'import torch.utils; \
+print(torch.utils.cmake_prefix_path)')\n\
+or, for scripts/setup.sh, ACCEL_TORCH_PREFIX=/path/to/libtorch (an unzipped official LibTorch \
+${ACCEL_TORCH_VERSION_REQUIRED}). To build against this LibTorch anyway (unsupported): \
+-DACCEL_TORCH_VERSION_REQUIRED=")
+
 find_package(yaml-cpp REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)  # Debian: /usr/share/cmake/CLI11/CLI11Config.cmake
 find_package(Threads REQUIRED)

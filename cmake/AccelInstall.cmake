@@ -9,10 +9,14 @@ install(TARGETS accelerate_cpp accel_backends accel_runtime accel_config EXPORT 
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT accelerate_cppTargets NAMESPACE accelerate_cpp::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accelerate_cpp)
+# The package config refuses a LibTorch other than the one we were built with (cmake/AccelTorchVersion.cmake,
+# installed beside it; also copied next to the build tree's config, where tests/cmake/ exercises it).
+set(ACCEL_BUILT_TORCH_VERSION "${Torch_VERSION}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/AccelTorchVersion.cmake ${PROJECT_BINARY_DIR}/AccelTorchVersion.cmake COPYONLY)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/accelerate_cppConfig.cmake.in
   ${PROJECT_BINARY_DIR}/accelerate_cppConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accelerate_cpp)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/accelerate_cppConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/accelerate_cppConfig.cmake ${PROJECT_BINARY_DIR}/accelerate_cppConfigVersion.cmake
-  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accelerate_cpp)
+  ${PROJECT_SOURCE_DIR}/cmake/AccelTorchVersion.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accelerate_cpp)

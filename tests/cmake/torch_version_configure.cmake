@@ -1,0 +1,106 @@
+# cmake -DMODE=project|package -DSOURCE_DIR=<repo> -DWORK_DIR=<scratch> -DGENERATOR=<gen> -DVERSION=<v>
+#       [-DCONFIG_DIR=<dir with accelerate_cppConfig.cmake>] -P torch_version_configure.cmake
+# Puts a fake LibTorch (TorchConfig.cmake + TorchConfigVersion.cmake, no libraries) first on CMAKE_PREFIX_PATH
+# and configures tests/cmake/torch_check_harness: a LibTorch 1.13.1 (Debian's libtorch-dev) must be refused with
+# both versions, its Torch_DIR and the fix; the version accelerate-cpp wants must get past the check.
+# MODE=project: the project's configure, VERSION = ACCEL_TORCH_VERSION_SUPPORTED (major.minor).
+# MODE=package: the generated package config, VERSION = the Torch_VERSION it was built with (exact).
+foreach(v MODE SOURCE_DIR WORK_DIR GENERATOR VERSION)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "torch_version_configure.cmake: -D${v}= is required")
+  endif()
+endforeach()
+if(MODE STREQUAL "package" AND NOT EXISTS "${CONFIG_DIR}/accelerate_cppConfig.cmake")
+  message(FATAL_ERROR "no accelerate_cppConfig.cmake in CONFIG_DIR='${CONFIG_DIR}'")
+endif()
+file(REMOVE_RECURSE "${WORK_DIR}")
+
+# configure_with(<name> <fake torch version> <out var> <result var> [extra cmake args...])
+function(configure_with name torch_version out_var rc_var)
+  set(torch_dir "${WORK_DIR}/${name}/prefix/share/cmake/Torch")
+  file(WRITE "${torch_dir}/TorchConfigVersion.cmake" "set(PACKAGE_VERSION \"${torch_version}\")
+if(PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION)
+  set(PACKAGE_VERSION_COMPATIBLE FALSE)
+else()
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+  if(PACKAGE_VERSION VERSION_EQUAL PACKAGE_FIND_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()
+")
+  file(WRITE "${torch_dir}/TorchConfig.cmake"
+    "message(STATUS \"fake LibTorch ${torch_version} loaded\")\nset(TORCH_FOUND TRUE)\n")
+  set(args -S "${SOURCE_DIR}/tests/cmake/torch_check_harness" -B "${WORK_DIR}/${name}/build" -G "${GENERATOR}"
+    -DACCEL_MODE=${MODE} -DACCEL_SOURCE_DIR=${SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${WORK_DIR}/${name}/prefix"
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+  if(MODE STREQUAL "package")
+    list(APPEND args "-Daccelerate_cpp_DIR=${CONFIG_DIR}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} ${args} ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE out RESULT_VARIABLE rc)
+  string(REGEX REPLACE "[ \t\r\n]+" " " flat "${out}")  # CMake wraps long messages
+  set(${out_var} "${flat}" PARENT_SCOPE)
+  set(${rc_var} "${rc}" PARENT_SCOPE)
+  message(STATUS "---- ${MODE} configure with a fake LibTorch ${torch_version} ${ARGN} (exit ${rc}) ----\n${out}")
+endfunction()
+
+function(expect name text)
+  string(FIND "${out}" "${text}" at)
+  if(at EQUAL -1)
+    message(SEND_ERROR "${name}: the output lacks \"${text}\"")
+  endif()
+endfunction()
+function(expect_not name text)
+  string(FIND "${out}" "${text}" at)
+  if(NOT at EQUAL -1)
+    message(SEND_ERROR "${name}: the output has \"${text}\"")
+  endif()
+endfunction()
+
+# 1. Debian's LibTorch 1.13.1 first on the path: refused, naming both versions, where, and the fix.
+configure_with(wrong 1.13.1 out rc)
+if(rc EQUAL 0)
+  message(SEND_ERROR "wrong: the configure succeeded with LibTorch 1.13.1")
+endif()
+expect(wrong "Wrong LibTorch: found LibTorch 1.13.1 in ${WORK_DIR}/wrong/prefix/share/cmake/Torch (Torch_DIR)")
+expect(wrong "CMAKE_PREFIX_PATH")
+expect(wrong "cmake_prefix_path")
+expect(wrong "--fresh")
+if(MODE STREQUAL "project")
+  expect(wrong "but accelerate-cpp needs LibTorch ${VERSION}.x.")
+  expect(wrong "ACCEL_TORCH_PREFIX")
+  expect(wrong "-DACCEL_TORCH_VERSION_REQUIRED=")
+else()
+  expect(wrong "but accelerate-cpp needs exactly LibTorch ${VERSION}.")
+  expect(wrong "was built with LibTorch ${VERSION}")
+  expect(wrong "accelerate_cpp_FOUND to FALSE")
+endif()
+
+# 2. The version accelerate-cpp wants gets past the check (the harness may fail later: the fake has no libraries).
+if(MODE STREQUAL "project")
+  set(good "${VERSION}.7")
+else()
+  set(good "${VERSION}")
+endif()
+configure_with(right ${good} out rc)
+expect(right "fake LibTorch ${good} loaded")
+expect_not(right "Wrong LibTorch")
+
+if(MODE STREQUAL "project")
+  # 3. The project check can be switched off.
+  configure_with(disabled 1.13.1 out rc -DACCEL_TORCH_VERSION_REQUIRED=)
+  expect(disabled "fake LibTorch 1.13.1 loaded")
+  expect_not(disabled "Wrong LibTorch")
+else()
+  # 3. The package config wants the exact version: another patch release is refused too.
+  string(REGEX MATCH "^([0-9]+\\.[0-9]+)\\.([0-9]+)" _ "${VERSION}")
+  if(CMAKE_MATCH_0)
+    math(EXPR patch "${CMAKE_MATCH_2} + 1")
+    set(other "${CMAKE_MATCH_1}.${patch}")
+    configure_with(patch ${other} out rc)
+    if(rc EQUAL 0)
+      message(SEND_ERROR "patch: the configure succeeded with LibTorch ${other}")
+    endif()
+    expect(patch "Wrong LibTorch: found LibTorch ${other} in")
+    expect(patch "but accelerate-cpp needs exactly LibTorch ${VERSION}.")
+  endif()
+endif()
