@@ -167,6 +167,69 @@ TEST_CASE("accelerator: fp16 gradients reach the optimizer unscaled") {
   REQUIRE(torch::allclose(grads(MixedPrecision::Fp16), grads(MixedPrecision::No), 2e-2, 2e-2));
 }
 
+TEST_CASE("accelerator: fp16 keeps every gradient of hand-written accumulation (two backward, one step)") {
+  Regression data(8);
+  // The gradient after two backward calls on half batches (loss / 2 each) must equal one backward on the
+  // whole batch: the first half's gradient is unscaled after its backward and must not be unscaled twice.
+  auto grads = [&](bool halves) {
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::Fp16)));
+    acc.prepare(model, opt);
+    acc.scaler()->load_state_dict(
+        {{"scale", torch::tensor({1024.0f})}, {"growth_tracker", torch::tensor({0}, torch::kInt32)}});
+    if (halves) {
+      for (int h = 0; h < 2; ++h)
+        acc.backward(torch::mse_loss(model(data.x.slice(0, h * 4, h * 4 + 4)).to(torch::kFloat32),
+                                     data.y.slice(0, h * 4, h * 4 + 4)) /
+                     2);
+    } else {
+      acc.backward(torch::mse_loss(model(data.x).to(torch::kFloat32), data.y));
+    }
+    REQUIRE_FALSE(acc.optimizer_step_was_skipped());
+    REQUIRE(acc.optimizer_step_was_skipped(opt) == false);
+    return model->fc1->weight.grad().clone();
+  };
+  const auto two = grads(true), one = grads(false);
+  INFO("max difference " << (two - one).abs().max().item<double>());
+  REQUIRE(torch::allclose(two, one, 1e-2, 1e-3));
+}
+
+TEST_CASE("accelerator: two models and two optimizers in one prepare call, in any order") {
+  Regression data(8);
+  torch::manual_seed(0);
+  Mlp g, d;
+  torch::optim::SGD opt_g(g->parameters(), 0.1), opt_d(d->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(opt_d, g, opt_g, d);
+  REQUIRE(acc.get_state_dict(g).size() == g->named_parameters().size() + g->named_buffers().size());
+  REQUIRE_THROWS_WITH(acc.get_state_dict(), Catch::Contains("get_state_dict(model)"));
+  Mlp stranger;
+  REQUIRE_THROWS_WITH(acc.get_state_dict(stranger), Catch::Contains("was not prepared"));
+  torch::optim::SGD loose(stranger->parameters(), 0.1);
+  REQUIRE_THROWS_WITH(acc.prepare(loose), Catch::Contains("no parameter of a prepared model"));
+}
+
+TEST_CASE("accelerator: accumulation without a prepared loader and two optimizers asks for accumulate()") {
+  Regression data(8);
+  torch::manual_seed(0);
+  Mlp a, b;
+  torch::optim::SGD opt_a(a->parameters(), 0.1), opt_b(b->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::No, 2)));
+  acc.prepare(a, b, opt_a, opt_b);
+  REQUIRE_THROWS_WITH(acc.backward(torch::mse_loss(a(data.x), data.y)),
+                      Catch::Contains("accelerator.accumulate(model)"));
+  // With scopes, two backward calls per batch make one micro-step: batches 1 and 2 form one cycle.
+  for (int batch = 0; batch < 2; ++batch) {
+    auto scope = acc.accumulate(a, b);
+    acc.backward(torch::mse_loss(a(data.x), data.y));
+    acc.backward(torch::mse_loss(b(data.x), data.y));
+    REQUIRE(acc.sync_gradients() == (batch == 1));
+  }
+  REQUIRE(acc.micro_steps() == 2);
+}
+
 TEST_CASE("accelerator: clip_grad_norm_ clips the global norm and returns it") {
   torch::manual_seed(0);
   Mlp model;

@@ -21,34 +21,19 @@
 #include <sstream>
 #include <thread>
 
-#include "test_support.hpp"
+#include "dist_common.hpp"
 
-namespace {
-
-using namespace accel;
-using test::Mlp;
-using test::Regression;
+namespace dist {
 
 int failures = 0;
-// second argument: ddp | zero1 | zero2 | zero2_no_overlap | zero3 | fsdp_full_shard | fsdp_grad_op |
-// fsdp_no_shard
 std::string backend_variant = "ddp";
 
 bool params_sharded() {
   return backend_variant == "zero3" || backend_variant == "fsdp_full_shard";
 }
 
-#define CHECK_THAT(cond, ...)                                                                          \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::ostringstream os_;                                                                          \
-      os_ << __VA_ARGS__;                                                                              \
-      std::cerr << "CHECK FAILED at line " << __LINE__ << ": " #cond " -- " << os_.str() << std::endl; \
-      ++failures;                                                                                      \
-    }                                                                                                  \
-  } while (0)
-
-Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) {
+accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
+  using namespace accel;
   Config c = test::make_config(mp, accumulation);
   c.backend = BackendKind::Ddp;
   c.collective_timeout_seconds = 60;
@@ -71,11 +56,26 @@ Config cpu_config(MixedPrecision mp = MixedPrecision::No, int accumulation = 1) 
                                                                       : ShardingStrategy::NoShard;
     c.fsdp.forward_prefetch = true;
     c.ddp_bucket_cap_mb = 0.001;
+  } else if (backend_variant == "local") {
+    c.backend = BackendKind::Local;
   } else if (backend_variant != "ddp") {
     throw std::invalid_argument("unknown backend variant " + backend_variant);
   }
   return c;
 }
+
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  return a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
+}
+
+}  // namespace dist
+
+namespace {
+
+using namespace accel;
+using namespace dist;
+using test::Mlp;
+using test::Regression;
 
 // ZeRO: optimizer state and gradients per rank are exactly ceil(P/N) elements; the model's own gradients are
 // freed after the sync; bytes per step equal DDP's all-reduce volume.
@@ -166,10 +166,6 @@ void sharding() {
     for (int r = 1; r < n; ++r)
       CHECK_THAT(torch::equal(all[r], all[0]), "parameters differ across ranks");
   }
-}
-
-bool close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
-  return a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
 }
 
 void collectives() {
@@ -844,7 +840,7 @@ void process() {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const std::map<std::string, std::function<void()>> scenarios{
+  std::map<std::string, std::function<void()>> scenarios{
       {"collectives", collectives},
       {"metrics", metrics},
       {"equivalence", [] { equivalence_case("fp32", MixedPrecision::No, 1, 2e-5); }},
@@ -866,6 +862,8 @@ int main(int argc, char** argv) try {
       {"frozen", frozen},
       {"reshard_save", [] { reshard(false); }},
       {"reshard_load", [] { reshard(true); }}};
+  for (const auto& [name, f] : dist::real_loop_scenarios())
+    scenarios.emplace(name, f);
   if (argc < 2 || argc > 3 || scenarios.count(argv[1]) == 0) {
     std::cerr
         << "usage: dist_worker <scenario> [ddp|zero1|zero2|zero3|fsdp_full_shard|fsdp_grad_op|fsdp_no_shard]"

@@ -2,30 +2,39 @@
 #include <accel/errors.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace accel {
 
-void BackendRegistry::add(BackendKind kind, BackendFactory factory) {
-  factories_[kind] = std::move(factory);
+void BackendRegistry::add(BackendDescriptor descriptor) {
+  auto name = descriptor.name;
+  descriptors_[name] = std::move(descriptor);
 }
 
-bool BackendRegistry::contains(BackendKind kind) const {
-  return factories_.count(kind) != 0;
+bool BackendRegistry::contains(const std::string& name) const {
+  return descriptors_.count(name) != 0;
 }
 
-std::unique_ptr<Backend> BackendRegistry::create(BackendKind kind, const BackendContext& context) const {
-  auto it = factories_.find(kind);
-  if (it == factories_.end()) {
-    std::string known;
-    for (const auto& [k, f] : factories_)
-      known += (known.empty() ? "" : ", ") + to_string(k);
+std::vector<std::string> BackendRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, d] : descriptors_)
+    out.push_back(name);
+  return out;
+}
+
+const BackendDescriptor& BackendRegistry::resolve(const std::string& name, int world_size) const {
+  auto it = descriptors_.find(name);
+  if (it == descriptors_.end()) {
+    const auto known = names();
     throw UnsupportedOperation(
         fmt::format("backend '{}' is not available in this build of accelerate-cpp (registered: {}); set "
-                    "`backend:` in the "
-                    "config to one of those",
-                    to_string(kind), known.empty() ? "none" : known));
+                    "`backend:` in the config to one of those",
+                    name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
   }
-  return it->second(context);
+  if (world_size > 1 && !it->second.multi_process_replacement.empty()) {
+    return resolve(it->second.multi_process_replacement, world_size);
+  }
+  return it->second;
 }
 
 }  // namespace accel

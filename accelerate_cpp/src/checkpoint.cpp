@@ -65,9 +65,13 @@ std::string require(const safetensors::File& f, const std::string& key) {
   return it->second;
 }
 
+std::string qualified(std::size_t model, const std::string& name) {
+  return model == 0 ? name : fmt::format("{}:{}", model, name);
+}
+
 // Layouts of an optimizer that updates model parameters directly: each tensor is one whole parameter.
-std::vector<OptimizerTensorLayout> identity_layouts(
-    const torch::optim::Optimizer& optimizer, const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+std::vector<OptimizerTensorLayout> identity_layouts(const torch::optim::Optimizer& optimizer,
+                                                    const std::vector<torch::nn::Module*>& models) {
   std::map<const void*, std::string> names;
   for (std::size_t i = 0; i < models.size(); ++i) {
     for (const auto& item : models[i]->named_parameters()) {
@@ -90,7 +94,7 @@ std::vector<OptimizerTensorLayout> identity_layouts(
 }
 
 std::map<std::string, std::vector<std::int64_t>> parameter_shapes(
-    const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+    const std::vector<torch::nn::Module*>& models) {
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (std::size_t i = 0; i < models.size(); ++i) {
     for (const auto& item : models[i]->named_parameters()) {
@@ -118,25 +122,38 @@ constexpr const char* kStateNames[] = {"step",       "exp_avg",         "exp_avg
 
 }  // namespace
 
-std::vector<OptimizerTensorLayout> Accelerator::optimizer_layouts(
-    const torch::optim::Optimizer& optimizer) const {
-  auto layouts = backend_->optimizer_layout(optimizer);
-  return layouts.empty() ? identity_layouts(optimizer, models_) : layouts;
+std::vector<torch::nn::Module*> Accelerator::model_pointers() const {
+  std::vector<torch::nn::Module*> out;
+  for (const auto& m : models_)
+    out.push_back(m.module.get());
+  return out;
+}
+
+std::vector<OptimizerTensorLayout> Accelerator::optimizer_layouts(std::size_t o) const {
+  const auto& optimizer = *optimizers_[o];
+  const auto model = optimizer_model_[o];
+  auto layouts = models_[model].engine->optimizer_layout(optimizer);
+  if (layouts.empty()) return identity_layouts(optimizer, model_pointers());
+  for (auto& l : layouts) {
+    for (auto& piece : l.pieces)
+      piece.param = qualified(model, piece.param);
+  }
+  return layouts;
 }
 
 std::string Accelerator::optimizer_fingerprints() const {
   std::string out;
-  for (auto* opt : optimizers_)
-    out += (out.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(*opt));
+  for (std::size_t o = 0; o < optimizers_.size(); ++o)
+    out += (out.empty() ? "" : ",") + layout_fingerprint(optimizer_layouts(o));
   return out;
 }
 
-std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(
-    const torch::optim::Optimizer& optimizer) {
+std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(std::size_t o) {
+  const auto& optimizer = *optimizers_[o];
   if (detail::optimizer_kind(optimizer).empty()) return std::nullopt;
-  const auto layouts = optimizer_layouts(optimizer);
+  const auto layouts = optimizer_layouts(o);
   if (layouts.empty()) return std::nullopt;
-  const auto shapes = parameter_shapes(models_);
+  const auto shapes = parameter_shapes(model_pointers());
   NamedTensors out;
   std::size_t k = 0;
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
@@ -170,8 +187,8 @@ std::optional<NamedTensors> Accelerator::consolidated_optimizer_state(
   return out;
 }
 
-void Accelerator::load_converted_optimizer_state(torch::optim::Optimizer& optimizer,
-                                                 const std::string& path) {
+void Accelerator::load_converted_optimizer_state(std::size_t o, const std::string& path) {
+  auto& optimizer = *optimizers_[o];
   const auto kind = detail::optimizer_kind(optimizer);
   const auto file = safetensors::File::open(path);
   const auto saved_kind = require(file, "optimizer");
@@ -180,7 +197,7 @@ void Accelerator::load_converted_optimizer_state(torch::optim::Optimizer& optimi
                                       path, saved_kind,
                                       kind.empty() ? "of a type that cannot be converted" : kind));
   }
-  const auto layouts = optimizer_layouts(optimizer);
+  const auto layouts = optimizer_layouts(o);
   if (layouts.empty()) {
     throw CheckpointError(
         fmt::format("{}: the prepared optimizer holds tensors that are not parameters of the "
@@ -231,7 +248,7 @@ void Accelerator::save_state(const std::string& dir) {
   namespace fs = std::filesystem;
   // The main process owns the temporary directory and commits it; every rank writes its own files into it
   // (the same path on every rank: one machine, or a shared filesystem), then all meet before the commit.
-  backend_->sync_parameters();  // collective: the model must be current before rank 0 writes it
+  sync_parameters();  // collective: the models must be current before rank 0 writes them
   std::unique_ptr<detail::AtomicDirectory> out;
   std::string tmp_path;
   std::string failure;
@@ -271,10 +288,10 @@ void Accelerator::write_state_files(const std::filesystem::path& tmp) {
   // Collective on every rank (sharded parameters are gathered); rank 0 writes them.
   std::vector<NamedTensors> model_states;
   for (std::size_t i = 0; i < models_.size(); ++i)
-    model_states.push_back(backend_->model_state());
+    model_states.push_back(models_[i].engine->model_state());
   std::vector<std::optional<NamedTensors>> optimizer_states;
-  for (auto* opt : optimizers_)
-    optimizer_states.push_back(consolidated_optimizer_state(*opt));
+  for (std::size_t o = 0; o < optimizers_.size(); ++o)
+    optimizer_states.push_back(consolidated_optimizer_state(o));
   if (rank_ == 0) {
     write_main_state_files(tmp, model_states);
     for (std::size_t i = 0; i < optimizer_states.size(); ++i) {
@@ -284,7 +301,7 @@ void Accelerator::write_state_files(const std::filesystem::path& tmp) {
                             {{"format", "pt"}, {"optimizer", detail::optimizer_kind(*optimizers_[i])}});
     }
   }
-  if (backend_->shards_optimizer_state()) {
+  if (capabilities().shards_optimizer_state) {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) {
       torch::save(*optimizers_[i],
                   (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", rank_))).string());
@@ -304,22 +321,16 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
   for (std::size_t i = 0; i < model_states.size(); ++i) {
     detail::write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i],
                           {{"format", "pt"}});
-    if (config_.backend == BackendKind::Zero && config_.zero.zero3_save_16bit_model) {
-      // DeepSpeed's zero3_save_16bit_model: a consolidated copy in the training's 16-bit type, for inference.
-      const auto dtype = config_.mixed_precision == MixedPrecision::Bf16 ? torch::kBFloat16 : torch::kFloat16;
-      NamedTensors half;
-      for (const auto& [name, t] : model_states[i])
-        half.emplace_back(name, t.is_floating_point() ? t.to(dtype) : t);
-      detail::write_tensors((tmp / indexed("model_16bit", i, ".safetensors")).string(), half,
-                            {{"format", "pt"}});
+    for (const auto& [stem, tensors] : models_[i].engine->extra_model_files(model_states[i])) {
+      detail::write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
     }
   }
-  for (std::size_t i = 0; i < optimizers_.size() && !backend_->shards_optimizer_state(); ++i) {
+  for (std::size_t i = 0; i < optimizers_.size() && !capabilities().shards_optimizer_state; ++i) {
     torch::save(*optimizers_[i], (tmp / indexed("optimizer", i, ".pt")).string());
   }
 
   NamedTensors state{{"micro_steps", scalar(micro_steps_)},
-                     {"cycle_position", scalar(cycle_position_)},
+                     {"cycle_position", scalar(cycle_done_ ? 0 : cycle_position_)},
                      {"completed_steps", scalar(completed_steps_)}};
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     state.emplace_back(fmt::format("scheduler.{}.step_count", i),
@@ -342,7 +353,7 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
   const std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints},
                                                 {"format", kFormat},
                                                 {"format_version", kFormatVersion},
-                                                {"backend", backend_->name()},
+                                                {"backend", backend_name()},
                                                 {"world_size", std::to_string(world_size_)},
                                                 {"mixed_precision", to_string(config_.mixed_precision)},
                                                 {"models", std::to_string(models_.size())},
@@ -376,7 +387,7 @@ void Accelerator::load_state(const std::string& dir) {
   const auto fingerprints = optimizer_fingerprints();
   const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
   const bool convert =
-      saved_world != std::to_string(world_size_) || saved_backend != backend_->name() ||
+      saved_world != std::to_string(world_size_) || saved_backend != backend_name() ||
       (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints);
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
@@ -394,7 +405,7 @@ void Accelerator::load_state(const std::string& dir) {
 
   for (std::size_t i = 0; i < models_.size(); ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
-    backend_->load_model_state(detail::read_tensors(f));
+    models_[i].engine->load_model_state(detail::read_tensors(f));
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     if (convert) {
@@ -405,15 +416,14 @@ void Accelerator::load_state(const std::string& dir) {
             "'{}' (or another sharding layout); converting needs the per-parameter optimizer state '{}', "
             "which is written for LibTorch's Adam, "
             "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
-            dir, saved_world, saved_backend, world_size_, backend_->name(), path, saved_world,
-            saved_backend));
+            dir, saved_world, saved_backend, world_size_, backend_name(), path, saved_world, saved_backend));
       }
-      load_converted_optimizer_state(*optimizers_[i], path);
+      load_converted_optimizer_state(i, path);
       continue;
     }
     const auto path = (root / indexed("optimizer", i,
-                                      backend_->shards_optimizer_state() ? fmt::format("_rank{}.pt", rank_)
-                                                                         : std::string(".pt")))
+                                      capabilities().shards_optimizer_state ? fmt::format("_rank{}.pt", rank_)
+                                                                            : std::string(".pt")))
                           .string();
     if (!fs::exists(path))
       throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
@@ -424,6 +434,8 @@ void Accelerator::load_state(const std::string& dir) {
   };
   micro_steps_ = get("micro_steps");
   cycle_position_ = get("cycle_position");
+  cycle_done_ = false;
+  in_micro_step_ = false;
   completed_steps_ = get("completed_steps");
   stashed_grads_.clear();
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {

@@ -667,6 +667,7 @@ HandlerTable top_level_table(Reader& r, Config& c, Pending& p) {
          c.ddp_first_bucket_cap_mb = r.number(e, 0, false, "a positive number of MiB");
        }},
       {"ddp_find_unused_parameters", [&](const Entry& e) { c.ddp_find_unused_parameters = r.boolean(e); }},
+      {"ddp_broadcast_buffers", [&](const Entry& e) { c.ddp_broadcast_buffers = r.boolean(e); }},
       {"fsdp_config",
        [&](const Entry& e) { dispatch(r, section_entries(r, e, "fsdp_*"), fsdp_table(r, c, p), e.path); }},
       {"deepspeed_config",
@@ -1033,7 +1034,8 @@ bool operator==(const Config& a, const Config& b) {
          a.even_batches == b.even_batches && a.split_batches == b.split_batches &&
          a.ddp_bucket_cap_mb == b.ddp_bucket_cap_mb &&
          a.ddp_first_bucket_cap_mb == b.ddp_first_bucket_cap_mb &&
-         a.ddp_find_unused_parameters == b.ddp_find_unused_parameters && a.fsdp == b.fsdp && a.zero == b.zero;
+         a.ddp_find_unused_parameters == b.ddp_find_unused_parameters &&
+         a.ddp_broadcast_buffers == b.ddp_broadcast_buffers && a.fsdp == b.fsdp && a.zero == b.zero;
 }
 
 Config Config::load_file(const std::string& path) {
@@ -1102,6 +1104,7 @@ std::string Config::to_yaml() const {
   line("ddp_bucket_cap_mb", fmt::format("{}", ddp_bucket_cap_mb));
   line("ddp_first_bucket_cap_mb", fmt::format("{}", ddp_first_bucket_cap_mb));
   line("ddp_find_unused_parameters", yaml_bool(ddp_find_unused_parameters));
+  line("ddp_broadcast_buffers", yaml_bool(ddp_broadcast_buffers));
 
   if (backend == BackendKind::Fsdp || fsdp != FsdpConfig{}) {
     out += "fsdp_config:\n";

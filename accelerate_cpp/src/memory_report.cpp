@@ -36,7 +36,7 @@ MemoryReport Accelerator::memory_report() const {
   MemoryReport r;
   Counter counter;
   for (const auto& m : models_) {
-    for (const auto& p : m->parameters())
+    for (const auto& p : m.module->parameters())
       r.parameters += counter.add(p);
   }
   for (auto* opt : optimizers_) {
@@ -45,10 +45,12 @@ MemoryReport Accelerator::memory_report() const {
         r.parameters += counter.add(p);  // sharded masters
     }
   }
-  for (const auto& b : backend_->parameter_buffers())
-    r.parameters += counter.add(b);
   for (const auto& m : models_) {
-    for (const auto& p : m->parameters())
+    for (const auto& b : m.engine->parameter_buffers())
+      r.parameters += counter.add(b);
+  }
+  for (const auto& m : models_) {
+    for (const auto& p : m.module->parameters())
       r.gradients += counter.add(p.grad());
   }
   for (auto* opt : optimizers_) {
@@ -59,8 +61,10 @@ MemoryReport Accelerator::memory_report() const {
   }
   for (const auto& g : stashed_grads_)
     r.gradients += counter.add(g);
-  for (const auto& b : backend_->gradient_buffers())
-    r.gradients += counter.add(b);
+  for (const auto& m : models_) {
+    for (const auto& b : m.engine->gradient_buffers())
+      r.gradients += counter.add(b);
+  }
   for (auto* opt : optimizers_) {
     for (const auto& [key, state] : opt->state()) {
       for (const auto& t : state_tensors(*state))

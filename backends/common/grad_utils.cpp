@@ -44,31 +44,77 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
     load(item.key(), item.value());
 }
 
-double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type) {
-  return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate) {
+  if (unused.empty() || tolerate) return;
+  throw UsageError(
+      fmt::format("{}: parameter(s) {} received no gradient in this backward while others of the same model "
+                  "did, so their gradients cannot be reduced; make every parameter take part in the loss, or "
+                  "set `ddp_find_unused_parameters: true` in the config to reduce them as zeros",
+                  who, fmt::join(unused, ", ")));
 }
 
-double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
-                              double norm_type, const std::string& who) {
-  if (norm_type != 2.0) {
-    throw UnsupportedOperation(
-        fmt::format("{}: clip_grad_norm_ supports the 2-norm only, got {}", who, norm_type));
-  }
-  // The global norm is the square root of the sum over ranks of the local sums of squares.
-  auto sq = torch::zeros({1}, torch::kFloat64);
-  for (const auto& s : shards) {
-    if (s.grad().defined()) sq += s.grad().to(torch::kFloat64).pow(2).sum().cpu();
-  }
-  comm.all_reduce(sq, ReduceOp::Sum);
-  const double norm = std::sqrt(sq.item<double>());
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    torch::NoGradGuard no_grad;
-    for (const auto& s : shards) {
-      if (s.grad().defined()) s.grad().mul_(coef);
+namespace {
+
+// Runs `f(flat)` on the concatenation of `tensors` (grouped by dtype and device), then copies the result
+// back; one collective per group instead of one per tensor.
+template <class F>
+void flat_in_place(const std::vector<torch::Tensor>& tensors, F f) {
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& t : tensors) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return g.front().scalar_type() == t.scalar_type() && g.front().device() == t.device();
+    });
+    if (it == groups.end()) {
+      groups.push_back({t});
+    } else {
+      it->push_back(t);
     }
   }
-  return norm;
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups) {
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& t : g)
+      flat_parts.push_back(t.reshape({-1}));
+    auto flat = torch::cat(flat_parts);
+    f(flat);
+    std::int64_t at = 0;
+    for (auto& t : g) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+void all_reduce_mean_grads(Communicator& comm, const std::vector<torch::Tensor>& params) {
+  if (comm.world_size() == 1) return;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return;
+  flat_in_place(grads, [&](torch::Tensor& flat) {
+    comm.all_reduce(flat, ReduceOp::Sum);
+    flat.div_(comm.world_size());
+  });
+}
+
+NamedTensors converted(const NamedTensors& state, c10::ScalarType dtype) {
+  NamedTensors out;
+  for (const auto& [name, t] : state)
+    out.emplace_back(name, t.is_floating_point() ? t.to(dtype) : t);
+  return out;
+}
+
+void broadcast_buffers(Communicator& comm, torch::nn::Module& model) {
+  if (comm.world_size() == 1) return;
+  std::vector<torch::Tensor> buffers;
+  for (const auto& b : model.buffers()) {
+    if (b.defined() && b.numel() > 0) buffers.push_back(b);
+  }
+  if (buffers.empty()) return;
+  flat_in_place(buffers, [&](torch::Tensor& flat) { comm.broadcast(flat, 0); });
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> take_over_model(Communicator& comm,

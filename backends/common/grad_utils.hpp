@@ -14,13 +14,18 @@ NamedTensors module_state(torch::nn::Module& module);
 /// Copies every parameter and buffer of `module` from `state`; CheckpointError on a missing or mis-shaped
 /// entry.
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);
-/// torch::nn::utils::clip_grad_norm_ over `params` (gradients already identical or already global).
-double clip_grad_norm_local(const std::vector<torch::Tensor>& params, double max_norm, double norm_type);
-/// Clips the global 2-norm of gradients split across ranks: each rank passes the tensors holding its disjoint
-/// slices (padding zero); their `.grad()`s are scaled in place. Returns the norm before clipping. `who`
-/// prefixes errors. Collective.
-double clip_sharded_grad_norm(Communicator& comm, const std::vector<torch::Tensor>& shards, double max_norm,
-                              double norm_type, const std::string& who);
+/// The one unused-parameter check of every engine: throws UsageError naming `who` and the parameters that
+/// received no gradient in a backward that gave gradients to others of the same model, unless `tolerate`
+/// (`ddp_find_unused_parameters: true`, then they are reduced as zeros).
+void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
+/// All-reduces (mean) the defined gradients of `params` in place, one flat buffer per dtype: trainable
+/// parameters no sharded optimizer owns keep DDP's semantics. Collective.
+void all_reduce_mean_grads(Communicator& comm, const std::vector<torch::Tensor>& params);
+/// `state` with every floating tensor converted to `dtype` (other tensors as they are).
+NamedTensors converted(const NamedTensors& state, c10::ScalarType dtype);
+/// Broadcasts every buffer of `model` from rank 0 (PyTorch DDP's broadcast_buffers), one flat buffer per
+/// dtype; a no-op on one process. Collective.
+void broadcast_buffers(Communicator& comm, torch::nn::Module& model);
 /// What every sharded backend does first in prepare_model: checks that every rank has the same model,
 /// broadcasts rank 0's weights, and returns the parameters by name in model order (collective).
 std::vector<std::pair<std::string, torch::Tensor>> take_over_model(Communicator& comm,

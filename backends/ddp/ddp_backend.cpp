@@ -28,10 +28,9 @@ class DdpBackend final : public Backend {
   explicit DdpBackend(const BackendContext& context) : ctx_(context), comm_(*context.comm) {}
 
   std::string name() const override { return "ddp"; }
+  BackendCapabilities capabilities() const override { return {}; }
 
   void prepare_model(torch::nn::Module& model) override {
-    if (model_ != nullptr)
-      throw UsageError("the ddp backend prepares one model; call prepare() with it once");
     model_ = &model;
     for (const auto& item : model.named_parameters()) {
       if (item.value().requires_grad()) {
@@ -57,39 +56,33 @@ class DdpBackend final : public Backend {
       b.work.reset();
     }
     seen_.assign(params_.size(), false);
+    any_seen_ = false;
     next_bucket_ = 0;
   }
 
   void after_backward(bool sync) override {
     if (!sync) return;
+    syncing_ = false;
+    // A model this backward gave no gradient at all (the generator during the discriminator's backward)
+    // takes no part; its gradients, if any, are reduced with its next backward.
+    if (!any_seen_) return;
     std::vector<std::string> unused;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (!seen_[i]) unused.push_back(names_[i]);
     }
-    if (!unused.empty()) {
-      if (!ctx_.config->ddp_find_unused_parameters) {
-        // Fail before any rank waits on a bucket that will never be complete.
-        throw UsageError(fmt::format(
-            "ddp: parameter(s) {} received no gradient in this backward, so their buckets cannot be reduced. "
-            "Make every parameter take part in the loss, or set `ddp_find_unused_parameters: true` in the "
-            "config to reduce them as zeros",
-            fmt::join(unused, ", ")));
-      }
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        if (!seen_[i]) mark_ready(i);
-      }
+    // Fails before any rank waits on a bucket that will never be complete.
+    detail::check_unused("ddp", unused, ctx_.config->ddp_find_unused_parameters);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!seen_[i]) mark_ready(i);
     }
-    syncing_ = false;
     for (auto& b : buckets_) {
       b.work->wait();
       unflatten(b);
     }
+    if (ctx_.config->ddp_broadcast_buffers) detail::broadcast_buffers(comm_, *model_);
   }
 
-  double clip_grad_norm(double max_norm, double norm_type) override {
-    return detail::clip_grad_norm_local(params_, max_norm,
-                                        norm_type);  // gradients are identical on every rank
-  }
+  GradientTensors gradients() const override { return {params_, false}; }
 
   NamedTensors model_state() override { return detail::module_state(*model_); }
 
@@ -107,6 +100,7 @@ class DdpBackend final : public Backend {
   // Called from the gradient hooks during backward.
   void on_grad_ready(std::size_t index) {
     if (!syncing_ || seen_[index]) return;  // micro-steps communicate nothing
+    any_seen_ = true;
     mark_ready(index);
   }
 
@@ -202,6 +196,7 @@ class DdpBackend final : public Backend {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<bool> seen_;
+  bool any_seen_ = false;
   std::size_t next_bucket_ = 0;
   bool syncing_ = false;
   detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
@@ -212,6 +207,14 @@ class DdpBackend final : public Backend {
 std::unique_ptr<Backend> make_ddp_backend(const BackendContext& context) {
   if (context.comm == nullptr) throw UsageError("the ddp backend needs a communicator");
   return std::make_unique<DdpBackend>(context);
+}
+
+BackendDescriptor ddp_backend_descriptor() {
+  BackendDescriptor d;
+  d.name = "ddp";
+  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
+  d.factory = make_ddp_backend;
+  return d;
 }
 
 }  // namespace accel::backends

@@ -9,7 +9,9 @@
 
 namespace accel::backends {
 
-/// Makes the DDP backend (any world size, CPU over Gloo or CUDA over NCCL).
+/// Makes the DDP engine of one model (any world size, CPU over Gloo or CUDA over NCCL).
 std::unique_ptr<Backend> make_ddp_backend(const BackendContext& context);
+/// The `ddp` descriptor.
+BackendDescriptor ddp_backend_descriptor();
 
 }  // namespace accel::backends

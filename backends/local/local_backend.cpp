@@ -14,40 +14,24 @@ class LocalBackend final : public Backend {
   explicit LocalBackend(const BackendContext& context) : context_(context) {}
 
   std::string name() const override { return "local"; }
+  BackendCapabilities capabilities() const override { return {}; }
 
-  void prepare_model(torch::nn::Module& model) override {
-    if (model_ != nullptr && model_ != &model) {
-      throw UsageError("the local backend prepares one model; call prepare() with each model once");
-    }
-    model_ = &model;
-  }
-
-  void prepare_optimizer(torch::optim::Optimizer& optimizer) override { optimizers_.push_back(&optimizer); }
-
+  void prepare_model(torch::nn::Module& model) override { model_ = &model; }
+  void prepare_optimizer(torch::optim::Optimizer& /*optimizer*/) override {}
   void before_backward(bool /*sync*/) override {}
   void after_backward(bool /*sync*/) override {}
 
-  double clip_grad_norm(double max_norm, double norm_type) override {
-    std::vector<torch::Tensor> params;
-    for (auto* opt : optimizers_) {
-      for (auto& group : opt->param_groups()) {
-        for (auto& p : group.params())
-          params.push_back(p);
-      }
-    }
-    return detail::clip_grad_norm_local(params, max_norm, norm_type);
-  }
+  GradientTensors gradients() const override { return {model_->parameters(), false}; }
 
-  NamedTensors model_state() override { return model_ ? detail::module_state(*model_) : NamedTensors{}; }
+  NamedTensors model_state() override { return detail::module_state(*model_); }
 
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
-    if (model_) detail::load_module_state(*model_, state);
+    detail::load_module_state(*model_, state);
   }
 
  private:
   BackendContext context_;
   torch::nn::Module* model_ = nullptr;
-  std::vector<torch::optim::Optimizer*> optimizers_;
 };
 
 }  // namespace
@@ -60,6 +44,15 @@ std::unique_ptr<Backend> make_local_backend(const BackendContext& context) {
         context.world_size, context.rank));
   }
   return std::make_unique<LocalBackend>(context);
+}
+
+BackendDescriptor local_backend_descriptor() {
+  BackendDescriptor d;
+  d.name = "local";
+  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
+  d.factory = make_local_backend;
+  d.multi_process_replacement = "ddp";
+  return d;
 }
 
 }  // namespace accel::backends

@@ -4,6 +4,8 @@
 
 #include "../common/grad_hooks.hpp"
 #include "../common/grad_utils.hpp"
+#include "../common/param_trigger.hpp"
+#include "../common/storage_guard.hpp"
 
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
@@ -23,47 +25,9 @@
 namespace accel::backends {
 namespace {
 
-// ------------------------------------------------------------------------------------------------------------
-// The trigger: one process-wide RecordFunction callback for every live fully sharded backend.
-
-thread_local bool tl_quiet = false;  // this thread runs the backend's own operators: ignore them
-
-/// Runs the backend's own tensor operations unobserved.
-class Quiet {
- public:
-  Quiet() : prev_(tl_quiet) { tl_quiet = true; }
-  ~Quiet() { tl_quiet = prev_; }
-  Quiet(const Quiet&) = delete;
-  Quiet& operator=(const Quiet&) = delete;
-
- private:
-  bool prev_;
-  at::DisableRecordFunctionGuard no_record_;
-};
-
-class FullShardBackend;
-
-struct Registry {
-  std::shared_mutex mu;
-  std::vector<FullShardBackend*> backends;
-  std::atomic<int> count{0};
-  at::CallbackHandle handle = 0;
-};
-
-Registry& registry() {
-  static auto* r = new Registry();  // never destroyed: callbacks may run during static destruction
-  return *r;
-}
-
-struct PinContext final : at::ObserverContext {
-  FullShardBackend* backend = nullptr;
-  std::vector<std::size_t> units;
-};
-
-std::unique_ptr<at::ObserverContext> on_operator_start(const at::RecordFunction& fn);
-void on_operator_end(const at::RecordFunction& fn, at::ObserverContext* ctx);
-
-// ------------------------------------------------------------------------------------------------------------
+// Tag of the parameter trigger for operators on a master (the optimizer stepping it); units are tagged by
+// their index.
+constexpr std::size_t kMasterTag = static_cast<std::size_t>(-1);
 
 /// The parameters of one unit that belong to one optimizer group, laid out flat and sharded.
 struct Flat {
@@ -94,18 +58,37 @@ struct ParamSlot {
   std::int64_t offset = 0;
 };
 
-class FullShardBackend final : public Backend {
+class FullShardBackend final : public Backend, private detail::TriggerClient {
  public:
   FullShardBackend(const BackendContext& context, FullShardOptions options)
-      : ctx_(context), comm_(*context.comm), options_(std::move(options)) {}
+      : ctx_(context), comm_(*context.comm), options_(std::move(options)), trigger_(*this) {}
 
-  ~FullShardBackend() override { unregister(); }
+  ~FullShardBackend() override {
+    trigger_.stop();
+    // Leave the whole model behind for code after the accelerator (torch::save at the end of main): every
+    // rank destroys its accelerator at the same point, so gathering is collective as usual. Not during
+    // unwinding, where another rank may never arrive; the parameters then stay released (and throw on use).
+    if (std::uncaught_exceptions() == 0 && !flats_.empty()) {
+      try {
+        std::lock_guard lock(mu_);
+        detail::Quiet quiet;
+        gather_all();
+        for (auto& unit : units_)
+          unit.live = false;  // the parameters now own their gathered memory for good
+      } catch (const std::exception&) {
+      }
+    }
+  }
 
   std::string name() const override { return options_.name; }
-  bool shards_optimizer_state() const override { return true; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c;
+    c.shards_optimizer_state = c.shards_gradients = c.shards_parameters = true;
+    c.communicates_on_micro_steps = options_.reduce_every_micro_step;
+    return c;
+  }
 
   void prepare_model(torch::nn::Module& model) override {
-    if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
     model_ = &model;
     std::map<const c10::StorageImpl*, std::string> owner;
     for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
@@ -127,12 +110,11 @@ class FullShardBackend final : public Backend {
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
     detail::check_shardable_optimizer(model_, optimizer, options_.name);
-    if (!flats_.empty()) {
-      throw UsageError(
-          fmt::format("{}: one optimizer per model is supported with sharded parameters", options_.name));
-    }
     const auto n = comm_.world_size();
-    slot_.assign(params_.size(), std::nullopt);
+    if (slot_.empty()) slot_.assign(params_.size(), std::nullopt);
+    const auto first_new_flat = flats_.size();
+    trigger_.stop();
+    detail::Quiet quiet;
     torch::NoGradGuard no_grad;
     for (auto& pg : optimizer.param_groups()) {
       std::vector<bool> in_group(params_.size(), false);
@@ -166,6 +148,7 @@ class FullShardBackend final : public Backend {
         if (f.params.empty()) continue;
         f.shard = detail::shard_size(f.numel, n);
         f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, options_.offload);
+        trigger_.watch(f.master, kMasterTag);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
         flats_.push_back(std::move(f));
@@ -174,18 +157,17 @@ class FullShardBackend final : public Backend {
     }
     // At rest a rank keeps only its slices: free the parameters' memory (tensors, shapes and autograd
     // metadata stay, so the model and its optimizer hooks keep working).
-    for (const auto& f : flats_) {
-      for (auto index : f.params)
+    for (std::size_t fi = first_new_flat; fi < flats_.size(); ++fi) {
+      for (auto index : flats_[fi].params) {
         free_storage(index);
-    }
-    for (std::size_t index = 0; index < params_.size(); ++index) {
-      // Frozen parameters (requires_grad false) get no gradient and have no gradient accumulator to hook.
-      if (slot_[index] && params_[index].requires_grad()) {
-        hooks_.add(params_[index], index, [this](std::size_t i) { on_grad(i); });
-        flats_[slot_[index]->flat].trainable += 1;
+        // Frozen parameters (requires_grad false) get no gradient and have no gradient accumulator to hook.
+        if (params_[index].requires_grad()) {
+          hooks_.add(params_[index], index, [this](std::size_t i) { on_grad(i); });
+          flats_[fi].trainable += 1;
+        }
       }
     }
-    do_register();
+    trigger_.start();
   }
 
   void before_backward(bool sync) override {
@@ -199,7 +181,7 @@ class FullShardBackend final : public Backend {
     // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order).
     release_all();
     recording_ = false;
-    stepping_ = false;  // no optimizer step can happen inside backward
+    any_seen_ = false;
     // ZeRO reduce-scatters on every micro-step (no full gradient stays resident between micro-steps); FSDP's
     // no_sync keeps accumulating the unsharded gradient locally and communicates on the sync step only.
     syncing_ = sync || options_.reduce_every_micro_step;
@@ -212,8 +194,11 @@ class FullShardBackend final : public Backend {
 
   void after_backward(bool sync) override {
     std::unique_lock lock(mu_);
+    detail::Quiet quiet;
     release_all();
-    if (syncing_) {
+    // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
+    // part: its accumulated unit gradients, if any, wait for its next backward.
+    if (syncing_ && any_seen_) {
       std::vector<std::string> unused;
       for (const auto& f : flats_) {
         if (f.launched) continue;
@@ -237,29 +222,40 @@ class FullShardBackend final : public Backend {
       }
       finish_reduce();
     }
+    const bool took_part = syncing_ && any_seen_;
     syncing_ = false;
-    // The user's optimizer.step() comes next and updates the shards; LibTorch's SGD does so through .data(),
-    // so version counters cannot tell when. Until the next step boundary (sync_parameters), a unit is
-    // released as soon as the operators using it end, so nothing gathered before the step outlives it.
-    if (sync) stepping_ = true;
-    // Gradients of parameters no optimizer updates are not needed.
+    if (!sync) return;
+    // Trainable parameters no prepared optimizer owns stay whole and keep DDP's semantics.
+    std::vector<torch::Tensor> loose;
+    bool loose_grads = false;
     for (std::size_t index = 0; index < params_.size(); ++index) {
-      if (!slot_[index]) params_[index].mutable_grad() = torch::Tensor();
+      if ((slot_.empty() || !slot_[index]) && params_[index].requires_grad()) {
+        loose.push_back(params_[index]);
+        loose_grads = loose_grads || params_[index].grad().defined();
+      }
     }
+    if (!took_part && !loose_grads) return;
+    detail::all_reduce_mean_grads(comm_, loose);
+    if (ctx_.config->ddp_broadcast_buffers) detail::broadcast_buffers(comm_, *model_);
   }
 
-  double clip_grad_norm(double max_norm, double norm_type) override {
-    std::vector<torch::Tensor> masters;
+  std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
+      const NamedTensors& full_state) const override {
+    if (!options_.save_16bit) return {};
+    return {{"model_16bit", detail::converted(full_state, *options_.save_16bit)}};
+  }
+
+  GradientTensors gradients() const override {
+    GradientTensors out;
+    out.sharded = true;
     for (const auto& f : flats_)
-      masters.push_back(f.master);
-    return detail::clip_sharded_grad_norm(comm_, masters, max_norm, norm_type, options_.name);
+      out.tensors.push_back(f.master);
+    return out;
   }
 
   void sync_parameters() override {
-    // Units gathered before the user's optimizer.step() hold old values: drop them; the next use gathers.
-    std::lock_guard lock(mu_);
-    release_all();
-    stepping_ = false;
+    // Units gathered before the user's optimizer.step() hold old values; the step itself releases them (see
+    // on_operator_start), so there is nothing left to do here.
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -291,7 +287,7 @@ class FullShardBackend final : public Backend {
 
   NamedTensors model_state() override {
     std::lock_guard lock(mu_);
-    Quiet quiet;
+    detail::Quiet quiet;
     gather_all();
     NamedTensors out;
     for (const auto& item : model_->named_parameters())
@@ -304,7 +300,7 @@ class FullShardBackend final : public Backend {
 
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     std::lock_guard lock(mu_);
-    Quiet quiet;
+    detail::Quiet quiet;
     gather_all();
     detail::load_module_state(*model_, state);
     torch::NoGradGuard no_grad;
@@ -316,26 +312,22 @@ class FullShardBackend final : public Backend {
 
   // --- called by the trigger ---
 
-  /// Units whose (freed or gathered) parameters appear among an operator's inputs.
-  std::vector<std::size_t> units_of(c10::ArrayRef<const c10::IValue> inputs) const {
-    std::vector<std::size_t> out;
-    auto add = [&](const at::Tensor& t) {
-      if (!t.defined() || !t.has_storage()) return;
-      const auto it = unit_of_storage_.find(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
-      if (it != unit_of_storage_.end() && std::find(out.begin(), out.end(), it->second) == out.end()) {
-        out.push_back(it->second);
-      }
-    };
-    for (const auto& iv : inputs) {
-      if (iv.isTensor()) {
-        add(iv.toTensor());
-      } else if (iv.isList()) {
-        for (const auto& e : iv.toListRef()) {
-          if (e.isTensor()) add(e.toTensor());
-        }
-      }
+  void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
+    if (std::find(tags.begin(), tags.end(), kMasterTag) != tags.end()) {
+      // The user's optimizer.step() is updating the shards: units gathered before it hold old values.
+      // (LibTorch's SGD writes through .data(), which version counters do not see; the storage is the same.)
+      std::lock_guard lock(mu_);
+      release_all();
+      return;
     }
-    return out;
+    touch(tags);
+  }
+
+  void on_operator_end(const std::vector<std::size_t>& tags) noexcept override {
+    if (std::find(tags.begin(), tags.end(), kMasterTag) != tags.end()) return;
+    std::lock_guard lock(mu_);
+    for (auto u : tags)
+      units_[u].pins -= 1;
   }
 
   /// Makes `used` live before an operator runs (and pins them until it ends); releases the others and
@@ -374,14 +366,6 @@ class FullShardBackend final : public Backend {
                        comm_.rank(), options_.name, used.empty() ? "?" : units_[used.front()].name, e.what())
                 << std::endl;
       std::abort();
-    }
-  }
-
-  void unpin(const std::vector<std::size_t>& used) {
-    std::lock_guard lock(mu_);
-    for (auto u : used) {
-      units_[u].pins -= 1;
-      if (stepping_ && units_[u].pins == 0 && units_[u].live) release(u);
     }
   }
 
@@ -445,10 +429,8 @@ class FullShardBackend final : public Backend {
     u.name = name;
     u.params = params;
     std::sort(u.params.begin(), u.params.end());  // model order
-    for (auto index : u.params) {
-      unit_of_storage_[params_[index].unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()] =
-          units_.size();
-    }
+    for (auto index : u.params)
+      trigger_.watch(params_[index], units_.size());
     units_.push_back(std::move(u));
   }
 
@@ -469,18 +451,17 @@ class FullShardBackend final : public Backend {
 
   // --- memory of the parameters ---
 
-  c10::StorageImpl* storage_of(std::size_t index) const {
-    return params_[index].unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  }
-
   void free_storage(std::size_t index) {
-    auto* s = storage_of(index);
-    s->set_data_ptr_noswap(c10::DataPtr(nullptr, params_[index].device()));
-    s->set_nbytes(0);
+    detail::release_storage(
+        params_[index],
+        fmt::format("accelerate-cpp: parameter '{}' is sharded by the {} backend and holds no data at rest; "
+                    "read the whole model with accelerator.get_state_dict(model) (on every rank) or "
+                    "save_state, or save after the accelerator is destroyed (it gathers the model then)",
+                    names_[index], options_.name));
   }
 
   void start_gather(std::size_t u) {
-    Quiet quiet;
+    detail::Quiet quiet;
     auto& unit = units_[u];
     for (auto fi : unit.flats) {
       auto& f = flats_[fi];
@@ -496,21 +477,14 @@ class FullShardBackend final : public Backend {
     auto& unit = units_[u];
     if (unit.live) return;
     if (!unit.gathering) start_gather(u);
-    Quiet quiet;
+    detail::Quiet quiet;
     for (auto fi : unit.flats) {
       auto& f = flats_[fi];
       f.gathering->wait();
       f.gathering.reset();
-      auto* base = static_cast<char*>(f.gathered.data_ptr());
-      for (std::size_t m = 0; m < f.params.size(); ++m) {
-        const auto& p = params_[f.params[m]];
-        // The parameter's storage points into the gathered buffer; the context keeps the buffer alive.
-        auto* s = storage_of(f.params[m]);
-        s->set_data_ptr_noswap(c10::DataPtr(
-            base + f.offset[m] * static_cast<std::int64_t>(p.element_size()), new torch::Tensor(f.gathered),
-            [](void* ctx) { delete static_cast<torch::Tensor*>(ctx); }, p.device()));
-        s->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
-      }
+      // The parameters' storages point into the gathered buffer, which they keep alive.
+      for (std::size_t m = 0; m < f.params.size(); ++m)
+        detail::point_storage_into(params_[f.params[m]], f.gathered, f.offset[m]);
     }
     unit.gathering = false;
     unit.live = true;
@@ -518,7 +492,7 @@ class FullShardBackend final : public Backend {
 
   void release(std::size_t u) {
     auto& unit = units_[u];
-    Quiet quiet;
+    detail::Quiet quiet;
     if (unit.gathering) {
       for (auto fi : unit.flats) {
         auto& f = flats_[fi];
@@ -564,7 +538,7 @@ class FullShardBackend final : public Backend {
 
   void on_grad(std::size_t index) {
     std::lock_guard lock(mu_);
-    Quiet quiet;
+    detail::Quiet quiet;
     torch::NoGradGuard no_grad;
     auto& p = params_[index];
     const auto& slot = *slot_[index];
@@ -575,6 +549,7 @@ class FullShardBackend final : public Backend {
     }
     p.mutable_grad() = torch::Tensor();  // the full gradient lives on only in the flat buffer
     if (!syncing_ || seen_[index]) return;
+    any_seen_ = true;
     seen_[index] = true;
     f.grads_seen += 1;
     if (f.grads_seen == f.trainable) launch_reduce(slot.flat);
@@ -588,7 +563,7 @@ class FullShardBackend final : public Backend {
   };
 
   void launch_reduce(std::size_t fi) {
-    Quiet quiet;
+    detail::Quiet quiet;
     finish_reduce();  // one reduce-scatter in flight: it overlaps the next unit's backward
     auto& f = flats_[fi];
     const auto& first = params_[f.params.front()];
@@ -602,7 +577,7 @@ class FullShardBackend final : public Backend {
 
   void finish_reduce() {
     if (!pending_) return;
-    Quiet quiet;
+    detail::Quiet quiet;
     pending_->work->wait();
     auto& f = flats_[pending_->flat];
     pending_->out.div_(comm_.world_size());
@@ -611,29 +586,6 @@ class FullShardBackend final : public Backend {
     auto& grad = f.master.mutable_grad();
     grad = grad.defined() ? grad.add_(reduced) : reduced;
     pending_.reset();
-  }
-
-  // --- registration with the trigger ---
-
-  void do_register() {
-    auto& r = registry();
-    std::unique_lock lock(r.mu);
-    r.backends.push_back(this);
-    if (r.count.fetch_add(1) == 0) {
-      r.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_operator_start, &on_operator_end)
-                                           .needsInputs(true)
-                                           .scopes({at::RecordScope::FUNCTION}));
-    }
-    registered_ = true;
-  }
-
-  void unregister() {
-    if (!registered_) return;
-    auto& r = registry();
-    std::unique_lock lock(r.mu);
-    r.backends.erase(std::remove(r.backends.begin(), r.backends.end(), this), r.backends.end());
-    if (r.count.fetch_sub(1) == 1) at::removeCallback(r.handle);
-    registered_ = false;
   }
 
   BackendContext ctx_;
@@ -647,48 +599,17 @@ class FullShardBackend final : public Backend {
   std::vector<Unit> units_;
   std::vector<Flat> flats_;
   std::vector<std::optional<ParamSlot>> slot_;
-  std::unordered_map<const c10::StorageImpl*, std::size_t> unit_of_storage_;  // read-only after prepare
   std::recursive_mutex mu_;  // unit state: operators may run on several threads
   std::optional<std::size_t> current_;
   std::vector<std::size_t> order_;  // units in the order the first forward used them
   bool recording_ = true;
   bool syncing_ = false;
-  bool stepping_ = false;   // between a sync backward and the next step boundary: keep no unit gathered
+  bool any_seen_ = false;   // some gradient of this model arrived in this backward
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
-  bool registered_ = false;
+  detail::ParameterTrigger trigger_;
   detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
-
-std::unique_ptr<at::ObserverContext> on_operator_start(const at::RecordFunction& fn) {
-  auto& r = registry();
-  if (tl_quiet || r.count.load(std::memory_order_acquire) == 0) return nullptr;
-  FullShardBackend* owner = nullptr;
-  std::vector<std::size_t> units;
-  {
-    std::shared_lock lock(r.mu);
-    for (auto* b : r.backends) {
-      units = b->units_of(fn.inputs());
-      if (!units.empty()) {
-        owner = b;
-        break;
-      }
-    }
-  }
-  if (owner == nullptr) return nullptr;
-  Quiet quiet;
-  owner->touch(units);
-  auto ctx = std::make_unique<PinContext>();
-  ctx->backend = owner;
-  ctx->units = std::move(units);
-  return ctx;
-}
-
-void on_operator_end(const at::RecordFunction& /*fn*/, at::ObserverContext* ctx) {
-  if (ctx == nullptr) return;
-  auto* pin = static_cast<PinContext*>(ctx);
-  pin->backend->unpin(pin->units);
-}
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <accel/backend.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct FullShardOptions {
   /// Reduce-scatter gradients on accumulation micro-steps too (DeepSpeed), instead of accumulating the
   /// unsharded gradient locally until the sync step (FSDP's no_sync).
   bool reduce_every_micro_step = false;
+  /// When set, save_state also writes `model_16bit.safetensors` in this floating type (DeepSpeed's
+  /// zero3_save_16bit_model).
+  std::optional<c10::ScalarType> save_16bit;
 };
 
 /// Makes the ZeRO-3 / FULL_SHARD backend.

@@ -4,6 +4,8 @@
 
 #include "../common/grad_hooks.hpp"
 #include "../common/grad_utils.hpp"
+#include "../common/param_trigger.hpp"
+#include "../common/storage_guard.hpp"
 #include "../ddp/ddp_backend.hpp"
 #include "full_shard_backend.hpp"
 
@@ -11,7 +13,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
+#include <exception>
+#include <iostream>
+#include <set>
 
 namespace accel::backends {
 namespace {
@@ -38,25 +44,49 @@ struct ParamRef {
   std::size_t group = 0, member = 0, bucket = 0;
 };
 
-class ZeroBackend final : public Backend {
+// Tags of the parameter trigger: operators on a master (the optimizer stepping it) and on a model parameter.
+constexpr std::size_t kMasterTag = 0;
+constexpr std::size_t kParamTag = 1;
+
+class ZeroBackend final : public Backend, private detail::TriggerClient {
  public:
   ZeroBackend(const BackendContext& context, ZeroOptions options)
-      : ctx_(context), comm_(*context.comm), options_(std::move(options)) {}
+      : ctx_(context), comm_(*context.comm), options_(std::move(options)), trigger_(*this) {}
+
+  ~ZeroBackend() override {
+    trigger_.stop();
+    // Leave a whole, current model behind for code after the accelerator (torch::save at the end of main):
+    // every rank destroys its accelerator at the same point of the program, so the refresh is collective as
+    // usual. Not during unwinding, where another rank may never arrive; the parameters then stay poisoned.
+    if (dirty_ && std::uncaught_exceptions() == 0) {
+      try {
+        sync_parameters();
+      } catch (const std::exception&) {
+      }
+    }
+  }
 
   std::string name() const override { return options_.name; }
-  bool shards_optimizer_state() const override { return true; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c;
+    c.shards_optimizer_state = true;
+    c.shards_gradients = options_.stage == 2;
+    return c;
+  }
 
   void prepare_model(torch::nn::Module& model) override {
-    if (model_ != nullptr) throw UsageError(fmt::format("the {} backend prepares one model", options_.name));
     model_ = &model;
     for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
       names_.push_back(name);
       params_.push_back(p);
+      trigger_.watch(p, kParamTag);
     }
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
     detail::check_shardable_optimizer(model_, optimizer, options_.name);
+    detail::Quiet quiet;
+    trigger_.stop();
     const auto n = comm_.world_size();
     for (auto& pg : optimizer.param_groups()) {
       Group g;
@@ -84,25 +114,23 @@ class ZeroBackend final : public Backend {
       }
       // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
       g.master = detail::flat_slice(params_, g.params, g.offset, g.shard, comm_, options_.offload_optimizer);
+      // The optimizer stepping a master is what makes the model stale: watch it.
+      trigger_.watch(g.master, kMasterTag);
       pg.params() = {g.master};
       groups_.push_back(std::move(g));
     }
+    buckets_.clear();
     build_buckets();
     install_hooks();
+    trigger_.start();
   }
 
   void before_backward(bool sync) override {
-    if (dirty_) {
-      throw UsageError(fmt::format(
-          "{}: optimizer.step() updated the sharded parameters but the model was not refreshed before this "
-          "forward; iterate a data loader from accelerator.prepare_data_loader() (it refreshes at every "
-          "batch), "
-          "or call accelerator.sync_parameters() after optimizer.step()",
-          options_.name));
-    }
+    sync_parameters();  // a backward whose forward read no parameter (nothing else refreshed them)
     syncing_ = sync;
     if (!sync) return;
     seen_.assign(params_.size(), false);
+    any_seen_ = false;
     for (auto& b : buckets_) {
       b.ready = 0;
       b.filling = torch::Tensor();
@@ -114,43 +142,55 @@ class ZeroBackend final : public Backend {
   void after_backward(bool sync) override {
     if (!sync) return;
     syncing_ = false;
+    detail::Quiet quiet;
+    // Trainable parameters no prepared optimizer owns keep DDP's semantics (reduced whole).
+    std::vector<torch::Tensor> loose;
+    bool loose_grads = false;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (ref_.count(i) == 0 && params_[i].requires_grad()) {
+        loose.push_back(params_[i]);
+        loose_grads = loose_grads || params_[i].grad().defined();
+      }
+    }
+    bool took_part = loose_grads;
     if (options_.stage == 1) {
-      reduce_scatter_all();
-    } else {
+      took_part = reduce_scatter_all() || took_part;
+    } else if (any_seen_) {
+      took_part = true;
       std::vector<std::string> unused;
       for (const auto& [index, r] : ref_) {
         if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
       }
-      if (!unused.empty() && !ctx_.config->ddp_find_unused_parameters) {
-        throw UsageError(
-            fmt::format("{}: parameter(s) {} received no gradient in this backward; make every "
-                        "parameter take part in the loss, or set `ddp_find_unused_parameters: true` "
-                        "to reduce them as zeros",
-                        options_.name, fmt::join(unused, ", ")));
-      }
+      detail::check_unused(options_.name, unused, ctx_.config->ddp_find_unused_parameters);
       for (const auto& [index, r] : ref_) {
         if (!seen_[index]) mark_ready(index);
       }
       finish_pending();
-      // A rank whose slice is only padding received nothing: give it zeros, so that every rank's optimizer
-      // steps (and holds state for) the same tensors.
-      for (auto& g : groups_) {
-        if (!g.master.grad().defined()) g.master.mutable_grad() = torch::zeros_like(g.master);
-      }
     }
-    // Gradients of parameters no optimizer updates are not needed either.
-    for (auto& p : params_)
-      p.mutable_grad() = torch::Tensor();
-    // The user's optimizer.step() comes next and updates the masters. Version counters cannot tell us when:
-    // LibTorch's SGD updates through .data(), which does not bump them (seen on 2.11).
-    dirty_ = true;
+    // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
+    // part: nothing to reduce, and its buffers did not change.
+    if (!took_part) return;
+    // A rank whose slice is only padding received nothing: give it zeros, so that every rank's optimizer
+    // steps (and holds state for) the same tensors.
+    for (auto& g : groups_) {
+      if (!g.master.grad().defined()) g.master.mutable_grad() = torch::zeros_like(g.master);
+    }
+    detail::all_reduce_mean_grads(comm_, loose);
+    if (ctx_.config->ddp_broadcast_buffers) detail::broadcast_buffers(comm_, *model_);
   }
 
-  double clip_grad_norm(double max_norm, double norm_type) override {
-    std::vector<torch::Tensor> masters;
+  std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
+      const NamedTensors& full_state) const override {
+    if (!options_.save_16bit) return {};
+    return {{"model_16bit", detail::converted(full_state, *options_.save_16bit)}};
+  }
+
+  GradientTensors gradients() const override {
+    GradientTensors out;
+    out.sharded = true;
     for (const auto& g : groups_)
-      masters.push_back(g.master);
-    return detail::clip_sharded_grad_norm(comm_, masters, max_norm, norm_type, options_.name);
+      out.tensors.push_back(g.master);
+    return out;
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -163,7 +203,10 @@ class ZeroBackend final : public Backend {
 
   void sync_parameters() override {
     if (!dirty_) return;
+    detail::Quiet quiet;
     torch::NoGradGuard no_grad;
+    for (auto index : owned_)
+      detail::unpoison_storage(params_[index]);
     const auto n = comm_.world_size();
     for (auto& g : groups_) {
       const auto& first = params_[g.params.front()];
@@ -208,24 +251,69 @@ class ZeroBackend final : public Backend {
 
   NamedTensors model_state() override {
     sync_parameters();
-    return detail::module_state(*model_);
+    detail::Quiet quiet;
+    auto state = detail::module_state(*model_);
+    for (auto& [name, t] : state)
+      t = t.clone();
+    return state;
   }
 
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
+    sync_parameters();
+    detail::Quiet quiet;
     detail::load_module_state(*model_, state);
     // The masters are the optimizer's copy of the weights: reload this rank's slices from the model.
     torch::NoGradGuard no_grad;
     for (auto& g : groups_)
       g.master.copy_(detail::flat_slice(params_, g.params, g.offset, g.shard, comm_));
-    dirty_ = false;
   }
 
   void on_grad_ready(std::size_t index) {
     if (!syncing_ || options_.stage != 2 || ref_.count(index) == 0 || seen_[index]) return;
+    detail::Quiet quiet;  // our own operators (on the masters too) are no optimizer step
+    any_seen_ = true;
     mark_ready(index);
   }
 
  private:
+  // --- the trigger: the optimizer stepped a master, or an operator is about to read a stale parameter ---
+
+  void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
+    try {
+      const bool master = std::find(tags.begin(), tags.end(), kMasterTag) != tags.end();
+      const bool param = std::find(tags.begin(), tags.end(), kParamTag) != tags.end();
+      if (master && !dirty_) {
+        // The user's optimizer.step() (LibTorch's SGD writes through .data(), which version counters do not
+        // see; the storage is the same): the model is stale until refreshed. Reading it without an operator
+        // (torch::save) now throws, naming the call that refreshes it.
+        dirty_ = true;
+        for (auto index : owned_)
+          detail::poison_storage(params_[index], stale_message(index));
+      } else if (param && dirty_) {
+        sync_parameters();  // every rank runs the same forward: collective, as the step boundary is
+      }
+    } catch (const std::exception& e) {
+      std::cerr << fmt::format(
+                       "[accelerate-cpp] rank {}: {}: refreshing the model's parameters from the optimizer's "
+                       "shards before an operator read them failed: {}\n[accelerate-cpp] an error cannot "
+                       "leave LibTorch's operator callback: aborting this rank",
+                       comm_.rank(), options_.name, e.what())
+                << std::endl;
+      std::abort();
+    }
+  }
+
+  void on_operator_end(const std::vector<std::size_t>& /*tags*/) noexcept override {}
+
+  std::string stale_message(std::size_t index) const {
+    return fmt::format(
+        "accelerate-cpp: parameter '{}' is stale: optimizer.step() updated the {} backend's shards and every "
+        "rank refreshes the model at its next forward; to read or save the weights now, first call "
+        "accelerator.wait_for_everyone() on every rank (or use accelerator.get_state_dict(model) / "
+        "save_state)",
+        names_[index], options_.name);
+  }
+
   std::size_t index_of(const torch::Tensor& p) const {
     return detail::parameter_index(params_, p, options_.name);
   }
@@ -263,27 +351,32 @@ class ZeroBackend final : public Backend {
                    });
   }
 
+  // Adds a reduced slice (a sum over ranks) into the master's gradient: gradients add up across backward
+  // calls until the optimizer steps or zero_grad() runs, as autograd's do (hand-written accumulation).
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
     auto& grad = g.master.mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(g.master);
-    grad.narrow(0, at, reduced_slice.numel()).copy_(reduced_slice).div_(comm_.world_size());  // no temporary
+    grad.narrow(0, at, reduced_slice.numel()).add_(reduced_slice, 1.0 / comm_.world_size());
   }
 
-  // Stage 1: one reduce-scatter of each group's whole padded gradient.
-  void reduce_scatter_all() {
+  // Stage 1: one reduce-scatter of each group's whole padded gradient; false when the model received no
+  // gradient at all (it takes no part in this backward).
+  bool reduce_scatter_all() {
     torch::NoGradGuard no_grad;
     const auto n = comm_.world_size();
+    std::vector<std::string> unused;
+    bool any = false;
+    for (const auto& [index, r] : ref_) {
+      if (params_[index].grad().defined()) {
+        any = true;
+      } else if (params_[index].requires_grad()) {
+        unused.push_back(names_[index]);
+      }
+    }
+    if (!any) return false;
+    detail::check_unused(options_.name, unused, ctx_.config->ddp_find_unused_parameters);
     for (auto& g : groups_) {
       const auto& first = params_[g.params.front()];
-      for (std::size_t m = 0; m < g.params.size(); ++m) {
-        if (!params_[g.params[m]].grad().defined() && params_[g.params[m]].requires_grad() &&
-            !ctx_.config->ddp_find_unused_parameters) {
-          throw UsageError(
-              fmt::format("{}: parameter {} received no gradient in this backward; set "
-                          "`ddp_find_unused_parameters: true` to reduce it as zeros",
-                          options_.name, names_[g.params[m]]));
-        }
-      }
       // Chunks of about bucket_bytes, each rank's k-th piece side by side, two reduce-scatters in flight;
       // no whole-model gradient copy is made.
       const auto per_rank = std::clamp<std::int64_t>(
@@ -305,9 +398,9 @@ class ZeroBackend final : public Backend {
         w->wait();
       for (auto index : g.params)
         params_[index].mutable_grad() = torch::Tensor();
-      g.master.mutable_grad() = torch::Tensor();
       set_master_grad(g, grad.to(g.master.device()), 0);
     }
+    return true;
   }
 
   // Stage 2: buckets of contiguous flat ranges, built in reverse parameter order (the order backward produces
@@ -346,10 +439,13 @@ class ZeroBackend final : public Backend {
   }
 
   void install_hooks() {
+    owned_.clear();
+    for (const auto& [index, r] : ref_)
+      owned_.push_back(index);
     if (options_.stage != 2) return;
     for (const auto& [index, r] : ref_) {
       // Frozen parameters have no gradient accumulator; their bucket slots are filled at the end of backward.
-      if (params_[index].requires_grad())
+      if (params_[index].requires_grad() && hooked_.insert(index).second)
         hooks_.add(params_[index], index, [this](std::size_t i) { on_grad_ready(i); });
     }
   }
@@ -423,10 +519,14 @@ class ZeroBackend final : public Backend {
   std::map<std::size_t, ParamRef> ref_;
   std::vector<Bucket> buckets_;
   std::vector<bool> seen_;
+  bool any_seen_ = false;
   std::size_t next_bucket_ = 0;
   bool syncing_ = false;
-  bool dirty_ = false;  // a sync backward happened since the model was last refreshed from the masters
+  bool dirty_ = false;  // the optimizer touched a master since the model was last refreshed from them
+  std::vector<std::size_t> owned_;  // parameters some prepared optimizer owns (refreshed from the masters)
+  std::set<std::size_t> hooked_;
   std::vector<Pending> pending_;
+  detail::ParameterTrigger trigger_;
   detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 
@@ -443,7 +543,15 @@ std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOp
   return std::make_unique<ZeroBackend>(context, std::move(options));
 }
 
-std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& context) {
+namespace {
+
+std::optional<c10::ScalarType> save_16bit(const Config& config) {
+  if (!config.zero.zero3_save_16bit_model) return std::nullopt;
+  // DeepSpeed's zero3_save_16bit_model: a consolidated copy in the training's 16-bit type, for inference.
+  return config.mixed_precision == MixedPrecision::Bf16 ? torch::kBFloat16 : torch::kFloat16;
+}
+
+std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   const auto& z = context.config->zero;
   if (z.stage == 0) return make_ddp_backend(context);
   if (z.stage == 3) {
@@ -454,6 +562,7 @@ std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& con
     o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size > 0;
     o.offload =
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
+    o.save_16bit = save_16bit(*context.config);
     return make_full_shard_backend(context, o);
   }
   ZeroOptions o;
@@ -462,57 +571,45 @@ std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& con
   o.overlap_comm = z.overlap_comm;
   o.gather_bucket_bytes = z.allgather_bucket_size;
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
+  o.save_16bit = save_16bit(*context.config);
   return make_zero_backend(context, o);
 }
 
-std::unique_ptr<Backend> make_fsdp_backend_from_config(const BackendContext& context) {
-  const auto& f = context.config->fsdp;
-  switch (f.sharding_strategy) {
-    case ShardingStrategy::NoShard:
-      return make_ddp_backend(context);
-    case ShardingStrategy::ShardGradOp: {
-      ZeroOptions o;
-      o.stage = 2;
-      o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
-      o.gather_bucket_bytes = o.bucket_bytes;
-      o.offload_optimizer = f.offload_params;
-      o.name = "fsdp";
-      return make_zero_backend(context, o);
-    }
-    case ShardingStrategy::FullShard: {
-      FullShardOptions o;
-      o.name = "fsdp";
-      switch (f.auto_wrap_policy) {
-        case AutoWrapPolicy::PerChildWrap:
-          o.policy = UnitPolicy::PerChild;
-          break;
-        case AutoWrapPolicy::SizeBasedWrap:
-          o.policy = UnitPolicy::SizeBased;
-          break;
-        case AutoWrapPolicy::TransformerBasedWrap:
-          o.policy = UnitPolicy::ClassBased;
-          break;
-        case AutoWrapPolicy::NoWrap:
-          o.policy = UnitPolicy::Whole;
-          break;
-      }
-      o.min_num_params = f.min_num_params;
-      std::string names = f.transformer_layer_cls_to_wrap;
-      for (std::size_t at = 0; at <= names.size();) {
-        const auto comma = std::min(names.find(',', at), names.size());
-        auto name = names.substr(at, comma - at);
-        name.erase(0, name.find_first_not_of(' '));
-        name.erase(name.find_last_not_of(' ') + 1);
-        if (!name.empty()) o.wrap_classes.push_back(name);
-        at = comma + 1;
-      }
-      o.forward_prefetch = f.forward_prefetch;
-      o.backward_prefetch = f.backward_prefetch != BackwardPrefetch::NoPrefetch;
-      o.offload = f.offload_params;
-      return make_full_shard_backend(context, o);
-    }
+std::vector<std::string> zero_notices(const BackendContext& context) {
+  const auto& z = context.config->zero;
+  std::vector<std::string> out;
+  if (context.device.is_cpu()) {
+    const char* why = "this run trains on the CPU, where that state lives already";
+    if (z.offload_optimizer_device == OffloadDevice::Cpu)
+      out.push_back(fmt::format("deepspeed_config.offload_optimizer_device: cpu has no effect: {}", why));
+    if (z.offload_param_device == OffloadDevice::Cpu)
+      out.push_back(fmt::format("deepspeed_config.offload_param_device: cpu has no effect: {}", why));
   }
-  throw UnsupportedOperation("fsdp: unknown sharding strategy");
+  if (z.zero3_init_flag) {
+    out.push_back(
+        "deepspeed_config.zero3_init_flag: true has no effect: LibTorch modules build their parameters whole "
+        "before prepare(); stage 3 frees all but this rank's shard during prepare()");
+  }
+  return out;
+}
+
+}  // namespace
+
+BackendDescriptor zero_backend_descriptor() {
+  BackendDescriptor d;
+  d.name = "zero";
+  d.capabilities = [](const Config& config) {
+    BackendCapabilities c;
+    const int stage = config.zero.stage;
+    c.shards_optimizer_state = stage >= 1;
+    c.shards_gradients = stage >= 2;
+    c.shards_parameters = c.communicates_on_micro_steps = stage == 3;
+    return c;
+  };
+  d.notices = zero_notices;
+  d.factory = make_zero_engine;
+  d.activation_checkpointing = [](const Config& config) { return config.zero.activation_checkpointing; };
+  return d;
 }
 
 }  // namespace accel::backends

@@ -17,6 +17,7 @@
 #include <accel/backend.hpp>
 
 #include <memory>
+#include <optional>
 
 namespace accel::backends {
 
@@ -28,13 +29,14 @@ struct ZeroOptions {
   bool overlap_comm = true;  ///< stage 2: reduce a bucket while the next fills (else one bucket at most)
   bool offload_optimizer = false;  ///< keep master slices and optimizer state in CPU memory
   std::string name = "zero";       ///< reported by name() ("zero" or "fsdp")
+  /// When set, save_state also writes `model_16bit.safetensors` in this floating type.
+  std::optional<c10::ScalarType> save_16bit;
 };
 
 /// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is full_shard_backend.hpp).
 std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOptions options);
-/// Factory for `backend: zero`: reads `deepspeed_config` (zero_stage, reduce_bucket_size, offload ...).
-std::unique_ptr<Backend> make_zero_backend_from_config(const BackendContext& context);
-/// Factory for `backend: fsdp`: NO_SHARD is DDP, SHARD_GRAD_OP the stage-2 machinery.
-std::unique_ptr<Backend> make_fsdp_backend_from_config(const BackendContext& context);
+/// The `zero` descriptor: reads `deepspeed_config` (zero_stage 0 is DDP, 1-2 this engine, 3 the fully
+/// sharded one; reduce_bucket_size, offload ...).
+BackendDescriptor zero_backend_descriptor();
 
 }  // namespace accel::backends

@@ -14,6 +14,10 @@
 ///   ...
 ///   accelerator.backward(loss);                                        // was loss.backward()
 /// \endcode
+///
+/// Several models are normal (GAN, frozen teacher, EMA copy): `accelerator.prepare(G, D, opt_g, opt_d)` in
+/// any order; each optimizer is matched to the model that owns its parameters, and every backend serves
+/// every model.
 
 #include <accel/backend.hpp>
 #include <accel/communicator.hpp>
@@ -92,6 +96,8 @@ class Accelerator {
   const Config& config() const noexcept { return config_; }
   /// Name of the active backend ("local", "ddp", ...).
   std::string backend_name() const;
+  /// What the active backend shards (optimizer state, gradients, parameters).
+  BackendCapabilities capabilities() const;
   /// Settings of the config that have no effect in this run, each with the reason (for example CPU offload on
   /// a CPU run). The main process also prints them to stderr once, at construction.
   const std::vector<std::string>& notices() const noexcept { return notices_; }
@@ -100,12 +106,15 @@ class Accelerator {
 
   // ---- prepare -----------------------------------------------------------------------------------------
   /// Prepares, in place, any mix of models (`ModuleHolder` such as `Net`, or `std::shared_ptr<Module>`),
-  /// optimizers and LR schedulers: models move to the device and are handed to the backend; optimizers keep
-  /// working through the user's own `step()` and `zero_grad()`; mixed-precision autocast is switched on for
-  /// the calling thread. Collective.
+  /// optimizers and LR schedulers, in any order: models move to the device and each gets its own backend
+  /// engine; each optimizer is matched to the model that owns its parameters and keeps working through the
+  /// user's own `step()` and `zero_grad()`; a model without optimizer (frozen teacher, EMA copy) is fine;
+  /// mixed-precision autocast is switched on for the calling thread. Collective.
   template <class... Ts>
   void prepare(Ts&... objects) {
-    (prepare_one(objects), ...);
+    (prepare_model_pass(objects), ...);
+    (prepare_optimizer_pass(objects), ...);
+    (prepare_scheduler_pass(objects), ...);
   }
 
   /// Replaces `torch::data::make_data_loader<Sampler>(dataset, options)`: a loader that shards the data over
@@ -136,35 +145,96 @@ class Accelerator {
   M& unwrap_model(M& model) const noexcept {
     return model;
   }
-  /// The prepared model's whole parameters and buffers by name, as Accelerate's `get_state_dict`: with
-  /// sharded parameters (ZeRO-3, FULL_SHARD) every rank must call it (collective); use it to export weights
-  /// before the accelerator goes away (afterwards a stage-3 model's parameters stay released).
+  /// A prepared model's whole, current parameters and buffers by name (copies), as Accelerate's
+  /// `get_state_dict(model)`. Collective: with sharded backends every rank must call it.
+  template <class M>
+  NamedTensors get_state_dict(M& model) {
+    return model_state(model_index(as_module(model)));
+  }
+  /// The same for the only prepared model; UsageError when several are prepared. Collective.
   NamedTensors get_state_dict();
 
   // ---- the step ------------------------------------------------------------------------------------------
   /// Replaces `loss.backward()`. Divides the loss by `gradient_accumulation_steps`, scales it for fp16, runs
   /// backward, and on the last micro-step of an accumulation cycle (or the last batch of the data)
-  /// synchronises gradients through the backend and unscales them. On the other micro-steps the gradients are
-  /// set aside, so the user's `optimizer.step()` and `zero_grad()` do nothing until the cycle completes.
-  /// Collective on sync steps.
+  /// synchronises gradients through the backends and unscales them. On the other micro-steps the gradients
+  /// are set aside, so the user's `optimizer.step()` and `zero_grad()` do nothing until the cycle completes.
+  /// A micro-step is a batch, not a backward call: every backward of one batch (GAN: the discriminator's and
+  /// the generator's) belongs to the same micro-step. A batch is an `accumulate()` scope, else what a
+  /// prepared data loader yields, else (no loader) one backward call. Gradients add up across backward calls
+  /// until `optimizer.step()` / `zero_grad()`. Collective on sync steps.
   void backward(const torch::Tensor& loss);
-  /// True when the last `backward` ended an accumulation cycle: the optimizer step that follows is real.
+  /// True when the current micro-step ends an accumulation cycle: the optimizer steps that follow are real.
   bool sync_gradients() const noexcept { return sync_gradients_; }
-  /// True when the last sync step found inf/NaN gradients (fp16) and the optimizer step was skipped.
-  bool optimizer_step_was_skipped() const noexcept { return step_was_skipped_; }
-  /// Clips the global gradient norm to `max_norm`; returns the norm before clipping (as in PyTorch).
-  /// On micro-steps that do not sync it does nothing and returns 0. Collective on sync steps.
+  /// True when the last sync backward found inf/NaN gradients (fp16) for some optimizer, whose step is then
+  /// skipped.
+  bool optimizer_step_was_skipped() const noexcept;
+  /// True when `optimizer`'s step after the last sync backward is skipped (fp16 overflow in its gradients).
+  bool optimizer_step_was_skipped(const torch::optim::Optimizer& optimizer) const;
+  /// Clips the global gradient norm of every prepared model to `max_norm`; returns the norm before clipping
+  /// (as in PyTorch). On micro-steps that do not sync it does nothing and returns 0; after an fp16 overflow
+  /// it returns infinity. Collective on sync steps.
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
-  /// Refreshes the model's parameters from the sharded copies the optimizer updated (ZeRO / FSDP backends; a
-  /// no-op otherwise). Prepared data loaders do this at every batch; call it after `optimizer.step()` only in
-  /// a loop that feeds batches some other way. Collective.
+  /// Accelerate's `clip_grad_norm_(parameters, max_norm)`: the same over the given parameters, typically one
+  /// model's (`model->parameters()`). Parameters of a model with sharded gradients must be all of that
+  /// model's. Collective on sync steps.
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                         double norm_type = 2.0);
+
+  /// RAII scope of one batch, as Accelerate's `with accelerator.accumulate(model):` — every `backward` in it
+  /// belongs to one micro-step. Needed only when the loop feeds batches without a prepared data loader and
+  /// calls `backward` more than once per batch with gradient accumulation.
+  class Accumulate {
+   public:
+    Accumulate(Accumulate&& o) noexcept : acc_(o.acc_) { o.acc_ = nullptr; }
+    ~Accumulate();
+    Accumulate(const Accumulate&) = delete;
+    Accumulate& operator=(const Accumulate&) = delete;
+    Accumulate& operator=(Accumulate&&) = delete;
+
+   private:
+    friend class Accelerator;
+    explicit Accumulate(Accelerator* acc);
+    Accelerator* acc_;
+  };
+  /// `auto batch = accelerator.accumulate(model);` at the top of the loop body. The models are accepted for
+  /// Accelerate's spelling; the micro-step is the same for all of them.
+  template <class... Ms>
+  [[nodiscard]] Accumulate accumulate(Ms&... models) {
+    (model_index(as_module(models)), ...);  // each must be prepared
+    return Accumulate(this);
+  }
+
+  /// RAII scope in which `backward` does not synchronise `model`'s gradients (they accumulate locally), as
+  /// Accelerate's / PyTorch DDP's `no_sync`. Other models synchronise as usual.
+  class NoSync {
+   public:
+    NoSync(NoSync&& o) noexcept : acc_(o.acc_), index_(o.index_) { o.acc_ = nullptr; }
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+
+   private:
+    friend class Accelerator;
+    NoSync(Accelerator* acc, std::size_t index);
+    Accelerator* acc_;
+    std::size_t index_;
+  };
+  template <class M>
+  [[nodiscard]] NoSync no_sync(M& model) {
+    return NoSync(this, model_index(as_module(model)));
+  }
+  /// Refreshes the models' parameters from the sharded copies the optimizers updated (ZeRO / FSDP backends;
+  /// a no-op otherwise). Never required: the backends refresh before the next operator reads a parameter, and
+  /// prepared loaders, `wait_for_everyone`, `get_state_dict` and `save_state` refresh too. Collective.
   void sync_parameters();
   /// Bytes of parameters, gradients and optimizer state this rank holds now, measured by walking the tensors
   /// of the prepared models and optimizers (shared storages counted once). Not collective.
   MemoryReport memory_report() const;
   /// Optimizer steps taken so far (sync steps that were not skipped).
   std::int64_t completed_steps() const noexcept { return completed_steps_; }
-  /// Micro-steps (backward calls) so far.
+  /// Micro-steps (batches that ran a backward) so far.
   std::int64_t micro_steps() const noexcept { return micro_steps_; }
   /// The fp16 loss scaler (nullptr unless mixed_precision is fp16).
   GradScaler* scaler() noexcept { return scaler_.get(); }
@@ -186,7 +256,8 @@ class Accelerator {
   /// `pad_first`), so that it can be gathered. Collective.
   torch::Tensor pad_across_processes(const torch::Tensor& t, std::int64_t dim = 0, double pad_index = 0,
                                      bool pad_first = false);
-  /// Blocks until every rank reaches this point. Collective.
+  /// Blocks until every rank reaches this point, after bringing every model's parameters up to date (so the
+  /// main process may then `torch::save` a ZeRO stage 1-2 model on its own). Collective.
   void wait_for_everyone();
   /// This rank's contiguous share of `items` (the first `size % N` ranks get one more); with `apply_padding`
   /// every share is as long as the longest, padded with the last item. Not collective.
@@ -255,16 +326,46 @@ class Accelerator {
 
  private:
   template <class T>
-  void prepare_one(torch::nn::ModuleHolder<T>& model) {
+  static std::shared_ptr<torch::nn::Module> as_module(torch::nn::ModuleHolder<T>& model) {
+    return model.ptr();
+  }
+  template <class T, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, T>>>
+  static std::shared_ptr<torch::nn::Module> as_module(std::shared_ptr<T>& model) {
+    return model;
+  }
+  template <class T>
+  void prepare_model_pass(torch::nn::ModuleHolder<T>& model) {
     prepare_model(model.ptr());
   }
   template <class T, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, T>>>
-  void prepare_one(std::shared_ptr<T>& model) {
+  void prepare_model_pass(std::shared_ptr<T>& model) {
     prepare_model(model);
   }
-  void prepare_one(torch::optim::Optimizer& optimizer) { prepare_optimizer(optimizer); }
-  void prepare_one(torch::optim::LRScheduler& scheduler) { prepare_scheduler(scheduler); }
+  void prepare_model_pass(torch::optim::Optimizer&) {}
+  void prepare_model_pass(torch::optim::LRScheduler&) {}
+  template <class T>
+  void prepare_optimizer_pass(T& object) {
+    if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) prepare_optimizer(object);
+  }
+  template <class T>
+  void prepare_scheduler_pass(T& object) {
+    if constexpr (std::is_base_of_v<torch::optim::LRScheduler, T>) prepare_scheduler(object);
+  }
 
+  /// One prepared model and its backend engine.
+  struct PreparedModel {
+    std::shared_ptr<torch::nn::Module> module;
+    std::unique_ptr<Backend> engine;
+    int no_sync = 0;  // open NoSync scopes
+  };
+
+  std::size_t model_index(const std::shared_ptr<torch::nn::Module>& model) const;
+  NamedTensors model_state(std::size_t index);
+  void begin_backward();
+  void unscale_and_check();
+  void rescale_gradients();
+  std::vector<std::size_t> engines_for(const std::vector<torch::Tensor>& parameters,
+                                       std::vector<torch::Tensor>& loose) const;
   void prepare_model(std::shared_ptr<torch::nn::Module> model);
   void enable_activation_checkpointing(torch::nn::Module& model);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
@@ -276,12 +377,12 @@ class Accelerator {
   void stash_gradients();
   void restore_gradients();
   void enable_autocast();
-  void collect_notices();
   void write_state_files(const std::filesystem::path& tmp);
-  std::vector<OptimizerTensorLayout> optimizer_layouts(const torch::optim::Optimizer& optimizer) const;
+  std::vector<OptimizerTensorLayout> optimizer_layouts(std::size_t optimizer) const;
   std::string optimizer_fingerprints() const;
-  std::optional<NamedTensors> consolidated_optimizer_state(const torch::optim::Optimizer& optimizer);
-  void load_converted_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& path);
+  std::vector<torch::nn::Module*> model_pointers() const;
+  std::optional<NamedTensors> consolidated_optimizer_state(std::size_t optimizer);
+  void load_converted_optimizer_state(std::size_t optimizer, const std::string& path);
   void write_main_state_files(const std::filesystem::path& tmp,
                               const std::vector<NamedTensors>& model_states);
   struct SplitRange {
@@ -296,12 +397,16 @@ class Accelerator {
   int local_rank_ = 0;
   int world_size_ = 1;
   torch::Device device_ = torch::kCPU;
-  std::shared_ptr<Communicator> comm_;
-  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Communicator> comm_;  // declared before the engines: they communicate while destroyed
+  std::shared_ptr<const BackendRegistry> registry_;
+  const BackendDescriptor* descriptor_ = nullptr;
+  BackendContext context_;
   std::unique_ptr<GradScaler> scaler_;
 
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<PreparedModel> models_;
   std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<std::size_t> optimizer_model_;  // the model (index into models_) each optimizer belongs to
+  std::vector<bool> skipped_;                 // per optimizer: its step after the last sync is skipped
   std::vector<torch::optim::LRScheduler*> schedulers_;
   std::vector<std::shared_ptr<detail::LoaderState>> loaders_;
   std::shared_ptr<std::uint64_t> loader_clock_ = std::make_shared<std::uint64_t>(0);
@@ -310,9 +415,14 @@ class Accelerator {
   std::optional<std::uint64_t> seed_;
 
   bool sync_gradients_ = true;
-  bool step_was_skipped_ = false;
-  std::int64_t micro_steps_ = 0;     // backward calls
+  std::int64_t micro_steps_ = 0;     // micro-steps (batches) that ran a backward
   std::int64_t cycle_position_ = 0;  // micro-steps into the current accumulation cycle
+  bool cycle_done_ = false;          // the current micro-step synced: the next one starts a new cycle
+  bool in_micro_step_ = false;       // a backward ran in the current micro-step
+  std::uint64_t scope_serial_ = 0;   // Accumulate scopes opened so far
+  int scope_depth_ = 0;
+  std::uint64_t last_scope_ = 0;  // scope_serial_ at the last backward
+  std::uint64_t last_clock_ = 0;  // *loader_clock_ at the last backward
   std::int64_t completed_steps_ = 0;
   bool autocast_on_ = false;
   bool autocast_prev_enabled_ = false;

@@ -1,7 +1,12 @@
 #pragma once
 /// \file backend.hpp
 /// The interface every training backend implements (local, ddp, fsdp, zero), and the registry the
-/// Accelerator picks one from by the config's `backend`. See backends/README.md for how to add one.
+/// Accelerator picks one from by the config's backend name. See backends/README.md for how to add one.
+///
+/// A backend is a *descriptor* (name, capabilities, notices about the config, and a factory) plus an
+/// *engine* per prepared model: `prepare(G, D, opt_g, opt_d)` makes two engines, each serving one model and
+/// the optimizers over its parameters. Optional operations throw
+/// `UnsupportedOperation("<backend> does not support <op>")` by default, as c10d's backends do.
 
 #include <accel/communicator.hpp>
 #include <accel/config.hpp>
@@ -25,8 +30,23 @@ struct BackendContext {
   int rank = 0;
   int world_size = 1;
   /// The process group wrapper; backends communicate only through it. Never null; lives longer than the
-  /// backend.
+  /// engines.
   Communicator* comm = nullptr;
+};
+
+/// What a backend does with the three kinds of training state; the one answer to "is it sharded?".
+struct BackendCapabilities {
+  /// Each rank's optimizers hold only this rank's 1/N of the state (re-pointed at flat shards), saved per
+  /// rank by save_state.
+  bool shards_optimizer_state = false;
+  /// Each rank keeps only its 1/N of the reduced gradients.
+  bool shards_gradients = false;
+  /// The model's parameters hold no memory at rest (gathered per unit on use): `torch::save(model)` throws
+  /// with the call to use instead, and `get_state_dict` must run on every rank.
+  bool shards_parameters = false;
+  /// Gradients are communicated on accumulation micro-steps too (ZeRO-3 reduce-scatters every micro-step),
+  /// instead of only on sync steps.
+  bool communicates_on_micro_steps = false;
 };
 
 /// A named tensor of a state dict, in a stable order.
@@ -47,35 +67,49 @@ struct OptimizerTensorLayout {
   std::int64_t length = 0;
 };
 
-/// How gradients, parameters and optimizer state are laid out and synchronised across ranks.
-/// All methods marked "collective" are called on every rank in the same order.
+/// The tensors whose `.grad()` hold a model's gradients after a sync step, for clipping and norms.
+struct GradientTensors {
+  std::vector<torch::Tensor> tensors;
+  /// true: each rank holds disjoint slices (a norm sums over ranks); false: every rank holds the same values.
+  bool sharded = false;
+};
+
+/// The engine of one prepared model: how its gradients, parameters and optimizer state are laid out and
+/// synchronised across ranks. Methods marked "collective" are called on every rank in the same order.
+///
+/// The micro-step contract, true for every backend: on `before_backward(false)` / `after_backward(false)`
+/// (accumulation micro-steps) nothing is communicated unless `capabilities().communicates_on_micro_steps`;
+/// gradients add up across any number of backward calls until the user's `optimizer.step()` or
+/// `zero_grad()`, and after a sync step the gradients the optimizers see are the mean over all ranks of
+/// everything accumulated. A model that receives no gradient at all in one backward takes no part in its
+/// synchronisation (the generator during the discriminator's backward).
 class Backend {
  public:
   virtual ~Backend() = default;
   /// Short name as in YAML ("local", "ddp", ...).
   virtual std::string name() const = 0;
-  /// Takes over a model whose parameters are already on the device (collective).
+  virtual BackendCapabilities capabilities() const = 0;
+  /// Takes over the model whose parameters are already on the device; called once (collective).
   virtual void prepare_model(torch::nn::Module& model) = 0;
-  /// Takes over an optimizer over (some of) the prepared model's parameters (collective).
-  virtual void prepare_optimizer(torch::optim::Optimizer& optimizer) = 0;
-  /// Before the user's backward; `sync` is false on accumulation micro-steps, which must not communicate.
-  virtual void before_backward(bool sync) = 0;
-  /// After the backward of a sync step: gradients seen by the optimizers are now the global mean
+  /// Takes over an optimizer over (some of) this model's parameters; may be called for several optimizers
   /// (collective).
+  virtual void prepare_optimizer(torch::optim::Optimizer& optimizer) = 0;
+  /// Before the user's backward; `sync` is false on accumulation micro-steps.
+  virtual void before_backward(bool sync) = 0;
+  /// After the user's backward (collective on sync steps; on every step when communicating on micro-steps).
   virtual void after_backward(bool sync) = 0;
-  /// Clips the global gradient norm in place; returns the norm before clipping (collective).
-  virtual double clip_grad_norm(double max_norm, double norm_type) = 0;
-  /// Brings the model's parameters up to date after the user's `optimizer.step()` updated sharded copies;
-  /// called at step boundaries (a prepared loader fetching the next batch or ending an epoch, save_state).
-  /// Must be cheap when nothing changed. Collective.
+  /// Where this model's gradients are after a sync step.
+  virtual GradientTensors gradients() const = 0;
+  /// Brings the model's parameters up to date after the user's `optimizer.step()` updated sharded copies.
+  /// Called at step boundaries (prepared loaders, wait_for_everyone, save_state, get_state_dict); sharded
+  /// backends also do it by themselves before the next operator reads a parameter. Cheap when nothing
+  /// changed. Collective.
   virtual void sync_parameters() {}
   /// Communication buffers that hold gradients (DDP buckets ...), counted by memory_report.
   virtual std::vector<torch::Tensor> gradient_buffers() const { return {}; }
   /// Buffers that hold parameters but are no parameter's storage yet (a unit being gathered), counted by
   /// memory_report.
   virtual std::vector<torch::Tensor> parameter_buffers() const { return {}; }
-  /// Whether each rank's optimizer holds only its own shard of the state (saved per rank by save_state).
-  virtual bool shards_optimizer_state() const { return false; }
   /// The layout of every tensor in `optimizer`'s parameter groups, in order, when the backend re-pointed the
   /// optimizer at flat shards; empty when the optimizer updates the model's parameters themselves.
   virtual std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -86,23 +120,51 @@ class Backend {
   virtual NamedTensors model_state() = 0;
   /// Loads full model parameters and buffers; throws CheckpointError on missing or mis-shaped entries.
   virtual void load_model_state(const std::map<std::string, torch::Tensor>& state) = 0;
+  /// Extra consolidated files save_state writes beside `model.safetensors` (stem, tensors), made from the
+  /// full state (for example ZeRO's `zero3_save_16bit_model`).
+  virtual std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
+      const NamedTensors& /*full_state*/) const {
+    return {};
+  }
 };
 
-/// Makes a backend for a context.
+/// Makes the engine of one prepared model.
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
 
-/// Maps backend kinds to factories. Filled explicitly by `register_builtin_backends`, never by static
+/// Everything the Accelerator and the tools know about one backend: its identity, what it does with the
+/// config, and how to make an engine.
+struct BackendDescriptor {
+  /// The `backend:` name ("zero").
+  std::string name;
+  /// Capabilities the engines will have for this config (before any model is prepared).
+  std::function<BackendCapabilities(const Config&)> capabilities;
+  /// Settings of the config that have no effect in this run, each with the reason (CPU offload on a CPU run,
+  /// ...). May be empty.
+  std::function<std::vector<std::string>(const BackendContext&)> notices;
+  /// Makes one engine per prepared model.
+  BackendFactory factory;
+  /// Whether the config asks for activation checkpointing of the Sequential blocks (may be empty: no).
+  std::function<bool(const Config&)> activation_checkpointing;
+  /// When set, a run with several processes uses this backend instead (local -> ddp, as Accelerate infers
+  /// MULTI_CPU / MULTI_GPU from the launcher's environment).
+  std::string multi_process_replacement;
+};
+
+/// Backend descriptors by name. Filled explicitly by `register_builtin_backends`, never by static
 /// initialisers, so a program links exactly the backends it names.
 class BackendRegistry {
  public:
-  /// Registers (or replaces) the factory of a kind.
-  void add(BackendKind kind, BackendFactory factory);
-  /// Builds the backend of a kind; throws UnsupportedOperation naming the kind and the registered ones.
-  std::unique_ptr<Backend> create(BackendKind kind, const BackendContext& context) const;
-  bool contains(BackendKind kind) const;
+  /// Registers (or replaces) a descriptor under its name.
+  void add(BackendDescriptor descriptor);
+  /// The descriptor a run with `world_size` processes uses for `name` (following
+  /// `multi_process_replacement`); throws UnsupportedOperation naming the registered ones.
+  const BackendDescriptor& resolve(const std::string& name, int world_size) const;
+  bool contains(const std::string& name) const;
+  /// Registered names, sorted.
+  std::vector<std::string> names() const;
 
  private:
-  std::map<BackendKind, BackendFactory> factories_;
+  std::map<std::string, BackendDescriptor> descriptors_;
 };
 
 /// Registers every backend this build of accelerate-cpp ships.

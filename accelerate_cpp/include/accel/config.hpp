@@ -164,6 +164,9 @@ struct Config {
   double ddp_first_bucket_cap_mb = 1;
   /// `ddp_find_unused_parameters`: tolerate parameters that get no gradient in a step.
   bool ddp_find_unused_parameters = false;
+  /// `ddp_broadcast_buffers`: after every sync step, copy rank 0's buffers (BatchNorm statistics) to every
+  /// rank, as PyTorch DDP's `broadcast_buffers=True`, so all ranks evaluate and save the same model.
+  bool ddp_broadcast_buffers = true;
   /// `fsdp_config:` section.
   FsdpConfig fsdp;
   /// `deepspeed_config:` section.

@@ -1,0 +1,276 @@
+// Accelerator: the training step. Micro-steps (batches, not backward calls), gradient accumulation with
+// gradients set aside between micro-steps, fp16 loss scaling per optimizer, clipping across models.
+#include <accel/accelerator.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace accel {
+
+std::vector<torch::Tensor> Accelerator::optimizer_params() const {
+  std::vector<torch::Tensor> params;
+  for (auto* opt : optimizers_) {
+    for (auto& group : opt->param_groups()) {
+      for (auto& p : group.params())
+        params.push_back(p);
+    }
+  }
+  return params;
+}
+
+void Accelerator::stash_gradients() {
+  auto params = optimizer_params();
+  stashed_grads_.assign(params.size(), torch::Tensor());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    stashed_grads_[i] = params[i].grad();
+    params[i].mutable_grad() = torch::Tensor();
+  }
+}
+
+void Accelerator::restore_gradients() {
+  if (stashed_grads_.empty()) return;
+  auto params = optimizer_params();
+  if (params.size() != stashed_grads_.size()) {
+    throw UsageError("backward: the optimizers' parameters changed in the middle of an accumulation cycle");
+  }
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!stashed_grads_[i].defined()) continue;
+    auto& g = params[i].mutable_grad();
+    // The user may have produced gradients outside backward() meanwhile; keep both.
+    g = g.defined() ? g + stashed_grads_[i] : stashed_grads_[i];
+  }
+  stashed_grads_.clear();
+}
+
+void Accelerator::rescale_gradients() {
+  // After a sync step the optimizers' gradients are unscaled; a further backward (hand-written accumulation,
+  // a second loss) adds scaled ones. Scale the existing ones back first, so that unscaling after this
+  // backward treats every part alike. The scale is a power of two: exact in floating point.
+  if (!scaler_) return;
+  const double scale = scaler_->get_scale();
+  torch::NoGradGuard no_grad;
+  for (auto& p : optimizer_params()) {
+    if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+}
+
+void Accelerator::begin_backward() {
+  // A micro-step is a batch: an Accumulate scope, else what a prepared loader yielded since the last
+  // backward, else (no prepared loader) one backward call.
+  const int steps = config_.gradient_accumulation_steps;
+  bool new_micro_step = true;
+  if (scope_depth_ > 0) {
+    new_micro_step = !in_micro_step_ || scope_serial_ != last_scope_;
+  } else if (*loader_clock_ > 0) {
+    new_micro_step = !in_micro_step_ || *loader_clock_ != last_clock_;
+  } else if (steps > 1 && optimizers_.size() > 1) {
+    throw UsageError(fmt::format(
+        "backward: gradient_accumulation_steps is {} and {} optimizers are prepared, but the batches come "
+        "from "
+        "no prepared data loader, so backward() cannot tell which calls belong to one batch (a GAN calls it "
+        "twice per batch); open `auto batch = accelerator.accumulate(model);` at the top of each batch, or "
+        "iterate a loader from accelerator.prepare_data_loader()",
+        steps, optimizers_.size()));
+  }
+  last_scope_ = scope_serial_;
+  last_clock_ = *loader_clock_;
+  if (!new_micro_step) return;
+  in_micro_step_ = true;
+  if (cycle_done_) cycle_position_ = 0;
+  cycle_position_ += 1;
+  micro_steps_ += 1;
+  sync_gradients_ = cycle_position_ >= steps || end_of_data();
+  cycle_done_ = sync_gradients_;
+  std::fill(skipped_.begin(), skipped_.end(), false);
+}
+
+void Accelerator::backward(const torch::Tensor& loss) {
+  if (!loss.defined()) throw UsageError("backward: the loss tensor is undefined");
+  if (!loss.requires_grad()) {
+    throw UsageError("backward: the loss does not require grad; was it computed under torch::NoGradGuard?");
+  }
+  begin_backward();
+  const int steps = config_.gradient_accumulation_steps;
+  rescale_gradients();
+  restore_gradients();
+  for (auto& m : models_)
+    m.engine->before_backward(sync_gradients_ && m.no_sync == 0);
+  auto scaled = steps > 1 ? loss / static_cast<double>(steps) : loss;
+  if (scaler_) scaled = scaler_->scale(scaled);
+  scaled.backward();
+  // Cast weights cached by autocast are stale once the optimizer updates them in place.
+  if (autocast_on_) at::autocast::clear_cache();
+  for (auto& m : models_)
+    m.engine->after_backward(sync_gradients_ && m.no_sync == 0);
+
+  if (!sync_gradients_) {
+    stash_gradients();
+    return;
+  }
+  unscale_and_check();
+  const bool any_real = std::any_of(skipped_.begin(), skipped_.end(), [](bool s) { return !s; });
+  if (optimizers_.empty() || any_real) completed_steps_ += 1;
+}
+
+void Accelerator::unscale_and_check() {
+  if (!scaler_) return;
+  // Per optimizer: unscale its gradients and skip its step alone when they overflowed. Sharded backends hold
+  // different gradient slices per rank, so every rank decides alike (one all-reduce for all optimizers).
+  auto flags = torch::zeros({static_cast<std::int64_t>(std::max<std::size_t>(optimizers_.size(), 1))});
+  for (std::size_t o = 0; o < optimizers_.size(); ++o) {
+    std::vector<torch::Tensor> params;
+    for (auto& group : optimizers_[o]->param_groups()) {
+      for (auto& p : group.params())
+        params.push_back(p);
+    }
+    if (scaler_->unscale_(params)) flags[static_cast<std::int64_t>(o)] = 1.0f;
+  }
+  if (world_size_ > 1) comm_->all_reduce(flags, ReduceOp::Max);
+  bool any = false;
+  for (std::size_t o = 0; o < optimizers_.size(); ++o) {
+    if (flags[static_cast<std::int64_t>(o)].item<float>() == 0.0f) continue;
+    any = true;
+    skipped_[o] = true;
+    // Undefined gradients make the user's optimizer.step() skip every parameter.
+    for (auto& group : optimizers_[o]->param_groups()) {
+      for (auto& p : group.params())
+        p.mutable_grad() = torch::Tensor();
+    }
+  }
+  scaler_->update(any);
+}
+
+bool Accelerator::optimizer_step_was_skipped() const noexcept {
+  return std::any_of(skipped_.begin(), skipped_.end(), [](bool s) { return s; });
+}
+
+bool Accelerator::optimizer_step_was_skipped(const torch::optim::Optimizer& optimizer) const {
+  for (std::size_t o = 0; o < optimizers_.size(); ++o) {
+    if (optimizers_[o] == &optimizer) return skipped_[o];
+  }
+  throw UsageError("optimizer_step_was_skipped: this optimizer was not prepared by this accelerator");
+}
+
+Accelerator::Accumulate::Accumulate(Accelerator* acc) : acc_(acc) {
+  acc_->scope_serial_ += 1;
+  acc_->scope_depth_ += 1;
+}
+
+Accelerator::Accumulate::~Accumulate() {
+  if (acc_ != nullptr) acc_->scope_depth_ -= 1;
+}
+
+Accelerator::NoSync::NoSync(Accelerator* acc, std::size_t index) : acc_(acc), index_(index) {
+  acc_->models_[index_].no_sync += 1;
+}
+
+Accelerator::NoSync::~NoSync() {
+  if (acc_ != nullptr) acc_->models_[index_].no_sync -= 1;
+}
+
+// ---- clipping ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Sum of |g|^p (or max |g| for p = inf) over the gradients of `tensors`, in double.
+double local_norm_part(const std::vector<torch::Tensor>& tensors, double p) {
+  double out = 0.0;
+  for (const auto& t : tensors) {
+    if (!t.grad().defined()) continue;
+    const auto g = t.grad().detach().to(torch::kFloat64);
+    if (std::isinf(p)) {
+      out = std::max(out, g.abs().max().item<double>());
+    } else {
+      out += g.abs().pow(p).sum().item<double>();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::size_t> Accelerator::engines_for(const std::vector<torch::Tensor>& parameters,
+                                                  std::vector<torch::Tensor>& loose) const {
+  std::unordered_set<const void*> wanted;
+  for (const auto& p : parameters)
+    wanted.insert(p.unsafeGetTensorImpl());
+  std::vector<std::size_t> engines;
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    const auto params = models_[i].module->parameters();
+    std::vector<torch::Tensor> mine;
+    for (const auto& p : params) {
+      if (wanted.erase(p.unsafeGetTensorImpl()) != 0) mine.push_back(p);
+    }
+    if (mine.empty()) continue;
+    const auto grads = models_[i].engine->gradients();
+    if (mine.size() == params.size()) {
+      engines.push_back(i);
+    } else if (!grads.sharded) {
+      loose.insert(loose.end(), mine.begin(), mine.end());  // every rank holds the same whole gradients
+    } else {
+      throw UnsupportedOperation(fmt::format(
+          "clip_grad_norm_: the parameters are {} of the {} of model {}, whose gradients the {} backend "
+          "shards; clip all of that model's parameters (model->parameters()) or call "
+          "clip_grad_norm_(max_norm) for every model",
+          mine.size(), params.size(), i, backend_name()));
+    }
+  }
+  for (const auto& p : parameters) {
+    if (wanted.count(p.unsafeGetTensorImpl()) != 0) loose.push_back(p);  // in no prepared model
+  }
+  return engines;
+}
+
+double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
+  std::vector<torch::Tensor> all;
+  for (const auto& m : models_) {
+    for (const auto& p : m.module->parameters())
+      all.push_back(p);
+  }
+  return clip_grad_norm_(all, max_norm, norm_type);
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                    double norm_type) {
+  if (!sync_gradients_) return 0.0;
+  if (optimizer_step_was_skipped()) return std::numeric_limits<double>::infinity();
+  if (!(norm_type > 0)) {
+    throw UsageError(
+        fmt::format("clip_grad_norm_: norm_type must be positive or infinity, got {}", norm_type));
+  }
+  std::vector<torch::Tensor> whole;   // every rank holds the same values
+  std::vector<torch::Tensor> sliced;  // every rank holds disjoint slices
+  for (auto i : engines_for(parameters, whole)) {
+    auto g = models_[i].engine->gradients();
+    auto& into = g.sharded ? sliced : whole;
+    into.insert(into.end(), g.tensors.begin(), g.tensors.end());
+  }
+  const bool inf = std::isinf(norm_type);
+  double total = local_norm_part(whole, norm_type);
+  if (capabilities().shards_gradients || capabilities().shards_optimizer_state) {
+    auto part = torch::tensor({local_norm_part(sliced, norm_type)}, torch::kFloat64);
+    if (world_size_ > 1) comm_->all_reduce(part, inf ? ReduceOp::Max : ReduceOp::Sum);
+    total = inf ? std::max(total, part.item<double>()) : total + part.item<double>();
+  }
+  const double norm = inf ? total : std::pow(total, 1.0 / norm_type);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (auto* list : {&whole, &sliced}) {
+      for (auto& t : *list) {
+        if (t.grad().defined()) t.mutable_grad().mul_(coef);
+      }
+    }
+  }
+  return norm;
+}
+
+}  // namespace accel

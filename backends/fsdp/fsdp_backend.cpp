@@ -1,0 +1,109 @@
+#include "fsdp_backend.hpp"
+
+#include <accel/errors.hpp>
+
+#include "../ddp/ddp_backend.hpp"
+#include "../zero/full_shard_backend.hpp"
+#include "../zero/zero_backend.hpp"
+
+#include <fmt/format.h>
+
+namespace accel::backends {
+namespace {
+
+UnitPolicy unit_policy(AutoWrapPolicy policy) {
+  switch (policy) {
+    case AutoWrapPolicy::PerChildWrap:
+      return UnitPolicy::PerChild;
+    case AutoWrapPolicy::SizeBasedWrap:
+      return UnitPolicy::SizeBased;
+    case AutoWrapPolicy::TransformerBasedWrap:
+      return UnitPolicy::ClassBased;
+    case AutoWrapPolicy::NoWrap:
+      return UnitPolicy::Whole;
+  }
+  return UnitPolicy::Whole;
+}
+
+std::vector<std::string> split_names(const std::string& names) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at <= names.size();) {
+    const auto comma = std::min(names.find(',', at), names.size());
+    auto name = names.substr(at, comma - at);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) out.push_back(name);
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::unique_ptr<Backend> make_fsdp_engine(const BackendContext& context) {
+  const auto& f = context.config->fsdp;
+  switch (f.sharding_strategy) {
+    case ShardingStrategy::NoShard:
+      return make_ddp_backend(context);
+    case ShardingStrategy::ShardGradOp: {
+      ZeroOptions o;
+      o.stage = 2;
+      o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
+      o.gather_bucket_bytes = o.bucket_bytes;
+      o.offload_optimizer = f.offload_params;
+      o.name = "fsdp";
+      return make_zero_backend(context, o);
+    }
+    case ShardingStrategy::FullShard: {
+      FullShardOptions o;
+      o.name = "fsdp";
+      o.policy = unit_policy(f.auto_wrap_policy);
+      o.min_num_params = f.min_num_params;
+      o.wrap_classes = split_names(f.transformer_layer_cls_to_wrap);
+      o.forward_prefetch = f.forward_prefetch;
+      o.backward_prefetch = f.backward_prefetch != BackwardPrefetch::NoPrefetch;
+      o.offload = f.offload_params;
+      return make_full_shard_backend(context, o);
+    }
+  }
+  throw UnsupportedOperation("fsdp: unknown sharding strategy");
+}
+
+std::vector<std::string> fsdp_notices(const BackendContext& context) {
+  const auto& f = context.config->fsdp;
+  std::vector<std::string> out;
+  if (context.device.is_cpu() && f.offload_params) {
+    out.push_back(
+        "fsdp_config.fsdp_offload_params: true has no effect: this run trains on the CPU, where that state "
+        "lives already");
+  }
+  if (f.state_dict_type == StateDictType::ShardedStateDict) {
+    out.push_back(
+        "fsdp_config.fsdp_state_dict_type: SHARDED_STATE_DICT has no effect: save_state always writes the "
+        "whole model, each rank's optimizer shard and the per-parameter optimizer state");
+  }
+  if (f.cpu_ram_efficient_loading) {
+    out.push_back(
+        "fsdp_config.fsdp_cpu_ram_efficient_loading: true has no effect: every rank builds the model before "
+        "prepare(), which then broadcasts rank 0's weights");
+  }
+  return out;
+}
+
+}  // namespace
+
+BackendDescriptor fsdp_backend_descriptor() {
+  BackendDescriptor d;
+  d.name = "fsdp";
+  d.capabilities = [](const Config& config) {
+    BackendCapabilities c;
+    const auto s = config.fsdp.sharding_strategy;
+    c.shards_optimizer_state = c.shards_gradients = s != ShardingStrategy::NoShard;
+    c.shards_parameters = s == ShardingStrategy::FullShard;
+    return c;
+  };
+  d.notices = fsdp_notices;
+  d.factory = make_fsdp_engine;
+  d.activation_checkpointing = [](const Config& config) { return config.fsdp.activation_checkpointing; };
+  return d;
+}
+
+}  // namespace accel::backends

@@ -1,0 +1,353 @@
+// Conformance scenarios from the loops users port, run on every backend row against one process with the
+// whole batch (N ranks x batch B == one process x batch N*B): two models and two optimizers with gradients
+// crossing models (a GAN), a frozen teacher, hand-written accumulation, two backward calls per batch with
+// gradient accumulation, BatchNorm buffers, torch::save of the model, and batches not from a prepared loader.
+//
+// Each loop is written once: with an Accelerator (acc != nullptr) it runs on this rank's rows, without one it
+// is the plain single-process reference on all rows.
+#include "dist_common.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+namespace dist {
+namespace {
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+
+constexpr std::int64_t kBatch = 4;  // per rank
+constexpr int kSteps = 4;
+constexpr double kTol = 2e-5;
+
+// Rows of global batch `s` (N*B rows) that this process computes: its own B with an accelerator, all of them
+// in the reference.
+torch::Tensor rows(const torch::Tensor& t, std::int64_t s, Accelerator* acc, int world) {
+  const std::int64_t global = kBatch * world;
+  if (acc == nullptr) return t.slice(0, s * global, (s + 1) * global);
+  const auto begin = s * global + acc->process_index() * kBatch;
+  return t.slice(0, begin, begin + kBatch);
+}
+
+void backward(Accelerator* acc, const torch::Tensor& loss) {
+  if (acc != nullptr) {
+    acc->backward(loss);
+  } else {
+    loss.backward();
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> sgd(const std::vector<torch::Tensor>& p) {
+  return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// The whole, current weights of a model: through the accelerator (sharded backends) or the module.
+std::vector<torch::Tensor> weights(Accelerator* acc, Mlp& model) {
+  std::vector<torch::Tensor> out;
+  if (acc == nullptr) return test::snapshot(*model);
+  for (const auto& [name, t] : acc->get_state_dict(model)) {
+    if (model->named_parameters().contains(name)) out.push_back(t.clone());
+  }
+  return out;
+}
+
+void compare(const std::string& what, const std::vector<torch::Tensor>& got,
+             const std::vector<torch::Tensor>& want, bool main) {
+  CHECK_THAT(got.size() == want.size(), what << ": " << got.size() << " tensors, want " << want.size());
+  for (std::size_t k = 0; k < std::min(got.size(), want.size()); ++k) {
+    const double diff = (got[k] - want[k]).abs().max().item<double>();
+    CHECK_THAT(close(got[k], want[k], kTol), what << ": tensor " << k << " differs from one process by "
+                                                  << diff << " (tolerance " << kTol << ")");
+  }
+  if (main) std::cout << backend_variant << " " << what << ": matches one process" << std::endl;
+}
+
+// Runs `loop(acc, world)` on the ranks and in one process, and compares what each returns.
+void against_one_process(const std::string& what,
+                         const std::function<std::vector<torch::Tensor>(Accelerator*, int)>& loop,
+                         int accumulation = 1) {
+  std::vector<torch::Tensor> got;
+  int world = 1;
+  bool main = true;
+  {
+    Accelerator acc(AcceleratorOptions().config(cpu_config(MixedPrecision::No, accumulation)));
+    world = acc.num_processes();
+    main = acc.is_main_process();
+    got = loop(&acc, world);
+  }
+  const auto want = loop(nullptr, world);
+  compare(what, got, want, main);
+}
+
+// A GAN-shaped loop: the discriminator D steps on real and (detached) generated rows, then the generator G
+// steps through D, so D also receives gradients during G's backward. Prepared in a scrambled order.
+void two_models() {
+  against_one_process("two models, two optimizers", [](Accelerator* acc, int world) {
+    torch::manual_seed(0);
+    auto G = torch::nn::Linear(6, 6);
+    Mlp D;
+    auto opt_g = sgd(G->parameters());
+    auto opt_d = sgd(D->parameters());
+    if (acc != nullptr) acc->prepare(*opt_g, G, D, *opt_d);
+    Regression data(kBatch * world * kSteps);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+      opt_d->zero_grad();
+      backward(acc, torch::mse_loss(D(x), y) + D(G(x).detach()).pow(2).mean());
+      opt_d->step();
+      opt_g->zero_grad();
+      backward(acc, (D(G(x)) - y).pow(2).mean());
+      opt_g->step();
+    }
+    std::vector<torch::Tensor> out;
+    if (acc == nullptr) {
+      out = test::snapshot(*G);
+    } else {
+      for (const auto& [name, t] : acc->get_state_dict(G))
+        if (G->named_parameters().contains(name)) out.push_back(t.clone());
+    }
+    for (auto& t : weights(acc, D))
+      out.push_back(t);
+    return out;
+  });
+}
+
+// Distillation: a frozen teacher without optimizer prepared beside the student.
+void frozen_teacher() {
+  against_one_process("frozen teacher", [](Accelerator* acc, int world) {
+    torch::manual_seed(1);
+    Mlp teacher, student;
+    for (auto& p : teacher->parameters())
+      p.set_requires_grad(false);
+    auto opt = sgd(student->parameters());
+    if (acc != nullptr) acc->prepare(teacher, student, *opt);
+    Regression data(kBatch * world * kSteps);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+      opt->zero_grad();
+      torch::Tensor soft;
+      {
+        torch::NoGradGuard no_grad;
+        soft = teacher(x);
+      }
+      const auto out = student(x);
+      backward(acc, torch::mse_loss(out, y) + 0.5 * torch::mse_loss(out, soft));
+      opt->step();
+    }
+    auto out = weights(acc, student);
+    for (auto& t : weights(acc, teacher))
+      out.push_back(t);  // the teacher is unchanged and whole
+    return out;
+  });
+}
+
+// Accumulation by hand with gradient_accumulation_steps 1: two backward calls (half batches), one step.
+void hand_accumulation() {
+  against_one_process(
+      "hand-written accumulation (two backward calls, one step)", [](Accelerator* acc, int world) {
+        torch::manual_seed(2);
+        Mlp model;
+        auto opt = sgd(model->parameters());
+        if (acc != nullptr) acc->prepare(model, *opt);
+        Regression data(kBatch * world * kSteps);
+        for (std::int64_t s = 0; s < kSteps; ++s) {
+          const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+          const auto half = x.size(0) / 2;
+          opt->zero_grad();
+          for (int h = 0; h < 2; ++h) {
+            const auto xs = x.slice(0, h * half, (h + 1) * half), ys = y.slice(0, h * half, (h + 1) * half);
+            backward(acc, torch::mse_loss(model(xs), ys) / 2);
+          }
+          opt->step();
+        }
+        return weights(acc, model);
+      });
+}
+
+// gradient_accumulation_steps 2 with two models, each with its own loss and backward per batch: every
+// optimizer steps once per two batches (Accumulate scopes mark the batches; no prepared loader).
+void two_backward_accumulation() {
+  constexpr int kAccumulation = 2;
+  against_one_process(
+      "two backward calls per batch, accumulation 2",
+      [](Accelerator* acc, int world) {
+        torch::manual_seed(3);
+        Mlp a, b;
+        auto opt_a = sgd(a->parameters());
+        auto opt_b = sgd(b->parameters());
+        if (acc != nullptr) acc->prepare(a, b, *opt_a, *opt_b);
+        Regression data(kBatch * world * kSteps * kAccumulation);
+        int steps_a = 0;
+        for (std::int64_t s = 0; s < kSteps * kAccumulation; ++s) {
+          std::optional<Accelerator::Accumulate> batch;
+          if (acc != nullptr) batch.emplace(acc->accumulate(a, b));
+          const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+          // The reference accumulates by hand: loss / 2 and a step every second batch.
+          const double scale = acc != nullptr ? 1.0 : 1.0 / kAccumulation;
+          const bool step = acc != nullptr ? true : s % kAccumulation == kAccumulation - 1;
+          backward(acc, torch::mse_loss(a(x), y) * scale);
+          if (step) {
+            if (acc == nullptr || acc->sync_gradients()) ++steps_a;
+            opt_a->step();
+            opt_a->zero_grad();
+          }
+          backward(acc, torch::mse_loss(b(x), y.neg()) * scale);
+          if (step) {
+            opt_b->step();
+            opt_b->zero_grad();
+          }
+        }
+        CHECK_THAT(steps_a == kSteps, "optimizer A stepped " << steps_a << " times, want " << kSteps);
+        auto out = weights(acc, a);
+        for (auto& t : weights(acc, b))
+          out.push_back(t);
+        return out;
+      },
+      kAccumulation);
+}
+
+// Batches made by the loop itself (no prepared loader, no sync_parameters()), then a forward after the last
+// step: the outputs must be the updated model's.
+void own_batches() {
+  against_one_process("batches not from a prepared loader", [](Accelerator* acc, int world) {
+    torch::manual_seed(4);
+    Mlp model;
+    auto opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    if (acc != nullptr) acc->prepare(model, *opt);
+    Regression data(kBatch * world * (kSteps + 1));
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+      opt->zero_grad();
+      backward(acc, torch::mse_loss(model(x), y));
+      opt->step();
+    }
+    torch::Tensor out;
+    {
+      torch::NoGradGuard no_grad;
+      out = model(data.x.slice(0, 0, 8)).detach().clone();  // the same rows on every rank
+    }
+    auto w = weights(acc, model);
+    w.push_back(out);
+    return w;
+  });
+}
+
+// BatchNorm statistics: identical on every rank after every optimizer step (rank 0's, as PyTorch DDP's
+// broadcast_buffers); with `ddp_broadcast_buffers: false` on DDP they drift apart (the check can fail).
+void buffers() {
+  for (const bool broadcast : {true, false}) {
+    if (!broadcast && backend_variant != "ddp") continue;
+    auto config = cpu_config();
+    config.ddp_broadcast_buffers = broadcast;
+    Accelerator acc(AcceleratorOptions().config(config));
+    const int world = acc.num_processes();
+    torch::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+                                torch::nn::Linear(16, 1));
+    auto opt = sgd(model->parameters());
+    acc.prepare(model, *opt);
+    Regression data(kBatch * world * kSteps);
+    bool equal_everywhere = true;
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const auto x = rows(data.x, s, &acc, world), y = rows(data.y, s, &acc, world);
+      opt->zero_grad();
+      acc.backward(torch::mse_loss(model->forward(x), y));
+      opt->step();
+      for (const auto& b : model->named_buffers()) {
+        const auto all = acc.gather(b.value().to(torch::kFloat64).reshape({1, -1}));
+        for (int r = 1; r < world; ++r)
+          equal_everywhere = equal_everywhere && torch::equal(all[r], all[0]);
+      }
+    }
+    if (broadcast) {
+      CHECK_THAT(equal_everywhere, "buffers differ across ranks after an optimizer step");
+    } else if (world > 1) {
+      CHECK_THAT(!equal_everywhere, "with ddp_broadcast_buffers: false the ranks' statistics must drift");
+    }
+    if (acc.is_main_process())
+      std::cout << backend_variant << " buffers (broadcast " << broadcast << "): equal " << equal_everywhere
+                << std::endl;
+  }
+}
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// torch::save(model), the way users save: the full, current weights, or an error naming the call to use;
+// never an empty or stale file.
+void torch_save() {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("accel-torch-save-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  torch::manual_seed(6);
+  Mlp model;
+  std::vector<torch::Tensor> expected;
+  {
+    Accelerator acc(AcceleratorOptions().config(cpu_config()));
+    const int world = acc.num_processes();
+    auto opt = sgd(model->parameters());
+    acc.prepare(model, *opt);
+    Regression data(kBatch * world * kSteps);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      opt->zero_grad();
+      acc.backward(torch::mse_loss(model(rows(data.x, s, &acc, world)), rows(data.y, s, &acc, world)));
+      opt->step();
+    }
+    const auto caps = acc.capabilities();
+    const auto file = (dir / ("inside_" + std::to_string(acc.process_index()) + ".pt")).string();
+    const auto error = what_of([&] { torch::save(model, file); });
+    if (caps.shards_parameters) {
+      CHECK_THAT(error.find("get_state_dict") != std::string::npos,
+                 "torch::save of a parameter-sharded model must name get_state_dict, got: " << error);
+    } else if (caps.shards_optimizer_state) {
+      CHECK_THAT(error.find("wait_for_everyone") != std::string::npos,
+                 "torch::save right after optimizer.step() must name wait_for_everyone, got: " << error);
+    } else {
+      CHECK_THAT(error.empty(), "torch::save failed: " << error);
+    }
+    acc.wait_for_everyone();  // Accelerate's idiom before saving on the main process
+    expected = weights(&acc, model);
+    if (!caps.shards_parameters) {
+      const auto again = what_of([&] { torch::save(model, file); });
+      CHECK_THAT(again.empty(), "torch::save after wait_for_everyone failed: " << again);
+      Mlp fresh;
+      torch::load(fresh, file);
+      compare("torch::save after wait_for_everyone", test::snapshot(*fresh), expected, false);
+    }
+  }
+  // After the accelerator is gone the model is whole and current on every backend.
+  const auto file = (dir / "after.pt").string();
+  const auto error = what_of([&] { torch::save(model, file); });
+  CHECK_THAT(error.empty(), "torch::save after the accelerator was destroyed failed: " << error);
+  Mlp fresh;
+  if (error.empty()) torch::load(fresh, file);
+  compare("torch::save of the trained model, loaded into a fresh one", test::snapshot(*fresh), expected,
+          true);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+}  // namespace
+
+std::map<std::string, std::function<void()>> real_loop_scenarios() {
+  return {{"two_models", two_models},
+          {"frozen_teacher", frozen_teacher},
+          {"hand_accumulation", hand_accumulation},
+          {"two_backward_accumulation", two_backward_accumulation},
+          {"own_batches", own_batches},
+          {"buffers", buffers},
+          {"torch_save", torch_save}};
+}
+
+}  // namespace dist
