@@ -137,12 +137,15 @@ Config resolve_launch_config(const LaunchOptions& options, std::vector<std::stri
   if (options.backend) {
     config.backend = parse_backend(*options.backend);
     overridden = true;
-  } else if (options.num_processes && *options.num_processes > 1 && config.backend == BackendKind::Local) {
-    config.backend = BackendKind::Ddp;
+  } else if (options.num_processes &&
+             backend_for_processes(config.backend, *options.num_processes) != config.backend) {
+    const std::string before = config.backend;
+    config.backend = backend_for_processes(config.backend, *options.num_processes);
     overridden = true;
     if (notices != nullptr) {
       notices->push_back("accel-launch: --num_processes " + std::to_string(*options.num_processes) +
-                         " needs a distributed backend; using ddp (choose another with --backend)");
+                         " needs a distributed backend (" + before + " runs one process); using " +
+                         config.backend + " (choose another with --backend)");
     }
   }
   if (options.cpu) config.use_cpu = overridden = true;

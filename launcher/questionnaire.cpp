@@ -265,27 +265,48 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
   }
 
   const int machines = config.num_machines;
-  const size_t backend = prompter.ask_choice(
-      "Which type of distributed training do you want?",
-      {{"local", "no distributed training: one process", {"no", "no distributed training"}},
-       {"ddp", "data parallel (DDP) over several CPU processes or GPUs", {"multi-cpu", "multi-gpu"}},
-       {"fsdp", "fully sharded data parallel (FSDP)"},
-       {"zero", "ZeRO stages 0-3 with optional CPU offload (DeepSpeed-style)", {"deepspeed"}}},
-      machines > 1 ? 1 : 0, [machines](size_t index) -> std::optional<std::string> {
-        if (index == 0 && machines > 1) {
-          return "local runs a single process; training on " + std::to_string(machines) +
-                 " machines needs ddp, fsdp or zero";
-        }
-        return std::nullopt;
-      });
-  config.backend = std::vector<BackendKind>{BackendKind::Local, BackendKind::Ddp, BackendKind::Fsdp,
-                                            BackendKind::Zero}[backend];
+  // The backends and their own questions come from the backend folders (BackendInfo), so this list is never
+  // written here.
+  const std::vector<BackendInfo>& backends = config_backends();
+  std::vector<Choice> backend_choices;
+  size_t default_backend = 0;
+  for (const BackendInfo& info : backends) {
+    Choice choice{info.name, info.summary, info.aliases};
+    for (const std::string& type : info.distributed_types)
+      choice.aliases.push_back(type);
+    backend_choices.push_back(std::move(choice));
+  }
+  for (size_t i = 0; i < backends.size() && machines > 1; ++i) {
+    if (backends[i].max_processes != 1) {
+      default_backend = i;
+      break;
+    }
+  }
+  const size_t backend =
+      prompter.ask_choice("Which type of distributed training do you want?", backend_choices, default_backend,
+                          [&backends, machines](size_t index) -> std::optional<std::string> {
+                            if (backends[index].max_processes == 1 && machines > 1) {
+                              std::vector<std::string> others;
+                              for (const BackendInfo& info : backends) {
+                                if (info.max_processes != 1) others.push_back(info.name);
+                              }
+                              std::string list;
+                              for (size_t i = 0; i < others.size(); ++i)
+                                list += (i == 0 ? "" : i + 1 == others.size() ? " or " : ", ") + others[i];
+                              return backends[index].name + " runs a single process; training on " +
+                                     std::to_string(machines) + " machines needs " + list;
+                            }
+                            return std::nullopt;
+                          });
+  const BackendInfo& chosen = backends[backend];
+  config.backend = chosen.name;
+  const bool distributed = chosen.max_processes != 1;
 
   config.use_cpu =
       prompter.ask_bool("Do you want to run your training on CPU only (even if a GPU is available)?", false);
 
-  // The local backend runs exactly one process, so there is nothing to ask.
-  if (config.backend != BackendKind::Local) {
+  // A single-process backend runs exactly one process, so there is nothing to ask.
+  if (distributed) {
     config.num_processes = prompter.ask_int(
         machines > 1 ? "How many processes will you use in total (across all machines)?"
                      : "How many processes will you use?",
@@ -297,62 +318,7 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
           return std::nullopt;
         });
   }
-
-  if (config.backend == BackendKind::Fsdp) {
-    FsdpConfig& fsdp = config.fsdp;
-    fsdp.sharding_strategy =
-        std::vector<ShardingStrategy>{ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                      ShardingStrategy::NoShard}[prompter.ask_choice(
-            "What should be your FSDP sharding strategy?",
-            {{"FULL_SHARD", "shard parameters, gradients and optimizer state (like ZeRO-3)"},
-             {"SHARD_GRAD_OP", "shard gradients and optimizer state (like ZeRO-2)"},
-             {"NO_SHARD", "shard nothing (like DDP)"}},
-            0)];
-    fsdp.auto_wrap_policy =
-        std::vector<AutoWrapPolicy>{AutoWrapPolicy::TransformerBasedWrap, AutoWrapPolicy::SizeBasedWrap,
-                                    AutoWrapPolicy::NoWrap, AutoWrapPolicy::PerChildWrap}[prompter.ask_choice(
-            "What should be your FSDP auto wrap policy?",
-            {{"TRANSFORMER_BASED_WRAP", "one unit per module whose name() is in a list"},
-             {"SIZE_BASED_WRAP", "units of at least a minimum number of parameters"},
-             {"NO_WRAP", "the whole model is one unit"},
-             {"PER_CHILD_WRAP", "one unit per direct child module"}},
-            3)];
-    if (fsdp.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap) {
-      fsdp.transformer_layer_cls_to_wrap = prompter.ask_text(
-          "Which modules should be wrapped (comma-separated Module::name() values, e.g. TransformerBlock)?",
-          std::nullopt);
-    }
-    if (fsdp.auto_wrap_policy == AutoWrapPolicy::SizeBasedWrap) {
-      fsdp.min_num_params =
-          prompter.ask_int64("What should be the minimum number of parameters of an FSDP unit?",
-                             fsdp.min_num_params, 0, std::numeric_limits<int64_t>::max());
-    }
-    fsdp.offload_params =
-        prompter.ask_bool("Do you want to offload sharded parameters and optimizer state to CPU?", false);
-    fsdp.activation_checkpointing = prompter.ask_bool("Do you want to use activation checkpointing?", false);
-  }
-
-  if (config.backend == BackendKind::Zero) {
-    ZeroConfig& zero = config.zero;
-    zero.stage =
-        static_cast<int>(prompter.ask_choice("What ZeRO optimization stage do you want?",
-                                             {{"0", "no sharding (like DDP)"},
-                                              {"1", "shard optimizer state"},
-                                              {"2", "shard optimizer state and gradients"},
-                                              {"3", "shard optimizer state, gradients and parameters"}},
-                                             2));
-    const std::vector<Choice> devices = {{"none", "keep it on the training device"}, {"cpu", "CPU memory"}};
-    const std::vector<OffloadDevice> device_kinds = {OffloadDevice::None, OffloadDevice::Cpu};
-    if (zero.stage >= 1) {
-      zero.offload_optimizer_device =
-          device_kinds[prompter.ask_choice("Where should the optimizer state be offloaded?", devices, 0)];
-    }
-    if (zero.stage == 3) {
-      zero.offload_param_device =
-          device_kinds[prompter.ask_choice("Where should the parameters be offloaded?", devices, 0)];
-    }
-    zero.activation_checkpointing = prompter.ask_bool("Do you want to use activation checkpointing?", false);
-  }
+  if (chosen.ask_settings) chosen.ask_settings(prompter, config);
 
   config.gradient_accumulation_steps =
       prompter.ask_int("How many gradient accumulation steps do you want?", 1, 1, kIntMax);
@@ -361,7 +327,7 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
       "Do you wish to use mixed precision?",
       {{"no", "full precision (fp32)"}, {"fp16", "float16 with dynamic loss scaling"}, {"bf16", "bfloat16"}},
       0)];
-  if (config.backend != BackendKind::Local) {
+  if (distributed) {
     config.debug = prompter.ask_bool(
         "Should every collective first check that all ranks pass matching shapes (turns hangs into errors, "
         "but is slower)?",
@@ -374,7 +340,7 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
 Config default_config(int num_processes, MixedPrecision mixed_precision) {
   Config config;
   config.num_processes = num_processes;
-  config.backend = num_processes > 1 ? BackendKind::Ddp : BackendKind::Local;
+  config.backend = backend_for_processes("local", num_processes);
   config.mixed_precision = mixed_precision;
   config.validate();
   return config;

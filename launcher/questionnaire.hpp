@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "accel/config.hpp"
+#include "accel/questions.hpp"
 
 namespace accel::launcher {
 
@@ -30,26 +31,15 @@ struct QuestionnaireOptions {
   int max_attempts = 5;
 };
 
-/// One entry of a numbered list of choices.
-struct Choice {
-  /// The canonical name, matched case-insensitively with `-`, `_` and spaces treated alike.
-  std::string name;
-  /// Shown after the name in the list; may be empty.
-  std::string description;
-  /// Other accepted names (same matching rules as `name`).
-  std::vector<std::string> aliases = {};
-};
-
-/// Extra check on an otherwise well-formed answer: returns the reason it is rejected, or nullopt to accept
-/// it.
-template <typename T>
-using AnswerCheck = std::function<std::optional<std::string>(const T&)>;
+/// One entry of a numbered list of choices (see accel::QuestionChoice).
+using Choice = accel::QuestionChoice;
+using accel::AnswerCheck;
 
 /// Asks questions one line at a time. Each question shows its default in brackets; an empty answer takes the
 /// default; an invalid answer prints `Error: <reason>` and the question is asked again. When the input ends,
 /// every further question takes its default (and says so in the output); a question without a default then
 /// throws UsageError "stdin ended before question '<q>' was answered".
-class Prompter {
+class Prompter final : public Questions {
  public:
   /// Reads answers from `in`, writes questions, echoes and errors to `out`. Both must outlive the Prompter.
   Prompter(std::istream& in, std::ostream& out, QuestionnaireOptions options = {});
@@ -57,17 +47,17 @@ class Prompter {
   /// A numbered list (numbers start at 0, as in `accelerate config`); accepts the number or a name.
   /// Returns the index of the chosen entry.
   size_t ask_choice(const std::string& question, const std::vector<Choice>& choices, size_t default_index,
-                    const AnswerCheck<size_t>& check = {});
+                    const AnswerCheck<size_t>& check = {}) override;
   /// A whole number in [min, max].
   int ask_int(const std::string& question, int default_value, int min, int max,
-              const AnswerCheck<int>& check = {});
+              const AnswerCheck<int>& check = {}) override;
   /// A 64-bit whole number in [min, max].
-  int64_t ask_int64(const std::string& question, int64_t default_value, int64_t min, int64_t max);
+  int64_t ask_int64(const std::string& question, int64_t default_value, int64_t min, int64_t max) override;
   /// yes/no (also y/n, true/false, 1/0; case-insensitive).
-  bool ask_bool(const std::string& question, bool default_value);
+  bool ask_bool(const std::string& question, bool default_value) override;
   /// Free text (trimmed, must not be empty); `default_value` nullopt means the question must be answered.
   std::string ask_text(const std::string& question, const std::optional<std::string>& default_value,
-                       const AnswerCheck<std::string>& check = {});
+                       const AnswerCheck<std::string>& check = {}) override;
 
   /// True once the input has ended (all later questions take their defaults).
   bool input_ended() const { return ended_; }
@@ -87,7 +77,8 @@ class Prompter {
 
 /// Asks the `accel-launch config` questions in the order of `accelerate config`, skipping those that do not
 /// apply: compute environment (and for several machines: count, this machine's rank, main process IP and
-/// port), backend, CPU only, number of processes, FSDP or ZeRO settings, gradient accumulation steps, mixed
+/// port), backend (the list of `config_backends()`), CPU only, number of processes, the chosen backend's own
+/// questions (`BackendInfo::ask_settings`: FSDP or ZeRO settings), gradient accumulation steps, mixed
 /// precision, debug checks of collectives. Returns a validated Config.
 /// Throws ConfigError when a question gets no valid answer within `options.max_attempts`, UsageError when the
 /// input ends before a question that has no default.

@@ -262,10 +262,24 @@ class MinimalEngine : public Backend {
 };
 }  // namespace
 
-TEST_CASE("backends: a minimal engine trains; its optional operations throw UnsupportedOperation") {
+TEST_CASE("backends: every built-in engine has a config part, and every config part an engine") {
+  BackendRegistry registry;
+  register_builtin_backends(registry);
+  std::vector<std::string> config_names;
+  for (const BackendInfo& info : config_backends())
+    config_names.push_back(info.name);
+  std::sort(config_names.begin(), config_names.end());
+  REQUIRE(registry.names() == config_names);
+  // local -> ddp with several processes comes from the config part, for the launcher and the registry alike.
+  REQUIRE(registry.resolve("local", 2).name == "ddp");
+  REQUIRE(registry.resolve("local", 1).name == "local");
+  REQUIRE_THROWS_WITH(registry.resolve("mine", 1), Catch::Contains("backend 'mine' is not available"));
+}
+
+TEST_CASE("backends: a minimal engine trains under its own name; its optional operations throw") {
   auto registry = std::make_shared<BackendRegistry>();
   BackendDescriptor d;
-  d.name = "local";
+  d.name = "minimal";
   d.capabilities = [](const Config&) { return BackendCapabilities{}; };
   d.factory = [](const BackendContext&) { return std::make_unique<MinimalEngine>(); };
   registry->add(d);
@@ -274,7 +288,10 @@ TEST_CASE("backends: a minimal engine trains; its optional operations throw Unsu
   torch::manual_seed(0);
   Mlp model;
   torch::optim::SGD opt(model->parameters(), 0.1);
-  Accelerator acc(AcceleratorOptions().config(test::make_config()).registry(registry));
+  Config config = test::make_config();
+  config.backend = "minimal";  // a backend the program registered itself: no config part, no YAML section
+  Accelerator acc(AcceleratorOptions().config(config).registry(registry));
+  REQUIRE(acc.backend_name() == "minimal");
   acc.prepare(model, opt);
   opt.zero_grad();
   acc.backward(torch::mse_loss(model(data.x), data.y));
@@ -329,7 +346,7 @@ TEST_CASE("accelerator: set_seed makes runs repeatable") {
 TEST_CASE(
     "accelerator: settings without effect in this run are reported; zero3_save_16bit_model writes fp16") {
   Config c = test::make_config();
-  c.backend = BackendKind::Zero;
+  c.backend = "zero";
   c.zero.stage = 3;
   c.zero.offload_param_device = OffloadDevice::Cpu;
   c.zero.zero3_init_flag = true;
@@ -377,7 +394,7 @@ TEST_CASE("accelerator: stage 3 refuses tied parameters with a clear message") {
     torch::nn::Linear a{nullptr};
   };
   Config c = test::make_config();
-  c.backend = BackendKind::Zero;
+  c.backend = "zero";
   c.zero.stage = 3;
   Accelerator acc(AcceleratorOptions().config(c));
   auto model = std::make_shared<TiedImpl>();

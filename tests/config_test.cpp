@@ -67,7 +67,7 @@ TEST_CASE("config: defaults", "[config]") {
   const accel::Config c;
   CHECK(c.config_version == 1);
   CHECK(c.compute_environment == "LOCAL_MACHINE");
-  CHECK(c.backend == accel::BackendKind::Local);
+  CHECK(c.backend == "local");
   CHECK_FALSE(c.use_cpu);
   CHECK_FALSE(c.debug);
   CHECK(c.gpu_ids == "all");
@@ -104,7 +104,7 @@ TEST_CASE("config: empty input means defaults", "[config]") {
 TEST_CASE("config: real Accelerate multi-GPU file loads", "[config]") {
   const accel::Config c = accel::Config::load_file(template_file("accelerate_multi_gpu.yaml"));
   CHECK(c.num_processes == 2);
-  CHECK(c.backend == accel::BackendKind::Ddp);
+  CHECK(c.backend == "ddp");
   CHECK(c.mixed_precision == accel::MixedPrecision::Fp16);
   CHECK_FALSE(c.use_cpu);
   CHECK(c.gpu_ids == "all");
@@ -119,7 +119,7 @@ TEST_CASE("config: annotated local template loads as the defaults", "[config]") 
 
 TEST_CASE("config: fsdp section parsed", "[config]") {
   const accel::Config c = accel::Config::load_file(data_file("accelerate_fsdp.yaml"));
-  CHECK(c.backend == accel::BackendKind::Fsdp);
+  CHECK(c.backend == "fsdp");
   CHECK(c.num_processes == 4);
   CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);
   CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);  // Accelerate's numeric form 2
@@ -148,7 +148,7 @@ TEST_CASE("config: fsdp_reshard_after_forward maps onto the sharding strategy", 
 
 TEST_CASE("config: deepspeed section parsed", "[config]") {
   const accel::Config c = accel::Config::load_file(data_file("accelerate_deepspeed.yaml"));
-  CHECK(c.backend == accel::BackendKind::Zero);
+  CHECK(c.backend == "zero");
   CHECK(c.num_processes == 8);
   CHECK(c.num_machines == 2);
   CHECK(c.machine_rank == 1);
@@ -170,7 +170,7 @@ TEST_CASE("config: deepspeed section parsed", "[config]") {
 
 TEST_CASE("config: accelerate-cpp keys parsed", "[config]") {
   const accel::Config c = accel::Config::load_file(data_file("ours.yaml"));
-  CHECK(c.backend == accel::BackendKind::Ddp);
+  CHECK(c.backend == "ddp");
   CHECK(c.use_cpu);
   CHECK(c.num_processes == 2);
   CHECK(c.mixed_precision == accel::MixedPrecision::No);  // YAML false
@@ -186,17 +186,16 @@ TEST_CASE("config: accelerate-cpp keys parsed", "[config]") {
 }
 
 TEST_CASE("config: backend and distributed_type", "[config]") {
-  using accel::BackendKind;
   auto backend_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).backend; };
-  CHECK(backend_of("distributed_type: 'NO'\n") == BackendKind::Local);
-  CHECK(backend_of("distributed_type: NO\n") == BackendKind::Local);
-  CHECK(backend_of("distributed_type: MULTI_GPU\nnum_processes: 2\n") == BackendKind::Ddp);
-  CHECK(backend_of("distributed_type: FSDP\n") == BackendKind::Fsdp);
-  CHECK(backend_of("distributed_type: DEEPSPEED\n") == BackendKind::Zero);
-  CHECK(backend_of("backend: zero\ndistributed_type: DEEPSPEED\n") == BackendKind::Zero);
-  CHECK(backend_of("backend: FSDP\n") == BackendKind::Fsdp);
+  CHECK(backend_of("distributed_type: 'NO'\n") == "local");
+  CHECK(backend_of("distributed_type: NO\n") == "local");
+  CHECK(backend_of("distributed_type: MULTI_GPU\nnum_processes: 2\n") == "ddp");
+  CHECK(backend_of("distributed_type: FSDP\n") == "fsdp");
+  CHECK(backend_of("distributed_type: DEEPSPEED\n") == "zero");
+  CHECK(backend_of("backend: zero\ndistributed_type: DEEPSPEED\n") == "zero");
+  CHECK(backend_of("backend: FSDP\n") == "fsdp");
   const accel::Config cpu = accel::Config::load_string("distributed_type: MULTI_CPU\nnum_processes: 2\n");
-  CHECK(cpu.backend == BackendKind::Ddp);
+  CHECK(cpu.backend == "ddp");
   CHECK(cpu.use_cpu);  // MULTI_CPU implies use_cpu
 
   const accel::ConfigError e = string_error("backend: zero\ndistributed_type: FSDP\n");
@@ -229,7 +228,7 @@ TEST_CASE("config: accepted Accelerate keys without meaning here", "[config]") {
 
 TEST_CASE("config: round trip through to_yaml", "[config]") {
   accel::Config c;
-  c.backend = accel::BackendKind::Fsdp;
+  c.backend = "fsdp";
   c.num_processes = 8;
   c.num_machines = 2;
   c.machine_rank = 1;
@@ -275,7 +274,7 @@ TEST_CASE("config: save_file creates parent directories", "[config]") {
       std::filesystem::temp_directory_path() / ("accel_config_test_" + std::to_string(::getpid()));
   const std::string path = (dir / "nested" / "deeper" / "config.yaml").string();
   accel::Config c;
-  c.backend = accel::BackendKind::Zero;
+  c.backend = "zero";
   c.num_processes = 2;
   c.save_file(path);
   const accel::Config back = accel::Config::load_file(path);
@@ -286,7 +285,7 @@ TEST_CASE("config: save_file creates parent directories", "[config]") {
 
 TEST_CASE("config: validate checks cross-field rules", "[config]") {
   accel::Config c;
-  c.backend = accel::BackendKind::Ddp;
+  c.backend = "ddp";
   c.num_processes = 2;
   c.num_machines = 2;
   c.machine_rank = 2;
@@ -320,7 +319,7 @@ TEST_CASE("config: validate checks cross-field rules", "[config]") {
   none.num_processes = 0;
   CHECK_THROWS_WITH(none.validate(), "num_processes (0) must be at least 1");
   accel::Config multiple;
-  multiple.backend = accel::BackendKind::Ddp;
+  multiple.backend = "ddp";
   multiple.num_machines = 4;
   multiple.num_processes = 6;
   CHECK_THROWS_WITH(
@@ -333,18 +332,37 @@ TEST_CASE("config: validate checks cross-field rules", "[config]") {
 }
 
 TEST_CASE("config: to_string and parse functions", "[config]") {
-  CHECK(accel::to_string(accel::BackendKind::Zero) == "zero");
   CHECK(accel::to_string(accel::MixedPrecision::Bf16) == "bf16");
   CHECK(accel::to_string(accel::ShardingStrategy::ShardGradOp) == "SHARD_GRAD_OP");
   CHECK(accel::to_string(accel::AutoWrapPolicy::PerChildWrap) == "PER_CHILD_WRAP");
   CHECK(accel::to_string(accel::OffloadDevice::Cpu) == "cpu");
-  CHECK(accel::parse_backend("ddp") == accel::BackendKind::Ddp);
-  CHECK(accel::parse_backend("FSDP") == accel::BackendKind::Fsdp);
-  CHECK(accel::parse_backend("deepspeed") == accel::BackendKind::Zero);
+  CHECK(accel::parse_backend("ddp") == "ddp");
+  CHECK(accel::parse_backend("FSDP") == "fsdp");
+  CHECK(accel::parse_backend("deepspeed") == "zero");
   CHECK(accel::parse_mixed_precision("fp16") == accel::MixedPrecision::Fp16);
   CHECK_THROWS_WITH(
       accel::parse_backend("dpp"),
       "backend: invalid value 'dpp' (did you mean 'ddp'?); allowed values: local, ddp, fsdp, zero");
+
+  // The backends describe themselves (backends/<name>/<name>_config.cpp); nothing in the config core names
+  // one, so these facts come from the backend folders.
+  std::vector<std::string> names;
+  for (const accel::BackendInfo& info : accel::config_backends())
+    names.push_back(info.name);
+  CHECK(names == std::vector<std::string>{"local", "ddp", "fsdp", "zero"});
+  REQUIRE(accel::find_backend("zero") != nullptr);
+  CHECK(accel::find_backend("zero")->section == "deepspeed_config");
+  CHECK(accel::find_backend("zero")->aliases == std::vector<std::string>{"deepspeed"});
+  CHECK(accel::find_backend("fsdp")->section == "fsdp_config");
+  CHECK(accel::find_backend("ddp")->distributed_types == std::vector<std::string>{"MULTI_CPU", "MULTI_GPU"});
+  CHECK(accel::find_backend("local")->max_processes == 1);
+  CHECK(accel::find_backend("deepspeed") == nullptr);  // canonical names only
+  CHECK(static_cast<bool>(accel::find_backend("fsdp")->ask_settings));
+  CHECK_FALSE(static_cast<bool>(accel::find_backend("ddp")->ask_settings));
+  CHECK(accel::backend_for_processes("local", 1) == "local");
+  CHECK(accel::backend_for_processes("local", 4) == "ddp");
+  CHECK(accel::backend_for_processes("zero", 4) == "zero");
+  CHECK(accel::backend_for_processes("my_own", 4) == "my_own");  // a backend a program registered itself
   CHECK_THROWS_WITH(
       accel::parse_mixed_precision("fp8"),
       "mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, bf16");
@@ -427,10 +445,11 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
   CHECK(bad_file_message("not_multiple.yaml") ==
         "not_multiple.yaml:3: num_processes (3) must be a multiple of num_machines (2), as it counts the "
         "processes of all machines; set num_processes to 2 or 4");
-  CHECK(bad_file_message("local_multi_process.yaml") ==
-        "local_multi_process.yaml:2: num_processes (2) needs a distributed backend, but the backend is "
-        "local; set "
-        "distributed_type: MULTI_GPU (or MULTI_CPU, FSDP, DEEPSPEED) or num_processes: 1");
+  CHECK(
+      bad_file_message("local_multi_process.yaml") ==
+      "local_multi_process.yaml:2: num_processes (2) needs a distributed backend, but the backend is "
+      "local; set distributed_type: MULTI_CPU | MULTI_GPU | FSDP | DEEPSPEED (or backend: one of ddp, fsdp, "
+      "zero), or num_processes: 1");
   CHECK(bad_file_message("reshard_conflict.yaml") ==
         "reshard_conflict.yaml:5: fsdp_config.fsdp_reshard_after_forward: false disagrees with "
         "fsdp_sharding_strategy 'FULL_SHARD' (line 4); reshard_after_forward true means FULL_SHARD and false "
@@ -645,7 +664,7 @@ TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's Ze
   DeepSpeedFiles files;
   const auto c = accel::Config::load_file(
       files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\ngradient_accumulation_steps: 4\n"));
-  CHECK(c.backend == accel::BackendKind::Zero);
+  CHECK(c.backend == "zero");
   CHECK(c.zero.stage == 2);
   CHECK(c.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
   CHECK(c.zero.reduce_bucket_size == 200000000);

@@ -35,13 +35,13 @@ bool params_sharded() {
 accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
   using namespace accel;
   Config c = test::make_config(mp, accumulation);
-  c.backend = BackendKind::Ddp;
+  c.backend = "ddp";
   c.collective_timeout_seconds = 60;
   const bool peak =
       std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak";
   if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3" ||
       backend_variant == "zero2_no_overlap") {
-    c.backend = BackendKind::Zero;
+    c.backend = "zero";
     c.zero.stage = backend_variant[4] - '0';
     c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
     // Several buckets and all-gather chunks even for the small test model; the `peak` scenario's model
@@ -50,14 +50,14 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     c.zero.allgather_bucket_size = peak ? 300000 : 600;
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
              backend_variant == "fsdp_full_shard") {
-    c.backend = BackendKind::Fsdp;
+    c.backend = "fsdp";
     c.fsdp.sharding_strategy = backend_variant == "fsdp_grad_op"      ? ShardingStrategy::ShardGradOp
                                : backend_variant == "fsdp_full_shard" ? ShardingStrategy::FullShard
                                                                       : ShardingStrategy::NoShard;
     c.fsdp.forward_prefetch = true;
     c.ddp_bucket_cap_mb = peak ? 0.3 : 0.001;
   } else if (backend_variant == "local") {
-    c.backend = BackendKind::Local;
+    c.backend = "local";
   } else if (backend_variant != "ddp") {
     throw std::invalid_argument("unknown backend variant " + backend_variant);
   }

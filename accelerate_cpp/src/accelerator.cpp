@@ -90,8 +90,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   config_.num_processes = world_size_;
   registry_ = options.registry_ ? options.registry_ : builtin_registry();
   // A single-process backend launched on several ranks resolves to its multi-process replacement.
-  descriptor_ = &registry_->resolve(to_string(config_.backend), world_size_);
-  config_.backend = parse_backend(descriptor_->name);
+  descriptor_ = &registry_->resolve(config_.backend, world_size_);
+  config_.backend = descriptor_->name;
   context_.config = &config_;
   context_.device = device_;
   context_.rank = rank_;

@@ -1,4 +1,5 @@
 #include <accel/backend.hpp>
+#include <accel/config.hpp>
 #include <accel/errors.hpp>
 
 #include <fmt/format.h>
@@ -37,7 +38,8 @@ std::vector<std::string> BackendRegistry::names() const {
   return out;
 }
 
-const BackendDescriptor& BackendRegistry::resolve(const std::string& name, int world_size) const {
+const BackendDescriptor& BackendRegistry::resolve(const std::string& requested, int world_size) const {
+  const std::string name = backend_for_processes(requested, world_size);
   auto it = descriptors_.find(name);
   if (it == descriptors_.end()) {
     const auto known = names();
@@ -45,9 +47,6 @@ const BackendDescriptor& BackendRegistry::resolve(const std::string& name, int w
         fmt::format("backend '{}' is not available in this build of accelerate-cpp (registered: {}); set "
                     "`backend:` in the config to one of those",
                     name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
-  }
-  if (world_size > 1 && !it->second.multi_process_replacement.empty()) {
-    return resolve(it->second.multi_process_replacement, world_size);
   }
   return it->second;
 }

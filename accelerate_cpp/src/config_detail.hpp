@@ -1,8 +1,10 @@
 #pragma once
-// The private side of accel::Config (config_*.cpp only): the key schema, the YAML reader with its messages,
-// and the spelling tables of the enumerations. yaml-cpp and fmt stay out of the public header.
+// The private side of accel::Config (config_*.cpp and the backends' *_config.cpp only): the key schema, the
+// YAML reader with its messages, the spelling tables of the enumerations, and what a backend contributes to
+// the config (BackendPart). yaml-cpp and fmt stay out of the public header.
 
 #include "accel/config.hpp"
+#include "accel/questions.hpp"
 
 #include "text_distance.hpp"
 
@@ -72,15 +74,12 @@ struct ChoiceSet {
   std::vector<std::string> unsupported;  // known spellings that this build rejects with "not supported"
 };
 
-const ChoiceSet<BackendKind>& backend_choices();
+/// Backend names (canonical, listed) and aliases (not listed), from the backends' parts.
+const ChoiceSet<std::string>& backend_choices();
 const ChoiceSet<MixedPrecision>& mixed_precision_choices();
-/// distributed_type values map onto backends; MULTI_CPU additionally implies use_cpu.
+/// distributed_type values (from the backends' parts) map onto backends; MULTI_CPU additionally implies
+/// use_cpu.
 const ChoiceSet<std::string>& distributed_type_choices();
-const ChoiceSet<ShardingStrategy>& sharding_choices();
-const ChoiceSet<AutoWrapPolicy>& wrap_choices();
-const ChoiceSet<BackwardPrefetch>& prefetch_choices();
-const ChoiceSet<StateDictType>& state_dict_choices();
-const ChoiceSet<OffloadDevice>& offload_choices();
 
 template <typename E>
 std::vector<std::string> listed_values(const ChoiceSet<E>& set) {
@@ -286,47 +285,27 @@ inline std::vector<Entry> section_entries(Reader& reader, const Entry& e, const 
   return reader.entries(e.value, e.path);
 }
 
-// Values whose meaning depends on other keys; resolved after the whole file has been read.
+// What the file set (non-null entries by key path), for the values that depend on other keys; resolved after
+// the whole file has been read.
 struct Pending {
-  std::optional<Entry> backend;
-  std::optional<Entry> distributed_type;
-  std::optional<BackendKind> backend_value;
-  std::optional<std::string> distributed_type_value;
-  std::optional<Entry> use_cpu;
-  std::optional<Entry> gradient_accumulation_steps;
-  std::optional<Entry> deepspeed_gradient_accumulation_steps;
-  std::optional<Entry> sharding_strategy;
-  std::optional<Entry> reshard_after_forward;
-  bool reshard_value = true;
-  std::optional<Entry> mixed_precision;
-  std::optional<Entry> deepspeed_config_file;
-  std::vector<std::string> deepspeed_yaml_keys;  // deepspeed_config keys set besides the file
+  std::map<std::string, Entry> seen;
+  const Entry* find(const std::string& path) const {
+    const auto it = seen.find(path);
+    return it == seen.end() ? nullptr : &it->second;
+  }
 };
-
-/// What the YAML said that a DeepSpeed JSON file must agree with.
-struct DeepSpeedJsonContext {
-  std::string source;  // the YAML file
-  int line = 0;        // of deepspeed_config_file
-  bool mixed_precision_set = false;
-  bool gradient_accumulation_set = false;
-};
-
-/// Reads the DeepSpeed JSON at `path` into `c` (zero section, clipping, accumulation, mixed precision) by
-/// DeepSpeed's and Accelerate's rules; adds notices for what maps to nothing. ConfigError naming the file.
-void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c);
 
 // -----------------------------------------------------------------------------------------------------------
 // The schema: one row per key. Reading, equality, writing, key lists, "did you mean" candidates and the docs
 // table are all derived from it (config_schema.cpp).
 
-enum class Section { Top, Fsdp, DeepSpeed, Dynamo };
-
-/// The YAML key of a section ("" for the top level, "fsdp_config", "deepspeed_config").
-const char* section_key(Section section);
+/// A section is named by its YAML key: "" for the top level, "fsdp_config", "deepspeed_config", ...
+using Section = std::string;
+inline const Section kTop;
 
 struct KeyRow {
   std::string name;  ///< the key as written in its section
-  Section section = Section::Top;
+  Section section;
   std::string doc;  ///< one line, for the docs table
   /// Reads a non-null value into the config or the pending values; nullptr: accepted, no effect (keys of
   /// Accelerate's that mean nothing here).
@@ -349,14 +328,16 @@ struct KeyRow {
 /// Every key, top level first, in the order to_yaml writes them.
 const std::vector<KeyRow>& schema();
 /// The rows of one section, in schema order.
-std::vector<const KeyRow*> rows_of(Section section);
+std::vector<const KeyRow*> rows_of(const Section& section);
 /// The key names of one section, for "did you mean" and "it belongs in ..." hints.
-const std::vector<std::string>& key_names(Section section);
+const std::vector<std::string>& key_names(const Section& section);
+/// Whether `a` and `b` agree on every setting of `section` (on all settings when nullopt).
+bool agree(const Config& a, const Config& b, const std::optional<Section>& section);
 /// Whether to_yaml writes a section in full (else `{}`).
-bool section_in_use(const Config& c, Section section);
+bool section_in_use(const Config& c, const Section& section);
 
 /// Reads the entries of one section through its rows; an unknown key is an error with the best hint.
-void dispatch(Reader& reader, const std::vector<Entry>& entries, Section section, Config& config,
+void dispatch(Reader& reader, const std::vector<Entry>& entries, const Section& section, Config& config,
               Pending& pending);
 /// Settles the values that depend on other keys (backend vs distributed_type, ...).
 void resolve(const Reader& r, Config& c, const Pending& p);
@@ -365,5 +346,104 @@ void validate_config(const Config& c, const LineMap& lines);
 
 inline const char* kPositiveInt = "a positive integer";
 inline const char* kNonNegativeInt = "a non-negative integer";
+
+// --- value readers and writers for the rows ---
+
+inline auto boolean() {
+  return [](const Reader& r, const Entry& e) { return r.boolean(e); };
+}
+inline auto int_in(std::int64_t min, std::int64_t max, const char* expected) {
+  return [=](const Reader& r, const Entry& e) { return static_cast<int>(r.integer(e, min, max, expected)); };
+}
+inline auto positive_int() {
+  return int_in(1, std::numeric_limits<int>::max(), kPositiveInt);
+}
+inline auto text() {
+  return [](const Reader& r, const Entry& e) { return r.string(e); };
+}
+inline auto positive_number(const char* expected) {
+  return [=](const Reader& r, const Entry& e) { return r.number(e, 0, false, expected); };
+}
+template <typename E>
+auto choice(const ChoiceSet<E>& (*set)()) {
+  return [set](const Reader& r, const Entry& e) { return r.choice(e, set()); };
+}
+inline auto bytes() {
+  return [](const Reader& r, const Entry& e) {
+    return r.count(e, 1, "a positive number of bytes (such as 500000000 or 5e8)");
+  };
+}
+inline std::string write_bool(bool v) {
+  return yaml_bool(v);
+}
+inline std::string write_int(std::int64_t v) {
+  return std::to_string(v);
+}
+inline std::string write_u64(std::uint64_t v) {
+  return std::to_string(v);
+}
+inline std::string write_number(double v) {
+  return fmt::format("{}", v);
+}
+template <typename E>
+std::string write_enum(const E& v) {
+  return to_string(v);
+}
+
+// A plain setting: `get(config)` is the field (works on const and non-const configs).
+template <typename Get, typename Parse, typename Format>
+KeyRow setting(const char* name, const Section& section, const char* doc, Get get, Parse parse, Format format,
+               const char* example) {
+  KeyRow row;
+  row.name = name;
+  row.section = section;
+  row.doc = doc;
+  row.example = example;
+  row.read = [get, parse](Reader& r, const Entry& e, Config& c, Pending&) { get(c) = parse(r, e); };
+  row.write = [get, format](const Config& c) { return format(get(c)); };
+  row.equal = [get](const Config& a, const Config& b) { return get(a) == get(b); };
+  return row;
+}
+
+// A key of Accelerate's that means nothing here (or is read only for the values depending on it): accepted,
+// never written.
+inline KeyRow ignored(const char* name, const Section& section, const char* doc) {
+  KeyRow row;
+  row.name = name;
+  row.section = section;
+  row.doc = doc;
+  return row;
+}
+
+// The top-level key that opens `section` (its value a mapping of the section's keys, `what` in messages).
+KeyRow section_row(const Section& section, const char* what, const char* doc);
+
+// -----------------------------------------------------------------------------------------------------------
+// Backends: each backend folder contributes one BackendPart (backends/<name>/<name>_config.cpp), listed in
+// backends/builtin_backends.def. The core schema knows no backend by name.
+
+/// Reports a validation failure for a key path ("deepspeed_config.zero_stage") with its line when known.
+using FailKey = std::function<void(const std::string& key, const std::string& message)>;
+
+struct BackendPart {
+  BackendInfo info;
+  /// The `distributed_type:` value to_yaml writes for a config with this backend (nullptr: the first of
+  /// info.distributed_types).
+  std::function<std::string(const Config&)> distributed_type;
+  /// The keys this backend owns: its section's opener (section_row) and the section's rows.
+  std::vector<KeyRow> rows;
+  /// Whether to_yaml writes the section in full (else `{}`): the backend is chosen or a setting differs from
+  /// its default.
+  std::function<bool(const Config&)> section_in_use;
+  /// Settles values that depend on other keys, after the whole file has been read (may be empty).
+  std::function<void(const Reader&, Config&, const Pending&)> resolve;
+  /// Checks the section's settings (called for every config, whichever backend it names; may be empty).
+  std::function<void(const Config&, const FailKey&)> validate;
+};
+
+/// Every backend's part, in backends/builtin_backends.def order.
+const std::vector<BackendPart>& backend_parts();
+/// The part of the backend named `name`, or nullptr.
+const BackendPart* find_part(const std::string& name);
 
 }  // namespace accel::config_detail

@@ -25,96 +25,44 @@ std::string describe(const YAML::Node& node) {
 
 namespace {
 
-BackendKind backend_of_distributed_type(const std::string& type) {
-  if (type == "MULTI_CPU" || type == "MULTI_GPU") return BackendKind::Ddp;
-  if (type == "FSDP") return BackendKind::Fsdp;
-  if (type == "DEEPSPEED") return BackendKind::Zero;
-  return BackendKind::Local;
+// The backend whose part lists `type` (a canonical distributed_type value).
+std::string backend_of_distributed_type(const std::string& type) {
+  for (const BackendPart& part : backend_parts()) {
+    for (const std::string& t : part.info.distributed_types) {
+      if (t == type) return part.info.name;
+    }
+  }
+  return "local";
 }
 
 }  // namespace
 
 void resolve(const Reader& r, Config& c, const Pending& p) {
-  if (p.distributed_type_value) {
-    const BackendKind implied = backend_of_distributed_type(*p.distributed_type_value);
-    if (p.backend_value && *p.backend_value != implied) {
-      r.fail_at(
-          *p.backend,
-          fmt::format("backend: '{}' disagrees with distributed_type '{}' (line {}), which means backend {}; "
-                      "make them agree or remove one of them",
-                      p.backend->value.Scalar(), p.distributed_type->value.Scalar(), p.distributed_type->line,
-                      to_string(implied)));
+  const Entry* backend = p.find("backend");
+  const Entry* distributed_type = p.find("distributed_type");
+  if (distributed_type) {
+    const std::string type = r.choice(*distributed_type, distributed_type_choices());
+    const std::string implied = backend_of_distributed_type(type);
+    if (backend && r.choice(*backend, backend_choices()) != implied) {
+      r.fail_at(*backend, fmt::format("backend: '{}' disagrees with distributed_type '{}' (line {}), which "
+                                      "means backend {}; make them agree or remove one of them",
+                                      backend->value.Scalar(), distributed_type->value.Scalar(),
+                                      distributed_type->line, implied));
     }
     c.backend = implied;
-    if (*p.distributed_type_value == "MULTI_CPU") {
-      if (p.use_cpu && !c.use_cpu) {
-        r.fail_at(*p.use_cpu,
-                  fmt::format("use_cpu: false contradicts distributed_type 'MULTI_CPU' (line {}); set "
-                              "use_cpu: true, or distributed_type: MULTI_GPU to train on GPUs",
-                              p.distributed_type->line));
+    if (type == "MULTI_CPU") {
+      if (const Entry* use_cpu = p.find("use_cpu"); use_cpu && !c.use_cpu) {
+        r.fail_at(*use_cpu, fmt::format("use_cpu: false contradicts distributed_type 'MULTI_CPU' (line {}); "
+                                        "set use_cpu: true, or distributed_type: MULTI_GPU to train on GPUs",
+                                        distributed_type->line));
       }
       c.use_cpu = true;
     }
-  } else if (p.backend_value) {
-    c.backend = *p.backend_value;
+  } else if (backend) {
+    c.backend = r.choice(*backend, backend_choices());
   }
-
-  if (p.deepspeed_gradient_accumulation_steps) {
-    const Entry& ds = *p.deepspeed_gradient_accumulation_steps;
-    const int ds_value = static_cast<int>(r.integer(ds, 1, std::numeric_limits<int>::max(), kPositiveInt));
-    if (p.gradient_accumulation_steps && ds_value != c.gradient_accumulation_steps) {
-      r.fail_at(
-          ds,
-          fmt::format("{}: {} disagrees with gradient_accumulation_steps {} (line {}); make them agree "
-                      "or remove one of them",
-                      ds.path, ds_value, c.gradient_accumulation_steps, p.gradient_accumulation_steps->line));
-    }
-    c.gradient_accumulation_steps = ds_value;
-  }
-
-  if (p.reshard_after_forward) {
-    const ShardingStrategy implied =
-        p.reshard_value ? ShardingStrategy::FullShard : ShardingStrategy::ShardGradOp;
-    if (p.sharding_strategy && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
-        c.fsdp.sharding_strategy != implied) {
-      r.fail_at(
-          *p.reshard_after_forward,
-          fmt::format("{}: {} disagrees with fsdp_sharding_strategy '{}' (line {}); reshard_after_forward "
-                      "true means FULL_SHARD and false means SHARD_GRAD_OP: make them agree or remove one",
-                      p.reshard_after_forward->path, yaml_bool(p.reshard_value),
-                      p.sharding_strategy->value.Scalar(), p.sharding_strategy->line));
-    }
-    if (!p.sharding_strategy) c.fsdp.sharding_strategy = implied;
-  }
-
-  if (p.deepspeed_config_file) {
-    const Entry& e = *p.deepspeed_config_file;
-    if (c.backend != BackendKind::Zero) {
-      r.fail_at(
-          e, fmt::format("{}: a DeepSpeed config file needs distributed_type: DEEPSPEED (backend: zero), but "
-                         "the backend is {}",
-                         e.path, to_string(c.backend)));
-    }
-    if (!p.deepspeed_yaml_keys.empty()) {
-      r.fail_at(
-          e, fmt::format("{}: with a DeepSpeed config file, {} must not be set here: the JSON file decides "
-                         "them; remove them from deepspeed_config: (Accelerate refuses this too)",
-                         e.path, join(p.deepspeed_yaml_keys)));
-    }
-    // As given (relative to the working directory, as Accelerate reads it), else next to the YAML file.
-    std::string path = e.value.Scalar();
-    const std::filesystem::path yaml_dir = std::filesystem::path(r.source()).parent_path();
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec) && std::filesystem::path(path).is_relative() &&
-        !yaml_dir.empty() && std::filesystem::exists(yaml_dir / path, ec)) {
-      path = (yaml_dir / path).string();
-    }
-    DeepSpeedJsonContext context;
-    context.source = r.source();
-    context.line = e.line;
-    context.mixed_precision_set = p.mixed_precision.has_value();
-    context.gradient_accumulation_set = p.gradient_accumulation_steps.has_value();
-    apply_deepspeed_json(path, context, c);
+  for (const BackendPart& part : backend_parts()) {
+    if (part.resolve) part.resolve(r, c, p);
   }
 }
 
@@ -165,7 +113,7 @@ Config load_yaml(const std::string& text, const std::string& source) {
   }
 
   Pending pending;
-  dispatch(reader, entries, Section::Top, config, pending);
+  dispatch(reader, entries, kTop, config, pending);
   resolve(reader, config, pending);
   validate_config(config, reader.lines());
   return config;

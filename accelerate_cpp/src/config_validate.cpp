@@ -45,11 +45,21 @@ void validate_config(const Config& c, const LineMap& lines) {
                     c.num_processes, c.num_machines,
                     below > 0 ? fmt::format("{} or {}", below, above) : std::to_string(above)));
   }
-  if (c.backend == BackendKind::Local && c.num_processes > 1) {
+  if (const BackendPart* part = find_part(c.backend);
+      part && part->info.max_processes > 0 && c.num_processes > part->info.max_processes) {
+    std::vector<std::string> types, names;
+    for (const BackendPart& other : backend_parts()) {
+      if (other.info.max_processes == 0) {
+        names.push_back(other.info.name);
+        for (const std::string& type : other.info.distributed_types)
+          types.push_back(type);
+      }
+    }
     fail_key("num_processes",
-             fmt::format("num_processes ({}) needs a distributed backend, but the backend is local; set "
-                         "distributed_type: MULTI_GPU (or MULTI_CPU, FSDP, DEEPSPEED) or num_processes: 1",
-                         c.num_processes));
+             fmt::format("num_processes ({}) needs a distributed backend, but the backend is {}; set "
+                         "distributed_type: {} (or backend: one of {}), or num_processes: {}",
+                         c.num_processes, c.backend, join(types, " | "), join(names, ", "),
+                         part->info.max_processes));
   }
   if (c.main_process_port < 0 || c.main_process_port > 65535) {
     fail_key(
@@ -74,55 +84,8 @@ void validate_config(const Config& c, const LineMap& lines) {
                                                     c.ddp_first_bucket_cap_mb));
   }
 
-  const FsdpConfig& f = c.fsdp;
-  if (f.min_num_params < 0) {
-    fail_key("fsdp_config.fsdp_min_num_params",
-             fmt::format("fsdp_config.fsdp_min_num_params ({}) must not be negative", f.min_num_params));
-  }
-  if (f.version != 1 && f.version != 2) {
-    fail_key("fsdp_config.fsdp_version",
-             fmt::format("fsdp_config.fsdp_version ({}) must be 1 or 2", f.version));
-  }
-  if (c.backend == BackendKind::Fsdp && f.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap &&
-      f.transformer_layer_cls_to_wrap.empty()) {
-    fail_key("fsdp_config.fsdp_auto_wrap_policy",
-             "fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
-             "fsdp_config.fsdp_transformer_layer_cls_to_wrap (comma-separated module names as returned by "
-             "Module::name()); set it, or use PER_CHILD_WRAP");
-  }
-
-  const ZeroConfig& z = c.zero;
-  if (z.stage < 0 || z.stage > 3) {
-    fail_key("deepspeed_config.zero_stage",
-             fmt::format("deepspeed_config.zero_stage ({}) must be 0, 1, 2 or 3", z.stage));
-  }
-  if (z.offload_param_device == OffloadDevice::Cpu && z.stage != 3) {
-    fail_key("deepspeed_config.offload_param_device",
-             fmt::format(
-                 "deepspeed_config.offload_param_device: cpu needs zero_stage 3, but zero_stage is {}; set "
-                 "zero_stage: 3 or offload_param_device: none",
-                 z.stage));
-  }
-  if (z.offload_optimizer_device == OffloadDevice::Cpu && z.stage == 0) {
-    fail_key(
-        "deepspeed_config.offload_optimizer_device",
-        "deepspeed_config.offload_optimizer_device: cpu needs zero_stage 1, 2 or 3, but zero_stage is 0; set "
-        "zero_stage or offload_optimizer_device: none");
-  }
-  if (!(z.gradient_clipping >= 0) || !std::isfinite(z.gradient_clipping)) {
-    fail_key("deepspeed_config.gradient_clipping",
-             fmt::format("deepspeed_config.gradient_clipping ({}) must be 0 (off) or a positive number",
-                         z.gradient_clipping));
-  }
-  const std::pair<const char*, uint64_t> buckets[] = {
-      {"reduce_bucket_size", z.reduce_bucket_size},
-      {"allgather_bucket_size", z.allgather_bucket_size},
-      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size}};
-  for (const auto& [name, bytes] : buckets) {
-    if (bytes == 0) {
-      const std::string key = join_path("deepspeed_config", name);
-      fail_key(key, fmt::format("{} must be a positive number of bytes", key));
-    }
+  for (const BackendPart& part : backend_parts()) {
+    if (part.validate) part.validate(c, fail_key);
   }
 }
 

@@ -53,32 +53,37 @@ std::string yaml_string(const std::string& text) {
 
 using namespace config_detail;
 
-std::string to_string(BackendKind kind) {
-  return canonical_text(backend_choices(), kind);
-}
 std::string to_string(MixedPrecision mode) {
   return canonical_text(mixed_precision_choices(), mode);
 }
-std::string to_string(ShardingStrategy strategy) {
-  return canonical_text(sharding_choices(), strategy);
-}
-std::string to_string(AutoWrapPolicy policy) {
-  return canonical_text(wrap_choices(), policy);
-}
-std::string to_string(BackwardPrefetch prefetch) {
-  return canonical_text(prefetch_choices(), prefetch);
-}
-std::string to_string(StateDictType type) {
-  return canonical_text(state_dict_choices(), type);
-}
-std::string to_string(OffloadDevice device) {
-  return canonical_text(offload_choices(), device);
+
+std::string parse_backend(const std::string& text) {
+  const std::optional<std::string> name = match_choice(backend_choices(), text);
+  if (!name) throw ConfigError(bad_choice_message("backend", backend_choices(), text), "", 0, "backend");
+  return *name;
 }
 
-BackendKind parse_backend(const std::string& text) {
-  const std::optional<BackendKind> kind = match_choice(backend_choices(), text);
-  if (!kind) throw ConfigError(bad_choice_message("backend", backend_choices(), text), "", 0, "backend");
-  return *kind;
+const std::vector<BackendInfo>& config_backends() {
+  static const std::vector<BackendInfo> kInfos = [] {
+    std::vector<BackendInfo> out;
+    for (const BackendPart& part : backend_parts())
+      out.push_back(part.info);
+    return out;
+  }();
+  return kInfos;
+}
+
+const BackendInfo* find_backend(const std::string& name) {
+  const BackendPart* part = find_part(name);
+  return part == nullptr ? nullptr : &part->info;
+}
+
+std::string backend_for_processes(const std::string& backend, int num_processes) {
+  const BackendInfo* info = find_backend(backend);
+  if (num_processes > 1 && info != nullptr && !info->multi_process_replacement.empty()) {
+    return backend_for_processes(info->multi_process_replacement, num_processes);
+  }
+  return backend;
 }
 
 MixedPrecision parse_mixed_precision(const std::string& text) {
@@ -90,31 +95,16 @@ MixedPrecision parse_mixed_precision(const std::string& text) {
   return *mode;
 }
 
-namespace {
+namespace config_detail {
 
-// Whether `a` and `b` agree on every setting of `section` (all sections when nullopt).
-bool agree(const Config& a, const Config& b, std::optional<Section> section) {
+bool agree(const Config& a, const Config& b, const std::optional<Section>& section) {
   for (const auto& row : schema()) {
     if (row.equal && (!section || row.section == *section) && !row.equal(a, b)) return false;
   }
   return true;
 }
 
-}  // namespace
-
-bool operator==(const FsdpConfig& a, const FsdpConfig& b) {
-  Config x, y;
-  x.fsdp = a;
-  y.fsdp = b;
-  return agree(x, y, Section::Fsdp);
-}
-
-bool operator==(const ZeroConfig& a, const ZeroConfig& b) {
-  Config x, y;
-  x.zero = a;
-  y.zero = b;
-  return agree(x, y, Section::DeepSpeed);
-}
+}  // namespace config_detail
 
 bool operator==(const Config& a, const Config& b) {
   return agree(a, b, std::nullopt);
@@ -123,7 +113,7 @@ bool operator==(const Config& a, const Config& b) {
 std::string Config::to_yaml() const {
   std::string out =
       "# accelerate-cpp configuration (Hugging Face Accelerate keys plus accelerate-cpp's own).\n";
-  for (const KeyRow* row : rows_of(Section::Top)) {
+  for (const KeyRow* row : rows_of(kTop)) {
     if (row->opens) {
       if (!section_in_use(*this, *row->opens)) {
         out += row->name + ": {}\n";
@@ -146,7 +136,7 @@ std::vector<ConfigKeyInfo> config_keys() {
   std::vector<ConfigKeyInfo> out;
   const Config defaults;
   for (const auto& row : schema()) {
-    const std::string section = section_key(row.section);
+    const std::string& section = row.section;
     ConfigKeyInfo info;
     info.path = section.empty() ? row.name : section + "." + row.name;
     info.default_value = row.write && !row.opens ? row.write(defaults) : std::string();

@@ -51,7 +51,6 @@ BackendDescriptor local_backend_descriptor() {
   d.name = "local";
   d.capabilities = [](const Config&) { return BackendCapabilities{}; };
   d.factory = make_local_backend;
-  d.multi_process_replacement = "ddp";
   return d;
 }
 

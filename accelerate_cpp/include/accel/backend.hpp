@@ -149,9 +149,6 @@ struct BackendDescriptor {
   BackendFactory factory;
   /// Whether the config asks for activation checkpointing of the Sequential blocks (may be empty: no).
   std::function<bool(const Config&)> activation_checkpointing;
-  /// When set, a run with several processes uses this backend instead (local -> ddp, as Accelerate infers
-  /// MULTI_CPU / MULTI_GPU from the launcher's environment).
-  std::string multi_process_replacement;
 };
 
 /// Backend descriptors by name. Filled explicitly by `register_builtin_backends`, never by static
@@ -160,8 +157,9 @@ class BackendRegistry {
  public:
   /// Registers (or replaces) a descriptor under its name.
   void add(BackendDescriptor descriptor);
-  /// The descriptor a run with `world_size` processes uses for `name` (following
-  /// `multi_process_replacement`); throws UnsupportedOperation naming the registered ones.
+  /// The descriptor a run with `world_size` processes uses for `name` (following the config's
+  /// `BackendInfo::multi_process_replacement`: local -> ddp); throws UnsupportedOperation naming the
+  /// registered ones.
   const BackendDescriptor& resolve(const std::string& name, int world_size) const;
   bool contains(const std::string& name) const;
   /// Registered names, sorted.

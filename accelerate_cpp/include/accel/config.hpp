@@ -8,7 +8,7 @@
 /// Example:
 /// \code
 ///   accel::Config config = accel::Config::load_file("accelerate.yaml");  // throws accel::ConfigError
-///   if (config.backend == accel::BackendKind::Fsdp) { ... }
+///   if (config.backend == "fsdp") { ... }
 ///   config.num_processes = 4;
 ///   config.save_file("out/accelerate.yaml");
 /// \endcode
@@ -17,6 +17,7 @@
 /// is local to the calling process.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,10 +26,8 @@
 
 namespace accel {
 
-/// Which training backend runs the job. In YAML either our `backend:` shorthand (`local|ddp|fsdp|zero`) or
-/// Accelerate's `distributed_type:` (`NO` -> local, `MULTI_CPU`/`MULTI_GPU` -> ddp, `FSDP` -> fsdp,
-/// `DEEPSPEED` -> zero). When both are given they must agree.
-enum class BackendKind { Local, Ddp, Fsdp, Zero };
+class Questions;
+struct Config;
 
 /// Mixed precision mode (`mixed_precision:` `no|fp16|bf16`). fp16 uses dynamic loss scaling.
 enum class MixedPrecision { No, Fp16, Bf16 };
@@ -131,8 +130,11 @@ struct Config {
   int config_version = 1;
   /// `compute_environment`: only `LOCAL_MACHINE` is supported.
   std::string compute_environment = "LOCAL_MACHINE";
-  /// Derived from `backend:` and/or `distributed_type:`.
-  BackendKind backend = BackendKind::Local;
+  /// The backend's name (`local`, `ddp`, `fsdp`, `zero`: see `config_backends()`), from `backend:` and/or
+  /// Accelerate's `distributed_type:` (`NO` -> local, `MULTI_CPU`/`MULTI_GPU` -> ddp, `FSDP` -> fsdp,
+  /// `DEEPSPEED` -> zero); when both are given they must agree. A program may set the name of a backend it
+  /// registered itself (`AcceleratorOptions::registry`); files name the built-in ones.
+  std::string backend = "local";
   /// `use_cpu`: run on CPU (Gloo) even when a GPU is present. `distributed_type: MULTI_CPU` implies it.
   bool use_cpu = false;
   /// `debug`: check every rank's tensor shapes before each collective so a mismatch is an error, not a hang.
@@ -227,8 +229,30 @@ struct ConfigKeyInfo {
 /// Every key the reader accepts, from the one schema that also drives reading, writing and equality.
 std::vector<ConfigKeyInfo> config_keys();
 
-/// `local`, `ddp`, `fsdp` or `zero`.
-std::string to_string(BackendKind kind);
+/// What the torch-free side of accelerate-cpp (the config, accel-launch) knows about one backend. Each
+/// backend folder (`backends/<name>/<name>_config.cpp`) describes itself, including the YAML section it owns,
+/// how it reads, checks and writes that section, and the questions `accel-launch config` asks about it.
+struct BackendInfo {
+  std::string name;                            ///< the `backend:` value ("zero")
+  std::string summary;                         ///< one line, shown by `accel-launch config`
+  std::vector<std::string> aliases;            ///< other `backend:` spellings ("deepspeed")
+  std::vector<std::string> distributed_types;  ///< Accelerate's `distributed_type:` values meaning it
+  std::string section;    ///< the YAML section of its settings ("deepspeed_config"), or ""
+  int max_processes = 0;  ///< 1 for a single-process backend; 0: any number
+  /// With several processes this backend is replaced by that one (local -> ddp, as Accelerate infers
+  /// MULTI_CPU / MULTI_GPU from the launcher); "" for none.
+  std::string multi_process_replacement;
+  /// Asks the questions of `accel-launch config` about this backend's settings (may be empty: none).
+  std::function<void(Questions&, Config&)> ask_settings;
+};
+
+/// The backends the config knows, in the order `accel-launch config` lists them.
+const std::vector<BackendInfo>& config_backends();
+/// The backend named `name` (canonical name; aliases are not followed), or nullptr.
+const BackendInfo* find_backend(const std::string& name);
+/// The backend a run of `num_processes` processes uses for `backend` (follows `multi_process_replacement`).
+std::string backend_for_processes(const std::string& backend, int num_processes);
+
 /// `no`, `fp16` or `bf16`.
 std::string to_string(MixedPrecision mode);
 /// The YAML spelling, e.g. `FULL_SHARD`.
@@ -242,9 +266,9 @@ std::string to_string(StateDictType type);
 /// `none` or `cpu`.
 std::string to_string(OffloadDevice device);
 
-/// Parses `local|ddp|fsdp|zero` (case-insensitive; `deepspeed` means `zero`). Throws ConfigError listing the
-/// allowed values.
-BackendKind parse_backend(const std::string& text);
+/// The canonical name of a backend from `local|ddp|fsdp|zero` (case-insensitive; aliases such as `deepspeed`
+/// for `zero` accepted). Throws ConfigError listing the allowed values.
+std::string parse_backend(const std::string& text);
 /// Parses `no|fp16|bf16` (case-insensitive; `false` means `no`). Throws ConfigError listing the allowed
 /// values.
 MixedPrecision parse_mixed_precision(const std::string& text);

@@ -3,7 +3,7 @@
 // block is an error naming key, file and the nearest valid key, unknown top-level keys are ignored with a
 // notice. "auto" values are resolved as Accelerate resolves them, DeepSpeed's defaults fill what the file
 // leaves out, and keys that map to nothing here are listed as notices, never silently dropped.
-#include "config_detail.hpp"
+#include "deepspeed_json.hpp"
 
 #include <nlohmann/json.hpp>
 

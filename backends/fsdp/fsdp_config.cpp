@@ -1,0 +1,235 @@
+// The fsdp backend's side of the config (torch-free; compiled into accel_config): the `fsdp_config:` section
+// (Accelerate's fsdp_* keys), FSDP2's fsdp_reshard_after_forward, its checks and its questions.
+#include "config_detail.hpp"
+
+namespace accel {
+namespace config_detail {
+namespace {
+
+const Section kSection = "fsdp_config";
+
+const ChoiceSet<ShardingStrategy>& sharding_choices() {
+  static const ChoiceSet<ShardingStrategy> kSet{{{"FULL_SHARD", ShardingStrategy::FullShard, true},
+                                                 {"SHARD_GRAD_OP", ShardingStrategy::ShardGradOp, true},
+                                                 {"NO_SHARD", ShardingStrategy::NoShard, true},
+                                                 {"1", ShardingStrategy::FullShard, false},
+                                                 {"2", ShardingStrategy::ShardGradOp, false},
+                                                 {"3", ShardingStrategy::NoShard, false}},
+                                                {"HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "4", "5"}};
+  return kSet;
+}
+
+const ChoiceSet<AutoWrapPolicy>& wrap_choices() {
+  static const ChoiceSet<AutoWrapPolicy> kSet{
+      {{"TRANSFORMER_BASED_WRAP", AutoWrapPolicy::TransformerBasedWrap, true},
+       {"SIZE_BASED_WRAP", AutoWrapPolicy::SizeBasedWrap, true},
+       {"NO_WRAP", AutoWrapPolicy::NoWrap, true},
+       {"PER_CHILD_WRAP", AutoWrapPolicy::PerChildWrap, true}},
+      {}};
+  return kSet;
+}
+
+const ChoiceSet<BackwardPrefetch>& prefetch_choices() {
+  static const ChoiceSet<BackwardPrefetch> kSet{{{"BACKWARD_PRE", BackwardPrefetch::BackwardPre, true},
+                                                 {"BACKWARD_POST", BackwardPrefetch::BackwardPost, true},
+                                                 {"NO_PREFETCH", BackwardPrefetch::NoPrefetch, true}},
+                                                {}};
+  return kSet;
+}
+
+const ChoiceSet<StateDictType>& state_dict_choices() {
+  static const ChoiceSet<StateDictType> kSet{{{"FULL_STATE_DICT", StateDictType::FullStateDict, true},
+                                              {"SHARDED_STATE_DICT", StateDictType::ShardedStateDict, true}},
+                                             {"LOCAL_STATE_DICT"}};
+  return kSet;
+}
+
+std::vector<KeyRow> fsdp_rows() {
+  std::vector<KeyRow> rows;
+  rows.push_back(section_row(kSection, "fsdp_*", "settings of the fsdp backend (keys below)"));
+  {
+    KeyRow r = setting(
+        "fsdp_sharding_strategy", kSection, "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD (or Accelerate's 1, 2, 3)",
+        [](auto& c) -> auto& { return c.fsdp.sharding_strategy; }, choice(sharding_choices),
+        write_enum<ShardingStrategy>, "NO_SHARD");
+    rows.push_back(r);
+  }
+  {
+    KeyRow r;
+    r.name = "fsdp_reshard_after_forward";
+    r.section = kSection;
+    r.doc = "FSDP2's name for the strategy: true is FULL_SHARD, false SHARD_GRAD_OP";
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { rd.boolean(e); };  // see resolve
+    rows.push_back(r);
+  }
+  rows.push_back(setting(
+      "fsdp_auto_wrap_policy", kSection,
+      "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP | PER_CHILD_WRAP (how the model is cut into "
+      "units)",
+      [](auto& c) -> auto& { return c.fsdp.auto_wrap_policy; }, choice(wrap_choices),
+      write_enum<AutoWrapPolicy>, "TRANSFORMER_BASED_WRAP"));
+  rows.push_back(setting(
+      "fsdp_min_num_params", kSection, "minimum parameters per unit for SIZE_BASED_WRAP",
+      [](auto& c) -> auto& { return c.fsdp.min_num_params; },
+      [](const Reader& r, const Entry& e) {
+        return static_cast<std::int64_t>(
+            std::min<std::uint64_t>(r.count(e, 0, kNonNegativeInt),
+                                    static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())));
+      },
+      write_int, "1000"));
+  rows.push_back(setting(
+      "fsdp_transformer_layer_cls_to_wrap", kSection,
+      "comma-separated module names (Module::name()) for TRANSFORMER_BASED_WRAP",
+      [](auto& c) -> auto& { return c.fsdp.transformer_layer_cls_to_wrap; }, text(),
+      [](const std::string& s) { return s.empty() ? std::string("null") : yaml_string(s); },
+      "'Block, it''s'"));
+  rows.push_back(setting(
+      "fsdp_backward_prefetch", kSection, "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH",
+      [](auto& c) -> auto& { return c.fsdp.backward_prefetch; }, choice(prefetch_choices),
+      write_enum<BackwardPrefetch>, "NO_PREFETCH"));
+  {
+    KeyRow r =
+        ignored("fsdp_backward_prefetch_policy", kSection, "older Accelerate name of fsdp_backward_prefetch");
+    r.read = [](Reader& rd, const Entry& e, Config& c, Pending&) {
+      c.fsdp.backward_prefetch = rd.choice(e, prefetch_choices());
+    };
+    rows.push_back(r);
+  }
+  rows.push_back(setting(
+      "fsdp_forward_prefetch", kSection, "gather the next unit during forward",
+      [](auto& c) -> auto& { return c.fsdp.forward_prefetch; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "fsdp_offload_params", kSection, "keep sharded parameters and optimizer state on CPU",
+      [](auto& c) -> auto& { return c.fsdp.offload_params; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "fsdp_state_dict_type", kSection, "FULL_STATE_DICT | SHARDED_STATE_DICT",
+      [](auto& c) -> auto& { return c.fsdp.state_dict_type; }, choice(state_dict_choices),
+      write_enum<StateDictType>, "SHARDED_STATE_DICT"));
+  rows.push_back(setting(
+      "fsdp_activation_checkpointing", kSection, "recompute each unit's activations in backward",
+      [](auto& c) -> auto& { return c.fsdp.activation_checkpointing; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "fsdp_version", kSection, "1 or 2 (both run the same implementation)",
+      [](auto& c) -> auto& { return c.fsdp.version; }, int_in(1, 2, "1 or 2"), write_int, "2"));
+  rows.push_back(setting(
+      "fsdp_cpu_ram_efficient_loading", kSection, "only rank 0 materialises full weights when loading",
+      [](auto& c) -> auto& { return c.fsdp.cpu_ram_efficient_loading; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "fsdp_sync_module_states", kSection, "broadcast rank 0's parameters and buffers at prepare",
+      [](auto& c) -> auto& { return c.fsdp.sync_module_states; }, boolean(), write_bool, "false"));
+  rows.push_back(setting(
+      "fsdp_use_orig_params", kSection, "accepted for Accelerate; the user's parameters always stay usable",
+      [](auto& c) -> auto& { return c.fsdp.use_orig_params; }, boolean(), write_bool, "false"));
+
+  return rows;
+}
+
+// FSDP2's fsdp_reshard_after_forward names the strategy too: the two must agree.
+void resolve_fsdp(const Reader& r, Config& c, const Pending& p) {
+  const Entry* reshard = p.find(kSection + ".fsdp_reshard_after_forward");
+  if (reshard == nullptr) return;
+  const bool value = r.boolean(*reshard);
+  const ShardingStrategy implied = value ? ShardingStrategy::FullShard : ShardingStrategy::ShardGradOp;
+  const Entry* strategy = p.find(kSection + ".fsdp_sharding_strategy");
+  if (strategy && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
+      c.fsdp.sharding_strategy != implied) {
+    r.fail_at(
+        *reshard,
+        fmt::format("{}: {} disagrees with fsdp_sharding_strategy '{}' (line {}); reshard_after_forward "
+                    "true means FULL_SHARD and false means SHARD_GRAD_OP: make them agree or remove one",
+                    reshard->path, yaml_bool(value), strategy->value.Scalar(), strategy->line));
+  }
+  if (!strategy) c.fsdp.sharding_strategy = implied;
+}
+
+void validate_fsdp(const Config& c, const FailKey& fail_key) {
+  const FsdpConfig& f = c.fsdp;
+  if (f.min_num_params < 0) {
+    fail_key("fsdp_config.fsdp_min_num_params",
+             fmt::format("fsdp_config.fsdp_min_num_params ({}) must not be negative", f.min_num_params));
+  }
+  if (f.version != 1 && f.version != 2) {
+    fail_key("fsdp_config.fsdp_version",
+             fmt::format("fsdp_config.fsdp_version ({}) must be 1 or 2", f.version));
+  }
+  if (c.backend == "fsdp" && f.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap &&
+      f.transformer_layer_cls_to_wrap.empty()) {
+    fail_key("fsdp_config.fsdp_auto_wrap_policy",
+             "fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
+             "fsdp_config.fsdp_transformer_layer_cls_to_wrap (comma-separated module names as returned by "
+             "Module::name()); set it, or use PER_CHILD_WRAP");
+  }
+}
+
+void ask_fsdp(Questions& q, Config& config) {
+  FsdpConfig& fsdp = config.fsdp;
+  fsdp.sharding_strategy =
+      std::vector<ShardingStrategy>{ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                    ShardingStrategy::NoShard}[q.ask_choice(
+          "What should be your FSDP sharding strategy?",
+          {{"FULL_SHARD", "shard parameters, gradients and optimizer state (like ZeRO-3)"},
+           {"SHARD_GRAD_OP", "shard gradients and optimizer state (like ZeRO-2)"},
+           {"NO_SHARD", "shard nothing (like DDP)"}},
+          0)];
+  fsdp.auto_wrap_policy =
+      std::vector<AutoWrapPolicy>{AutoWrapPolicy::TransformerBasedWrap, AutoWrapPolicy::SizeBasedWrap,
+                                  AutoWrapPolicy::NoWrap, AutoWrapPolicy::PerChildWrap}[q.ask_choice(
+          "What should be your FSDP auto wrap policy?",
+          {{"TRANSFORMER_BASED_WRAP", "one unit per module whose name() is in a list"},
+           {"SIZE_BASED_WRAP", "units of at least a minimum number of parameters"},
+           {"NO_WRAP", "the whole model is one unit"},
+           {"PER_CHILD_WRAP", "one unit per direct child module"}},
+          3)];
+  if (fsdp.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap) {
+    fsdp.transformer_layer_cls_to_wrap = q.ask_text(
+        "Which modules should be wrapped (comma-separated Module::name() values, e.g. TransformerBlock)?",
+        std::nullopt);
+  }
+  if (fsdp.auto_wrap_policy == AutoWrapPolicy::SizeBasedWrap) {
+    fsdp.min_num_params = q.ask_int64("What should be the minimum number of parameters of an FSDP unit?",
+                                      fsdp.min_num_params, 0, std::numeric_limits<int64_t>::max());
+  }
+  fsdp.offload_params =
+      q.ask_bool("Do you want to offload sharded parameters and optimizer state to CPU?", false);
+  fsdp.activation_checkpointing = q.ask_bool("Do you want to use activation checkpointing?", false);
+}
+
+}  // namespace
+
+BackendPart fsdp_config_part() {
+  BackendPart part;
+  part.info.name = "fsdp";
+  part.info.summary = "fully sharded data parallel (FSDP)";
+  part.info.distributed_types = {"FSDP"};
+  part.info.section = kSection;
+  part.info.ask_settings = ask_fsdp;
+  part.rows = fsdp_rows();
+  part.section_in_use = [](const Config& c) { return c.backend == "fsdp" || c.fsdp != FsdpConfig{}; };
+  part.resolve = resolve_fsdp;
+  part.validate = validate_fsdp;
+  return part;
+}
+
+}  // namespace config_detail
+
+std::string to_string(ShardingStrategy strategy) {
+  return config_detail::canonical_text(config_detail::sharding_choices(), strategy);
+}
+std::string to_string(AutoWrapPolicy policy) {
+  return config_detail::canonical_text(config_detail::wrap_choices(), policy);
+}
+std::string to_string(BackwardPrefetch prefetch) {
+  return config_detail::canonical_text(config_detail::prefetch_choices(), prefetch);
+}
+std::string to_string(StateDictType type) {
+  return config_detail::canonical_text(config_detail::state_dict_choices(), type);
+}
+
+bool operator==(const FsdpConfig& a, const FsdpConfig& b) {
+  Config x, y;
+  x.fsdp = a;
+  y.fsdp = b;
+  return config_detail::agree(x, y, config_detail::kSection);
+}
+
+}  // namespace accel

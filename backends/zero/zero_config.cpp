@@ -1,0 +1,226 @@
+// The zero backend's side of the config (torch-free; compiled into accel_config): the `deepspeed_config:`
+// section (Accelerate's DeepSpeed plugin keys), a DeepSpeed JSON file named by deepspeed_config_file
+// (deepspeed_json.cpp), its checks and its questions.
+#include "deepspeed_json.hpp"
+
+#include <filesystem>
+
+namespace accel {
+namespace config_detail {
+namespace {
+
+const Section kSection = "deepspeed_config";
+
+const ChoiceSet<OffloadDevice>& offload_choices() {
+  static const ChoiceSet<OffloadDevice> kSet{
+      {{"none", OffloadDevice::None, true}, {"cpu", OffloadDevice::Cpu, true}}, {"nvme"}};
+  return kSet;
+}
+
+std::vector<KeyRow> zero_rows() {
+  std::vector<KeyRow> rows;
+  rows.push_back(section_row(kSection, "DeepSpeed", "settings of the zero backend (keys below)"));
+  rows.push_back(setting(
+      "zero_stage", kSection, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)",
+      [](auto& c) -> auto& { return c.zero.stage; }, int_in(0, 3, "0, 1, 2 or 3"), write_int, "3"));
+  rows.push_back(setting(
+      "offload_optimizer_device", kSection, "none | cpu (needs stage >= 1)",
+      [](auto& c) -> auto& { return c.zero.offload_optimizer_device; }, choice(offload_choices),
+      write_enum<OffloadDevice>, "cpu"));
+  rows.push_back(setting(
+      "offload_param_device", kSection, "none | cpu (needs stage 3)",
+      [](auto& c) -> auto& { return c.zero.offload_param_device; }, choice(offload_choices),
+      write_enum<OffloadDevice>, "cpu"));
+  {
+    KeyRow r;
+    r.name = "gradient_accumulation_steps";
+    r.section = kSection;
+    r.doc = "must agree with the top-level gradient_accumulation_steps";
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) {
+      rd.integer(e, 1, std::numeric_limits<int>::max(), kPositiveInt);  // see resolve
+    };
+    rows.push_back(r);
+  }
+  rows.push_back(setting(
+      "gradient_clipping", kSection, "max global gradient norm; 0 disables",
+      [](auto& c) -> auto& { return c.zero.gradient_clipping; },
+      [](const Reader& r, const Entry& e) {
+        return r.number(e, 0, true, "a non-negative number (0 disables)");
+      },
+      write_number, "0.5"));
+  rows.push_back(setting(
+      "zero3_init_flag", kSection, "construct parameters already partitioned (no effect in LibTorch)",
+      [](auto& c) -> auto& { return c.zero.zero3_init_flag; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "zero3_save_16bit_model", kSection, "save_state also writes a consolidated 16-bit model",
+      [](auto& c) -> auto& { return c.zero.zero3_save_16bit_model; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "reduce_bucket_size", kSection, "gradient reduce-scatter bucket, in bytes (5e8 accepted)",
+      [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes(), write_u64, "123"));
+  rows.push_back(setting(
+      "overlap_comm", kSection, "stage 2 reduces a bucket while backward fills the next",
+      [](auto& c) -> auto& { return c.zero.overlap_comm; }, boolean(), write_bool, "false"));
+  rows.push_back(setting(
+      "allgather_bucket_size", kSection, "parameter all-gather bucket, in bytes",
+      [](auto& c) -> auto& { return c.zero.allgather_bucket_size; }, bytes(), write_u64, "456"));
+  rows.push_back(setting(
+      "stage3_prefetch_bucket_size", kSection, "bytes of parameters prefetched ahead in stage 3",
+      [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes(), write_u64, "789"));
+  rows.push_back(setting(
+      "activation_checkpointing", kSection, "(accelerate-cpp) recompute activations in backward",
+      [](auto& c) -> auto& { return c.zero.activation_checkpointing; }, boolean(), write_bool, "true"));
+  rows.push_back(ignored("deepspeed_multinode_launcher", kSection,
+                         "accepted, ignored (accel-launch starts every rank)"));
+  {
+    KeyRow r = ignored(
+        "deepspeed_config_file", kSection,
+        "a DeepSpeed JSON config (ds_config.json) read by DeepSpeed's rules instead of the keys above");
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { rd.string(e); };  // see resolve
+    rows.push_back(r);
+  }
+
+  return rows;
+}
+
+void resolve_zero(const Reader& r, Config& c, const Pending& p) {
+  const Entry* gas = p.find("gradient_accumulation_steps");
+  if (const Entry* ds = p.find(kSection + ".gradient_accumulation_steps")) {
+    const int ds_value = static_cast<int>(r.integer(*ds, 1, std::numeric_limits<int>::max(), kPositiveInt));
+    if (gas && ds_value != c.gradient_accumulation_steps) {
+      r.fail_at(*ds, fmt::format("{}: {} disagrees with gradient_accumulation_steps {} (line {}); make them "
+                                 "agree or remove one of them",
+                                 ds->path, ds_value, c.gradient_accumulation_steps, gas->line));
+    }
+    c.gradient_accumulation_steps = ds_value;
+  }
+
+  const Entry* file = p.find(kSection + ".deepspeed_config_file");
+  if (file == nullptr) return;
+  if (c.backend != "zero") {
+    r.fail_at(*file, fmt::format(
+                         "{}: a DeepSpeed config file needs distributed_type: DEEPSPEED (backend: zero), but "
+                         "the backend is {}",
+                         file->path, c.backend));
+  }
+  // Settings of the section besides the file (which decides them).
+  std::vector<std::string> yaml_keys;
+  for (const auto& [path, entry] : p.seen) {
+    if (path.rfind(kSection + ".", 0) == 0 && entry.name != "deepspeed_config_file" &&
+        entry.name != "deepspeed_multinode_launcher" && entry.name != "zero3_init_flag") {
+      yaml_keys.push_back(path);
+    }
+  }
+  std::sort(yaml_keys.begin(), yaml_keys.end(), [&p](const std::string& a, const std::string& b) {
+    return p.seen.at(a).line < p.seen.at(b).line;
+  });
+  if (!yaml_keys.empty()) {
+    r.fail_at(*file, fmt::format("{}: with a DeepSpeed config file, {} must not be set here: the JSON file "
+                                 "decides them; remove them from deepspeed_config: (Accelerate refuses this "
+                                 "too)",
+                                 file->path, join(yaml_keys)));
+  }
+  // As given (relative to the working directory, as Accelerate reads it), else next to the YAML file.
+  std::string path = file->value.Scalar();
+  const std::filesystem::path yaml_dir = std::filesystem::path(r.source()).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && std::filesystem::path(path).is_relative() && !yaml_dir.empty() &&
+      std::filesystem::exists(yaml_dir / path, ec)) {
+    path = (yaml_dir / path).string();
+  }
+  DeepSpeedJsonContext context;
+  context.source = r.source();
+  context.line = file->line;
+  context.mixed_precision_set = p.find("mixed_precision") != nullptr;
+  context.gradient_accumulation_set = gas != nullptr;
+  apply_deepspeed_json(path, context, c);
+}
+
+void validate_zero(const Config& c, const FailKey& fail_key) {
+  const ZeroConfig& z = c.zero;
+  if (z.stage < 0 || z.stage > 3) {
+    fail_key("deepspeed_config.zero_stage",
+             fmt::format("deepspeed_config.zero_stage ({}) must be 0, 1, 2 or 3", z.stage));
+  }
+  if (z.offload_param_device == OffloadDevice::Cpu && z.stage != 3) {
+    fail_key("deepspeed_config.offload_param_device",
+             fmt::format(
+                 "deepspeed_config.offload_param_device: cpu needs zero_stage 3, but zero_stage is {}; set "
+                 "zero_stage: 3 or offload_param_device: none",
+                 z.stage));
+  }
+  if (z.offload_optimizer_device == OffloadDevice::Cpu && z.stage == 0) {
+    fail_key(
+        "deepspeed_config.offload_optimizer_device",
+        "deepspeed_config.offload_optimizer_device: cpu needs zero_stage 1, 2 or 3, but zero_stage is 0; set "
+        "zero_stage or offload_optimizer_device: none");
+  }
+  if (!(z.gradient_clipping >= 0) || !std::isfinite(z.gradient_clipping)) {
+    fail_key("deepspeed_config.gradient_clipping",
+             fmt::format("deepspeed_config.gradient_clipping ({}) must be 0 (off) or a positive number",
+                         z.gradient_clipping));
+  }
+  const std::pair<const char*, uint64_t> buckets[] = {
+      {"reduce_bucket_size", z.reduce_bucket_size},
+      {"allgather_bucket_size", z.allgather_bucket_size},
+      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size}};
+  for (const auto& [name, bytes] : buckets) {
+    if (bytes == 0) {
+      const std::string key = join_path("deepspeed_config", name);
+      fail_key(key, fmt::format("{} must be a positive number of bytes", key));
+    }
+  }
+}
+
+void ask_zero(Questions& q, Config& config) {
+  ZeroConfig& zero = config.zero;
+  zero.stage = static_cast<int>(q.ask_choice("What ZeRO optimization stage do you want?",
+                                             {{"0", "no sharding (like DDP)"},
+                                              {"1", "shard optimizer state"},
+                                              {"2", "shard optimizer state and gradients"},
+                                              {"3", "shard optimizer state, gradients and parameters"}},
+                                             2));
+  const std::vector<QuestionChoice> devices = {{"none", "keep it on the training device"},
+                                               {"cpu", "CPU memory"}};
+  const std::vector<OffloadDevice> device_kinds = {OffloadDevice::None, OffloadDevice::Cpu};
+  if (zero.stage >= 1) {
+    zero.offload_optimizer_device =
+        device_kinds[q.ask_choice("Where should the optimizer state be offloaded?", devices, 0)];
+  }
+  if (zero.stage == 3) {
+    zero.offload_param_device =
+        device_kinds[q.ask_choice("Where should the parameters be offloaded?", devices, 0)];
+  }
+  zero.activation_checkpointing = q.ask_bool("Do you want to use activation checkpointing?", false);
+}
+
+}  // namespace
+
+BackendPart zero_config_part() {
+  BackendPart part;
+  part.info.name = "zero";
+  part.info.summary = "ZeRO stages 0-3 with optional CPU offload (DeepSpeed-style)";
+  part.info.aliases = {"deepspeed"};
+  part.info.distributed_types = {"DEEPSPEED"};
+  part.info.section = kSection;
+  part.info.ask_settings = ask_zero;
+  part.rows = zero_rows();
+  part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
+  part.resolve = resolve_zero;
+  part.validate = validate_zero;
+  return part;
+}
+
+}  // namespace config_detail
+
+std::string to_string(OffloadDevice device) {
+  return config_detail::canonical_text(config_detail::offload_choices(), device);
+}
+
+bool operator==(const ZeroConfig& a, const ZeroConfig& b) {
+  Config x, y;
+  x.zero = a;
+  y.zero = b;
+  return config_detail::agree(x, y, config_detail::kSection);
+}
+
+}  // namespace accel
