@@ -4,6 +4,8 @@
 
 #include <accel/safetensors.hpp>
 
+#include "../accelerate_cpp/src/model_export.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -165,4 +167,83 @@ TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
     REQUIRE(seen[item.key()].first == expect_shape + "]");
     REQUIRE(seen[item.key()].second == Approx(t.to(torch::kFloat64).sum().item<double>()).epsilon(1e-9));
   }
+}
+
+TEST_CASE("export: max_shard_size strings as transformers reads them") {
+  CHECK(accel::detail::parse_shard_size("10GB") == 10000000000ULL);
+  CHECK(accel::detail::parse_shard_size("500MB") == 500000000ULL);
+  CHECK(accel::detail::parse_shard_size("2GiB") == 2147483648ULL);
+  CHECK(accel::detail::parse_shard_size("64kib") == 65536ULL);
+  CHECK(accel::detail::parse_shard_size("1.5KB") == 1500ULL);
+  CHECK(accel::detail::parse_shard_size("1234") == 1234ULL);
+  CHECK_THROWS_WITH(accel::detail::parse_shard_size("10 gigs"),
+                    Catch::Contains("max_shard_size '10 gigs' is not a size"));
+  CHECK_THROWS_AS(accel::detail::parse_shard_size("0"), UsageError);
+}
+
+TEST_CASE("export: shards are cut as huggingface_hub cuts them; a failed export keeps the earlier one") {
+  test::TempDir dir;
+  const auto out = dir.path / "export";
+  auto f32 = [](std::int64_t n) { return torch::arange(n, torch::kFloat32); };
+  {
+    accel::detail::ShardedExportWriter writer(out, 100);
+    writer.add("a", f32(30));  // 120 bytes > 100: a shard of its own, written at once
+    writer.add("b", f32(10));  // 40
+    writer.add("c", f32(10));  // 80
+    writer.add("d", f32(10));  // 120 > 100: b and c close a shard
+    CHECK(writer.held_bytes() == 40);
+    const ModelExport e = writer.finish();
+    CHECK(e.files ==
+          std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                   "model-00003-of-00003.safetensors", "model.safetensors.index.json"});
+    CHECK(e.total_bytes == 240);
+  }
+  const auto state = accel::detail::read_model_export(out);
+  REQUIRE(state.size() == 4);
+  CHECK(torch::equal(state.at("a"), f32(30)));
+  CHECK(torch::equal(state.at("d"), f32(10)));
+  const auto shard1 = safetensors::File::open((out / "model-00001-of-00003.safetensors").string());
+  CHECK(shard1.names() == std::vector<std::string>{"a"});
+  CHECK(shard1.metadata().at("format") == "pt");
+  {
+    accel::detail::ShardedExportWriter writer(out, 100);
+    writer.add("x", f32(3));
+    // Destroyed before finish (an error while exporting): the shards above stay, nothing new appears.
+  }
+  CHECK(accel::detail::read_model_export(out).size() == 4);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(out))
+    ++files;
+  CHECK(files == 4);
+  {
+    accel::detail::ShardedExportWriter writer(out, 1000);
+    writer.add("x", f32(3));
+    CHECK(writer.finish().files == std::vector<std::string>{"model.safetensors"});
+  }
+  CHECK(accel::detail::read_model_export(out).size() == 1);  // the earlier shards and index are gone
+  std::filesystem::remove(out / "model.safetensors");
+  CHECK_THROWS_WITH(accel::detail::read_model_export(out),
+                    Catch::Contains("has neither model.safetensors nor"));
+}
+
+TEST_CASE("export: save_model then load_model on one process; a missing shard is named") {
+  test::TempDir dir;
+  const auto out = (dir.path / "m").string();
+  torch::manual_seed(1);
+  Mlp model, other;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt, other);
+  const ModelExport e = acc.save_model(model, out, "100");
+  CHECK(e.files.size() == 4);  // fc1.weight (384 bytes) alone, then fc1.bias, then fc2.*; and the index
+  CHECK(e.total_bytes == (96 + 16 + 16 + 1) * 4);
+  acc.load_model(other, out);
+  const auto got = acc.get_state_dict(other);
+  const auto want = acc.get_state_dict(model);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k)
+    CHECK(torch::equal(got[k].second, want[k].second));
+  std::filesystem::remove(std::filesystem::path(out) / "model-00002-of-00003.safetensors");
+  CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("model-00002-of-00003.safetensors"));
+  CHECK_THROWS_WITH(acc.save_model(model, out, "lots"), Catch::Contains("max_shard_size 'lots'"));
 }

@@ -9,11 +9,13 @@
 #include "dist_common.hpp"
 
 #include <accel/optim.hpp>
+#include <accel/safetensors.hpp>
 #include <accel/sync_batchnorm.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -509,6 +511,155 @@ void load_saved() {
           test::snapshot(*fresh), expected, true);
 }
 
+// Four Linear(16, 16) layers (1088 bytes each), so sharding engines gather four units.
+torch::nn::Sequential export_model() {
+  return torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::ReLU(), torch::nn::Linear(16, 16),
+                               torch::nn::ReLU(), torch::nn::Linear(16, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 16));
+}
+
+// Float tensors to a safetensors file through the library's own writer, for Python and later processes.
+void write_reference(const NamedTensors& state, const std::string& path) {
+  std::vector<safetensors::TensorView> views;
+  for (const auto& [name, t] : state)
+    views.push_back({name, safetensors::DType::F32, t.sizes().vec(), t.data_ptr(),
+                     static_cast<std::size_t>(t.numel()) * t.element_size()});
+  safetensors::write_file(path, views);
+}
+
+// Hugging Face export: save_model writes shards plus an index (or one file) that Python's safetensors and a
+// transformers-style sharded loader read back bitwise; load_model restores them into a fresh prepared model;
+// get_state_dict(model, MainProcess) equals the all-ranks state on the main process and is empty elsewhere.
+// The measured peak of tensor bytes held stays below one shard plus one unit on the main process, and below
+// the whole model on the other ranks where parameters are sharded.
+void hf_export() {
+  namespace fs = std::filesystem;
+  torch::manual_seed(8);
+  auto model = export_model();
+  torch::manual_seed(9);
+  auto fresh = export_model();
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int world = acc.num_processes();
+  const bool main = acc.is_main_process();
+  auto opt = sgd(model->parameters());
+  acc.prepare(model, *opt, fresh);
+  const auto x = torch::randn({kBatch * world * kSteps, 16});
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    opt->zero_grad();
+    acc.backward(model->forward(rows(x, s, &acc, world)).pow(2).mean());
+    opt->step();
+  }
+  const NamedTensors reference = acc.get_state_dict(model);
+  std::uint64_t total = 0;
+  for (const auto& [name, t] : reference)
+    total += static_cast<std::uint64_t>(t.numel()) * t.element_size();
+
+  // The main-process-only state dict.
+  const NamedTensors on_main = acc.get_state_dict(model, StateDictOn::MainProcess);
+  if (main) {
+    CHECK_THAT(on_main.size() == reference.size(),
+               "main-process state dict has " << on_main.size() << " tensors, want " << reference.size());
+    for (std::size_t k = 0; k < std::min(on_main.size(), reference.size()); ++k) {
+      CHECK_THAT(
+          on_main[k].first == reference[k].first && torch::equal(on_main[k].second, reference[k].second),
+          "main-process state dict differs at " << reference[k].first);
+    }
+  } else {
+    CHECK_THAT(on_main.empty(),
+               "other ranks must get an empty main-process state dict, got " << on_main.size());
+  }
+
+  // One directory for every rank (the main process names it).
+  const std::string dir = acc.communicator().exchange(
+      (fs::temp_directory_path() / ("accel-hf-export-" + std::to_string(::getpid()))).string())[0];
+  const std::uint64_t max_shard = 1500;  // each Linear(16, 16) holds 1088 bytes: four shards
+  // An earlier single-file export in the directory is replaced by the shards.
+  const ModelExport single = acc.save_model(model, dir);
+  if (main) {
+    CHECK_THAT(single.files == std::vector<std::string>{"model.safetensors"}, "one file expected");
+  }
+  const ModelExport report = acc.save_model(model, dir, std::to_string(max_shard));
+  const std::uint64_t unit = 1088;
+  if (main) {
+    CHECK_THAT(report.files.size() == 5 && report.files.back() == "model.safetensors.index.json" &&
+                   report.files.front() == "model-00001-of-00004.safetensors",
+               "want 4 shards and the index, got " << report.files.size() << " files");
+    CHECK_THAT(!fs::exists(fs::path(dir) / "model.safetensors"), "the earlier single file must be gone");
+    CHECK_THAT(report.total_bytes == total, "total_size " << report.total_bytes << ", want " << total);
+    CHECK_THAT(report.peak_held_bytes <= max_shard + (acc.capabilities().shards_parameters ? unit : total),
+               "the main process held " << report.peak_held_bytes << " bytes at once");
+  } else {
+    CHECK_THAT(report.files.empty(), "only the main process writes");
+    if (acc.capabilities().shards_parameters) {
+      CHECK_THAT(report.peak_held_bytes <= unit && report.peak_held_bytes < total,
+                 "rank " << acc.process_index() << " held " << report.peak_held_bytes
+                         << " bytes at once; one unit is " << unit);
+    }
+  }
+  std::cout << backend_variant << " hf_export: rank " << acc.process_index() << " peak "
+            << report.peak_held_bytes << " bytes of a " << total << "-byte model (max_shard_size "
+            << max_shard << ")" << std::endl;
+
+  // Python: safetensors and a transformers-style sharded loader read the export back, bitwise.
+  if (main) {
+    const std::string reference_file = dir + ".reference.safetensors";
+    write_reference(reference, reference_file);
+    const std::string python = ACCEL_PYTHON;
+    CHECK_THAT(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
+    if (!python.empty()) {
+      const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/check_hf_export.py " + dir + " " +
+                                  reference_file + " " + std::to_string(max_shard);
+      CHECK_THAT(std::system(command.c_str()) == 0, "the Python check failed: " << command);
+    }
+    fs::remove(reference_file);
+  }
+
+  // load_model into a fresh prepared model gives the same weights.
+  acc.load_model(fresh, dir);
+  const NamedTensors loaded = acc.get_state_dict(fresh);
+  CHECK_THAT(loaded.size() == reference.size(), "load_model: " << loaded.size() << " tensors");
+  for (std::size_t k = 0; k < std::min(loaded.size(), reference.size()); ++k) {
+    CHECK_THAT(torch::equal(loaded[k].second, reference[k].second),
+               "load_model: " << reference[k].first << " differs from the exported weights");
+  }
+  if (main)
+    std::cout << backend_variant << " hf_export: load_model restores the exported weights" << std::endl;
+  acc.wait_for_everyone();
+  // For another world size and backend (scenario hf_import): the export and the weights it holds.
+  if (const char* out = std::getenv("ACCEL_TEST_SAVE_DIR"); out != nullptr && main) {
+    fs::copy(dir, fs::path(out) / "export",
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    write_reference(reference, (fs::path(out) / "reference.safetensors").string());
+  }
+  if (main) fs::remove_all(dir);
+}
+
+// Loads what hf_export wrote (ACCEL_TEST_SAVE_DIR) into a fresh model prepared on this row and world size.
+void hf_import() {
+  namespace fs = std::filesystem;
+  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
+  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  torch::manual_seed(9);
+  auto model = export_model();
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  acc.prepare(model);
+  acc.load_model(model, (fs::path(out) / "export").string());
+  const auto reference = safetensors::File::open((fs::path(out) / "reference.safetensors").string());
+  const NamedTensors got = acc.get_state_dict(model);
+  CHECK_THAT(got.size() == reference.names().size(),
+             "load_model gave " << got.size() << " tensors, the export holds " << reference.names().size());
+  for (const auto& [name, t] : got) {
+    const auto& info = reference.info(name);
+    const auto want =
+        torch::from_blob(const_cast<std::uint8_t*>(reference.data(name)), info.shape, torch::kFloat32);
+    CHECK_THAT(torch::equal(t, want), "load_model: " << name << " differs from the exported weights");
+  }
+  if (acc.is_main_process()) {
+    std::cout << backend_variant << " hf_import: " << acc.num_processes()
+              << " process(es) loaded the export bitwise" << std::endl;
+  }
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
@@ -523,7 +674,9 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"buffers", buffers},
           {"sync_batchnorm", sync_batchnorm},
           {"torch_save", torch_save},
-          {"load_saved", load_saved}};
+          {"load_saved", load_saved},
+          {"hf_export", hf_export},
+          {"hf_import", hf_import}};
 }
 
 }  // namespace dist

@@ -22,6 +22,13 @@ NamedTensors module_state(torch::nn::Module& module) {
   return out;
 }
 
+NamedTensors module_buffers(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& item : module.named_buffers())
+    out.emplace_back(item.key(), item.value().detach());
+  return out;
+}
+
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, torch::Tensor& dst) {

@@ -13,6 +13,8 @@ namespace accel::backends::detail {
 
 /// Parameters then buffers of `module`, detached, by name.
 NamedTensors module_state(torch::nn::Module& module);
+/// The module's buffers by name (detached, not copied).
+NamedTensors module_buffers(torch::nn::Module& module);
 /// Copies every parameter and buffer of `module` from `state`; CheckpointError on a missing or mis-shaped
 /// entry.
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);

@@ -286,6 +286,22 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     return out;
   }
 
+  void visit_model_state(const std::function<void(NamedTensors)>& sink) override {
+    std::lock_guard lock(mu_);
+    detail::Quiet quiet;
+    release_all();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      start_gather(u);
+      materialise(u);
+      NamedTensors piece;
+      for (auto index : units_[u].params)
+        piece.emplace_back(names_[index], params_[index].detach());
+      sink(std::move(piece));
+      release(u);
+    }
+    sink(detail::module_buffers(*model_));
+  }
+
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     std::lock_guard lock(mu_);
     detail::Quiet quiet;

@@ -231,6 +231,12 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     return state;
   }
 
+  void visit_model_state(const std::function<void(NamedTensors)>& sink) override {
+    sync_parameters();
+    detail::Quiet quiet;
+    sink(detail::module_state(*model_));  // the parameters are whole on every rank: no copy
+  }
+
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     sync_parameters();
     detail::Quiet quiet;

@@ -74,6 +74,24 @@ struct AcceleratorOptions {
   std::shared_ptr<const BackendRegistry> registry_;
 };
 
+/// Where `get_state_dict(model, where)` returns the state.
+enum class StateDictOn {
+  AllProcesses,  ///< every rank gets the whole state (as get_state_dict(model))
+  MainProcess    ///< the main process gets it on the CPU; the others get an empty list
+};
+
+/// What `Accelerator::save_model` wrote.
+struct ModelExport {
+  /// File names inside the directory: `model.safetensors`, or the shards in order then the index. Empty on
+  /// ranks other than the main process.
+  std::vector<std::string> files;
+  /// Sum of the tensors' sizes in bytes (the index's `metadata.total_size`).
+  std::uint64_t total_bytes = 0;
+  /// The most tensor bytes this process held at once for the export: the shard being filled plus the piece
+  /// (one unit of a sharded model) being handed over. Measured, not computed from the plan.
+  std::uint64_t peak_held_bytes = 0;
+};
+
 /// The training-loop facade. One per process; not thread-safe. Methods marked "collective" must be called
 /// on every rank in the same order.
 class Accelerator {
@@ -151,8 +169,34 @@ class Accelerator {
   NamedTensors get_state_dict(M& model) {
     return model_state(model_index(as_module(model)));
   }
+  /// The same, gathered to the main process only: other ranks get an empty list and never hold the whole
+  /// model (a sharded model is gathered one unit at a time). Tensors are on the CPU. Collective.
+  template <class M>
+  NamedTensors get_state_dict(M& model, StateDictOn where) {
+    return where == StateDictOn::MainProcess ? main_process_state(model_index(as_module(model)))
+                                             : model_state(model_index(as_module(model)));
+  }
   /// The same for the only prepared model; UsageError when several are prepared. Collective.
   NamedTensors get_state_dict();
+
+  /// Exports a prepared model's full weights as Hugging Face does (`save_pretrained` / Accelerate's
+  /// `save_model`): `dir/model.safetensors`, or, when they exceed `max_shard_size` ("10GB", "500MB", "2GiB"
+  /// or bytes), `model-0000k-of-0000n.safetensors` shards plus `model.safetensors.index.json`, readable by
+  /// Python's safetensors and transformers' sharded loading. Only the main process writes; a sharded model is
+  /// gathered one unit at a time, so the main process holds at most one shard plus one unit and the other
+  /// ranks one unit. Weights of an earlier export in `dir` are replaced only once the new files are complete.
+  /// Collective.
+  template <class M>
+  ModelExport save_model(M& model, const std::string& dir, const std::string& max_shard_size = "10GB") {
+    return save_model_at(model_index(as_module(model)), dir, max_shard_size);
+  }
+  /// Loads an export written by `save_model` (one file or shards with their index; by any backend and number
+  /// of processes) into a prepared model. Throws CheckpointError naming the missing file or tensor.
+  /// Collective.
+  template <class M>
+  void load_model(M& model, const std::string& dir) {
+    load_model_at(model_index(as_module(model)), dir);
+  }
 
   // ---- the step ------------------------------------------------------------------------------------------
   /// Replaces `loss.backward()`. Divides the loss by `gradient_accumulation_steps`, scales it for fp16, runs
@@ -362,6 +406,9 @@ class Accelerator {
 
   std::size_t model_index(const std::shared_ptr<torch::nn::Module>& model) const;
   NamedTensors model_state(std::size_t index);
+  NamedTensors main_process_state(std::size_t index);
+  ModelExport save_model_at(std::size_t index, const std::string& dir, const std::string& max_shard_size);
+  void load_model_at(std::size_t index, const std::string& dir);
   void begin_backward();
   void unscale_and_check();
   void rescale_gradients();

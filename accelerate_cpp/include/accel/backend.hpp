@@ -121,6 +121,11 @@ class Backend {
   /// Full (unsharded) model parameters and buffers by name (collective; get_state_dict, save_state).
   /// Default: unsupported.
   virtual NamedTensors model_state();
+  /// Hands the full parameters and buffers to `sink` in pieces (names unique across pieces) so that an export
+  /// never holds the whole model gathered: engines that shard parameters gather one unit per piece and
+  /// release it before the next. The tensors may be the model's own (read them before returning). `sink`
+  /// must not communicate. Default: one piece, `model_state()`. Collective.
+  virtual void visit_model_state(const std::function<void(NamedTensors piece)>& sink) { sink(model_state()); }
   /// Loads full model parameters and buffers; throws CheckpointError on missing or mis-shaped entries.
   /// Default: unsupported.
   virtual void load_model_state(const std::map<std::string, torch::Tensor>& state);

@@ -1,0 +1,107 @@
+// Accelerator: exporting a prepared model as Hugging Face does (save_model / load_model) and the main-process
+// state dict. The engines hand the state over one piece (unit) at a time; only the main process writes.
+#include <accel/accelerator.hpp>
+
+#include "model_export.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+namespace accel {
+namespace {
+
+std::uint64_t bytes_of(const NamedTensors& piece) {
+  std::uint64_t total = 0;
+  for (const auto& [name, t] : piece)
+    total += static_cast<std::uint64_t>(t.numel()) * t.element_size();
+  return total;
+}
+
+}  // namespace
+
+NamedTensors Accelerator::main_process_state(std::size_t index) {
+  auto& engine = *models_.at(index).engine;
+  engine.sync_parameters();
+  NamedTensors out;
+  engine.visit_model_state([&](NamedTensors piece) {
+    if (!is_main_process()) return;
+    for (auto& [name, t] : piece)
+      out.emplace_back(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  });
+  return out;
+}
+
+ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir,
+                                       const std::string& max_shard_size) {
+  // Every rank parses the size, so a bad one fails everywhere before any collective.
+  const std::uint64_t max_bytes = detail::parse_shard_size(max_shard_size);
+  auto& engine = *models_.at(index).engine;
+  engine.sync_parameters();
+
+  std::optional<detail::ShardedExportWriter> writer;
+  std::string failure;
+  if (is_main_process()) {
+    try {
+      writer.emplace(dir, max_bytes);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  // A failure on the main process stops its writing but not its part in the gathers, so no rank hangs; all
+  // ranks then throw the same error.
+  std::uint64_t peak = 0;
+  engine.visit_model_state([&](NamedTensors piece) {
+    const std::uint64_t piece_bytes = bytes_of(piece);
+    peak = std::max(peak, (writer ? writer->held_bytes() : 0) + piece_bytes);
+    if (!writer || !failure.empty()) return;
+    try {
+      for (const auto& [name, t] : piece) {
+        writer->add(name, t);
+        peak = std::max(peak, writer->held_bytes() + piece_bytes);
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  ModelExport out;
+  if (writer && failure.empty()) {
+    try {
+      out = writer->finish();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  writer.reset();  // an unfinished export removes its temporary files
+  const std::vector<std::string> failures = comm_->exchange(failure);
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    if (!failures[r].empty()) {
+      throw CheckpointError(
+          fmt::format("save_model to '{}' failed on rank {}: {}; the weights already in '{}' "
+                      "were left as they were",
+                      dir, r, failures[r], dir));
+    }
+  }
+  out.peak_held_bytes = peak;
+  return out;
+}
+
+void Accelerator::load_model_at(std::size_t index, const std::string& dir) {
+  std::map<std::string, torch::Tensor> state;
+  std::string failure;
+  try {
+    state = detail::read_model_export(dir);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const std::vector<std::string> failures = comm_->exchange(failure);
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    if (!failures[r].empty()) throw CheckpointError(fmt::format("rank {}: {}", r, failures[r]));
+  }
+  auto& engine = *models_.at(index).engine;
+  engine.sync_parameters();
+  engine.load_model_state(state);
+}
+
+}  // namespace accel

@@ -1,0 +1,57 @@
+#pragma once
+// Hugging Face-style model export: `model.safetensors`, or `model-0000k-of-0000n.safetensors` shards plus
+// `model.safetensors.index.json`, written from a stream of tensors (one unit of a sharded model at a time),
+// and read back. Local to the calling process; the Accelerator makes it collective.
+
+#include <accel/accelerator.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace accel::detail {
+
+/// Hugging Face's size strings: "10GB" (10^9), "500MB", "100KB", "5GiB" (2^30), "64MiB", "1KiB", or a plain
+/// number of bytes. Throws UsageError naming the value and the accepted forms.
+std::uint64_t parse_shard_size(const std::string& text);
+
+/// Writes tensors as they come into shards of at most `max_shard_bytes` (a tensor larger than that gets a
+/// shard of its own), as `huggingface_hub.split_torch_state_dict_into_shards` cuts a state dict. Shards go to
+/// hidden temporary files first; `finish` then removes the weights of an earlier export (`model.safetensors`,
+/// `model-*-of-*.safetensors`, the index) and renames the new files into place, so an interrupted export
+/// leaves the earlier one readable.
+class ShardedExportWriter {
+ public:
+  ShardedExportWriter(std::filesystem::path dir, std::uint64_t max_shard_bytes);
+  ~ShardedExportWriter();
+  ShardedExportWriter(const ShardedExportWriter&) = delete;
+  ShardedExportWriter& operator=(const ShardedExportWriter&) = delete;
+
+  /// Adds one tensor (copied to CPU, contiguous). Names must be unique.
+  void add(const std::string& name, const torch::Tensor& tensor);
+  /// Writes what is left, commits the files and returns what was written.
+  ModelExport finish();
+  /// Bytes of tensors held right now (the shard being filled).
+  std::uint64_t held_bytes() const { return held_; }
+
+ private:
+  void flush(std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
+  std::filesystem::path dir_;
+  std::uint64_t max_;
+  std::vector<std::pair<std::string, torch::Tensor>> current_;
+  std::uint64_t held_ = 0;
+  std::uint64_t total_ = 0;
+  std::vector<std::filesystem::path> temp_files_;      // in shard order
+  std::vector<std::vector<std::string>> shard_names_;  // tensor names of each shard
+  std::map<std::string, bool> seen_;
+  bool finished_ = false;
+};
+
+/// Every tensor of an export in `dir` (the index and its shards, or `model.safetensors`), on CPU. Throws
+/// CheckpointError naming the directory or file and the fix.
+std::map<std::string, torch::Tensor> read_model_export(const std::filesystem::path& dir);
+
+}  // namespace accel::detail
