@@ -2,6 +2,7 @@
 
 #include "test_support.hpp"
 
+#include <accel/objects_archive.hpp>
 #include <accel/safetensors.hpp>
 #include <accel/sync_batchnorm.hpp>
 
@@ -276,7 +277,7 @@ TEST_CASE("backends: every built-in engine has a config part, and every config p
   REQUIRE_THROWS_WITH(registry.resolve("mine", 1), Catch::Contains("backend 'mine' is not available"));
 }
 
-TEST_CASE("backends: a minimal engine trains under its own name; its optional operations throw") {
+TEST_CASE("backends: a minimal engine trains under its own name, and its optional operations throw") {
   auto registry = std::make_shared<BackendRegistry>();
   BackendDescriptor d;
   d.name = "minimal";
@@ -344,7 +345,7 @@ TEST_CASE("accelerator: set_seed makes runs repeatable") {
 }
 
 TEST_CASE(
-    "accelerator: settings without effect in this run are reported; zero3_save_16bit_model writes fp16") {
+    "accelerator: settings without effect in this run are reported, and zero3_save_16bit_model writes fp16") {
   Config c = test::make_config();
   c.backend = "zero";
   c.zero.stage = 3;
@@ -402,7 +403,7 @@ TEST_CASE("accelerator: stage 3 refuses tied parameters with a clear message") {
                       Catch::Contains("parameters 'head' and 'a.weight' share memory (tied weights)"));
 }
 
-TEST_CASE("SyncBatchNorm: unconnected it is BatchNorm; connected, its own backward matches BatchNorm's") {
+TEST_CASE("SyncBatchNorm: unconnected it is BatchNorm, and connected its own backward matches BatchNorm's") {
   torch::manual_seed(0);
   const auto x = torch::randn({6, 3, 4, 4}) * 2 + 1;
   const auto dy = torch::randn({6, 3, 4, 4});
@@ -444,4 +445,55 @@ TEST_CASE("SyncBatchNorm: unconnected it is BatchNorm; connected, its own backwa
   }
   accel::nn::SyncBatchNorm bad(3);
   REQUIRE_THROWS_WITH(bad(torch::randn({2, 4})), Catch::Contains("expected an input of shape (N, 3, ...)"));
+}
+
+namespace {
+struct Tagged {
+  std::string tag;
+  torch::Tensor t;
+  void save(torch::serialize::OutputArchive& a) const {
+    a.write("t", t);
+    a.write("tag", torch::tensor(std::vector<std::int64_t>(tag.begin(), tag.end())));
+  }
+  void load(torch::serialize::InputArchive& a) {
+    torch::Tensor chars;
+    a.read("t", t);
+    a.read("tag", chars);
+    tag.clear();
+    for (std::int64_t k = 0; k < chars.numel(); ++k)
+      tag += static_cast<char>(chars[k].item<std::int64_t>());
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "objects: codecs round-trip strings, numbers, containers and archive types, and truncation is an error") {
+  std::string bytes;
+  const std::map<std::string, std::vector<std::pair<int, double>>> value{{"a", {{1, 0.5}, {2, -1.0}}},
+                                                                         {"", {}}};
+  encode_object(bytes, value);
+  encode_object(bytes, std::string("with\0nul", 8));
+  encode_object(bytes, Tagged{"ema", torch::arange(3)});
+  std::string_view in(bytes);
+  CHECK(decode_object<std::map<std::string, std::vector<std::pair<int, double>>>>(in) == value);
+  CHECK(decode_object<std::string>(in) == std::string("with\0nul", 8));
+  const auto tagged = decode_object<Tagged>(in);
+  CHECK(tagged.tag == "ema");
+  CHECK(torch::equal(tagged.t, torch::arange(3)));
+  CHECK(in.empty());
+  std::string_view cut(bytes.data(), 5);
+  using Nested = std::map<std::string, std::vector<std::pair<int, double>>>;
+  CHECK_THROWS_WITH(decode_object<Nested>(cut), Catch::Contains("object bytes end early"));
+
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  CHECK(acc.gather_object(std::string("solo")) == std::vector<std::string>{"solo"});
+  CHECK(acc.gather_object(std::vector<int>{1, 2}) == std::vector<int>{1, 2});
+  std::vector<double> list{1.5};
+  acc.broadcast_object_list(list);
+  CHECK(list == std::vector<double>{1.5});
+  CHECK_FALSE(acc.check_trigger());
+  acc.set_trigger();
+  CHECK(acc.check_trigger());
+  CHECK_FALSE(acc.check_trigger());
+  CHECK_THROWS_AS(acc.broadcast_object_list(list, 1), UsageError);
 }

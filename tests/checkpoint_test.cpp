@@ -6,6 +6,7 @@
 
 #include "../accelerate_cpp/src/model_export.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -181,7 +182,7 @@ TEST_CASE("export: max_shard_size strings as transformers reads them") {
   CHECK_THROWS_AS(accel::detail::parse_shard_size("0"), UsageError);
 }
 
-TEST_CASE("export: shards are cut as huggingface_hub cuts them; a failed export keeps the earlier one") {
+TEST_CASE("export: shards are cut as huggingface_hub cuts them, and a failed export keeps the earlier one") {
   test::TempDir dir;
   const auto out = dir.path / "export";
   auto f32 = [](std::int64_t n) { return torch::arange(n, torch::kFloat32); };
@@ -226,7 +227,7 @@ TEST_CASE("export: shards are cut as huggingface_hub cuts them; a failed export 
                     Catch::Contains("has neither model.safetensors nor"));
 }
 
-TEST_CASE("export: save_model then load_model on one process; a missing shard is named") {
+TEST_CASE("export: save_model then load_model on one process, and a missing shard is named") {
   test::TempDir dir;
   const auto out = (dir.path / "m").string();
   torch::manual_seed(1);
@@ -246,4 +247,134 @@ TEST_CASE("export: save_model then load_model on one process; a missing shard is
   std::filesystem::remove(std::filesystem::path(out) / "model-00002-of-00003.safetensors");
   CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("model-00002-of-00003.safetensors"));
   CHECK_THROWS_WITH(acc.save_model(model, out, "lots"), Catch::Contains("max_shard_size 'lots'"));
+}
+
+namespace {
+
+// An object with its own save/load (as Accelerate's register_for_checkpointing takes state_dict owners).
+struct Counter {
+  std::int64_t value = 0;
+  void save(torch::serialize::OutputArchive& a) const { a.write("value", torch::tensor(value)); }
+  void load(torch::serialize::InputArchive& a) {
+    torch::Tensor t;
+    a.read("value", t);
+    value = t.item<std::int64_t>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoints: automatic naming, rotation after commit, resume from the newest, custom state") {
+  test::TempDir dir;
+  ProjectConfiguration project;
+  project.project_dir = (dir.path / "run").string();
+  project.automatic_checkpoint_naming = true;
+  project.total_limit = 2;
+  Regression data(8);
+  torch::manual_seed(0);
+  Mlp model, ema;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Counter counter;
+  double best = 0;
+  std::vector<std::string> hook_dirs;
+  Accelerator acc(AcceleratorOptions().config(test::make_config()).project_config(project));
+  acc.prepare(model, opt);
+  acc.register_for_checkpointing(ema);
+  acc.register_for_checkpointing(counter);
+  acc.register_for_checkpointing(
+      [&](torch::serialize::OutputArchive& a) { a.write("best", torch::tensor(best)); },
+      [&](torch::serialize::InputArchive& a) {
+        torch::Tensor t;
+        a.read("best", t);
+        best = t.item<double>();
+      });
+  acc.register_save_state_pre_hook([&](const std::string& d) {
+    std::ofstream(std::filesystem::path(d) / "notes.txt") << "best " << best << "\n";
+  });
+  acc.register_load_state_pre_hook([&](const std::string& d) { hook_dirs.push_back(d); });
+  const auto checkpoints = std::filesystem::path(project.project_dir) / "checkpoints";
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(checkpoints))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  std::vector<torch::Tensor> at_save_2;
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(data.x), data.y));
+    opt.step();
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t k = 0; k < ema->parameters().size(); ++k)
+        ema->parameters()[k].mul_(0.5).add_(model->parameters()[k], 0.5);
+    }
+    counter.value = 10 + i;
+    best = 0.5 * i;
+    const std::string written = acc.save_state();
+    CHECK(written == (checkpoints / ("checkpoint_" + std::to_string(i))).string());
+    if (i == 2) at_save_2 = test::snapshot(*ema);
+  }
+  // total_limit 2: the oldest went once the third was complete.
+  CHECK(listing() == std::vector<std::string>{"checkpoint_1", "checkpoint_2"});
+  CHECK(std::filesystem::exists(checkpoints / "checkpoint_2" / "notes.txt"));  // written by the save hook
+  CHECK(std::filesystem::exists(checkpoints / "checkpoint_2" / "custom_checkpoint_2.pt"));
+  CHECK(acc.project_configuration().iteration == 3);
+
+  // Everything changes, then load_state() brings back the newest checkpoint and continues the numbering.
+  counter.value = -1;
+  best = -1;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : ema->parameters())
+      p.zero_();
+  }
+  CHECK(acc.load_state() == (checkpoints / "checkpoint_2").string());
+  CHECK(hook_dirs == std::vector<std::string>{(checkpoints / "checkpoint_2").string()});
+  CHECK(counter.value == 12);
+  CHECK(best == 1.0);
+  const auto restored = test::snapshot(*ema);
+  for (std::size_t k = 0; k < restored.size(); ++k)
+    CHECK(torch::equal(restored[k], at_save_2[k]));
+  CHECK(acc.project_configuration().iteration == 3);
+  acc.save_state();
+  CHECK(listing() == std::vector<std::string>{"checkpoint_2", "checkpoint_3"});
+
+  // A half-written checkpoint (a crash before commit) is never the newest; a taken name is refused.
+  std::filesystem::create_directories(checkpoints / "checkpoint_9");  // no state file: incomplete
+  std::filesystem::create_directories(checkpoints / "checkpoint_7.tmp-1-abc");
+  CHECK(acc.load_state() == (checkpoints / "checkpoint_3").string());
+  CHECK(acc.project_configuration().iteration == 4);
+  std::filesystem::create_directories(checkpoints / "checkpoint_4");
+  CHECK_THROWS_WITH(acc.save_state(), Catch::Contains("checkpoint_4' already exists"));
+}
+
+TEST_CASE("checkpoints: misuse of automatic naming and of registered objects is named") {
+  test::TempDir dir;
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  {
+    Accelerator acc(AcceleratorOptions().config(test::make_config()));
+    acc.prepare(model, opt);
+    CHECK_THROWS_WITH(acc.save_state(), Catch::Contains("needs automatic checkpoint naming"));
+    CHECK_THROWS_WITH(acc.load_state(), Catch::Contains("pass the directory: load_state(dir)"));
+    Counter counter;
+    acc.register_for_checkpointing(counter);
+    acc.save_state((dir.path / "one").string());
+  }
+  {
+    ProjectConfiguration project;
+    project.project_dir = (dir.path / "empty").string();
+    project.automatic_checkpoint_naming = true;
+    Accelerator acc(AcceleratorOptions().config(test::make_config()).project_config(project));
+    acc.prepare(model, opt);
+    CHECK_THROWS_WITH(acc.load_state(), Catch::Contains("holds no complete checkpoint"));
+    CHECK_THROWS_WITH(acc.load_state((dir.path / "one").string()),
+                      Catch::Contains("holds 1 objects registered for checkpointing but 0 are registered"));
+  }
+  ProjectConfiguration negative;
+  negative.total_limit = -1;
+  CHECK_THROWS_AS(Accelerator(AcceleratorOptions().config(test::make_config()).project_config(negative)),
+                  UsageError);
 }

@@ -36,7 +36,7 @@ TEST_CASE("data: rank r takes batches r, r+N, ... (Accelerate's BatchSamplerShar
           std::vector<std::vector<std::size_t>>{{2, 3}, {6, 7}});
 }
 
-TEST_CASE("data: even_batches completes the last round from the start; off, ranks differ") {
+TEST_CASE("data: even_batches completes the last round from the start, and off, ranks differ") {
   // The cases of Accelerate's own tests: 3 samples with batch 1, 7 samples with batch 2, over 2 ranks.
   REQUIRE(counts(3, 1, 2, true) == std::vector<std::size_t>{2, 2});
   REQUIRE(counts(3, 1, 2, false) == std::vector<std::size_t>{2, 1});

@@ -23,6 +23,8 @@
 
 #include "dist_common.hpp"
 
+#include <accel/objects_archive.hpp>
+
 namespace dist {
 
 int failures = 0;
@@ -73,6 +75,13 @@ bool close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
 namespace {
 
 using namespace accel;
+
+// A type with LibTorch archive members, gathered through <accel/objects_archive.hpp>.
+struct Scores {
+  torch::Tensor values;
+  void save(torch::serialize::OutputArchive& a) const { a.write("values", values); }
+  void load(torch::serialize::InputArchive& a) { a.read("values", values); }
+};
 using namespace dist;
 using test::Mlp;
 using test::Regression;
@@ -213,6 +222,51 @@ void collectives() {
   }
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::filesystem::remove(marker);
+
+  // Objects: gather_object (one per rank, and lists concatenated as Accelerate does), broadcast_object_list,
+  // archive-serialisable types, and the early-stop trigger raised on one rank.
+  const auto names = acc.gather_object("rank " + std::to_string(r));
+  CHECK_THAT(names.size() == static_cast<std::size_t>(n) && names.back() == "rank " + std::to_string(n - 1),
+             "gather_object of strings: " << names.size() << " entries");
+  std::vector<std::pair<std::string, double>> mine_list;
+  for (int k = 0; k <= r; ++k)
+    mine_list.emplace_back("r" + std::to_string(r), 0.5 * k);
+  const auto flat = acc.gather_object(mine_list);  // rank r contributes r + 1 entries
+  CHECK_THAT(flat.size() == static_cast<std::size_t>(n * (n + 1) / 2) && flat.front().first == "r0" &&
+                 flat.back() == std::make_pair("r" + std::to_string(n - 1), 0.5 * (n - 1)),
+             "gather_object of lists concatenates in rank order: " << flat.size() << " entries");
+  const auto metrics_by_rank =
+      acc.gather_object(std::map<std::string, std::int64_t>{{"rank", r}, {"seen", 10 * r}});
+  for (int k = 0; k < n; ++k)
+    CHECK_THAT(metrics_by_rank[static_cast<std::size_t>(k)].at("seen") == 10 * k, "gather_object of maps");
+  Scores scores;
+  scores.values = torch::full({2}, static_cast<float>(r));
+  const auto all_scores = acc.gather_object(scores);
+  for (int k = 0; k < n; ++k)
+    CHECK_THAT(
+        torch::equal(all_scores[static_cast<std::size_t>(k)].values, torch::full({2}, static_cast<float>(k))),
+        "gather_object of an archive-serialisable type");
+  std::vector<std::string> files = {"only on the last rank"};
+  if (r != n - 1) files = {"stale", "values"};
+  acc.broadcast_object_list(files, n - 1);
+  CHECK_THAT(files == std::vector<std::string>{"only on the last rank"},
+             "broadcast_object_list from the last rank");
+  CHECK_THAT(!acc.check_trigger(), "no rank set the trigger");
+  if (r == n - 1) acc.set_trigger();
+  CHECK_THAT(acc.check_trigger(), "the trigger set on the last rank is seen on rank " << r);
+  CHECK_THAT(!acc.check_trigger(), "check_trigger resets it");
+  int ran = 0;
+  acc.on_main_process([&] { ++ran; });
+  acc.on_process(n - 1, [&] { ran += 10; });
+  CHECK_THAT(ran == (r == 0 ? 1 : 0) + (r == n - 1 ? 10 : 0), "on_main_process / on_process ran " << ran);
+  std::string error;
+  try {
+    acc.on_process(n, [] {});
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error.find("process " + std::to_string(n) + " does not exist") != std::string::npos,
+             "on_process of a missing process: '" << error << "'");
 }
 
 void metrics() {

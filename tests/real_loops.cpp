@@ -14,6 +14,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -660,6 +662,89 @@ void hf_import() {
   }
 }
 
+// Automatic checkpoints with a rank killed (SIGKILL) in the middle of a save (ACCEL_TEST_PHASE=crash), then
+// resumed (ACCEL_TEST_PHASE=resume): load_state() picks the newest complete checkpoint, which holds the
+// weights and the registered state of that moment, and the numbering continues after it.
+void auto_checkpoint() {
+  namespace fs = std::filesystem;
+  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
+  const char* phase_env = std::getenv("ACCEL_TEST_PHASE");
+  if (out == nullptr || phase_env == nullptr)
+    throw std::runtime_error("set ACCEL_TEST_SAVE_DIR and ACCEL_TEST_PHASE");
+  const std::string phase = phase_env;
+  ProjectConfiguration project;
+  project.project_dir = (fs::path(out) / "run").string();
+  project.automatic_checkpoint_naming = true;
+  project.total_limit = 2;
+  torch::manual_seed(0);
+  Mlp model;
+  auto opt = sgd(model->parameters());
+  std::int64_t steps = 0;
+  Accelerator acc(AcceleratorOptions().config(cpu_config()).project_config(project));
+  const int world = acc.num_processes();
+  acc.prepare(model, *opt);
+  acc.register_for_checkpointing(
+      [&](torch::serialize::OutputArchive& a) { a.write("steps", torch::tensor(steps)); },
+      [&](torch::serialize::InputArchive& a) {
+        torch::Tensor t;
+        a.read("steps", t);
+        steps = t.item<std::int64_t>();
+      });
+  Regression data(kBatch * world * kSteps);
+  auto train = [&](std::int64_t s) {
+    opt->zero_grad();
+    acc.backward(torch::mse_loss(model(rows(data.x, s, &acc, world)), rows(data.y, s, &acc, world)));
+    opt->step();
+    ++steps;
+  };
+  const fs::path checkpoints = fs::path(project.project_dir) / "checkpoints";
+  const std::string reference = (fs::path(out) / "at_checkpoint_1.safetensors").string();
+  if (phase == "crash") {
+    train(0);
+    acc.save_state();
+    train(1);
+    acc.save_state();
+    const NamedTensors state = acc.get_state_dict(model);
+    if (acc.is_main_process()) write_reference(state, reference);
+    train(2);
+    const int rank = acc.process_index();
+    acc.register_save_state_pre_hook([rank](const std::string&) {
+      if (rank == 1) {
+        std::cout << "auto_checkpoint: rank 1 killed while saving checkpoint_2" << std::endl;
+        ::raise(SIGKILL);
+      }
+    });
+    acc.save_state();
+    CHECK_THAT(false, "the save with a killed rank must not complete");
+    return;
+  }
+  const std::string loaded = acc.load_state();
+  CHECK_THAT(loaded == (checkpoints / "checkpoint_1").string(), "load_state() picked " << loaded);
+  CHECK_THAT(steps == 2, "the registered step counter is " << steps << ", want 2");
+  CHECK_THAT(acc.project_configuration().iteration == 2,
+             "the numbering continues at " << acc.project_configuration().iteration);
+  const auto want = safetensors::File::open(reference);
+  for (const auto& [name, t] : acc.get_state_dict(model)) {
+    const auto& info = want.info(name);
+    const auto w = torch::from_blob(const_cast<std::uint8_t*>(want.data(name)), info.shape, torch::kFloat32);
+    CHECK_THAT(torch::equal(t, w), "after load_state() " << name << " is not the weight of checkpoint_1");
+  }
+  train(2);
+  CHECK_THAT(acc.save_state() == (checkpoints / "checkpoint_2").string(),
+             "the next save is not checkpoint_2");
+  if (acc.is_main_process()) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(checkpoints))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK_THAT((names == std::vector<std::string>{"checkpoint_1", "checkpoint_2"}),
+               "checkpoints after the resumed save: " << names.size() << " entries, first " << names.front());
+    std::cout
+        << "auto_checkpoint: resumed from checkpoint_1 after a rank was killed while saving checkpoint_2"
+        << std::endl;
+  }
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
@@ -676,7 +761,8 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"torch_save", torch_save},
           {"load_saved", load_saved},
           {"hf_export", hf_export},
-          {"hf_import", hf_import}};
+          {"hf_import", hf_import},
+          {"auto_checkpoint", auto_checkpoint}};
 }
 
 }  // namespace dist

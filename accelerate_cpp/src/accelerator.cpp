@@ -1,6 +1,7 @@
 #include <accel/accelerator.hpp>
 #include <accel/checkpointing.hpp>
 #include <accel/env_contract.hpp>
+#include <accel/schedulers.hpp>
 #include <accel/sync_batchnorm.hpp>
 
 #include <ATen/autocast_mode.h>
@@ -77,6 +78,13 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   world_size_ = state_.world_size;
   rank_ = state_.rank;
   local_rank_ = state_.local_rank;
+  project_ = options.project_;
+  if (project_.total_limit < 0 || project_.iteration < 0) {
+    throw UsageError(
+        fmt::format("ProjectConfiguration: total_limit ({}) and iteration ({}) must not be negative "
+                    "(total_limit 0 keeps every checkpoint)",
+                    project_.total_limit, project_.iteration));
+  }
   if (!config_.use_cpu && torch::cuda::is_available()) {
     device_ =
         torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank_ % torch::cuda::device_count()));
@@ -246,6 +254,13 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
 
 void Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
   schedulers_.push_back(&scheduler);
+  // accel::sched schedules step once per real optimizer step (as Accelerate's AcceleratedScheduler): not on
+  // accumulation micro-steps, not after an fp16-skipped step.
+  if (auto* schedule = dynamic_cast<sched::Preparable*>(&scheduler)) {
+    schedule->set_step_gate([this] {
+      return sync_gradients() && std::none_of(skipped_.begin(), skipped_.end(), [](bool s) { return s; });
+    });
+  }
 }
 
 void Accelerator::complete_loader_options(DataLoaderOptions& options) const {

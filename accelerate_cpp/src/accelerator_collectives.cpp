@@ -74,6 +74,24 @@ void Accelerator::wait_for_everyone() {
   comm_->barrier();
 }
 
+std::vector<std::string> Accelerator::exchange_bytes(const std::string& mine) {
+  return comm_->exchange(mine);
+}
+
+void Accelerator::check_rank(int index, const char* what) const {
+  if (index < 0 || index >= world_size_) {
+    throw UsageError(fmt::format("{}: process {} does not exist; this run has processes 0..{}", what, index,
+                                 world_size_ - 1));
+  }
+}
+
+bool Accelerator::check_trigger() {
+  auto flag = torch::tensor({trigger_ ? 1.0f : 0.0f}, torch::TensorOptions().device(device_));
+  if (world_size_ > 1) comm_->all_reduce(flag, ReduceOp::Sum);
+  trigger_ = false;
+  return flag.item<float>() > 0;
+}
+
 void Accelerator::sync_parameters() {
   for (auto& m : models_)
     m.engine->sync_parameters();

@@ -10,6 +10,7 @@
 //   random_states_<rank>.safetensors              RNG states of each rank
 #include <accel/accelerator.hpp>
 #include <accel/detail/atomic_dir.hpp>
+#include <accel/schedulers.hpp>
 
 #include "optimizer_state.hpp"
 #include "tensor_io.hpp"
@@ -267,6 +268,8 @@ void Accelerator::save_state(const std::string& dir) {
   }
   const fs::path tmp = tmp_path;
   try {
+    for (const auto& hook : save_hooks_)
+      hook(tmp.string());
     write_state_files(tmp);
   } catch (const std::exception& e) {
     failure = e.what();
@@ -314,6 +317,13 @@ void Accelerator::write_state_files(const std::filesystem::path& tmp) {
     rng.emplace_back(d.str(), gen.get_state());
   }
   detail::write_tensors((tmp / fmt::format("random_states_{}.safetensors", rank_)).string(), rng);
+  if (rank_ == 0) {
+    for (std::size_t i = 0; i < custom_states_.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      custom_states_[i].save(archive);
+      archive.save_to((tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    }
+  }
 }
 
 void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
@@ -335,6 +345,13 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     state.emplace_back(fmt::format("scheduler.{}.step_count", i),
                        scalar(SchedulerAccess::step_count(*schedulers_[i])));
+    if (const auto* schedule = dynamic_cast<const sched::Preparable*>(schedulers_[i])) {
+      const auto extra = schedule->schedule_state();
+      if (!extra.empty()) {
+        state.emplace_back(fmt::format("scheduler.{}.state", i),
+                           torch::tensor(extra, torch::TensorOptions().dtype(torch::kFloat64)));
+      }
+    }
   }
   for (std::size_t i = 0; i < loaders_.size(); ++i) {
     state.emplace_back(fmt::format("loader.{}.epoch", i),
@@ -359,7 +376,8 @@ void Accelerator::write_main_state_files(const std::filesystem::path& tmp,
                                                 {"models", std::to_string(models_.size())},
                                                 {"optimizers", std::to_string(optimizers_.size())},
                                                 {"schedulers", std::to_string(schedulers_.size())},
-                                                {"loaders", std::to_string(loaders_.size())}};
+                                                {"loaders", std::to_string(loaders_.size())},
+                                                {"custom_objects", std::to_string(custom_states_.size())}};
   detail::write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
 }
 
@@ -372,6 +390,8 @@ void Accelerator::load_state(const std::string& dir) {
     throw CheckpointError(
         fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
   }
+  for (const auto& hook : load_hooks_)
+    hook(dir);
   const auto state_file = safetensors::File::open((root / "accelerator_state.safetensors").string());
   if (require(state_file, "format") != kFormat) {
     throw CheckpointError(fmt::format("{}: not an accelerate-cpp checkpoint", state_file.path()));
@@ -402,6 +422,17 @@ void Accelerator::load_state(const std::string& dir) {
   check_count("optimizers", optimizers_.size());
   check_count("schedulers", schedulers_.size());
   check_count("loaders", loaders_.size());
+  {
+    const auto saved = state_file.metadata().find("custom_objects");
+    const std::string count = saved == state_file.metadata().end() ? "0" : saved->second;
+    if (count != std::to_string(custom_states_.size())) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} objects registered for checkpointing but "
+                      "{} are registered; call register_for_checkpointing for the same "
+                      "objects, in the same order, as when saving",
+                      dir, count, custom_states_.size()));
+    }
+  }
 
   for (std::size_t i = 0; i < models_.size(); ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
@@ -441,6 +472,13 @@ void Accelerator::load_state(const std::string& dir) {
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     SchedulerAccess::step_count(*schedulers_[i]) =
         static_cast<unsigned>(get(fmt::format("scheduler.{}.step_count", i)));
+    const auto extra_key = fmt::format("scheduler.{}.state", i);
+    if (auto* schedule = dynamic_cast<sched::Preparable*>(schedulers_[i]);
+        schedule && state_file.contains(extra_key)) {
+      const auto t = detail::read_tensor(state_file, extra_key).to(torch::kFloat64).contiguous();
+      schedule->load_schedule_state(
+          std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()));
+    }
   }
   for (std::size_t i = 0; i < loaders_.size(); ++i) {
     auto& l = *loaders_[i];
@@ -475,6 +513,11 @@ void Accelerator::load_state(const std::string& dir) {
     }
     scaler_->load_state_dict({{"scale", detail::read_tensor(state_file, "scaler.scale")},
                               {"growth_tracker", detail::read_tensor(state_file, "scaler.growth_tracker")}});
+  }
+  for (std::size_t i = 0; i < custom_states_.size(); ++i) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((root / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    custom_states_[i].load(archive);
   }
   const auto rng_path = root / fmt::format("random_states_{}.safetensors", rank_);
   if (convert && !fs::exists(rng_path)) {

@@ -26,6 +26,7 @@
 #include <accel/errors.hpp>
 #include <accel/grad_scaler.hpp>
 #include <accel/memory.hpp>
+#include <accel/objects.hpp>
 
 #include <torch/data/dataloader_options.h>
 #include <torch/data/samplers/random.h>
@@ -36,15 +37,43 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+
 namespace accel {
+
+/// Where checkpoints go and how many are kept, as Accelerate's `ProjectConfiguration`.
+/// \code
+///   accel::ProjectConfiguration project;
+///   project.project_dir = "runs/exp1";
+///   project.automatic_checkpoint_naming = true;  // save_state() -> runs/exp1/checkpoints/checkpoint_<i>
+///   project.total_limit = 3;                     // keep the three newest
+///   accel::Accelerator acc(accel::AcceleratorOptions().project_config(project));
+/// \endcode
+struct ProjectConfiguration {
+  /// Base directory; automatic checkpoints go to `<project_dir>/checkpoints/checkpoint_<iteration>`.
+  std::string project_dir;
+  /// `save_state()` / `load_state()` without a directory use the automatic names.
+  bool automatic_checkpoint_naming = false;
+  /// Keep at most this many automatic checkpoints; the oldest is deleted only after a new one is complete.
+  /// 0 keeps all.
+  int total_limit = 0;
+  /// The number of the next automatic checkpoint; `load_state()` sets it to the loaded one's plus one.
+  int iteration = 0;
+};
 
 /// Overrides applied on top of the config file. Example:
 /// `Accelerator
@@ -60,6 +89,8 @@ struct AcceleratorOptions {
   AcceleratorOptions& cpu(bool v) { return cpu_ = v, *this; }
   /// Process layout to use instead of reading the environment (tests, custom launchers).
   AcceleratorOptions& process_state(ProcessState v) { return process_state_ = std::move(v), *this; }
+  /// Checkpoint directory, automatic naming and rotation (see ProjectConfiguration).
+  AcceleratorOptions& project_config(ProjectConfiguration v) { return project_ = std::move(v), *this; }
   /// Backend registry to pick from (default: the built-in backends).
   AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
     return registry_ = std::move(v), *this;
@@ -72,6 +103,7 @@ struct AcceleratorOptions {
   std::optional<bool> cpu_;
   std::optional<ProcessState> process_state_;
   std::shared_ptr<const BackendRegistry> registry_;
+  ProjectConfiguration project_;
 };
 
 /// Where `get_state_dict(model, where)` returns the state.
@@ -304,6 +336,68 @@ class Accelerator {
   /// Blocks until every rank reaches this point, after bringing every model's parameters up to date (so the
   /// main process may then `torch::save` a ZeRO stage 1-2 model on its own). Collective.
   void wait_for_everyone();
+
+  // ---- objects and control ----------------------------------------------------------------------------
+  /// Every rank's `object`, in rank order. Objects are encoded by `ObjectCodec<T>` (strings, numbers,
+  /// vectors, pairs, maps; archive-serialisable types with `<accel/objects_archive.hpp>`; your own by
+  /// specialising it) and go through the rendezvous store, so they suit small objects (metrics, file names,
+  /// predictions as text); tensors belong in `gather`. Collective.
+  template <class T>
+  std::vector<T> gather_object(const T& object) {
+    std::string bytes;
+    encode_object(bytes, object);
+    std::vector<T> out;
+    for (const std::string& theirs : exchange_bytes(bytes)) {
+      std::string_view in(theirs);
+      out.push_back(decode_object<T>(in));
+    }
+    return out;
+  }
+  /// Every rank's list concatenated in rank order, as Accelerate's `gather_object` of a list. Collective.
+  template <class T>
+  std::vector<T> gather_object(const std::vector<T>& objects) {
+    std::vector<T> out;
+    for (auto& part : gather_object<std::vector<T>>(objects)) {
+      for (auto& item : part)
+        out.push_back(std::move(item));
+    }
+    return out;
+  }
+  /// Replaces `objects` on every rank with rank `from`'s, as Accelerate's `broadcast_object_list`.
+  /// Collective.
+  template <class T>
+  void broadcast_object_list(std::vector<T>& objects, int from = 0) {
+    check_rank(from, "broadcast_object_list");
+    std::string bytes;
+    if (rank_ == from) encode_object(bytes, objects);
+    const std::string theirs =
+        exchange_bytes(rank_ == from ? bytes : std::string()).at(static_cast<std::size_t>(from));
+    std::string_view in(theirs);
+    objects = decode_object<std::vector<T>>(in);
+  }
+  /// Asks every rank to stop (early stopping decided on one rank): the next `check_trigger()` returns true
+  /// on every rank. Not collective.
+  void set_trigger() noexcept { trigger_ = true; }
+  /// Whether any rank called `set_trigger()` since the last check (which this one resets). Collective: one
+  /// all-reduce of one number.
+  bool check_trigger();
+  /// Runs `f` on the main process only. Not collective.
+  template <class F>
+  void on_main_process(F&& f) {
+    if (is_main_process()) std::forward<F>(f)();
+  }
+  /// Runs `f` on the first process of each machine only. Not collective.
+  template <class F>
+  void on_local_main_process(F&& f) {
+    if (is_local_main_process()) std::forward<F>(f)();
+  }
+  /// Runs `f` on process `index` only. Not collective.
+  template <class F>
+  void on_process(int index, F&& f) {
+    check_rank(index, "on_process");
+    if (rank_ == index) std::forward<F>(f)();
+  }
+
   /// This rank's contiguous share of `items` (the first `size % N` ranks get one more); with `apply_padding`
   /// every share is as long as the longest, padded with the last item. Not collective.
   template <class T>
@@ -368,8 +462,57 @@ class Accelerator {
   /// positions continue after the same number of samples); otherwise it is refused with a message saying
   /// why. Collective.
   void load_state(const std::string& dir);
+  /// With `ProjectConfiguration::automatic_checkpoint_naming`: saves into
+  /// `<project_dir>/checkpoints/checkpoint_<iteration>` (which must not exist), advances the iteration, then
+  /// deletes the oldest automatic checkpoints beyond `total_limit`. Returns the directory written. UsageError
+  /// without automatic naming. Collective.
+  std::string save_state();
+  /// With automatic naming: loads the newest complete checkpoint of `<project_dir>/checkpoints` (one whose
+  /// save was interrupted, by a crash or a killed rank, is never picked) and continues the numbering after
+  /// it. Returns its directory. CheckpointError when there is none. Collective.
+  std::string load_state();
+  /// The project configuration (its `iteration` advances with each automatic save).
+  const ProjectConfiguration& project_configuration() const noexcept { return project_; }
+
+  /// Saves and restores `object` with every checkpoint, as Accelerate's `register_for_checkpointing`: a
+  /// module that is not prepared (an EMA copy), or anything with `save(torch::serialize::OutputArchive&)`
+  /// and `load(torch::serialize::InputArchive&)` members. The main process writes
+  /// `custom_checkpoint_<i>.pt`; every process loads it. Register the same objects in the same order before
+  /// loading. The object must outlive the accelerator.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    if constexpr (is_module_pointer<T>::value) {
+      register_for_checkpointing([&object](torch::serialize::OutputArchive& a) { object->save(a); },
+                                 [&object](torch::serialize::InputArchive& a) { object->load(a); });
+    } else {
+      register_for_checkpointing([&object](torch::serialize::OutputArchive& a) { object.save(a); },
+                                 [&object](torch::serialize::InputArchive& a) { object.load(a); });
+    }
+  }
+  /// The same with a pair of functions (a best metric, a step counter, ...):
+  /// `acc.register_for_checkpointing([&](auto& a) { a.write("best", torch::tensor(best)); },
+  ///                                 [&](auto& a) { torch::Tensor t; a.read("best", t); best =
+  ///                                 t.item<double>(); });`
+  void register_for_checkpointing(std::function<void(torch::serialize::OutputArchive&)> save,
+                                  std::function<void(torch::serialize::InputArchive&)> load);
+  /// Called on every process with the (temporary) checkpoint directory before save_state writes into it;
+  /// files the hook writes there (on the main process, say) are committed with the checkpoint.
+  void register_save_state_pre_hook(std::function<void(const std::string& dir)> hook);
+  /// Called on every process with the checkpoint directory before load_state reads it.
+  void register_load_state_pre_hook(std::function<void(const std::string& dir)> hook);
 
  private:
+  std::vector<std::string> exchange_bytes(const std::string& mine);
+  void check_rank(int index, const char* what) const;
+
+  // A module holder (Mlp, torch::nn::Linear) or a std::shared_ptr to a module.
+  template <class T, class = void>
+  struct is_module_pointer : std::false_type {};
+  template <class T>
+  struct is_module_pointer<T, std::void_t<decltype(std::declval<T&>().operator->())>>
+      : std::is_base_of<torch::nn::Module, std::remove_pointer_t<decltype(std::declval<T&>().operator->())>> {
+  };
+
   template <class T>
   static std::shared_ptr<torch::nn::Module> as_module(torch::nn::ModuleHolder<T>& model) {
     return model.ptr();
@@ -461,6 +604,14 @@ class Accelerator {
   std::vector<std::string> notices_;
   std::vector<torch::Tensor> stashed_grads_;  // parallel to optimizer_params() while a cycle is open
   std::optional<std::uint64_t> seed_;
+  bool trigger_ = false;
+  ProjectConfiguration project_;
+  struct CustomState {
+    std::function<void(torch::serialize::OutputArchive&)> save;
+    std::function<void(torch::serialize::InputArchive&)> load;
+  };
+  std::vector<CustomState> custom_states_;
+  std::vector<std::function<void(const std::string&)>> save_hooks_, load_hooks_;
 
   bool sync_gradients_ = true;
   std::int64_t micro_steps_ = 0;     // micro-steps (batches) that ran a backward
