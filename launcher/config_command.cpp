@@ -59,6 +59,25 @@ void run_config_default_command(const ConfigCommandOptions& options) {
   save(default_config(options.num_processes, parse_mixed_precision(options.mixed_precision)), path, existed);
 }
 
+// Reads a config (an older or hand-written one, an Accelerate file) and writes it back with every key this
+// build knows at its current default, keeping a copy of the original next to it.
+void run_config_update_command(const ConfigCommandOptions& options) {
+  const std::string path = resolve_path(options);
+  if (!std::filesystem::exists(path)) {
+    throw UsageError(path +
+                     " does not exist; create one with 'accel-launch config' or 'accel-launch config "
+                     "default', or name another with --config_file");
+  }
+  Config config = Config::load_file(path);  // ConfigError names the file, line and fix
+  for (const std::string& notice : config.notices)
+    std::cerr << "accel-launch: " << notice << "\n";
+  const std::string backup = path + ".bak";
+  std::filesystem::copy_file(path, backup, std::filesystem::copy_options::overwrite_existing);
+  config.save_file(path);
+  std::cout << "accelerate-cpp configuration updated at " << path << " (the previous file is " << backup
+            << ")" << std::endl;
+}
+
 // Every config key as a Markdown table, from the schema that also reads and writes them (docs/config_keys.md
 // is this output; a test keeps the two equal).
 void run_config_keys_command() {
@@ -118,9 +137,18 @@ void setup_config_command(CLI::App& app) {
       "keys", "Print every key of the YAML config (default, an example value, meaning) as a Markdown table.");
   keys->callback([] { run_config_keys_command(); });
 
+  CLI::App* update = config->add_subcommand(
+      "update",
+      "Rewrite an existing config (--config_file, else the default one) with every key at its current "
+      "default "
+      "where the file leaves it out, so that it shows every setting; the original is kept as <file>.bak.");
+  update->add_option("--config_file,--config-file", options->config_file,
+                     "The config to update (default: as for 'accel-launch config')");
+  update->callback([options] { run_config_update_command(*options); });
+
   // With subcommands, CLI11 runs this callback after theirs: `config default` must not start the questions.
-  config->callback([options, defaults, keys] {
-    if (defaults->parsed() || keys->parsed()) return;
+  config->callback([options, defaults, keys, update] {
+    if (defaults->parsed() || keys->parsed() || update->parsed()) return;
     run_config_command(*options);
   });
 }

@@ -189,12 +189,35 @@ void run_launch(const LaunchOptions& options) {
     throw UsageError("--grace_period must be 0 or more seconds, got " +
                      std::to_string(options.grace_period_seconds));
   }
+  if (options.max_restarts < 0) {
+    throw UsageError("--max_restarts must be 0 or more, got " + std::to_string(options.max_restarts));
+  }
+  if (options.num_cpu_threads_per_process && *options.num_cpu_threads_per_process < 1) {
+    throw UsageError("--num_cpu_threads_per_process must be at least 1, got " +
+                     std::to_string(*options.num_cpu_threads_per_process));
+  }
+  if (options.tee && options.log_dir.empty()) {
+    throw UsageError("--tee copies the ranks' output to the console and to --log_dir files; give --log_dir");
+  }
   std::vector<std::string> notices;
   Config config = resolve_launch_config(options, &notices);
+  if (options.max_restarts > 0 && config.num_machines > 1) {
+    throw UsageError("--max_restarts restarts the ranks of one machine; with num_machines " +
+                     std::to_string(config.num_machines) +
+                     " every launcher would have to agree on the restart (torchrun's elastic rendezvous, not "
+                     "implemented); "
+                     "restart the launchers yourself, resuming with load_state()");
+  }
+  if (!options.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.log_dir, ec);
+    if (ec) throw UsageError("cannot create --log_dir '" + options.log_dir + "': " + ec.message());
+  }
   const std::string executable = find_executable(options.command.front());
 
   if (config.main_process_ip.empty()) config.main_process_ip = kDefaultAddress;
-  if (config.main_process_port == 0) {
+  const bool pick_port = config.main_process_port == 0;
+  if (pick_port) {
     config.main_process_port = pick_free_port(config.main_process_ip);
   } else if (config.machine_rank == 0 && !is_port_free(config.main_process_ip, config.main_process_port)) {
     throw LaunchError(
@@ -204,9 +227,10 @@ void run_launch(const LaunchOptions& options) {
   }
 
   const int local_ranks = config.num_processes / config.num_machines;
-  const bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr;
-  const int omp_threads = std::max(1, available_cores() / local_ranks);
-  if (set_omp && local_ranks > 1) {
+  const bool set_omp = options.num_cpu_threads_per_process || std::getenv("OMP_NUM_THREADS") == nullptr;
+  const int omp_threads = options.num_cpu_threads_per_process ? *options.num_cpu_threads_per_process
+                                                              : std::max(1, available_cores() / local_ranks);
+  if (set_omp && local_ranks > 1 && !options.num_cpu_threads_per_process) {
     notices.push_back("accel-launch: setting OMP_NUM_THREADS=" + std::to_string(omp_threads) +
                       " for each rank (" + std::to_string(available_cores()) + " cores / " +
                       std::to_string(local_ranks) +
@@ -228,6 +252,8 @@ void run_launch(const LaunchOptions& options) {
   supervisor.executable = executable;
   supervisor.argv = options.command;
   supervisor.grace_period_seconds = options.grace_period_seconds;
+  supervisor.log_dir = options.log_dir;
+  supervisor.console = options.log_dir.empty() || options.tee;
   for (int local = 0; local < local_ranks; ++local) {
     RankSpec rank;
     rank.local_rank = local;
@@ -245,12 +271,35 @@ void run_launch(const LaunchOptions& options) {
     add(env::kMasterPort, std::to_string(config.main_process_port));
     add(env::kConfigFile, config_file.path());
     add(env::kLaunched, "1");
+    add(env::kRestartCount, "0");
+    add(env::kMaxRestarts, std::to_string(options.max_restarts));
     if (set_omp) add("OMP_NUM_THREADS", std::to_string(omp_threads));
     supervisor.ranks.push_back(std::move(rank));
   }
 
-  const SupervisorResult result = supervise(supervisor);
-  if (result.exit_code != 0) throw RanksFailed(result.report, result.exit_code);
+  // After a failure (not after the launcher itself was stopped) every rank starts again, up to
+  // --max_restarts times; a program that calls load_state() at start continues from its last checkpoint.
+  for (int restart = 0;; ++restart) {
+    const SupervisorResult result = supervise(supervisor);
+    if (result.exit_code == 0) return;
+    if (result.interrupted || restart >= options.max_restarts) {
+      throw RanksFailed(restart == 0 ? result.report
+                                     : result.report + "accel-launch: gave up after " +
+                                           std::to_string(restart) + " restart(s) (--max_restarts " +
+                                           std::to_string(options.max_restarts) + ")\n",
+                        result.exit_code);
+    }
+    std::cerr << result.report << "accel-launch: restarting all " << local_ranks << " rank(s) (restart "
+              << restart + 1 << " of " << options.max_restarts << ")" << std::endl;
+    if (pick_port) config.main_process_port = pick_free_port(config.main_process_ip);
+    for (RankSpec& rank : supervisor.ranks) {
+      for (std::string& entry : rank.environment) {
+        const std::string name = entry.substr(0, entry.find('='));
+        if (name == env::kRestartCount) entry = name + "=" + std::to_string(restart + 1);
+        if (name == env::kMasterPort) entry = name + "=" + std::to_string(config.main_process_port);
+      }
+    }
+  }
 }
 
 void setup_launch_command(CLI::App& app) {
@@ -292,6 +341,16 @@ void setup_launch_command(CLI::App& app) {
   sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
       ->capture_default_str();
+  sub->add_option(both_spellings("max_restarts"), options->max_restarts,
+                  "Start all ranks again after a failure, up to this many times (one machine)")
+      ->capture_default_str();
+  sub->add_option(both_spellings("log_dir"), options->log_dir,
+                  "Also write each rank's output to <log_dir>/rank_<N>.log (console output only with --tee)");
+  sub->add_flag("--tee", options->tee, "With --log_dir, show the ranks' output on the console too");
+  sub->add_option_function<int>(
+      both_spellings("num_cpu_threads_per_process"),
+      [options](const int& v) { options->num_cpu_threads_per_process = v; },
+      "OMP_NUM_THREADS of every rank (default: cores / ranks on this machine)");
   sub->add_option("PROGRAM", options->command,
                   "The program to run, then its arguments (everything after PROGRAM is passed to it)")
       ->type_name("[ARGS...]");

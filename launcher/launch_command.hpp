@@ -39,6 +39,15 @@ struct LaunchOptions {
   bool debug = false;
   /// `--grace_period`: seconds between SIGTERM and SIGKILL when stopping the ranks.
   double grace_period_seconds = 3.0;
+  /// `--max_restarts`: after a rank fails, start all ranks again up to this many times (one machine only, as
+  /// torchrun's `--max-restarts` without elastic rendezvous). Ranks see TORCHELASTIC_RESTART_COUNT.
+  int max_restarts = 0;
+  /// `--log_dir`: each rank's output also goes to `<log_dir>/rank_<N>.log` (appended across restarts).
+  std::string log_dir;
+  /// `--tee`: with `--log_dir`, also show the ranks' output on the console (without it, files only).
+  bool tee = false;
+  /// `--num_cpu_threads_per_process`: OMP_NUM_THREADS of every rank (default: cores / local ranks).
+  std::optional<int> num_cpu_threads_per_process;
   /// PROGRAM followed by its arguments (everything after PROGRAM belongs to it).
   std::vector<std::string> command;
 };

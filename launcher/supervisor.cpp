@@ -151,6 +151,8 @@ struct Rank {
   int status = 0;  // waitpid status once reaped
   Stream streams[2];
   std::deque<std::string> tail;
+  int log_fd = -1;          // <log_dir>/rank_<N>.log, or -1
+  std::string pending_log;  // lines not yet written to log_fd
 };
 
 class Supervisor {
@@ -173,6 +175,20 @@ class Supervisor {
     const std::string exec_failed = "accel-launch: cannot execute '" + options_.executable + "'\n";
 
     ranks_.resize(options_.ranks.size());
+    if (!options_.log_dir.empty()) {
+      for (std::size_t i = 0; i < ranks_.size(); ++i) {
+        const std::string path =
+            options_.log_dir + "/rank_" + std::to_string(options_.ranks[i].global_rank) + ".log";
+        ranks_[i].log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (ranks_[i].log_fd < 0) {
+          const int error = errno;
+          for (std::size_t j = 0; j < i; ++j)
+            ::close(ranks_[j].log_fd);
+          throw LaunchError("cannot open the log file '" + path + "': " + std::strerror(error) +
+                            "; choose a writable --log_dir");
+        }
+      }
+    }
     for (std::size_t i = 0; i < options_.ranks.size(); ++i) {
       const RankSpec& spec = options_.ranks[i];
       Rank& rank = ranks_[i];
@@ -303,7 +319,8 @@ class Supervisor {
 
   void emit_line(Rank& rank, std::string line, std::string& out) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    out += "[rank " + std::to_string(rank.global_rank) + "] " + line + "\n";
+    if (options_.console) out += "[rank " + std::to_string(rank.global_rank) + "] " + line + "\n";
+    if (rank.log_fd >= 0) rank.pending_log += line + "\n";
     rank.tail.push_back(std::move(line));
     while (rank.tail.size() > options_.tail_lines)
       rank.tail.pop_front();
@@ -336,6 +353,13 @@ class Supervisor {
       break;
     }
     write_all(stream.target_fd, out);
+    flush_log(rank);
+  }
+
+  void flush_log(Rank& rank) {
+    if (rank.log_fd < 0 || rank.pending_log.empty()) return;
+    write_all(rank.log_fd, rank.pending_log);
+    rank.pending_log.clear();
   }
 
   void flush_stream(Rank& rank, Stream& stream, std::string& out) {
@@ -353,6 +377,11 @@ class Supervisor {
         std::string out;
         flush_stream(rank, stream, out);
         write_all(stream.target_fd, out);
+      }
+      flush_log(rank);
+      if (rank.log_fd >= 0) {
+        ::close(rank.log_fd);
+        rank.log_fd = -1;
       }
     }
   }
@@ -443,6 +472,7 @@ class Supervisor {
       }
       result.report = report.str();
     } else if (received_signal_) {
+      result.interrupted = true;
       result.exit_code = 128 + received_signal_;
       result.report = "accel-launch: received " + signal_name(received_signal_) + "; forwarded it to all " +
                       std::to_string(ranks_.size()) + " rank(s) and stopped them\n";

@@ -37,6 +37,11 @@ struct SupervisorOptions {
   int stdout_fd = 1;
   /// See `stdout_fd`.
   int stderr_fd = 2;
+  /// When set, each rank's lines (without the prefix) are also appended to `<log_dir>/rank_<N>.log`.
+  std::string log_dir;
+  /// Whether the ranks' lines go to `stdout_fd` / `stderr_fd` (false: log files only; the failure report
+  /// still quotes the last lines).
+  bool console = true;
 };
 
 /// How a supervised run ended.
@@ -48,6 +53,8 @@ struct SupervisorResult {
   /// "accel-launch: rank 1 (local rank 1, pid 1234) failed with exit code 3\n---- last 2 lines of rank 1 ----
   /// \n...\n----\n".
   std::string report;
+  /// The launcher itself received SIGINT, SIGTERM or SIGHUP (a run to stop, not to restart).
+  bool interrupted = false;
 };
 
 /// Runs `options.ranks` to completion. The ranks' stdin is /dev/null (they run in background process groups

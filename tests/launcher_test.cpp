@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -623,4 +624,94 @@ TEST_CASE("launcher: a DeepSpeed JSON config reaches the ranks resolved, its unm
   CHECK(config.zero.stage == 3);
   CHECK(config.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
   CHECK(config.gradient_accumulation_steps == 2);
+}
+
+TEST_CASE("launcher: --max_restarts starts every rank again after a failure, up to the limit") {
+  const RunResult ok = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--max_restarts",
+                            "2", script("flaky_rank.sh")},
+                           {"FAIL_TIMES=2"});
+  INFO("stdout:\n" << ok.out << "\nstderr:\n" << ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(contains(ok.out, "[rank 1] rank 1 fails on attempt 0\n"));
+  CHECK(contains(ok.out, "[rank 1] rank 1 fails on attempt 1\n"));
+  CHECK(contains(ok.out, "[rank 0] rank 0 ok on attempt 2 of at most 2 restarts"));
+  CHECK(contains(ok.out, "[rank 1] rank 1 ok on attempt 2 of at most 2 restarts"));
+  CHECK(contains(ok.err, "accel-launch: restarting all 2 rank(s) (restart 1 of 2)"));
+  CHECK(contains(ok.err, "accel-launch: restarting all 2 rank(s) (restart 2 of 2)"));
+  CHECK(contains(ok.err, "failed with exit code 3"));  // each failure is reported before its restart
+
+  const RunResult gave_up = run({"launch", "--num_processes", "2", "--main_process_port", "0",
+                                 "--max_restarts", "1", script("flaky_rank.sh")},
+                                {"FAIL_TIMES=2"});
+  INFO("stderr:\n" << gave_up.err);
+  CHECK(gave_up.exit_code == 3);
+  CHECK(contains(gave_up.err, "accel-launch: gave up after 1 restart(s) (--max_restarts 1)"));
+  CHECK_FALSE(contains(gave_up.out, "rank 1 ok on attempt"));
+
+  const RunResult two_machines =
+      run({"launch", "--num_processes", "4", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
+           "--main_process_port", "29999", "--max_restarts", "1", script("print_env.sh")});
+  CHECK(two_machines.exit_code == 2);
+  CHECK(contains(two_machines.err, "--max_restarts restarts the ranks of one machine"));
+}
+
+TEST_CASE("launcher: --log_dir writes one file per rank, and the console gets the lines only with --tee") {
+  TempDir dir;
+  const std::string logs = (dir.path() / "logs").string();
+  const RunResult quiet = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--log_dir",
+                               logs, script("print_env.sh")});
+  INFO("stdout:\n" << quiet.out << "\nstderr:\n" << quiet.err);
+  REQUIRE(quiet.exit_code == 0);
+  CHECK_FALSE(contains(quiet.out, "[rank"));
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream file(logs + "/rank_" + std::to_string(r) + ".log");
+    std::stringstream text;
+    text << file.rdbuf();
+    CHECK(contains(text.str(), "RANK=" + std::to_string(r) + "\n"));
+    CHECK(contains(text.str(), "stderr of rank " + std::to_string(r) + "\n"));
+    CHECK_FALSE(contains(text.str(), "[rank"));
+  }
+  const RunResult tee = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--log_dir", logs,
+                             "--tee", script("print_env.sh")});
+  REQUIRE(tee.exit_code == 0);
+  CHECK(values(tee.out, "RANK") == std::multiset<std::string>{"0", "1"});
+  std::ifstream again(logs + "/rank_1.log");
+  std::stringstream text;
+  text << again.rdbuf();
+  const auto log_lines = lines_of(text.str());
+  CHECK(std::count(log_lines.begin(), log_lines.end(), "RANK=1") == 2);  // appended, not replaced
+
+  const RunResult tee_alone =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", "--tee", script("print_env.sh")});
+  CHECK(tee_alone.exit_code == 2);
+  CHECK(contains(tee_alone.err, "--tee copies the ranks' output"));
+}
+
+TEST_CASE("launcher: --num_cpu_threads_per_process sets OMP_NUM_THREADS of every rank") {
+  const RunResult r = run({"launch", "--num_processes", "2", "--main_process_port", "0",
+                           "--num_cpu_threads_per_process", "3", script("print_env.sh")},
+                          {"OMP_NUM_THREADS=7"});
+  REQUIRE(r.exit_code == 0);
+  CHECK(values(r.out, "OMP_NUM_THREADS") == std::multiset<std::string>{"3", "3"});
+  CHECK(values(r.out, "TORCHELASTIC_RESTART_COUNT") == std::multiset<std::string>{"0", "0"});
+}
+
+TEST_CASE("launcher: config update rewrites a config with every key and keeps the original") {
+  TempDir dir;
+  const std::string original = "distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\n";
+  const std::string path = write_file(dir, "old.yaml", original);
+  const RunResult r = run({"config", "update", "--config_file", path});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream updated(path), backup(path + ".bak");
+  std::stringstream updated_text, backup_text;
+  updated_text << updated.rdbuf();
+  backup_text << backup.rdbuf();
+  CHECK(backup_text.str() == original);
+  CHECK(contains(updated_text.str(), "ddp_bucket_cap_mb: 25\n"));
+  CHECK(contains(updated_text.str(), "fsdp_config: {}\n"));
+  CHECK(accel::Config::load_file(path) == accel::Config::load_string(original));
+  const RunResult missing = run({"config", "update", "--config_file", (dir.path() / "nope.yaml").string()});
+  CHECK(missing.exit_code == 2);
+  CHECK(contains(missing.err, "nope.yaml does not exist"));
 }

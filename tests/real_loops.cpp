@@ -8,6 +8,7 @@
 // is the plain single-process reference on all rows.
 #include "dist_common.hpp"
 
+#include <accel/env_contract.hpp>
 #include <accel/optim.hpp>
 #include <accel/safetensors.hpp>
 #include <accel/sync_batchnorm.hpp>
@@ -79,12 +80,13 @@ void compare(const std::string& what, const std::vector<torch::Tensor>& got,
 // Runs `loop(acc, world)` on the ranks and in one process, and compares what each returns.
 void against_one_process(const std::string& what,
                          const std::function<std::vector<torch::Tensor>(Accelerator*, int)>& loop,
-                         int accumulation = 1) {
+                         int accumulation = 1, const ProjectConfiguration& project = {}) {
   std::vector<torch::Tensor> got;
   int world = 1;
   bool main = true;
   {
-    Accelerator acc(AcceleratorOptions().config(cpu_config(MixedPrecision::No, accumulation)));
+    Accelerator acc(
+        AcceleratorOptions().config(cpu_config(MixedPrecision::No, accumulation)).project_config(project));
     world = acc.num_processes();
     main = acc.is_main_process();
     got = loop(&acc, world);
@@ -745,6 +747,57 @@ void auto_checkpoint() {
   }
 }
 
+// Under `accel-launch launch --max_restarts 1`: rank 1 is killed (SIGKILL) after the checkpoint of step 2 on
+// the first attempt; the restarted ranks load_state() the newest checkpoint and finish. The weights equal one
+// process that trained on the whole batch without interruption.
+void restart_resume() {
+  namespace fs = std::filesystem;
+  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
+  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const int attempt = std::atoi(std::getenv(env::kRestartCount) ? std::getenv(env::kRestartCount) : "0");
+  ProjectConfiguration project;
+  project.project_dir = (fs::path(out) / "run").string();
+  project.automatic_checkpoint_naming = true;
+  project.total_limit = 2;
+  against_one_process(
+      "killed, restarted by accel-launch and resumed",
+      [&](Accelerator* acc, int world) {
+        torch::manual_seed(0);
+        Mlp model;
+        auto opt = sgd(model->parameters());
+        Regression data(kBatch * world * kSteps);
+        std::int64_t start = 0;
+        if (acc != nullptr) {
+          acc->prepare(model, *opt);
+          acc->register_for_checkpointing(
+              [&](torch::serialize::OutputArchive& a) { a.write("start", torch::tensor(start)); },
+              [&](torch::serialize::InputArchive& a) {
+                torch::Tensor t;
+                a.read("start", t);
+                start = t.item<std::int64_t>();
+              });
+          if (attempt > 0) {
+            const std::string from = acc->load_state();
+            if (acc->is_main_process())
+              std::cout << "restart_resume: attempt " << attempt << " resumed from " << from << " at step "
+                        << start << std::endl;
+          }
+        }
+        for (std::int64_t s = start; s < kSteps; ++s) {
+          opt->zero_grad();
+          backward(acc, torch::mse_loss(model(rows(data.x, s, acc, world)), rows(data.y, s, acc, world)));
+          opt->step();
+          if (acc != nullptr) {
+            start = s + 1;
+            acc->save_state();
+            if (attempt == 0 && s == 1 && acc->process_index() == 1) ::raise(SIGKILL);
+          }
+        }
+        return weights(acc, model);
+      },
+      1, project);
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
@@ -762,7 +815,8 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"load_saved", load_saved},
           {"hf_export", hf_export},
           {"hf_import", hf_import},
-          {"auto_checkpoint", auto_checkpoint}};
+          {"auto_checkpoint", auto_checkpoint},
+          {"restart_resume", restart_resume}};
 }
 
 }  // namespace dist
