@@ -1,6 +1,7 @@
 #include <accel/accelerator.hpp>
 #include <accel/checkpointing.hpp>
 #include <accel/env_contract.hpp>
+#include <accel/optim.hpp>
 #include <accel/schedulers.hpp>
 #include <accel/sync_batchnorm.hpp>
 
@@ -214,6 +215,14 @@ void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   for (auto* o : optimizers_) {
     if (o == &optimizer) throw UsageError("prepare: this optimizer was already prepared; prepare it once");
+  }
+  if (const auto* whole = dynamic_cast<const optim::WholeParameterOptimizer*>(&optimizer);
+      whole != nullptr && capabilities().shards_optimizer_state) {
+    throw UsageError(fmt::format(
+        "prepare: {} updates each parameter from norms over the whole parameter, but the '{}' backend gives "
+        "optimizers slices of flattened parameters (optimizer state sharded), which would change the result; "
+        "use backend ddp, zero with zero_stage 0, or fsdp with NO_SHARD for this optimizer",
+        whole->optimizer_name(), backend_name()));
   }
   // The optimizer belongs to the model that owns its parameters.
   std::vector<std::size_t> owners;

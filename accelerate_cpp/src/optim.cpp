@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -161,6 +163,111 @@ torch::Tensor SGD::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+// --- LAMB --------------------------------------------------------------------------------------------------
+
+LambOptions::LambOptions(double lr) : lr_(lr) {}
+
+void LambOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(bias_correction);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_coeff);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_coeff);
+}
+
+void LambOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, bias_correction);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_coeff);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, min_coeff);
+}
+
+double LambOptions::get_lr() const {
+  return lr();
+}
+
+void LambOptions::set_lr(const double lr) {
+  this->lr(lr);
+}
+
+void LambParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+}
+
+void LambParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+}
+
+Lamb::Lamb(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LambOptions defaults)
+    : Optimizer(param_groups, std::make_unique<LambOptions>(defaults)) {
+  const auto [beta1, beta2] = defaults.betas();
+  if (!(defaults.lr() >= 0) || !(defaults.eps() >= 0) || !(defaults.weight_decay() >= 0) || !(beta1 >= 0) ||
+      !(beta1 < 1) || !(beta2 >= 0) || !(beta2 < 1) || !(defaults.min_coeff() <= defaults.max_coeff())) {
+    throw UsageError(
+        fmt::format("Lamb: invalid options (lr {}, betas ({}, {}), eps {}, weight_decay {}, "
+                    "min_coeff {} > max_coeff {}?); rates and decay must be >= 0 and betas in [0, 1)",
+                    defaults.lr(), beta1, beta2, defaults.eps(), defaults.weight_decay(),
+                    defaults.min_coeff(), defaults.max_coeff()));
+  }
+}
+
+torch::Tensor Lamb::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const LambOptions&>(group.options());
+    const auto [beta1, beta2] = o.betas();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse())
+        throw UnsupportedOperation("accel::optim::Lamb does not support sparse gradients");
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<LambParamState>();
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& st = static_cast<LambParamState&>(*slot);
+      st.step(st.step() + 1);
+      const auto& grad = p.grad();
+      st.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+      st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const double c1 = o.bias_correction() ? 1 - std::pow(beta1, static_cast<double>(st.step())) : 1.0;
+      const double c2 = o.bias_correction() ? 1 - std::pow(beta2, static_cast<double>(st.step())) : 1.0;
+      torch::Tensor update = (st.exp_avg() / c1) / ((st.exp_avg_sq() / c2).sqrt().add_(o.eps()));
+      if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
+      const double w_norm = p.norm().item<double>();
+      const double u_norm = update.norm().item<double>();
+      double ratio = 1.0;
+      if (w_norm > 0 && u_norm > 0) ratio = std::clamp(w_norm / u_norm, o.min_coeff(), o.max_coeff());
+      p.add_(update, -o.lr() * ratio);
+    }
+  }
+  return loss;
+}
+
+void Lamb::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
+}
+
+void Lamb::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
 }
 
 }  // namespace accel::optim
