@@ -1,6 +1,8 @@
 #pragma once
 // The harness shared by the multi-process test scenarios (dist_worker.cpp, real_loops.cpp): the backend row
-// under test, the config it maps to, and a check macro that counts failures (the worker exits non-zero).
+// under test, the config it maps to, and CHECK_MSG, a Catch2 assertion with a message built only on failure.
+// Each worker process runs its scenario as one Catch2 test case (dist_worker.cpp's main), so a failed check
+// is reported by Catch2 with file, line and message, and the rank exits non-zero.
 
 #include <accel/accelerator.hpp>
 
@@ -12,11 +14,12 @@
 #include <sstream>
 #include <string>
 
+#include <catch2/catch.hpp>
+
 #include "test_support.hpp"
 
 namespace dist {
 
-extern int failures;
 /// The conformance row: local | ddp | zero1 | zero2 | zero2_no_overlap | zero3 | fsdp_full_shard |
 /// fsdp_grad_op | fsdp_no_shard.
 extern std::string backend_variant;
@@ -30,12 +33,15 @@ std::map<std::string, std::function<void()>> real_loop_scenarios();
 
 }  // namespace dist
 
-#define CHECK_THAT(cond, ...)                                                                          \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::ostringstream os_;                                                                          \
-      os_ << __VA_ARGS__;                                                                              \
-      std::cerr << "CHECK FAILED at line " << __LINE__ << ": " #cond " -- " << os_.str() << std::endl; \
-      ++dist::failures;                                                                                \
-    }                                                                                                  \
+// Checks `cond` (evaluated once); on failure Catch2 records it with `#cond -- message` and the scenario goes
+// on, as CHECK does. The message (stream syntax) is built only when the check fails.
+#define CHECK_MSG(cond, ...)                 \
+  do {                                       \
+    if (cond) {                              \
+      SUCCEED();                             \
+    } else {                                 \
+      std::ostringstream os_;                \
+      os_ << __VA_ARGS__;                    \
+      FAIL_CHECK(#cond " -- " << os_.str()); \
+    }                                        \
   } while (0)

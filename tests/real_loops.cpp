@@ -68,11 +68,11 @@ std::vector<torch::Tensor> weights(Accelerator* acc, Mlp& model) {
 
 void compare(const std::string& what, const std::vector<torch::Tensor>& got,
              const std::vector<torch::Tensor>& want, bool main) {
-  CHECK_THAT(got.size() == want.size(), what << ": " << got.size() << " tensors, want " << want.size());
+  CHECK_MSG(got.size() == want.size(), what << ": " << got.size() << " tensors, want " << want.size());
   for (std::size_t k = 0; k < std::min(got.size(), want.size()); ++k) {
     const double diff = (got[k] - want[k]).abs().max().item<double>();
-    CHECK_THAT(close(got[k], want[k], kTol), what << ": tensor " << k << " differs from one process by "
-                                                  << diff << " (tolerance " << kTol << ")");
+    CHECK_MSG(close(got[k], want[k], kTol), what << ": tensor " << k << " differs from one process by "
+                                                 << diff << " (tolerance " << kTol << ")");
   }
   if (main) std::cout << backend_variant << " " << what << ": matches one process" << std::endl;
 }
@@ -207,8 +207,8 @@ void no_sync() {
       // Backends that gather parameters in backward (stage 3) communicate anyway; the others must not.
       const auto caps = acc != nullptr ? acc->capabilities() : BackendCapabilities{};
       if (acc != nullptr && !caps.communicates_on_micro_steps && !caps.shards_parameters) {
-        CHECK_THAT(acc->communicator().total_wire_bytes() == 0,
-                   "a backward under no_sync moved " << acc->communicator().total_wire_bytes() << " bytes");
+        CHECK_MSG(acc->communicator().total_wire_bytes() == 0,
+                  "a backward under no_sync moved " << acc->communicator().total_wire_bytes() << " bytes");
       }
     });
     return weights(acc, model);
@@ -232,7 +232,7 @@ void fp16_hand_accumulation() {
     }
     by_halves(acc, world, *opt, [&](int h, const torch::Tensor& x, const torch::Tensor& y) {
       backward(acc, torch::mse_loss(model(x).to(torch::kFloat32), y) / 2);
-      if (h == 1) CHECK_THAT(acc == nullptr || !acc->optimizer_step_was_skipped(), "fp16 skipped a step");
+      if (h == 1) CHECK_MSG(acc == nullptr || !acc->optimizer_step_was_skipped(), "fp16 skipped a step");
     });
     auto w = weights(acc, model);
     for (std::size_t k = 0; k < w.size() && k < initial.size(); ++k)
@@ -249,15 +249,15 @@ void fp16_hand_accumulation() {
     got = loop(&acc, world);
   }
   const auto want = loop(nullptr, world);
-  CHECK_THAT(got.size() == want.size(), "fp16: " << got.size() << " tensors, want " << want.size());
+  CHECK_MSG(got.size() == want.size(), "fp16: " << got.size() << " tensors, want " << want.size());
   double worst = 0;
   for (std::size_t k = 0; k < std::min(got.size(), want.size()); ++k) {
     const double scale = want[k].abs().max().item<double>();
     const double rel = (got[k] - want[k]).abs().max().item<double>() / std::max(scale, 1e-12);
     worst = std::max(worst, rel);
-    CHECK_THAT(rel < 0.05, "fp16 hand-written accumulation: the update of tensor "
-                               << k << " differs from one fp32 process by " << rel * 100
-                               << "% of its size (tolerance 5%): a gradient was lost or unscaled twice");
+    CHECK_MSG(rel < 0.05, "fp16 hand-written accumulation: the update of tensor "
+                              << k << " differs from one fp32 process by " << rel * 100
+                              << "% of its size (tolerance 5%): a gradient was lost or unscaled twice");
   }
   if (main)
     std::cout << backend_variant << " fp16 hand-written accumulation: updates within " << worst * 100
@@ -297,7 +297,7 @@ void two_backward_accumulation() {
             opt_b->zero_grad();
           }
         }
-        CHECK_THAT(steps_a == kSteps, "optimizer A stepped " << steps_a << " times, want " << kSteps);
+        CHECK_MSG(steps_a == kSteps, "optimizer A stepped " << steps_a << " times, want " << kSteps);
         auto out = weights(acc, a);
         for (auto& t : weights(acc, b))
           out.push_back(t);
@@ -385,9 +385,9 @@ void buffers() {
       }
     }
     if (broadcast) {
-      CHECK_THAT(equal_everywhere, "buffers differ across ranks after an optimizer step");
+      CHECK_MSG(equal_everywhere, "buffers differ across ranks after an optimizer step");
     } else if (world > 1) {
-      CHECK_THAT(!equal_everywhere, "with ddp_broadcast_buffers: false the ranks' statistics must drift");
+      CHECK_MSG(!equal_everywhere, "with ddp_broadcast_buffers: false the ranks' statistics must drift");
     }
     if (acc.is_main_process())
       std::cout << backend_variant << " buffers (broadcast " << broadcast << "): equal " << equal_everywhere
@@ -467,19 +467,19 @@ void torch_save() {
     const auto file = (dir / ("inside_" + std::to_string(acc.process_index()) + ".pt")).string();
     const auto error = what_of([&] { torch::save(model, file); });
     if (caps.shards_parameters) {
-      CHECK_THAT(error.find("get_state_dict") != std::string::npos,
-                 "torch::save of a parameter-sharded model must name get_state_dict, got: " << error);
+      CHECK_MSG(error.find("get_state_dict") != std::string::npos,
+                "torch::save of a parameter-sharded model must name get_state_dict, got: " << error);
     } else if (caps.shards_optimizer_state) {
-      CHECK_THAT(error.find("wait_for_everyone") != std::string::npos,
-                 "torch::save right after optimizer.step() must name wait_for_everyone, got: " << error);
+      CHECK_MSG(error.find("wait_for_everyone") != std::string::npos,
+                "torch::save right after optimizer.step() must name wait_for_everyone, got: " << error);
     } else {
-      CHECK_THAT(error.empty(), "torch::save failed: " << error);
+      CHECK_MSG(error.empty(), "torch::save failed: " << error);
     }
     acc.wait_for_everyone();  // Accelerate's idiom before saving on the main process
     expected = weights(&acc, model);
     if (!caps.shards_parameters) {
       const auto again = what_of([&] { torch::save(model, file); });
-      CHECK_THAT(again.empty(), "torch::save after wait_for_everyone failed: " << again);
+      CHECK_MSG(again.empty(), "torch::save after wait_for_everyone failed: " << again);
       Mlp fresh;
       torch::load(fresh, file);
       compare("torch::save after wait_for_everyone", test::snapshot(*fresh), expected, false);
@@ -488,7 +488,7 @@ void torch_save() {
   // After the accelerator is gone the model is whole and current on every backend.
   const auto file = (dir / "after.pt").string();
   const auto error = what_of([&] { torch::save(model, file); });
-  CHECK_THAT(error.empty(), "torch::save after the accelerator was destroyed failed: " << error);
+  CHECK_MSG(error.empty(), "torch::save after the accelerator was destroyed failed: " << error);
   Mlp fresh;
   if (error.empty()) torch::load(fresh, file);
   compare("torch::save of the trained model, loaded into a fresh one", test::snapshot(*fresh), expected,
@@ -561,16 +561,16 @@ void hf_export() {
   // The main-process-only state dict.
   const NamedTensors on_main = acc.get_state_dict(model, StateDictOn::MainProcess);
   if (main) {
-    CHECK_THAT(on_main.size() == reference.size(),
-               "main-process state dict has " << on_main.size() << " tensors, want " << reference.size());
+    CHECK_MSG(on_main.size() == reference.size(),
+              "main-process state dict has " << on_main.size() << " tensors, want " << reference.size());
     for (std::size_t k = 0; k < std::min(on_main.size(), reference.size()); ++k) {
-      CHECK_THAT(
+      CHECK_MSG(
           on_main[k].first == reference[k].first && torch::equal(on_main[k].second, reference[k].second),
           "main-process state dict differs at " << reference[k].first);
     }
   } else {
-    CHECK_THAT(on_main.empty(),
-               "other ranks must get an empty main-process state dict, got " << on_main.size());
+    CHECK_MSG(on_main.empty(),
+              "other ranks must get an empty main-process state dict, got " << on_main.size());
   }
 
   // One directory for every rank (the main process names it).
@@ -580,24 +580,24 @@ void hf_export() {
   // An earlier single-file export in the directory is replaced by the shards.
   const ModelExport single = acc.save_model(model, dir);
   if (main) {
-    CHECK_THAT(single.files == std::vector<std::string>{"model.safetensors"}, "one file expected");
+    CHECK_MSG(single.files == std::vector<std::string>{"model.safetensors"}, "one file expected");
   }
   const ModelExport report = acc.save_model(model, dir, std::to_string(max_shard));
   const std::uint64_t unit = 1088;
   if (main) {
-    CHECK_THAT(report.files.size() == 5 && report.files.back() == "model.safetensors.index.json" &&
-                   report.files.front() == "model-00001-of-00004.safetensors",
-               "want 4 shards and the index, got " << report.files.size() << " files");
-    CHECK_THAT(!fs::exists(fs::path(dir) / "model.safetensors"), "the earlier single file must be gone");
-    CHECK_THAT(report.total_bytes == total, "total_size " << report.total_bytes << ", want " << total);
-    CHECK_THAT(report.peak_held_bytes <= max_shard + (acc.capabilities().shards_parameters ? unit : total),
-               "the main process held " << report.peak_held_bytes << " bytes at once");
+    CHECK_MSG(report.files.size() == 5 && report.files.back() == "model.safetensors.index.json" &&
+                  report.files.front() == "model-00001-of-00004.safetensors",
+              "want 4 shards and the index, got " << report.files.size() << " files");
+    CHECK_MSG(!fs::exists(fs::path(dir) / "model.safetensors"), "the earlier single file must be gone");
+    CHECK_MSG(report.total_bytes == total, "total_size " << report.total_bytes << ", want " << total);
+    CHECK_MSG(report.peak_held_bytes <= max_shard + (acc.capabilities().shards_parameters ? unit : total),
+              "the main process held " << report.peak_held_bytes << " bytes at once");
   } else {
-    CHECK_THAT(report.files.empty(), "only the main process writes");
+    CHECK_MSG(report.files.empty(), "only the main process writes");
     if (acc.capabilities().shards_parameters) {
-      CHECK_THAT(report.peak_held_bytes <= unit && report.peak_held_bytes < total,
-                 "rank " << acc.process_index() << " held " << report.peak_held_bytes
-                         << " bytes at once; one unit is " << unit);
+      CHECK_MSG(report.peak_held_bytes <= unit && report.peak_held_bytes < total,
+                "rank " << acc.process_index() << " held " << report.peak_held_bytes
+                        << " bytes at once; one unit is " << unit);
     }
   }
   std::cout << backend_variant << " hf_export: rank " << acc.process_index() << " peak "
@@ -609,11 +609,11 @@ void hf_export() {
     const std::string reference_file = dir + ".reference.safetensors";
     write_reference(reference, reference_file);
     const std::string python = ACCEL_PYTHON;
-    CHECK_THAT(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
+    CHECK_MSG(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
     if (!python.empty()) {
       const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/check_hf_export.py " + dir + " " +
                                   reference_file + " " + std::to_string(max_shard);
-      CHECK_THAT(std::system(command.c_str()) == 0, "the Python check failed: " << command);
+      CHECK_MSG(std::system(command.c_str()) == 0, "the Python check failed: " << command);
     }
     fs::remove(reference_file);
   }
@@ -621,10 +621,10 @@ void hf_export() {
   // load_model into a fresh prepared model gives the same weights.
   acc.load_model(fresh, dir);
   const NamedTensors loaded = acc.get_state_dict(fresh);
-  CHECK_THAT(loaded.size() == reference.size(), "load_model: " << loaded.size() << " tensors");
+  CHECK_MSG(loaded.size() == reference.size(), "load_model: " << loaded.size() << " tensors");
   for (std::size_t k = 0; k < std::min(loaded.size(), reference.size()); ++k) {
-    CHECK_THAT(torch::equal(loaded[k].second, reference[k].second),
-               "load_model: " << reference[k].first << " differs from the exported weights");
+    CHECK_MSG(torch::equal(loaded[k].second, reference[k].second),
+              "load_model: " << reference[k].first << " differs from the exported weights");
   }
   if (main)
     std::cout << backend_variant << " hf_export: load_model restores the exported weights" << std::endl;
@@ -650,13 +650,13 @@ void hf_import() {
   acc.load_model(model, (fs::path(out) / "export").string());
   const auto reference = safetensors::File::open((fs::path(out) / "reference.safetensors").string());
   const NamedTensors got = acc.get_state_dict(model);
-  CHECK_THAT(got.size() == reference.names().size(),
-             "load_model gave " << got.size() << " tensors, the export holds " << reference.names().size());
+  CHECK_MSG(got.size() == reference.names().size(),
+            "load_model gave " << got.size() << " tensors, the export holds " << reference.names().size());
   for (const auto& [name, t] : got) {
     const auto& info = reference.info(name);
     const auto want =
         torch::from_blob(const_cast<std::uint8_t*>(reference.data(name)), info.shape, torch::kFloat32);
-    CHECK_THAT(torch::equal(t, want), "load_model: " << name << " differs from the exported weights");
+    CHECK_MSG(torch::equal(t, want), "load_model: " << name << " differs from the exported weights");
   }
   if (acc.is_main_process()) {
     std::cout << backend_variant << " hf_import: " << acc.num_processes()
@@ -717,30 +717,29 @@ void auto_checkpoint() {
       }
     });
     acc.save_state();
-    CHECK_THAT(false, "the save with a killed rank must not complete");
+    CHECK_MSG(false, "the save with a killed rank must not complete");
     return;
   }
   const std::string loaded = acc.load_state();
-  CHECK_THAT(loaded == (checkpoints / "checkpoint_1").string(), "load_state() picked " << loaded);
-  CHECK_THAT(steps == 2, "the registered step counter is " << steps << ", want 2");
-  CHECK_THAT(acc.project_configuration().iteration == 2,
-             "the numbering continues at " << acc.project_configuration().iteration);
+  CHECK_MSG(loaded == (checkpoints / "checkpoint_1").string(), "load_state() picked " << loaded);
+  CHECK_MSG(steps == 2, "the registered step counter is " << steps << ", want 2");
+  CHECK_MSG(acc.project_configuration().iteration == 2,
+            "the numbering continues at " << acc.project_configuration().iteration);
   const auto want = safetensors::File::open(reference);
   for (const auto& [name, t] : acc.get_state_dict(model)) {
     const auto& info = want.info(name);
     const auto w = torch::from_blob(const_cast<std::uint8_t*>(want.data(name)), info.shape, torch::kFloat32);
-    CHECK_THAT(torch::equal(t, w), "after load_state() " << name << " is not the weight of checkpoint_1");
+    CHECK_MSG(torch::equal(t, w), "after load_state() " << name << " is not the weight of checkpoint_1");
   }
   train(2);
-  CHECK_THAT(acc.save_state() == (checkpoints / "checkpoint_2").string(),
-             "the next save is not checkpoint_2");
+  CHECK_MSG(acc.save_state() == (checkpoints / "checkpoint_2").string(), "the next save is not checkpoint_2");
   if (acc.is_main_process()) {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(checkpoints))
       names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
-    CHECK_THAT((names == std::vector<std::string>{"checkpoint_1", "checkpoint_2"}),
-               "checkpoints after the resumed save: " << names.size() << " entries, first " << names.front());
+    CHECK_MSG((names == std::vector<std::string>{"checkpoint_1", "checkpoint_2"}),
+              "checkpoints after the resumed save: " << names.size() << " entries, first " << names.front());
     std::cout
         << "auto_checkpoint: resumed from checkpoint_1 after a rank was killed while saving checkpoint_2"
         << std::endl;
