@@ -1,6 +1,7 @@
 // Tests of accel::Config: defaults, Accelerate compatibility, round trips and the exact text of every error.
 
 #include "accel/config.hpp"
+#include "accel/memory.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -754,4 +755,34 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(std::string(load_error(ddp).what()), Catch::Contains("needs distributed_type: DEEPSPEED"));
   // Comments are fine; unknown top-level keys are a notice, not an error.
   CHECK_NOTHROW(accel::Config::load_file(files.yaml(files.write("ok.json", "// a comment\n{\"x\": 1}"))));
+}
+
+TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 1000;
+  in.num_processes = 4;
+  in.optimizer = "adam";
+  auto total = [&](const std::string& backend) {
+    in.backend = backend;
+    return accel::estimate_memory(in).total();
+  };
+  const auto whole = total("ddp");
+  CHECK(whole == 4 * 1000 * 4);  // parameters, gradients, two Adam moments
+  CHECK(total("local") == whole);
+  in.zero_stage = 0;
+  CHECK(total("zero") == whole);
+  in.zero_stage = 2;
+  CHECK(total("zero") == 4 * (1000 + 250) + 4 * 250 + 4 * 250 * 2);
+  in.zero_stage = 3;
+  CHECK(total("zero") == 4 * 250 * 4);
+  in.fsdp_sharding_strategy = "FULL_SHARD";
+  CHECK(total("fsdp") == 4 * 250 * 4);
+  in.fsdp_sharding_strategy = "NO_SHARD";
+  CHECK(total("fsdp") == whole);
+  in.fsdp_sharding_strategy = "HYBRID";
+  CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("fsdp_sharding_strategy 'HYBRID' is not available"));
+  in.zero_stage = 4;
+  CHECK_THROWS_WITH(total("zero"), Catch::Contains("zero_stage 4 is not available"));
+  CHECK_THROWS_WITH(total("megatron"),
+                    "estimate-memory: unknown backend 'megatron'; allowed: local, ddp, fsdp, zero");
 }

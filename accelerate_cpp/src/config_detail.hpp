@@ -4,6 +4,7 @@
 // the config (BackendPart). yaml-cpp and fmt stay out of the public header.
 
 #include "accel/config.hpp"
+#include "accel/memory.hpp"
 #include "accel/questions.hpp"
 
 #include "text_distance.hpp"
@@ -422,6 +423,12 @@ KeyRow section_row(const Section& section, const char* what, const char* doc);
 // Backends: each backend folder contributes one BackendPart (backends/<name>/<name>_config.cpp), listed in
 // backends/builtin_backends.def. The core schema knows no backend by name.
 
+/// How a backend lays out what `estimate_memory` counts.
+struct MemoryLayout {
+  bool shards_state = false;       ///< optimizer state and gradients in slices of ceil(P / N)
+  bool shards_parameters = false;  ///< parameters too, at rest
+};
+
 /// Reports a validation failure for a key path ("deepspeed_config.zero_stage") with its line when known.
 using FailKey = std::function<void(const std::string& key, const std::string& message)>;
 
@@ -439,6 +446,10 @@ struct BackendPart {
   std::function<void(const Reader&, Config&, const Pending&)> resolve;
   /// Checks the section's settings (called for every config, whichever backend it names; may be empty).
   std::function<void(const Config&, const FailKey&)> validate;
+  /// What `estimate_memory` needs of the layout: whether optimizer state and gradients are sharded, and
+  /// whether parameters are too; throws ConfigError on a bad backend-specific field of the input. Empty:
+  /// nothing sharded (local, ddp).
+  std::function<MemoryLayout(const MemoryEstimateInput&)> memory_layout;
 };
 
 /// Every backend's part, in backends/builtin_backends.def order.

@@ -1,6 +1,8 @@
 #include <accel/errors.hpp>
 #include <accel/memory.hpp>
 
+#include "config_detail.hpp"
+
 #include <fmt/format.h>
 
 namespace accel {
@@ -34,31 +36,18 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
                                   in.mixed_precision),
                       {}, 0, "mixed_precision");
   }
-  bool sharded = false, params_sharded = false;
-  if (in.backend == "zero") {
-    if (in.zero_stage < 0 || in.zero_stage > 3) {
-      throw ConfigError(
-          fmt::format("estimate-memory: zero_stage {} is not available (0, 1, 2 or 3)", in.zero_stage), {}, 0,
-          "zero_stage");
-    }
-    sharded = in.zero_stage >= 1;
-    params_sharded = in.zero_stage == 3;
-  } else if (in.backend == "fsdp") {
-    if (in.fsdp_sharding_strategy == "SHARD_GRAD_OP" || in.fsdp_sharding_strategy == "FULL_SHARD") {
-      sharded = true;
-      params_sharded = in.fsdp_sharding_strategy == "FULL_SHARD";
-    } else if (in.fsdp_sharding_strategy != "NO_SHARD") {
-      throw ConfigError(
-          fmt::format("estimate-memory: fsdp_sharding_strategy '{}' is not available (FULL_SHARD, "
-                      "SHARD_GRAD_OP, NO_SHARD)",
-                      in.fsdp_sharding_strategy),
-          {}, 0, "fsdp_sharding_strategy");
-    }
-  } else if (in.backend != "ddp" && in.backend != "local") {
-    throw ConfigError(
-        fmt::format("estimate-memory: unknown backend '{}'; allowed: local, ddp, zero, fsdp", in.backend), {},
-        0, "backend");
+  // The layout comes from the backend's own config part (backends/<name>/<name>_config.cpp).
+  const config_detail::BackendPart* part = config_detail::find_part(in.backend);
+  if (part == nullptr) {
+    std::string names;
+    for (const BackendInfo& info : config_backends())
+      names += (names.empty() ? "" : ", ") + info.name;
+    throw ConfigError(fmt::format("estimate-memory: unknown backend '{}'; allowed: {}", in.backend, names),
+                      {}, 0, "backend");
   }
+  const config_detail::MemoryLayout layout =
+      part->memory_layout ? part->memory_layout(in) : config_detail::MemoryLayout{};
+  const bool sharded = layout.shards_state, params_sharded = layout.shards_parameters;
   const std::uint64_t p = in.num_parameters, n = static_cast<std::uint64_t>(in.num_processes);
   const std::uint64_t s = (p + n - 1) / n;  // elements per shard
   constexpr std::uint64_t kFloat = 4;  // fp32 weights, gradients and optimizer state (autocast keeps them)

@@ -207,6 +207,18 @@ BackendPart fsdp_config_part() {
   part.section_in_use = [](const Config& c) { return c.backend == "fsdp" || c.fsdp != FsdpConfig{}; };
   part.resolve = resolve_fsdp;
   part.validate = validate_fsdp;
+  part.memory_layout = [](const MemoryEstimateInput& in) {
+    const std::optional<ShardingStrategy> strategy =
+        match_choice(sharding_choices(), in.fsdp_sharding_strategy);
+    if (!strategy) {
+      throw ConfigError(
+          fmt::format("estimate-memory: fsdp_sharding_strategy '{}' is not available (FULL_SHARD, "
+                      "SHARD_GRAD_OP, NO_SHARD)",
+                      in.fsdp_sharding_strategy),
+          {}, 0, "fsdp_sharding_strategy");
+    }
+    return MemoryLayout{*strategy != ShardingStrategy::NoShard, *strategy == ShardingStrategy::FullShard};
+  };
   return part;
 }
 

@@ -207,6 +207,14 @@ BackendPart zero_config_part() {
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.resolve = resolve_zero;
   part.validate = validate_zero;
+  part.memory_layout = [](const MemoryEstimateInput& in) {
+    if (in.zero_stage < 0 || in.zero_stage > 3) {
+      throw ConfigError(
+          fmt::format("estimate-memory: zero_stage {} is not available (0, 1, 2 or 3)", in.zero_stage), {}, 0,
+          "zero_stage");
+    }
+    return MemoryLayout{in.zero_stage >= 1, in.zero_stage == 3};
+  };
   return part;
 }
 
