@@ -3,6 +3,7 @@
 #include <accel/accelerator.hpp>
 
 #include "model_export.hpp"
+#include "rank_failures.hpp"
 
 #include <fmt/format.h>
 
@@ -15,7 +16,7 @@ namespace {
 std::uint64_t bytes_of(const NamedTensors& piece) {
   std::uint64_t total = 0;
   for (const auto& [name, t] : piece)
-    total += static_cast<std::uint64_t>(t.numel()) * t.element_size();
+    total += detail::tensor_bytes(t);
   return total;
 }
 
@@ -74,15 +75,12 @@ ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir
     }
   }
   writer.reset();  // an unfinished export removes its temporary files
-  const std::vector<std::string> failures = comm_->exchange(failure);
-  for (std::size_t r = 0; r < failures.size(); ++r) {
-    if (!failures[r].empty()) {
-      throw CheckpointError(
-          fmt::format("save_model to '{}' failed on rank {}: {}; the weights already in '{}' "
-                      "were left as they were",
-                      dir, r, failures[r], dir));
-    }
-  }
+  detail::throw_first_failure(*comm_, failure, [&](std::size_t r, const std::string& what) {
+    return fmt::format(
+        "save_model to '{}' failed on rank {}: {}; the weights already in '{}' were left as they "
+        "were",
+        dir, r, what, dir);
+  });
   out.peak_held_bytes = peak;
   return out;
 }
@@ -95,10 +93,9 @@ void Accelerator::load_model_at(std::size_t index, const std::string& dir) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  const std::vector<std::string> failures = comm_->exchange(failure);
-  for (std::size_t r = 0; r < failures.size(); ++r) {
-    if (!failures[r].empty()) throw CheckpointError(fmt::format("rank {}: {}", r, failures[r]));
-  }
+  detail::throw_first_failure(*comm_, failure, [](std::size_t r, const std::string& what) {
+    return fmt::format("rank {}: {}", r, what);
+  });
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
   engine.load_model_state(state);

@@ -13,6 +13,7 @@
 #include <accel/schedulers.hpp>
 
 #include "optimizer_state.hpp"
+#include "rank_failures.hpp"
 #include "tensor_io.hpp"
 
 #include <ATen/Context.h>
@@ -275,14 +276,10 @@ void Accelerator::save_state(const std::string& dir) {
     failure = e.what();
   }
   // Every rank reports; one failure anywhere keeps the previous checkpoint (the temporary one is dropped).
-  const auto results = comm_->exchange(failure);
-  for (int r = 0; r < world_size_; ++r) {
-    if (!results[static_cast<std::size_t>(r)].empty()) {
-      throw CheckpointError(
-          fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir, r,
-                      results[static_cast<std::size_t>(r)]));
-    }
-  }
+  detail::throw_first_failure(*comm_, failure, [&](std::size_t r, const std::string& what) {
+    return fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir,
+                       r, what);
+  });
   if (out) out->commit();
   comm_->barrier();
 }

@@ -30,10 +30,6 @@ bool is_export_weight(const std::string& name) {
   return name == kSingle || name == kIndex || std::regex_match(name, kShard);
 }
 
-std::uint64_t bytes_of(const torch::Tensor& t) {
-  return static_cast<std::uint64_t>(t.numel()) * t.element_size();
-}
-
 }  // namespace
 
 std::uint64_t parse_shard_size(const std::string& text) {
@@ -88,7 +84,7 @@ void ShardedExportWriter::add(const std::string& name, const torch::Tensor& tens
   }
   torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
   if (cpu.data_ptr() == tensor.data_ptr()) cpu = cpu.clone();  // own the bytes: the caller may release them
-  const std::uint64_t size = bytes_of(cpu);
+  const std::uint64_t size = tensor_bytes(cpu);
   total_ += size;
   if (size > max_) {  // a tensor larger than a shard gets a shard of its own
     std::vector<std::pair<std::string, torch::Tensor>> alone{{name, std::move(cpu)}};

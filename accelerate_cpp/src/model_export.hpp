@@ -13,6 +13,11 @@
 
 namespace accel::detail {
 
+/// Bytes of a tensor's elements.
+inline std::uint64_t tensor_bytes(const torch::Tensor& t) {
+  return static_cast<std::uint64_t>(t.numel()) * t.element_size();
+}
+
 /// Hugging Face's size strings: "10GB" (10^9), "500MB", "100KB", "5GiB" (2^30), "64MiB", "1KiB", or a plain
 /// number of bytes. Throws UsageError naming the value and the accepted forms.
 std::uint64_t parse_shard_size(const std::string& text);
