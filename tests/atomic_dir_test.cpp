@@ -1,4 +1,4 @@
-#include "accel/detail/atomic_dir.hpp"
+#include "../accelerate_cpp/src/atomic_dir.hpp"
 
 #include <signal.h>
 #include <stdlib.h>

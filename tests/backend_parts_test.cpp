@@ -209,3 +209,21 @@ TEST_CASE("parameter trigger: reports operators on watched storages (views too),
   (void)(w * 3);  // destroyed: nothing reported, no crash
   REQUIRE(rec.ends.size() == rec.starts.size());
 }
+
+TEST_CASE("auto bucket sizes: hidden size is the most common input width of the model's matrices") {
+  using namespace torch::nn;
+  Sequential mlp(Linear(784, 512), ReLU(), Linear(512, 512), ReLU(), Linear(512, 10));
+  CHECK(accel::backends::model_hidden_size(*mlp) == 512);
+  // A transformer block of width 64: embedding, q/k/v, output and first feed-forward matrices read 64 wide,
+  // the second feed-forward matrix 256 wide.
+  Sequential block(Embedding(1000, 64), Linear(64, 192), Linear(64, 64), Linear(64, 256), Linear(256, 64));
+  CHECK(accel::backends::model_hidden_size(*block) == 64);
+  Sequential tie(Linear(8, 4), Linear(16, 4));
+  CHECK(accel::backends::model_hidden_size(*tie) == 16);  // the larger on a tie
+  Sequential no_matrix(LayerNorm(LayerNormOptions({8})));
+  CHECK(accel::backends::model_hidden_size(*no_matrix) == 0);
+  // Accelerate: reduce_bucket_size = hidden², stage3_prefetch_bucket_size = 0.9 x hidden² (elements).
+  CHECK(accel::backends::auto_bucket_bytes(*mlp, 1.0, 4) == 512u * 512u * 4u);
+  CHECK(accel::backends::auto_bucket_bytes(*block, 0.9, 2) == static_cast<std::uint64_t>(0.9 * 64 * 64) * 2u);
+  CHECK(accel::backends::auto_bucket_bytes(*no_matrix, 1.0, 4) == 500000000u);  // DeepSpeed's default
+}

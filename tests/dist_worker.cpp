@@ -44,7 +44,7 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
   const bool peak =
       std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak";
   if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3" ||
-      backend_variant == "zero2_no_overlap") {
+      backend_variant == "zero2_no_overlap" || backend_variant == "zero2_auto") {
     c.backend = "zero";
     c.zero.stage = backend_variant[4] - '0';
     c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
@@ -52,6 +52,8 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     // (8.4 MB) gets ~30 of each (600-byte chunks would make it 14,000 all-gathers per step).
     c.zero.reduce_bucket_size = peak ? 300000 : 600;
     c.zero.allgather_bucket_size = peak ? 300000 : 600;
+    // DeepSpeed's "auto": hidden_size² elements from the model at prepare (several buckets here too).
+    if (backend_variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
              backend_variant == "fsdp_full_shard") {
     c.backend = "fsdp";

@@ -1,5 +1,5 @@
 #include <accel/accelerator.hpp>
-#include <accel/checkpointing.hpp>
+#include <accel/activation_checkpoint.hpp>
 #include <accel/env_contract.hpp>
 #include <accel/optim.hpp>
 #include <accel/schedulers.hpp>
@@ -187,7 +187,7 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
 
 void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
   // Without code changes this works where the blocks are Sequentials: the model itself, or its direct
-  // children. Parameter names and tensors stay the same (see checkpointing.hpp).
+  // children. Parameter names and tensors stay the same (see activation_checkpoint.hpp).
   int wrapped = 0;
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&model)) {
     torch::nn::Sequential holder(
@@ -207,7 +207,7 @@ void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
     throw UsageError(
         "activation_checkpointing is on, but the model is not a torch::nn::Sequential and has no Sequential "
         "children to checkpoint; wrap its blocks explicitly with accel::Checkpointed "
-        "(accel/checkpointing.hpp) or "
+        "(accel/activation_checkpoint.hpp) or "
         "turn the option off");
   }
 }

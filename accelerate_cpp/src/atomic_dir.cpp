@@ -1,4 +1,4 @@
-#include "accel/detail/atomic_dir.hpp"
+#include "atomic_dir.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

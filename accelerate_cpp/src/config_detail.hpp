@@ -374,6 +374,17 @@ inline auto bytes() {
     return r.count(e, 1, "a positive number of bytes (such as 500000000 or 5e8)");
   };
 }
+// A positive number of bytes or `auto` (std::nullopt: the backend derives it from the model).
+inline auto bytes_or_auto() {
+  return [](const Reader& r, const Entry& e) -> std::optional<std::uint64_t> {
+    static const char* kExpected = "a positive number of bytes (such as 500000000 or 5e8) or auto";
+    if (r.scalar(e, kExpected) == "auto") return std::nullopt;
+    return r.count(e, 1, kExpected);
+  };
+}
+inline std::string write_bytes_or_auto(const std::optional<std::uint64_t>& v) {
+  return v ? std::to_string(*v) : "auto";
+}
 inline std::string write_bool(bool v) {
   return yaml_bool(v);
 }

@@ -2,8 +2,8 @@
 
 #include "tensor_io.hpp"
 
-#include <accel/detail/atomic_dir.hpp>
 #include <accel/errors.hpp>
+#include "atomic_dir.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -89,3 +89,29 @@ std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOpti
 }
 
 }  // namespace accel::backends::detail
+
+namespace accel::backends {
+
+std::int64_t model_hidden_size(const torch::nn::Module& model) {
+  std::map<std::int64_t, int> widths;
+  for (const auto& p : model.parameters()) {
+    if (p.dim() == 2) ++widths[p.size(1)];
+  }
+  std::int64_t best = 0;
+  int count = 0;
+  for (const auto& [width, n] : widths) {  // ascending: a later equal count is a larger width
+    if (n >= count) {
+      best = width;
+      count = n;
+    }
+  }
+  return best;
+}
+
+std::uint64_t auto_bucket_bytes(const torch::nn::Module& model, double factor, std::size_t element_size) {
+  const auto h = static_cast<double>(model_hidden_size(model));
+  if (h == 0) return 500000000;
+  return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(factor * h * h) * element_size);
+}
+
+}  // namespace accel::backends

@@ -39,4 +39,15 @@ struct PlannedUnit {
 std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOptions& options);
 
 }  // namespace detail
+/// The model's hidden size, as Accelerate reads a Hugging Face model's `config.hidden_size` to resolve
+/// DeepSpeed's "auto" bucket sizes: the most common input width (last dimension) among the model's matrices
+/// (2-D parameters), the larger on a tie; 0 when it has none. An MLP 784-512-512-10 gives 512; a transformer
+/// block gives d_model (embedding, attention and the first feed-forward matrix all read d_model wide).
+std::int64_t model_hidden_size(const torch::nn::Module& model);
+
+/// DeepSpeed's "auto" bucket in bytes as Accelerate sets it: `factor` x hidden_size² elements of
+/// `element_size` bytes (reduce_bucket_size: 1, stage3_prefetch_bucket_size: 0.9); DeepSpeed's default of
+/// 5e8 when the model has no matrix.
+std::uint64_t auto_bucket_bytes(const torch::nn::Module& model, double factor, std::size_t element_size);
+
 }  // namespace accel::backends

@@ -434,14 +434,17 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
       } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
                  key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
         const auto n = count_or_auto(f, v, p, key);
-        if (!n) {
-          autos.push_back(key);
-          continue;
+        if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
+        if (key == "allgather_bucket_size") {
+          // Accelerate leaves "auto" here to DeepSpeed, whose default applies.
+          if (n)
+            z.allgather_bucket_size = *n;
+          else
+            autos.push_back(key);
+        } else {
+          // "auto" (nullopt) is resolved from the model at prepare, as Accelerate does (hidden_size²).
+          (key == "reduce_bucket_size" ? z.reduce_bucket_size : z.stage3_prefetch_bucket_size) = n;
         }
-        if (*n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
-        (key == "reduce_bucket_size"      ? z.reduce_bucket_size
-         : key == "allgather_bucket_size" ? z.allgather_bucket_size
-                                          : z.stage3_prefetch_bucket_size) = *n;
       } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
                  key == "gather_16bit_weights_on_model_save" ||
                  key == "stage3_gather_fp16_weights_on_model_save") {
@@ -456,9 +459,7 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   }
   if (!autos.empty()) {
     notices.push_back(
-        fmt::format("{}: zero_optimization.{} \"auto\": Accelerate derives it from a Hugging Face model's "
-                    "hidden_size, which "
-                    "LibTorch modules do not have; DeepSpeed's default is used (set a number to choose)",
+        fmt::format("{}: zero_optimization.{} \"auto\": DeepSpeed's default is used (set a number to choose)",
                     path, join(autos, ", zero_optimization.")));
   }
   if (!zero_no_effect.empty()) {

@@ -76,6 +76,11 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
+    if (options_.bucket_from_model) {
+      const auto params = model.parameters();
+      options_.bucket_bytes =
+          auto_bucket_bytes(model, 1.0, params.empty() ? 4 : params.front().element_size());
+    }
     for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
       names_.push_back(name);
       params_.push_back(p);
@@ -524,7 +529,8 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
     o.name = "zero";
     o.policy = UnitPolicy::PerModule;  // DeepSpeed gathers each module's own parameters
     o.reduce_every_micro_step = true;
-    o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size > 0;
+    // Prefetching is on or off here (units are gathered whole): "auto" (hidden_size²) is on, as any size is.
+    o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size.value_or(1) > 0;
     o.offload =
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
     o.save_16bit = save_16bit(*context.config);
@@ -532,7 +538,8 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   }
   ZeroOptions o;
   o.stage = z.stage;
-  o.bucket_bytes = z.reduce_bucket_size;
+  o.bucket_bytes = z.reduce_bucket_size.value_or(0);
+  o.bucket_from_model = !z.reduce_bucket_size.has_value();
   o.overlap_comm = z.overlap_comm;
   o.gather_bucket_bytes = z.allgather_bucket_size;
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;

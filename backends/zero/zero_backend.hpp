@@ -23,8 +23,10 @@ namespace accel::backends {
 
 /// Options of the sharded-optimizer backend.
 struct ZeroOptions {
-  int stage = 2;                                  ///< 1 or 2
-  std::uint64_t bucket_bytes = 500000000;         ///< stage 2 reduce bucket / stage 1 chunk, in bytes
+  int stage = 2;                           ///< 1 or 2
+  std::uint64_t bucket_bytes = 500000000;  ///< stage 2 reduce bucket / stage 1 chunk, in bytes
+  /// DeepSpeed's "auto": bucket_bytes is set at prepare_model from the model (auto_bucket_bytes).
+  bool bucket_from_model = false;
   std::uint64_t gather_bucket_bytes = 500000000;  ///< parameter all-gather chunk after the step, in bytes
   bool overlap_comm = true;  ///< stage 2: reduce a bucket while the next fills (else one bucket at most)
   bool offload_optimizer = false;  ///< keep master slices and optimizer state in CPU memory

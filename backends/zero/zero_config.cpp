@@ -55,8 +55,10 @@ std::vector<KeyRow> zero_rows() {
       "zero3_save_16bit_model", kSection, "save_state also writes a consolidated 16-bit model",
       [](auto& c) -> auto& { return c.zero.zero3_save_16bit_model; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "reduce_bucket_size", kSection, "gradient reduce-scatter bucket, in bytes (5e8 accepted)",
-      [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes(), write_u64, "123"));
+      "reduce_bucket_size", kSection,
+      "gradient reduce-scatter bucket, in bytes (5e8 accepted); auto: from the model",
+      [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes_or_auto(), write_bytes_or_auto,
+      "123"));
   rows.push_back(setting(
       "overlap_comm", kSection, "stage 2 reduces a bucket while backward fills the next",
       [](auto& c) -> auto& { return c.zero.overlap_comm; }, boolean(), write_bool, "false"));
@@ -64,8 +66,10 @@ std::vector<KeyRow> zero_rows() {
       "allgather_bucket_size", kSection, "parameter all-gather bucket, in bytes",
       [](auto& c) -> auto& { return c.zero.allgather_bucket_size; }, bytes(), write_u64, "456"));
   rows.push_back(setting(
-      "stage3_prefetch_bucket_size", kSection, "bytes of parameters prefetched ahead in stage 3",
-      [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes(), write_u64, "789"));
+      "stage3_prefetch_bucket_size", kSection,
+      "bytes of parameters prefetched ahead in stage 3; auto: from the model",
+      [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes_or_auto(),
+      write_bytes_or_auto, "auto"));
   rows.push_back(setting(
       "activation_checkpointing", kSection, "(accelerate-cpp) recompute activations in backward",
       [](auto& c) -> auto& { return c.zero.activation_checkpointing; }, boolean(), write_bool, "true"));
@@ -160,9 +164,9 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
                          z.gradient_clipping));
   }
   const std::pair<const char*, uint64_t> buckets[] = {
-      {"reduce_bucket_size", z.reduce_bucket_size},
+      {"reduce_bucket_size", z.reduce_bucket_size.value_or(1)},
       {"allgather_bucket_size", z.allgather_bucket_size},
-      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size}};
+      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size.value_or(1)}};
   for (const auto& [name, bytes] : buckets) {
     if (bytes == 0) {
       const std::string key = join_path("deepspeed_config", name);

@@ -54,6 +54,9 @@ class InputArchive;
 }  // namespace torch::serialize
 
 namespace accel {
+namespace detail {
+struct StateParts;
+}  // namespace detail
 
 /// Where checkpoints go and how many are kept, as Accelerate's `ProjectConfiguration`.
 /// \code
@@ -568,14 +571,8 @@ class Accelerator {
   void stash_gradients();
   void restore_gradients();
   void enable_autocast();
-  void write_state_files(const std::filesystem::path& tmp);
-  std::vector<OptimizerTensorLayout> optimizer_layouts(std::size_t optimizer) const;
-  std::string optimizer_fingerprints() const;
-  std::vector<torch::nn::Module*> model_pointers() const;
-  std::optional<NamedTensors> consolidated_optimizer_state(std::size_t optimizer);
-  void load_converted_optimizer_state(std::size_t optimizer, const std::string& path);
-  void write_main_state_files(const std::filesystem::path& tmp,
-                              const std::vector<NamedTensors>& model_states);
+  /// The prepared objects lent to the state I/O part (state_io.hpp) for one save_state or load_state.
+  detail::StateParts state_parts();
   struct SplitRange {
     std::size_t begin, end, longest;
   };

@@ -1,5 +1,5 @@
 #include <accel/accelerator.hpp>
-#include <accel/checkpointing.hpp>
+#include <accel/activation_checkpoint.hpp>
 #include <accel/errors.hpp>
 
 #include <ATen/autocast_mode.h>

@@ -1,8 +1,12 @@
-// Accelerator: checkpoint management as Accelerate's ProjectConfiguration (automatic names, rotation, resume
-// from the newest) and the objects and hooks registered for checkpointing.
+// Accelerator: save_state / load_state (the files are the state I/O part's, state_io.hpp), checkpoint
+// management as Accelerate's ProjectConfiguration (automatic names, rotation, resume from the newest) and the
+// objects and hooks registered for checkpointing.
 #include <accel/accelerator.hpp>
-#include <accel/detail/atomic_dir.hpp>
 
+#include "atomic_dir.hpp"
+#include "state_io.hpp"
+
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,6 +48,47 @@ fs::path automatic_checkpoint_root(const ProjectConfiguration& project, const ch
 }
 
 }  // namespace
+
+detail::StateParts Accelerator::state_parts() {
+  detail::StateParts parts;
+  for (const auto& m : models_)
+    parts.models.push_back({m.module.get(), m.engine.get()});
+  parts.optimizers = optimizers_;
+  parts.optimizer_model = optimizer_model_;
+  parts.schedulers = schedulers_;
+  for (const auto& l : loaders_)
+    parts.loaders.push_back(l.get());
+  parts.scaler = scaler_.get();
+  for (const auto& c : custom_states_)
+    parts.objects.push_back({c.save, c.load});
+  parts.comm = comm_.get();
+  parts.rank = rank_;
+  parts.world_size = world_size_;
+  parts.backend = backend_name();
+  parts.shards_optimizer_state = capabilities().shards_optimizer_state;
+  parts.mixed_precision = config_.mixed_precision;
+  return parts;
+}
+
+void Accelerator::save_state(const std::string& dir) {
+  sync_parameters();  // collective: the models must be current before rank 0 writes them
+  detail::TrainingCounters counters;
+  counters.micro_steps = micro_steps_;
+  counters.cycle_position = cycle_done_ ? 0 : cycle_position_;
+  counters.completed_steps = completed_steps_;
+  detail::StateIO(state_parts()).save(dir, counters, save_hooks_);
+}
+
+void Accelerator::load_state(const std::string& dir) {
+  const auto counters = detail::StateIO(state_parts()).load(dir, load_hooks_);
+  micro_steps_ = counters.micro_steps;
+  cycle_position_ = counters.cycle_position;
+  completed_steps_ = counters.completed_steps;
+  cycle_done_ = false;
+  in_micro_step_ = false;
+  stashed_grads_.clear();
+  if (autocast_on_) at::autocast::clear_cache();
+}
 
 std::string Accelerator::save_state() {
   const fs::path root = automatic_checkpoint_root(project_, "save_state");

@@ -1,4 +1,4 @@
-#include <accel/checkpointing.hpp>
+#include <accel/activation_checkpoint.hpp>
 #include <accel/errors.hpp>
 
 #include <ATen/Context.h>

@@ -5,6 +5,7 @@
 #include <accel/safetensors.hpp>
 
 #include "../accelerate_cpp/src/model_export.hpp"
+#include "../accelerate_cpp/src/optimizer_reshard.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -377,4 +378,137 @@ TEST_CASE("checkpoints: misuse of automatic naming and of registered objects is 
   negative.total_limit = -1;
   CHECK_THROWS_AS(Accelerator(AcceleratorOptions().config(test::make_config()).project_config(negative)),
                   UsageError);
+}
+
+namespace {
+
+// Two Adam steps on a small model; the last bias gets no gradient, so it has no optimizer state (a parameter
+// unused in the forward pass).
+struct SteppedAdam {
+  torch::nn::Sequential model{torch::nn::Linear(3, 2), torch::nn::Linear(2, 1)};
+  torch::optim::Adam opt{model->parameters(), torch::optim::AdamOptions(0.1)};
+  SteppedAdam() {
+    torch::manual_seed(5);
+    for (int step = 0; step < 2; ++step) {
+      for (auto& item : model->named_parameters()) {
+        if (item.key() != "1.bias") item.value().mutable_grad() = torch::randn_like(item.value());
+      }
+      opt.step();
+    }
+    opt.param_groups()[0].options().set_lr(0.123);
+  }
+  std::vector<torch::nn::Module*> modules() { return {model.ptr().get()}; }
+};
+
+// The flat layout a sharding backend gives one optimizer tensor on rank `rank` of 2: every parameter of the
+// model concatenated, padded to 12 elements, each rank holding 6.
+OptimizerTensorLayout flat_layout(int rank) {
+  OptimizerTensorLayout l;
+  l.pieces = {{"0.weight", 0, 6}, {"0.bias", 6, 2}, {"1.weight", 8, 2}, {"1.bias", 10, 1}};
+  l.flat_numel = 12;
+  l.begin = 6 * rank;
+  l.length = 6;
+  return l;
+}
+
+torch::Tensor flat_state(torch::optim::Adam& opt, const std::string& name) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : opt.param_groups()[0].params()) {
+    const auto it = opt.state().find(p.unsafeGetTensorImpl());
+    if (it == opt.state().end()) {
+      parts.push_back(torch::zeros({p.numel()}));
+      continue;
+    }
+    auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
+    parts.push_back((name == "exp_avg" ? s.exp_avg() : s.exp_avg_sq()).reshape({-1}));
+  }
+  parts.push_back(torch::zeros({1}));  // padding
+  return torch::cat(parts);
+}
+
+std::function<torch::Tensor(const std::string&)> lookup_in(const NamedTensors& state) {
+  return [state](const std::string& key) {
+    for (const auto& [name, t] : state) {
+      if (name == key) return t;
+    }
+    return torch::Tensor();
+  };
+}
+
+}  // namespace
+
+TEST_CASE("optimizer_reshard: state saved by one process is split onto 2 flat shards and joined again") {
+  SteppedAdam saved;
+  const auto layouts = accel::detail::identity_layouts(saved.opt, saved.modules());
+  REQUIRE(layouts.size() == 4);
+  const auto shapes = accel::detail::parameter_shapes(saved.modules());
+  const auto never = [](const torch::Tensor&) -> torch::Tensor {
+    FAIL("no tensor of an unsharded layout is gathered");
+    return {};
+  };
+  const auto full = accel::detail::consolidate_optimizer_state(saved.opt, layouts, shapes, never, true);
+  // lr, then step/exp_avg/exp_avg_sq of the three parameters that stepped; none for the unused bias.
+  CHECK(full.size() == 1 + 3 * 3);
+  CHECK(lookup_in(full)("1.bias/exp_avg").defined() == false);
+  CHECK(lookup_in(full)("0.weight/exp_avg").sizes() == torch::IntArrayRef({2, 3}));
+
+  // Restore onto the two shards of a flat layout (what a sharded backend's optimizer holds).
+  std::vector<torch::Tensor> shard_params;
+  std::vector<std::unique_ptr<torch::optim::Adam>> shards;
+  for (int r = 0; r < 2; ++r) {
+    shard_params.push_back(torch::zeros({6}, torch::requires_grad()));
+    shards.push_back(std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{shard_params.back()},
+                                                          torch::optim::AdamOptions(1.0)));
+    accel::detail::restore_optimizer_state(*shards[r], {flat_layout(r)}, lookup_in(full));
+    CHECK(shards[r]->param_groups()[0].options().get_lr() == Approx(0.123));
+    auto& s = static_cast<torch::optim::AdamParamState&>(
+        *shards[r]->state().at(shard_params[r].unsafeGetTensorImpl()));
+    CHECK(s.step() == 2);
+    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+      const auto expected = flat_state(saved.opt, name).narrow(0, 6 * r, 6);
+      const auto got = std::string(name) == "exp_avg" ? s.exp_avg() : s.exp_avg_sq();
+      CHECK(torch::equal(got, expected));  // the unused bias and the padding start from zero
+    }
+  }
+
+  // Join the shards again: rank 1's slices are recorded first, then rank 0 gathers [its own, rank 1's].
+  std::vector<torch::Tensor> from_rank1;
+  const auto record = [&](const torch::Tensor& t) {
+    from_rank1.push_back(t.clone());
+    return torch::zeros({12});
+  };
+  const auto ignored =
+      accel::detail::consolidate_optimizer_state(*shards[1], {flat_layout(1)}, shapes, record, false);
+  CHECK(ignored.empty());
+  REQUIRE(from_rank1.size() == 2);
+  std::size_t k = 0;
+  const auto gather = [&](const torch::Tensor& t) { return torch::cat({t, from_rank1.at(k++)}); };
+  const auto joined =
+      accel::detail::consolidate_optimizer_state(*shards[0], {flat_layout(0)}, shapes, gather, true);
+  CHECK(k == 2);
+  for (const auto& [name, t] : full) {
+    INFO(name);
+    const auto other = lookup_in(joined)(name);
+    REQUIRE(other.defined());
+    CHECK(torch::allclose(other.to(torch::kFloat64), t.to(torch::kFloat64)));
+  }
+  // The unused bias comes back as zeros (it is part of a stepped flat tensor now).
+  CHECK(torch::equal(lookup_in(joined)("1.bias/exp_avg"), torch::zeros({1})));
+}
+
+TEST_CASE("optimizer_reshard: fingerprints tell layouts apart, and foreign tensors block conversion") {
+  CHECK(accel::detail::layout_fingerprint({flat_layout(0)}) ==
+        accel::detail::layout_fingerprint({flat_layout(0)}));
+  CHECK(accel::detail::layout_fingerprint({flat_layout(0)}) !=
+        accel::detail::layout_fingerprint({flat_layout(1)}));
+  auto other = flat_layout(0);
+  other.pieces[1].param = "0.bias_renamed";
+  CHECK(accel::detail::layout_fingerprint({other}) != accel::detail::layout_fingerprint({flat_layout(0)}));
+
+  SteppedAdam saved;
+  auto extra = torch::zeros({3}, torch::requires_grad());
+  saved.opt.param_groups()[0].params().push_back(extra);
+  CHECK(accel::detail::identity_layouts(saved.opt, saved.modules()).empty());
+  CHECK(accel::detail::qualified_name(0, "w") == "w");
+  CHECK(accel::detail::qualified_name(2, "w") == "2:w");
 }

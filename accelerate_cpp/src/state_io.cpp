@@ -1,0 +1,392 @@
+#include "state_io.hpp"
+
+#include <accel/errors.hpp>
+#include <accel/schedulers.hpp>
+
+#include "atomic_dir.hpp"
+#include "optimizer_reshard.hpp"
+#include "optimizer_state.hpp"
+#include "rank_failures.hpp"
+#include "tensor_io.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+
+namespace accel::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "accelerate-cpp";
+constexpr const char* kFormatVersion = "1";
+
+std::string indexed(const std::string& stem, std::size_t i, const std::string& ext) {
+  return i == 0 ? stem + ext : fmt::format("{}_{}{}", stem, i, ext);
+}
+
+// LRScheduler keeps its position in a protected member; read and write it through a derived-class member
+// pointer (legal C++, no layout assumptions).
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&SchedulerAccess::step_count_); }
+};
+
+torch::Tensor scalar(std::int64_t v) {
+  return torch::tensor(v, torch::kInt64);
+}
+
+std::vector<torch::Device> rng_devices() {
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (torch::cuda::is_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i)
+      devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  return devices;
+}
+
+std::string require(const safetensors::File& f, const std::string& key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) {
+    throw CheckpointError(
+        fmt::format("{}: metadata has no '{}'; this is not an accelerate-cpp checkpoint", f.path(), key));
+  }
+  return it->second;
+}
+
+}  // namespace
+
+std::vector<torch::nn::Module*> StateIO::modules() const {
+  std::vector<torch::nn::Module*> out;
+  for (const auto& m : p_.models)
+    out.push_back(m.module);
+  return out;
+}
+
+std::vector<OptimizerTensorLayout> StateIO::layouts(std::size_t o) const {
+  const auto& optimizer = *p_.optimizers[o];
+  const auto model = p_.optimizer_model[o];
+  auto layouts = p_.models[model].engine->optimizer_layout(optimizer);
+  if (layouts.empty()) return identity_layouts(optimizer, modules());
+  for (auto& l : layouts) {
+    for (auto& piece : l.pieces)
+      piece.param = qualified_name(model, piece.param);
+  }
+  return layouts;
+}
+
+std::string StateIO::fingerprints() const {
+  std::string out;
+  for (std::size_t o = 0; o < p_.optimizers.size(); ++o)
+    out += (out.empty() ? "" : ",") + layout_fingerprint(layouts(o));
+  return out;
+}
+
+void StateIO::save(const std::string& dir, const TrainingCounters& counters,
+                   const std::vector<std::function<void(const std::string&)>>& hooks) {
+  // The main process owns the temporary directory and commits it; every rank writes its own files into it
+  // (the same path on every rank: one machine, or a shared filesystem), then all meet before the commit.
+  std::unique_ptr<AtomicDirectory> out;
+  std::string tmp;
+  std::string failure;
+  if (p_.rank == 0) {
+    try {
+      out = std::make_unique<AtomicDirectory>(dir);
+      tmp = out->path().string();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  tmp = p_.comm->exchange(failure.empty() ? tmp : "\n" + failure)[0];
+  if (!tmp.empty() && tmp[0] == '\n') {
+    throw CheckpointError(fmt::format("save_state: rank 0 could not create '{}': {}", dir, tmp.substr(1)));
+  }
+  try {
+    for (const auto& hook : hooks)
+      hook(tmp);
+    write_files(tmp, counters);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Every rank reports; one failure anywhere keeps the previous checkpoint (the temporary one is dropped).
+  throw_first_failure(*p_.comm, failure, [&](std::size_t r, const std::string& what) {
+    return fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir,
+                       r, what);
+  });
+  if (out) out->commit();
+  p_.comm->barrier();
+}
+
+void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& counters) {
+  const fs::path tmp = tmp_dir;
+  // Collective on every rank (sharded parameters and optimizer state are gathered); rank 0 writes them.
+  std::vector<NamedTensors> model_states;
+  for (const auto& m : p_.models)
+    model_states.push_back(m.engine->model_state());
+  const auto shapes = parameter_shapes(modules());
+  std::vector<std::optional<NamedTensors>> optimizer_states;
+  for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
+    const auto l = layouts(o);
+    if (optimizer_kind(*p_.optimizers[o]).empty() || l.empty()) {
+      optimizer_states.emplace_back();
+      continue;
+    }
+    optimizer_states.push_back(consolidate_optimizer_state(
+        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return p_.comm->all_gather(t); },
+        p_.rank == 0));
+  }
+  if (p_.rank == 0) {
+    write_main_files(tmp_dir, model_states, counters);
+    for (std::size_t i = 0; i < optimizer_states.size(); ++i) {
+      if (!optimizer_states[i]) continue;
+      write_tensors((tmp / indexed("optimizer", i, "_full.safetensors")).string(), *optimizer_states[i],
+                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.optimizers[i])}});
+    }
+  }
+  if (p_.shards_optimizer_state) {
+    for (std::size_t i = 0; i < p_.optimizers.size(); ++i) {
+      torch::save(*p_.optimizers[i],
+                  (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
+    }
+  }
+  NamedTensors rng;
+  for (const auto& d : rng_devices()) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng.emplace_back(d.str(), gen.get_state());
+  }
+  write_tensors((tmp / fmt::format("random_states_{}.safetensors", p_.rank)).string(), rng);
+  if (p_.rank == 0) {
+    for (std::size_t i = 0; i < p_.objects.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      p_.objects[i].save(archive);
+      archive.save_to((tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    }
+  }
+}
+
+void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<NamedTensors>& model_states,
+                               const TrainingCounters& counters) {
+  const fs::path tmp = tmp_dir;
+  for (std::size_t i = 0; i < model_states.size(); ++i) {
+    write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i], {{"format", "pt"}});
+    for (const auto& [stem, tensors] : p_.models[i].engine->extra_model_files(model_states[i]))
+      write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
+  }
+  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.shards_optimizer_state; ++i)
+    torch::save(*p_.optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
+
+  NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
+                     {"cycle_position", scalar(counters.cycle_position)},
+                     {"completed_steps", scalar(counters.completed_steps)}};
+  for (std::size_t i = 0; i < p_.schedulers.size(); ++i) {
+    state.emplace_back(fmt::format("scheduler.{}.step_count", i),
+                       scalar(SchedulerAccess::step_count(*p_.schedulers[i])));
+    if (const auto* schedule = dynamic_cast<const sched::Preparable*>(p_.schedulers[i])) {
+      const auto extra = schedule->schedule_state();
+      if (!extra.empty()) {
+        state.emplace_back(fmt::format("scheduler.{}.state", i),
+                           torch::tensor(extra, torch::TensorOptions().dtype(torch::kFloat64)));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < p_.loaders.size(); ++i) {
+    const auto& l = *p_.loaders[i];
+    state.emplace_back(fmt::format("loader.{}.epoch", i), scalar(static_cast<std::int64_t>(l.epoch)));
+    state.emplace_back(fmt::format("loader.{}.next_batch", i),
+                       scalar(static_cast<std::int64_t>(l.in_epoch ? l.next_batch : 0)));
+    state.emplace_back(fmt::format("loader.{}.samples_per_step", i),
+                       scalar(static_cast<std::int64_t>(l.samples_per_step)));
+  }
+  if (p_.scaler) {
+    for (auto& [k, v] : p_.scaler->state_dict())
+      state.emplace_back("scaler." + k, v);
+  }
+  const std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints()},
+                                                {"format", kFormat},
+                                                {"format_version", kFormatVersion},
+                                                {"backend", p_.backend},
+                                                {"world_size", std::to_string(p_.world_size)},
+                                                {"mixed_precision", to_string(p_.mixed_precision)},
+                                                {"models", std::to_string(p_.models.size())},
+                                                {"optimizers", std::to_string(p_.optimizers.size())},
+                                                {"schedulers", std::to_string(p_.schedulers.size())},
+                                                {"loaders", std::to_string(p_.loaders.size())},
+                                                {"custom_objects", std::to_string(p_.objects.size())}};
+  write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
+}
+
+void StateIO::load_converted(std::size_t o, const std::string& path) {
+  auto& optimizer = *p_.optimizers[o];
+  const auto kind = optimizer_kind(optimizer);
+  const auto file = safetensors::File::open(path);
+  const auto saved_kind = require(file, "optimizer");
+  if (kind != saved_kind) {
+    throw CheckpointError(fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}",
+                                      path, saved_kind,
+                                      kind.empty() ? "of a type that cannot be converted" : kind));
+  }
+  const auto l = layouts(o);
+  if (l.empty()) {
+    throw CheckpointError(
+        fmt::format("{}: the prepared optimizer holds tensors that are not parameters of the "
+                    "prepared models, so per-parameter state cannot be mapped onto it",
+                    path));
+  }
+  restore_optimizer_state(optimizer, l, [&](const std::string& key) {
+    return file.contains(key) ? read_tensor(file, key) : torch::Tensor();
+  });
+}
+
+TrainingCounters StateIO::load(const std::string& dir,
+                               const std::vector<std::function<void(const std::string&)>>& hooks) {
+  if (p_.rank == 0) recover_interrupted(dir);
+  p_.comm->barrier();
+  const fs::path root(dir);
+  if (!fs::is_directory(root)) {
+    throw CheckpointError(
+        fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
+  }
+  for (const auto& hook : hooks)
+    hook(dir);
+  const auto state_file = safetensors::File::open((root / "accelerator_state.safetensors").string());
+  if (require(state_file, "format") != kFormat) {
+    throw CheckpointError(fmt::format("{}: not an accelerate-cpp checkpoint", state_file.path()));
+  }
+  if (const auto v = require(state_file, "format_version"); v != kFormatVersion) {
+    throw CheckpointError(
+        fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
+                    state_file.path(), v, kFormatVersion));
+  }
+  const auto saved_world = require(state_file, "world_size");
+  const auto saved_backend = require(state_file, "backend");
+  // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
+  const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
+  const bool convert =
+      saved_world != std::to_string(p_.world_size) || saved_backend != p_.backend ||
+      (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints());
+  auto check_count = [&](const char* what, std::size_t have) {
+    const auto saved = require(state_file, what);
+    if (saved != std::to_string(have)) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} {} but {} were prepared; prepare the same "
+                      "objects, in the same order, as when saving",
+                      dir, saved, what, have));
+    }
+  };
+  check_count("models", p_.models.size());
+  check_count("optimizers", p_.optimizers.size());
+  check_count("schedulers", p_.schedulers.size());
+  check_count("loaders", p_.loaders.size());
+  {
+    const auto saved = state_file.metadata().find("custom_objects");
+    const std::string count = saved == state_file.metadata().end() ? "0" : saved->second;
+    if (count != std::to_string(p_.objects.size())) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} objects registered for checkpointing but "
+                      "{} are registered; call register_for_checkpointing for the same "
+                      "objects, in the same order, as when saving",
+                      dir, count, p_.objects.size()));
+    }
+  }
+
+  for (std::size_t i = 0; i < p_.models.size(); ++i) {
+    const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
+    p_.models[i].engine->load_model_state(read_tensors(f));
+  }
+  for (std::size_t i = 0; i < p_.optimizers.size(); ++i) {
+    if (convert) {
+      const auto path = (root / indexed("optimizer", i, "_full.safetensors")).string();
+      if (!fs::exists(path)) {
+        throw CheckpointError(fmt::format(
+            "{}: the checkpoint was saved by {} process(es) with the '{}' backend and this run has {} with "
+            "'{}' (or another sharding layout); converting needs the per-parameter optimizer state '{}', "
+            "which is written for LibTorch's Adam, "
+            "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
+            dir, saved_world, saved_backend, p_.world_size, p_.backend, path, saved_world, saved_backend));
+      }
+      load_converted(i, path);
+      continue;
+    }
+    const auto path =
+        (root / indexed("optimizer", i,
+                        p_.shards_optimizer_state ? fmt::format("_rank{}.pt", p_.rank) : std::string(".pt")))
+            .string();
+    if (!fs::exists(path))
+      throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
+    torch::load(*p_.optimizers[i], path);
+  }
+  auto get = [&](const std::string& name) { return read_tensor(state_file, name).item<std::int64_t>(); };
+  TrainingCounters counters;
+  counters.micro_steps = get("micro_steps");
+  counters.cycle_position = get("cycle_position");
+  counters.completed_steps = get("completed_steps");
+  for (std::size_t i = 0; i < p_.schedulers.size(); ++i) {
+    SchedulerAccess::step_count(*p_.schedulers[i]) =
+        static_cast<unsigned>(get(fmt::format("scheduler.{}.step_count", i)));
+    const auto extra_key = fmt::format("scheduler.{}.state", i);
+    if (auto* schedule = dynamic_cast<sched::Preparable*>(p_.schedulers[i]);
+        schedule && state_file.contains(extra_key)) {
+      const auto t = read_tensor(state_file, extra_key).to(torch::kFloat64).contiguous();
+      schedule->load_schedule_state(
+          std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()));
+    }
+  }
+  for (std::size_t i = 0; i < p_.loaders.size(); ++i) {
+    auto& l = *p_.loaders[i];
+    l.epoch = static_cast<std::uint64_t>(get(fmt::format("loader.{}.epoch", i)));
+    l.next_batch = static_cast<std::size_t>(get(fmt::format("loader.{}.next_batch", i)));
+    const auto sps_key = fmt::format("loader.{}.samples_per_step", i);
+    if (state_file.contains(sps_key) && l.samples_per_step != 0) {
+      // Another world size or batch size: continue after the same number of samples.
+      const auto saved_sps = static_cast<std::size_t>(get(sps_key));
+      const auto samples = l.next_batch * saved_sps;
+      if (samples % l.samples_per_step != 0) {
+        throw CheckpointError(
+            fmt::format("{}: loader {} stopped after {} samples of epoch {} ({} per step when saved), which "
+                        "is not a whole "
+                        "number of this run's steps of {} samples; resume with a batch size and number of "
+                        "processes whose "
+                        "product divides {}, or from a checkpoint saved at an epoch end",
+                        dir, i, samples, l.epoch, saved_sps, l.samples_per_step, samples));
+      }
+      l.next_batch = samples / l.samples_per_step;
+    }
+    l.resumed = l.next_batch > 0;
+    l.in_epoch = false;
+    l.at_last_batch = false;
+  }
+  if (p_.scaler) {
+    if (!state_file.contains("scaler.scale")) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint has no fp16 loss-scaler state (saved with "
+                      "mixed_precision: {}), but this run uses fp16",
+                      dir, require(state_file, "mixed_precision")));
+    }
+    p_.scaler->load_state_dict({{"scale", read_tensor(state_file, "scaler.scale")},
+                                {"growth_tracker", read_tensor(state_file, "scaler.growth_tracker")}});
+  }
+  for (std::size_t i = 0; i < p_.objects.size(); ++i) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((root / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    p_.objects[i].load(archive);
+  }
+  const auto rng_path = root / fmt::format("random_states_{}.safetensors", p_.rank);
+  // A rank that did not exist in the saved run keeps its (seeded) generators.
+  if (convert && !fs::exists(rng_path)) return counters;
+  const auto rng_file = safetensors::File::open(rng_path.string());
+  for (const auto& d : rng_devices()) {
+    if (!rng_file.contains(d.str())) continue;  // saved on a machine with fewer devices
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(read_tensor(rng_file, d.str()));
+  }
+  return counters;
+}
+
+}  // namespace accel::detail

@@ -1,0 +1,96 @@
+#pragma once
+// Checkpoint state I/O: what Accelerator::save_state / load_state write and read, as a collaborator the
+// accelerator lends its prepared objects to for one save or load. Orchestration (temporary directory, hooks,
+// every rank reporting, commit) and the file format live here; the accelerator keeps only its own counters.
+//
+// Layout of a checkpoint directory (format version 1):
+//   model.safetensors, model_1.safetensors ...   full weights and buffers of each prepared model
+//   model_16bit.safetensors ...                   the same in fp16/bf16 (zero3_save_16bit_model: true)
+//   optimizer.pt, optimizer_1.pt ...              LibTorch archives of each optimizer's state (sharded
+//                                                  backends: optimizer_rank<r>.pt per rank)
+//   optimizer_full.safetensors ...                 the same state per model parameter
+//   (optimizer_reshard.hpp),
+//                                                  world-size and backend independent (built-in optimizers):
+//                                                  what resuming on another world size or backend reads
+//   accelerator_state.safetensors                 counters, scaler, schedulers, loader positions + metadata
+//   random_states_<rank>.safetensors              RNG states of each rank
+//   custom_checkpoint_<i>.pt                      objects registered with register_for_checkpointing
+
+#include <accel/backend.hpp>
+#include <accel/communicator.hpp>
+#include <accel/config.hpp>
+#include <accel/data_loader.hpp>
+#include <accel/grad_scaler.hpp>
+
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace accel::detail {
+
+/// The accelerator's own position in training, saved and restored with the objects.
+struct TrainingCounters {
+  std::int64_t micro_steps = 0;
+  std::int64_t cycle_position = 0;
+  std::int64_t completed_steps = 0;
+};
+
+/// An object registered with register_for_checkpointing.
+struct CheckpointedObject {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+/// What one save or load works on: the accelerator's prepared objects, borrowed for the call.
+struct StateParts {
+  struct Model {
+    torch::nn::Module* module;
+    Backend* engine;
+  };
+  std::vector<Model> models;
+  std::vector<torch::optim::Optimizer*> optimizers;
+  std::vector<std::size_t> optimizer_model;  ///< the model each optimizer belongs to
+  std::vector<torch::optim::LRScheduler*> schedulers;
+  std::vector<LoaderState*> loaders;
+  GradScaler* scaler = nullptr;  ///< fp16 only
+  std::vector<CheckpointedObject> objects;
+  Communicator* comm = nullptr;
+  int rank = 0;
+  int world_size = 1;
+  std::string backend;
+  bool shards_optimizer_state = false;
+  MixedPrecision mixed_precision = MixedPrecision::No;
+};
+
+class StateIO {
+ public:
+  explicit StateIO(StateParts parts) : p_(std::move(parts)) {}
+
+  /// Writes a checkpoint into `dir` (collective): the main process writes into a temporary directory every
+  /// rank adds its own files to, runs `hooks` on it first, and commits it only when every rank succeeded; a
+  /// failure on any rank throws on every rank and keeps the previous checkpoint.
+  void save(const std::string& dir, const TrainingCounters& counters,
+            const std::vector<std::function<void(const std::string&)>>& hooks);
+  /// Loads a checkpoint written by save, converting the optimizer state when the world size, backend or
+  /// sharding layout differ; returns the saved counters. Collective.
+  TrainingCounters load(const std::string& dir,
+                        const std::vector<std::function<void(const std::string&)>>& hooks);
+
+ private:
+  std::vector<OptimizerTensorLayout> layouts(std::size_t optimizer) const;
+  std::string fingerprints() const;
+  std::vector<torch::nn::Module*> modules() const;
+  void write_files(const std::string& tmp, const TrainingCounters& counters);
+  void write_main_files(const std::string& tmp, const std::vector<NamedTensors>& model_states,
+                        const TrainingCounters& counters);
+  void load_converted(std::size_t optimizer, const std::string& path);
+
+  StateParts p_;
+};
+
+}  // namespace accel::detail
