@@ -130,6 +130,7 @@ Config resolve_launch_config(const LaunchOptions& options, std::vector<std::stri
   set(config.main_process_ip, options.main_process_ip);
   set(config.main_process_port, options.main_process_port);
   set(config.gradient_accumulation_steps, options.gradient_accumulation_steps);
+  set(config.log_with, options.log_with);
   if (options.mixed_precision) {
     config.mixed_precision = parse_mixed_precision(*options.mixed_precision);
     overridden = true;
@@ -329,6 +330,10 @@ void setup_launch_command(CLI::App& app) {
          both_spellings("mixed_precision"), [options](const std::string& v) { options->mixed_precision = v; },
          "Mixed precision")
       ->type_name("no|fp16|bf16");
+  sub->add_option_function<std::string>(
+         both_spellings("log_with"), [options](const std::string& v) { options->log_with = v; },
+         "Experiment trackers the main process writes (the config's log_with)")
+      ->type_name("tensorboard|csv|jsonl|all|LIST");
   sub->add_option_function<int>(
       both_spellings("gradient_accumulation_steps"),
       [options](const int& v) { options->gradient_accumulation_steps = v; }, "Gradient accumulation steps");

@@ -29,6 +29,8 @@ struct LaunchOptions {
   std::optional<int> main_process_port;
   /// `--mixed_precision`: `no|fp16|bf16`.
   std::optional<std::string> mixed_precision;
+  /// --log_with: the config's log_with (experiment trackers).
+  std::optional<std::string> log_with;
   /// `--gradient_accumulation_steps`.
   std::optional<int> gradient_accumulation_steps;
   /// `--backend`: `local|ddp|fsdp|zero`.

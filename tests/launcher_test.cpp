@@ -283,10 +283,10 @@ std::string write_file(const TempDir& dir, const std::string& name, const std::s
 TEST_CASE("launcher: two ranks get prefixed output, the torchrun variables and the resolved config") {
   TempDir dir;
   const int port = free_port();
-  const RunResult r =
-      run({"launch", "--num_processes", "2", "--mixed_precision", "bf16", "--main_process_port",
-           std::to_string(port), script("print_env.sh"), "--epochs", "3", "--num_processes", "7"},
-          {"MARKER_DIR=" + dir.str()});
+  const RunResult r = run({"launch", "--num_processes", "2", "--mixed_precision", "bf16", "--log_with",
+                           "tensorboard,csv", "--main_process_port", std::to_string(port),
+                           script("print_env.sh"), "--epochs", "3", "--num_processes", "7"},
+                          {"MARKER_DIR=" + dir.str()});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.exit_code == 0);
 
@@ -328,6 +328,7 @@ TEST_CASE("launcher: two ranks get prefixed output, the torchrun variables and t
   }
   const accel::Config config = accel::Config::load_string(yaml, "resolved config");
   CHECK(config.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(config.log_with == "tensorboard,csv");
   CHECK(config.num_processes == 2);
   CHECK(config.main_process_port == port);
   CHECK(config.backend == "ddp");

@@ -20,9 +20,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iomanip>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 namespace dist {
 namespace {
@@ -797,6 +800,55 @@ void restart_resume() {
       1, project);
 }
 
+// Experiment tracking with every built-in tracker on N ranks: only the main process writes; TensorBoard's own
+// Python reader, csv and json read back exactly the values logged (tests/python/check_tracking.py).
+void tracking() {
+  namespace fs = std::filesystem;
+  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
+  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  torch::manual_seed(0);
+  Mlp model;
+  auto opt = sgd(model->parameters());
+  Accelerator acc(AcceleratorOptions().config(cpu_config()).log_with("all").project_dir(out));
+  const int world = acc.num_processes();
+  acc.prepare(model, *opt);
+  bool refused = false;
+  try {
+    acc.log({{"loss", 1.0}});
+  } catch (const UsageError& e) {
+    refused = std::string(e.what()).find("init_trackers") != std::string::npos;
+  }
+  CHECK_MSG(refused, "log() before init_trackers() must throw UsageError naming init_trackers");
+  acc.init_trackers("run", {{"lr", 0.05}, {"batch", kBatch}, {"backend", backend_variant}, {"fused", false}});
+  CHECK_MSG((acc.get_tracker("tensorboard") != nullptr) == acc.is_main_process(),
+            "the main process alone has trackers");
+  Regression data(kBatch * world * kSteps);
+  std::ostringstream expected;
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    opt->zero_grad();
+    const auto loss = torch::mse_loss(model(rows(data.x, s, &acc, world)), rows(data.y, s, &acc, world));
+    acc.backward(loss);
+    opt->step();
+    const double mean_loss = acc.reduce(loss.detach(), ReduceOp::Mean).item<double>();
+    const double lr = 0.05 / static_cast<double>(s + 1);
+    acc.log({{"loss", mean_loss}, {"lr", lr}});  // at completed_steps(): 1, 2, ...
+    acc.log({{"eval/metric", -mean_loss}}, 100 + s);
+    expected << std::setprecision(17) << s + 1 << " loss " << mean_loss << "\n"
+             << s + 1 << " lr " << lr << "\n"
+             << 100 + s << " eval/metric " << -mean_loss << "\n";
+  }
+  acc.end_training();
+  if (!acc.is_main_process()) return;
+  const fs::path expected_file = fs::path(out) / "expected.txt";
+  std::ofstream(expected_file) << expected.str();
+  const std::string python = ACCEL_PYTHON;
+  CHECK_MSG(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
+  const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/check_tracking.py " +
+                              (fs::path(out) / "run").string() + " " + expected_file.string() + " " +
+                              backend_variant;
+  CHECK_MSG(std::system(command.c_str()) == 0, "the Python check failed: " << command);
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
@@ -815,7 +867,8 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"hf_export", hf_export},
           {"hf_import", hf_import},
           {"auto_checkpoint", auto_checkpoint},
-          {"restart_resume", restart_resume}};
+          {"restart_resume", restart_resume},
+          {"tracking", tracking}};
 }
 
 }  // namespace dist

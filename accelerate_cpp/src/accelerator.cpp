@@ -80,6 +80,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   rank_ = state_.rank;
   local_rank_ = state_.local_rank;
   project_ = options.project_;
+  tracker_names_ = parse_log_with(options.log_with_ ? *options.log_with_ : config_.log_with);
+  custom_trackers_ = options.trackers_;
   if (project_.total_limit < 0 || project_.iteration < 0) {
     throw UsageError(
         fmt::format("ProjectConfiguration: total_limit ({}) and iteration ({}) must not be negative "
@@ -121,6 +123,12 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
 }
 
 Accelerator::~Accelerator() {
+  for (auto& t : trackers_) {
+    try {
+      t->finish();
+    } catch (...) {  // a destructor reports nothing; end_training() reports write errors
+    }
+  }
   // A loader that outlives its accelerator keeps working, without step-boundary parameter refreshes.
   for (auto& l : loaders_)
     l->on_advance = nullptr;

@@ -133,6 +133,11 @@ std::vector<KeyRow> make_schema() {
       "debug", kTop, "check every rank's shapes before each collective (a mismatch is an error, not a hang)",
       [](auto& c) -> auto& { return c.debug; }, boolean(), write_bool, "true"));
   add(setting(
+      "log_with", kTop, "experiment trackers: tensorboard, csv, jsonl, all or a list such as tensorboard,csv",
+      [](auto& c) -> auto& { return c.log_with; }, text(),
+      [](const std::string& v) { return v.empty() ? std::string("null") : yaml_string(v); },
+      "tensorboard,csv"));
+  add(setting(
       "gpu_ids", kTop, "all, or a comma-separated list such as 0,1",
       [](auto& c) -> auto& { return c.gpu_ids; }, text(), yaml_string, "'0,1,2,3'"));
   add(setting(

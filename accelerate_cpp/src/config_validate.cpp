@@ -2,6 +2,8 @@
 // line of the offending key).
 #include "config_detail.hpp"
 
+#include <accel/tracking.hpp>
+
 namespace accel {
 namespace config_detail {
 
@@ -22,6 +24,11 @@ void validate_config(const Config& c, const LineMap& lines) {
         fmt::format(
             "compute_environment: '{}' is not supported by accelerate-cpp; allowed values: LOCAL_MACHINE",
             c.compute_environment));
+  }
+  try {
+    parse_log_with(c.log_with);
+  } catch (const ConfigError& e) {
+    fail_key("log_with", e.what());
   }
   if (c.num_machines < 1) {
     fail_key("num_machines", fmt::format("num_machines ({}) must be at least 1", c.num_machines));

@@ -9,8 +9,14 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
   fashion::Net model;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(args.lr));
-  accel::Accelerator accelerator;
+  accel::Accelerator accelerator(accel::AcceleratorOptions()
+                                     .project_dir(args.log_dir)
+                                     .log_with(args.log_with == "none" ? "" : args.log_with));
   accelerator.prepare(model, optimizer);
+  accelerator.init_trackers("fashion_mnist", {{"lr", args.lr},
+                                              {"batch_size", args.batch_size},
+                                              {"epochs", args.epochs},
+                                              {"processes", accelerator.num_processes()}});
   auto train =
       fashion::Dataset(args.data_dir, true, args.train_limit).map(torch::data::transforms::Stack<>());
   auto test = fashion::Dataset(args.data_dir, false, args.test_limit).map(torch::data::transforms::Stack<>());
@@ -31,6 +37,7 @@ int main(int argc, char** argv) try {
       if (++step % 100 == 0) {  // progress on the main rank: mean loss over ranks, global samples/s
         const auto mean_loss = accelerator.reduce(loss.detach(), accel::ReduceOp::Mean).item<double>();
         const std::chrono::duration<double> t = std::chrono::steady_clock::now() - start;
+        accelerator.log({{"train/loss", mean_loss}, {"train/samples_per_s", seen / t.count()}});
         accelerator.print("epoch ", epoch, " [", seen, "/", train_loader->dataset_size(), "] loss ",
                           mean_loss, " | ", static_cast<int>(seen / t.count()), " samples/s");
       }
@@ -49,6 +56,8 @@ int main(int argc, char** argv) try {
     total += targets.size(0);
   }
   accelerator.print("test accuracy: ", 100.0 * correct / total, "% (", total, " images)");
+  accelerator.log({{"test/accuracy", 100.0 * correct / total}});
+  accelerator.end_training();
   if (!args.save_dir.empty()) accelerator.save_state(args.save_dir);
 } catch (const std::exception& e) {
   std::cerr << "error: " << e.what() << std::endl;

@@ -92,6 +92,9 @@ struct Args {
   std::int64_t test_limit = 0;   // 0: all 10000
   std::string data_dir = default_data_dir();
   std::string save_dir;  // accelerated version: save_state here at the end
+  // accelerated version: experiment trackers ("none" disables) writing into <log_dir>/fashion_mnist
+  std::string log_with = "tensorboard";
+  std::string log_dir = "runs";
 };
 
 inline Args parse_args(int argc, char** argv) {
@@ -116,11 +119,15 @@ inline Args parse_args(int argc, char** argv) {
       a.data_dir = next();
     else if (k == "--save")
       a.save_dir = next();
+    else if (k == "--log-with")
+      a.log_with = next();
+    else if (k == "--log-dir")
+      a.log_dir = next();
     else {
       throw std::invalid_argument(
           "unknown argument " + k +
           "; use --epochs N --batch-size B --lr X --train-limit N --test-limit N --data DIR "
-          "--save DIR");
+          "--save DIR --log-with tensorboard|csv|jsonl|all|none --log-dir DIR");
     }
   }
   return a;

@@ -27,6 +27,7 @@
 #include <accel/grad_scaler.hpp>
 #include <accel/memory.hpp>
 #include <accel/objects.hpp>
+#include <accel/tracking.hpp>
 
 #include <torch/data/dataloader_options.h>
 #include <torch/data/samplers/random.h>
@@ -94,6 +95,16 @@ struct AcceleratorOptions {
   AcceleratorOptions& process_state(ProcessState v) { return process_state_ = std::move(v), *this; }
   /// Checkpoint directory, automatic naming and rotation (see ProjectConfiguration).
   AcceleratorOptions& project_config(ProjectConfiguration v) { return project_ = std::move(v), *this; }
+  /// Base directory of tracker logs (`<project_dir>/<project_name>`) and of automatic checkpoints: the
+  /// ProjectConfiguration's project_dir.
+  AcceleratorOptions& project_dir(std::string v) { return project_.project_dir = std::move(v), *this; }
+  /// Experiment trackers (tracking.hpp): "tensorboard", "csv", "jsonl", "all" or a comma-separated list;
+  /// overrides the config's `log_with`.
+  AcceleratorOptions& log_with(std::string v) { return log_with_ = std::move(v), *this; }
+  /// A tracker of the program's own, written to besides the named ones (on the main process).
+  AcceleratorOptions& log_with(std::shared_ptr<Tracker> v) {
+    return trackers_.push_back(std::move(v)), *this;
+  }
   /// Backend registry to pick from (default: the built-in backends).
   AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
     return registry_ = std::move(v), *this;
@@ -107,6 +118,8 @@ struct AcceleratorOptions {
   std::optional<ProcessState> process_state_;
   std::shared_ptr<const BackendRegistry> registry_;
   ProjectConfiguration project_;
+  std::optional<std::string> log_with_;
+  std::vector<std::shared_ptr<Tracker>> trackers_;
 };
 
 /// Where `get_state_dict(model, where)` returns the state.
@@ -504,6 +517,20 @@ class Accelerator {
   /// Called on every process with the checkpoint directory before load_state reads it.
   void register_load_state_pre_hook(std::function<void(const std::string& dir)> hook);
 
+  // --- Experiment tracking (tracking.hpp), as Accelerate's ---------------------------------------------
+  /// Starts the trackers of `log_with` (and the program's own) on the main process, writing into
+  /// `<project_dir>/<project_name>` (project_dir "" is the working directory), and gives each the run
+  /// configuration: `acc.init_trackers("mnist", {{"lr", 1e-3}, {"epochs", 3}, {"model", "mlp"}});`.
+  void init_trackers(const std::string& project_name, const TrackerConfig& config = {});
+  /// Logs named scalars at `step` (default: completed_steps(), the optimizer steps so far) on the main
+  /// process: `acc.log({{"loss", loss}, {"lr", lr}});`. Does nothing when no tracker is configured; throws
+  /// UsageError when trackers are configured but init_trackers was not called. Call it on every rank.
+  void log(const TrackerValues& values, std::optional<std::int64_t> step = std::nullopt);
+  /// The started tracker of that name on the main process; nullptr on the other ranks or if none.
+  Tracker* get_tracker(const std::string& name) const;
+  /// Flushes and closes the trackers, then waits for every rank (Accelerate's end_training). Collective.
+  void end_training();
+
  private:
   std::vector<std::string> exchange_bytes(const std::string& mine);
   void check_rank(int index, const char* what) const;
@@ -609,6 +636,10 @@ class Accelerator {
   };
   std::vector<CustomState> custom_states_;
   std::vector<std::function<void(const std::string&)>> save_hooks_, load_hooks_;
+  std::vector<std::string> tracker_names_;                 // built-in trackers of log_with
+  std::vector<std::shared_ptr<Tracker>> custom_trackers_;  // the program's own
+  std::vector<std::shared_ptr<Tracker>> trackers_;         // started by init_trackers (main process)
+  bool trackers_started_ = false;
 
   bool sync_gradients_ = true;
   std::int64_t micro_steps_ = 0;     // micro-steps (batches) that ran a backward

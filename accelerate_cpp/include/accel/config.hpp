@@ -142,6 +142,9 @@ struct Config {
   bool use_cpu = false;
   /// `debug`: check every rank's tensor shapes before each collective so a mismatch is an error, not a hang.
   bool debug = false;
+  /// `log_with`: experiment trackers the main process writes to (`tensorboard`, `csv`, `jsonl`, `all` or a
+  /// comma-separated list; "" none); see tracking.hpp. AcceleratorOptions().log_with(...) overrides it.
+  std::string log_with;
   /// `gpu_ids`: `all` or a comma-separated list such as `0,1`.
   std::string gpu_ids = "all";
   /// `num_processes`: total number of ranks across all machines.
