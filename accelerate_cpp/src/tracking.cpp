@@ -150,19 +150,53 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A file a tracker appends to: flushed after every write (a crash loses nothing logged), closed by finish().
+class AppendFile {
+ public:
+  AppendFile(fs::path path, const char* tracker) : path_(std::move(path)), tracker_(tracker) {
+    empty_ = !fs::exists(path_) || fs::file_size(path_) == 0;
+    out_ = open_for_append(path_);
+  }
+  bool was_empty() const { return empty_; }
+  void write(const std::string& text) {
+    if (!out_.is_open()) throw UsageError(fmt::format("tracking: {}: log after end_training()", tracker_));
+    out_ << text;
+    out_.flush();
+    check_written(out_, path_);
+  }
+  void close() {
+    if (out_.is_open()) out_.close();
+  }
+
+ private:
+  fs::path path_;
+  const char* tracker_;
+  bool empty_ = true;
+  std::ofstream out_;
+};
+
+void write_whole_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  out << text;
+  out.flush();
+  check_written(out, path);
+}
+
+// The name TensorBoard's loaders look for: events.out.tfevents.<time>.<host>.<pid>.<n>
+fs::path event_file_name(const fs::path& dir) {
+  std::array<char, 256> host{};
+  if (gethostname(host.data(), host.size() - 1) != 0) std::strcpy(host.data(), "localhost");
+  static int serial = 0;
+  return dir / fmt::format("events.out.tfevents.{}.{}.{}.{}", static_cast<std::int64_t>(now_seconds()),
+                           host.data(), ::getpid(), serial++);
+}
+
 class TensorBoardTracker final : public Tracker {
  public:
-  explicit TensorBoardTracker(const fs::path& dir) {
-    std::array<char, 256> host{};
-    if (gethostname(host.data(), host.size() - 1) != 0) std::strcpy(host.data(), "localhost");
-    // The name TensorBoard's loaders look for: events.out.tfevents.<time>.<host>.<pid>.<n>
-    static int serial = 0;
-    path_ = dir / fmt::format("events.out.tfevents.{}.{}.{}.{}", static_cast<std::int64_t>(now_seconds()),
-                              host.data(), ::getpid(), serial++);
-    out_ = open_for_append(path_);
+  explicit TensorBoardTracker(const fs::path& dir) : file_(event_file_name(dir), "tensorboard") {
     std::string first = event(now_seconds(), 0);
     field_bytes(first, 3, "brain.Event:2");
-    write(first);
+    file_.write(tfevents::record(first));
   }
   std::string name() const override { return "tensorboard"; }
   void store_init_configuration(const TrackerConfig& config) override {
@@ -174,7 +208,7 @@ class TensorBoardTracker final : public Tracker {
     field_bytes(summary, 1, text_value("hyperparameters", table));
     std::string e = event(now_seconds(), 0);
     field_bytes(e, 5, summary);
-    write(e);
+    file_.write(tfevents::record(e));
   }
   void log(const TrackerValues& values, std::int64_t step, double wall_time) override {
     std::string summary;
@@ -182,90 +216,60 @@ class TensorBoardTracker final : public Tracker {
       field_bytes(summary, 1, scalar_value(tag, v));
     std::string e = event(wall_time, step);
     field_bytes(e, 5, summary);
-    write(e);
+    file_.write(tfevents::record(e));
   }
-  void finish() override {
-    if (out_.is_open()) out_.close();
-  }
+  void finish() override { file_.close(); }
 
  private:
-  void write(const std::string& e) {
-    if (!out_.is_open()) throw UsageError("tracking: tensorboard: log after end_training()");
-    out_ << tfevents::record(e);
-    out_.flush();
-    check_written(out_, path_);
-  }
-  fs::path path_;
-  std::ofstream out_;
+  AppendFile file_;
 };
 
 class CsvTracker final : public Tracker {
  public:
-  explicit CsvTracker(const fs::path& dir) : dir_(dir), path_(dir / "metrics.csv") {
-    const bool fresh = !fs::exists(path_) || fs::file_size(path_) == 0;
-    out_ = open_for_append(path_);
-    if (fresh) out_ << "step,name,value\n";
-    out_.flush();
-    check_written(out_, path_);
+  explicit CsvTracker(const fs::path& dir) : dir_(dir), file_(dir / "metrics.csv", "csv") {
+    if (file_.was_empty()) file_.write("step,name,value\n");
   }
   std::string name() const override { return "csv"; }
   void store_init_configuration(const TrackerConfig& config) override {
-    const auto path = dir_ / "hparams.csv";
-    std::ofstream out(path, std::ios::trunc | std::ios::binary);
-    out << "name,value\n";
+    std::string text = "name,value\n";
     for (const auto& [k, v] : config)
-      out << csv_field(k) << ',' << csv_field(v.text()) << '\n';
-    out.flush();
-    check_written(out, path);
+      text += csv_field(k) + ',' + csv_field(v.text()) + '\n';
+    write_whole_file(dir_ / "hparams.csv", text);
   }
   void log(const TrackerValues& values, std::int64_t step, double) override {
-    if (!out_.is_open()) throw UsageError("tracking: csv: log after end_training()");
+    std::string text;
     for (const auto& [k, v] : values)
-      out_ << step << ',' << csv_field(k) << ',' << json_number(v) << '\n';
-    out_.flush();
-    check_written(out_, path_);
+      text += fmt::format("{},{},{}\n", step, csv_field(k), json_number(v));
+    file_.write(text);
   }
-  void finish() override {
-    if (out_.is_open()) out_.close();
-  }
+  void finish() override { file_.close(); }
 
  private:
-  fs::path dir_, path_;
-  std::ofstream out_;
+  fs::path dir_;
+  AppendFile file_;
 };
 
 class JsonlTracker final : public Tracker {
  public:
-  explicit JsonlTracker(const fs::path& dir) : dir_(dir), path_(dir / "metrics.jsonl") {
-    out_ = open_for_append(path_);
-  }
+  explicit JsonlTracker(const fs::path& dir) : dir_(dir), file_(dir / "metrics.jsonl", "jsonl") {}
   std::string name() const override { return "jsonl"; }
   void store_init_configuration(const TrackerConfig& config) override {
-    const auto path = dir_ / "hparams.json";
-    std::ofstream out(path, std::ios::trunc | std::ios::binary);
-    out << '{';
+    std::string text = "{";
     for (std::size_t i = 0; i < config.size(); ++i)
-      out << (i ? ", " : "") << json_string(config[i].first) << ": " << config[i].second.json();
-    out << "}\n";
-    out.flush();
-    check_written(out, path);
+      text += (i ? ", " : "") + json_string(config[i].first) + ": " + config[i].second.json();
+    write_whole_file(dir_ / "hparams.json", text + "}\n");
   }
   void log(const TrackerValues& values, std::int64_t step, double wall_time) override {
-    if (!out_.is_open()) throw UsageError("tracking: jsonl: log after end_training()");
-    out_ << "{\"step\": " << step;
+    std::string text = fmt::format("{{\"step\": {}", step);
     for (const auto& [k, v] : values)
-      out_ << ", " << json_string(k) << ": " << json_number(v);
-    out_ << ", \"_timestamp\": " << fmt::format("{:.3f}", wall_time) << "}\n";
-    out_.flush();
-    check_written(out_, path_);
+      text += ", " + json_string(k) + ": " + json_number(v);
+    file_.write(text + fmt::format(", \"_timestamp\": {:.3f}}}\n", wall_time));
   }
-  void finish() override {
-    if (out_.is_open()) out_.close();
-  }
+  void finish() override { file_.close(); }
 
  private:
-  fs::path dir_, path_;
-  std::ofstream out_;
+  fs::path dir_;
+  AppendFile file_;
 };
 
 std::optional<LogLevel> level_named(std::string name) {
