@@ -20,6 +20,8 @@ void setup_config_command(CLI::App& app);
 void setup_env_command(CLI::App& app);
 /// `accel-launch estimate-memory`: predicted per-rank memory of a training setup.
 void setup_estimate_memory_command(CLI::App& app);
+/// `accel-launch test`: runs accel-test-check on the configured ranks and says passed or FAILED.
+void setup_test_command(CLI::App& app);
 
 /// Where `config` writes and `launch` reads by default: `$ACCEL_CONFIG_FILE` if set, else
 /// `$XDG_CONFIG_HOME/accelerate-cpp/default_config.yaml`, else

@@ -364,4 +364,56 @@ void setup_launch_command(CLI::App& app) {
   sub->callback([options] { run_launch(*options); });
 }
 
+namespace {
+
+// accel-test-check, installed and built next to accel-launch.
+std::string check_program() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto path =
+      (ec ? std::filesystem::path("accel-test-check") : self.parent_path() / "accel-test-check");
+  if (!std::filesystem::exists(path)) {
+    throw UsageError(
+        "test: the check program '" + path.string() +
+        "' is missing; it is built (target accel-test-check) and installed next to accel-launch");
+  }
+  return path.string();
+}
+
+}  // namespace
+
+void setup_test_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "test",
+      "Run a built-in check on the configured ranks (process layout, collectives, data sharding, a few "
+      "training steps against one process), as `accelerate test`");
+  sub->add_option(both_spellings("config_file"), options->config_file,
+                  "Config to test (default: the default config file, if any)");
+  sub->add_option_function<int>(
+      both_spellings("num_processes"), [options](const int& v) { options->num_processes = v; },
+      "Total number of ranks");
+  sub->add_option_function<std::string>(
+      both_spellings("backend"), [options](const std::string& v) { options->backend = v; },
+      "Training backend");
+  sub->add_option_function<int>(
+      both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
+      "Rendezvous port (0 picks a free port)");
+  sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present");
+  sub->callback([options] {
+    LaunchOptions launch = *options;
+    launch.command = {check_program()};
+    const Config config = resolve_launch_config(launch);
+    try {
+      run_launch(launch);
+    } catch (const RanksFailed& e) {
+      throw RanksFailed(std::string(e.what()) + "accel-launch test: FAILED (the check's message is above)\n",
+                        e.exit_code());
+    }
+    std::cout << "accel-launch test: passed on " << config.num_processes << " process(es) with backend "
+              << config.backend << " (mixed_precision " << to_string(config.mixed_precision) << ")"
+              << std::endl;
+  });
+}
+
 }  // namespace accel::launcher

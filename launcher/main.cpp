@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   accel::launcher::setup_config_command(app);
   accel::launcher::setup_env_command(app);
   accel::launcher::setup_estimate_memory_command(app);
+  accel::launcher::setup_test_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

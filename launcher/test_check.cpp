@@ -1,0 +1,166 @@
+/// \file test_check.cpp
+/// accel-test-check: what `accel-launch test` runs on the configured ranks (Accelerate's `accelerate test`
+/// script): the process layout, the collectives, the data loader's sharding, and a few training steps with
+/// the config's backend, precision and accumulation, compared with the same steps computed by one process
+/// on the whole batch. Prints one line per check and exits non-zero on the first that fails.
+#include <accel/accelerator.hpp>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace {
+
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw CheckFailed(what);
+}
+
+// A dataset of `n` rows whose features hold the row's index, so each rank can tell which rows it got.
+struct Rows : torch::data::datasets::Dataset<Rows> {
+  explicit Rows(std::int64_t n) : x(torch::randn({n, 8})), y(torch::randn({n, 1})), n(n) {
+    x.select(1, 0).copy_(torch::arange(n, torch::kFloat32));
+  }
+  torch::data::Example<> get(std::size_t i) override {
+    return {x[static_cast<std::int64_t>(i)], y[static_cast<std::int64_t>(i)]};
+  }
+  torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(n); }
+  torch::Tensor x, y;
+  std::int64_t n;
+};
+
+struct Net : torch::nn::Module {
+  Net() {
+    a = register_module("a", torch::nn::Linear(8, 16));
+    b = register_module("b", torch::nn::Linear(16, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    // Column 0 holds the row index (for the sharding check): the model reads the other columns.
+    return b(torch::tanh(a(torch::cat({torch::zeros_like(x.narrow(1, 0, 1)), x.narrow(1, 1, 7)}, 1))));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+torch::Tensor flat_weights(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : m.parameters())
+    parts.push_back(p.detach().to(torch::kCPU, torch::kFloat32).reshape({-1}));
+  return torch::cat(parts);
+}
+
+}  // namespace
+
+int main() try {
+  accel::Accelerator acc;
+  const int rank = acc.process_index();
+  const int world = acc.num_processes();
+  const auto& config = acc.config();
+  acc.print("accel-test-check: ", world, " process(es), backend ", acc.backend_name(), ", device ",
+            acc.device().str(), ", mixed_precision ", accel::to_string(config.mixed_precision),
+            ", gradient_accumulation_steps ", config.gradient_accumulation_steps);
+
+  // 1. The process layout every rank sees.
+  const auto ranks = acc.gather(torch::tensor({static_cast<std::int64_t>(rank)}, torch::kInt64));
+  require(torch::equal(ranks.cpu(), torch::arange(world, torch::kInt64)),
+          "every rank has a distinct RANK in 0..WORLD_SIZE-1");
+  acc.print("  ok  process layout: ranks 0..", world - 1);
+
+  // 2. Collectives: a sum and a broadcast.
+  auto value = torch::tensor({static_cast<double>(rank + 1)}, torch::kFloat64).to(acc.device());
+  const double sum = acc.reduce(value, accel::ReduceOp::Sum).item<double>();
+  require(sum == world * (world + 1) / 2.0, "all-reduce sum of rank + 1");
+  const auto from_main =
+      acc.broadcast(torch::tensor({rank == 0 ? 42.0 : -1.0}, torch::kFloat64).to(acc.device()), 0);
+  require(from_main.item<double>() == 42.0, "broadcast from the main process");
+  acc.print("  ok  collectives: all-reduce and broadcast");
+
+  // 3. The data loader: every row exactly once per epoch over all ranks (even_batches may repeat rows to
+  //    complete the last round: gather_for_metrics drops them again).
+  torch::manual_seed(1234);
+  const std::int64_t rows = 8 * world * 3 + 3;
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Rows(rows).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(8));
+  std::vector<std::int64_t> seen;
+  for (auto& batch : *loader) {
+    const auto ids = acc.gather_for_metrics(batch.data.select(1, 0).contiguous()).to(torch::kInt64).cpu();
+    for (std::int64_t i = 0; i < ids.numel(); ++i)
+      seen.push_back(ids[i].item<std::int64_t>());
+  }
+  std::vector<std::int64_t> all(static_cast<std::size_t>(rows));
+  std::iota(all.begin(), all.end(), 0);
+  std::sort(seen.begin(), seen.end());
+  require(seen == all, "the prepared data loader yields every row exactly once per epoch over all ranks");
+  acc.print("  ok  data loader: ", rows, " rows, each once over ", world, " rank(s)");
+
+  // 4. Training: 4 optimizer steps with batch 4 per rank, against one process with batch 4 x N computed
+  //    on every rank without the accelerator.
+  const int gas = config.gradient_accumulation_steps;
+  const int steps = 4;
+  torch::manual_seed(7);
+  Rows data(4 * world * steps * gas);
+  torch::manual_seed(99);
+  auto reference = std::make_shared<Net>();
+  torch::manual_seed(99);
+  auto model = std::make_shared<Net>();
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+  for (int s = 0; s < steps; ++s) {
+    ref_opt.zero_grad();
+    for (int m = 0; m < gas; ++m) {
+      const auto start = (s * gas + m) * 4 * world;
+      const auto loss = torch::mse_loss(reference->forward(data.x.narrow(0, start, 4 * world)),
+                                        data.y.narrow(0, start, 4 * world)) /
+                        gas;
+      loss.backward();
+    }
+    ref_opt.step();
+  }
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  acc.prepare(model, opt);
+  for (int s = 0; s < steps; ++s) {
+    for (int m = 0; m < gas; ++m) {
+      auto scope = acc.accumulate(model);
+      const auto start = (s * gas + m) * 4 * world + 4 * rank;
+      const auto x = data.x.narrow(0, start, 4).to(acc.device());
+      const auto y = data.y.narrow(0, start, 4).to(acc.device());
+      acc.backward(torch::mse_loss(model->forward(x).to(torch::kFloat32), y));
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  const auto state = acc.get_state_dict(model);
+  std::vector<torch::Tensor> parts;
+  for (const auto& [name, t] : state) {
+    if (t.is_floating_point()) parts.push_back(t.to(torch::kCPU, torch::kFloat32).reshape({-1}));
+  }
+  const auto trained = torch::cat(parts);
+  if (const char* fault = std::getenv("ACCEL_TEST_CHECK_FAULT"); fault && std::string(fault) == "weights") {
+    trained.add_(1e-2);  // used by the test of `accel-launch test` itself: the comparison must catch it
+  }
+  const auto expected = flat_weights(*reference);
+  const double tolerance = config.mixed_precision == accel::MixedPrecision::No ? 1e-5 : 5e-2;
+  const double diff = (trained - expected).abs().max().item<double>();
+  std::ostringstream why;
+  why << "training on " << world << " rank(s) with " << acc.backend_name()
+      << " matches one process on the whole batch (max difference " << diff << ", tolerance " << tolerance
+      << ")";
+  require(diff <= tolerance, why.str());
+  acc.print("  ok  training: ", steps, " steps match one process (max difference ", diff, ")");
+  acc.wait_for_everyone();
+  acc.print("accel-test-check: all checks passed");
+  return 0;
+} catch (const CheckFailed& e) {
+  std::cerr << "accel-test-check: FAILED: " << e.what() << std::endl;
+  return 1;
+} catch (const std::exception& e) {
+  std::cerr << "accel-test-check: error: " << e.what() << std::endl;
+  return 1;
+}
