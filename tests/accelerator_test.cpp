@@ -7,6 +7,9 @@
 #include <accel/sync_batchnorm.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+
+#include <fstream>
 
 using namespace accel;
 using test::Mlp;
@@ -496,4 +499,41 @@ TEST_CASE(
   CHECK(acc.check_trigger());
   CHECK_FALSE(acc.check_trigger());
   CHECK_THROWS_AS(acc.broadcast_object_list(list, 1), UsageError);
+}
+
+TEST_CASE("profile: a scope writes this rank's Chrome trace with the operators and the marked regions") {
+  test::TempDir dir;
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  const auto traces = (dir.path / "traces").string();
+  std::string path;
+  {
+    auto prof = acc.profile(ProfileOptions{traces, /*record_shapes=*/true});
+    CHECK_THROWS_AS(acc.profile(ProfileOptions{traces}), UsageError);  // one profiler per process
+    {
+      RECORD_FUNCTION("my_training_step", std::vector<c10::IValue>());
+      const auto a = torch::randn({64, 64});
+      CHECK(torch::mm(a, a).size(0) == 64);
+    }
+    path = prof.path();
+  }
+  CHECK(path == (dir.path / "traces" / "trace_rank_0.json").string());
+  REQUIRE(std::filesystem::exists(path));
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"traceEvents\"") != std::string::npos);
+  CHECK(text.find("aten::mm") != std::string::npos);
+  CHECK(text.find("my_training_step") != std::string::npos);
+  const std::string python = ACCEL_PYTHON;
+  if (!python.empty()) {
+    // Valid JSON whose events include the matrix product with its input shapes.
+    const std::string command = python +
+                                " -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+                                "e=[x for x in d['traceEvents'] if x.get('name')=='aten::mm']; "
+                                "assert e and e[0]['args']['Input Dims']==[[64,64],[64,64]], e\" " +
+                                path;
+    CHECK(std::system(command.c_str()) == 0);
+  }
+  // A new scope after the first one has ended works (and overwrites the file).
+  { auto again = acc.profile(ProfileOptions{traces}); }
+  CHECK(std::filesystem::exists(path));
 }

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <functional>
 #include <iomanip>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -849,6 +850,37 @@ void tracking() {
   CHECK_MSG(std::system(command.c_str()) == 0, "the Python check failed: " << command);
 }
 
+// accelerator.profile() on every rank: each writes its own trace, with its training step's operators.
+void profile() {
+  namespace fs = std::filesystem;
+  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
+  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  torch::manual_seed(0);
+  Mlp model;
+  auto opt = sgd(model->parameters());
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int world = acc.num_processes();
+  acc.prepare(model, *opt);
+  Regression data(kBatch * world);
+  const auto traces = (fs::path(out) / "traces").string();
+  {
+    auto prof = acc.profile(ProfileOptions{traces});
+    acc.backward(torch::mse_loss(model(rows(data.x, 0, &acc, world)), rows(data.y, 0, &acc, world)));
+    opt->step();
+  }
+  acc.wait_for_everyone();
+  if (!acc.is_main_process()) return;
+  for (int r = 0; r < world; ++r) {
+    const auto path = fs::path(traces) / ("trace_rank_" + std::to_string(r) + ".json");
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK_MSG(text.find("\"traceEvents\"") != std::string::npos, path << " is not a Chrome trace");
+    CHECK_MSG(text.find("aten::addmm") != std::string::npos, path << " lacks the forward's aten::addmm");
+    CHECK_MSG(text.find("gloo:all_reduce") != std::string::npos, path << " lacks the gradient all-reduce");
+  }
+  std::cout << "profile: trace_rank_0.json and trace_rank_1.json hold each rank's all-reduce" << std::endl;
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
@@ -868,7 +900,8 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"hf_import", hf_import},
           {"auto_checkpoint", auto_checkpoint},
           {"restart_resume", restart_resume},
-          {"tracking", tracking}};
+          {"tracking", tracking},
+          {"profile", profile}};
 }
 
 }  // namespace dist

@@ -122,6 +122,21 @@ struct AcceleratorOptions {
   std::vector<std::shared_ptr<Tracker>> trackers_;
 };
 
+/// What `Accelerator::profile` records (Accelerate's ProfileKwargs).
+struct ProfileOptions {
+  /// Each rank writes `<output_trace_dir>/trace_rank_<rank>.json` (Chrome trace format: chrome://tracing,
+  /// Perfetto, TensorBoard's profiler plugin).
+  std::string output_trace_dir = "profile";
+  /// Input shapes of every operator.
+  bool record_shapes = false;
+  /// Tensor memory allocated and freed by each operator.
+  bool profile_memory = false;
+  /// The C++ call stack of each operator.
+  bool with_stack = false;
+  /// Estimated FLOPs of matrix multiplications and convolutions.
+  bool with_flops = false;
+};
+
 /// Where `get_state_dict(model, where)` returns the state.
 enum class StateDictOn {
   AllProcesses,  ///< every rank gets the whole state (as get_state_dict(model))
@@ -296,6 +311,31 @@ class Accelerator {
     (model_index(as_module(models)), ...);  // each must be prepared
     return Accumulate(this);
   }
+
+  /// RAII scope of LibTorch's profiler (Kineto) on this rank, as Accelerate's `with accelerator.profile():`.
+  /// Operators, autograd and the regions you mark with ATen's `RECORD_FUNCTION("name", {})` are recorded;
+  /// the trace is written when the scope ends (or at `stop()`). One profiler per process at a time.
+  class Profile {
+   public:
+    Profile(Profile&& o) noexcept : path_(std::move(o.path_)), active_(o.active_) { o.active_ = false; }
+    ~Profile();
+    Profile(const Profile&) = delete;
+    Profile& operator=(const Profile&) = delete;
+    Profile& operator=(Profile&&) = delete;
+    /// Stops recording and writes the trace; returns its path. Later calls return the path again.
+    std::string stop();
+    /// The file the trace goes to.
+    const std::string& path() const noexcept { return path_; }
+
+   private:
+    friend class Accelerator;
+    Profile(const ProfileOptions& options, int rank, bool cuda);
+    std::string path_;
+    bool active_ = false;
+  };
+  /// `{ auto prof = accelerator.profile(ProfileOptions{"traces"}); train_steps(); }` writes
+  /// `traces/trace_rank_<rank>.json` on every rank. Not collective.
+  [[nodiscard]] Profile profile(const ProfileOptions& options = {});
 
   /// RAII scope in which `backward` does not synchronise `model`'s gradients (they accumulate locally), as
   /// Accelerate's / PyTorch DDP's `no_sync`. Other models synchronise as usual.
