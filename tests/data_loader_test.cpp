@@ -2,6 +2,11 @@
 
 #include "test_support.hpp"
 
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+
 using accel::detail::plan_shard;
 
 namespace {
@@ -103,4 +108,75 @@ TEST_CASE("data: the prepared loader yields device batches, advances epochs and 
   REQUIRE(loader->epoch() == 1);
   auto it = loader->begin();
   REQUIRE_FALSE(torch::equal(it->data, first_epoch_first));  // reshuffled for epoch 1
+}
+
+namespace {
+
+// Rows whose value is their index; get_batch records its threads, how many calls overlap, and can fail.
+struct Probe : torch::data::datasets::BatchDataset<Probe, torch::Tensor> {
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    int active = 0, max_active = 0, calls = 0;
+    std::set<std::thread::id> threads;
+    int fail_at = -1;
+    bool wait_for_overlap = false;
+  };
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+  std::size_t n;
+  explicit Probe(std::size_t n) : n(n) {}
+  torch::Tensor get_batch(c10::ArrayRef<std::size_t> indices) override {
+    std::unique_lock<std::mutex> lock(shared->m);
+    const int call = shared->calls++;
+    if (call == shared->fail_at) throw std::runtime_error("get_batch failed on purpose");
+    shared->threads.insert(std::this_thread::get_id());
+    shared->max_active = std::max(shared->max_active, ++shared->active);
+    shared->cv.notify_all();
+    // The first two calls wait for each other (bounded, so a loader without overlap fails instead of
+    // hanging).
+    if (shared->wait_for_overlap && call < 2)
+      shared->cv.wait_for(lock, std::chrono::seconds(20), [&] { return shared->max_active >= 2; });
+    --shared->active;
+    std::vector<std::int64_t> v(indices.begin(), indices.end());
+    return torch::tensor(v, torch::kInt64);
+  }
+  torch::optional<std::size_t> size() const override { return n; }
+};
+
+std::vector<std::vector<std::int64_t>> epochs_of(accel::Accelerator& acc, Probe probe, std::size_t workers,
+                                                 int epochs, int break_after = -1) {
+  auto loader = acc.prepare_data_loader(std::move(probe),
+                                        accel::DataLoaderOptions(4).shuffle(true).seed(3).workers(workers));
+  std::vector<std::vector<std::int64_t>> out;
+  for (int e = 0; e < epochs; ++e) {
+    int k = 0;
+    for (auto& batch : *loader) {
+      out.emplace_back(batch.data_ptr<std::int64_t>(), batch.data_ptr<std::int64_t>() + batch.numel());
+      if (++k == break_after && e == 0) break;  // an abandoned epoch: the next iteration starts a new one
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("data: workers build batches ahead on other threads, in the same order as without them") {
+  accel::Accelerator acc(accel::AcceleratorOptions().config(accel::test::make_config()));
+  Probe inline_probe(30), background(30);
+  background.shared->wait_for_overlap = true;
+  const auto expected = epochs_of(acc, inline_probe, 0, 3, 2);
+  const auto got = epochs_of(acc, background, 3, 3, 2);
+  CHECK(got == expected);  // 2 batches of epoch 0, then epochs 1 and 2 in full, shuffled identically
+  CHECK(expected.size() == 2 + 8 + 8);
+  CHECK(inline_probe.shared->max_active == 1);
+  CHECK(inline_probe.shared->threads == std::set<std::thread::id>{std::this_thread::get_id()});
+  CHECK(background.shared->max_active >= 2);  // batches were built concurrently
+  CHECK(background.shared->threads.count(std::this_thread::get_id()) == 0);  // never on the loop's thread
+}
+
+TEST_CASE("data: an error in a worker's get_batch reaches the loop") {
+  accel::Accelerator acc(accel::AcceleratorOptions().config(accel::test::make_config()));
+  Probe probe(40);
+  probe.shared->fail_at = 5;
+  CHECK_THROWS_WITH(epochs_of(acc, probe, 2, 1), Catch::Contains("get_batch failed on purpose"));
 }

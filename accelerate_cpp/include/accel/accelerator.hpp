@@ -205,7 +205,9 @@ class Accelerator {
   std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset,
                                                            const torch::data::DataLoaderOptions& options) {
     DataLoaderOptions o(options.batch_size());
-    o.drop_last(options.drop_last()).shuffle(std::is_same_v<Sampler, torch::data::samplers::RandomSampler>);
+    o.drop_last(options.drop_last())
+        .shuffle(std::is_same_v<Sampler, torch::data::samplers::RandomSampler>)
+        .workers(options.workers());
     return prepare_data_loader(std::move(dataset), o);
   }
   template <class Dataset>

@@ -10,9 +10,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,8 +37,18 @@ struct DataLoaderOptions {
   /// Override the config's `even_batches` / `split_batches` for this loader.
   DataLoaderOptions& even_batches(bool v) { return even_batches_ = v, *this; }
   DataLoaderOptions& split_batches(bool v) { return split_batches_ = v, *this; }
+  /// Background threads building the next batches (`get_batch`) while the loop trains, as
+  /// `torch::data::DataLoaderOptions::workers`: `workers` batches ahead, handed out in the same order as
+  /// without them. `get_batch` is then called from those threads, so it must be safe to call concurrently
+  /// (as for LibTorch's own loader workers). 0 builds each batch when the loop asks for it.
+  DataLoaderOptions& workers(std::size_t v) { return workers_ = v, *this; }
+  /// On a CUDA device: build batches in page-locked (pinned) memory and copy them to the GPU without blocking
+  /// (PyTorch's `pin_memory=True`). No effect on the CPU.
+  DataLoaderOptions& pin_memory(bool v) { return pin_memory_ = v, *this; }
 
   std::size_t batch_size_ = 1;
+  std::size_t workers_ = 0;
+  bool pin_memory_ = false;
   bool shuffle_ = false;
   bool drop_last_ = false;
   std::optional<std::uint64_t> seed_;
@@ -85,8 +98,9 @@ struct LoaderState {
 };
 
 /// Moves a batch to a device. Overloads for the batch types of torch::data; add your own for custom batches.
+/// A tensor in pinned memory is copied to a CUDA device without blocking.
 inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& d) {
-  return t.to(d);
+  return t.to(d, /*non_blocking=*/d.is_cuda() && t.is_pinned());
 }
 template <class D, class T>
 torch::data::Example<D, T> to_device(const torch::data::Example<D, T>& e, const torch::Device& d) {
@@ -105,6 +119,33 @@ std::vector<T> to_device(const std::vector<T>& v, const torch::Device& d) {
     out.push_back(to_device(x, d));
   return out;
 }
+
+/// A batch in pinned memory (pin_memory); overloads for the batch types of torch::data. Custom batch types
+/// without an overload are copied as they are.
+inline torch::Tensor pin_memory(const torch::Tensor& t) {
+  return t.is_cpu() ? t.pin_memory() : t;
+}
+template <class D, class T>
+torch::data::Example<D, T> pin_memory(const torch::data::Example<D, T>& e) {
+  return {pin_memory(e.data), pin_memory(e.target)};
+}
+template <class D>
+torch::data::Example<D, torch::data::example::NoTarget> pin_memory(
+    const torch::data::Example<D, torch::data::example::NoTarget>& e) {
+  return torch::data::Example<D, torch::data::example::NoTarget>(pin_memory(e.data));
+}
+template <class T>
+std::vector<T> pin_memory(const std::vector<T>& v) {
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (const auto& x : v)
+    out.push_back(pin_memory(x));
+  return out;
+}
+template <class B, class = void>
+struct can_pin : std::false_type {};
+template <class B>
+struct can_pin<B, std::void_t<decltype(pin_memory(std::declval<const B&>()))>> : std::true_type {};
 
 }  // namespace detail
 
@@ -194,6 +235,7 @@ class DataLoader {
     }
     state_->resumed = false;
     plan_ = plan_for(state_->epoch);
+    ++plan_serial_;
     state_->in_epoch = true;
     state_->at_last_batch = false;
     state_->remainder = plan_.last_round_remainder;
@@ -209,10 +251,40 @@ class DataLoader {
       state_->next_batch = 0;
       return std::nullopt;
     }
-    const auto& idx = plan_.batches[state_->next_batch++];
+    const std::size_t k = state_->next_batch++;
     if (state_->clock) state_->last_yield = ++*state_->clock;
     state_->at_last_batch = state_->next_batch == plan_.batches.size();
-    return detail::to_device(dataset_.get_batch(idx), device_);
+    return detail::to_device(options_.workers_ > 0 ? prefetched(k) : build(plan_.batches[k]), device_);
+  }
+
+  Batch build(const std::vector<std::size_t>& indices) {
+    if constexpr (detail::can_pin<Batch>::value) {
+      if (options_.pin_memory_ && device_.is_cuda()) return detail::pin_memory(dataset_.get_batch(indices));
+    }
+    return dataset_.get_batch(indices);
+  }
+
+  // Batch k of the plan, built in the background: `workers` batches ahead run on their own threads and are
+  // handed out in plan order. A jump (new epoch, set_epoch, resume) drops what was built ahead.
+  Batch prefetched(std::size_t k) {
+    if (pending_.empty() || pending_first_ != k || pending_plan_ != plan_serial_) {
+      pending_.clear();  // each future waits for its thread
+      pending_first_ = next_scheduled_ = k;
+      pending_plan_ = plan_serial_;
+    }
+    auto schedule = [this] {
+      while (pending_.size() < options_.workers_ && next_scheduled_ < plan_.batches.size()) {
+        pending_.push_back(std::async(
+            std::launch::async, [this, indices = plan_.batches[next_scheduled_]] { return build(indices); }));
+        ++next_scheduled_;
+      }
+    };
+    schedule();
+    Batch batch = pending_.front().get();
+    pending_.pop_front();
+    ++pending_first_;
+    schedule();  // keep `workers` batches building while the loop trains on this one
+    return batch;
   }
 
   Dataset dataset_;
@@ -222,6 +294,12 @@ class DataLoader {
   torch::Device device_;
   std::shared_ptr<detail::LoaderState> state_;
   detail::ShardPlan plan_;
+  std::uint64_t plan_serial_ = 0;  // which plan_ the prefetched batches belong to
+  // Declared last: destroyed first, waiting for the threads that still use dataset_ and plan_.
+  std::deque<std::future<Batch>> pending_;
+  std::size_t pending_first_ = 0;  // plan index of pending_.front()
+  std::size_t next_scheduled_ = 0;
+  std::uint64_t pending_plan_ = 0;
 };
 
 }  // namespace accel
