@@ -274,6 +274,7 @@ void run_launch(const LaunchOptions& options) {
     add(env::kLaunched, "1");
     add(env::kRestartCount, "0");
     add(env::kMaxRestarts, std::to_string(options.max_restarts));
+    add(env::kConsoleTty, supervisor.console && ::isatty(STDERR_FILENO) ? "1" : "0");
     if (set_omp) add("OMP_NUM_THREADS", std::to_string(omp_threads));
     supervisor.ranks.push_back(std::move(rank));
   }

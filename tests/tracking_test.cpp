@@ -4,7 +4,10 @@
 
 #include "accel/config.hpp"
 #include "accel/errors.hpp"
+#include "accel/progress.hpp"
 #include "accel/tracking.hpp"
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -151,4 +154,68 @@ TEST_CASE("tracking: log_with names, the YAML key and the logger") {
   ::setenv("ACCEL_LOG_LEVEL", "warning", 1);
   CHECK_FALSE(get_logger("t").format(LogLevel::Info, "x", false).has_value());
   ::unsetenv("ACCEL_LOG_LEVEL");
+}
+
+TEST_CASE("progress bar: rendering, lines at most every interval, in-place redraws, silent off rank 0") {
+  CHECK(ProgressBar::render("epoch 0", 420, 1000, 3.0, "batches", "loss 0.3141") ==
+        "epoch 0:  42%|########            | 420/1000 [00:03<00:04, 140.00 batches/s] loss 0.3141");
+  CHECK(ProgressBar::render("", 0, 10, 0.0, "it", "") ==
+        "  0%|                    | 0/10 [00:00<?, 0.00 it/s]");
+  CHECK(ProgressBar::render("eval", 7, 0, 3725.0, "samples", "") == "eval: 7 [1:02:05, 0.00 samples/s]");
+
+  double now = 100;
+  auto clock = [&now] { return now; };
+  {
+    std::ostringstream out;
+    ProgressOptions o;
+    o.mode = ProgressMode::Lines;
+    o.rank = 0;
+    o.unit = "batches";
+    ProgressBar bar(10, o, out, clock);
+    for (int i = 0; i < 10; ++i) {
+      now += 1.5;  // a line at most every 5 s: after 1.5 s (first), 6 s, 10.5 s, then the final one
+      bar.update();
+    }
+    bar.set_postfix("loss 1");
+    bar.close();
+    bar.close();  // once
+    const std::string text = out.str();
+    CHECK(std::count(text.begin(), text.end(), '\n') == 4);
+    INFO(text);
+    CHECK(text.find(" 10%|##") == 0);
+    CHECK(text.find("100%|####################| 10/10 [00:15<00:00, 0.67 batches/s] loss 1\n") !=
+          std::string::npos);
+  }
+  {
+    std::ostringstream out;
+    ProgressOptions o;
+    o.mode = ProgressMode::Terminal;
+    o.rank = 0;
+    ProgressBar bar(3, o, out, clock);
+    now += 1;
+    bar.update();
+    now += 1;
+    bar.update(2);
+    bar.close();
+    const std::string text = out.str();
+    CHECK(std::count(text.begin(), text.end(), '\r') == 3);  // two updates and the final draw
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  }
+  {
+    std::ostringstream out;
+    ProgressOptions o;
+    o.mode = ProgressMode::Lines;
+    o.rank = 1;  // only the main process draws
+    ProgressBar bar(3, o, out, clock);
+    bar.update(3);
+    bar.close();
+    CHECK(bar.mode() == ProgressMode::Off);
+    CHECK(out.str().empty());
+  }
+  // Not a terminal (this test's standard error is a file or a pipe under ctest) and no launcher console.
+  ::unsetenv("ACCEL_CONSOLE_TTY");
+  if (!::isatty(2)) CHECK(ProgressBar(5).mode() == ProgressMode::Off);
+  ::setenv("ACCEL_CONSOLE_TTY", "1", 1);
+  if (!::isatty(2)) CHECK(ProgressBar(5).mode() == ProgressMode::Lines);
+  ::unsetenv("ACCEL_CONSOLE_TTY");
 }

@@ -28,7 +28,9 @@ int main(int argc, char** argv) try {
     model->train();
     const auto start = std::chrono::steady_clock::now();
     std::size_t seen = 0, step = 0;
+    auto bar = accelerator.progress_bar(train_loader->size(), "epoch " + std::to_string(epoch), "batches");
     for (auto& batch : *train_loader) {
+      bar.update();
       optimizer.zero_grad();
       auto loss = torch::cross_entropy_loss(model(batch.data), batch.target);
       accelerator.backward(loss);
@@ -38,10 +40,12 @@ int main(int argc, char** argv) try {
         const auto mean_loss = accelerator.reduce(loss.detach(), accel::ReduceOp::Mean).item<double>();
         const std::chrono::duration<double> t = std::chrono::steady_clock::now() - start;
         accelerator.log({{"train/loss", mean_loss}, {"train/samples_per_s", seen / t.count()}});
+        bar.set_postfix("loss " + std::to_string(mean_loss));
         accelerator.print("epoch ", epoch, " [", seen, "/", train_loader->dataset_size(), "] loss ",
                           mean_loss, " | ", static_cast<int>(seen / t.count()), " samples/s");
       }
     }
+    bar.close();
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     accelerator.print("epoch ", epoch, ": ", seen / took.count(), " samples/s");
   }

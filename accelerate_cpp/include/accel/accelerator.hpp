@@ -27,6 +27,7 @@
 #include <accel/grad_scaler.hpp>
 #include <accel/memory.hpp>
 #include <accel/objects.hpp>
+#include <accel/progress.hpp>
 #include <accel/tracking.hpp>
 
 #include <torch/data/dataloader_options.h>
@@ -558,6 +559,17 @@ class Accelerator {
   void register_save_state_pre_hook(std::function<void(const std::string& dir)> hook);
   /// Called on every process with the checkpoint directory before load_state reads it.
   void register_load_state_pre_hook(std::function<void(const std::string& dir)> hook);
+
+  /// A progress bar drawn by the main process only (progress.hpp): on a terminal, or as a line every few
+  /// seconds under accel-launch on a terminal; silent when output goes to a file or pipe.
+  /// `auto bar = accelerator.progress_bar(loader->size(), "epoch 1", "batches"); ... bar.update();`
+  ProgressBar progress_bar(std::size_t total, std::string description = "", std::string unit = "it") const {
+    ProgressOptions o;
+    o.description = std::move(description);
+    o.unit = std::move(unit);
+    o.rank = rank_;
+    return ProgressBar(total, std::move(o));
+  }
 
   // --- Experiment tracking (tracking.hpp), as Accelerate's ---------------------------------------------
   /// Starts the trackers of `log_with` (and the program's own) on the main process, writing into

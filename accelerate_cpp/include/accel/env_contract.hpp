@@ -20,15 +20,17 @@ inline constexpr const char* kConfigFile = "ACCEL_CONFIG_FILE";     ///< the res
 inline constexpr const char* kLaunched = "ACCEL_LAUNCHED";          ///< "1" under accel-launch
 inline constexpr const char* kRestartCount =
     "TORCHELASTIC_RESTART_COUNT";  ///< restarts so far (--max_restarts)
-inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";       ///< --max_restarts
+inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";  ///< --max_restarts
+inline constexpr const char* kConsoleTty = "ACCEL_CONSOLE_TTY";  ///< "1": the launcher's console is a
+                                                                 ///< terminal (progress bars print lines)
 inline constexpr const char* kCollectiveTimeout = "ACCEL_COLLECTIVE_TIMEOUT";  ///< seconds (overrides YAML)
 inline constexpr const char* kDebug = "ACCEL_DEBUG";  ///< shape checks before collectives (also Accelerate's
                                                       ///< ACCELERATE_DEBUG_MODE)
 
 /// Every variable accel-launch sets for each rank (and removes from its own environment first), in order.
-inline constexpr std::array<const char*, 11> kLaunchVariables = {
-    kRank,       kLocalRank,  kWorldSize, kLocalWorldSize, kGroupRank,  kMasterAddr,
-    kMasterPort, kConfigFile, kLaunched,  kRestartCount,   kMaxRestarts};
+inline constexpr std::array<const char*, 12> kLaunchVariables = {
+    kRank,       kLocalRank,  kWorldSize, kLocalWorldSize, kGroupRank,   kMasterAddr,
+    kMasterPort, kConfigFile, kLaunched,  kRestartCount,   kMaxRestarts, kConsoleTty};
 
 /// Whether `name` is one of kLaunchVariables.
 constexpr bool set_by_launcher(std::string_view name) {
