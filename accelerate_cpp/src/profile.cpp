@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -32,6 +33,9 @@ Accelerator::Profile::Profile(const ProfileOptions& options, int rank, bool cuda
       (std::filesystem::path(options.output_trace_dir) / fmt::format("trace_rank_{}.json", rank)).string();
   const ProfilerConfig config(ProfilerState::KINETO, options.record_shapes, options.profile_memory,
                               options.with_stack, options.with_flops);
+  // Kineto looks for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed" as an ERROR on
+  // machines without one; on CPU runs its logging is off unless the user set KINETO_LOG_LEVEL.
+  if (!cuda) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda) activities.insert(ActivityType::CUDA);
   prof::prepareProfiler(config, activities);
