@@ -222,8 +222,11 @@ TEST_CASE("auto bucket sizes: hidden size is the most common input width of the 
   CHECK(accel::backends::model_hidden_size(*tie) == 16);  // the larger on a tie
   Sequential no_matrix(LayerNorm(LayerNormOptions({8})));
   CHECK(accel::backends::model_hidden_size(*no_matrix) == 0);
-  // Accelerate: reduce_bucket_size = hidden², stage3_prefetch_bucket_size = 0.9 x hidden² (elements).
+  // Accelerate: reduce_bucket_size = hidden² elements; not below 1 MiB.
   CHECK(accel::backends::auto_bucket_bytes(*mlp, 1.0, 4) == 512u * 512u * 4u);
-  CHECK(accel::backends::auto_bucket_bytes(*block, 0.9, 2) == static_cast<std::uint64_t>(0.9 * 64 * 64) * 2u);
+  Sequential wide(Linear(1024, 1024), Linear(1024, 1024));
+  CHECK(accel::backends::auto_bucket_bytes(*wide, 0.9, 2) ==
+        static_cast<std::uint64_t>(0.9 * 1024 * 1024) * 2u);
+  CHECK(accel::backends::auto_bucket_bytes(*block, 1.0, 4) == 1u << 20);  // 64² x 4 B = 16 KiB: the floor
   CHECK(accel::backends::auto_bucket_bytes(*no_matrix, 1.0, 4) == 500000000u);  // DeepSpeed's default
 }

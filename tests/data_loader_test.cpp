@@ -180,3 +180,17 @@ TEST_CASE("data: an error in a worker's get_batch reaches the loop") {
   probe.shared->fail_at = 5;
   CHECK_THROWS_WITH(epochs_of(acc, probe, 2, 1), Catch::Contains("get_batch failed on purpose"));
 }
+
+namespace {
+struct OwnBatchItem {
+  int value = 0;
+};
+}  // namespace
+
+// Batches of a program's own type are copied as they are: pin_memory applies only to what it can pin.
+static_assert(accel::detail::can_pin<torch::Tensor>::value);
+static_assert(accel::detail::can_pin<std::vector<torch::data::Example<>>>::value);
+static_assert(
+    accel::detail::can_pin<torch::data::Example<torch::Tensor, torch::data::example::NoTarget>>::value);
+static_assert(!accel::detail::can_pin<std::vector<OwnBatchItem>>::value);
+static_assert(!accel::detail::can_pin<torch::data::Example<torch::Tensor, int>>::value);

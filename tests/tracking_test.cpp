@@ -83,6 +83,8 @@ TEST_CASE("tracking: csv and jsonl trackers write exactly the logged values") {
   CHECK(read_all(dir.path / "hparams.json") ==
         "{\"lr\": 0.001, \"epochs\": 3, \"name\": \"a \\\"b\\\", c\", \"amp\": true}\n");
   CHECK_THROWS_AS(csv->log({{"loss", 1}}, 2, 0), UsageError);  // after finish
+  auto clash = make_builtin_tracker("jsonl", (dir.path / "clash").string());
+  CHECK_THROWS_WITH(clash->log({{"step", 1.0}}, 1, 0), Catch::Contains("'step' would clash"));
 
   // Appending run: a second csv tracker on the same directory keeps the rows and writes no second header.
   auto again = make_builtin_tracker("csv", dir.path.string());
@@ -95,7 +97,7 @@ TEST_CASE("tracking: csv and jsonl trackers write exactly the logged values") {
 TEST_CASE("tracking: a TensorBoard event file starts with the file version and holds one record per call") {
   TempDir dir;
   auto tb = make_builtin_tracker("tensorboard", dir.path.string());
-  tb->store_init_configuration({{"lr", 0.5}});
+  tb->store_init_configuration({{"lr", 0.5}, {"note", "a|b\nc"}});
   tb->log({{"loss", 2.0}}, 7, 1.5);
   tb->finish();
   std::vector<fs::path> files;
@@ -122,6 +124,7 @@ TEST_CASE("tracking: a TensorBoard event file starts with the file version and h
   REQUIRE(records.size() == 3);  // file version, hyperparameters, one log call
   CHECK(records[0].find("brain.Event:2") != std::string::npos);
   CHECK(records[1].find("| lr | 0.5 |") != std::string::npos);
+  CHECK(records[1].find("| note | a\\|b c |") != std::string::npos);  // a cell cannot break the table
   CHECK(records[2].find("loss") != std::string::npos);
 }
 

@@ -92,6 +92,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
     device_ =
         torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank_ % torch::cuda::device_count()));
   }
+  // Kineto (accelerator.profile) looks for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed"
+  // as an ERROR on machines without one: on CPU its logging is off unless the user set KINETO_LOG_LEVEL. Set
+  // here, before the process group starts threads that could read the environment meanwhile.
+  if (device_.is_cpu()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   CommunicatorOptions comm_options;
   comm_options.timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds(config_) * 1000));

@@ -18,6 +18,7 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
     t->finish();
   trackers_.clear();
   trackers_started_ = true;
+  trackers_ended_ = false;
   if (!is_main_process()) return;
   const auto dir =
       (std::filesystem::path(project_.project_dir.empty() ? "." : project_.project_dir) / project_name)
@@ -33,9 +34,11 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
 void Accelerator::log(const TrackerValues& values, std::optional<std::int64_t> step) {
   if (tracker_names_.empty() && custom_trackers_.empty()) return;
   if (!trackers_started_) {
-    throw UsageError(
-        "log: trackers are configured (log_with) but init_trackers(project_name, config) was not called; "
-        "call it once before the first log");
+    throw UsageError(trackers_ended_
+                         ? "log: the trackers were closed by end_training(); log before it, or call "
+                           "init_trackers again to start new ones"
+                         : "log: trackers are configured (log_with) but init_trackers(project_name, config) "
+                           "was not called; call it once before the first log");
   }
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -55,6 +58,7 @@ void Accelerator::end_training() {
     t->finish();
   trackers_.clear();
   trackers_started_ = false;
+  trackers_ended_ = true;
   wait_for_everyone();
 }
 

@@ -33,9 +33,6 @@ Accelerator::Profile::Profile(const ProfileOptions& options, int rank, bool cuda
       (std::filesystem::path(options.output_trace_dir) / fmt::format("trace_rank_{}.json", rank)).string();
   const ProfilerConfig config(ProfilerState::KINETO, options.record_shapes, options.profile_memory,
                               options.with_stack, options.with_flops);
-  // Kineto looks for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed" as an ERROR on
-  // machines without one; on CPU runs its logging is off unless the user set KINETO_LOG_LEVEL.
-  if (!cuda) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda) activities.insert(ActivityType::CUDA);
   prof::prepareProfiler(config, activities);
@@ -46,8 +43,8 @@ Accelerator::Profile::Profile(const ProfileOptions& options, int rank, bool cuda
 std::string Accelerator::Profile::stop() {
   if (!active_) return path_;
   active_ = false;
-  g_profiling = false;
   const auto result = torch::autograd::profiler::disableProfiler();
+  g_profiling = false;
   if (!result) throw UsageError("profile: LibTorch's profiler returned no result");
   result->save(path_);
   if (!std::filesystem::exists(path_)) {

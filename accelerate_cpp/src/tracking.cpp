@@ -58,6 +58,20 @@ std::string json_number(double v) {
   return fmt::format("{}", v);
 }
 
+// A Markdown table cell: '|' escaped, line breaks as spaces.
+std::string markdown_cell(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n' || c == '\r')
+      out += ' ';
+    else
+      out += c;
+  }
+  return out;
+}
+
 // A CSV field: quoted when it holds a comma, quote or line break.
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
@@ -203,7 +217,7 @@ class TensorBoardTracker final : public Tracker {
     // The configuration as a Markdown table, which TensorBoard's text tab renders.
     std::string table = "| name | value |\n|---|---|\n";
     for (const auto& [k, v] : config)
-      table += fmt::format("| {} | {} |\n", k, v.text());
+      table += fmt::format("| {} | {} |\n", markdown_cell(k), markdown_cell(v.text()));
     std::string summary;
     field_bytes(summary, 1, text_value("hyperparameters", table));
     std::string e = event(now_seconds(), 0);
@@ -260,6 +274,14 @@ class JsonlTracker final : public Tracker {
     write_whole_file(dir_ / "hparams.json", text + "}\n");
   }
   void log(const TrackerValues& values, std::int64_t step, double wall_time) override {
+    for (const auto& [k, v] : values) {
+      if (k == "step" || k == "_timestamp") {
+        throw UsageError(
+            fmt::format("tracking: jsonl: a value named '{}' would clash with the line's own "
+                        "'{}' field; rename it",
+                        k, k));
+      }
+    }
     std::string text = fmt::format("{{\"step\": {}", step);
     for (const auto& [k, v] : values)
       text += ", " + json_string(k) + ": " + json_number(v);

@@ -111,7 +111,10 @@ std::int64_t model_hidden_size(const torch::nn::Module& model) {
 std::uint64_t auto_bucket_bytes(const torch::nn::Module& model, double factor, std::size_t element_size) {
   const auto h = static_cast<double>(model_hidden_size(model));
   if (h == 0) return 500000000;
-  return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(factor * h * h) * element_size);
+  // Not below 1 MiB (DDP's first bucket): a model whose only matrix is small (a CNN ending in Linear(64, 10))
+  // would otherwise be reduced in thousands of tiny buckets per step.
+  constexpr std::uint64_t kFloor = 1u << 20;
+  return std::max<std::uint64_t>(kFloor, static_cast<std::uint64_t>(factor * h * h) * element_size);
 }
 
 }  // namespace accel::backends

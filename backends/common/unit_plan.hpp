@@ -46,8 +46,8 @@ std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOpti
 std::int64_t model_hidden_size(const torch::nn::Module& model);
 
 /// DeepSpeed's "auto" bucket in bytes as Accelerate sets it: `factor` x hidden_size² elements of
-/// `element_size` bytes (reduce_bucket_size: 1, stage3_prefetch_bucket_size: 0.9); DeepSpeed's default of
-/// 5e8 when the model has no matrix.
+/// `element_size` bytes (reduce_bucket_size: factor 1), but not below 1 MiB; DeepSpeed's default of 5e8 when
+/// the model has no matrix.
 std::uint64_t auto_bucket_bytes(const torch::nn::Module& model, double factor, std::size_t element_size);
 
 }  // namespace accel::backends

@@ -694,6 +694,7 @@ class Accelerator {
   std::vector<std::shared_ptr<Tracker>> custom_trackers_;  // the program's own
   std::vector<std::shared_ptr<Tracker>> trackers_;         // started by init_trackers (main process)
   bool trackers_started_ = false;
+  bool trackers_ended_ = false;  // end_training() closed them
 
   bool sync_gradients_ = true;
   std::int64_t micro_steps_ = 0;     // micro-steps (batches) that ran a backward

@@ -109,15 +109,16 @@ struct ZeroConfig {
   bool zero3_save_16bit_model = false;
   /// `reduce_bucket_size`: gradient reduce-scatter bucket, in bytes (YAML int or float such as 5e8).
   /// `auto` (std::nullopt) derives it from the model at prepare as Accelerate does for DeepSpeed:
-  /// hidden_size² elements, hidden_size being the most common input width of the model's matrices.
+  /// hidden_size² elements (at least 1 MiB), hidden_size being the most common input width of the model's
+  /// matrices.
   std::optional<uint64_t> reduce_bucket_size = 500000000;
   /// `overlap_comm`: stage 2 reduces a bucket while backward fills the next (two buckets of gradients at
   /// most); false reduces each bucket before backward continues (one bucket at most, no overlap).
   bool overlap_comm = true;
   /// `allgather_bucket_size`: parameter all-gather bucket, in bytes.
   uint64_t allgather_bucket_size = 500000000;
-  /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3; `auto` (std::nullopt):
-  /// 0.9 x hidden_size² elements, as Accelerate sets it.
+  /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3. Here stage 3 gathers
+  /// whole units, so any size (and `auto`, std::nullopt) turns prefetching of the next unit on.
   std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
   /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
   bool activation_checkpointing = false;

@@ -40,7 +40,9 @@ struct DataLoaderOptions {
   /// Background threads building the next batches (`get_batch`) while the loop trains, as
   /// `torch::data::DataLoaderOptions::workers`: `workers` batches ahead, handed out in the same order as
   /// without them. `get_batch` is then called from those threads, so it must be safe to call concurrently
-  /// (as for LibTorch's own loader workers). 0 builds each batch when the loop asks for it.
+  /// (as for LibTorch's own loader workers), and random draws inside it (augmentation from the global
+  /// generator) interleave with the training thread's: batches stay the same only for a deterministic
+  /// `get_batch`, as with LibTorch's workers. 0 builds each batch when the loop asks for it.
   DataLoaderOptions& workers(std::size_t v) { return workers_ = v, *this; }
   /// On a CUDA device: build batches in page-locked (pinned) memory and copy them to the GPU without blocking
   /// (PyTorch's `pin_memory=True`). No effect on the CPU.
@@ -120,8 +122,21 @@ std::vector<T> to_device(const std::vector<T>& v, const torch::Device& d) {
   return out;
 }
 
-/// A batch in pinned memory (pin_memory); overloads for the batch types of torch::data. Custom batch types
-/// without an overload are copied as they are.
+/// Batch types that can be built in pinned memory (pin_memory): tensors, Examples of them, vectors of those.
+/// Specialise it (and add a `pin_memory` overload) for a batch type of your own; others are copied as they
+/// are.
+template <class B>
+struct can_pin : std::false_type {};
+template <>
+struct can_pin<torch::Tensor> : std::true_type {};
+template <class D, class T>
+struct can_pin<torch::data::Example<D, T>>
+    : std::bool_constant<can_pin<D>::value &&
+                         (can_pin<T>::value || std::is_same_v<T, torch::data::example::NoTarget>)> {};
+template <class T>
+struct can_pin<std::vector<T>> : can_pin<T> {};
+
+/// A batch in pinned memory.
 inline torch::Tensor pin_memory(const torch::Tensor& t) {
   return t.is_cpu() ? t.pin_memory() : t;
 }
@@ -134,7 +149,7 @@ torch::data::Example<D, torch::data::example::NoTarget> pin_memory(
     const torch::data::Example<D, torch::data::example::NoTarget>& e) {
   return torch::data::Example<D, torch::data::example::NoTarget>(pin_memory(e.data));
 }
-template <class T>
+template <class T, std::enable_if_t<can_pin<T>::value, int> = 0>
 std::vector<T> pin_memory(const std::vector<T>& v) {
   std::vector<T> out;
   out.reserve(v.size());
@@ -142,10 +157,6 @@ std::vector<T> pin_memory(const std::vector<T>& v) {
     out.push_back(pin_memory(x));
   return out;
 }
-template <class B, class = void>
-struct can_pin : std::false_type {};
-template <class B>
-struct can_pin<B, std::void_t<decltype(pin_memory(std::declval<const B&>()))>> : std::true_type {};
 
 }  // namespace detail
 
