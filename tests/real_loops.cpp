@@ -56,6 +56,13 @@ void backward(Accelerator* acc, const torch::Tensor& loss) {
   }
 }
 
+// The directory a launcher script made for this run (ACCEL_TEST_SAVE_DIR).
+std::string save_dir() {
+  const char* dir = std::getenv("ACCEL_TEST_SAVE_DIR");
+  if (dir == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  return dir;
+}
+
 std::unique_ptr<torch::optim::Optimizer> sgd(const std::vector<torch::Tensor>& p) {
   return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
 }
@@ -509,8 +516,7 @@ void torch_save() {
 
 // A fresh process loads what torch_save wrote (ACCEL_TEST_SAVE_DIR): the weights the training produced.
 void load_saved() {
-  const char* dir = std::getenv("ACCEL_TEST_SAVE_DIR");
-  if (dir == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const std::string dir = save_dir();
   Mlp fresh;
   torch::load(fresh, (std::filesystem::path(dir) / "model.pt").string());
   std::vector<torch::Tensor> expected;
@@ -645,8 +651,7 @@ void hf_export() {
 // Loads what hf_export wrote (ACCEL_TEST_SAVE_DIR) into a fresh model prepared on this row and world size.
 void hf_import() {
   namespace fs = std::filesystem;
-  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
-  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const std::string out = save_dir();
   torch::manual_seed(9);
   auto model = export_model();
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -755,8 +760,7 @@ void auto_checkpoint() {
 // process that trained on the whole batch without interruption.
 void restart_resume() {
   namespace fs = std::filesystem;
-  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
-  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const std::string out = save_dir();
   const int attempt = std::atoi(std::getenv(env::kRestartCount) ? std::getenv(env::kRestartCount) : "0");
   ProjectConfiguration project;
   project.project_dir = (fs::path(out) / "run").string();
@@ -805,8 +809,7 @@ void restart_resume() {
 // Python reader, csv and json read back exactly the values logged (tests/python/check_tracking.py).
 void tracking() {
   namespace fs = std::filesystem;
-  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
-  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const std::string out = save_dir();
   torch::manual_seed(0);
   Mlp model;
   auto opt = sgd(model->parameters());
@@ -853,8 +856,7 @@ void tracking() {
 // accelerator.profile() on every rank: each writes its own trace, with its training step's operators.
 void profile() {
   namespace fs = std::filesystem;
-  const char* out = std::getenv("ACCEL_TEST_SAVE_DIR");
-  if (out == nullptr) throw std::runtime_error("set ACCEL_TEST_SAVE_DIR");
+  const std::string out = save_dir();
   torch::manual_seed(0);
   Mlp model;
   auto opt = sgd(model->parameters());

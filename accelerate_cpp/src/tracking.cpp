@@ -335,19 +335,9 @@ std::string TrackerValue::text() const {
 }
 
 std::string TrackerValue::json() const {
-  return std::visit(
-      [](const auto& v) -> std::string {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>)
-          return v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, std::string>)
-          return json_string(v);
-        else if constexpr (std::is_same_v<T, double>)
-          return json_number(v);
-        else
-          return std::to_string(v);
-      },
-      value);
+  if (const auto* text = std::get_if<std::string>(&value)) return json_string(*text);
+  if (const auto* number = std::get_if<double>(&value)) return json_number(*number);
+  return this->text();  // true/false and integers are already JSON
 }
 
 std::vector<std::string> builtin_trackers() {

@@ -14,6 +14,8 @@ import struct
 import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+# TensorBoard's own record reader (the package TensorBoard ships for running without TensorFlow installed;
+# "tensorflow_stub" is its name): it verifies both CRCs of every record.
 from tensorboard.compat.tensorflow_stub import errors
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
