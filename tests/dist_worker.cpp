@@ -2,7 +2,8 @@
 // torchrun-style variables); each scenario checks its results on every rank and exits non-zero with a message
 // on a mismatch.
 //
-//   dist_worker <scenario>      scenarios: collectives, metrics, equivalence, accumulation, bf16, sync,
+//   dist_worker <scenario>      scenarios: collectives, cpu_collectives, metrics, equivalence,
+//   accumulation, bf16, sync,
 //                               debug_mismatch, unused, checkpoint, process
 #define CATCH_CONFIG_RUNNER  // this file's main runs the scenario as a Catch2 test case
 #include <catch2/catch.hpp>
@@ -271,6 +272,68 @@ void collectives() {
   }
   CHECK_MSG(error.find("process " + std::to_string(n) + " does not exist") != std::string::npos,
             "on_process of a missing process: '" << error << "'");
+}
+
+// Reduce-scatter, all-gather and reduce of CPU tensors with both algorithms (Gloo's built-in ones and the
+// Communicator's point-to-point ones): exact results (small integers), several chunks, an empty tensor, the
+// synchronous forms, and the same byte counts either way.
+void cpu_collectives() {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  auto comm = Communicator::create(ProcessState::from_environment(), torch::kCPU);
+  const int n = comm->world_size(), r = comm->rank();
+  const auto base = comm->options();
+  // 600,001 elements per rank: three chunks of the point-to-point reduce-scatter, the last one short.
+  for (std::int64_t shard : {std::int64_t{0}, std::int64_t{5}, std::int64_t{600001}}) {
+    // Rank q contributes q + 1 + (element index modulo 7): the sum is exact in fp32.
+    const auto pattern = torch::arange(n * shard, torch::kInt64).remainder(7).to(torch::kFloat32);
+    const auto input = pattern + (r + 1);
+    const auto expected = n * pattern.narrow(0, r * shard, shard) + n * (n + 1) / 2;
+    const auto part = torch::arange(shard, torch::kFloat32) + 1000 * r;
+    auto gathered_expected = torch::cat([&] {
+      std::vector<torch::Tensor> parts;
+      for (int q = 0; q < n; ++q)
+        parts.push_back(torch::arange(shard, torch::kFloat32) + 1000 * q);
+      return parts;
+    }());
+    for (auto algorithm : {CpuCollectives::Builtin, CpuCollectives::PointToPoint}) {
+      auto o = base;
+      o.cpu_collectives = algorithm;
+      comm->set_options(o);
+      comm->reset_counters();
+      const char* name = algorithm == CpuCollectives::Builtin ? "builtin" : "p2p";
+      auto rs = torch::full({shard}, -1.0f);
+      auto ag = torch::full({n * shard}, -1.0f);
+      // Both in flight at once, waited in the opposite order.
+      auto h1 = comm->reduce_scatter_async(rs, input);
+      auto h2 = comm->all_gather_async(ag, part);
+      h2->wait();
+      h1->wait();
+      CHECK_MSG(torch::equal(rs, expected), name << " reduce_scatter_async of " << shard << " per rank");
+      CHECK_MSG(torch::equal(ag, gathered_expected), name << " all_gather_async of " << shard << " per rank");
+      // reduce to the last rank: the sum of every rank's whole input there.
+      auto reduced = input.clone();
+      comm->reduce_async(reduced, n - 1)->wait();
+      if (r == n - 1) {
+        CHECK_MSG(torch::equal(reduced, n * pattern + n * (n + 1) / 2),
+                  name << " reduce_async of " << n * shard);
+      }
+      if (shard > 0) {
+        CHECK_MSG(torch::equal(comm->reduce_scatter(input, ReduceOp::Sum), expected),
+                  name << " reduce_scatter");
+        CHECK_MSG(torch::allclose(comm->reduce_scatter(input, ReduceOp::Mean), expected / n),
+                  name << " reduce_scatter mean");
+        CHECK_MSG(
+            torch::equal(comm->all_gather(part.view({shard, 1})), gathered_expected.view({n * shard, 1})),
+            name << " all_gather");
+      }
+      const auto full = static_cast<std::uint64_t>(n * shard * 4);
+      CHECK_MSG(comm->bytes(Collective::ReduceScatter).wire == (shard > 0 ? 3 : 1) * full / n * (n - 1),
+                name << " reduce_scatter wire bytes " << comm->bytes(Collective::ReduceScatter).wire);
+      CHECK_MSG(comm->bytes(Collective::AllGather).wire == (shard > 0 ? 2 : 1) * full / n * (n - 1),
+                name << " all_gather wire bytes " << comm->bytes(Collective::AllGather).wire);
+    }
+  }
+  comm->set_options(base);
 }
 
 void metrics() {
@@ -932,6 +995,7 @@ TEST_CASE("scenario") {
 int main(int argc, char** argv) {
   std::map<std::string, std::function<void()>> scenarios{
       {"collectives", collectives},
+      {"cpu_collectives", cpu_collectives},
       {"metrics", metrics},
       {"equivalence", [] { equivalence_case("fp32", MixedPrecision::No, 1, 2e-5); }},
       {"accumulation", [] { equivalence_case("fp32 + accumulation 2", MixedPrecision::No, 2, 2e-5); }},

@@ -100,6 +100,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   comm_options.timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds(config_) * 1000));
   comm_options.debug = config_.debug || env_flag(env::kDebug) || env_flag("ACCELERATE_DEBUG_MODE");
+  if (const char* algorithm = std::getenv(env::kCpuCollectives); algorithm != nullptr && *algorithm != '\0')
+    comm_options.cpu_collectives = parse_cpu_collectives(algorithm, env::kCpuCollectives);
   comm_ = Communicator::create(state_, device_, comm_options);
   if (config_.seed) set_seed(*config_.seed);
   config_.num_processes = world_size_;

@@ -2,6 +2,7 @@
 #include <accel/errors.hpp>
 
 #include "c10d_backends.hpp"
+#include "p2p_collectives.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -49,6 +50,14 @@ void Communicator::count(Collective c, std::uint64_t payload, std::uint64_t wire
   counter.calls += 1;
   counter.payload += payload;
   counter.wire += wire;
+}
+
+CpuCollectives parse_cpu_collectives(const std::string& value, const std::string& source) {
+  if (value == "auto") return CpuCollectives::Auto;
+  if (value == "builtin") return CpuCollectives::Builtin;
+  if (value == "p2p") return CpuCollectives::PointToPoint;
+  throw UsageError(
+      fmt::format("{}: unknown CPU collective algorithm '{}'; use auto, builtin or p2p", source, value));
 }
 
 namespace {
@@ -205,6 +214,11 @@ class C10dCommunicator final : public Communicator {
   std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor tensor, int root) override {
     check("reduce", fmt::format("{}, root={}", describe(tensor), root));
     std::vector<torch::Tensor> ts{tensor};
+    count(Collective::Reduce, tensor.nbytes(), rank() == root ? 0 : tensor.nbytes());
+    if (point_to_point(tensor) && tensor.is_contiguous()) {
+      return detail::p2p_reduce(*gloo_, tensor, root, next_tags(), kP2PChunk, options_.timeout,
+                                fmt::format("rank {}: reduce", rank()));
+    }
     c10d::ReduceOptions o;
     o.rootRank = root;
     o.timeout = options_.timeout;
@@ -214,7 +228,6 @@ class C10dCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       throw DistributedError(fmt::format("rank {}: reduce failed: {}", rank(), first_line(e.what())));
     }
-    count(Collective::Reduce, tensor.nbytes(), rank() == root ? 0 : tensor.nbytes());
     return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout,
                                         fmt::format("rank {}: reduce", rank()));
   }
@@ -235,9 +248,15 @@ class C10dCommunicator final : public Communicator {
     auto sizes = in.sizes().vec();
     sizes[0] *= world_size();
     auto out = torch::empty(sizes, in.options());
-    c10d::AllgatherOptions o;
-    o.timeout = options_.timeout;
-    run("all_gather", [&] { return backend_for(in)->_allgather_base(out, in, o); });
+    if (point_to_point(in)) {
+      detail::p2p_all_gather(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
+                             fmt::format("rank {}: all_gather", rank()))
+          ->wait();
+    } else {
+      c10d::AllgatherOptions o;
+      o.timeout = options_.timeout;
+      run("all_gather", [&] { return backend_for(in)->_allgather_base(out, in, o); });
+    }
     count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
     return out;
   }
@@ -252,10 +271,16 @@ class C10dCommunicator final : public Communicator {
     auto in = input.contiguous();
     auto out = torch::empty({in.numel() / world_size()}, in.options());
     auto flat = in.view({-1});
-    c10d::ReduceScatterOptions o;
-    o.reduceOp = to_c10d(op);
-    o.timeout = options_.timeout;
-    run("reduce_scatter", [&] { return backend_for(in)->_reduce_scatter_base(out, flat, o); });
+    if (point_to_point(in) && (op == ReduceOp::Sum || op == ReduceOp::Mean)) {
+      detail::p2p_reduce_scatter(*gloo_, out, flat, next_tags(), kP2PChunk, options_.timeout,
+                                 fmt::format("rank {}: reduce_scatter", rank()))
+          ->wait();
+    } else {
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = to_c10d(op);
+      o.timeout = options_.timeout;
+      run("reduce_scatter", [&] { return backend_for(in)->_reduce_scatter_base(out, flat, o); });
+    }
     if (op == ReduceOp::Mean) out.div_(world_size());
     count(Collective::ReduceScatter, in.nbytes(), in.nbytes() / world_size() * (world_size() - 1));
     return out;
@@ -267,13 +292,17 @@ class C10dCommunicator final : public Communicator {
     c10d::AllgatherOptions o;
     o.timeout = options_.timeout;
     auto in = input.view({-1}), out = output.view({-1});
+    count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    if (point_to_point(in)) {
+      return detail::p2p_all_gather(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
+                                    fmt::format("rank {}: all_gather", rank()));
+    }
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = backend_for(in)->_allgather_base(out, in, o);
     } catch (const std::exception& e) {
       throw DistributedError(fmt::format("rank {}: all_gather failed: {}", rank(), first_line(e.what())));
     }
-    count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
                                         options_.timeout, fmt::format("rank {}: all_gather", rank()));
   }
@@ -285,14 +314,18 @@ class C10dCommunicator final : public Communicator {
     o.reduceOp = to_c10d(ReduceOp::Sum);
     o.timeout = options_.timeout;
     auto in = input.view({-1}), out = output.view({-1});
+    count(Collective::ReduceScatter, in.nbytes(),
+          out.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    if (point_to_point(in)) {
+      return detail::p2p_reduce_scatter(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
+                                        fmt::format("rank {}: reduce_scatter", rank()));
+    }
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = backend_for(in)->_reduce_scatter_base(out, in, o);
     } catch (const std::exception& e) {
       throw DistributedError(fmt::format("rank {}: reduce_scatter failed: {}", rank(), first_line(e.what())));
     }
-    count(Collective::ReduceScatter, in.nbytes(),
-          out.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
                                         options_.timeout, fmt::format("rank {}: reduce_scatter", rank()));
   }
@@ -341,6 +374,22 @@ class C10dCommunicator final : public Communicator {
           "part's elements; got {} and {}",
           op, world_size(), describe(whole), describe(part)));
     }
+  }
+
+  // Chunk of the point-to-point reduce-scatter: additions of one chunk overlap the transfer of the next.
+  static constexpr std::int64_t kP2PChunk = 1 << 18;
+
+  // Reduce-scatter, all-gather and reduce of CPU tensors go point to point unless the built-in one was asked
+  // for (bench_collectives measured p2p faster at every size on Gloo; BENCHMARKS.md).
+  bool point_to_point(const torch::Tensor& t) const {
+    return !t.is_cuda() && options_.cpu_collectives != CpuCollectives::Builtin;
+  }
+
+  // Tags of the next point-to-point collective: every rank issues collectives in the same order, so the
+  // counter agrees; above 2^30, clear of the tags a program's own send/recv would use.
+  detail::P2PTags next_tags() {
+    constexpr std::int64_t kBase = std::int64_t{1} << 30, kRounds = 1 << 16;
+    return {kBase + static_cast<std::int64_t>(p2p_seq_++ % kRounds) * detail::P2PTags::kChunks};
   }
 
   c10d::Backend* backend_for(const torch::Tensor& t) {
@@ -420,6 +469,7 @@ class C10dCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> nccl_;
   std::uint64_t debug_seq_ = 0;
   std::uint64_t exchange_seq_ = 0;
+  std::uint64_t p2p_seq_ = 0;
 };
 
 }  // namespace

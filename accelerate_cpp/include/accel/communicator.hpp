@@ -29,12 +29,24 @@ enum class Collective { AllReduce, Broadcast, AllGather, ReduceScatter, Reduce, 
 /// Name of a collective type ("all_reduce", ...).
 const char* to_string(Collective c);
 
+/// How reduce-scatter, all-gather and reduce run on CPU tensors (Gloo).
+enum class CpuCollectives {
+  Auto,          ///< the faster one as measured by bench_collectives (see BENCHMARKS.md): point-to-point
+  Builtin,       ///< ProcessGroupGloo's own `_reduce_scatter_base` / `_allgather_base` / `reduce`
+  PointToPoint,  ///< pairwise exchange over the same group's send/recv (detail/p2p_collectives)
+};
+
+/// Parses "auto", "builtin" or "p2p"; UsageError naming `source` (e.g. the environment variable) otherwise.
+CpuCollectives parse_cpu_collectives(const std::string& value, const std::string& source);
+
 /// Options of a Communicator.
 struct CommunicatorOptions {
   /// Timeout of every collective and of the rendezvous.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   /// Compare operation, shapes and dtypes across ranks before each collective.
   bool debug = false;
+  /// Algorithm of reduce-scatter, all-gather and reduce on CPU tensors (environment: ACCEL_CPU_COLLECTIVES).
+  CpuCollectives cpu_collectives = CpuCollectives::Auto;
 };
 
 /// Bytes moved by one collective type, counted on this rank.

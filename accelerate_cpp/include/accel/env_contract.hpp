@@ -26,6 +26,7 @@ inline constexpr const char* kConsoleTty = "ACCEL_CONSOLE_TTY";  ///< "1": the l
 inline constexpr const char* kCollectiveTimeout = "ACCEL_COLLECTIVE_TIMEOUT";  ///< seconds (overrides YAML)
 inline constexpr const char* kDebug = "ACCEL_DEBUG";  ///< shape checks before collectives (also Accelerate's
                                                       ///< ACCELERATE_DEBUG_MODE)
+inline constexpr const char* kCpuCollectives = "ACCEL_CPU_COLLECTIVES";  ///< auto | builtin | p2p
 
 /// Every variable accel-launch sets for each rank (and removes from its own environment first), in order.
 inline constexpr std::array<const char*, 12> kLaunchVariables = {
