@@ -31,14 +31,20 @@ CONFIGS = [
     ("zero stage 3", "config_templates/zero_stage3.yaml"),
     ("fsdp SHARD_GRAD_OP", "config_templates/fsdp_shard_grad_op.yaml"),
     ("fsdp FULL_SHARD", "config_templates/fsdp_full_shard.yaml"),
+    ("zero stage 1, Gloo's built-in collectives", "config_templates/zero_stage1.yaml"),
+    ("zero stage 2, Gloo's built-in collectives", "config_templates/zero_stage2.yaml"),
+    ("zero stage 3, Gloo's built-in collectives", "config_templates/zero_stage3.yaml"),
     ("PyTorch FSDP2, reshard_after_forward=False", "peer:--no-reshard"),
     ("PyTorch FSDP2, reshard_after_forward=True", "peer:"),
 ]
 START, END = "<!-- zero-bench:start -->", "<!-- zero-bench:end -->"
 
 
-def run(build: pathlib.Path, config: str, steps: int) -> dict:
+def run(build: pathlib.Path, name: str, config: str, steps: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The sharded backends' reduce-scatter, all-gather and reduce go point to point on Gloo by default;
+    # these rows measure ProcessGroupGloo's own collectives instead.
+    env["ACCEL_CPU_COLLECTIVES"] = "builtin" if "built-in" in name else "auto"
     if config.startswith("peer:"):
         torchrun = pathlib.Path(sys.executable).parent / "torchrun"
         cmd = [str(torchrun), "--standalone", "--nproc_per_node", "2",
@@ -69,7 +75,7 @@ def main() -> int:
     for r in range(args.repeats):
         order = CONFIGS if r % 2 == 0 else list(reversed(CONFIGS))
         for name, config in order:
-            results[name].append(run(build, config, args.steps))
+            results[name].append(run(build, name, config, args.steps))
     ddp = results["ddp"][0]
     ddp_ms = statistics.median(x["step_ms"] for x in results["ddp"])
     n = ddp["world"]
@@ -81,6 +87,9 @@ def main() -> int:
         "fsdp SHARD_GRAD_OP": (1 + 1 / n, 1 / n, 1 / n),
         "fsdp FULL_SHARD": (1 / n, 1 / n, 1 / n),
         "PyTorch FSDP2, reshard_after_forward=False": (1 / n, 1 / n, 1 / n),
+        "zero stage 1, Gloo's built-in collectives": (1 + 1 / n, 1, 1 / n),
+        "zero stage 2, Gloo's built-in collectives": (1 + 1 / n, 1 / n, 1 / n),
+        "zero stage 3, Gloo's built-in collectives": (1 / n, 1 / n, 1 / n),
         "PyTorch FSDP2, reshard_after_forward=True": (1 / n, 1 / n, 1 / n),
     }
     rows = ["| backend | step time vs DDP | params | grads | optimizer state | total | peak | expected (params, grads, opt) |",
@@ -97,6 +106,17 @@ def main() -> int:
             f"| {x['grad_bytes'] / ddp['grad_bytes']:.3f} | {x['optimizer_bytes'] / ddp['optimizer_bytes']:.3f} "
             f"| {x['total_bytes'] / ddp['total_bytes']:.3f} | {peak} | {e[0]:.2f}, {e[1]:.2f}, {e[2]:.2f} |")
     table = "\n".join(rows)
+    phases = ["| backend | forward | backward (with its gradient reduction) | optimizer.step() | parameter all-gather "
+              "(sync_parameters) | step |", "|---|---:|---:|---:|---:|---:|"]
+    for name, _ in CONFIGS:
+        runs = [y for y in results[name] if "forward_ms" in y]
+        if not runs:
+            continue
+        cell = {k: statistics.median(y[k] for y in runs) for k in ("forward_ms", "backward_ms", "optimizer_ms",
+                                                                     "gather_ms", "step_ms")}
+        phases.append(f"| {name} | {cell['forward_ms']:.0f} | {cell['backward_ms']:.0f} | "
+                      f"{cell['optimizer_ms']:.0f} | {cell['gather_ms']:.0f} | {cell['step_ms']:.0f} |")
+    phase_table = "\n".join(phases)
     vs_fsdp2 = (
         f"- Step time, PyTorch FSDP2 / accelerate-cpp FULL_SHARD (reshard after forward): "
         f"{median_ms['PyTorch FSDP2, reshard_after_forward=True'] / median_ms['fsdp FULL_SHARD']:.2f}x; "
@@ -116,7 +136,10 @@ def main() -> int:
             f"The accelerate-cpp runs feed batches through its data loader (per-sample collation); the FSDP2 "
             f"peer slices pre-built tensors, which costs it less per step.\n\n"
             f"Reproduce: `.venv/bin/python bench/zero_bench.py --steps {args.steps} --repeats {args.repeats} "
-            f"--out BENCHMARKS.md` ({datetime.date.today().isoformat()})\n\n{table}\n\n{vs_fsdp2}{END}\n")
+            f"--out BENCHMARKS.md` ({datetime.date.today().isoformat()})\n\n{table}\n\n{vs_fsdp2}\n"
+            f"Where the step time goes (rank 0, ms per step, medians; no barrier between phases, so waiting "
+            f"for the peer counts in the phase where it happens; the data loader's time is in the step only):"
+            f"\n\n{phase_table}\n{END}\n")
     print(text)
     if args.out:
         path = pathlib.Path(args.out)

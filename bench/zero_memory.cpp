@@ -43,16 +43,36 @@ int main(int argc, char** argv) try {
   Clock::time_point start;
   int step = 0;
   accel::MemoryReport after_step;
+  // Where the step time goes, on this rank (no barriers in between, so waiting for the peer counts where it
+  // happens): forward and loss; backward, including the gradient reduction the backend does in it;
+  // optimizer.step(); the parameter all-gather of ZeRO-1/2 and SHARD_GRAD_OP (otherwise done at the next
+  // forward; stage 3 gathers units inside forward and backward).
+  double phase_ms[4] = {0, 0, 0, 0};
+  auto lap = [](Clock::time_point& t) {
+    const auto now = Clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+    return ms;
+  };
   for (auto& b : *loader) {
     if (step == warmup) {
       accelerator.wait_for_everyone();
       accel::CpuMemoryCounter::reset_peak();
       start = Clock::now();
+      for (double& p : phase_ms)
+        p = 0;
     }
     const auto inputs = b.data.narrow(1, 0, width), targets = b.data.select(1, width).to(torch::kLong);
+    auto t = Clock::now();
     optimizer.zero_grad();
-    accelerator.backward(torch::cross_entropy_loss(model->forward(inputs), targets));
+    auto loss = torch::cross_entropy_loss(model->forward(inputs), targets);
+    phase_ms[0] += lap(t);
+    accelerator.backward(loss);
+    phase_ms[1] += lap(t);
     optimizer.step();
+    phase_ms[2] += lap(t);
+    accelerator.sync_parameters();
+    phase_ms[3] += lap(t);
     after_step = accelerator.memory_report();  // gradients and optimizer state both present
     ++step;
   }
@@ -62,13 +82,15 @@ int main(int argc, char** argv) try {
     std::printf(
         "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": "
         "%llu, "
-        "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu, \"peak_bytes\": %llu}\n",
+        "\"grad_bytes\": %llu, \"optimizer_bytes\": %llu, \"total_bytes\": %llu, \"peak_bytes\": %llu, "
+        "\"forward_ms\": %.2f, \"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"gather_ms\": %.2f}\n",
         accelerator.backend_name().c_str(), accelerator.num_processes(), static_cast<long long>(params),
         seconds / (step - warmup) * 1e3, static_cast<unsigned long long>(after_step.parameters),
         static_cast<unsigned long long>(after_step.gradients),
         static_cast<unsigned long long>(after_step.optimizer_state),
         static_cast<unsigned long long>(after_step.total()),
-        static_cast<unsigned long long>(accel::CpuMemoryCounter::peak()));
+        static_cast<unsigned long long>(accel::CpuMemoryCounter::peak()), phase_ms[0] / (step - warmup),
+        phase_ms[1] / (step - warmup), phase_ms[2] / (step - warmup), phase_ms[3] / (step - warmup));
   }
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());

@@ -220,6 +220,23 @@ TEST_CASE("config: mixed precision values", "[config]") {
   CHECK(mode_of("mixed_precision:\n") == MixedPrecision::No);
 }
 
+TEST_CASE("config: ddp_comm_hook values", "[config]") {
+  using accel::CommHook;
+  auto hook_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).ddp_comm_hook; };
+  CHECK(hook_of("") == CommHook::No);
+  CHECK(hook_of("ddp_comm_hook: no\n") == CommHook::No);
+  CHECK(hook_of("ddp_comm_hook: FP16\n") == CommHook::Fp16);
+  CHECK(hook_of("ddp_comm_hook: bf16\n") == CommHook::Bf16);
+  accel::Config c;
+  c.ddp_comm_hook = CommHook::Bf16;
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK(std::string(string_error("ddp_comm_hook: power_sgd\n").what()) ==
+        "inline.yaml:1: ddp_comm_hook: 'power_sgd' is not supported by accelerate-cpp; allowed values: no, "
+        "fp16, "
+        "bf16");
+  CHECK(string_error("ddp_comm_hook: fp32\n").key() == "ddp_comm_hook");
+}
+
 TEST_CASE("config: accepted Accelerate keys without meaning here", "[config]") {
   CHECK_NOTHROW(accel::Config::load_string(
       "dynamo_config: {}\ndynamo_backend: 'NO'\nmegatron_lm_config: {}\ntpu_name: null\ntpu_zone: null\n"

@@ -2,7 +2,7 @@
 // torchrun-style variables); each scenario checks its results on every rank and exits non-zero with a message
 // on a mismatch.
 //
-//   dist_worker <scenario>      scenarios: collectives, cpu_collectives, metrics, equivalence,
+//   dist_worker <scenario>      scenarios: collectives, cpu_collectives, comm_hook, metrics, equivalence,
 //   accumulation, bf16, sync,
 //                               debug_mismatch, unused, checkpoint, process
 #define CATCH_CONFIG_RUNNER  // this file's main runs the scenario as a Catch2 test case
@@ -334,6 +334,61 @@ void cpu_collectives() {
     }
   }
   comm->set_options(base);
+}
+
+// ddp_comm_hook: fp16 and bf16 gradient compression halve the bytes of every gradient reduction (DDP's
+// all-reduce, ZeRO's reduce / reduce-scatter, FSDP's reduce-scatter) and change the result only by the cast's
+// rounding; the parameter all-gathers stay fp32.
+void comm_hook() {
+  struct Run {
+    std::uint64_t grad_wire = 0, gather_wire = 0;
+    torch::Tensor weights;
+  };
+  auto train = [](CommHook hook) {
+    auto config = cpu_config();
+    config.ddp_comm_hook = hook;
+    Accelerator acc(AcceleratorOptions().config(config));
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    acc.prepare(model, opt);
+    Regression data(8 * acc.num_processes() * 3);
+    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        std::move(data).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(8));
+    Run run;
+    for (auto& b : *loader) {
+      auto& c = acc.communicator();
+      c.reset_counters();
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      opt.step();
+      acc.sync_parameters();
+      run.grad_wire += c.bytes(Collective::AllReduce).wire + c.bytes(Collective::ReduceScatter).wire +
+                       c.bytes(Collective::Reduce).wire;
+      run.gather_wire += c.bytes(Collective::AllGather).wire;
+    }
+    std::vector<torch::Tensor> flat;
+    for (const auto& [name, t] : acc.get_state_dict())
+      flat.push_back(t.reshape({-1}).to(torch::kFloat32));
+    run.weights = torch::cat(flat);
+    return run;
+  };
+  const auto plain = train(CommHook::No);
+  CHECK_MSG(plain.grad_wire > 0, "gradients were reduced");
+  for (auto hook : {CommHook::Fp16, CommHook::Bf16}) {
+    const auto run = train(hook);
+    const auto name = to_string(hook);
+    CHECK_MSG(2 * run.grad_wire == plain.grad_wire,
+              name << ": gradient wire bytes " << run.grad_wire << ", uncompressed " << plain.grad_wire);
+    CHECK_MSG(run.gather_wire == plain.gather_wire, name << ": parameter all-gathers stay fp32");
+    const double diff = (run.weights - plain.weights).abs().max().item<double>();
+    CHECK_MSG(diff > 0, name << ": compression must change the result (rounding)");
+    CHECK_MSG(diff < (hook == CommHook::Fp16 ? 2e-3 : 2e-2), name << ": weights differ by " << diff);
+    if (std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+      std::cout << backend_variant << " " << name << ": gradient bytes " << run.grad_wire << " vs "
+                << plain.grad_wire << ", max weight difference " << diff << std::endl;
+    }
+  }
 }
 
 void metrics() {
@@ -996,6 +1051,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::function<void()>> scenarios{
       {"collectives", collectives},
       {"cpu_collectives", cpu_collectives},
+      {"comm_hook", comm_hook},
       {"metrics", metrics},
       {"equivalence", [] { equivalence_case("fp32", MixedPrecision::No, 1, 2e-5); }},
       {"accumulation", [] { equivalence_case("fp32 + accumulation 2", MixedPrecision::No, 2, 2e-5); }},

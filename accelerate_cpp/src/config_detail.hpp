@@ -78,6 +78,7 @@ struct ChoiceSet {
 /// Backend names (canonical, listed) and aliases (not listed), from the backends' parts.
 const ChoiceSet<std::string>& backend_choices();
 const ChoiceSet<MixedPrecision>& mixed_precision_choices();
+const ChoiceSet<CommHook>& comm_hook_choices();
 /// distributed_type values (from the backends' parts) map onto backends; MULTI_CPU additionally implies
 /// use_cpu.
 const ChoiceSet<std::string>& distributed_type_choices();

@@ -28,6 +28,15 @@ const ChoiceSet<MixedPrecision>& mixed_precision_choices() {
   return kSet;
 }
 
+const ChoiceSet<CommHook>& comm_hook_choices() {
+  static const ChoiceSet<CommHook> kSet{{{"no", CommHook::No, true},
+                                         {"fp16", CommHook::Fp16, true},
+                                         {"bf16", CommHook::Bf16, true},
+                                         {"false", CommHook::No, false}},
+                                        {"power_sgd", "batched_power_sgd"}};
+  return kSet;
+}
+
 // distributed_type values map onto backends (each part lists its own); MULTI_CPU additionally implies
 // use_cpu.
 const ChoiceSet<std::string>& distributed_type_choices() {
@@ -208,6 +217,11 @@ std::vector<KeyRow> make_schema() {
       "ddp_broadcast_buffers", kTop,
       "after every sync step copy rank 0's buffers (BatchNorm statistics) to every rank",
       [](auto& c) -> auto& { return c.ddp_broadcast_buffers; }, boolean(), write_bool, "false"));
+  add(setting(
+      "ddp_comm_hook", kTop,
+      "gradient compression on the wire: no | fp16 | bf16 (DDP all-reduce, ZeRO/FSDP reduce-scatter)",
+      [](auto& c) -> auto& { return c.ddp_comm_hook; }, choice(comm_hook_choices),
+      [](CommHook h) { return "'" + to_string(h) + "'"; }, "fp16"));
   {
     KeyRow r = section_row(kDynamo, "dynamo_*", "only dynamo_backend: 'NO' (LibTorch has no torch.compile)");
     r.opens.reset();  // nothing of it is written

@@ -57,6 +57,10 @@ std::string to_string(MixedPrecision mode) {
   return canonical_text(mixed_precision_choices(), mode);
 }
 
+std::string to_string(CommHook hook) {
+  return canonical_text(comm_hook_choices(), hook);
+}
+
 std::string parse_backend(const std::string& text) {
   const std::optional<std::string> name = match_choice(backend_choices(), text);
   if (!name) throw ConfigError(bad_choice_message("backend", backend_choices(), text), "", 0, "backend");

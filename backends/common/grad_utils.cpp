@@ -13,6 +13,74 @@
 
 namespace accel::backends::detail {
 
+std::optional<c10::ScalarType> wire_dtype(CommHook hook) {
+  switch (hook) {
+    case CommHook::Fp16:
+      return torch::kHalf;
+    case CommHook::Bf16:
+      return torch::kBFloat16;
+    case CommHook::No:
+      break;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// The collective runs on `sent` (compressed); wait() writes `received` x world size into `result`.
+class Decompress final : public CollectiveHandle {
+ public:
+  Decompress(std::unique_ptr<CollectiveHandle> inner, torch::Tensor received, torch::Tensor result, int world)
+      : inner_(std::move(inner)), received_(std::move(received)), result_(std::move(result)), world_(world) {}
+  void wait() override {
+    inner_->wait();
+    torch::NoGradGuard no_grad;
+    result_.copy_(received_).mul_(world_);
+  }
+
+ private:
+  std::unique_ptr<CollectiveHandle> inner_;
+  torch::Tensor received_, result_;
+  int world_;
+};
+
+bool compress(const torch::Tensor& t, const std::optional<c10::ScalarType>& wire) {
+  return wire && t.scalar_type() != *wire && t.is_floating_point();
+}
+
+torch::Tensor compressed(const torch::Tensor& t, c10::ScalarType wire, int world) {
+  torch::NoGradGuard no_grad;
+  return t.div(world).to(wire);  // divided first, as PyTorch's hooks, so the sum cannot overflow fp16
+}
+
+}  // namespace
+
+std::unique_ptr<CollectiveHandle> all_reduce_grads(Communicator& comm, torch::Tensor flat,
+                                                   std::optional<c10::ScalarType> wire) {
+  if (!compress(flat, wire)) return comm.all_reduce_async({flat});
+  auto sent = compressed(flat, *wire, comm.world_size());
+  auto inner = comm.all_reduce_async({sent});
+  return std::make_unique<Decompress>(std::move(inner), sent, flat, comm.world_size());
+}
+
+std::unique_ptr<CollectiveHandle> reduce_scatter_grads(Communicator& comm, torch::Tensor output,
+                                                       torch::Tensor input,
+                                                       std::optional<c10::ScalarType> wire) {
+  if (!compress(input, wire)) return comm.reduce_scatter_async(output, input);
+  auto sent = compressed(input, *wire, comm.world_size());
+  auto received = torch::empty(output.sizes(), sent.options());
+  auto inner = comm.reduce_scatter_async(received, sent);
+  return std::make_unique<Decompress>(std::move(inner), received, output, comm.world_size());
+}
+
+std::unique_ptr<CollectiveHandle> reduce_grads(Communicator& comm, torch::Tensor tensor, int root,
+                                               std::optional<c10::ScalarType> wire) {
+  if (!compress(tensor, wire)) return comm.reduce_async(tensor, root);
+  auto sent = compressed(tensor, *wire, comm.world_size());
+  auto inner = comm.reduce_async(sent, root);
+  return std::make_unique<Decompress>(std::move(inner), sent, tensor, comm.world_size());
+}
+
 NamedTensors module_state(torch::nn::Module& module) {
   NamedTensors out;
   for (const auto& item : module.named_parameters())

@@ -22,6 +22,19 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
 /// received no gradient in a backward that gave gradients to others of the same model, unless `tolerate`
 /// (`ddp_find_unused_parameters: true`, then they are reduced as zeros).
 void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
+/// The dtype gradients travel in under `hook` (`ddp_comm_hook`), or nullopt for no compression.
+std::optional<c10::ScalarType> wire_dtype(CommHook hook);
+/// Gradient reductions with compression (PyTorch's fp16/bf16 compress hooks): the fp32 input is divided by
+/// the world size and cast to `wire` for the collective; `wait()` casts the result back and multiplies it by
+/// the world size, so every caller still gets the sum it gets uncompressed (and divides as before). Without a
+/// wire dtype, or when the gradients already have it, these are the plain collectives. Collective.
+std::unique_ptr<CollectiveHandle> all_reduce_grads(Communicator& comm, torch::Tensor flat,
+                                                   std::optional<c10::ScalarType> wire);
+std::unique_ptr<CollectiveHandle> reduce_scatter_grads(Communicator& comm, torch::Tensor output,
+                                                       torch::Tensor input,
+                                                       std::optional<c10::ScalarType> wire);
+std::unique_ptr<CollectiveHandle> reduce_grads(Communicator& comm, torch::Tensor tensor, int root,
+                                               std::optional<c10::ScalarType> wire);
 /// All-reduces (mean) the defined gradients of `params` in place, one flat buffer per dtype: trainable
 /// parameters no sharded optimizer owns keep DDP's semantics. Collective.
 void all_reduce_mean_grads(Communicator& comm, const std::vector<torch::Tensor>& params);

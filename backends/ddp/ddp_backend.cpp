@@ -125,7 +125,7 @@ class DdpBackend final : public Backend {
       }
       offset += static_cast<std::size_t>(n);
     }
-    b.work = comm_.all_reduce_async({b.flat});
+    b.work = detail::all_reduce_grads(comm_, b.flat, detail::wire_dtype(ctx_.config->ddp_comm_hook));
   }
 
   void unflatten(Bucket& b) {

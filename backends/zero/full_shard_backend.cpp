@@ -520,7 +520,8 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     const auto& first = params_[f.params.front()];
     if (!f.grad.defined()) f.grad = torch::zeros({f.shard * comm_.world_size()}, first.options());
     PendingReduce pending{fi, f.grad, torch::empty({f.shard}, f.grad.options()), nullptr};
-    pending.work = comm_.reduce_scatter_async(pending.out, f.grad);
+    pending.work = detail::reduce_scatter_grads(comm_, pending.out, f.grad,
+                                                detail::wire_dtype(ctx_.config->ddp_comm_hook));
     f.grad = torch::Tensor();  // the handle keeps it until the collective finished
     f.launched = true;
     pending_ = std::move(pending);

@@ -369,8 +369,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
         auto input = torch::zeros({n * len}, first.options().requires_grad(false));
         for (int r = 0; r < n; ++r)
           read_flat_range(g, r * g.shard + at, input.narrow(0, r * len, len));
-        auto work =
-            std::shared_ptr<CollectiveHandle>(comm_.reduce_scatter_async(grad.narrow(0, at, len), input));
+        auto work = std::shared_ptr<CollectiveHandle>(detail::reduce_scatter_grads(
+            comm_, grad.narrow(0, at, len), input, detail::wire_dtype(ctx_.config->ddp_comm_hook)));
         return std::function<void()>([work] { work->wait(); });
       });
       for (auto index : g.params)
@@ -460,7 +460,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       const auto lo = std::max(b.begin, r * g.shard), hi = std::min(b.end, (r + 1) * g.shard);
       if (lo >= hi) continue;
       auto part = pending.buffer.narrow(0, lo - b.begin, hi - lo);  // a view: no copy
-      auto work = comm_.reduce_async(part, r);
+      auto work = detail::reduce_grads(comm_, part, r, detail::wire_dtype(ctx_.config->ddp_comm_hook));
       pending.parts.emplace_back(r, lo, std::move(part), std::move(work));
     }
     pending_.push_back(std::move(pending));

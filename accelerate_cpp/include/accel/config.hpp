@@ -32,6 +32,12 @@ struct Config;
 /// Mixed precision mode (`mixed_precision:` `no|fp16|bf16`). fp16 uses dynamic loss scaling.
 enum class MixedPrecision { No, Fp16, Bf16 };
 
+/// Gradient compression on the wire (`ddp_comm_hook`, Accelerate's DDPCommunicationHookType names): gradients
+/// are divided by the number of processes, cast to fp16 or bf16 for the reduction, and cast back, as
+/// PyTorch's `fp16_compress_hook` / `bf16_compress_hook`. Halves the bytes of every gradient reduction (DDP's
+/// all-reduce, ZeRO's and FSDP's reduce-scatter) at the cost of the cast's rounding.
+enum class CommHook { No, Fp16, Bf16 };
+
 /// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1, 2, 3 are accepted too).
 enum class ShardingStrategy {
   FullShard,  ///< parameters, gradients and optimizer state sharded; parameters freed after forward (ZeRO-3)
@@ -180,6 +186,8 @@ struct Config {
   /// `ddp_broadcast_buffers`: after every sync step, copy rank 0's buffers (BatchNorm statistics) to every
   /// rank, as PyTorch DDP's `broadcast_buffers=True`, so all ranks evaluate and save the same model.
   bool ddp_broadcast_buffers = true;
+  /// `ddp_comm_hook`: `no`, `fp16` or `bf16` gradient compression (DDP, ZeRO and FSDP gradient reduction).
+  CommHook ddp_comm_hook = CommHook::No;
   /// `fsdp_config:` section.
   FsdpConfig fsdp;
   /// `deepspeed_config:` section.
@@ -262,6 +270,8 @@ std::string backend_for_processes(const std::string& backend, int num_processes)
 
 /// `no`, `fp16` or `bf16`.
 std::string to_string(MixedPrecision mode);
+/// `no`, `fp16` or `bf16`.
+std::string to_string(CommHook hook);
 /// The YAML spelling, e.g. `FULL_SHARD`.
 std::string to_string(ShardingStrategy strategy);
 /// The YAML spelling, e.g. `TRANSFORMER_BASED_WRAP`.
