@@ -1,7 +1,7 @@
 #pragma once
 // The harness shared by the multi-process test scenarios (dist_worker.cpp, real_loops.cpp): the backend row
 // under test, the config it maps to, and CHECK_MSG, a Catch2 assertion with a message built only on failure.
-// Each worker process runs its scenario as one Catch2 test case (dist_worker.cpp's main), so a failed check
+// Each worker process runs its scenario as one Catch2 test case (scenario_main.hpp), so a failed check
 // is reported by Catch2 with file, line and message, and the rank exits non-zero.
 
 #include <accel/accelerator.hpp>

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "dist_common.hpp"
+#include "scenario_main.hpp"
 
 #include <accel/objects_archive.hpp>
 
@@ -1034,19 +1035,6 @@ void process() {
 
 }  // namespace
 
-namespace {
-std::function<void()> selected;  // the scenario named on the command line
-}  // namespace
-
-TEST_CASE("scenario") {
-  try {
-    selected();
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    FAIL("the scenario threw: " << e.what());
-  }
-}
-
 int main(int argc, char** argv) {
   std::map<std::string, std::function<void()>> scenarios{
       {"collectives", collectives},
@@ -1082,16 +1070,6 @@ int main(int argc, char** argv) {
   }
   if (argc == 3) backend_variant = argv[2];
   ::setenv("ACCEL_TEST_SCENARIO", argv[1], 1);
-  selected = scenarios.at(argv[1]);
   // The scenario runs as the one Catch2 test case of this process: CHECK_MSG failures are Catch2's.
-  Catch::Session session;
-  const char* catch_args[] = {argv[0], "--use-colour", "no"};
-  const int failed = session.run(3, catch_args);
-  if (failed > 0) {
-    std::cerr << "scenario " << argv[1] << ": check(s) failed (Catch2's report above names each)"
-              << std::endl;
-    return 1;
-  }
-  std::cout << "scenario " << argv[1] << " passed" << std::endl;
-  return 0;
+  return worker::run_scenario(argv[0], argv[1], scenarios.at(argv[1]));
 }

@@ -32,6 +32,8 @@ const char* to_string(Collective c) {
       return "barrier";
     case Collective::Exchange:
       return "exchange";
+    case Collective::PointToPoint:
+      return "send_recv";
     case Collective::kCount:
       break;
   }
@@ -117,6 +119,18 @@ class SingleProcessCommunicator final : public Communicator {
   }
   void barrier() override {}
   std::vector<std::string> exchange(const std::string& mine) override { return {mine}; }
+  std::unique_ptr<CollectiveHandle> send_async(torch::Tensor, int dst, int tag) override {
+    throw UsageError(fmt::format(
+        "send_async to rank {} (tag {}): point-to-point needs at least 2 processes, this job has 1; start it "
+        "with accel-launch --num_processes N",
+        dst, tag));
+  }
+  std::unique_ptr<CollectiveHandle> recv_async(torch::Tensor, int src, int tag) override {
+    throw UsageError(fmt::format(
+        "recv_async from rank {} (tag {}): point-to-point needs at least 2 processes, this job has 1; start "
+        "it with accel-launch --num_processes N",
+        src, tag));
+  }
 };
 
 class WorkHandle final : public CollectiveHandle {
@@ -330,6 +344,14 @@ class C10dCommunicator final : public Communicator {
                                         options_.timeout, fmt::format("rank {}: reduce_scatter", rank()));
   }
 
+  std::unique_ptr<CollectiveHandle> send_async(torch::Tensor tensor, int dst, int tag) override {
+    return point_to_point_op(true, std::move(tensor), dst, tag);
+  }
+
+  std::unique_ptr<CollectiveHandle> recv_async(torch::Tensor tensor, int src, int tag) override {
+    return point_to_point_op(false, std::move(tensor), src, tag);
+  }
+
   void barrier() override {
     check("barrier", "");
     c10d::BarrierOptions o;
@@ -374,6 +396,33 @@ class C10dCommunicator final : public Communicator {
           "part's elements; got {} and {}",
           op, world_size(), describe(whole), describe(part)));
     }
+  }
+
+  std::unique_ptr<CollectiveHandle> point_to_point_op(bool send, torch::Tensor tensor, int peer, int tag) {
+    const char* op = send ? "send_async" : "recv_async";
+    const auto what = fmt::format("rank {}: {} {} rank {} (tag {}, {})", rank(), op, send ? "to" : "from",
+                                  peer, tag, tensor.defined() ? describe(tensor) : "undefined tensor");
+    if (peer < 0 || peer >= world_size() || peer == rank()) {
+      throw UsageError(fmt::format("{}: the peer must be another rank in [0, {})", what, world_size()));
+    }
+    if (tag < 0 || tag >= kPointToPointTagLimit) {
+      throw UsageError(fmt::format(
+          "{}: the tag must lie in [0, 2^30); the tags above are reserved for accel's collectives", what));
+    }
+    if (!tensor.defined() || !tensor.is_contiguous()) {
+      throw UsageError(fmt::format("{}: needs a defined, contiguous tensor; pass tensor.contiguous()", what));
+    }
+    std::vector<torch::Tensor> ts{tensor};
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = send ? backend_for(tensor)->send(ts, peer, tag) : backend_for(tensor)->recv(ts, peer, tag);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("{} failed: {}", what, first_line(e.what())));
+    }
+    count(Collective::PointToPoint, tensor.nbytes(), send ? tensor.nbytes() : 0);
+    return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout, what);
   }
 
   // Chunk of the point-to-point reduce-scatter: additions of one chunk overlap the transfer of the next.

@@ -56,6 +56,11 @@ WorkPtr post(c10d::Backend& group, bool send, torch::Tensor tensor, int peer, st
   return send ? group.send(ts, peer, static_cast<int>(tag)) : group.recv(ts, peer, static_cast<int>(tag));
 }
 
+// Elements per chunk: about `wanted`, at least one, and few enough chunks for the tag space.
+std::int64_t chunk_size(std::int64_t wanted, std::int64_t total) {
+  return std::max({wanted, (total + P2PTags::kChunks - 1) / P2PTags::kChunks, std::int64_t{1}});
+}
+
 }  // namespace
 
 std::unique_ptr<CollectiveHandle> p2p_reduce_scatter(c10d::Backend& group, torch::Tensor output,
@@ -67,8 +72,7 @@ std::unique_ptr<CollectiveHandle> p2p_reduce_scatter(c10d::Backend& group, torch
   const auto shard = out.numel();
   auto handle = std::make_unique<P2PHandle>(timeout, std::move(what));
   if (shard == 0) return handle;
-  const auto chunk =
-      std::max({chunk_elements, (shard + P2PTags::kChunks - 1) / P2PTags::kChunks, std::int64_t{1}});
+  const auto chunk = chunk_size(chunk_elements, shard);
   // Two ranks: the peer's part lands in `output` itself; more: in one slot per peer.
   const auto slots = n == 2 ? out.view({1, shard}) : torch::empty({n - 1, shard}, out.options());
   auto slot = [r](int peer) { return peer < r ? peer : peer - 1; };
@@ -109,8 +113,7 @@ std::unique_ptr<CollectiveHandle> p2p_all_gather(c10d::Backend& group, torch::Te
   const auto part = in.numel();
   auto handle = std::make_unique<P2PHandle>(timeout, std::move(what));
   if (part == 0) return handle;
-  const auto chunk =
-      std::max({chunk_elements, (part + P2PTags::kChunks - 1) / P2PTags::kChunks, std::int64_t{1}});
+  const auto chunk = chunk_size(chunk_elements, part);
   handle->recvs.emplace_back();
   for (std::int64_t at = 0, c = 0; at < part; at += chunk, ++c) {
     const auto len = std::min(chunk, part - at);
@@ -133,8 +136,7 @@ std::unique_ptr<CollectiveHandle> p2p_reduce(c10d::Backend& group, torch::Tensor
   const auto total = t.numel();
   auto handle = std::make_unique<P2PHandle>(timeout, std::move(what));
   if (total == 0) return handle;
-  const auto chunk =
-      std::max({chunk_elements, (total + P2PTags::kChunks - 1) / P2PTags::kChunks, std::int64_t{1}});
+  const auto chunk = chunk_size(chunk_elements, total);
   if (r != root) {
     for (std::int64_t at = 0, c = 0; at < total; at += chunk, ++c)
       handle->sends.push_back(

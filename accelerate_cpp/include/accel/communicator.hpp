@@ -24,7 +24,17 @@ namespace accel {
 enum class ReduceOp { Sum, Mean, Max, Min };
 
 /// Collective types, for byte counters and debug descriptions.
-enum class Collective { AllReduce, Broadcast, AllGather, ReduceScatter, Reduce, Barrier, Exchange, kCount };
+enum class Collective {
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  Reduce,
+  Barrier,
+  Exchange,
+  PointToPoint,  ///< `send_async` / `recv_async` ("send_recv"): payload = bytes sent or received, wire = sent
+  kCount
+};
 
 /// Name of a collective type ("all_reduce", ...).
 const char* to_string(Collective c);
@@ -114,6 +124,22 @@ class Communicator {
   virtual void barrier() = 0;
   /// Every rank's string, indexed by rank; goes through the store, not the process group (collective).
   virtual std::vector<std::string> exchange(const std::string& mine) = 0;
+
+  /// Tags of `send_async` / `recv_async` lie in [0, kPointToPointTagLimit); the tags above are reserved for
+  /// the point-to-point algorithms of reduce-scatter, all-gather and reduce.
+  static constexpr int kPointToPointTagLimit = 1 << 30;
+  /// Asynchronous send of the contiguous `tensor` to rank `dst` (point to point, not collective: only `dst`
+  /// calls the matching `recv_async(..., rank(), tag)`). Messages from one rank to another with one tag are
+  /// received in the order they were sent. The tensor stays alive until `wait()`, which blocks until the
+  /// transfer is done, which may not happen before `dst` posted the receive (Gloo): wait on a send only
+  /// where the peer can reach its receive without this rank (pipeline_schedule.hpp's rules). Counted under
+  /// Collective::PointToPoint. UsageError (naming rank, peer and tag) for a peer that is not another rank, a
+  /// tag outside [0, kPointToPointTagLimit), a non-contiguous tensor, or a single process.
+  virtual std::unique_ptr<CollectiveHandle> send_async(torch::Tensor tensor, int dst, int tag) = 0;
+  /// Asynchronous receive from rank `src` into the contiguous `tensor`, which must have the sent message's
+  /// size in bytes; it stays alive until `wait()`, which blocks until the data arrived (or the timeout
+  /// passed: DistributedError). The same rules and errors as `send_async`.
+  virtual std::unique_ptr<CollectiveHandle> recv_async(torch::Tensor tensor, int src, int tag) = 0;
 
   /// Bytes counted for one collective type since construction or the last reset.
   ByteCount bytes(Collective c) const { return counters_[static_cast<std::size_t>(c)]; }

@@ -1,0 +1,141 @@
+#pragma once
+/// \file pipeline.hpp
+/// The pipeline-parallel runtime: a model's layers cut into stages, one stage per rank, and an engine that
+/// runs one stage's action list of pipeline_schedule.hpp over the Communicator's point-to-point operations.
+/// For now the pipeline spans every rank of the communicator: rank r runs stage r.
+///
+/// Example (every rank runs the same program):
+///
+///     auto comm = accel::Communicator::create(accel::ProcessState::from_environment(), torch::kCPU);
+///     torch::manual_seed(0);
+///     torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+///     accel::pipeline::PipelineStage stage(model, comm->rank(), comm->world_size());
+///     accel::pipeline::PipelineEngine engine(stage, comm, accel::pipeline::Schedule::OneFOneB, 4);
+///     torch::optim::SGD optimizer(stage.parameters(), 0.1);
+///     optimizer.zero_grad();
+///     double loss = engine.train_step(inputs, targets, [](const torch::Tensor& out, const torch::Tensor& y)
+///     {
+///       return torch::mse_loss(out, y);
+///     });
+///     optimizer.step();
+///
+/// Messages: before each activation or gradient a fixed-size int64 header (kind, micro-batch, micro-batch
+/// count, step kind, dtype, shape) goes to the peer, so that the receiver allocates the tensor and checks
+/// that both stages run the same step. A stage that fails (its layers or loss throw, a header does not match)
+/// sends an abort message with its error to its neighbours, which fail at their next receive from it and pass
+/// the message on: every rank throws, naming the stage and micro-batch that failed, instead of hanging. A
+/// neighbour that expects nothing more from the failed stage in that step fails when its pending sends reach
+/// the communicator's timeout. After a failure the ranks' message streams are out of step: the engine refuses
+/// further steps (end the processes; accel-launch stops every rank when one exits with an error).
+
+#include <accel/communicator.hpp>
+#include <accel/pipeline_schedule.hpp>
+
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/ordered_dict.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace accel::pipeline {
+
+/// The loss of one micro-batch: a tensor of one element from the last stage's output and the micro-batch's
+/// targets (e.g. torch::mse_loss(output, target), a mean over the micro-batch).
+using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+/// The stage boundaries `method` gives for `model` on `stages` stages, from its layers' parameter counts and
+/// type names (`partition` of pipeline_schedule.hpp).
+std::vector<int> partition_model(const torch::nn::Sequential& model, int stages,
+                                 const PartitionMethod& method = {});
+
+/// The layers of one pipeline stage: layers [boundaries()[stage], boundaries()[stage + 1]) of the model.
+class PipelineStage {
+ public:
+  /// Stage `stage` of `stages` of the whole `model`, partitioned by `method` (by default balanced by
+  /// parameter counts). Every rank builds the same model (e.g. with the same seed) and keeps its own layers,
+  /// which share their parameters with `model`. ConfigError for a bad partition, UsageError for a stage
+  /// outside [0, stages).
+  PipelineStage(const torch::nn::Sequential& model, int stage, int stages,
+                const PartitionMethod& method = {});
+  /// Builds only this stage's layers, `make_layer(i)` for each of its global layer indices i, of `layers`
+  /// layers in all; `boundaries` (stages + 1 entries from 0 to `layers`) default to partition_uniform.
+  PipelineStage(const std::function<torch::nn::AnyModule(int layer)>& make_layer, int layers, int stage,
+                int stages, std::vector<int> boundaries = {});
+
+  int stage() const noexcept { return stage_; }
+  int stages() const noexcept { return static_cast<int>(boundaries_.size()) - 1; }
+  /// Stage s holds layers [b[s], b[s + 1]) of the whole model.
+  const std::vector<int>& boundaries() const noexcept { return boundaries_; }
+  /// This stage's layers, each named by its global layer index ("3"): `module()->to(device)`, `train()`,
+  /// `eval()` and the buffers are the usual Module calls.
+  torch::nn::Sequential& module() noexcept { return layers_; }
+  /// Runs this stage's layers in order.
+  torch::Tensor forward(const torch::Tensor& input);
+  /// This stage's parameters (hand them to the optimizer).
+  std::vector<torch::Tensor> parameters() const;
+  /// This stage's parameters named as in the whole model ("3.weight" for layer 3), so that per-stage
+  /// checkpoints can be merged or re-partitioned.
+  torch::OrderedDict<std::string, torch::Tensor> named_parameters() const;
+
+ private:
+  int stage_;
+  std::vector<int> boundaries_;
+  torch::nn::Sequential layers_;
+};
+
+/// Runs this rank's stage through a pipeline step. Every rank of the communicator is one stage, rank r
+/// stage r. Not thread-safe; the stage and the communicator must outlive the engine.
+class PipelineEngine {
+ public:
+  /// UsageError when `stage` is not this rank's stage (its stage() must be comm->rank() and its stages()
+  /// comm->world_size()); ConfigError for `micro_batches` < 1.
+  PipelineEngine(PipelineStage& stage, std::shared_ptr<Communicator> comm, Schedule schedule,
+                 int micro_batches);
+
+  /// One training step (collective: every rank calls it). `inputs` (used on stage 0) and `targets` (used on
+  /// the last stage, may be undefined elsewhere) are split into micro-batches along dim 0 (torch::chunk);
+  /// their row count must be a multiple of micro_batches. Runs the stage's make_schedule list: the last stage
+  /// backpropagates loss / micro_batches, so the gradients added to the stage's parameters' .grad equal those
+  /// of the whole batch's mean loss (zero them before the step, as in a plain loop). Returns the mean of the
+  /// micro-batches' losses on every rank (the last stage broadcasts it). Errors: see the file comment.
+  double train_step(const torch::Tensor& inputs, const torch::Tensor& targets, const LossFunction& loss);
+
+  /// Forward only, without autograd (make_forward_only_schedule; point to point: every rank calls it).
+  /// Returns on the last stage its outputs of every micro-batch concatenated along dim 0, elsewhere an
+  /// undefined tensor. Train/eval mode is the module's own (`stage.module()->eval()`).
+  torch::Tensor evaluate(const torch::Tensor& inputs);
+  /// Forward only: the mean of the micro-batches' losses on every rank (collective).
+  double evaluate(const torch::Tensor& inputs, const torch::Tensor& targets, const LossFunction& loss);
+
+  /// The most micro-batches whose saved activations this stage held at once during the last train_step:
+  /// micro_batches under GPipe, min(stages - stage, micro_batches) under 1F1B (each micro-batch's input and
+  /// output are freed after its backward).
+  int peak_live_micro_batches() const noexcept { return peak_live_; }
+
+  Schedule schedule() const noexcept { return schedule_; }
+  int micro_batches() const noexcept { return micro_batches_; }
+
+ private:
+  struct Step;
+  double run(Step& step, const torch::Tensor& inputs, const torch::Tensor& targets);
+  void execute(const Action& action, Step& step);
+  void send_tensor(Step& step, const torch::Tensor& tensor, int peer, int micro_batch);
+  torch::Tensor recv_tensor(Step& step, int peer, int micro_batch, const torch::Tensor* like);
+  void send_abort(int peer, int stage, int micro_batch, const std::string& message);
+
+  PipelineStage& stage_;
+  std::shared_ptr<Communicator> comm_;
+  Schedule schedule_;
+  int micro_batches_;
+  int peak_live_ = 0;
+  std::string failed_;  ///< the error of a failed step; non-empty: no further steps
+  /// After a failure: the abort messages to the neighbours and the step's pending sends, kept alive so that
+  /// the transport can still deliver them when the peer posts its receive and never reads freed
+  /// memory.
+  std::vector<std::unique_ptr<CollectiveHandle>> kept_sends_;
+};
+
+}  // namespace accel::pipeline

@@ -1,0 +1,332 @@
+// One rank of the pipeline-parallel tests. CTest starts it on 2 or 3 ranks through accel-launch; rank r runs
+// stage r and checks it against one process that computes the whole batch with a full copy of the model, in
+// this same process. The scenario runs as the one Catch2 test case of the process (as dist_worker).
+//
+//   pipeline_worker train <gpipe|1f1b> <micro_batches>   equal losses, gradients, parameters, outputs
+//   pipeline_worker wrong_shape <gpipe|1f1b>             micro-batch 2 reaches stage 1 too narrow
+//   pipeline_worker micro_batch_mismatch <gpipe|1f1b>    the last rank runs 6 micro-batches, the others 4
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <accel/communicator.hpp>
+#include <accel/errors.hpp>
+#include <accel/pipeline.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "dist_common.hpp"
+#include "scenario_main.hpp"
+
+namespace {
+
+using accel::Collective;
+using accel::Communicator;
+using accel::DistributedError;
+using accel::UsageError;
+using namespace accel::pipeline;
+
+constexpr int kLayers = 6;
+constexpr std::int64_t kBatch = 12;
+// Output width of each layer of the model below (the input has 8 features).
+constexpr std::int64_t kWidths[kLayers] = {16, 16, 16, 16, 8, 4};
+// The engine's message header: 14 int64 values before every activation and gradient.
+constexpr std::uint64_t kHeaderBytes = 14 * 8;
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+Schedule schedule_arg;
+int micro_batches_arg = 4;
+
+// Layer i, built the same on every rank (its own seed), so that a rank can build its layers alone.
+torch::nn::AnyModule make_layer(int i) {
+  torch::manual_seed(100 + i);
+  switch (i) {
+    case 0:
+      return torch::nn::AnyModule(torch::nn::Linear(8, 16));
+    case 1:
+      return torch::nn::AnyModule(torch::nn::ReLU());
+    case 2:
+      return torch::nn::AnyModule(torch::nn::Linear(16, 16));
+    case 3:
+      return torch::nn::AnyModule(torch::nn::Tanh());
+    case 4:
+      return torch::nn::AnyModule(torch::nn::Linear(16, 8));
+    default:
+      return torch::nn::AnyModule(torch::nn::Linear(8, 4));
+  }
+}
+
+torch::nn::Sequential whole_model() {
+  torch::nn::Sequential model;
+  for (int i = 0; i < kLayers; ++i)
+    model->push_back(make_layer(i));
+  return model;
+}
+
+torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
+
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  return a.defined() && b.defined() && a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
+}
+
+std::shared_ptr<Communicator> communicator() {
+  accel::CommunicatorOptions options;
+  options.timeout = kTimeout;
+  return Communicator::create(accel::ProcessState::from_environment(), torch::kCPU, options);
+}
+
+// The message of the error `f` throws, "" when it throws none; `type` tells which of our types it was.
+std::string error_of(const std::function<void()>& f, std::string* type = nullptr) {
+  auto set = [&](const char* t) {
+    if (type) *type = t;
+  };
+  try {
+    f();
+  } catch (const DistributedError& e) {
+    set("DistributedError");
+    return e.what();
+  } catch (const UsageError& e) {
+    set("UsageError");
+    return e.what();
+  } catch (const std::exception& e) {
+    set("other");
+    return e.what();
+  }
+  set("none");
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// One optimizer step of the engine against the reference, gradients and parameters compared by global name.
+void compare_step(const std::string& what, PipelineEngine& engine, PipelineStage& stage,
+                  torch::nn::Sequential& reference, torch::optim::Optimizer& ref_optimizer,
+                  torch::optim::Optimizer& optimizer, const torch::Tensor& x, const torch::Tensor& y) {
+  const int r = stage.stage(), last = stage.stages() - 1;
+  ref_optimizer.zero_grad();
+  optimizer.zero_grad();
+  auto ref_loss = mse(reference->forward(x), y);
+  ref_loss.backward();
+  const double loss = engine.train_step(r == 0 ? x : torch::Tensor(), r == last ? y : torch::Tensor(),
+                                        r == last ? mse : nullptr);
+  CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-6,
+            what << ": loss " << loss << ", one process " << ref_loss.item<double>());
+  auto ref_params = reference->named_parameters();
+  for (const auto& item : stage.named_parameters()) {
+    const auto& ref = ref_params[item.key()];
+    CHECK_MSG(close(item.value(), ref, 1e-6), what << ": parameter " << item.key() << " differs");
+    CHECK_MSG(close(item.value().grad(), ref.grad(), 1e-6),
+              what << ": gradient of " << item.key() << " differs from one process's");
+  }
+  ref_optimizer.step();
+  optimizer.step();
+}
+
+void train() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size(), last = n - 1, m = micro_batches_arg;
+  const std::int64_t rows = kBatch / m;
+  torch::manual_seed(0);
+  const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+
+  // Point-to-point argument checks (local, nothing is posted).
+  CHECK(to_string(Collective::PointToPoint) == std::string("send_recv"));
+  auto msg = error_of([&] { comm->send_async(torch::zeros({2}), r, 0); });
+  CHECK_MSG(contains(msg, "the peer must be another rank"), "send to self: " << msg);
+  msg = error_of(
+      [&] { comm->recv_async(torch::zeros({2}), (r + 1) % n, Communicator::kPointToPointTagLimit); });
+  CHECK_MSG(contains(msg, "tag 1073741824") && contains(msg, "[0, 2^30)"), "tag out of range: " << msg);
+  msg = error_of([&] { comm->send_async(torch::zeros({2, 3}).t(), (r + 1) % n, 0); });
+  CHECK_MSG(contains(msg, "contiguous"), "non-contiguous tensor: " << msg);
+
+  // One process: point to point is refused, and a one-stage pipeline is plain micro-batch accumulation.
+  {
+    accel::ProcessState one;
+    auto solo = Communicator::create(one, torch::kCPU);
+    msg = error_of([&] { solo->send_async(torch::zeros({1}), 1, 0); });
+    CHECK_MSG(contains(msg, "point-to-point needs at least 2 processes"), "single process: " << msg);
+    auto model = whole_model(), reference = whole_model();
+    PipelineStage stage(model, 0, 1);
+    PipelineEngine engine(stage, solo, schedule_arg, m);
+    torch::optim::SGD ref_optimizer(reference->parameters(), 0.1), optimizer(stage.parameters(), 0.1);
+    compare_step("one stage", engine, stage, reference, ref_optimizer, optimizer, x, y);
+    CHECK(engine.peak_live_micro_batches() == (schedule_arg == Schedule::GPipe ? m : 1));
+    CHECK((engine.schedule() == schedule_arg && engine.micro_batches() == m));
+    msg = error_of([&] { engine.train_step(torch::randn({10, 8}), torch::randn({10, 4}), mse); });
+    CHECK_MSG(
+        contains(msg, fmt::format("inputs of shape [10, 8] do not split into {} equal micro-batches", m)),
+        "indivisible batch: " << msg);
+    msg = error_of([&] { engine.train_step(x, y, mse); });
+    CHECK_MSG(contains(msg, "an earlier step failed"), "a step after a failed one: " << msg);
+  }
+
+  for (const bool factory : {false, true}) {
+    const std::string how = factory ? "stage built by a layer factory" : "stage cut from the whole model";
+    auto model = whole_model(), reference = whole_model();
+    PipelineStage stage = factory ? PipelineStage(make_layer, kLayers, r, n) : PipelineStage(model, r, n);
+    // Parameter counts 144, 0, 272, 0, 136, 36: balanced, {0, 4, 6} and {0, 2, 4, 6}; uniform {0, 3, 6}.
+    const std::vector<int> expected = factory  ? partition_uniform(kLayers, n)
+                                      : n == 2 ? std::vector<int>{0, 4, 6}
+                                               : std::vector<int>{0, 2, 4, 6};
+    CHECK_MSG(stage.boundaries() == expected,
+              how << ": boundaries " << fmt::format("{}", fmt::join(stage.boundaries(), ",")));
+    const int begin = expected[static_cast<std::size_t>(r)], end = expected[static_cast<std::size_t>(r) + 1];
+    CHECK(stage.module()->size() == static_cast<std::size_t>(end - begin));
+    std::vector<std::string> names, ref_names;
+    for (const auto& item : stage.named_parameters())
+      names.push_back(item.key());
+    for (const auto& item : reference->named_parameters()) {
+      const int layer = std::stoi(item.key().substr(0, item.key().find('.')));
+      if (layer >= begin && layer < end) ref_names.push_back(item.key());
+    }
+    CHECK_MSG(names == ref_names, how << ": names " << fmt::format("{}", fmt::join(names, ","))
+                                      << ", expected " << fmt::format("{}", fmt::join(ref_names, ",")));
+    CHECK(stage.parameters().size() == names.size());
+    if (!factory) CHECK(partition_model(model, n) == expected);
+    msg = error_of([&] { PipelineEngine(stage, comm, schedule_arg, 0); });
+    CHECK_MSG(contains(msg, "0 micro-batches is not valid"), "0 micro-batches: " << msg);
+    msg = error_of([&] {
+      PipelineStage other(make_layer, kLayers, (r + 1) % n, n);
+      PipelineEngine(other, comm, schedule_arg, m);
+    });
+    CHECK_MSG(contains(msg, fmt::format("rank {} of {} was given stage {} of {}", r, n, (r + 1) % n, n)),
+              "another rank's stage: " << msg);
+    if (!factory && !names.empty()) {
+      CHECK_MSG(stage.parameters().front().data_ptr() == model->named_parameters()[names.front()].data_ptr(),
+                "the stage shares its parameters with the model it was cut from");
+    }
+
+    PipelineEngine engine(stage, comm, schedule_arg, m);
+    torch::optim::SGD ref_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD optimizer(stage.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 3; ++step) {
+      comm->reset_counters();
+      compare_step(fmt::format("{}, step {}", how, step), engine, stage, reference, ref_optimizer, optimizer,
+                   x, y);
+      const int peak = engine.peak_live_micro_batches();
+      if (schedule_arg == Schedule::GPipe) {
+        CHECK_MSG(peak == m, "GPipe stage " << r << " held " << peak << " micro-batches, expected " << m);
+      } else {
+        CHECK_MSG(peak == std::min(n - r, m) && peak <= n - r, "1F1B stage " << r << " held " << peak
+                                                                             << " micro-batches, expected "
+                                                                             << std::min(n - r, m));
+      }
+      // Each micro-batch sends its activation forward (not the last stage) and its input's gradient back (not
+      // the first), each after a header; receives mirror the neighbours' sends.
+      const std::uint64_t in = r > 0 ? m * (rows * kWidths[begin - 1] * 4 + kHeaderBytes) : 0;
+      const std::uint64_t out = r < last ? m * (rows * kWidths[end - 1] * 4 + kHeaderBytes) : 0;
+      const auto bytes = comm->bytes(Collective::PointToPoint);
+      CHECK_MSG(bytes.wire == in + out,
+                "stage " << r << " sent " << bytes.wire << " bytes, expected " << in + out);
+      CHECK_MSG(bytes.payload == 2 * (in + out), "stage " << r << " moved " << bytes.payload << " bytes");
+    }
+
+    torch::Tensor ref_out;
+    {
+      torch::NoGradGuard no_grad;
+      ref_out = reference->forward(x);
+    }
+    const auto out = engine.evaluate(r == 0 ? x : torch::Tensor());
+    CHECK_MSG(r == last ? close(out, ref_out, 1e-6) : !out.defined(),
+              how << ": evaluate's outputs on stage " << r);
+    const double eval_loss =
+        engine.evaluate(r == 0 ? x : torch::Tensor(), r == last ? y : torch::Tensor(), mse);
+    CHECK_MSG(std::abs(eval_loss - mse(ref_out, y).item<double>()) <= 1e-6,
+              how << ": evaluate's loss " << eval_loss << ", one process " << mse(ref_out, y).item<double>());
+  }
+}
+
+// Every rank must fail (never hang) with a message naming the stage and micro-batch that failed.
+void expect_failure(const std::function<void(PipelineEngine&)>& run, PipelineEngine& engine,
+                    Communicator& comm, int failing_stage, const std::string& failing_type,
+                    const std::vector<std::string>& parts) {
+  const int r = comm.rank();
+  std::string type;
+  const auto start = std::chrono::steady_clock::now();
+  const auto msg = error_of([&] { run(engine); }, &type);
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_MSG(seconds < 20,
+            "rank " << r << " failed after " << seconds << " s; the timeout is " << kTimeout.count());
+  for (const auto& part : parts)
+    CHECK_MSG(contains(msg, part), "rank " << r << ": '" << part << "' missing from: " << msg);
+  if (r == failing_stage) {
+    CHECK_MSG(type == failing_type, "rank " << r << " threw " << type << ", expected " << failing_type);
+  } else {
+    CHECK_MSG(type == "DistributedError" && contains(msg, fmt::format("pipeline stage {} stopped at", r)),
+              "rank " << r << " (" << type << "): " << msg);
+  }
+  std::string again_type;
+  const auto again = error_of([&] { run(engine); }, &again_type);
+  CHECK_MSG(contains(again, "an earlier step failed") && again_type == "UsageError",
+            "a step after the failure (" << again_type << "): " << again);
+  // Through the store: no rank exits while a neighbour may still be receiving its abort message.
+  comm.exchange(msg);
+}
+
+// A layer that trims padding, as "cut to the longest sequence" does: the trailing feature columns that are
+// zero in every row of the micro-batch are dropped. Micro-batch 2's rows end in a zero column, so its
+// activation reaches stage 1 one column narrower than its first Linear takes.
+void wrong_shape() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+  torch::nn::Sequential model;
+  model->push_back(torch::nn::Functional([](torch::Tensor x) {
+    auto width = x.size(1);
+    while (width > 0 && (x.select(1, width - 1) == 0).all().item<bool>())
+      --width;
+    return x.narrow(1, 0, width);
+  }));
+  for (int i = 0; i < kLayers; ++i)
+    model->push_back(make_layer(i));
+  PipelineStage stage(model, r, n, parse_partition(n == 2 ? "0,1,7" : "0,1,4,7"));
+  PipelineEngine engine(stage, comm, schedule_arg, 4);
+  torch::manual_seed(0);
+  auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+  x.slice(0, 6, 9).select(1, 7).zero_();  // rows 6..8: micro-batch 2 of 4
+  expect_failure([&](PipelineEngine& e) { e.train_step(x, y, mse); }, engine, *comm, 1, "UsageError",
+                 {"pipeline stage 1 failed at Forward(micro-batch 2)",
+                  "the output of stage 0 of shape [3, 7]", "mat1 and mat2 shapes cannot be multiplied"});
+}
+
+// A misconfigured job: the last rank splits the batch into 6 micro-batches, the others into 4.
+void micro_batch_mismatch() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size(), last = n - 1;
+  auto model = whole_model();
+  PipelineStage stage(model, r, n);
+  PipelineEngine engine(stage, comm, schedule_arg, r == last ? 6 : 4);
+  torch::manual_seed(0);
+  const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+  expect_failure(
+      [&](PipelineEngine& e) { e.train_step(x, y, mse); }, engine, *comm, last, "DistributedError",
+      {fmt::format("pipeline stage {} failed at RecvActivation(micro-batch 0, from stage {})", last,
+                   last - 1),
+       fmt::format("stage {} runs train_step over 4 micro-batches, this stage train_step over 6", last - 1)});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, std::function<void()>> scenarios{
+      {"train", train}, {"wrong_shape", wrong_shape}, {"micro_batch_mismatch", micro_batch_mismatch}};
+  if (argc < 3 || argc > 4 || scenarios.count(argv[1]) == 0) {
+    std::cerr
+        << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch> <gpipe|1f1b> [micro_batches]"
+        << std::endl;
+    return 2;
+  }
+  schedule_arg = parse_schedule(argv[2]);
+  if (argc == 4) micro_batches_arg = std::stoi(argv[3]);
+  return worker::run_scenario(argv[0], argv[1], scenarios.at(argv[1]));
+}
