@@ -3,6 +3,7 @@
 #include "test_support.hpp"
 
 #include <accel/objects_archive.hpp>
+#include <accel/pipeline.hpp>
 #include <accel/safetensors.hpp>
 #include <accel/sync_batchnorm.hpp>
 
@@ -536,4 +537,47 @@ TEST_CASE("profile: a scope writes this rank's Chrome trace with the operators a
   // A new scope after the first one has ended works (and overwrites the file).
   { auto again = acc.profile(ProfileOptions{traces}); }
   CHECK(std::filesystem::exists(path));
+}
+
+TEST_CASE("accelerator: a pipeline on one process trains like the plain loop, and backward() is refused") {
+  auto config = test::make_config(MixedPrecision::No, 4);  // 4 micro-batches per step
+  Accelerator acc(AcceleratorOptions().config(config));
+  auto make = [] {
+    torch::manual_seed(3);
+    return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  };
+  auto model = make(), reference = make();
+  auto& stage = acc.prepare_pipeline(model);
+  CHECK(stage.stages() == 1);
+  CHECK(stage.parameters().size() == 4);
+  torch::optim::SGD opt(stage.parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+  Regression data(24);
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+  for (int step = 0; step < 3; ++step) {
+    const auto x = data.x.narrow(0, step * 8, 8), y = data.y.narrow(0, step * 8, 8);
+    opt.zero_grad();
+    const double loss = acc.pipeline_step(x, y, mse);
+    opt.step();
+    ref_opt.zero_grad();
+    auto ref_loss = torch::mse_loss(reference->forward(x), y);
+    ref_loss.backward();
+    ref_opt.step();
+    CHECK(loss == Approx(ref_loss.item<double>()).epsilon(1e-6));
+  }
+  const auto ours = stage.parameters(), theirs = reference->parameters();
+  for (std::size_t i = 0; i < ours.size(); ++i)
+    CHECK(torch::allclose(ours[i], theirs[i], 1e-5, 1e-6));
+  CHECK(acc.completed_steps() == 3);
+  CHECK(acc.pipeline_evaluate(data.x, data.y, mse) ==
+        Approx(torch::mse_loss(reference->forward(data.x), data.y).item<double>()).epsilon(1e-6));
+  CHECK_THROWS_WITH(acc.backward(torch::mse_loss(model->forward(data.x), data.y)),
+                    Catch::Contains("call accelerator.pipeline_step(inputs, targets, loss_fn) instead"));
+  CHECK_THROWS_WITH(acc.prepare_pipeline(make()), Catch::Contains("already runs a pipeline"));
+}
+
+TEST_CASE("accelerator: pipeline_step before prepare_pipeline names the call to make") {
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+  CHECK_THROWS_WITH(acc.pipeline_step(torch::zeros({4, 6}), torch::zeros({4, 1}), mse),
+                    Catch::Contains("call accelerator.prepare_pipeline(model) first"));
 }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -218,6 +219,26 @@ TEST_CASE("config: mixed precision values", "[config]") {
   CHECK(mode_of("mixed_precision: fp16\n") == MixedPrecision::Fp16);
   CHECK(mode_of("mixed_precision: BF16\n") == MixedPrecision::Bf16);
   CHECK(mode_of("mixed_precision:\n") == MixedPrecision::No);
+}
+
+TEST_CASE("config: pipeline_config section", "[config]") {
+  const auto c = accel::Config::load_string(
+      "backend: ddp\nnum_processes: 2\npipeline_config:\n  stages: 2\n  micro_batches: 4\n  schedule: "
+      "GPipe\n  partition: "
+      "'0,3,6'\n");
+  CHECK(c.pipeline.stages == 2);
+  CHECK(c.pipeline.micro_batches == 4);
+  CHECK(c.pipeline.schedule == accel::pipeline::Schedule::GPipe);
+  CHECK(c.pipeline.partition == "0,3,6");
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK(accel::Config{}.pipeline.schedule == accel::pipeline::Schedule::OneFOneB);
+  CHECK(std::string(string_error("pipeline_config:\n  schedule: zigzag\n").what()) ==
+        "inline.yaml:2: pipeline_config.schedule: 'zigzag' is not a pipeline schedule; allowed values: 1f1b, "
+        "gpipe");
+  CHECK(string_error("pipeline_config:\n  partition: zigzag\n").key() == "pipeline_config.partition");
+  CHECK(std::string(string_error("backend: ddp\nnum_processes: 4\npipeline_config:\n  stages: 2\n").what())
+            .find("pipeline_config.stages (2) must equal num_processes (4)") != std::string::npos);
+  CHECK(string_error("pipeline_config:\n  stagez: 2\n").key() == "pipeline_config.stagez");
 }
 
 TEST_CASE("config: ddp_comm_hook values", "[config]") {
@@ -559,7 +580,8 @@ TEST_CASE("config: inline errors", "[config]") {
 TEST_CASE("config: every key of the schema set to a non-default value survives save and load", "[config]") {
   // One file that sets every setting of the schema to its example (a valid non-default value): a key added
   // to the schema without reader, writer or equality, or with a writer that loses it, fails here.
-  std::string top, fsdp, deepspeed;
+  std::string top;
+  std::map<std::string, std::string> sections;  // section -> its lines
   const std::vector<std::string> only_default = {"config_version", "compute_environment"};
   std::vector<accel::ConfigKeyInfo> settings;
   for (const auto& key : accel::config_keys()) {
@@ -573,16 +595,16 @@ TEST_CASE("config: every key of the schema set to a non-default value survives s
     const auto dot = key.path.find('.');
     const std::string name = dot == std::string::npos ? key.path : key.path.substr(dot + 1);
     const std::string line = name + ": " + key.example + "\n";
-    if (key.path.rfind("fsdp_config.", 0) == 0) {
-      fsdp += "  " + line;
-    } else if (key.path.rfind("deepspeed_config.", 0) == 0) {
-      deepspeed += "  " + line;
+    if (dot != std::string::npos) {
+      sections[key.path.substr(0, dot)] += "  " + line;
     } else {
       top += line;
     }
   }
   REQUIRE(settings.size() > 40);
-  const std::string yaml = top + "fsdp_config:\n" + fsdp + "deepspeed_config:\n" + deepspeed;
+  std::string yaml = top;
+  for (const auto& [section, lines] : sections)
+    yaml += section + ":\n" + lines;
   INFO("the file:\n" << yaml);
   const accel::Config loaded = accel::Config::load_string(yaml, "every_key.yaml");
   CHECK(loaded != accel::Config{});

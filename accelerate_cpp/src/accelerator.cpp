@@ -2,6 +2,7 @@
 #include <accel/activation_checkpoint.hpp>
 #include <accel/env_contract.hpp>
 #include <accel/optim.hpp>
+#include <accel/pipeline.hpp>
 #include <accel/schedulers.hpp>
 #include <accel/sync_batchnorm.hpp>
 

@@ -1,6 +1,7 @@
 // Accelerator: the training step. Micro-steps (batches, not backward calls), gradient accumulation with
 // gradients set aside between micro-steps, fp16 loss scaling per optimizer, clipping across models.
 #include <accel/accelerator.hpp>
+#include <accel/pipeline.hpp>
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
@@ -94,6 +95,12 @@ void Accelerator::begin_backward() {
 }
 
 void Accelerator::backward(const torch::Tensor& loss) {
+  if (pipeline_engine_) {
+    throw UsageError(
+        "backward: this Accelerator runs a pipeline (prepare_pipeline): call "
+        "accelerator.pipeline_step(inputs, "
+        "targets, loss_fn) instead, which runs the forward and backward of every micro-batch on every stage");
+  }
   if (!loss.defined()) throw UsageError("backward: the loss tensor is undefined");
   if (!loss.requires_grad()) {
     throw UsageError("backward: the loss does not require grad; was it computed under torch::NoGradGuard?");

@@ -64,6 +64,7 @@ const BackendPart* find_part(const std::string& name) {
 namespace {
 
 const Section kDynamo = "dynamo_config";
+const Section kPipeline = "pipeline_config";
 
 // dynamo_config: LibTorch has no torch.compile, so only "no dynamo" is accepted.
 void check_dynamo_backend(const Reader& r, const Entry& e) {
@@ -222,6 +223,41 @@ std::vector<KeyRow> make_schema() {
       "gradient compression on the wire: no | fp16 | bf16 (DDP all-reduce, ZeRO/FSDP reduce-scatter)",
       [](auto& c) -> auto& { return c.ddp_comm_hook; }, choice(comm_hook_choices),
       [](CommHook h) { return "'" + to_string(h) + "'"; }, "fp16"));
+  add(section_row(kPipeline, "pipeline settings", "pipeline parallelism (keys below)"));
+  add(setting(
+      "stages", kPipeline, "pipeline stages, one process each (1: no pipeline); num_processes must equal it",
+      [](auto& c) -> auto& { return c.pipeline.stages; }, positive_int(), write_int, "8"));
+  add(setting(
+      "micro_batches", kPipeline, "micro-batches per optimizer step; 0: gradient_accumulation_steps",
+      [](auto& c) -> auto& { return c.pipeline.micro_batches; },
+      int_in(0, std::numeric_limits<int>::max(), kNonNegativeInt), write_int, "4"));
+  add(setting(
+      "schedule", kPipeline, "1f1b | gpipe", [](auto& c) -> auto& { return c.pipeline.schedule; },
+      [](const Reader& r, const Entry& e) {
+        const std::string text = r.scalar(e, "1f1b or gpipe");
+        try {
+          return pipeline::parse_schedule(text);
+        } catch (const ConfigError&) {
+          r.fail_at(e, fmt::format("{}: '{}' is not a pipeline schedule; allowed values: 1f1b, gpipe", e.path,
+                                   text));
+        }
+        return pipeline::Schedule::OneFOneB;
+      },
+      [](pipeline::Schedule v) { return pipeline::to_string(v); }, "gpipe"));
+  add(setting(
+      "partition", kPipeline,
+      "layers per stage: parameters | uniform | type:<regex> | boundaries such as 0,3,6",
+      [](auto& c) -> auto& { return c.pipeline.partition; },
+      [](const Reader& r, const Entry& e) {
+        const std::string text = r.scalar(e, "parameters, uniform, type:<regex> or boundaries such as 0,3,6");
+        try {
+          pipeline::parse_partition(text);
+        } catch (const ConfigError& error) {
+          r.fail_at(e, fmt::format("{}: {}", e.path, error.what()));
+        }
+        return text;
+      },
+      [](const std::string& v) { return yaml_string(v); }, "uniform"));
   {
     KeyRow r = section_row(kDynamo, "dynamo_*", "only dynamo_backend: 'NO' (LibTorch has no torch.compile)");
     r.opens.reset();  // nothing of it is written
@@ -336,6 +372,7 @@ const std::vector<std::string>& key_names(const Section& section) {
 }
 
 bool section_in_use(const Config& c, const Section& section) {
+  if (section == kPipeline) return c.pipeline != PipelineConfig{};
   for (const BackendPart& part : backend_parts()) {
     if (part.info.section == section && part.section_in_use) return part.section_in_use(c);
   }

@@ -90,6 +90,13 @@ void validate_config(const Config& c, const LineMap& lines) {
     fail_key("ddp_first_bucket_cap_mb", fmt::format("ddp_first_bucket_cap_mb ({}) must be a positive number",
                                                     c.ddp_first_bucket_cap_mb));
   }
+  if (c.pipeline.stages > 1 && c.num_processes != c.pipeline.stages) {
+    fail_key("pipeline_config.stages",
+             fmt::format("pipeline_config.stages ({}) must equal num_processes ({}): each stage runs in one "
+                         "process, and pipelines replicated for data parallelism are not supported yet; set "
+                         "num_processes: {}",
+                         c.pipeline.stages, c.num_processes, c.pipeline.stages));
+  }
 
   for (const BackendPart& part : backend_parts()) {
     if (part.validate) part.validate(c, fail_key);

@@ -55,7 +55,17 @@ class OutputArchive;
 class InputArchive;
 }  // namespace torch::serialize
 
+namespace torch::nn {
+class SequentialImpl;
+class Sequential;
+}  // namespace torch::nn
+
 namespace accel {
+namespace pipeline {
+class PipelineStage;
+class PipelineEngine;
+using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+}  // namespace pipeline
 namespace detail {
 struct StateParts;
 }  // namespace detail
@@ -274,6 +284,24 @@ class Accelerator {
   /// prepared data loader yields, else (no loader) one backward call. Gradients add up across backward calls
   /// until `optimizer.step()` / `zero_grad()`. Collective on sync steps.
   void backward(const torch::Tensor& loss);
+  // ---- pipeline parallelism (`pipeline_config:`; include <accel/pipeline.hpp>)
+  // -----------------------------
+  /// This process's stage of `model`: pipeline_config.stages stages (one per process, so num_processes must
+  /// equal it; 1 stage, one process: the whole model), partitioned by pipeline_config.partition. Every rank
+  /// builds the same model (same seed); the stage keeps its own layers, which share their parameters with
+  /// `model`. Give `stage.parameters()` to the optimizer. One pipeline per Accelerator.
+  pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
+  /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
+  /// are cut into pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run
+  /// through pipeline_config.schedule (1f1b or gpipe); the gradients of the whole batch's mean loss are added
+  /// to the stage's parameters. Returns that mean loss on every rank. Zero the gradients before and step the
+  /// optimizer after, as in a plain loop. Collective. `backward()` is not used with a pipeline.
+  double pipeline_step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                       const pipeline::LossFunction& loss);
+  /// The mean loss over the micro-batches, forward only (no gradients). Collective.
+  double pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
+                           const pipeline::LossFunction& loss);
+
   /// True when the current micro-step ends an accumulation cycle: the optimizer steps that follow are real.
   bool sync_gradients() const noexcept { return sync_gradients_; }
   /// True when the last sync backward found inf/NaN gradients (fp16) for some optimizer, whose step is then
@@ -586,6 +614,7 @@ class Accelerator {
   void end_training();
 
  private:
+  pipeline::PipelineEngine& pipeline_engine(const char* what);
   std::vector<std::string> exchange_bytes(const std::string& mine);
   void check_rank(int index, const char* what) const;
 
@@ -671,6 +700,8 @@ class Accelerator {
   const BackendDescriptor* descriptor_ = nullptr;
   BackendContext context_;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<pipeline::PipelineStage> pipeline_stage_;    // prepare_pipeline
+  std::unique_ptr<pipeline::PipelineEngine> pipeline_engine_;  // runs pipeline_stage_
 
   std::vector<PreparedModel> models_;
   std::vector<torch::optim::Optimizer*> optimizers_;

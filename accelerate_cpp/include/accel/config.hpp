@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "accel/errors.hpp"
+#include "accel/pipeline_schedule.hpp"
 
 namespace accel {
 
@@ -66,6 +67,26 @@ enum class StateDictType {
 enum class OffloadDevice { None, Cpu };
 
 /// Settings of the `fsdp` backend (YAML section `fsdp_config:`, keys prefixed `fsdp_`).
+/// `pipeline_config:` section: pipeline parallelism (`<accel/pipeline.hpp>`, `accelerator.pipeline_step`).
+struct PipelineConfig {
+  /// `stages`: pipeline stages, one process each (1: no pipeline). num_processes must equal it: pipelines
+  /// replicated for data parallelism are not supported yet.
+  int stages = 1;
+  /// `micro_batches`: micro-batches per optimizer step; 0 means gradient_accumulation_steps.
+  int micro_batches = 0;
+  /// `schedule`: `1f1b` (PipeDream-flush, at most stages - s micro-batches of activations on stage s) or
+  /// `gpipe` (all forwards, then all backwards).
+  pipeline::Schedule schedule = pipeline::Schedule::OneFOneB;
+  /// `partition`: `parameters` (balanced by parameter count), `uniform`, `type:<regex>` or boundaries such
+  /// as `0,3,6`.
+  std::string partition = "parameters";
+  bool operator==(const PipelineConfig& o) const {
+    return stages == o.stages && micro_batches == o.micro_batches && schedule == o.schedule &&
+           partition == o.partition;
+  }
+  bool operator!=(const PipelineConfig& o) const { return !(*this == o); }
+};
+
 struct FsdpConfig {
   /// `fsdp_sharding_strategy`. Accelerate's FSDP2 key `fsdp_reshard_after_forward` maps onto it:
   /// true -> FULL_SHARD, false -> SHARD_GRAD_OP.
@@ -188,6 +209,8 @@ struct Config {
   bool ddp_broadcast_buffers = true;
   /// `ddp_comm_hook`: `no`, `fp16` or `bf16` gradient compression (DDP, ZeRO and FSDP gradient reduction).
   CommHook ddp_comm_hook = CommHook::No;
+  /// `pipeline_config:` section.
+  PipelineConfig pipeline;
   /// `fsdp_config:` section.
   FsdpConfig fsdp;
   /// `deepspeed_config:` section.
