@@ -573,6 +573,17 @@ TEST_CASE("accelerator: a pipeline on one process trains like the plain loop, an
   CHECK_THROWS_WITH(acc.backward(torch::mse_loss(model->forward(data.x), data.y)),
                     Catch::Contains("call accelerator.pipeline_step(inputs, targets, loss_fn) instead"));
   CHECK_THROWS_WITH(acc.prepare_pipeline(make()), Catch::Contains("already runs a pipeline"));
+  // What does not work with a pipeline yet fails loudly instead of giving a silently wrong result.
+  CHECK_THROWS_AS(acc.prepare_data_loader(Regression(8).map(torch::data::transforms::Stack<>()), 4),
+                  UsageError);
+  CHECK_THROWS_WITH(acc.clip_grad_norm_(stage.parameters(), 1.0),
+                    Catch::Contains("clip_grad_norm_ is not supported with a pipeline yet"));
+  CHECK_THROWS_AS(acc.save_state("unused"), UnsupportedOperation);
+  Accelerator bf16(AcceleratorOptions().config(test::make_config(MixedPrecision::Bf16)));
+  CHECK_THROWS_WITH(bf16.prepare_pipeline(make()), Catch::Contains("mixed_precision: bf16 is not supported"));
+  Accelerator with_loader(AcceleratorOptions().config(test::make_config()));
+  auto loader = with_loader.prepare_data_loader(Regression(8).map(torch::data::transforms::Stack<>()), 4);
+  CHECK_THROWS_WITH(with_loader.prepare_pipeline(make()), Catch::Contains("torch::data::make_data_loader"));
 }
 
 TEST_CASE("accelerator: pipeline_step before prepare_pipeline names the call to make") {

@@ -7,6 +7,20 @@
 
 namespace accel {
 
+const char* const Accelerator::kPipelineLoaderMessage =
+    "a pipeline needs the same batch on every stage (the first stage reads its inputs, the last its "
+    "targets), but accelerator.prepare_data_loader() gives each rank its own batches: read the data with "
+    "torch::data::make_data_loader on every rank instead";
+
+void Accelerator::refuse_with_pipeline(const char* what) const {
+  if (!pipeline_engine_) return;
+  const bool norm = std::string(what).rfind("clip_grad_norm_", 0) == 0;
+  throw UnsupportedOperation(fmt::format(
+      "{} is not supported with a pipeline yet; {}", what,
+      norm ? "the gradient norm would be this stage's alone, not the model's"
+           : "save each stage's stage.named_parameters() (the whole model's names) with torch::save"));
+}
+
 pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequential& model) {
   const PipelineConfig& pc = config_.pipeline;
   if (pc.stages != world_size_) {
@@ -19,6 +33,18 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequenti
     throw UsageError(
         "prepare_pipeline: this Accelerator already runs a pipeline; prepare one model per "
         "Accelerator");
+  }
+  if (!loaders_.empty()) throw UsageError(fmt::format("prepare_pipeline: {}", kPipelineLoaderMessage));
+  if (config_.mixed_precision != MixedPrecision::No) {
+    throw UnsupportedOperation(fmt::format(
+        "prepare_pipeline: mixed_precision: {} is not supported with a pipeline yet (no autocast or loss "
+        "scaling across stages); set mixed_precision: 'no'",
+        to_string(config_.mixed_precision)));
+  }
+  if (device_.is_cuda()) {
+    throw UnsupportedOperation(
+        "prepare_pipeline: pipeline stages on CUDA are not supported yet (NCCL matches point-to-point "
+        "operations in issue order, which the 1F1B interpreter does not group); run on CPU (use_cpu: true)");
   }
   pipeline_stage_ = std::make_unique<pipeline::PipelineStage>(model, rank_, pc.stages,
                                                               pipeline::parse_partition(pc.partition));

@@ -44,8 +44,11 @@ class Decompress final : public CollectiveHandle {
   int world_;
 };
 
+// Only gradients wider than the wire type (fp32, fp64): fp16 and bf16 gradients would save no bytes, and
+// casting bf16 to fp16 could overflow where no GradScaler watches.
 bool compress(const torch::Tensor& t, const std::optional<c10::ScalarType>& wire) {
-  return wire && t.scalar_type() != *wire && t.is_floating_point();
+  return wire && t.is_floating_point() &&
+         static_cast<std::size_t>(t.element_size()) > c10::elementSize(*wire);
 }
 
 torch::Tensor compressed(const torch::Tensor& t, c10::ScalarType wire, int world) {

@@ -27,7 +27,7 @@ std::optional<c10::ScalarType> wire_dtype(CommHook hook);
 /// Gradient reductions with compression (PyTorch's fp16/bf16 compress hooks): the fp32 input is divided by
 /// the world size and cast to `wire` for the collective; `wait()` casts the result back and multiplies it by
 /// the world size, so every caller still gets the sum it gets uncompressed (and divides as before). Without a
-/// wire dtype, or when the gradients already have it, these are the plain collectives. Collective.
+/// wire dtype, or for gradients no wider than it (fp16, bf16), these are the plain collectives. Collective.
 std::unique_ptr<CollectiveHandle> all_reduce_grads(Communicator& comm, torch::Tensor flat,
                                                    std::optional<c10::ScalarType> wire);
 std::unique_ptr<CollectiveHandle> reduce_scatter_grads(Communicator& comm, torch::Tensor output,

@@ -289,7 +289,10 @@ class Accelerator {
   /// This process's stage of `model`: pipeline_config.stages stages (one per process, so num_processes must
   /// equal it; 1 stage, one process: the whole model), partitioned by pipeline_config.partition. Every rank
   /// builds the same model (same seed); the stage keeps its own layers, which share their parameters with
-  /// `model`. Give `stage.parameters()` to the optimizer. One pipeline per Accelerator.
+  /// `model`. Give `stage.parameters()` to the optimizer. One pipeline per Accelerator. Not yet with a
+  /// pipeline, each refused with an error (never silently): prepared data loaders (every stage must read the
+  /// same batches: use torch::data::make_data_loader), mixed precision, CUDA, clip_grad_norm_,
+  /// save_state/load_state.
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
   /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
   /// are cut into pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run
@@ -614,7 +617,10 @@ class Accelerator {
   void end_training();
 
  private:
+  static const char* const kPipelineLoaderMessage;
   pipeline::PipelineEngine& pipeline_engine(const char* what);
+  // UnsupportedOperation naming `what` when a pipeline is prepared (what does not work with one yet).
+  void refuse_with_pipeline(const char* what) const;
   std::vector<std::string> exchange_bytes(const std::string& mine);
   void check_rank(int index, const char* what) const;
 
