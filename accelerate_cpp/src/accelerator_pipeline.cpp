@@ -12,14 +12,21 @@ const char* const Accelerator::kPipelineLoaderMessage =
     "targets), but accelerator.prepare_data_loader() gives each rank its own batches: read the data with "
     "torch::data::make_data_loader on every rank instead";
 
-void Accelerator::refuse_with_pipeline(const char* what) const {
-  if (!pipeline_engine_) return;
-  const bool norm = std::string(what).rfind("clip_grad_norm_", 0) == 0;
-  throw UnsupportedOperation(fmt::format(
-      "{} is not supported with a pipeline yet; {}", what,
-      norm ? "the gradient norm would be this stage's alone, not the model's"
-           : "save each stage's stage.named_parameters() (the whole model's names) with torch::save"));
+const char* const Accelerator::kPipelineSaveAdvice =
+    "save each stage's stage.named_parameters() (the whole model's names) with torch::save";
+
+void Accelerator::refuse_with_pipeline(const char* what, const char* why) const {
+  if (pipeline_engine_)
+    throw UnsupportedOperation(fmt::format("{} is not supported with a pipeline yet; {}", what, why));
 }
+
+namespace {
+
+torch::Tensor on(const torch::Tensor& t, torch::Device device) {
+  return t.defined() ? t.to(device) : t;  // undefined: the inputs or targets a stage does not read
+}
+
+}  // namespace
 
 pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequential& model) {
   const PipelineConfig& pc = config_.pipeline;
@@ -66,8 +73,7 @@ pipeline::PipelineEngine& Accelerator::pipeline_engine(const char* what) {
 double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tensor& targets,
                                   const pipeline::LossFunction& loss) {
   auto& engine = pipeline_engine("pipeline_step");
-  const double mean = engine.train_step(inputs.defined() ? inputs.to(device_) : inputs,
-                                        targets.defined() ? targets.to(device_) : targets, loss);
+  const double mean = engine.train_step(on(inputs, device_), on(targets, device_), loss);
   completed_steps_ += 1;
   micro_steps_ += engine.micro_batches();
   return mean;
@@ -75,9 +81,7 @@ double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tens
 
 double Accelerator::pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
                                       const pipeline::LossFunction& loss) {
-  return pipeline_engine("pipeline_evaluate")
-      .evaluate(inputs.defined() ? inputs.to(device_) : inputs,
-                targets.defined() ? targets.to(device_) : targets, loss);
+  return pipeline_engine("pipeline_evaluate").evaluate(on(inputs, device_), on(targets, device_), loss);
 }
 
 }  // namespace accel

@@ -71,7 +71,7 @@ detail::StateParts Accelerator::state_parts() {
 }
 
 void Accelerator::save_state(const std::string& dir) {
-  refuse_with_pipeline("save_state");
+  refuse_with_pipeline("save_state", kPipelineSaveAdvice);
   sync_parameters();  // collective: the models must be current before rank 0 writes them
   detail::TrainingCounters counters;
   counters.micro_steps = micro_steps_;
@@ -81,7 +81,7 @@ void Accelerator::save_state(const std::string& dir) {
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  refuse_with_pipeline("load_state");
+  refuse_with_pipeline("load_state", kPipelineSaveAdvice);
   const auto counters = detail::StateIO(state_parts()).load(dir, load_hooks_);
   micro_steps_ = counters.micro_steps;
   cycle_position_ = counters.cycle_position;

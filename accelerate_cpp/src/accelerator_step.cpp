@@ -251,7 +251,7 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
-  refuse_with_pipeline("clip_grad_norm_");
+  refuse_with_pipeline("clip_grad_norm_", "the gradient norm would be this stage's alone, not the model's");
   if (!sync_gradients_) return 0.0;
   if (optimizer_step_was_skipped()) return std::numeric_limits<double>::infinity();
   if (!(norm_type > 0)) {

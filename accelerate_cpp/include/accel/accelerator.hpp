@@ -618,9 +618,11 @@ class Accelerator {
 
  private:
   static const char* const kPipelineLoaderMessage;
+  static const char* const kPipelineSaveAdvice;
   pipeline::PipelineEngine& pipeline_engine(const char* what);
-  // UnsupportedOperation naming `what` when a pipeline is prepared (what does not work with one yet).
-  void refuse_with_pipeline(const char* what) const;
+  // UnsupportedOperation naming `what` and `why` when a pipeline is prepared (what does not work with one
+  // yet).
+  void refuse_with_pipeline(const char* what, const char* why) const;
   std::vector<std::string> exchange_bytes(const std::string& mine);
   void check_rank(int index, const char* what) const;
 
