@@ -5,6 +5,7 @@
 //   pipeline_worker train <gpipe|1f1b> <micro_batches>   equal losses, gradients, parameters, outputs
 //   pipeline_worker wrong_shape <gpipe|1f1b>             micro-batch 2 reaches stage 1 too narrow
 //   pipeline_worker micro_batch_mismatch <gpipe|1f1b>    the last rank runs 6 micro-batches, the others 4
+//   pipeline_worker split                                 (4 ranks) Communicator::split's groups
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -222,6 +223,12 @@ void train() {
                                                                              << " micro-batches, expected "
                                                                              << std::min(n - r, m));
       }
+      // The step's statistics: each live micro-batch holds its input and output; the clock is consistent.
+      const auto& stats = engine.last_step_stats();
+      const std::int64_t width_in = begin == 0 ? 8 : kWidths[begin - 1];
+      CHECK((stats.peak_live == peak &&
+             stats.peak_activation_bytes == peak * rows * (width_in + kWidths[end - 1]) * 4));
+      CHECK((stats.compute_s > 0 && stats.wait_s >= 0 && stats.compute_s + stats.wait_s <= stats.step_s));
       // Each micro-batch sends its activation forward (not the last stage) and its input's gradient back (not
       // the first), each after a header; receives mirror the neighbours' sends.
       const std::uint64_t in = r > 0 ? m * (rows * kWidths[begin - 1] * 4 + kHeaderBytes) : 0;
@@ -315,18 +322,91 @@ void micro_batch_mismatch() {
        fmt::format("stage {} runs train_step over 4 micro-batches, this stage train_step over 6", last - 1)});
 }
 
+// Communicator::split on 4 ranks: rows {0,1},{2,3} and columns {0,2},{1,3} of a 2 x 2 grid, each group's
+// collectives and point-to-point messages staying inside it, and bad group lists refused.
+void split() {
+  auto comm = communicator();
+  const int r = comm->rank();
+  REQUIRE(comm->world_size() == 4);
+  auto row = comm->split({{0, 1}, {2, 3}});
+  auto column = comm->split({{0, 2}, {1, 3}});
+  CHECK_MSG(row->world_size() == 2 && row->rank() == r % 2, "row rank " << row->rank());
+  CHECK_MSG(column->world_size() == 2 && column->rank() == r / 2, "column rank " << column->rank());
+  const std::vector<int> row_ranks{r / 2 * 2, r / 2 * 2 + 1}, column_ranks{r % 2, r % 2 + 2};
+  CHECK_MSG(row->job_ranks() == row_ranks,
+            "row job ranks " << fmt::format("{}", fmt::join(row->job_ranks(), ",")));
+  CHECK_MSG(column->job_ranks() == column_ranks,
+            "column job ranks " << fmt::format("{}", fmt::join(column->job_ranks(), ",")));
+
+  // All-reduce, all-gather and reduce-scatter see only the group.
+  auto x = torch::full({4}, static_cast<double>(1 << r), torch::kFloat64);
+  row->all_reduce(x, accel::ReduceOp::Sum);
+  const double row_sum = (1 << row_ranks[0]) + (1 << row_ranks[1]);
+  CHECK_MSG((x == row_sum).all().item<bool>(), "row all_reduce " << x[0].item<double>() << " != " << row_sum);
+  auto gathered = column->all_gather(torch::full({1}, static_cast<double>(r), torch::kFloat64));
+  CHECK_MSG(gathered[0].item<double>() == r % 2 && gathered[1].item<double>() == r % 2 + 2,
+            "column all_gather " << gathered);
+  auto shard = column->reduce_scatter(torch::arange(4, torch::kFloat64) * (r + 1), accel::ReduceOp::Sum);
+  const double scale = (r % 2 + 1) + (r % 2 + 3);
+  const auto expected =
+      torch::arange(4, torch::kFloat64).slice(0, 2 * column->rank(), 2 * column->rank() + 2) * scale;
+  CHECK_MSG(torch::equal(shard, expected), "column reduce_scatter " << shard << " expected " << expected);
+
+  // Point to point inside a row: group ranks, not job ranks.
+  auto out = torch::full({3}, static_cast<float>(r));
+  auto in = torch::empty({3});
+  auto send = row->send_async(out, 1 - row->rank(), 7);
+  auto recv = row->recv_async(in, 1 - row->rank(), 7);
+  recv->wait();
+  send->wait();
+  CHECK_MSG((in == static_cast<float>(row_ranks[1 - row->rank()])).all().item<bool>(), "row recv " << in);
+  CHECK_MSG(row->exchange(std::to_string(r)) ==
+                std::vector<std::string>({std::to_string(row_ranks[0]), std::to_string(row_ranks[1])}),
+            "row exchange");
+
+  // A split of a split; a group of one.
+  auto single = row->split({{0}, {1}});
+  CHECK_MSG(single->world_size() == 1 && single->job_ranks() == std::vector<int>{r}, "single");
+  auto y = torch::ones({2});
+  single->all_reduce(y, accel::ReduceOp::Sum);
+  CHECK_MSG((y == 1).all().item<bool>(), "single all_reduce");
+
+  // Bad lists: every rank gets the same UsageError before anything communicates.
+  const auto missing = error_of([&] { comm->split({{0, 1}, {2}}); });
+  CHECK_MSG(
+      contains(
+          missing,
+          "split: rank 3 is in no group (groups: [0, 1] [2]); the groups must hold every rank in [0, 4)"),
+      missing);
+  const auto twice = error_of([&] { comm->split({{0, 1}, {1, 2, 3}}); });
+  CHECK_MSG(contains(twice, "split: rank 1 is in more than one group"), twice);
+  const auto outside = error_of([&] { comm->split({{0, 1, 2, 3, 4}}); });
+  CHECK_MSG(contains(outside, "split: rank 4 in group 0,1,2,3,4 is outside [0, 4)"), outside);
+  // Different lists on different ranks: a DistributedError naming both, on every rank.
+  const auto differ = error_of([&] {
+    comm->split(r == 3 ? std::vector<std::vector<int>>{{0, 1, 3}, {2}}
+                       : std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  });
+  CHECK_MSG(contains(differ, "split: the ranks pass different groups") && contains(differ, "[0, 1, 3] [2]"),
+            differ);
+  comm->barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::map<std::string, std::function<void()>> scenarios{
-      {"train", train}, {"wrong_shape", wrong_shape}, {"micro_batch_mismatch", micro_batch_mismatch}};
-  if (argc < 3 || argc > 4 || scenarios.count(argv[1]) == 0) {
+  const std::map<std::string, std::function<void()>> scenarios{{"train", train},
+                                                               {"wrong_shape", wrong_shape},
+                                                               {"micro_batch_mismatch", micro_batch_mismatch},
+                                                               {"split", split}};
+  if (argc < 2 || argc > 4 || scenarios.count(argv[1]) == 0) {
     std::cerr
-        << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch> <gpipe|1f1b> [micro_batches]"
+        << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch> <gpipe|1f1b> [micro_batches]\n"
+           "       pipeline_worker split"
         << std::endl;
     return 2;
   }
-  schedule_arg = parse_schedule(argv[2]);
+  if (argc >= 3) schedule_arg = parse_schedule(argv[2]);
   if (argc == 4) micro_batches_arg = std::stoi(argv[3]);
   return worker::run_scenario(argv[0], argv[1], scenarios.at(argv[1]));
 }

@@ -54,6 +54,34 @@ void Communicator::count(Collective c, std::uint64_t payload, std::uint64_t wire
   counter.wire += wire;
 }
 
+std::size_t Communicator::check_groups(const std::vector<std::vector<int>>& groups) const {
+  std::vector<int> seen(static_cast<std::size_t>(world_size()), 0);
+  std::size_t mine = groups.size();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (int r : groups[g]) {
+      if (r < 0 || r >= world_size()) {
+        throw UsageError(fmt::format("split: rank {} in group {} is outside [0, {}) (groups: {})", r,
+                                     fmt::join(groups[g], ","), world_size(), fmt::join(groups, " ")));
+      }
+      if (seen[static_cast<std::size_t>(r)]++ != 0) {
+        throw UsageError(
+            fmt::format("split: rank {} is in more than one group (groups: {}); the groups must "
+                        "be disjoint",
+                        r, fmt::join(groups, " ")));
+      }
+      if (r == rank()) mine = g;
+    }
+  }
+  for (int r = 0; r < world_size(); ++r) {
+    if (seen[static_cast<std::size_t>(r)] == 0) {
+      throw UsageError(fmt::format(
+          "split: rank {} is in no group (groups: {}); the groups must hold every rank in [0, {})", r,
+          fmt::join(groups, " "), world_size()));
+    }
+  }
+  return mine;
+}
+
 CpuCollectives parse_cpu_collectives(const std::string& value, const std::string& source) {
   if (value == "auto") return CpuCollectives::Auto;
   if (value == "builtin") return CpuCollectives::Builtin;
@@ -97,7 +125,12 @@ std::string describe(const torch::Tensor& t) {
 /// One process: every collective is the identity.
 class SingleProcessCommunicator final : public Communicator {
  public:
-  SingleProcessCommunicator(ProcessState s, CommunicatorOptions o) : Communicator(std::move(s), o) {}
+  SingleProcessCommunicator(ProcessState s, CommunicatorOptions o, std::vector<int> job_ranks = {})
+      : Communicator(std::move(s), o, std::move(job_ranks)) {}
+  std::shared_ptr<Communicator> split(const std::vector<std::vector<int>>& groups) override {
+    check_groups(groups);
+    return std::make_shared<SingleProcessCommunicator>(state_, options_, job_ranks_);
+  }
   void all_reduce(torch::Tensor&, ReduceOp) override {}
   std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor>) override {
     struct Done : CollectiveHandle {
@@ -155,6 +188,7 @@ class WorkHandle final : public CollectiveHandle {
 
 class C10dCommunicator final : public Communicator {
  public:
+  // The job's communicator: rendezvous through rank 0's TCPStore.
   C10dCommunicator(ProcessState s, torch::Device device, CommunicatorOptions o)
       : Communicator(std::move(s), o), device_(device) {
     const auto& st = state_;
@@ -173,24 +207,48 @@ class C10dCommunicator final : public Communicator {
                       st.rank == 0 ? "; is the port already in use? choose another with --main_process_port"
                                    : "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it"));
     }
-    try {
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create();
-      gloo_options->timeout = options_.timeout;
-      const bool loopback = st.master_addr.rfind("127.", 0) == 0 || st.master_addr == "localhost";
-      gloo_options->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                               : c10d::ProcessGroupGloo::createDefaultDevice());
-      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("gloo", store_), st.rank, st.world_size, gloo_options);
-      if (device_.is_cuda()) {
-        nccl_ = detail::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", store_), st.rank,
-                                          st.world_size, options_.timeout);
+    me_ = fmt::format("rank {}", st.rank);
+    create_process_groups();
+  }
+
+  // A sub-group: `state` holds the rank in the group and its size, `store` is the job's store under the
+  // group's own prefix.
+  C10dCommunicator(ProcessState s, torch::Device device, CommunicatorOptions o, std::vector<int> job_ranks,
+                   c10::intrusive_ptr<c10d::Store> store)
+      : Communicator(std::move(s), o, std::move(job_ranks)), device_(device), store_(std::move(store)) {
+    me_ = fmt::format("rank {} (rank {} of group [{}])", job_ranks_[static_cast<std::size_t>(state_.rank)],
+                      state_.rank, fmt::join(job_ranks_, ", "));
+    create_process_groups();
+  }
+
+  std::shared_ptr<Communicator> split(const std::vector<std::vector<int>>& groups) override {
+    const auto mine = check_groups(groups);
+    // Every rank must pass the same lists: compared through the store, so a mismatch is an error, not a
+    // process group that never forms.
+    const auto text = fmt::format("{}", fmt::join(groups, " "));
+    const auto all = exchange(text);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != text) {
+        throw DistributedError(fmt::format(
+            "{}: split: the ranks pass different groups (this rank {}, rank {} {}); every rank must pass the "
+            "same lists",
+            me(), text, job_ranks_[r], all[r]));
       }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError(
-          fmt::format("rank {}: creating the process group failed: {}", st.rank, first_line(e.what())));
     }
+    const auto seq = split_seq_++;
+    const auto& group = groups[mine];
+    std::vector<int> job;
+    int index = 0;
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      job.push_back(job_ranks_[static_cast<std::size_t>(group[i])]);
+      if (group[i] == rank()) index = static_cast<int>(i);
+    }
+    ProcessState sub = state_;
+    sub.rank = index;
+    sub.world_size = static_cast<int>(group.size());
+    if (group.size() == 1) return std::make_shared<SingleProcessCommunicator>(sub, options_, std::move(job));
+    auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("accel/split/{}/{}", seq, mine), store_);
+    return std::make_shared<C10dCommunicator>(sub, device_, options_, std::move(job), std::move(store));
   }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
@@ -218,11 +276,11 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(tensors.front())->allreduce(tensors, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: all_reduce failed: {}", rank(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: all_reduce failed: {}", me(), first_line(e.what())));
     }
     count(Collective::AllReduce, bytes, ring_all_reduce(bytes));
     return std::make_unique<WorkHandle>(std::move(work), std::move(tensors), options_.timeout,
-                                        fmt::format("rank {}: all_reduce", rank()));
+                                        fmt::format("{}: all_reduce", me()));
   }
 
   std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor tensor, int root) override {
@@ -231,7 +289,7 @@ class C10dCommunicator final : public Communicator {
     count(Collective::Reduce, tensor.nbytes(), rank() == root ? 0 : tensor.nbytes());
     if (point_to_point(tensor) && tensor.is_contiguous()) {
       return detail::p2p_reduce(*gloo_, tensor, root, next_tags(), kP2PChunk, options_.timeout,
-                                fmt::format("rank {}: reduce", rank()));
+                                fmt::format("{}: reduce", me()));
     }
     c10d::ReduceOptions o;
     o.rootRank = root;
@@ -240,10 +298,10 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(tensor)->reduce(ts, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: reduce failed: {}", rank(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: reduce failed: {}", me(), first_line(e.what())));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout,
-                                        fmt::format("rank {}: reduce", rank()));
+                                        fmt::format("{}: reduce", me()));
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
@@ -264,7 +322,7 @@ class C10dCommunicator final : public Communicator {
     auto out = torch::empty(sizes, in.options());
     if (point_to_point(in)) {
       detail::p2p_all_gather(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
-                             fmt::format("rank {}: all_gather", rank()))
+                             fmt::format("{}: all_gather", me()))
           ->wait();
     } else {
       c10d::AllgatherOptions o;
@@ -287,7 +345,7 @@ class C10dCommunicator final : public Communicator {
     auto flat = in.view({-1});
     if (point_to_point(in) && (op == ReduceOp::Sum || op == ReduceOp::Mean)) {
       detail::p2p_reduce_scatter(*gloo_, out, flat, next_tags(), kP2PChunk, options_.timeout,
-                                 fmt::format("rank {}: reduce_scatter", rank()))
+                                 fmt::format("{}: reduce_scatter", me()))
           ->wait();
     } else {
       c10d::ReduceScatterOptions o;
@@ -309,16 +367,16 @@ class C10dCommunicator final : public Communicator {
     count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
     if (point_to_point(in)) {
       return detail::p2p_all_gather(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
-                                    fmt::format("rank {}: all_gather", rank()));
+                                    fmt::format("{}: all_gather", me()));
     }
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = backend_for(in)->_allgather_base(out, in, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: all_gather failed: {}", rank(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: all_gather failed: {}", me(), first_line(e.what())));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
-                                        options_.timeout, fmt::format("rank {}: all_gather", rank()));
+                                        options_.timeout, fmt::format("{}: all_gather", me()));
   }
 
   std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output, torch::Tensor input) override {
@@ -332,16 +390,16 @@ class C10dCommunicator final : public Communicator {
           out.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
     if (point_to_point(in)) {
       return detail::p2p_reduce_scatter(*gloo_, out, in, next_tags(), kP2PChunk, options_.timeout,
-                                        fmt::format("rank {}: reduce_scatter", rank()));
+                                        fmt::format("{}: reduce_scatter", me()));
     }
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = backend_for(in)->_reduce_scatter_base(out, in, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: reduce_scatter failed: {}", rank(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: reduce_scatter failed: {}", me(), first_line(e.what())));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
-                                        options_.timeout, fmt::format("rank {}: reduce_scatter", rank()));
+                                        options_.timeout, fmt::format("{}: reduce_scatter", me()));
   }
 
   std::unique_ptr<CollectiveHandle> send_async(torch::Tensor tensor, int dst, int tag) override {
@@ -382,6 +440,32 @@ class C10dCommunicator final : public Communicator {
  private:
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+  // "rank 3", or for a sub-group "rank 3 (rank 1 of group [1, 3])": the job's rank first, as users and
+  // accel-launch know ranks.
+  const std::string& me() const noexcept { return me_; }
+
+  void create_process_groups() {
+    const auto& st = state_;
+    try {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create();
+      gloo_options->timeout = options_.timeout;
+      const bool loopback = st.master_addr.rfind("127.", 0) == 0 || st.master_addr == "localhost";
+      gloo_options->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                               : c10d::ProcessGroupGloo::createDefaultDevice());
+      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", store_), st.rank, st.world_size, gloo_options);
+      if (device_.is_cuda()) {
+        nccl_ = detail::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", store_), st.rank,
+                                          st.world_size, options_.timeout);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(
+          fmt::format("{}: creating the process group failed: {}", me_, first_line(e.what())));
+    }
+  }
+
   std::uint64_t ring_all_reduce(std::uint64_t bytes) const {
     return 2 * bytes * static_cast<std::uint64_t>(world_size() - 1) /
            static_cast<std::uint64_t>(world_size());
@@ -400,8 +484,8 @@ class C10dCommunicator final : public Communicator {
 
   std::unique_ptr<CollectiveHandle> point_to_point_op(bool send, torch::Tensor tensor, int peer, int tag) {
     const char* op = send ? "send_async" : "recv_async";
-    const auto what = fmt::format("rank {}: {} {} rank {} (tag {}, {})", rank(), op, send ? "to" : "from",
-                                  peer, tag, tensor.defined() ? describe(tensor) : "undefined tensor");
+    const auto what = fmt::format("{}: {} {} rank {} (tag {}, {})", me(), op, send ? "to" : "from", peer, tag,
+                                  tensor.defined() ? describe(tensor) : "undefined tensor");
     if (peer < 0 || peer >= world_size() || peer == rank()) {
       throw UsageError(fmt::format("{}: the peer must be another rank in [0, {})", what, world_size()));
     }
@@ -444,9 +528,8 @@ class C10dCommunicator final : public Communicator {
   c10d::Backend* backend_for(const torch::Tensor& t) {
     if (t.is_cuda()) {
       if (!nccl_) {
-        throw UsageError(
-            fmt::format("rank {}: a CUDA tensor reached a collective, but the accelerator runs on {}", rank(),
-                        device_.str()));
+        throw UsageError(fmt::format("{}: a CUDA tensor reached a collective, but the accelerator runs on {}",
+                                     me(), device_.str()));
       }
       return nccl_.get();
     }
@@ -460,7 +543,7 @@ class C10dCommunicator final : public Communicator {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: {} failed: {}", rank(), what, first_line(e.what())));
+      throw DistributedError(fmt::format("{}: {} failed: {}", me(), what, first_line(e.what())));
     }
   }
 
@@ -470,12 +553,13 @@ class C10dCommunicator final : public Communicator {
     } catch (const std::exception&) {
       std::vector<int> missing;
       for (int r = 0; r < world_size(); ++r) {
-        if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing.push_back(r);
+        if (!store_->check({keys[static_cast<std::size_t>(r)]}))
+          missing.push_back(job_ranks_[static_cast<std::size_t>(r)]);
       }
       throw DistributedError(
-          fmt::format("rank {}: rank(s) {} did not reach {} within {} s; they are stuck, crashed, or took a "
+          fmt::format("{}: rank(s) {} did not reach {} within {} s; they are stuck, crashed, or took a "
                       "different code path",
-                      rank(), fmt::join(missing, ", "), what, options_.timeout.count() / 1000.0));
+                      me(), fmt::join(missing, ", "), what, options_.timeout.count() / 1000.0));
     }
   }
 
@@ -490,7 +574,7 @@ class C10dCommunicator final : public Communicator {
     std::vector<std::string> keys;
     for (int r = 0; r < world_size(); ++r)
       keys.push_back(key(r));
-    wait_keys(keys, fmt::format("collective #{} ({} on rank {})", seq, mine, rank()));
+    wait_keys(keys, fmt::format("collective #{} ({} on {})", seq, mine, me()));
     std::vector<std::string> calls;
     bool same = true;
     for (const auto& k : keys) {
@@ -502,13 +586,14 @@ class C10dCommunicator final : public Communicator {
     if (!same) {
       std::string lines;
       for (int r = 0; r < world_size(); ++r)
-        lines += fmt::format("\n  rank {}: {}", r, calls[static_cast<std::size_t>(r)]);
+        lines += fmt::format("\n  rank {}: {}", job_ranks_[static_cast<std::size_t>(r)],
+                             calls[static_cast<std::size_t>(r)]);
       throw DistributedError(fmt::format(
-          "rank {}: collective #{} differs across ranks (debug mode caught it instead of a hang):{}\nEvery "
+          "{}: collective #{} differs across ranks (debug mode caught it instead of a hang):{}\nEvery "
           "rank must "
           "call the same collectives, in the same order, with the same shapes and dtypes; pad with "
           "accelerator.pad_across_processes() when sizes differ.",
-          rank(), seq, lines));
+          me(), seq, lines));
     }
   }
 
@@ -519,6 +604,8 @@ class C10dCommunicator final : public Communicator {
   std::uint64_t debug_seq_ = 0;
   std::uint64_t exchange_seq_ = 0;
   std::uint64_t p2p_seq_ = 0;
+  std::uint64_t split_seq_ = 0;
+  std::string me_;
 };
 
 }  // namespace

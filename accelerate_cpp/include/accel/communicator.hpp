@@ -125,6 +125,18 @@ class Communicator {
   /// Every rank's string, indexed by rank; goes through the store, not the process group (collective).
   virtual std::vector<std::string> exchange(const std::string& mine) = 0;
 
+  /// Sub-groups, as torch.distributed.new_subgroups_by_enumeration: `groups` lists disjoint groups of this
+  /// communicator's ranks that together hold every rank, the same lists on every rank. Returns the
+  /// communicator of the group holding this rank: its rank() is this rank's index in that list, its
+  /// world_size() the list's length, and its collectives involve only the group (its own Gloo and NCCL
+  /// process groups over this job's store). A group of one rank gets a single-process communicator.
+  /// UsageError (naming the rank and the list) for a rank missing, repeated or out of range; DistributedError
+  /// when the ranks pass different lists. Collective.
+  virtual std::shared_ptr<Communicator> split(const std::vector<std::vector<int>>& groups) = 0;
+  /// The ranks of this communicator in the job (`process_index()`), indexed by rank(): 0..N-1 for the job's
+  /// communicator, the group's list for one made by split().
+  const std::vector<int>& job_ranks() const noexcept { return job_ranks_; }
+
   /// Tags of `send_async` / `recv_async` lie in [0, kPointToPointTagLimit); the tags above are reserved for
   /// the point-to-point algorithms of reduce-scatter, all-gather and reduce.
   static constexpr int kPointToPointTagLimit = 1 << 30;
@@ -148,12 +160,20 @@ class Communicator {
   void reset_counters() { counters_ = {}; }
 
  protected:
-  Communicator(ProcessState state, CommunicatorOptions options)
-      : state_(std::move(state)), options_(options) {}
+  Communicator(ProcessState state, CommunicatorOptions options, std::vector<int> job_ranks = {})
+      : state_(std::move(state)), options_(options), job_ranks_(std::move(job_ranks)) {
+    if (job_ranks_.empty()) {
+      for (int r = 0; r < state_.world_size; ++r)
+        job_ranks_.push_back(r);
+    }
+  }
+  /// Checks `groups` (see split) and returns the index of the group holding this rank.
+  std::size_t check_groups(const std::vector<std::vector<int>>& groups) const;
   void count(Collective c, std::uint64_t payload, std::uint64_t wire);
 
   ProcessState state_;
   CommunicatorOptions options_;
+  std::vector<int> job_ranks_;
   std::array<ByteCount, static_cast<std::size_t>(Collective::kCount)> counters_{};
 };
 
