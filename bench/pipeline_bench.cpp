@@ -134,10 +134,11 @@ int main(int argc, char** argv) try {
         "pipeline bench: {} stages, {} x (Linear({}, {}) + ReLU), batch {}, {} threads per process, "
         "median of {} steps; whole model in one process: {:.1f} ms per step\n",
         p, layers, width, width, batch, torch::get_num_threads(), repeats, whole_s * 1e3);
-    text += fmt::format("{:<6} {:>3} {:>5} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>8} {:>5} {:>5} {:>10} {:>10} "
-                        "{:>10} {:>10}\n",
-                        "sched", "m", "stage", "step ms", "busy ms", "wait ms", "bubble", "theory", "sim",
-                        "speedup", "live", "bound", "bndry KiB", "bound KiB", "heap KiB", "bound KiB");
+    text += fmt::format(
+        "{:<6} {:>3} {:>5} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>8} {:>5} {:>5} {:>10} {:>10} "
+        "{:>10} {:>10}\n",
+        "sched", "m", "stage", "step ms", "busy ms", "wait ms", "bubble", "theory", "sim", "speedup", "live",
+        "bound", "bndry KiB", "bound KiB", "heap KiB", "bound KiB");
   }
   for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
     for (int m : micro_batch_counts) {
@@ -150,8 +151,8 @@ int main(int argc, char** argv) try {
         const auto before = accel::CpuMemoryCounter::current();
         auto out = stage.forward(in);
         // Stage 0's input is a slice of the caller's batch, allocated before the step.
-        micro_batch_bytes = static_cast<double>(accel::CpuMemoryCounter::current() - before +
-                                                (r > 0 ? in.nbytes() : 0));
+        micro_batch_bytes =
+            static_cast<double>(accel::CpuMemoryCounter::current() - before + (r > 0 ? in.nbytes() : 0));
       }
       std::vector<double> step, compute, wait;
       double heap = 0;
@@ -172,11 +173,11 @@ int main(int argc, char** argv) try {
         heap = std::max(heap, static_cast<double>(accel::CpuMemoryCounter::peak() - base));
       }
       const double boundary_per_micro_batch = static_cast<double>(rows * width * 4 * 2);
-      auto mine = torch::tensor({median(step), median(compute), median(wait),
-                                 static_cast<double>(stats.peak_live),
-                                 static_cast<double>(stats.peak_activation_bytes), heap, micro_batch_bytes,
-                                 boundary_per_micro_batch},
-                                torch::kFloat64);
+      auto mine =
+          torch::tensor({median(step), median(compute), median(wait), static_cast<double>(stats.peak_live),
+                         static_cast<double>(stats.peak_activation_bytes), heap, micro_batch_bytes,
+                         boundary_per_micro_batch},
+                        torch::kFloat64);
       const auto all = comm->all_gather(mine).view({p, kFields});
       if (r != 0) continue;
       const auto sim = simulate(make_schedule(schedule, p, m));
@@ -194,8 +195,8 @@ int main(int argc, char** argv) try {
             "{:<6} {:>3} {:>5} {:>9.1f} {:>9.1f} {:>8.1f} {:>7.3f} {:>7.3f} {:>7.3f} {:>8.2f} {:>5} {:>5} "
             "{:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f}\n",
             to_string(schedule), m, s, a[s][kStep] * 1e3, a[s][kCompute] * 1e3, a[s][kWait] * 1e3, bubble,
-            theory, sim_bubble, speedup, static_cast<int>(a[s][kPeakLive]), bound, a[s][kBoundaryBytes] / 1024,
-            bound * a[s][kBoundaryPerMicroBatch] / 1024, a[s][kHeapBytes] / 1024,
+            theory, sim_bubble, speedup, static_cast<int>(a[s][kPeakLive]), bound,
+            a[s][kBoundaryBytes] / 1024, bound * a[s][kBoundaryPerMicroBatch] / 1024, a[s][kHeapBytes] / 1024,
             bound * a[s][kMicroBatchBytes] / 1024);
         json_rows += fmt::format(
             "{}{{\"stages\": {}, \"schedule\": \"{}\", \"micro_batches\": {}, \"stage\": {}, \"step_ms\": "

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <optional>
 
@@ -182,6 +183,7 @@ double PipelineEngine::train_step(const torch::Tensor& inputs, const torch::Tens
   Step step(kTrain);
   step.loss = &loss;
   peak_live_ = 0;
+  stats_ = {};
   return run(step, inputs, targets);
 }
 
@@ -231,9 +233,23 @@ double PipelineEngine::run(Step& step, const torch::Tensor& inputs, const torch:
       if (!*step.loss) throw UsageError("the last stage needs a loss function; pass one to train_step");
       step.targets = split(targets, "targets");
     }
+    using Clock = std::chrono::steady_clock;
+    const auto step_start = Clock::now();
     for (const Action& action : actions) {
       current = action;
+      const auto start = Clock::now();
       execute(action, step);
+      if (step.mode != kTrain) continue;
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (action.type == ActionType::Forward || action.type == ActionType::Backward)
+        stats_.compute_s += seconds;
+      else if (action.type == ActionType::RecvActivation || action.type == ActionType::RecvGrad ||
+               action.type == ActionType::WaitSends)
+        stats_.wait_s += seconds;
+    }
+    if (step.mode == kTrain) {
+      stats_.step_s = std::chrono::duration<double>(Clock::now() - step_start).count();
+      stats_.peak_live = peak_live_;
     }
   } catch (const std::exception& e) {
     // Tell the neighbours (except the one the failure came from), so that every rank fails instead of
@@ -313,6 +329,12 @@ void PipelineEngine::execute(const Action& a, Step& step) {
       }
       slot.output = out;
       peak_live_ = std::max(peak_live_, ++step.live);
+      std::int64_t held = 0;  // the boundary tensors kept for backward
+      for (const auto& entry : step.slots) {
+        for (const auto* t : {&entry.second.input, &entry.second.output})
+          if (t->defined()) held += static_cast<std::int64_t>(t->nbytes());
+      }
+      stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, held);
       break;
     }
     case ActionType::Backward: {

@@ -35,6 +35,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/ordered_dict.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -115,6 +116,20 @@ class PipelineEngine {
   /// output are freed after its backward).
   int peak_live_micro_batches() const noexcept { return peak_live_; }
 
+  /// Where the last train_step's time went on this stage, and what it held for backward. Times are host
+  /// wall clock (on CUDA the kernels run asynchronously: compute_s is then mostly launch time).
+  struct StepStats {
+    double step_s = 0;     ///< from the start of the step to the end of its action list, in seconds
+    double compute_s = 0;  ///< in Forward and Backward (the stage's layers; the loss on the last stage)
+    double wait_s = 0;     ///< blocked in receives and WaitSends, in seconds
+    int peak_live = 0;     ///< peak_live_micro_batches()
+    /// The most bytes of micro-batch inputs and outputs the stage held at once for backward (the tensors at
+    /// the stage's boundaries; what autograd saves inside the layers is not counted), in bytes.
+    std::int64_t peak_activation_bytes = 0;
+  };
+  /// The statistics of the last train_step on this rank (zero before the first).
+  const StepStats& last_step_stats() const noexcept { return stats_; }
+
   Schedule schedule() const noexcept { return schedule_; }
   int micro_batches() const noexcept { return micro_batches_; }
 
@@ -131,6 +146,7 @@ class PipelineEngine {
   Schedule schedule_;
   int micro_batches_;
   int peak_live_ = 0;
+  StepStats stats_;
   std::string failed_;  ///< the error of a failed step; non-empty: no further steps
   /// After a failure: the abort messages to the neighbours and the step's pending sends, kept alive so that
   /// the transport can still deliver them when the peer posts its receive and never reads freed
