@@ -1,6 +1,7 @@
 // `accel-launch estimate-memory`: predicted per-rank bytes of parameters, gradients and optimizer state for a
 // parameter count, world size, backend, stage, precision and optimizer (the layouts of accelerate-cpp itself,
-// checked against measured runs by the test suite).
+// checked against measured runs by the test suite); with --pipeline_stages, per stage: the stage's share of
+// the parameters (by the partition of --layer_parameters, else 1/p) and the schedule's activation bound.
 #include <accel/memory.hpp>
 
 #include "commands.hpp"
@@ -10,23 +11,71 @@
 
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace accel::launcher {
 namespace {
 
-void run_estimate(const MemoryEstimateInput& in) {
-  const auto r = estimate_memory(in);
+std::string bytes_line(const MemoryReport& r) {
+  return fmt::format("parameters={} gradients={} optimizer_state={} total={}", r.parameters, r.gradients,
+                     r.optimizer_state, r.total());
+}
+
+// One line per stage, then the heaviest stage's report.
+void print_pipeline(const MemoryEstimateInput& in, const std::vector<StageMemoryEstimate>& stages) {
+  const int p = in.pipeline_stages;
   std::cout << fmt::format(
-                   "Per-rank memory for {} parameters on {} process(es), backend {}{}, optimizer {}, "
-                   "mixed precision {}:\n",
-                   in.num_parameters, in.num_processes, in.backend,
-                   in.backend == "zero"   ? fmt::format(" stage {}", in.zero_stage)
-                   : in.backend == "fsdp" ? " " + in.fsdp_sharding_strategy
-                                          : std::string(),
-                   in.optimizer, in.mixed_precision)
-            << r.to_string() << "\n"
-            << fmt::format("bytes: parameters={} gradients={} optimizer_state={} total={}\n", r.parameters,
-                           r.gradients, r.optimizer_state, r.total());
+      "Pipeline: {} stages x {} data-parallel rank(s) each, schedule {}, {} micro-batches; each stage's "
+      "parameters: {}\n",
+      p, in.num_processes / p, in.pipeline_schedule,
+      in.micro_batches > 0 ? std::to_string(in.micro_batches) : std::string("unknown"),
+      in.layer_parameters.empty() ? std::string("1/") + std::to_string(p) +
+                                        " of the model (give --layer_parameters to partition them)"
+                                  : fmt::format("partition '{}' of {} layers' parameter counts", in.partition,
+                                                in.layer_parameters.size()));
+  std::size_t heaviest = 0;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const auto& e = stages[s];
+    if (e.state.total() > stages[heaviest].state.total()) heaviest = s;
+    const std::string layers = in.layer_parameters.empty() ? ""
+                               : e.end_layer - e.first_layer == 1
+                                   ? fmt::format("layer {}, ", e.first_layer)
+                                   : fmt::format("layers {}-{}, ", e.first_layer, e.end_layer - 1);
+    const std::string activations =
+        in.activation_bytes > 0
+            ? fmt::format("activations={} ({} micro-batch(es))", e.activation_bytes, e.live_micro_batches)
+        : e.live_micro_batches > 0
+            ? fmt::format("activations: at most {} micro-batch(es), not estimated", e.live_micro_batches)
+            : std::string("activations: not estimated");
+    std::cout << fmt::format("stage {}: {}{} parameters: {} {}\n", s, layers, e.num_parameters,
+                             bytes_line(e.state), activations);
+  }
+  if (in.activation_bytes == 0) {
+    std::cout << "Activations are not included: give --activation_bytes (what autograd keeps for one "
+                 "micro-batch through the whole model) and --micro_batches; 1F1B holds at most "
+                 "min(stages - s, micro_batches) micro-batches on stage s, GPipe all of them.\n";
+  }
+  std::cout << fmt::format("Heaviest stage: {}\n", heaviest);
+}
+
+void run_estimate(const MemoryEstimateInput& in) {
+  const auto stages = estimate_pipeline_memory(in);
+  const auto r = estimate_memory(in);
+  std::uint64_t parameters = 0;  // --num_parameters, or the sum of --layer_parameters
+  for (const auto& e : stages)
+    parameters += e.num_parameters;
+  std::cout << fmt::format(
+      "Per-rank memory for {} parameters on {} process(es), backend {}{}, optimizer {}, "
+      "mixed precision {}:\n",
+      parameters, in.num_processes, in.backend,
+      in.backend == "zero"   ? fmt::format(" stage {}", in.zero_stage)
+      : in.backend == "fsdp" ? " " + in.fsdp_sharding_strategy
+                             : std::string(),
+      in.optimizer, in.mixed_precision);
+  if (in.pipeline_stages > 1) print_pipeline(in, stages);
+  std::cout << r.to_string() << "\n"
+            << "bytes: " << bytes_line(r) << "\n";
 }
 
 }  // namespace
@@ -37,7 +86,7 @@ void setup_estimate_memory_command(CLI::App& app) {
                                  "Predict per-rank bytes of parameters, gradients and optimizer state");
   cmd->add_option("--num_parameters,--num-parameters,-p", in->num_parameters,
                   "Trainable parameters (elements)")
-      ->required();
+      ->default_val(0);
   cmd->add_option("--num_processes,--num-processes,-n", in->num_processes, "Processes (ranks)")
       ->default_val(1);
   cmd->add_option("--backend", in->backend, "local | ddp | zero | fsdp")->default_val("ddp");
@@ -50,7 +99,30 @@ void setup_estimate_memory_command(CLI::App& app) {
       ->default_val("adam");
   cmd->add_option("--mixed_precision,--mixed-precision", in->mixed_precision, "no | fp16 | bf16")
       ->default_val("no");
-  cmd->callback([in] { run_estimate(*in); });
+  cmd->add_option("--pipeline_stages,--pipeline-stages", in->pipeline_stages,
+                  "Pipeline stages (pipeline_config.stages); num_processes must be a multiple")
+      ->default_val(1);
+  cmd->add_option("--micro_batches,--micro-batches", in->micro_batches,
+                  "Micro-batches per step, for the activation bound (0: unknown)")
+      ->default_val(0);
+  cmd->add_option("--pipeline_schedule,--pipeline-schedule", in->pipeline_schedule, "1f1b | gpipe")
+      ->default_val("1f1b");
+  cmd->add_option("--partition", in->partition,
+                  "With --layer_parameters: parameters | uniform | boundaries such as 0,3,6")
+      ->default_val("parameters");
+  cmd->add_option("--layer_parameters,--layer-parameters", in->layer_parameters,
+                  "Trainable parameters of each layer of the Sequential, in order (comma-separated)")
+      ->delimiter(',');
+  cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
+                  "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")
+      ->default_val(0);
+  cmd->callback([in] {
+    if (in->num_parameters == 0 && in->layer_parameters.empty()) {
+      throw CLI::ValidationError("--num_parameters",
+                                 "give --num_parameters, or --layer_parameters for a pipeline's layers");
+    }
+    run_estimate(*in);
+  });
 }
 
 }  // namespace accel::launcher

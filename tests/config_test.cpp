@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -828,4 +829,81 @@ TEST_CASE("estimate_memory: each backend's config part gives its layout", "[conf
   CHECK_THROWS_WITH(total("zero"), Catch::Contains("zero_stage 4 is not available"));
   CHECK_THROWS_WITH(total("megatron"),
                     "estimate-memory: unknown backend 'megatron'; allowed: local, ddp, fsdp, zero");
+}
+
+TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the activations", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_processes = 4;
+  in.pipeline_stages = 2;  // 2 data-parallel ranks per stage
+  in.optimizer = "adam";
+  // Without layers: 1/p of the parameters per stage, the first stages taking the remainder.
+  in.num_parameters = 1001;
+  auto stages = accel::estimate_pipeline_memory(in);
+  REQUIRE(stages.size() == 2);
+  CHECK((stages[0].num_parameters == 501 && stages[1].num_parameters == 500));
+  CHECK(stages[0].state.total() == 4 * 501 * 4);  // ddp: whole state of the stage on each of its ranks
+  CHECK((stages[0].live_micro_batches == 2 && stages[1].live_micro_batches == 1));  // 1F1B: p - s
+  CHECK(stages[0].activation_bytes == 0);
+  CHECK(accel::estimate_memory(in).total() == stages[0].state.total());  // the heaviest stage
+  // ZeRO-1 shards each stage's optimizer state over the stage's 2 data-parallel ranks.
+  in.backend = "zero";
+  in.zero_stage = 1;
+  CHECK(accel::estimate_pipeline_memory(in)[1].state.optimizer_state == 4 * 250 * 2);
+
+  // Layers: the balanced partition of their parameter counts; activations spread evenly over the layers.
+  in.backend = "ddp";
+  in.num_parameters = 0;  // taken from the layers
+  in.layer_parameters = {100, 0, 300, 0, 200, 400};
+  in.micro_batches = 8;
+  in.activation_bytes = 6000;
+  stages = accel::estimate_pipeline_memory(in);
+  CHECK((stages[0].first_layer == 0 && stages[0].end_layer == 5 && stages[1].first_layer == 5 &&
+         stages[1].end_layer == 6));
+  CHECK((stages[0].num_parameters == 600 && stages[1].num_parameters == 400));
+  CHECK((stages[0].activation_bytes == 2 * 5000 && stages[1].activation_bytes == 1 * 1000));
+  in.pipeline_schedule = "gpipe";  // every micro-batch
+  stages = accel::estimate_pipeline_memory(in);
+  CHECK((stages[0].live_micro_batches == 8 && stages[0].activation_bytes == 8 * 5000));
+  in.pipeline_schedule = "1f1b";
+  in.micro_batches = 1;  // min(p - s, m)
+  CHECK(accel::estimate_pipeline_memory(in)[0].live_micro_batches == 1);
+  in.partition = "uniform";
+  CHECK(accel::estimate_pipeline_memory(in)[0].num_parameters == 400);
+  in.partition = "0,2,6";
+  CHECK(accel::estimate_pipeline_memory(in)[1].num_parameters == 900);
+
+  auto error = [&](const std::function<void(accel::MemoryEstimateInput&)>& change) {
+    auto bad = in;
+    change(bad);
+    try {
+      accel::estimate_pipeline_memory(bad);
+    } catch (const accel::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error([](auto& b) { b.partition = "type:Linear"; }),
+             Catch::Contains("needs the layers' type names"));
+  CHECK_THAT(error([](auto& b) { b.num_parameters = 5; }),
+             Catch::Contains("the layer parameter counts add up to 1000, but num_parameters is 5"));
+  CHECK_THAT(error([](auto& b) { b.pipeline_stages = 3; }),
+             Catch::Contains("pipeline_stages (3) must be at least 1 and divide num_processes (4)"));
+  CHECK_THAT(error([](auto& b) { b.pipeline_schedule = "zigzag"; }),
+             Catch::Contains("pipeline_schedule 'zigzag' is not one of 1f1b, gpipe"));
+  CHECK_THAT(error([](auto& b) { b.layer_parameters = {5}; }),
+             Catch::Contains("1 layer(s) cannot fill 2 pipeline stages"));
+  CHECK_THAT(error([](auto& b) {
+               b.backend = "zero";
+               b.zero_stage = 2;
+             }),
+             Catch::Contains("backend zero (zero_stage 2) shards gradients or parameters"));
+  CHECK_THAT(error([](auto& b) {
+               b.backend = "fsdp";
+               b.fsdp_sharding_strategy = "FULL_SHARD";
+             }),
+             Catch::Contains("backend fsdp (FULL_SHARD) shards gradients or parameters"));
+  CHECK(error([](auto& b) {
+          b.backend = "fsdp";
+          b.fsdp_sharding_strategy = "NO_SHARD";
+        }) == "no error");
 }

@@ -1,11 +1,46 @@
 #include <accel/errors.hpp>
 #include <accel/memory.hpp>
+#include <accel/pipeline_schedule.hpp>
 
 #include "config_detail.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 namespace accel {
+namespace {
+
+// Per-rank state of `params` elements on `ranks` data-parallel ranks, sharded as `layout` says.
+MemoryReport state_memory(std::uint64_t params, int ranks, int states,
+                          const config_detail::MemoryLayout& layout) {
+  const std::uint64_t p = params, n = static_cast<std::uint64_t>(ranks);
+  const std::uint64_t s = (p + n - 1) / n;  // elements per shard
+  constexpr std::uint64_t kFloat = 4;  // fp32 weights, gradients and optimizer state (autocast keeps them)
+  MemoryReport r;
+  if (layout.shards_parameters && n > 1) {
+    // At rest only the slices exist (units are gathered while they compute; not counted here).
+    r.parameters = kFloat * s;
+    r.gradients = kFloat * s;
+    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
+  } else if (layout.shards_state && n > 1) {
+    r.parameters = kFloat * (p + s);
+    r.gradients = kFloat * s;
+    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
+  } else {
+    r.parameters = kFloat * p;
+    r.gradients = kFloat * p;
+    r.optimizer_state = kFloat * p * static_cast<std::uint64_t>(states);
+  }
+  return r;
+}
+
+ConfigError field_error(const std::string& field, const std::string& message) {
+  return ConfigError("estimate-memory: " + message, {}, 0, field);
+}
+
+}  // namespace
 
 std::string MemoryReport::to_string() const {
   auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
@@ -14,7 +49,7 @@ std::string MemoryReport::to_string() const {
       mib(parameters), mib(gradients), mib(optimizer_state), mib(total()));
 }
 
-MemoryReport estimate_memory(const MemoryEstimateInput& in) {
+std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateInput& in) {
   if (in.num_processes < 1) {
     throw ConfigError(
         fmt::format("estimate-memory: num_processes must be at least 1, got {}", in.num_processes), {}, 0,
@@ -47,26 +82,101 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   }
   const config_detail::MemoryLayout layout =
       part->memory_layout ? part->memory_layout(in) : config_detail::MemoryLayout{};
-  const bool sharded = layout.shards_state, params_sharded = layout.shards_parameters;
-  const std::uint64_t p = in.num_parameters, n = static_cast<std::uint64_t>(in.num_processes);
-  const std::uint64_t s = (p + n - 1) / n;  // elements per shard
-  constexpr std::uint64_t kFloat = 4;  // fp32 weights, gradients and optimizer state (autocast keeps them)
-  MemoryReport r;
-  if (params_sharded && n > 1) {
-    // At rest only the slices exist (units are gathered while they compute; not counted here).
-    r.parameters = kFloat * s;
-    r.gradients = kFloat * s;
-    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
-  } else if (sharded && n > 1) {
-    r.parameters = kFloat * (p + s);
-    r.gradients = kFloat * s;
-    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
-  } else {
-    r.parameters = kFloat * p;
-    r.gradients = kFloat * p;
-    r.optimizer_state = kFloat * p * static_cast<std::uint64_t>(states);
+  const int p = in.pipeline_stages;
+  if (p < 1 || in.num_processes % p != 0) {
+    throw field_error(
+        "pipeline_stages",
+        fmt::format("pipeline_stages ({}) must be at least 1 and divide num_processes ({}): each "
+                    "stage runs on num_processes / pipeline_stages data-parallel ranks",
+                    p, in.num_processes));
   }
-  return r;
+  if (p > 1 && (layout.shards_parameters || (layout.shards_state && in.backend != "zero") ||
+                (in.backend == "zero" && in.zero_stage >= 2))) {
+    throw field_error("backend",
+                      fmt::format("backend {}{} shards gradients or parameters, which a pipeline refuses (as "
+                                  "DeepSpeed: it would reduce them once per micro-batch); estimate with "
+                                  "--backend ddp, zero with --zero_stage 1, or fsdp with "
+                                  "--fsdp_sharding_strategy NO_SHARD",
+                                  in.backend,
+                                  in.backend == "zero" ? fmt::format(" (zero_stage {})", in.zero_stage)
+                                                       : " (" + in.fsdp_sharding_strategy + ")"));
+  }
+  if (in.micro_batches < 0) {
+    throw field_error("micro_batches",
+                      fmt::format("micro_batches must be 0 (unknown) or more, got {}", in.micro_batches));
+  }
+  const pipeline::Schedule schedule = [&] {
+    try {
+      return pipeline::parse_schedule(in.pipeline_schedule);
+    } catch (const ConfigError&) {
+      throw field_error("pipeline_schedule", fmt::format("pipeline_schedule '{}' is not one of 1f1b, gpipe",
+                                                         in.pipeline_schedule));
+    }
+  }();
+  std::uint64_t total = in.num_parameters;
+  std::vector<int> boundaries;  // empty: no layers given
+  const auto& layers = in.layer_parameters;
+  if (!layers.empty()) {
+    const std::uint64_t sum = std::accumulate(layers.begin(), layers.end(), std::uint64_t{0});
+    if (total == 0) total = sum;
+    if (sum != total) {
+      throw field_error("layer_parameters",
+                        fmt::format("the layer parameter counts add up to {}, but num_parameters is {}; give "
+                                    "both for the same model (or leave num_parameters out)",
+                                    sum, total));
+    }
+    if (static_cast<int>(layers.size()) < p) {
+      throw field_error("layer_parameters",
+                        fmt::format("{} layer(s) cannot fill {} pipeline stages; give one "
+                                    "parameter count per layer of the Sequential",
+                                    layers.size(), p));
+    }
+    const auto method = pipeline::parse_partition(in.partition);
+    if (method.kind == pipeline::PartitionMethod::Kind::Type) {
+      throw field_error("partition",
+                        fmt::format("partition '{}' needs the layers' type names, which estimate-memory does "
+                                    "not know; give the boundaries it yields (e.g. 0,3,6) instead",
+                                    in.partition));
+    }
+    const std::vector<std::int64_t> weights(layers.begin(), layers.end());
+    boundaries = pipeline::partition(method, weights, std::vector<std::string>(layers.size()), p);
+  }
+  const int ranks = in.num_processes / p;
+  const auto pp = static_cast<std::uint64_t>(p);
+  std::vector<StageMemoryEstimate> stages(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    auto& e = stages[static_cast<std::size_t>(s)];
+    const auto su = static_cast<std::uint64_t>(s);
+    if (boundaries.empty()) {
+      e.num_parameters = total / pp + (su < total % pp ? 1 : 0);
+    } else {
+      e.first_layer = boundaries[su];
+      e.end_layer = boundaries[su + 1];
+      e.num_parameters =
+          std::accumulate(layers.begin() + e.first_layer, layers.begin() + e.end_layer, std::uint64_t{0});
+    }
+    e.state = state_memory(e.num_parameters, ranks, states, layout);
+    const int m = in.micro_batches;
+    e.live_micro_batches = schedule == pipeline::Schedule::GPipe ? m : m > 0 ? std::min(p - s, m) : p - s;
+    if (p == 1) e.live_micro_batches = 1;  // no pipeline: each micro-batch's backward runs before the next
+    if (in.activation_bytes > 0) {
+      // The stage's share of one micro-batch's activations: its layers' share, or 1/p.
+      const double share = boundaries.empty() ? 1.0 / p
+                                              : static_cast<double>(e.end_layer - e.first_layer) /
+                                                    static_cast<double>(layers.size());
+      e.activation_bytes =
+          static_cast<std::uint64_t>(static_cast<double>(in.activation_bytes) * share + 0.5) *
+          static_cast<std::uint64_t>(e.live_micro_batches);
+    }
+  }
+  return stages;
+}
+
+MemoryReport estimate_memory(const MemoryEstimateInput& in) {
+  const auto stages = estimate_pipeline_memory(in);
+  return std::max_element(stages.begin(), stages.end(),
+                          [](const auto& a, const auto& b) { return a.state.total() < b.state.total(); })
+      ->state;
 }
 
 }  // namespace accel
