@@ -576,11 +576,22 @@ TEST_CASE("accelerator: a pipeline on one process trains like the plain loop, an
   // What does not work with a pipeline yet fails loudly instead of giving a silently wrong result.
   CHECK_THROWS_AS(acc.prepare_data_loader(Regression(8).map(torch::data::transforms::Stack<>()), 4),
                   UsageError);
-  CHECK_THROWS_WITH(acc.clip_grad_norm_(stage.parameters(), 1.0),
-                    Catch::Contains("clip_grad_norm_ is not supported with a pipeline yet"));
   CHECK_THROWS_AS(acc.save_state("unused"), UnsupportedOperation);
-  Accelerator bf16(AcceleratorOptions().config(test::make_config(MixedPrecision::Bf16)));
-  CHECK_THROWS_WITH(bf16.prepare_pipeline(make()), Catch::Contains("mixed_precision: bf16 is not supported"));
+  // clip_grad_norm_ clips the whole model's gradient norm: here one stage, the plain loop's.
+  const auto x0 = data.x.narrow(0, 0, 8), y0 = data.y.narrow(0, 0, 8);
+  opt.zero_grad();
+  acc.pipeline_step(x0, y0, mse);
+  ref_opt.zero_grad();
+  torch::mse_loss(reference->forward(x0), y0).backward();
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.01);
+  CHECK(acc.clip_grad_norm_(stage.parameters(), 0.01) == Approx(ref_norm).epsilon(1e-6));
+  for (std::size_t i = 0; i < ours.size(); ++i)
+    CHECK(torch::allclose(ours[i].grad(), theirs[i].grad(), 1e-5, 1e-7));
+  // Mixed precision runs the stages under autocast.
+  Accelerator bf16(AcceleratorOptions().config(test::make_config(MixedPrecision::Bf16, 2)));
+  auto bf16_model = make();
+  bf16.prepare_pipeline(bf16_model);
+  CHECK(std::isfinite(bf16.pipeline_step(x0, y0, mse)));
   Accelerator with_loader(AcceleratorOptions().config(test::make_config()));
   auto loader = with_loader.prepare_data_loader(Regression(8).map(torch::data::transforms::Stack<>()), 4);
   CHECK_THROWS_WITH(with_loader.prepare_pipeline(make()), Catch::Contains("torch::data::make_data_loader"));

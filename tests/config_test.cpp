@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -237,8 +237,10 @@ TEST_CASE("config: pipeline_config section", "[config]") {
         "inline.yaml:2: pipeline_config.schedule: 'zigzag' is not a pipeline schedule; allowed values: 1f1b, "
         "gpipe");
   CHECK(string_error("pipeline_config:\n  partition: zigzag\n").key() == "pipeline_config.partition");
-  CHECK(std::string(string_error("backend: ddp\nnum_processes: 4\npipeline_config:\n  stages: 2\n").what())
-            .find("pipeline_config.stages (2) must equal num_processes (4)") != std::string::npos);
+  CHECK(accel::Config::load_string("backend: ddp\nnum_processes: 4\npipeline_config:\n  stages: 2\n")
+            .pipeline.stages == 2);  // 2 stages x 2 data-parallel replicas
+  CHECK(std::string(string_error("backend: ddp\nnum_processes: 3\npipeline_config:\n  stages: 2\n").what())
+            .find("pipeline_config.stages (2) must divide num_processes (3)") != std::string::npos);
   CHECK(string_error("pipeline_config:\n  stagez: 2\n").key() == "pipeline_config.stagez");
 }
 

@@ -58,13 +58,6 @@ double timeout_seconds(const Config& config) {
   return x;
 }
 
-// Statistics of every SyncBatchNorm in `model` over the ranks of `comm` (nullptr: this process only).
-void connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
-  for (const auto& m : model.modules()) {
-    if (auto* bn = dynamic_cast<nn::SyncBatchNormImpl*>(m.get())) bn->set_communicator(comm);
-  }
-}
-
 std::shared_ptr<const BackendRegistry> builtin_registry() {
   auto registry = std::make_shared<BackendRegistry>();
   register_builtin_backends(*registry);
@@ -72,6 +65,12 @@ std::shared_ptr<const BackendRegistry> builtin_registry() {
 }
 
 }  // namespace
+
+void Accelerator::connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
+  for (const auto& m : model.modules()) {
+    if (auto* bn = dynamic_cast<nn::SyncBatchNormImpl*>(m.get())) bn->set_communicator(comm);
+  }
+}
 
 Accelerator::Accelerator() : Accelerator(AcceleratorOptions{}) {}
 
@@ -118,6 +117,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   if (config_.mixed_precision == MixedPrecision::Fp16) {
     scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
   }
+  if (config_.pipeline.stages > 1) refuse_sharding_with_pipeline();
   notices_ = config_.notices;  // settings read without effect (a DeepSpeed JSON's optimizer block, ...)
   if (descriptor_->notices) {
     for (auto& n : descriptor_->notices(context_))

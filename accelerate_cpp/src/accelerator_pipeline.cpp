@@ -3,7 +3,10 @@
 #include <accel/accelerator.hpp>
 #include <accel/pipeline.hpp>
 
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace accel {
 
@@ -28,13 +31,27 @@ torch::Tensor on(const torch::Tensor& t, torch::Device device) {
 
 }  // namespace
 
+void Accelerator::refuse_sharding_with_pipeline() const {
+  const auto caps = descriptor_->capabilities(config_);
+  if (!caps.shards_gradients && !caps.shards_parameters && !caps.communicates_on_micro_steps) return;
+  throw UnsupportedOperation(fmt::format(
+      "pipeline_config.stages is {} with backend {}, which shards gradients or parameters across the "
+      "data-parallel ranks; as in DeepSpeed (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+      "parallelism\"), a pipeline is combined only with backends that reduce each stage's gradients once per "
+      "step: a pipeline accumulates gradients over its micro-batches, which gradient sharding would "
+      "reduce-scatter (and parameter sharding gather) once per micro-batch, tens of times per step; use "
+      "backend: ddp, zero with zero_stage: 1, or fsdp with fsdp_sharding_strategy: NO_SHARD",
+      config_.pipeline.stages, descriptor_->name));
+}
+
 pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequential& model) {
   const PipelineConfig& pc = config_.pipeline;
-  if (pc.stages != world_size_) {
+  if (pc.stages < 1 || world_size_ % pc.stages != 0) {
     throw UsageError(fmt::format(
-        "prepare_pipeline: pipeline_config.stages is {} but {} process(es) run, and each stage runs in one "
-        "process; set pipeline_config: {{stages: {}}} in the config (or run {} process(es))",
-        pc.stages, world_size_, world_size_, pc.stages));
+        "prepare_pipeline: pipeline_config.stages is {} but {} process(es) run; every stage runs in "
+        "num_processes / stages processes (one per data-parallel replica), so num_processes must be a "
+        "multiple of the stages: run {} x k processes or change pipeline_config.stages",
+        pc.stages, world_size_, pc.stages));
   }
   if (pipeline_engine_) {
     throw UsageError(
@@ -42,23 +59,49 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequenti
         "Accelerator");
   }
   if (!loaders_.empty()) throw UsageError(fmt::format("prepare_pipeline: {}", kPipelineLoaderMessage));
-  if (config_.mixed_precision != MixedPrecision::No) {
-    throw UnsupportedOperation(fmt::format(
-        "prepare_pipeline: mixed_precision: {} is not supported with a pipeline yet (no autocast or loss "
-        "scaling across stages); set mixed_precision: 'no'",
-        to_string(config_.mixed_precision)));
-  }
   if (device_.is_cuda()) {
     throw UnsupportedOperation(
         "prepare_pipeline: pipeline stages on CUDA are not supported yet (NCCL matches point-to-point "
         "operations in issue order, which the 1F1B interpreter does not group); run on CPU (use_cpu: true)");
   }
-  pipeline_stage_ = std::make_unique<pipeline::PipelineStage>(model, rank_, pc.stages,
+  refuse_sharding_with_pipeline();
+  // Rank = stage x replicas + replica (pipe-major, data-minor): the replicas of one stage are neighbours
+  // (one machine, where the data-parallel reduction moves the most bytes), the stages of one replica form a
+  // pipeline.
+  const int replicas = world_size_ / pc.stages, stage = rank_ / replicas;
+  std::vector<std::vector<int>> pipes(static_cast<std::size_t>(replicas)),
+      data(static_cast<std::size_t>(pc.stages));
+  for (int r = 0; r < world_size_; ++r) {
+    pipes[static_cast<std::size_t>(r % replicas)].push_back(r);
+    data[static_cast<std::size_t>(r / replicas)].push_back(r);
+  }
+  pipe_comm_ = comm_->split(pipes);
+  data_comm_ = comm_->split(data);
+  pipeline_stage_ = std::make_unique<pipeline::PipelineStage>(model, stage, pc.stages,
                                                               pipeline::parse_partition(pc.partition));
-  pipeline_stage_->module()->to(device_);
+  auto module = pipeline_stage_->module().ptr();
+  module->to(device_);
+  // The stage is a prepared model whose backend engine spans the stage's replicas: the user's optimizer is
+  // prepared against it, and its gradients are reduced across the replicas once, during the stage's last
+  // backward of each step.
+  BackendContext context = context_;
+  context.comm = data_comm_.get();
+  context.rank = data_comm_->rank();
+  context.world_size = data_comm_->world_size();
+  PreparedModel prepared{module, descriptor_->factory(context), 0};
+  prepared.engine->prepare_model(*module);
+  if (replicas > 1) connect_sync_batchnorm(*module, data_comm_.get());
+  models_.push_back(std::move(prepared));
+  pipeline_model_ = models_.size() - 1;
   const int micro_batches = pc.micro_batches > 0 ? pc.micro_batches : config_.gradient_accumulation_steps;
   pipeline_engine_ =
-      std::make_unique<pipeline::PipelineEngine>(*pipeline_stage_, comm_, pc.schedule, micro_batches);
+      std::make_unique<pipeline::PipelineEngine>(*pipeline_stage_, pipe_comm_, pc.schedule, micro_batches);
+  pipeline::PipelineEngine::BackwardHooks hooks;
+  hooks.before = [this](bool last) { models_[pipeline_model_].engine->before_backward(last); };
+  hooks.after = [this](bool last) { models_[pipeline_model_].engine->after_backward(last); };
+  if (scaler_) hooks.loss_scale = [this] { return scaler_->get_scale(); };
+  pipeline_engine_->set_backward_hooks(std::move(hooks));
+  enable_autocast();
   return *pipeline_stage_;
 }
 
@@ -70,18 +113,67 @@ pipeline::PipelineEngine& Accelerator::pipeline_engine(const char* what) {
   return *pipeline_engine_;
 }
 
+namespace {
+
+// This replica's rows of a batch every replica passed whole (undefined stays undefined).
+torch::Tensor replica_rows(const torch::Tensor& t, int replica, int replicas, const char* what) {
+  if (!t.defined() || replicas == 1) return t;
+  const auto rows = t.dim() == 0 ? 0 : t.size(0);
+  if (rows % replicas != 0) {
+    throw UsageError(fmt::format(
+        "pipeline: the {} have {} rows, which do not split into {} data-parallel replicas (num_processes / "
+        "pipeline_config.stages); pass a batch whose size is a multiple of {} x the micro-batches",
+        what, rows, replicas, replicas));
+  }
+  const auto per = rows / replicas;
+  return t.slice(0, per * replica, per * (replica + 1));
+}
+
+}  // namespace
+
 double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tensor& targets,
                                   const pipeline::LossFunction& loss) {
   auto& engine = pipeline_engine("pipeline_step");
-  const double mean = engine.train_step(on(inputs, device_), on(targets, device_), loss);
-  completed_steps_ += 1;
+  const int replica = data_comm_->rank(), replicas = data_comm_->world_size();
+  auto& prepared = models_[pipeline_model_];
+  if (prepared.engine->capabilities().shards_optimizer_state &&
+      std::find(optimizer_model_.begin(), optimizer_model_.end(), pipeline_model_) ==
+          optimizer_model_.end()) {
+    throw UsageError(fmt::format(
+        "pipeline_step: backend {} keeps each replica's share of the optimizer state, but no optimizer over "
+        "the stage's parameters is prepared; call accelerator.prepare(optimizer) after prepare_pipeline",
+        backend_name()));
+  }
+  sync_gradients_ = true;
+  std::fill(skipped_.begin(), skipped_.end(), false);
+  double mean = engine.train_step(on(replica_rows(inputs, replica, replicas, "inputs"), device_),
+                                  on(replica_rows(targets, replica, replicas, "targets"), device_), loss);
+  if (autocast_on_) at::autocast::clear_cache();
+  // fp16: every stage unscales its gradients; an overflow on any stage skips the step on all of them (the
+  // flags are reduced over the whole job).
+  unscale_and_check();
+  if (replicas > 1) {
+    auto t = torch::tensor({mean}, torch::kFloat64);
+    data_comm_->all_reduce(t, ReduceOp::Mean);
+    mean = t.item<double>();
+  }
+  if (optimizers_.empty() || !optimizer_step_was_skipped()) completed_steps_ += 1;
   micro_steps_ += engine.micro_batches();
   return mean;
 }
 
 double Accelerator::pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
                                       const pipeline::LossFunction& loss) {
-  return pipeline_engine("pipeline_evaluate").evaluate(on(inputs, device_), on(targets, device_), loss);
+  auto& engine = pipeline_engine("pipeline_evaluate");
+  const int replica = data_comm_->rank(), replicas = data_comm_->world_size();
+  double mean = engine.evaluate(on(replica_rows(inputs, replica, replicas, "inputs"), device_),
+                                on(replica_rows(targets, replica, replicas, "targets"), device_), loss);
+  if (replicas > 1) {
+    auto t = torch::tensor({mean}, torch::kFloat64);
+    data_comm_->all_reduce(t, ReduceOp::Mean);
+    mean = t.item<double>();
+  }
+  return mean;
 }
 
 }  // namespace accel

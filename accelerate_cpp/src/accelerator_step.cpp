@@ -251,7 +251,6 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
-  refuse_with_pipeline("clip_grad_norm_", "the gradient norm would be this stage's alone, not the model's");
   if (!sync_gradients_) return 0.0;
   if (optimizer_step_was_skipped()) return std::numeric_limits<double>::infinity();
   if (!(norm_type > 0)) {
@@ -266,11 +265,21 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
     into.insert(into.end(), g.tensors.begin(), g.tensors.end());
   }
   const bool inf = std::isinf(norm_type);
+  const auto op = inf ? ReduceOp::Max : ReduceOp::Sum;
   double total = local_norm_part(whole, norm_type);
+  // Slices are held by the ranks that replicate the same parameters: the whole job, or with a pipeline the
+  // stage's replicas.
+  Communicator& replicas = pipeline_engine_ ? *data_comm_ : *comm_;
   if (capabilities().shards_gradients || capabilities().shards_optimizer_state) {
     auto part = torch::tensor({local_norm_part(sliced, norm_type)}, torch::kFloat64);
-    if (world_size_ > 1) comm_->all_reduce(part, inf ? ReduceOp::Max : ReduceOp::Sum);
+    if (replicas.world_size() > 1) replicas.all_reduce(part, op);
     total = inf ? std::max(total, part.item<double>()) : total + part.item<double>();
+  }
+  // With a pipeline each stage holds other layers: the model's norm adds every stage's part.
+  if (pipeline_engine_ && pipe_comm_->world_size() > 1) {
+    auto part = torch::tensor({total}, torch::kFloat64);
+    pipe_comm_->all_reduce(part, op);
+    total = part.item<double>();
   }
   const double norm = inf ? total : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);

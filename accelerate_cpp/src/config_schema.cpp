@@ -225,7 +225,9 @@ std::vector<KeyRow> make_schema() {
       [](CommHook h) { return "'" + to_string(h) + "'"; }, "fp16"));
   add(section_row(kPipeline, "pipeline settings", "pipeline parallelism (keys below)"));
   add(setting(
-      "stages", kPipeline, "pipeline stages, one process each (1: no pipeline); num_processes must equal it",
+      "stages", kPipeline,
+      "pipeline stages (1: no pipeline); num_processes must be a multiple: num_processes / stages "
+      "data-parallel replicas",
       [](auto& c) -> auto& { return c.pipeline.stages; }, positive_int(), write_int, "8"));
   add(setting(
       "micro_batches", kPipeline, "micro-batches per optimizer step; 0: gradient_accumulation_steps",

@@ -90,12 +90,13 @@ void validate_config(const Config& c, const LineMap& lines) {
     fail_key("ddp_first_bucket_cap_mb", fmt::format("ddp_first_bucket_cap_mb ({}) must be a positive number",
                                                     c.ddp_first_bucket_cap_mb));
   }
-  if (c.pipeline.stages > 1 && c.num_processes != c.pipeline.stages) {
-    fail_key("pipeline_config.stages",
-             fmt::format("pipeline_config.stages ({}) must equal num_processes ({}): each stage runs in one "
-                         "process, and pipelines replicated for data parallelism are not supported yet; set "
-                         "num_processes: {}",
-                         c.pipeline.stages, c.num_processes, c.pipeline.stages));
+  if (c.pipeline.stages > 1 && c.num_processes % c.pipeline.stages != 0) {
+    fail_key(
+        "pipeline_config.stages",
+        fmt::format("pipeline_config.stages ({}) must divide num_processes ({}): each stage runs in "
+                    "num_processes / stages processes, one per data-parallel replica of the pipeline; set "
+                    "num_processes to a multiple of {}",
+                    c.pipeline.stages, c.num_processes, c.pipeline.stages));
   }
 
   for (const BackendPart& part : backend_parts()) {

@@ -153,7 +153,8 @@ struct PipelineEngine::Step {
   torch::Device device{torch::kCPU};
   std::vector<torch::Tensor> inputs, targets;  ///< micro-batches (stage 0, last stage)
   std::map<int, Slot> slots;
-  int live = 0;  ///< micro-batches forwarded and not yet backwarded
+  int live = 0;       ///< micro-batches forwarded and not yet backwarded
+  int backwards = 0;  ///< Backward actions run so far
   std::vector<std::unique_ptr<CollectiveHandle>> sends;
   std::vector<double> losses;
   std::vector<torch::Tensor> outputs;  ///< evaluate on the last stage
@@ -339,11 +340,15 @@ void PipelineEngine::execute(const Action& a, Step& step) {
     }
     case ActionType::Backward: {
       auto& slot = step.slots.at(mb);
+      const bool final_backward = ++step.backwards == micro_batches_;
+      if (hooks_.before) hooks_.before(final_backward);
       if (s == last) {
-        if (slot.loss.requires_grad()) torch::autograd::backward({slot.loss / micro_batches_});
+        const double scale = hooks_.loss_scale ? hooks_.loss_scale() : 1.0;
+        if (slot.loss.requires_grad()) torch::autograd::backward({slot.loss * (scale / micro_batches_)});
       } else if (slot.output.requires_grad()) {
         torch::autograd::backward({slot.output}, {slot.grad});
       }
+      if (hooks_.after) hooks_.after(final_backward);
       slot.output = slot.loss = slot.grad = torch::Tensor();
       if (s == 0) {
         step.slots.erase(mb);

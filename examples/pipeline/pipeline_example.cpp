@@ -1,5 +1,6 @@
-// Pipeline parallelism on Fashion-MNIST: a Sequential MLP cut into stages, one process per stage, trained
-// with the 1F1B (or GPipe) schedule over micro-batches. The same binary trains with one process (the whole
+// Pipeline parallelism on Fashion-MNIST: a Sequential MLP cut into stages, trained with the 1F1B (or GPipe)
+// schedule over micro-batches; with more processes than stages, each stage runs in several data-parallel
+// replicas (the config's backend: ddp or zero stage 1). The same binary trains with one process (the whole
 // model, the same micro-batches) or under accel-launch with `pipeline_config:`
 // (config_templates/pipeline_1f1b.yaml), and ends where one process ends:
 //
@@ -8,7 +9,7 @@
 //       build/examples/pipeline/pipeline_example --steps 30
 //
 // Prints "final loss <x>" (the mean loss of the last step) and "weight checksum <x>" (the sum of the absolute
-// values of every weight, over all stages).
+// values of every weight, over all stages). `--clip 0.5` clips the whole model's gradient norm.
 #include <accel/accelerator.hpp>
 #include <accel/pipeline.hpp>
 
@@ -27,6 +28,7 @@ int main(int argc, char** argv) try {
   int steps = 30;
   std::int64_t batch = 64;
   double lr = 0.05;
+  double clip = 0;  // > 0: clip the whole model's gradient norm to it (every stage's part counted)
   std::string data_dir = fashion::default_data_dir();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -38,11 +40,13 @@ int main(int argc, char** argv) try {
       batch = std::stoll(v);
     } else if (k == "--lr") {
       lr = std::stod(v);
+    } else if (k == "--clip") {
+      clip = std::stod(v);
     } else if (k == "--data") {
       data_dir = v;
     } else {
       throw std::invalid_argument("unknown argument " + k +
-                                  "; use --steps N --batch-size B --lr X --data DIR");
+                                  "; use --steps N --batch-size B --lr X --clip MAX_NORM --data DIR");
     }
   }
   accel::Accelerator accelerator;
@@ -52,6 +56,7 @@ int main(int argc, char** argv) try {
                               torch::nn::Linear(256, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10));
   auto& stage = accelerator.prepare_pipeline(model);
   torch::optim::SGD optimizer(stage.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  accelerator.prepare(optimizer);  // zero stage 1 shards its state over the stage's replicas
   // Every stage reads the same batches: the first uses the images, the last the labels.
   fashion::Dataset data(data_dir, /*train=*/true, steps * batch);
   auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
@@ -64,14 +69,18 @@ int main(int argc, char** argv) try {
   for (auto& b : *loader) {
     optimizer.zero_grad();
     loss = accelerator.pipeline_step(b.data, b.target, loss_fn);
+    if (clip > 0) accelerator.clip_grad_norm_(clip);
     optimizer.step();
     if (++step % 10 == 0) accelerator.print("step ", step, " loss ", loss);
   }
   double checksum = 0;
   for (const auto& p : stage.parameters())
     checksum += p.abs().sum().item<double>();
+  // Every stage's replicas hold the same weights: the sum over all ranks counts each stage `replicas` times.
+  const int replicas = accelerator.num_processes() / accelerator.config().pipeline.stages;
   checksum =
-      accelerator.reduce(torch::tensor(checksum, torch::kFloat64), accel::ReduceOp::Sum).item<double>();
+      accelerator.reduce(torch::tensor(checksum, torch::kFloat64), accel::ReduceOp::Sum).item<double>() /
+      replicas;
   auto precise = [](double v) {
     std::ostringstream out;
     out << std::setprecision(12) << v;

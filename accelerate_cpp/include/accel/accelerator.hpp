@@ -286,22 +286,28 @@ class Accelerator {
   void backward(const torch::Tensor& loss);
   // ---- pipeline parallelism (`pipeline_config:`; include <accel/pipeline.hpp>)
   // -----------------------------
-  /// This process's stage of `model`: pipeline_config.stages stages (one per process, so num_processes must
-  /// equal it; 1 stage, one process: the whole model), partitioned by pipeline_config.partition. Every rank
-  /// builds the same model (same seed); the stage keeps its own layers, which share their parameters with
-  /// `model`. Give `stage.parameters()` to the optimizer. One pipeline per Accelerator. Not yet with a
-  /// pipeline, each refused with an error (never silently): prepared data loaders (every stage must read the
-  /// same batches: use torch::data::make_data_loader), mixed precision, CUDA, clip_grad_norm_,
-  /// save_state/load_state.
+  /// This process's stage of `model`: pipeline_config.stages stages, each run by num_processes / stages
+  /// data-parallel replicas (rank = stage x replicas + replica; 1 stage, one process: the whole model),
+  /// partitioned by pipeline_config.partition. Every rank builds the same model (same seed); the stage keeps
+  /// its own layers, which share their parameters with `model`. The stage is a prepared model of the
+  /// configured backend over its replicas: build the optimizer over `stage.parameters()` and pass it to
+  /// `prepare` (needed for zero stage 1, which shards its state). Backends that shard gradients or parameters
+  /// (zero 2-3, FSDP's sharded strategies) are refused, as in DeepSpeed. mixed_precision works (fp16: a loss
+  /// scale shared by all stages, an overflow on any stage skips the step on all); clip_grad_norm_ clips the
+  /// whole model's norm (every stage's part). One pipeline per Accelerator. Not yet with a pipeline, each
+  /// refused with an error (never silently): prepared data loaders (every stage must read the same batches:
+  /// use torch::data::make_data_loader), CUDA, save_state/load_state.
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
   /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
-  /// are cut into pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run
-  /// through pipeline_config.schedule (1f1b or gpipe); the gradients of the whole batch's mean loss are added
-  /// to the stage's parameters. Returns that mean loss on every rank. Zero the gradients before and step the
-  /// optimizer after, as in a plain loop. Collective. `backward()` is not used with a pipeline.
+  /// are the global batch, the same on every rank; each replica takes its 1/replicas of the rows, cut into
+  /// pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run through
+  /// pipeline_config.schedule (1f1b or gpipe). The gradients of the whole batch's mean loss end in the
+  /// stage's parameters (reduced across the replicas during the stage's last backward). Returns that mean
+  /// loss on every rank. Zero the gradients before and step the optimizer after, as in a plain loop.
+  /// Collective. `backward()` is not used with a pipeline.
   double pipeline_step(const torch::Tensor& inputs, const torch::Tensor& targets,
                        const pipeline::LossFunction& loss);
-  /// The mean loss over the micro-batches, forward only (no gradients). Collective.
+  /// The mean loss over the whole batch, forward only (no gradients). Collective.
   double pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
                            const pipeline::LossFunction& loss);
 
@@ -623,6 +629,10 @@ class Accelerator {
   // UnsupportedOperation naming `what` and `why` when a pipeline is prepared (what does not work with one
   // yet).
   void refuse_with_pipeline(const char* what, const char* why) const;
+  // Statistics of every SyncBatchNorm in `model` over the ranks of `comm` (nullptr: this process only).
+  static void connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm);
+  // UnsupportedOperation when the backend shards gradients or parameters (pipeline_config.stages > 1).
+  void refuse_sharding_with_pipeline() const;
   std::vector<std::string> exchange_bytes(const std::string& mine);
   void check_rank(int index, const char* what) const;
 
@@ -710,6 +720,9 @@ class Accelerator {
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<pipeline::PipelineStage> pipeline_stage_;    // prepare_pipeline
   std::unique_ptr<pipeline::PipelineEngine> pipeline_engine_;  // runs pipeline_stage_
+  std::shared_ptr<Communicator> pipe_comm_;  // this replica's stages, rank = stage (prepare_pipeline)
+  std::shared_ptr<Communicator> data_comm_;  // this stage's replicas, rank = replica (prepare_pipeline)
+  std::size_t pipeline_model_ = 0;           // the stage's entry in models_
 
   std::vector<PreparedModel> models_;
   std::vector<torch::optim::Optimizer*> optimizers_;

@@ -69,8 +69,8 @@ enum class OffloadDevice { None, Cpu };
 /// Settings of the `fsdp` backend (YAML section `fsdp_config:`, keys prefixed `fsdp_`).
 /// `pipeline_config:` section: pipeline parallelism (`<accel/pipeline.hpp>`, `accelerator.pipeline_step`).
 struct PipelineConfig {
-  /// `stages`: pipeline stages, one process each (1: no pipeline). num_processes must equal it: pipelines
-  /// replicated for data parallelism are not supported yet.
+  /// `stages`: pipeline stages (1: no pipeline). num_processes must be a multiple of it: num_processes /
+  /// stages data-parallel replicas of the pipeline, rank = stage x replicas + replica.
   int stages = 1;
   /// `micro_batches`: micro-batches per optimizer step; 0 means gradient_accumulation_steps.
   int micro_batches = 0;

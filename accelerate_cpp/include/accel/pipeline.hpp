@@ -130,6 +130,19 @@ class PipelineEngine {
   /// The statistics of the last train_step on this rank (zero before the first).
   const StepStats& last_step_stats() const noexcept { return stats_; }
 
+  /// What runs around each micro-batch's backward during train_step (the Accelerator's data-parallel
+  /// backends and loss scaling plug in here).
+  struct BackwardHooks {
+    /// Before / after the backward of each micro-batch on this stage; `last` is true for the stage's last
+    /// backward of the step, after which its gradients hold the whole batch's (a data-parallel backend
+    /// reduces them then, and only then).
+    std::function<void(bool last)> before, after;
+    /// The factor the last stage multiplies each micro-batch's loss by before its backward (fp16 loss
+    /// scaling); empty: 1. The returned mean loss is unscaled.
+    std::function<double()> loss_scale;
+  };
+  void set_backward_hooks(BackwardHooks hooks) { hooks_ = std::move(hooks); }
+
   Schedule schedule() const noexcept { return schedule_; }
   int micro_batches() const noexcept { return micro_batches_; }
 
@@ -146,6 +159,7 @@ class PipelineEngine {
   Schedule schedule_;
   int micro_batches_;
   int peak_live_ = 0;
+  BackwardHooks hooks_;
   StepStats stats_;
   std::string failed_;  ///< the error of a failed step; non-empty: no further steps
   /// After a failure: the abort messages to the neighbours and the step's pending sends, kept alive so that
