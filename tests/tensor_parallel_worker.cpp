@@ -1,0 +1,436 @@
+// One rank of the tensor-parallel tests. CTest starts it on 2 or 3 ranks (4 for tp x dp) through
+// accel-launch; each rank builds the parallel layers from the same full layers as an unsplit reference in
+// this same process and checks outputs, gradients (its slice of the full gradient) and weights after SGD
+// steps against it. The scenario runs as the one Catch2 test case of the process (as pipeline_worker).
+//
+//   tensor_parallel_worker mlp          Column -> GELU -> Row against Linear -> GELU -> Linear; seeded layers
+//   tensor_parallel_worker embedding    VocabParallelEmbedding against torch::nn::Embedding
+//   tensor_parallel_worker count        one all-reduce in forward and one in backward per Column-Row pair
+//   tensor_parallel_worker bad_size     sizes not divisible by the group, wrong inputs: UsageError
+//   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <accel/communicator.hpp>
+#include <accel/errors.hpp>
+#include <accel/tensor_parallel.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "dist_common.hpp"
+#include "scenario_main.hpp"
+
+// <torch/torch.h> redefines CHECK as a fatal check that aborts the process: use CHECK_MSG (Catch2) here.
+
+namespace {
+
+using accel::Collective;
+using accel::Communicator;
+using accel::UsageError;
+using namespace accel::tp;
+
+constexpr std::int64_t kIn = 8, kHidden = 24, kOut = 6, kBatch = 8;
+constexpr double kTol = 1e-5;
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+std::shared_ptr<Communicator> communicator() {
+  accel::CommunicatorOptions options;
+  options.timeout = kTimeout;
+  return Communicator::create(accel::ProcessState::from_environment(), torch::kCPU, options);
+}
+
+// The message of the UsageError `f` throws; "no error" / "other: ..." otherwise.
+std::string usage_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tol = kTol) {
+  return a.defined() && b.defined() && a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
+}
+
+torch::nn::Linear seeded_linear(std::uint64_t seed, std::int64_t in, std::int64_t out) {
+  torch::manual_seed(seed);
+  return torch::nn::Linear(in, out);
+}
+
+// The unsplit MLP, and the tensor-parallel one cut from the same full layers.
+struct Mlps {
+  torch::nn::Linear full1, full2;
+  torch::nn::Sequential reference, parallel;
+  ColumnParallelLinear column{nullptr};
+  RowParallelLinear row{nullptr};
+};
+
+Mlps make_mlps(const std::shared_ptr<Communicator>& comm, bool gather = false) {
+  Mlps m{seeded_linear(1, kIn, kHidden), seeded_linear(2, kHidden, kOut), {}, {}};
+  m.reference = torch::nn::Sequential(m.full1, torch::nn::GELU(), m.full2);
+  m.column = ColumnParallelLinear(m.full1, comm, /*gather_output=*/gather);
+  m.row = RowParallelLinear(m.full2, comm, /*input_is_parallel=*/!gather);
+  m.parallel = torch::nn::Sequential(m.column, torch::nn::GELU(), m.row);
+  return m;
+}
+
+// Each parallel parameter's value (and gradient) against its slice of the reference's.
+void compare_parameters(const std::string& what, Mlps& m, bool grads) {
+  const auto c0 = m.column->first_row(), cn = m.column->local_rows();
+  const auto r0 = m.row->first_column(), rn = m.row->local_columns();
+  // name, this rank's parameter, the full one, and the slice of it (dimension, first, count; dimension -1:
+  // all of it).
+  struct Slice {
+    std::string name;
+    torch::Tensor mine, full;
+    std::int64_t dim, first, count;
+  };
+  const std::vector<Slice> slices{{"column weight", m.column->weight, m.full1->weight, 0, c0, cn},
+                                  {"column bias", m.column->bias, m.full1->bias, 0, c0, cn},
+                                  {"row weight", m.row->weight, m.full2->weight, 1, r0, rn},
+                                  {"row bias", m.row->bias, m.full2->bias, -1, 0, 0}};
+  for (const auto& s : slices) {
+    const auto cut = [&](const torch::Tensor& t) {
+      return s.dim < 0 ? t : t.narrow(s.dim, s.first, s.count);
+    };
+    CHECK_MSG(close(s.mine, cut(s.full)),
+              what << ": " << s.name << " differs from its slice of the full layer");
+    if (grads) {
+      CHECK_MSG(close(s.mine.grad(), cut(s.full.grad())),
+                what << ": gradient of " << s.name << " differs from its slice of the full gradient");
+    }
+  }
+}
+
+void train_and_compare(const std::string& what, Mlps& m) {
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("{}, step {}", what, step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    auto x_ref = x.clone().requires_grad_(true), x_par = x.clone().requires_grad_(true);
+    auto out_ref = m.reference->forward(x_ref), out = m.parallel->forward(x_par);
+    CHECK_MSG(close(out, out_ref), at << ": output differs from the unsplit MLP's");
+    torch::mse_loss(out_ref, y).backward();
+    torch::mse_loss(out, y).backward();
+    CHECK_MSG(close(x_par.grad(), x_ref.grad()), at << ": input gradient differs");
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+}
+
+void mlp() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+
+  {
+    auto m = make_mlps(comm);
+    std::vector<std::string> names;
+    for (const auto& item : m.parallel->named_parameters())
+      names.push_back(item.key());
+    CHECK_MSG((names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}),
+              "names " << fmt::format("{}", fmt::join(names, ",")));
+    CHECK_MSG((m.column->first_row() == r * kHidden / n && m.column->local_rows() == kHidden / n),
+              "column rows");
+    CHECK_MSG((m.row->first_column() == r * kHidden / n && m.row->local_columns() == kHidden / n),
+              "row columns");
+    CHECK_MSG(m.column->weight.sizes() == torch::IntArrayRef({kHidden / n, kIn}), "column weight shape");
+    CHECK_MSG(m.row->weight.sizes() == torch::IntArrayRef({kOut, kHidden / n}), "row weight shape");
+    train_and_compare("column -> row", m);
+  }
+  {
+    auto m = make_mlps(comm, /*gather=*/true);
+    train_and_compare("column with gather_output -> row without input_is_parallel", m);
+  }
+
+  // Seeded layers hold the slices of torch::nn::Linear built after torch::manual_seed(seed), and leave the
+  // global generator where it was; unseeded ones draw the full layer from the global generator.
+  torch::manual_seed(42);
+  ColumnParallelLinear column(ColumnParallelLinearOptions(kIn, kHidden).seed(1), comm);
+  RowParallelLinear row(RowParallelLinearOptions(kHidden, kOut).seed(2), comm);
+  VocabParallelEmbedding embedding(VocabParallelEmbeddingOptions(kHidden, 5).seed(3), comm);
+  const auto after = torch::rand({4});
+  torch::manual_seed(42);
+  CHECK_MSG(torch::equal(after, torch::rand({4})), "a seeded layer moved the global generator");
+  const auto full1 = seeded_linear(1, kIn, kHidden), full2 = seeded_linear(2, kHidden, kOut);
+  torch::manual_seed(3);
+  const torch::nn::Embedding full_embedding(kHidden, 5);
+  const auto k = kHidden / n;
+  CHECK_MSG(torch::equal(column->weight, full1->weight.narrow(0, r * k, k)) &&
+                torch::equal(column->bias, full1->bias.narrow(0, r * k, k)),
+            "seeded column layer: not the slice of Linear after manual_seed(1)");
+  CHECK_MSG(
+      torch::equal(row->weight, full2->weight.narrow(1, r * k, k)) && torch::equal(row->bias, full2->bias),
+      "seeded row layer: not the slice of Linear after manual_seed(2)");
+  CHECK_MSG(torch::equal(embedding->weight, full_embedding->weight.narrow(0, r * k, k)),
+            "seeded embedding: not the slice of Embedding after manual_seed(3)");
+  // Every rank's slices side by side are the full layer: N ranks start where one process starts.
+  CHECK_MSG(torch::equal(comm->all_gather(column->weight), full1->weight), "gathered column weight");
+  CHECK_MSG(torch::equal(comm->all_gather(row->weight.t().contiguous()).t(), full2->weight),
+            "gathered row weight");
+  torch::manual_seed(5);
+  ColumnParallelLinear unseeded(ColumnParallelLinearOptions(kIn, kHidden).bias(false), comm);
+  torch::manual_seed(5);
+  const torch::nn::Linear unseeded_full(torch::nn::LinearOptions(kIn, kHidden).bias(false));
+  CHECK_MSG(
+      torch::equal(unseeded->weight, unseeded_full->weight.narrow(0, r * k, k)) && !unseeded->bias.defined(),
+      "unseeded column layer: not the slice of Linear drawn from the global generator");
+
+  // reset_parameters draws the same full layer again; clone() copies the slices and keeps the group.
+  {
+    torch::NoGradGuard no_grad;
+    column->weight.zero_();
+  }
+  column->reset_parameters();
+  CHECK_MSG(torch::equal(column->weight, full1->weight.narrow(0, r * k, k)), "reset_parameters");
+  auto copy = std::dynamic_pointer_cast<ColumnParallelLinearImpl>(column->clone());
+  REQUIRE(copy);
+  CHECK_MSG(
+      (torch::equal(copy->weight, column->weight) && copy->weight.data_ptr() != column->weight.data_ptr()),
+      "clone: a copy of the weight");
+  CHECK_MSG((copy->communicator() == comm && copy->first_row() == column->first_row()),
+            "clone: same group and rows");
+  std::ostringstream printed;
+  printed << *row;
+  CHECK_MSG(contains(printed.str(),
+                     fmt::format("accel::tp::RowParallelLinear(in_features={}, out_features={}, "
+                                 "bias=true, input_is_parallel=true, columns [{}, {}) on rank {} of {})",
+                                 kHidden, kOut, r * k, (r + 1) * k, r, n)),
+            "printed " << printed.str());
+}
+
+void embedding() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+  constexpr std::int64_t kVocab = 24, kDim = 5;
+  const auto k = kVocab / n;
+  torch::manual_seed(3);
+  torch::nn::Embedding full(kVocab, kDim);
+  VocabParallelEmbedding parallel(full, comm);
+  CHECK_MSG((parallel->first_row() == r * k && parallel->local_rows() == k), "embedding rows");
+  CHECK_MSG(torch::equal(parallel->weight, full->weight.narrow(0, r * k, k)), "embedding slice");
+
+  torch::manual_seed(11);
+  const auto ids = torch::randint(0, kVocab, {3, 7}, torch::kLong);
+  const auto w = torch::randn({3, 7, kDim});
+  torch::optim::SGD ref_opt(full->parameters(), 0.5), opt(parallel->parameters(), 0.5);
+  for (int step = 0; step < 2; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    comm->reset_counters();
+    auto out = parallel->forward(ids);
+    CHECK_MSG(comm->bytes(Collective::AllReduce).calls == 1,
+              "step " << step << ": forward all-reduces " << comm->bytes(Collective::AllReduce).calls);
+    const auto out_ref = full->forward(ids);
+    CHECK_MSG(close(out, out_ref), "step " << step << ": embedding output differs");
+    (out_ref * w).sum().backward();
+    comm->reset_counters();
+    (out * w).sum().backward();
+    CHECK_MSG(comm->bytes(Collective::AllReduce).calls == 0,
+              "backward all-reduces " << comm->bytes(Collective::AllReduce).calls);
+    CHECK_MSG(close(parallel->weight.grad(), full->weight.grad().narrow(0, r * k, k)),
+              "step " << step << ": embedding gradient differs from its slice");
+    ref_opt.step();
+    opt.step();
+    CHECK_MSG(close(parallel->weight, full->weight.narrow(0, r * k, k)),
+              "step " << step << ": weights differ");
+  }
+
+  // Errors, alike on every rank (the ids are the same everywhere), before any collective.
+  auto msg = usage_error_of([&] {
+    parallel->forward(torch::tensor(std::vector<std::int64_t>{1, kVocab, 2}));
+  });
+  CHECK_MSG(contains(msg, "accel::tp::VocabParallelEmbedding: id 24 is outside the vocabulary [0, 24)"), msg);
+  msg = usage_error_of([&] { parallel->forward(torch::tensor({-1, 2})); });
+  CHECK_MSG(contains(msg, "id -1 is outside the vocabulary"), msg);
+  msg = usage_error_of([&] { parallel->forward(torch::tensor({1.0, 2.0})); });
+  CHECK_MSG(contains(msg, "ids of type Float; pass integer ids"), msg);
+  msg = usage_error_of([&] {
+    VocabParallelEmbedding(torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kDim).padding_idx(0)),
+                           comm);
+  });
+  CHECK_MSG(contains(msg, "the full embedding has padding_idx 0"), msg);
+}
+
+void count() {
+  auto comm = communicator();
+  auto m = make_mlps(comm);
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}).requires_grad_(true);
+  const auto all_reduce = [&] { return comm->bytes(Collective::AllReduce); };
+
+  comm->reset_counters();
+  auto out = m.parallel->forward(x);
+  CHECK_MSG(all_reduce().calls == 1, "forward: " << all_reduce().calls << " all-reduces");
+  CHECK_MSG(all_reduce().payload == kBatch * kOut * 4, "forward payload " << all_reduce().payload);
+  CHECK_MSG(comm->total_wire_bytes() == all_reduce().wire, "forward: only all-reduces");
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 1, "backward: " << all_reduce().calls << " all-reduces");
+  CHECK_MSG(all_reduce().payload == kBatch * kIn * 4, "backward payload " << all_reduce().payload);
+  CHECK_MSG(comm->total_wire_bytes() == all_reduce().wire, "backward: only all-reduces");
+
+  // An input that needs no gradient (the first layer of a model): forward's all-reduce, none in backward.
+  comm->reset_counters();
+  out = m.parallel->forward(x.detach());
+  CHECK_MSG(all_reduce().calls == 1, "forward all-reduces " << all_reduce().calls);
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 0,
+            "no input gradient: " << all_reduce().calls << " all-reduces in backward");
+
+  // Two pairs: two each way.
+  torch::nn::Sequential two(m.column, torch::nn::GELU(), m.row,
+                            ColumnParallelLinear(seeded_linear(4, kOut, kHidden), comm), torch::nn::GELU(),
+                            RowParallelLinear(seeded_linear(5, kHidden, kOut), comm));
+  comm->reset_counters();
+  out = two->forward(x);
+  CHECK_MSG(all_reduce().calls == 2, "two pairs, forward: " << all_reduce().calls);
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 2, "two pairs, backward: " << all_reduce().calls);
+
+  // Gathered output and scattered input: one all-gather each way instead (and the all-reduces as above).
+  auto g = make_mlps(comm, /*gather=*/true);
+  comm->reset_counters();
+  out = g.parallel->forward(x);
+  CHECK_MSG((all_reduce().calls == 1 && comm->bytes(Collective::AllGather).calls == 1),
+            "gathered, forward: " << all_reduce().calls << " all-reduces, "
+                                  << comm->bytes(Collective::AllGather).calls << " all-gathers");
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG((all_reduce().calls == 1 && comm->bytes(Collective::AllGather).calls == 1),
+            "gathered, backward: " << all_reduce().calls << " all-reduces, "
+                                   << comm->bytes(Collective::AllGather).calls << " all-gathers");
+
+  // One process: the same layers hold everything and compute the unsplit MLP.
+  auto solo = Communicator::create(accel::ProcessState(), torch::kCPU);
+  auto one = make_mlps(solo);
+  CHECK_MSG(close(one.parallel->forward(x), one.reference->forward(x)),
+            "one process: output differs from the unsplit MLP");
+  CHECK_MSG((one.column->local_rows() == kHidden && one.row->local_columns() == kHidden),
+            "one process holds every row and column");
+}
+
+void bad_size() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+  const std::int64_t odd = 4 * n + 1;
+  auto msg = usage_error_of([&] { ColumnParallelLinear(ColumnParallelLinearOptions(kIn, odd), comm); });
+  CHECK_MSG(
+      contains(msg, fmt::format("accel::tp::ColumnParallelLinear: out_features {} is not divisible by the "
+                                "tensor-parallel size {} (rank {} of the group); make out_features a "
+                                "multiple of {} (e.g. {})",
+                                odd, n, r, n, 5 * n)),
+      msg);
+  msg = usage_error_of([&] { RowParallelLinear(torch::nn::Linear(odd, kOut), comm); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::RowParallelLinear: in_features {} is not divisible by the "
+                                      "tensor-parallel size {}",
+                                      odd, n)),
+            msg);
+  msg = usage_error_of([&] { VocabParallelEmbedding(VocabParallelEmbeddingOptions(odd, 4), comm); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::VocabParallelEmbedding: num_embeddings {} is not divisible",
+                                      odd)),
+            msg);
+  msg = usage_error_of([&] { ColumnParallelLinear(ColumnParallelLinearOptions(kIn, kHidden), nullptr); });
+  CHECK_MSG(contains(msg, "accel::tp::ColumnParallelLinear: the tensor-parallel communicator is null"), msg);
+  msg = usage_error_of([&] { RowParallelLinear(RowParallelLinearOptions(kHidden, 0), comm); });
+  CHECK_MSG(contains(msg, "accel::tp::RowParallelLinear: out_features is 0; it must be positive"), msg);
+
+  // Inputs of the wrong width are refused before any collective, alike on every rank.
+  auto m = make_mlps(comm);
+  msg = usage_error_of([&] { m.column->forward(torch::randn({2, kIn - 1})); });
+  CHECK_MSG(
+      contains(msg, fmt::format("accel::tp::ColumnParallelLinear: input of shape [2, {}] where the last "
+                                "dimension must be {} (in_features)",
+                                kIn - 1, kIn)),
+      msg);
+  msg = usage_error_of([&] { m.row->forward(torch::randn({2, kHidden})); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::RowParallelLinear: input of shape [2, {}] where the last "
+                                      "dimension must be {} (in_features / tensor-parallel size",
+                                      kHidden, kHidden / n)),
+            msg);
+  msg = usage_error_of([&] { scatter_to_tensor_parallel(torch::randn({2, odd}), comm); });
+  CHECK_MSG(contains(msg, fmt::format("the input's last dimension {} is not divisible", odd)), msg);
+  // The group still works afterwards (nobody was left inside a collective).
+  auto t = torch::ones({1});
+  comm->all_reduce(t, accel::ReduceOp::Sum);
+  CHECK_MSG(t.item<float>() == static_cast<float>(n), "the group after the errors: sum " << t.item<float>());
+}
+
+// 2-way tensor x 2-way data parallel on 4 ranks, rank = dp_index * tp + tp_index: tensor-parallel groups
+// {0,1},{2,3}, data-parallel groups {0,2},{1,3}. Each replica takes half the batch; gradients are averaged
+// over the data-parallel group; the weights follow one process with the whole batch.
+void tp_dp() {
+  auto comm = communicator();
+  REQUIRE(comm->world_size() == 4);
+  constexpr int kTp = 2, kDp = 2;
+  const int r = comm->rank(), tp_index = r % kTp, dp_index = r / kTp;
+  auto tp = comm->split({{0, 1}, {2, 3}});
+  auto dp = comm->split({{0, 2}, {1, 3}});
+  REQUIRE((tp->rank() == tp_index && tp->world_size() == kTp && dp->rank() == dp_index &&
+           dp->world_size() == kDp));
+  auto m = make_mlps(tp);
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+  const auto rows = kBatch / kDp;
+  const auto my_x = x.narrow(0, dp_index * rows, rows), my_y = y.narrow(0, dp_index * rows, rows);
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("tp x dp, step {}", step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    auto out_ref = m.reference->forward(x);
+    torch::mse_loss(out_ref, y).backward();
+    tp->reset_counters();
+    dp->reset_counters();
+    auto out = m.parallel->forward(my_x);
+    CHECK_MSG(close(out, out_ref.narrow(0, dp_index * rows, rows)), at << ": output rows differ");
+    torch::mse_loss(out, my_y).backward();
+    // The first layer's input needs no gradient: the tensor-parallel group all-reduced once (forward).
+    CHECK_MSG(tp->bytes(Collective::AllReduce).calls == 1,
+              at << ": tp all-reduces " << tp->bytes(Collective::AllReduce).calls);
+    for (auto& p : m.parallel->parameters()) {
+      auto& grad = p.mutable_grad();
+      dp->all_reduce(grad, accel::ReduceOp::Sum);
+      grad.div_(kDp);
+    }
+    CHECK_MSG(dp->bytes(Collective::AllReduce).calls == 4,
+              "dp all-reduces " << dp->bytes(Collective::AllReduce).calls);
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, std::function<void()>> scenarios{
+      {"mlp", mlp}, {"embedding", embedding}, {"count", count}, {"bad_size", bad_size}, {"tp_dp", tp_dp}};
+  if (argc != 2 || scenarios.count(argv[1]) == 0) {
+    std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp>" << std::endl;
+    return 2;
+  }
+  return worker::run_scenario(argv[0], argv[1], scenarios.at(argv[1]));
+}
