@@ -3,6 +3,9 @@
 
 #include "questionnaire.hpp"
 
+#include <accel/errors.hpp>
+#include <accel/pipeline_schedule.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -60,6 +63,73 @@ bool parse_int(const std::string& answer, Int min, Int max, Int& value, std::str
 
 std::string quoted(const std::string& text) {
   return "'" + text + "'";
+}
+
+// Why a pipeline cannot run with this backend's settings, as the Accelerator refuses it at prepare_pipeline
+// (refuse_sharding_with_pipeline): sharded gradients or parameters would be reduced once per micro-batch.
+std::optional<std::string> pipeline_refusal(const Config& c) {
+  std::string what;
+  if (c.backend == "zero" && c.zero.stage >= 2) what = "zero with zero_stage " + std::to_string(c.zero.stage);
+  if (c.backend == "fsdp" && c.fsdp.sharding_strategy != ShardingStrategy::NoShard)
+    what = "fsdp with " + to_string(c.fsdp.sharding_strategy);
+  if (what.empty()) return std::nullopt;
+  return "backend " + what +
+         " shards gradients or parameters, which a pipeline refuses (as DeepSpeed: they would be "
+         "communicated once per micro-batch); answer no, or run accel-launch config again with ddp, zero "
+         "stage 1 or fsdp NO_SHARD";
+}
+
+// The pipeline_config: questions (asked when a distributed backend runs several processes).
+void ask_pipeline(Prompter& prompter, Config& config) {
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  const size_t use = prompter.ask_choice(
+      "Do you want to use pipeline parallelism (a torch::nn::Sequential cut into stages, "
+      "accelerator.prepare_pipeline)?",
+      {{"no", "", {"n", "false"}}, {"yes", "", {"y", "true"}}}, 0,
+      [&config](size_t index) { return index == 1 ? pipeline_refusal(config) : std::nullopt; });
+  if (use == 0) return;
+  const int processes = config.num_processes;
+  config.pipeline.stages = prompter.ask_int(
+      "How many pipeline stages (num_processes must be a multiple: num_processes / stages data-parallel "
+      "replicas of each stage)?",
+      processes, 2, processes, [processes](int stages) -> std::optional<std::string> {
+        if (processes % stages != 0) {
+          return std::to_string(processes) + " processes do not split into " + std::to_string(stages) +
+                 " stages: the number of stages must divide num_processes (" + std::to_string(processes) +
+                 ")";
+        }
+        return std::nullopt;
+      });
+  config.pipeline.micro_batches =
+      prompter.ask_int("How many micro-batches per optimizer step (0: gradient_accumulation_steps, here " +
+                           std::to_string(config.gradient_accumulation_steps) +
+                           "; at least as many as stages keeps the bubble small)?",
+                       0, 0, kIntMax);
+  config.pipeline.schedule =
+      prompter.ask_choice(
+          "Which pipeline schedule?",
+          {{"1f1b", "one forward one backward: stage s holds at most stages - s micro-batches"},
+           {"gpipe", "all forwards, then all backwards: every stage holds all micro-batches"}},
+          0) == 0
+          ? pipeline::Schedule::OneFOneB
+          : pipeline::Schedule::GPipe;
+  const int stages = config.pipeline.stages;
+  std::string partition = prompter.ask_text(
+      "How should the layers be split into stages: parameters (balanced by parameter count), uniform, "
+      "type:<regex> (balances the layers whose type matches), or layer boundaries such as 0,3,6?",
+      std::string("parameters"), [stages](const std::string& answer) -> std::optional<std::string> {
+        if (normalize(answer) == "balanced") return std::nullopt;
+        try {
+          const auto method = pipeline::parse_partition(answer);
+          if (method.kind == pipeline::PartitionMethod::Kind::Explicit && !method.boundaries.empty())
+            pipeline::partition_explicit(method.boundaries, method.boundaries.back(), stages);
+        } catch (const ConfigError& e) {
+          return std::string(e.what());
+        }
+        return std::nullopt;
+      });
+  if (normalize(partition) == "balanced") partition = "parameters";
+  config.pipeline.partition = partition;
 }
 
 }  // namespace
@@ -332,6 +402,7 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
         "Should every collective first check that all ranks pass matching shapes (turns hangs into errors, "
         "but is slower)?",
         false);
+    if (config.num_processes > 1) ask_pipeline(prompter, config);
   }
   config.validate();
   return config;

@@ -79,9 +79,10 @@ class Prompter final : public Questions {
 /// apply: compute environment (and for several machines: count, this machine's rank, main process IP and
 /// port), backend (the list of `config_backends()`), CPU only, number of processes, the chosen backend's own
 /// questions (`BackendInfo::ask_settings`: FSDP or ZeRO settings), gradient accumulation steps, mixed
-/// precision, debug checks of collectives. Returns a validated Config.
-/// Throws ConfigError when a question gets no valid answer within `options.max_attempts`, UsageError when the
-/// input ends before a question that has no default.
+/// precision, debug checks of collectives, and with several processes pipeline parallelism (stages, which
+/// must divide num_processes; micro-batches; schedule; partition; refused for backends that shard gradients
+/// or parameters). Returns a validated Config. Throws ConfigError when a question gets no valid answer within
+/// `options.max_attempts`, UsageError when the input ends before a question that has no default.
 Config run_questionnaire(std::istream& in, std::ostream& out, const QuestionnaireOptions& options = {});
 
 /// The config `accel-launch config default` writes: the `local` backend for one process, `ddp` for more.

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -200,6 +201,98 @@ TEST_CASE("config command: multi-machine", "[config_command]") {
   CHECK(session.output.find("How many processes will you use in total (across all machines)? [4]: 8") !=
         std::string::npos);
   require_round_trip(session.config);
+}
+
+TEST_CASE("config command: pipeline parallelism", "[config_command]") {
+  // environment, backend, CPU only, processes, accumulation, mixed precision, debug, then the pipeline.
+  const Session session = answer("\nddp\n\n4\n2\n\n\nyes\n2\n8\ngpipe\n0,3,6\n");
+  Config expected;
+  expected.backend = "ddp";
+  expected.num_processes = 4;
+  expected.gradient_accumulation_steps = 2;
+  expected.pipeline.stages = 2;  // 2 data-parallel replicas of each stage
+  expected.pipeline.micro_batches = 8;
+  expected.pipeline.schedule = accel::pipeline::Schedule::GPipe;
+  expected.pipeline.partition = "0,3,6";
+  CHECK(session.config == expected);
+  CHECK(session.output.find("How many micro-batches per optimizer step (0: gradient_accumulation_steps, here "
+                            "2; at least as many as stages keeps the bubble small)? [0]: 8") !=
+        std::string::npos);
+  require_round_trip(session.config);
+  ScratchDir dir;
+  session.config.save_file(dir.file("pipeline.yaml"));
+  std::ifstream written(dir.file("pipeline.yaml"));
+  const std::string yaml((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
+  CHECK(yaml.find("pipeline_config:\n  stages: 2\n  micro_batches: 8\n  schedule: gpipe\n  partition: "
+                  "'0,3,6'\n") != std::string::npos);
+
+  SECTION("the defaults: one stage per process, 1F1B, balanced by parameters") {
+    const Session defaults = answer("\nddp\n\n2\n\n\n\ny\n");
+    Config two;
+    two.backend = "ddp";
+    two.num_processes = 2;
+    two.pipeline.stages = 2;
+    CHECK(defaults.config == two);
+    CHECK(defaults.output.find("How many pipeline stages (num_processes must be a multiple: num_processes / "
+                               "stages data-parallel replicas of each stage)? [2]: 2 (default") !=
+          std::string::npos);
+    require_round_trip(defaults.config);
+  }
+  SECTION("no pipeline: the section stays out of the YAML") {
+    const Session no = answer("\nddp\n\n2\n\n\n\n\n");
+    CHECK(no.config.pipeline == accel::PipelineConfig{});
+    CHECK(no.output.find("How many pipeline stages") == std::string::npos);
+  }
+  SECTION("one process is not asked") {
+    const Session one = answer("\nddp\n\n1\n\n\n\n");
+    CHECK(one.output.find("pipeline parallelism") == std::string::npos);
+  }
+  SECTION("'balanced' is the parameters partition") {
+    const Session balanced = answer("\nddp\n\n2\n\n\n\nyes\n\n\n\nbalanced\n");
+    CHECK(balanced.config.pipeline.partition == "parameters");
+    CHECK(balanced.config.pipeline.schedule == accel::pipeline::Schedule::OneFOneB);
+  }
+  SECTION("bad answers are explained and asked again") {
+    const Session bad = answer(
+        "\nddp\n\n6\n\n\n\nyes\n"
+        "4\n"        // does not divide 6
+        "1\n"        // a pipeline has at least 2 stages
+        "7\n"        // more stages than processes
+        "3\n"        //
+        "-1\n"       // micro-batches
+        "\n"         //
+        "zigzag\n"   // no such schedule
+        "1f1b\n"     //
+        "0,3\n"      // 2 boundaries for 3 stages
+        "layers\n"   // not a partition
+        "type:\n"    // no regex
+        "0,2,4,6\n"  //
+    );
+    const std::string& out = bad.output;
+    CHECK(out.find("Error: 6 processes do not split into 4 stages: the number of stages must divide "
+                   "num_processes (6)\n") != std::string::npos);
+    CHECK(out.find("Error: 1 is out of range: enter a number from 2 to 6\n") != std::string::npos);
+    CHECK(out.find("Error: 7 is out of range: enter a number from 2 to 6\n") != std::string::npos);
+    CHECK(out.find("Error: -1 is too small: enter a number of at least 0\n") != std::string::npos);
+    CHECK(out.find("Error: 'zigzag' is not one of the choices: enter a number from 0 to 1 or one of 1f1b, "
+                   "gpipe\n") != std::string::npos);
+    CHECK(out.find("Error: pipeline: partition 0,3 has 2 boundaries; 3 stages need 4") != std::string::npos);
+    CHECK(out.find("Error: pipeline: partition 'layers' is not parameters, uniform, type:<regex> or "
+                   "comma-separated layer boundaries such as 0,3,6\n") != std::string::npos);
+    CHECK(count(out, "is not parameters, uniform, type:<regex>") == 2);
+    CHECK(bad.config.pipeline.stages == 3);
+    CHECK(bad.config.pipeline.micro_batches == 0);
+    CHECK(bad.config.pipeline.partition == "0,2,4,6");
+    require_round_trip(bad.config);
+  }
+  SECTION("a backend that shards gradients is refused with the reason") {
+    // zero: environment, backend, CPU only, processes, stage 2, offload optimizer, activation checkpointing,
+    // accumulation, mixed precision, debug.
+    const Session zero = answer("\nzero\n\n\n\n\n\n\n\n\nyes\nno\n");
+    CHECK(zero.output.find("Error: backend zero with zero_stage 2 shards gradients or parameters, which a "
+                           "pipeline refuses") != std::string::npos);
+    CHECK(zero.config.pipeline.stages == 1);
+  }
 }
 
 TEST_CASE("config command: bad answers are explained and asked again", "[config_command]") {
