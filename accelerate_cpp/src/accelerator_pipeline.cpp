@@ -15,14 +15,6 @@ const char* const Accelerator::kPipelineLoaderMessage =
     "targets), but accelerator.prepare_data_loader() gives each rank its own batches: read the data with "
     "torch::data::make_data_loader on every rank instead";
 
-const char* const Accelerator::kPipelineSaveAdvice =
-    "save each stage's stage.named_parameters() (the whole model's names) with torch::save";
-
-void Accelerator::refuse_with_pipeline(const char* what, const char* why) const {
-  if (pipeline_engine_)
-    throw UnsupportedOperation(fmt::format("{} is not supported with a pipeline yet; {}", what, why));
-}
-
 namespace {
 
 torch::Tensor on(const torch::Tensor& t, torch::Device device) {

@@ -67,11 +67,12 @@ detail::StateParts Accelerator::state_parts() {
   parts.backend = backend_name();
   parts.shards_optimizer_state = capabilities().shards_optimizer_state;
   parts.mixed_precision = config_.mixed_precision;
+  if (pipeline_engine_)
+    parts.pipeline = detail::StateParts::Pipeline{config_.pipeline.stages, data_comm_.get()};
   return parts;
 }
 
 void Accelerator::save_state(const std::string& dir) {
-  refuse_with_pipeline("save_state", kPipelineSaveAdvice);
   sync_parameters();  // collective: the models must be current before rank 0 writes them
   detail::TrainingCounters counters;
   counters.micro_steps = micro_steps_;
@@ -81,7 +82,6 @@ void Accelerator::save_state(const std::string& dir) {
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  refuse_with_pipeline("load_state", kPipelineSaveAdvice);
   const auto counters = detail::StateIO(state_parts()).load(dir, load_hooks_);
   micro_steps_ = counters.micro_steps;
   cycle_position_ = counters.cycle_position;

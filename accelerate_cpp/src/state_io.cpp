@@ -122,8 +122,160 @@ void StateIO::save(const std::string& dir, const TrainingCounters& counters,
   p_.comm->barrier();
 }
 
+namespace {
+
+// The global layer a pipeline stage's tensor or optimizer key belongs to: "3.weight", "3.weight/exp_avg"
+// -> 3.
+int layer_of(const std::string& name) {
+  const auto dot = name.find('.');
+  try {
+    if (dot != std::string::npos && dot > 0) return std::stoi(name.substr(0, dot));
+  } catch (const std::exception&) {
+  }
+  throw CheckpointError(fmt::format(
+      "save_state with a pipeline: '{}' is not named by its global layer (\"3.weight\"); only the stage "
+      "model of prepare_pipeline is saved per layer",
+      name));
+}
+
+std::string layer_file(int layer) {
+  return fmt::format("layers/layer_{}.safetensors", layer);
+}
+
+std::string optimizer_layer_file(std::size_t optimizer, int layer) {
+  return fmt::format("layers/optimizer_{}_layer_{}.safetensors", optimizer, layer);
+}
+
+}  // namespace
+
+void StateIO::write_layer_files(const std::string& tmp_dir) {
+  const fs::path tmp = tmp_dir;
+  if (p_.models.size() != 1) {
+    throw UnsupportedOperation(
+        fmt::format("save_state with a pipeline saves the stage model only, but {} models are prepared; "
+                    "prepare the other "
+                    "models with another Accelerator",
+                    p_.models.size()));
+  }
+  Communicator& replicas = *p_.pipeline->replicas;
+  const bool writer = replicas.rank() == 0;
+  // Collective over the stage's replicas (zero stage 1 gathers its optimizer shards); the first writes.
+  const auto state = p_.models[0].engine->model_state();
+  std::vector<NamedTensors> optimizer_states;
+  const auto shapes = parameter_shapes(modules());
+  for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
+    const auto l = layouts(o);
+    if (optimizer_kind(*p_.optimizers[o]).empty() || l.empty()) {
+      throw UnsupportedOperation(
+          "save_state with a pipeline writes the optimizer state per layer, which is done for LibTorch's "
+          "Adam, AdamW, SGD, RMSprop and Adagrad over the stage's parameters only; use one of them");
+    }
+    optimizer_states.push_back(consolidate_optimizer_state(
+        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return replicas.all_gather(t); },
+        writer));
+  }
+  if (!writer) return;
+  fs::create_directories(tmp / "layers");
+  std::map<int, NamedTensors> layers;
+  for (const auto& [name, t] : state)
+    layers[layer_of(name)].emplace_back(name, t);
+  for (const auto& [layer, tensors] : layers) {
+    write_tensors((tmp / layer_file(layer)).string(), tensors,
+                  {{"format", "pt"}, {"layer", std::to_string(layer)}});
+  }
+  for (std::size_t o = 0; o < optimizer_states.size(); ++o) {
+    NamedTensors groups;  // "param_groups/<g>/lr": in every layer's file
+    std::map<int, NamedTensors> per_layer;
+    for (const auto& [key, t] : optimizer_states[o]) {
+      if (key.rfind("param_groups/", 0) == 0) {
+        groups.emplace_back(key, t);
+      } else {
+        per_layer[layer_of(key)].emplace_back(key, t);
+      }
+    }
+    for (auto& [layer, tensors] : per_layer) {
+      tensors.insert(tensors.end(), groups.begin(), groups.end());
+      write_tensors((tmp / optimizer_layer_file(o, layer)).string(), tensors,
+                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.optimizers[o])}});
+    }
+  }
+}
+
+void StateIO::load_layer_files(const std::string& dir) {
+  const fs::path root(dir);
+  if (p_.models.size() != 1) {
+    throw UnsupportedOperation(
+        fmt::format("load_state with a pipeline loads the stage model only, but {} models are prepared",
+                    p_.models.size()));
+  }
+  std::map<std::string, safetensors::File> files;
+  auto open = [&](const std::string& relative) -> const safetensors::File* {
+    auto it = files.find(relative);
+    if (it == files.end()) {
+      const auto path = root / relative;
+      if (!fs::exists(path)) return nullptr;
+      it = files.emplace(relative, safetensors::File::open(path.string())).first;
+    }
+    return &it->second;
+  };
+  // Weights: each of this stage's tensors from the file of its layer, whichever stage wrote it.
+  auto& module = *p_.models[0].module;
+  std::map<std::string, torch::Tensor> state;
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters())
+    names.push_back(item.key());
+  for (const auto& item : module.named_buffers())
+    names.push_back(item.key());
+  for (const auto& name : names) {
+    const auto relative = layer_file(layer_of(name));
+    const auto* file = open(relative);
+    if (file == nullptr || !file->contains(name)) {
+      throw CheckpointError(fmt::format(
+          "{}: {} '{}' of this stage; the checkpoint was saved from another model (a pipeline checkpoint "
+          "holds one file per global layer of the Sequential)",
+          (root / relative).string(), file == nullptr ? "missing, so there are no weights for" : "has no",
+          name));
+    }
+    state[name] = read_tensor(*file, name);
+  }
+  p_.models[0].engine->load_model_state(state);
+  // Optimizer state: per parameter from its layer's file; the groups' learning rates from any of them.
+  for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
+    auto& optimizer = *p_.optimizers[o];
+    const auto l = layouts(o);
+    const auto kind = optimizer_kind(optimizer);
+    if (kind.empty() || l.empty()) {
+      throw CheckpointError(
+          "load_state with a pipeline reads per-layer optimizer state, for LibTorch's Adam, AdamW, SGD, "
+          "RMSprop and Adagrad over the stage's parameters only");
+    }
+    const safetensors::File* any = nullptr;
+    for (const auto& name : names) {
+      if (const auto* f = open(optimizer_layer_file(o, layer_of(name)))) {
+        if (require(*f, "optimizer") != kind) {
+          throw CheckpointError(
+              fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}", f->path(),
+                          require(*f, "optimizer"), kind));
+        }
+        if (!any) any = f;
+      }
+    }
+    restore_optimizer_state(optimizer, l, [&](const std::string& key) {
+      const safetensors::File* f =
+          key.rfind("param_groups/", 0) == 0 ? any : open(optimizer_layer_file(o, layer_of(key)));
+      return f != nullptr && f->contains(key) ? read_tensor(*f, key) : torch::Tensor();
+    });
+  }
+}
+
 void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& counters) {
   const fs::path tmp = tmp_dir;
+  if (p_.pipeline) {
+    write_layer_files(tmp_dir);
+    if (p_.rank == 0) write_main_files(tmp_dir, {}, counters);
+    write_random_states(tmp_dir);
+    return;
+  }
   // Collective on every rank (sharded parameters and optimizer state are gathered); rank 0 writes them.
   std::vector<NamedTensors> model_states;
   for (const auto& m : p_.models)
@@ -154,6 +306,11 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
                   (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
     }
   }
+  write_random_states(tmp_dir);
+}
+
+void StateIO::write_random_states(const std::string& tmp_dir) {
+  const fs::path tmp = tmp_dir;
   NamedTensors rng;
   for (const auto& d : rng_devices()) {
     auto gen = at::globalContext().defaultGenerator(d);
@@ -178,7 +335,7 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
     for (const auto& [stem, tensors] : p_.models[i].engine->extra_model_files(model_states[i]))
       write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
   }
-  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.shards_optimizer_state; ++i)
+  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline; ++i)
     torch::save(*p_.optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
 
   NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
@@ -207,17 +364,18 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
     for (auto& [k, v] : p_.scaler->state_dict())
       state.emplace_back("scaler." + k, v);
   }
-  const std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints()},
-                                                {"format", kFormat},
-                                                {"format_version", kFormatVersion},
-                                                {"backend", p_.backend},
-                                                {"world_size", std::to_string(p_.world_size)},
-                                                {"mixed_precision", to_string(p_.mixed_precision)},
-                                                {"models", std::to_string(p_.models.size())},
-                                                {"optimizers", std::to_string(p_.optimizers.size())},
-                                                {"schedulers", std::to_string(p_.schedulers.size())},
-                                                {"loaders", std::to_string(p_.loaders.size())},
-                                                {"custom_objects", std::to_string(p_.objects.size())}};
+  std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints()},
+                                          {"format", kFormat},
+                                          {"format_version", kFormatVersion},
+                                          {"backend", p_.backend},
+                                          {"world_size", std::to_string(p_.world_size)},
+                                          {"mixed_precision", to_string(p_.mixed_precision)},
+                                          {"models", std::to_string(p_.models.size())},
+                                          {"optimizers", std::to_string(p_.optimizers.size())},
+                                          {"schedulers", std::to_string(p_.schedulers.size())},
+                                          {"loaders", std::to_string(p_.loaders.size())},
+                                          {"custom_objects", std::to_string(p_.objects.size())}};
+  if (p_.pipeline) meta["pipeline_stages"] = std::to_string(p_.pipeline->stages);
   write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
 }
 
@@ -267,8 +425,22 @@ TrainingCounters StateIO::load(const std::string& dir,
   const auto saved_backend = require(state_file, "backend");
   // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
   const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
+  const auto saved_stages = state_file.metadata().find("pipeline_stages");
+  const bool saved_pipeline = saved_stages != state_file.metadata().end();
+  if (saved_pipeline != p_.pipeline.has_value()) {
+    throw CheckpointError(
+        saved_pipeline
+            ? fmt::format(
+                  "{}: the checkpoint was saved by a pipeline of {} stage(s) (one file per layer); load "
+                  "it after accelerator.prepare_pipeline(model), with any number of stages",
+                  dir, saved_stages->second)
+            : fmt::format("{}: the checkpoint was saved without a pipeline, and this run has one; load it "
+                          "without prepare_pipeline, or save from a pipeline run",
+                          dir));
+  }
+  // A pipeline's checkpoint is always read per layer: another number of stages is a re-partition.
   const bool convert =
-      saved_world != std::to_string(p_.world_size) || saved_backend != p_.backend ||
+      saved_pipeline || saved_world != std::to_string(p_.world_size) || saved_backend != p_.backend ||
       (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints());
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
@@ -295,11 +467,12 @@ TrainingCounters StateIO::load(const std::string& dir,
     }
   }
 
-  for (std::size_t i = 0; i < p_.models.size(); ++i) {
+  if (p_.pipeline) load_layer_files(dir);
+  for (std::size_t i = 0; i < p_.models.size() && !p_.pipeline; ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
     p_.models[i].engine->load_model_state(read_tensors(f));
   }
-  for (std::size_t i = 0; i < p_.optimizers.size(); ++i) {
+  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.pipeline; ++i) {
     if (convert) {
       const auto path = (root / indexed("optimizer", i, "_full.safetensors")).string();
       if (!fs::exists(path)) {

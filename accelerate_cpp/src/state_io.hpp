@@ -15,6 +15,12 @@
 //   accelerator_state.safetensors                 counters, scaler, schedulers, loader positions + metadata
 //   random_states_<rank>.safetensors              RNG states of each rank
 //   custom_checkpoint_<i>.pt                      objects registered with register_for_checkpointing
+//
+// With a pipeline (prepare_pipeline) the model and optimizer files are one per global layer instead, written
+// by the first replica of the stage that holds the layer, so that a run with another number of stages (or
+// replicas) loads the layers its stages hold:
+//   layers/layer_<i>.safetensors                  weights and buffers of layer i ("3.weight")
+//   layers/optimizer_<o>_layer_<i>.safetensors    optimizer o's per-parameter state of layer i
 
 #include <accel/backend.hpp>
 #include <accel/communicator.hpp>
@@ -28,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +72,12 @@ struct StateParts {
   std::string backend;
   bool shards_optimizer_state = false;
   MixedPrecision mixed_precision = MixedPrecision::No;
+  /// With a pipeline: the stage model is models[0] (the only one), its parameters named by global layer.
+  struct Pipeline {
+    int stages = 1;
+    Communicator* replicas = nullptr;  ///< the stage's data-parallel replicas
+  };
+  std::optional<Pipeline> pipeline;
 };
 
 class StateIO {
@@ -89,6 +102,9 @@ class StateIO {
   void write_main_files(const std::string& tmp, const std::vector<NamedTensors>& model_states,
                         const TrainingCounters& counters);
   void load_converted(std::size_t optimizer, const std::string& path);
+  void write_layer_files(const std::string& tmp);
+  void write_random_states(const std::string& tmp);
+  void load_layer_files(const std::string& dir);
 
   StateParts p_;
 };

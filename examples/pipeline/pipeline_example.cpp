@@ -9,7 +9,9 @@
 //       build/examples/pipeline/pipeline_example --steps 30
 //
 // Prints "final loss <x>" (the mean loss of the last step) and "weight checksum <x>" (the sum of the absolute
-// values of every weight, over all stages). `--clip 0.5` clips the whole model's gradient norm.
+// values of every weight, over all stages). `--clip 0.5` clips the whole model's gradient norm; `--save-at 10
+// --checkpoint DIR` saves the state after step 10, `--resume DIR` continues from it (with any number of
+// stages).
 #include <accel/accelerator.hpp>
 #include <accel/pipeline.hpp>
 
@@ -29,6 +31,8 @@ int main(int argc, char** argv) try {
   std::int64_t batch = 64;
   double lr = 0.05;
   double clip = 0;  // > 0: clip the whole model's gradient norm to it (every stage's part counted)
+  int save_at = 0;  // > 0: save_state(checkpoint) after this step
+  std::string checkpoint = "pipeline_checkpoint", resume;
   std::string data_dir = fashion::default_data_dir();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -42,11 +46,19 @@ int main(int argc, char** argv) try {
       lr = std::stod(v);
     } else if (k == "--clip") {
       clip = std::stod(v);
+    } else if (k == "--save-at") {
+      save_at = std::stoi(v);
+    } else if (k == "--checkpoint") {
+      checkpoint = v;
+    } else if (k == "--resume") {
+      resume = v;
     } else if (k == "--data") {
       data_dir = v;
     } else {
-      throw std::invalid_argument("unknown argument " + k +
-                                  "; use --steps N --batch-size B --lr X --clip MAX_NORM --data DIR");
+      throw std::invalid_argument(
+          "unknown argument " + k +
+          "; use --steps N --batch-size B --lr X --clip MAX_NORM --save-at STEP --checkpoint DIR "
+          "--resume DIR --data DIR");
     }
   }
   accel::Accelerator accelerator;
@@ -64,14 +76,31 @@ int main(int argc, char** argv) try {
   auto loss_fn = [](const torch::Tensor& output, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(output, target);
   };
+  // A checkpoint holds one file per layer: it resumes with any number of stages and replicas. The batches
+  // trained on are saved with it (fp16 may skip optimizer steps, so completed_steps() would not tell).
+  std::int64_t trained = 0;
+  accelerator.register_for_checkpointing(
+      [&](torch::serialize::OutputArchive& a) { a.write("batches", torch::tensor(trained)); },
+      [&](torch::serialize::InputArchive& a) {
+        torch::Tensor t;
+        a.read("batches", t);
+        trained = t.item<std::int64_t>();
+      });
+  if (!resume.empty()) accelerator.load_state(resume);
   double loss = 0;
   int step = 0;
   for (auto& b : *loader) {
+    if (step < trained) {  // resumed: this batch was trained on before the checkpoint
+      ++step;
+      continue;
+    }
     optimizer.zero_grad();
     loss = accelerator.pipeline_step(b.data, b.target, loss_fn);
     if (clip > 0) accelerator.clip_grad_norm_(clip);
     optimizer.step();
-    if (++step % 10 == 0) accelerator.print("step ", step, " loss ", loss);
+    trained = ++step;
+    if (step % 10 == 0) accelerator.print("step ", step, " loss ", loss);
+    if (step == save_at) accelerator.save_state(checkpoint);
   }
   double checksum = 0;
   for (const auto& p : stage.parameters())

@@ -294,9 +294,10 @@ class Accelerator {
   /// `prepare` (needed for zero stage 1, which shards its state). Backends that shard gradients or parameters
   /// (zero 2-3, FSDP's sharded strategies) are refused, as in DeepSpeed. mixed_precision works (fp16: a loss
   /// scale shared by all stages, an overflow on any stage skips the step on all); clip_grad_norm_ clips the
-  /// whole model's norm (every stage's part). One pipeline per Accelerator. Not yet with a pipeline, each
-  /// refused with an error (never silently): prepared data loaders (every stage must read the same batches:
-  /// use torch::data::make_data_loader), CUDA, save_state/load_state.
+  /// whole model's norm (every stage's part); save_state writes one file per global layer, which load_state
+  /// reads with any number of stages and replicas. One pipeline per Accelerator. Not yet with a pipeline,
+  /// each refused with an error (never silently): prepared data loaders (every stage must read the same
+  /// batches: use torch::data::make_data_loader), CUDA.
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
   /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
   /// are the global batch, the same on every rank; each replica takes its 1/replicas of the rows, cut into
@@ -624,11 +625,7 @@ class Accelerator {
 
  private:
   static const char* const kPipelineLoaderMessage;
-  static const char* const kPipelineSaveAdvice;
   pipeline::PipelineEngine& pipeline_engine(const char* what);
-  // UnsupportedOperation naming `what` and `why` when a pipeline is prepared (what does not work with one
-  // yet).
-  void refuse_with_pipeline(const char* what, const char* why) const;
   // Statistics of every SyncBatchNorm in `model` over the ranks of `comm` (nullptr: this process only).
   static void connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm);
   // UnsupportedOperation when the backend shards gradients or parameters (pipeline_config.stages > 1).
