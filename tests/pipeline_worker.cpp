@@ -142,7 +142,8 @@ void train() {
   const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
 
   // Point-to-point argument checks (local, nothing is posted).
-  CHECK(to_string(Collective::PointToPoint) == std::string("send_recv"));
+  CHECK_MSG(to_string(Collective::PointToPoint) == std::string("send_recv"),
+            to_string(Collective::PointToPoint));
   auto msg = error_of([&] { comm->send_async(torch::zeros({2}), r, 0); });
   CHECK_MSG(contains(msg, "the peer must be another rank"), "send to self: " << msg);
   msg = error_of(
@@ -162,8 +163,10 @@ void train() {
     PipelineEngine engine(stage, solo, schedule_arg, m);
     torch::optim::SGD ref_optimizer(reference->parameters(), 0.1), optimizer(stage.parameters(), 0.1);
     compare_step("one stage", engine, stage, reference, ref_optimizer, optimizer, x, y);
-    CHECK(engine.peak_live_micro_batches() == (schedule_arg == Schedule::GPipe ? m : 1));
-    CHECK((engine.schedule() == schedule_arg && engine.micro_batches() == m));
+    CHECK_MSG(engine.peak_live_micro_batches() == (schedule_arg == Schedule::GPipe ? m : 1),
+              "peak live micro-batches " << engine.peak_live_micro_batches());
+    CHECK_MSG((engine.schedule() == schedule_arg && engine.micro_batches() == m),
+              "micro-batches " << engine.micro_batches());
     msg = error_of([&] { engine.train_step(torch::randn({10, 8}), torch::randn({10, 4}), mse); });
     CHECK_MSG(
         contains(msg, fmt::format("inputs of shape [10, 8] do not split into {} equal micro-batches", m)),
@@ -183,7 +186,8 @@ void train() {
     CHECK_MSG(stage.boundaries() == expected,
               how << ": boundaries " << fmt::format("{}", fmt::join(stage.boundaries(), ",")));
     const int begin = expected[static_cast<std::size_t>(r)], end = expected[static_cast<std::size_t>(r) + 1];
-    CHECK(stage.module()->size() == static_cast<std::size_t>(end - begin));
+    CHECK_MSG(stage.module()->size() == static_cast<std::size_t>(end - begin),
+              "layers " << stage.module()->size());
     std::vector<std::string> names, ref_names;
     for (const auto& item : stage.named_parameters())
       names.push_back(item.key());
@@ -193,8 +197,8 @@ void train() {
     }
     CHECK_MSG(names == ref_names, how << ": names " << fmt::format("{}", fmt::join(names, ","))
                                       << ", expected " << fmt::format("{}", fmt::join(ref_names, ",")));
-    CHECK(stage.parameters().size() == names.size());
-    if (!factory) CHECK(partition_model(model, n) == expected);
+    CHECK_MSG(stage.parameters().size() == names.size(), "parameters " << stage.parameters().size());
+    if (!factory) CHECK_MSG(partition_model(model, n) == expected, "partition differs");
     msg = error_of([&] { PipelineEngine(stage, comm, schedule_arg, 0); });
     CHECK_MSG(contains(msg, "0 micro-batches is not valid"), "0 micro-batches: " << msg);
     msg = error_of([&] {
@@ -226,9 +230,12 @@ void train() {
       // The step's statistics: each live micro-batch holds its input and output; the clock is consistent.
       const auto& stats = engine.last_step_stats();
       const std::int64_t width_in = begin == 0 ? 8 : kWidths[begin - 1];
-      CHECK((stats.peak_live == peak &&
-             stats.peak_activation_bytes == peak * rows * (width_in + kWidths[end - 1]) * 4));
-      CHECK((stats.compute_s > 0 && stats.wait_s >= 0 && stats.compute_s + stats.wait_s <= stats.step_s));
+      CHECK_MSG((stats.peak_live == peak &&
+                 stats.peak_activation_bytes == peak * rows * (width_in + kWidths[end - 1]) * 4),
+                "peak live " << stats.peak_live << ", peak activation bytes " << stats.peak_activation_bytes);
+      CHECK_MSG((stats.compute_s > 0 && stats.wait_s >= 0 && stats.compute_s + stats.wait_s <= stats.step_s),
+                "compute " << stats.compute_s << " s, wait " << stats.wait_s << " s, step " << stats.step_s
+                           << " s");
       // Each micro-batch sends its activation forward (not the last stage) and its input's gradient back (not
       // the first), each after a header; receives mirror the neighbours' sends.
       const std::uint64_t in = r > 0 ? m * (rows * kWidths[begin - 1] * 4 + kHeaderBytes) : 0;

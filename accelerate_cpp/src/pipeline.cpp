@@ -156,6 +156,9 @@ struct PipelineEngine::Step {
   int live = 0;       ///< micro-batches forwarded and not yet backwarded
   int backwards = 0;  ///< Backward actions run so far
   std::vector<std::unique_ptr<CollectiveHandle>> sends;
+  /// Training: the sends of each micro-batch's activation, waited on (and their buffers released) once the
+  /// next stage's gradient of that micro-batch arrived, which it sends only after it received the activation.
+  std::map<int, std::vector<std::unique_ptr<CollectiveHandle>>> activation_sends;
   std::vector<double> losses;
   std::vector<torch::Tensor> outputs;  ///< evaluate on the last stage
 };
@@ -268,6 +271,10 @@ double PipelineEngine::run(Step& step, const torch::Tensor& inputs, const torch:
     // Pending sends stay alive with the engine: their buffers must not go away under the transport.
     for (auto& h : step.sends)
       kept_sends_.push_back(std::move(h));
+    for (auto& [mb, handles] : step.activation_sends) {
+      for (auto& h : handles)
+        kept_sends_.push_back(std::move(h));
+    }
     failed_ = text;
     if (remote)
       throw DistributedError(fmt::format("pipeline stage {} stopped at {} because {}", s, where, text));
@@ -358,7 +365,8 @@ void PipelineEngine::execute(const Action& a, Step& step) {
     }
     case ActionType::SendActivation: {
       auto& slot = step.slots.at(mb);
-      send_tensor(step, slot.output.detach().contiguous(), a.peer_stage, mb);
+      send_tensor(slot.output.detach().contiguous(), a.peer_stage, mb, step.mode,
+                  train ? step.activation_sends[mb] : step.sends);
       if (!train) step.slots.erase(mb);
       break;
     }
@@ -369,7 +377,8 @@ void PipelineEngine::execute(const Action& a, Step& step) {
       auto& slot = step.slots.at(mb);
       // An input the stage's output does not depend on has no gradient: its gradient is zero.
       auto grad = slot.input.grad();
-      send_tensor(step, grad.defined() ? grad.contiguous() : torch::zeros_like(slot.input), a.peer_stage, mb);
+      send_tensor(grad.defined() ? grad.contiguous() : torch::zeros_like(slot.input), a.peer_stage, mb,
+                  step.mode, step.sends);
       step.slots.erase(mb);
       --step.live;
       break;
@@ -377,17 +386,30 @@ void PipelineEngine::execute(const Action& a, Step& step) {
     case ActionType::RecvGrad: {
       auto& slot = step.slots.at(mb);
       slot.grad = recv_tensor(step, a.peer_stage, mb, &slot.output);
+      // The gradient of micro-batch mb arrived, so the next stage had received its activation: that send is
+      // complete, and waiting on it releases the buffer now instead of at the end of the step.
+      if (auto it = step.activation_sends.find(mb); it != step.activation_sends.end()) {
+        for (auto& h : it->second)
+          h->wait();
+        step.activation_sends.erase(it);
+      }
       break;
     }
     case ActionType::WaitSends:
       for (auto& h : step.sends)
         h->wait();
       step.sends.clear();
+      for (auto& [m, handles] : step.activation_sends) {
+        for (auto& h : handles)
+          h->wait();
+      }
+      step.activation_sends.clear();
       break;
   }
 }
 
-void PipelineEngine::send_tensor(Step& step, const torch::Tensor& tensor, int peer, int micro_batch) {
+void PipelineEngine::send_tensor(const torch::Tensor& tensor, int peer, int micro_batch, std::int64_t mode,
+                                 std::vector<std::unique_ptr<CollectiveHandle>>& into) {
   if (tensor.dim() > kMaxDims) {
     throw UsageError(
         fmt::format("the tensor for stage {} has shape {}: at most {} dimensions cross stages; "
@@ -399,13 +421,13 @@ void PipelineEngine::send_tensor(Step& step, const torch::Tensor& tensor, int pe
   h[kKind] = kTensorMessage;
   h[kMicroBatch] = micro_batch;
   h[kMicroBatches] = micro_batches_;
-  h[kMode] = step.mode;
+  h[kMode] = mode;
   h[kDtype] = static_cast<std::int64_t>(tensor.scalar_type());
   h[kNdim] = tensor.dim();
   for (std::int64_t d = 0; d < tensor.dim(); ++d)
     h[kDims + d] = tensor.size(d);
-  step.sends.push_back(comm_->send_async(header, peer, kHeaderTag));
-  if (tensor.numel() > 0) step.sends.push_back(comm_->send_async(tensor, peer, data_tag(micro_batch)));
+  into.push_back(comm_->send_async(header, peer, kHeaderTag));
+  if (tensor.numel() > 0) into.push_back(comm_->send_async(tensor, peer, data_tag(micro_batch)));
 }
 
 torch::Tensor PipelineEngine::recv_tensor(Step& step, int peer, int micro_batch, const torch::Tensor* like) {

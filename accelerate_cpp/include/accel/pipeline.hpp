@@ -150,7 +150,8 @@ class PipelineEngine {
   struct Step;
   double run(Step& step, const torch::Tensor& inputs, const torch::Tensor& targets);
   void execute(const Action& action, Step& step);
-  void send_tensor(Step& step, const torch::Tensor& tensor, int peer, int micro_batch);
+  void send_tensor(const torch::Tensor& tensor, int peer, int micro_batch, std::int64_t mode,
+                   std::vector<std::unique_ptr<CollectiveHandle>>& into);
   torch::Tensor recv_tensor(Step& step, int peer, int micro_batch, const torch::Tensor* like);
   void send_abort(int peer, int stage, int micro_batch, const std::string& message);
 
