@@ -6,9 +6,11 @@
 //   pipeline_worker wrong_shape <gpipe|1f1b>             micro-batch 2 reaches stage 1 too narrow
 //   pipeline_worker micro_batch_mismatch <gpipe|1f1b>    the last rank runs 6 micro-batches, the others 4
 //   pipeline_worker split                                 (4 ranks) Communicator::split's groups
+//   pipeline_worker tied <gpipe|1f1b>                     a Linear used by two stages, through Accelerator
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <accel/accelerator.hpp>
 #include <accel/communicator.hpp>
 #include <accel/errors.hpp>
 #include <accel/pipeline.hpp>
@@ -21,6 +23,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "dist_common.hpp"
@@ -329,6 +332,84 @@ void micro_batch_mismatch() {
        fmt::format("stage {} runs train_step over 4 micro-batches, this stage train_step over 6", last - 1)});
 }
 
+// One Linear at two places of the whole model (layers 0 and 4), held by two stages, through the
+// Accelerator: the copies' gradients are summed over those stages, clip_grad_norm_ counts the tied weight
+// once, and every step matches one process where it is one tensor.
+void tied() {
+  const int n = communicator()->world_size();
+  auto build = [] {
+    torch::manual_seed(7);
+    torch::nn::Linear shared(8, 8);
+    return torch::nn::Sequential(shared, torch::nn::Tanh(), torch::nn::Linear(8, 8), torch::nn::Tanh(),
+                                 shared, torch::nn::Linear(8, 4));
+  };
+  auto model = build(), reference = build();
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = n;
+  config.pipeline.stages = n;
+  config.pipeline.micro_batches = 4;
+  config.pipeline.schedule = schedule_arg;
+  config.pipeline.partition = n == 2 ? "0,3,6" : "0,2,4,6";
+  {
+    // zero stage 1 would hand the gradients to its sharded optimizer before the ties are summed: refused.
+    accel::Config zero = config;
+    zero.backend = "zero";
+    zero.zero.stage = 1;
+    accel::Accelerator sharded(accel::AcceleratorOptions().config(zero));
+    auto other = build();
+    const auto msg = error_of([&] { sharded.prepare_pipeline(other); });
+    CHECK_MSG(
+        contains(msg, "the model uses one parameter in layers of several stages (0.weight, 4.weight)") &&
+            contains(msg, "use backend: ddp"),
+        msg);
+  }
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+  auto& stage = acc.prepare_pipeline(model);
+  const std::vector<int> holders = n == 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 2};
+  CHECK_MSG(stage.ties().size() == 2, "ties " << stage.ties().size());
+  for (const auto& tie : stage.ties()) {
+    CHECK_MSG(
+        tie.stages == holders && tie.names.size() == 2 && tie.names[0].rfind("0.", 0) == 0 &&
+            tie.names[1].rfind("4.", 0) == 0,
+        "tie " << fmt::format("{} on stages {}", fmt::join(tie.names, ","), fmt::join(tie.stages, ",")));
+  }
+  std::vector<torch::Tensor> unique;  // the reference holds the shared tensors twice
+  std::set<const void*> seen;
+  for (const auto& p : reference->parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  torch::optim::SGD optimizer(stage.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)),
+      ref_optimizer(unique, torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare(optimizer);
+  torch::manual_seed(1);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+    optimizer.zero_grad();
+    ref_optimizer.zero_grad();
+    const double loss = acc.pipeline_step(x, y, mse);
+    auto ref_loss = mse(reference->forward(x), y);
+    ref_loss.backward();
+    CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-6, "step " << step << ": loss " << loss);
+    const double norm = acc.clip_grad_norm_(0.5);
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(unique, 0.5);
+    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-6 * ref_norm,
+              "step " << step << ": gradient norm " << norm << ", one process " << ref_norm);
+    auto ref_params = reference->named_parameters();
+    for (const auto& item : stage.named_parameters()) {
+      CHECK_MSG(close(item.value().grad(), ref_params[item.key()].grad(), 1e-6),
+                "step " << step << ": gradient of " << item.key() << " differs from one process's");
+    }
+    optimizer.step();
+    ref_optimizer.step();
+    for (const auto& item : stage.named_parameters()) {
+      CHECK_MSG(close(item.value(), ref_params[item.key()], 1e-6),
+                "step " << step << ": " << item.key() << " differs from one process's");
+    }
+  }
+}
+
 // Communicator::split on 4 ranks: rows {0,1},{2,3} and columns {0,2},{1,3} of a 2 x 2 grid, each group's
 // collectives and point-to-point messages staying inside it, and bad group lists refused.
 void split() {
@@ -405,12 +486,13 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios{{"train", train},
                                                                {"wrong_shape", wrong_shape},
                                                                {"micro_batch_mismatch", micro_batch_mismatch},
-                                                               {"split", split}};
+                                                               {"split", split},
+                                                               {"tied", tied}};
   if (argc < 2 || argc > 4 || scenarios.count(argv[1]) == 0) {
-    std::cerr
-        << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch> <gpipe|1f1b> [micro_batches]\n"
-           "       pipeline_worker split"
-        << std::endl;
+    std::cerr << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch|tied> <gpipe|1f1b> "
+                 "[micro_batches]\n"
+                 "       pipeline_worker split"
+              << std::endl;
     return 2;
   }
   if (argc >= 3) schedule_arg = parse_schedule(argv[2]);

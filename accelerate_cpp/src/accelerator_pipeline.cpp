@@ -5,6 +5,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -71,6 +72,14 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequenti
   data_comm_ = comm_->split(data);
   pipeline_stage_ = std::make_unique<pipeline::PipelineStage>(model, stage, pc.stages,
                                                               pipeline::parse_partition(pc.partition));
+  if (!pipeline_stage_->ties().empty() && descriptor_->capabilities(config_).shards_optimizer_state) {
+    const auto& tie = pipeline_stage_->ties().front();
+    throw UnsupportedOperation(fmt::format(
+        "prepare_pipeline: the model uses one parameter in layers of several stages ({}), whose gradients "
+        "are summed over those stages after the step; backend {} hands them to the sharded optimizer "
+        "before that, which is not supported; use backend: ddp, or untie the layers",
+        fmt::join(tie.names, ", "), descriptor_->name));
+  }
   auto module = pipeline_stage_->module().ptr();
   module->to(device_);
   // The stage is a prepared model whose backend engine spans the stage's replicas: the user's optimizer is

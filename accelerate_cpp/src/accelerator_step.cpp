@@ -266,7 +266,20 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
   }
   const bool inf = std::isinf(norm_type);
   const auto op = inf ? ReduceOp::Max : ReduceOp::Sum;
-  double total = local_norm_part(whole, norm_type);
+  // A parameter tied across pipeline stages counts once: on the first stage holding it.
+  std::vector<torch::Tensor> counted = whole;
+  if (pipeline_stage_) {
+    std::unordered_set<const void*> copies;
+    for (const auto& tie : pipeline_stage_->ties()) {
+      if (tie.stages.front() == pipeline_stage_->stage()) continue;
+      if (auto t = pipeline_stage_->tied_parameter(tie); t.defined()) copies.insert(t.unsafeGetTensorImpl());
+    }
+    counted.erase(
+        std::remove_if(counted.begin(), counted.end(),
+                       [&](const torch::Tensor& t) { return copies.count(t.unsafeGetTensorImpl()) != 0; }),
+        counted.end());
+  }
+  double total = local_norm_part(counted, norm_type);
   // Slices are held by the ranks that replicate the same parameters: the whole job, or with a pipeline the
   // stage's replicas.
   Communicator& replicas = pipeline_engine_ ? *data_comm_ : *comm_;

@@ -106,6 +106,40 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, int stage, int 
   for (int i = boundaries_[static_cast<std::size_t>(stage)];
        i < boundaries_[static_cast<std::size_t>(stage) + 1]; ++i)
     layers_->push_back(std::to_string(i), *(begin + i));
+  // Ties: one parameter tensor at several places of the whole model, held by more than one stage.
+  std::map<const void*, Tie> shared;
+  std::vector<const void*> order;
+  for (int i = 0; i < static_cast<int>(model->size()); ++i) {
+    const int holder = static_cast<int>(std::upper_bound(boundaries_.begin(), boundaries_.end(), i) -
+                                        boundaries_.begin() - 1);
+    for (const auto& item : (begin + i)->ptr()->named_parameters()) {
+      const void* key = item.value().unsafeGetTensorImpl();
+      auto [it, fresh] = shared.try_emplace(key);
+      if (fresh) order.push_back(key);
+      it->second.names.push_back(fmt::format("{}.{}", i, item.key()));
+      if (it->second.stages.empty() || it->second.stages.back() != holder)
+        it->second.stages.push_back(holder);
+    }
+  }
+  for (const void* key : order) {
+    if (shared[key].stages.size() > 1) ties_.push_back(std::move(shared[key]));
+  }
+}
+
+std::string PipelineStage::Tie::name_on(int stage, const std::vector<int>& boundaries) const {
+  for (const auto& name : names) {
+    const int layer = std::stoi(name.substr(0, name.find('.')));
+    if (layer >= boundaries[static_cast<std::size_t>(stage)] &&
+        layer < boundaries[static_cast<std::size_t>(stage) + 1])
+      return name;
+  }
+  return {};
+}
+
+torch::Tensor PipelineStage::tied_parameter(const Tie& tie) const {
+  const auto name = tie.name_on(stage_, boundaries_);
+  if (name.empty()) return {};
+  return layers_->named_parameters()[name];
 }
 
 PipelineStage::PipelineStage(const std::function<torch::nn::AnyModule(int layer)>& make_layer, int layers,
@@ -180,6 +214,15 @@ PipelineEngine::PipelineEngine(PipelineStage& stage, std::shared_ptr<Communicato
                     "stages keeps the bubble small)",
                     micro_batches, kMaxMicroBatches));
   }
+  // One group per tie: the stages holding the tied parameter (split is collective over the pipeline, and
+  // every stage knows every tie: each rank built the whole model).
+  for (const auto& tie : stage_.ties()) {
+    std::vector<std::vector<int>> groups{tie.stages};
+    for (int r = 0; r < comm_->world_size(); ++r) {
+      if (!std::binary_search(tie.stages.begin(), tie.stages.end(), r)) groups.push_back({r});
+    }
+    tie_comms_.push_back(comm_->split(groups));
+  }
 }
 
 double PipelineEngine::train_step(const torch::Tensor& inputs, const torch::Tensor& targets,
@@ -188,7 +231,21 @@ double PipelineEngine::train_step(const torch::Tensor& inputs, const torch::Tens
   step.loss = &loss;
   peak_live_ = 0;
   stats_ = {};
-  return run(step, inputs, targets);
+  const double mean = run(step, inputs, targets);
+  reduce_ties();
+  return mean;
+}
+
+void PipelineEngine::reduce_ties() {
+  const auto& ties = stage_.ties();
+  for (std::size_t i = 0; i < ties.size(); ++i) {
+    auto t = stage_.tied_parameter(ties[i]);
+    if (!t.defined()) continue;  // this stage holds no copy
+    torch::NoGradGuard no_grad;
+    auto& grad = t.mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(t);
+    tie_comms_[i]->all_reduce(grad, ReduceOp::Sum);
+  }
 }
 
 torch::Tensor PipelineEngine::evaluate(const torch::Tensor& inputs) {

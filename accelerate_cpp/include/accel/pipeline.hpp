@@ -81,10 +81,25 @@ class PipelineStage {
   /// checkpoints can be merged or re-partitioned.
   torch::OrderedDict<std::string, torch::Tensor> named_parameters() const;
 
+  /// A parameter the whole model uses in layers that several stages hold (the same module at two places of
+  /// the Sequential, as an embedding tied to the output layer): each of those stages holds a copy, and the
+  /// engine sums their gradients over those stages after each train_step, so the copies stay equal, as
+  /// DeepSpeed's TiedLayerSpec does. Found from the whole model (stages built from layer factories have
+  /// none).
+  struct Tie {
+    std::vector<std::string> names;  ///< every global name of the parameter ("0.weight", "4.weight")
+    std::vector<int> stages;         ///< the stages holding it, ascending (at least two)
+    std::string name_on(int stage, const std::vector<int>& boundaries) const;
+  };
+  const std::vector<Tie>& ties() const noexcept { return ties_; }
+  /// This stage's copy of `tie`'s parameter; undefined when the stage holds none.
+  torch::Tensor tied_parameter(const Tie& tie) const;
+
  private:
   int stage_;
   std::vector<int> boundaries_;
   torch::nn::Sequential layers_;
+  std::vector<Tie> ties_;
 };
 
 /// Runs this rank's stage through a pipeline step. Every rank of the communicator is one stage, rank r
@@ -148,6 +163,7 @@ class PipelineEngine {
 
  private:
   struct Step;
+  void reduce_ties();
   double run(Step& step, const torch::Tensor& inputs, const torch::Tensor& targets);
   void execute(const Action& action, Step& step);
   void send_tensor(const torch::Tensor& tensor, int peer, int micro_batch, std::int64_t mode,
@@ -161,6 +177,7 @@ class PipelineEngine {
   int micro_batches_;
   int peak_live_ = 0;
   BackwardHooks hooks_;
+  std::vector<std::shared_ptr<Communicator>> tie_comms_;  ///< per stage_.ties(): the stages holding it
   StepStats stats_;
   std::string failed_;  ///< the error of a failed step; non-empty: no further steps
   /// After a failure: the abort messages to the neighbours and the step's pending sends, kept alive so that
