@@ -7,6 +7,7 @@
 //   pipeline_worker micro_batch_mismatch <gpipe|1f1b>    the last rank runs 6 micro-batches, the others 4
 //   pipeline_worker split                                 (4 ranks) Communicator::split's groups
 //   pipeline_worker tied <gpipe|1f1b>                     a Linear used by two stages, through Accelerator
+//   pipeline_worker stage_builder <gpipe|1f1b>            stage modules from a builder (not a Sequential)
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -410,6 +411,76 @@ void tied() {
   }
 }
 
+// A model that is not a Sequential: stage modules from a builder (a two-branch head, plain middles, a
+// tail), through the Accelerator; every step matches one process composing the same modules.
+struct HeadImpl : torch::nn::Module {
+  HeadImpl()
+      : a(register_module("a", torch::nn::Linear(8, 16))),
+        b(register_module("b", torch::nn::Linear(8, 16))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(a(x)) + b(x); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Head);
+struct MiddleImpl : torch::nn::Module {
+  MiddleImpl() : fc(register_module("fc", torch::nn::Linear(16, 16))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(fc(x)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Middle);
+
+torch::nn::AnyModule build_stage(int stage, int stages) {
+  torch::manual_seed(200 + stage);
+  if (stage == 0) return torch::nn::AnyModule(Head());
+  if (stage == stages - 1) return torch::nn::AnyModule(torch::nn::Linear(16, 4));
+  return torch::nn::AnyModule(Middle());
+}
+
+void stage_builder() {
+  const int n = communicator()->world_size();
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = n;
+  config.pipeline.stages = n;
+  config.pipeline.micro_batches = 4;
+  config.pipeline.schedule = schedule_arg;
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+  auto& stage = acc.prepare_pipeline([n](int s) { return build_stage(s, n); });
+  std::vector<torch::nn::AnyModule> reference;
+  torch::OrderedDict<std::string, torch::Tensor> ref_params;
+  std::vector<torch::Tensor> ref_list;
+  for (int s = 0; s < n; ++s) {
+    reference.push_back(build_stage(s, n));
+    for (const auto& item : reference.back().ptr()->named_parameters()) {
+      ref_params.insert(fmt::format("{}.{}", s, item.key()), item.value());
+      ref_list.push_back(item.value());
+    }
+  }
+  CHECK_MSG(stage.boundaries().size() == static_cast<std::size_t>(n + 1), "one layer per stage");
+  torch::optim::SGD optimizer(stage.parameters(), 0.1), ref_optimizer(ref_list, 0.1);
+  acc.prepare(optimizer);
+  torch::manual_seed(1);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+    optimizer.zero_grad();
+    ref_optimizer.zero_grad();
+    const double loss = acc.pipeline_step(x, y, mse);
+    auto h = x;
+    for (auto& m : reference)
+      h = m.forward(h);
+    auto ref_loss = mse(h, y);
+    ref_loss.backward();
+    CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-6, "step " << step << ": loss " << loss);
+    for (const auto& item : stage.named_parameters()) {
+      CHECK_MSG(
+          ref_params.contains(item.key()) && close(item.value().grad(), ref_params[item.key()].grad(), 1e-6),
+          "step " << step << ": gradient of " << item.key() << " differs from one process's");
+    }
+    optimizer.step();
+    ref_optimizer.step();
+  }
+}
+
 // Communicator::split on 4 ranks: rows {0,1},{2,3} and columns {0,2},{1,3} of a 2 x 2 grid, each group's
 // collectives and point-to-point messages staying inside it, and bad group lists refused.
 void split() {
@@ -487,7 +558,8 @@ int main(int argc, char** argv) {
                                                                {"wrong_shape", wrong_shape},
                                                                {"micro_batch_mismatch", micro_batch_mismatch},
                                                                {"split", split},
-                                                               {"tied", tied}};
+                                                               {"tied", tied},
+                                                               {"stage_builder", stage_builder}};
   if (argc < 2 || argc > 4 || scenarios.count(argv[1]) == 0) {
     std::cerr << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch|tied> <gpipe|1f1b> "
                  "[micro_batches]\n"

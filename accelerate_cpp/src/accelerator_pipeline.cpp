@@ -38,6 +38,22 @@ void Accelerator::refuse_sharding_with_pipeline() const {
 }
 
 pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequential& model) {
+  return prepare_pipeline_stage([&](int stage, int stages) {
+    return std::make_unique<pipeline::PipelineStage>(model, stage, stages,
+                                                     pipeline::parse_partition(config_.pipeline.partition));
+  });
+}
+
+pipeline::PipelineStage& Accelerator::prepare_pipeline(
+    const std::function<torch::nn::AnyModule(int stage)>& build_stage) {
+  return prepare_pipeline_stage([&](int stage, int stages) {
+    // One "layer" per stage: the stage's module is layer `stage` of the pipeline.
+    return std::make_unique<pipeline::PipelineStage>(build_stage, stages, stage, stages);
+  });
+}
+
+pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
+    const std::function<std::unique_ptr<pipeline::PipelineStage>(int stage, int stages)>& make_stage) {
   const PipelineConfig& pc = config_.pipeline;
   if (pc.stages < 1 || world_size_ % pc.stages != 0) {
     throw UsageError(fmt::format(
@@ -70,8 +86,7 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline(const torch::nn::Sequenti
   }
   pipe_comm_ = comm_->split(pipes);
   data_comm_ = comm_->split(data);
-  pipeline_stage_ = std::make_unique<pipeline::PipelineStage>(model, stage, pc.stages,
-                                                              pipeline::parse_partition(pc.partition));
+  pipeline_stage_ = make_stage(stage, pc.stages);
   if (!pipeline_stage_->ties().empty() && descriptor_->capabilities(config_).shards_optimizer_state) {
     const auto& tie = pipeline_stage_->ties().front();
     throw UnsupportedOperation(fmt::format(

@@ -58,6 +58,7 @@ class InputArchive;
 namespace torch::nn {
 class SequentialImpl;
 class Sequential;
+class AnyModule;
 }  // namespace torch::nn
 
 namespace accel {
@@ -299,6 +300,11 @@ class Accelerator {
   /// each refused with an error (never silently): prepared data loaders (every stage must read the same
   /// batches: use torch::data::make_data_loader), CUDA.
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
+  /// The escape hatch for a model that is not a Sequential: `build_stage(s)` returns stage s's module (any
+  /// module with `forward(Tensor) -> Tensor`), called for this rank's stage only; parameters are named
+  /// "<stage>.<name>". Everything else as above (checkpoints then resume with the same number of stages).
+  pipeline::PipelineStage& prepare_pipeline(
+      const std::function<torch::nn::AnyModule(int stage)>& build_stage);
   /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
   /// are the global batch, the same on every rank; each replica takes its 1/replicas of the rows, cut into
   /// pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run through
@@ -626,6 +632,8 @@ class Accelerator {
  private:
   static const char* const kPipelineLoaderMessage;
   pipeline::PipelineEngine& pipeline_engine(const char* what);
+  pipeline::PipelineStage& prepare_pipeline_stage(
+      const std::function<std::unique_ptr<pipeline::PipelineStage>(int stage, int stages)>& make_stage);
   // Statistics of every SyncBatchNorm in `model` over the ranks of `comm` (nullptr: this process only).
   static void connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm);
   // UnsupportedOperation when the backend shards gradients or parameters (pipeline_config.stages > 1).
