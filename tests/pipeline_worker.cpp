@@ -333,6 +333,18 @@ void micro_batch_mismatch() {
        fmt::format("stage {} runs train_step over 4 micro-batches, this stage train_step over 6", last - 1)});
 }
 
+// The config of an Accelerator running an n-stage pipeline on n CPU ranks (ddp, 4 micro-batches).
+accel::Config accelerator_config(int n) {
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = n;
+  config.pipeline.stages = n;
+  config.pipeline.micro_batches = 4;
+  config.pipeline.schedule = schedule_arg;
+  return config;
+}
+
 // One Linear at two places of the whole model (layers 0 and 4), held by two stages, through the
 // Accelerator: the copies' gradients are summed over those stages, clip_grad_norm_ counts the tied weight
 // once, and every step matches one process where it is one tensor.
@@ -345,13 +357,7 @@ void tied() {
                                  shared, torch::nn::Linear(8, 4));
   };
   auto model = build(), reference = build();
-  accel::Config config;
-  config.backend = "ddp";
-  config.use_cpu = true;
-  config.num_processes = n;
-  config.pipeline.stages = n;
-  config.pipeline.micro_batches = 4;
-  config.pipeline.schedule = schedule_arg;
+  auto config = accelerator_config(n);
   config.pipeline.partition = n == 2 ? "0,3,6" : "0,2,4,6";
   {
     // zero stage 1 would hand the gradients to its sharded optimizer before the ties are summed: refused.
@@ -437,14 +443,7 @@ torch::nn::AnyModule build_stage(int stage, int stages) {
 
 void stage_builder() {
   const int n = communicator()->world_size();
-  accel::Config config;
-  config.backend = "ddp";
-  config.use_cpu = true;
-  config.num_processes = n;
-  config.pipeline.stages = n;
-  config.pipeline.micro_batches = 4;
-  config.pipeline.schedule = schedule_arg;
-  accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+  accel::Accelerator acc(accel::AcceleratorOptions().config(accelerator_config(n)));
   auto& stage = acc.prepare_pipeline([n](int s) { return build_stage(s, n); });
   std::vector<torch::nn::AnyModule> reference;
   torch::OrderedDict<std::string, torch::Tensor> ref_params;
