@@ -11,15 +11,18 @@ number of intra-op threads per rank (``OMP_NUM_THREADS`` = cores / ranks, set ex
 
 Each configuration runs ``--repeats`` times, interleaved (one run of every configuration per round, the order
 rotated each round); the table reports medians. "Launch to first step" is the ``first_step_unix_ms`` a run
-reports minus the wall-clock time the driver read just before starting the launcher. The results go to stdout
-and to ``BENCHMARKS.md`` (``--out``). Any failed run stops the driver with a non-zero exit status; no number
-is ever filled in.
+reports minus the wall-clock time the driver read just before starting the launcher. After its timed steps,
+every multi-rank accelerate-cpp run also measures how much of DDP's all-reduce is hidden behind backward
+(``--overlap-steps``, see ``bench/ddp_throughput.cpp``). The results go to stdout and replace the section
+between ``<!-- ddp-bench:start -->`` and ``<!-- ddp-bench:end -->`` of ``BENCHMARKS.md`` (``--out``; a new
+file is created with just that section). Any failed run stops the driver with a non-zero exit status; no
+number is ever filled in.
 
 Usage (from the repository root)::
 
     python3 bench/ddp_bench.py [--steps 60] [--warmup 10] [--batch-size 64] [--repeats 3]
-                               [--wait-idle 15] [--build-dir build] [--out BENCHMARKS.md]
-                               [--python .venv/bin/python]
+                               [--wait-idle 15] [--overlap-steps 20] [--build-dir build]
+                               [--out BENCHMARKS.md] [--python .venv/bin/python]
 
 The driver uses only the standard library; the peers run with the project venv's Python (``--python``).
 """
@@ -44,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / "bench" / "peers"
 RUN_TIMEOUT_S = 900
 CONTENTION_CORES = 0.25  # other processes' average CPU use during a run above which the report warns
+SECTION_START, SECTION_END = "<!-- ddp-bench:start -->", "<!-- ddp-bench:end -->"
 
 
 class BenchError(RuntimeError):
@@ -114,6 +118,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="batch size per rank (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="runs per configuration, interleaved (default 3)")
     p.add_argument(
+        "--overlap-steps",
+        type=int,
+        default=20,
+        help="measurements of the all-reduce / backward overlap after each multi-rank accelerate-cpp run "
+        "(default 20)",
+    )
+    p.add_argument(
         "--build-dir", type=Path, default=REPO / "build", help="CMake build directory (default build)"
     )
     p.add_argument(
@@ -133,8 +144,8 @@ def parse_args() -> argparse.Namespace:
         help="Python with torch and accelerate for the peers (default .venv/bin/python)",
     )
     args = p.parse_args()
-    if args.steps < 1 or args.warmup < 1 or args.batch_size < 1 or args.repeats < 1:
-        p.error("--steps, --warmup, --batch-size and --repeats must be >= 1")
+    if min(args.steps, args.warmup, args.batch_size, args.repeats, args.overlap_steps) < 1:
+        p.error("--steps, --warmup, --batch-size, --repeats and --overlap-steps must be >= 1")
     return args
 
 
@@ -169,6 +180,7 @@ def command(cfg: Config, args: argparse.Namespace, accelerate_bin: Path) -> list
             "--num_processes", n, "--main_process_port", "0", "--mixed_precision", "no",
             "--backend", "ddp" if cfg.world > 1 else "local",
             str(args.build_dir / "bench" / "bench_ddp_throughput"), *bench_args,
+            *(["--overlap-steps", str(args.overlap_steps)] if cfg.world > 1 else []),
         ]  # fmt: skip
     peer_args = [*bench_args, "--expect-world", n]
     if cfg.impl == "pytorch-ddp":
@@ -277,6 +289,8 @@ def run_once(
     for key, want in expected.items():
         if rec.get(key) != want:
             raise BenchError(f"{cfg.label}: reported {key}={rec.get(key)}, expected {want}")
+    if cfg.impl == "accelerate-cpp" and cfg.world > 1 and not isinstance(rec.get("overlap"), dict):
+        raise BenchError(f"{cfg.label}: no overlap measurement in the result line")
     launch_ms = float(rec["first_step_unix_ms"]) - t0_ms
     if not 0 < launch_ms < RUN_TIMEOUT_S * 1e3:
         raise BenchError(f"{cfg.label}: implausible launch-to-first-step time {launch_ms:.1f} ms")
@@ -330,6 +344,23 @@ def fmt_ratio(value: float, goal: str, met: bool | None) -> str:
     return f"{value:.2f}x (goal {goal}: {'met' if met else 'NOT met'})"
 
 
+def overlap_line(r: Runs) -> str:
+    """The all-reduce / backward overlap of a multi-rank accelerate-cpp configuration (medians over runs)."""
+
+    def med(key: str) -> float:
+        return statistics.median(float(rec["overlap"][key]) for rec in r.records)
+
+    hidden = med("hidden_fraction")
+    per_run = ", ".join(f"{float(rec['overlap']['hidden_fraction']):.0%}" for rec in r.records)
+    return (
+        f"- All-reduce time hidden behind backward, accelerate-cpp ({r.config.world} ranks): {hidden:.0%} "
+        f"(goal >= 80%: {'met' if hidden >= 0.8 else 'NOT met'}; runs {per_run}); forward + backward "
+        f"without communication {med('backward_ms'):.2f} ms, all-reduce of the same buckets alone "
+        f"{med('allreduce_ms'):.2f} ms, forward + synced backward {med('backward_synced_ms'):.2f} ms "
+        f"(medians over runs of each run's median of {r.records[0]['overlap']['repeats']})"
+    )
+
+
 def summary(results: list[Runs]) -> tuple[str, str]:
     """The Markdown results table and the list of ratios."""
     by = {(r.config.impl, r.config.world): r for r in results}
@@ -376,9 +407,10 @@ def summary(results: list[Runs]) -> tuple[str, str]:
         f"Throughput ratios use {basis}.",
         "",
         "- Throughput, accelerate-cpp / PyTorch DDP (2 ranks): "
-        + fmt_ratio(tput(ours2) / tput(ddp2), ">= 1", tput(ours2) >= tput(ddp2)),
+        + fmt_ratio(tput(ours2) / tput(ddp2), ">= 1.10", tput(ours2) >= 1.10 * tput(ddp2)),
         "- Throughput, accelerate-cpp / HF Accelerate (2 ranks): "
-        + fmt_ratio(tput(ours2) / tput(hf2), "> 1", tput(ours2) > tput(hf2)),
+        + fmt_ratio(tput(ours2) / tput(hf2), ">= 1.30", tput(ours2) >= 1.30 * tput(hf2)),
+        overlap_line(ours2),
         "- Launch to first step, `accelerate launch` / `accel-launch` (2 ranks): "
         + fmt_ratio(
             hf2.launch_median_ms / ours2.launch_median_ms,
@@ -411,7 +443,8 @@ def report(results: list[Runs], args: argparse.Namespace, info: dict[str, str], 
 
     cmd = "python3 bench/ddp_bench.py " + shlex.join(
         ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-         "--repeats", str(args.repeats), "--wait-idle", f"{args.wait_idle:g}"]
+         "--repeats", str(args.repeats), "--wait-idle", f"{args.wait_idle:g}",
+         "--overlap-steps", str(args.overlap_steps)]
     )  # fmt: skip
     machine = "\n".join(f"- {k}: {v}" for k, v in info.items())
     launches = "\n".join(
@@ -420,8 +453,7 @@ def report(results: list[Runs], args: argparse.Namespace, info: dict[str, str], 
         for r in results
     )  # fmt: skip
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""# Benchmarks
-
+    return f"""{SECTION_START}
 <!-- Generated by bench/ddp_bench.py; rerun it rather than editing by hand. -->
 
 ## DDP throughput and launch time: accelerate-cpp vs PyTorch DDP vs Hugging Face Accelerate
@@ -478,10 +510,30 @@ Definitions and notes:
   1-rank configuration) can stall badly when one of their cores is taken. Before each run the driver waits
   (up to `--wait-idle` seconds) for the rest of the machine to go idle, then runs anyway.
 
+- Overlap: after its timed steps, each multi-rank accelerate-cpp run times, {args.overlap_steps} times on its
+  last batch and in rotated order, each after a barrier and as the slowest rank's time: forward + backward
+  under `no_sync` (no communication), the all-reduce of buffers the sizes of DDP's buckets (same plan) with
+  no backward, and forward + synced backward (bucket all-reduces launched from the gradient hooks, then
+  waited for). Hidden = 1 - (synced - without communication) / all-reduce alone, clamped to [0, 1]; copies
+  into and out of the buckets and waiting for a slower rank count as exposed communication.
+
 Exact launch commands (ports vary per run):
 
 {launches}
+{SECTION_END}
 """
+
+
+def write_report(path: Path, section: str) -> None:
+    """Replace the benchmark's section of ``path`` (between the markers), or create the file with it."""
+    if not path.exists():
+        path.write_text(f"# Benchmarks\n\n{section}")
+        return
+    text = path.read_text()
+    start, end = text.find(SECTION_START), text.find(SECTION_END)
+    if start < 0 or end < start:
+        raise BenchError(f"{path} has no {SECTION_START} ... {SECTION_END} section to replace")
+    path.write_text(text[:start] + section + text[end + len(SECTION_END) + 1 :])
 
 
 def main() -> int:
@@ -537,7 +589,11 @@ def main() -> int:
 
     table, ratios = summary(results)
     print(f"\n{table}\n\n{ratios}")
-    args.out.write_text(report(results, args, info, (load_before, load_after)))
+    try:
+        write_report(args.out, report(results, args, info, (load_before, load_after)))
+    except BenchError as e:
+        print(f"ddp_bench: error: {e}", file=sys.stderr)
+        return 1
     print(f"\nwrote {args.out}")
     return 0
 
