@@ -8,9 +8,11 @@
 //   tensor_parallel_worker count        one all-reduce in forward and one in backward per Column-Row pair
 //   tensor_parallel_worker bad_size     sizes not divisible by the group, wrong inputs: UsageError
 //   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
+//   tensor_parallel_worker accelerator  (4 ranks) the same through Accelerator (tensor_parallel_size 2, ddp)
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <accel/accelerator.hpp>
 #include <accel/communicator.hpp>
 #include <accel/errors.hpp>
 #include <accel/tensor_parallel.hpp>
@@ -423,13 +425,71 @@ void tp_dp() {
   }
 }
 
+// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks, the DDP backend
+// reducing over the data-parallel groups, a prepared loader giving both ranks of a group the same batches,
+// and what would silently see only this rank's slices refused.
+void accelerator() {
+  REQUIRE(communicator()->world_size() == 4);
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = 4;
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group(), dp = acc.data_parallel_group();
+  const int r = acc.process_index();
+  CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}) &&
+                dp->job_ranks() == std::vector<int>({r % 2, r % 2 + 2}),
+            "groups " << fmt::format("{} and {}", fmt::join(tp->job_ranks(), ","),
+                                     fmt::join(dp->job_ranks(), ",")));
+  auto m = make_mlps(tp);
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  acc.prepare(m.parallel, opt);
+  // 16 samples, batches of 4 per replica: the ranks of a tensor-parallel group read the same rows.
+  torch::manual_seed(10);
+  const auto xs = torch::randn({16, kIn}), ys = torch::randn({16, kOut});
+  auto loader =
+      acc.prepare_data_loader(torch::data::datasets::TensorDataset(torch::cat({xs, ys}, 1))
+                                  .map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+                              accel::DataLoaderOptions(4).shuffle(false));
+  int step = 0;
+  for (auto& batch : *loader) {
+    const std::string at = fmt::format("accelerator, step {}", step++);
+    const auto rows = batch.data;
+    const auto x = rows.narrow(1, 0, kIn), y = rows.narrow(1, kIn, kOut);
+    const auto group_rows = tp->all_gather(x);
+    CHECK_MSG(torch::equal(group_rows.narrow(0, 0, x.size(0)), group_rows.narrow(0, x.size(0), x.size(0))),
+              at << ": the ranks of a tensor-parallel group read different batches");
+    // The reference: both replicas' batches as one (the loss is a mean over rows, so the mean of the two
+    // replicas' losses equals the loss of their union).
+    const auto all = dp->all_gather(rows);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    torch::mse_loss(m.reference->forward(all.narrow(1, 0, kIn)), all.narrow(1, kIn, kOut)).backward();
+    acc.backward(torch::mse_loss(m.parallel->forward(x), y));
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+  CHECK_MSG(step == 2, "steps " << step);
+  const auto clip = usage_error_of([&] { acc.clip_grad_norm_(1.0); });
+  CHECK_MSG(contains(clip, "clip_grad_norm_ is not supported with tensor parallelism yet"), clip);
+  const auto save = usage_error_of([&] { acc.save_state("unused"); });
+  CHECK_MSG(contains(save, "save_state is not supported with tensor parallelism yet"), save);
+  const auto bad = usage_error_of(
+      [&] { accel::Accelerator three(accel::AcceleratorOptions().config(config).tensor_parallel_size(3)); });
+  CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios{
-      {"mlp", mlp}, {"embedding", embedding}, {"count", count}, {"bad_size", bad_size}, {"tp_dp", tp_dp}};
+      {"mlp", mlp},           {"embedding", embedding}, {"count", count},
+      {"bad_size", bad_size}, {"tp_dp", tp_dp},         {"accelerator", accelerator}};
   if (argc != 2 || scenarios.count(argv[1]) == 0) {
-    std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp>" << std::endl;
+    std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp|accelerator>"
+              << std::endl;
     return 2;
   }
   return worker::run_scenario(argv[0], argv[1], scenarios.at(argv[1]));

@@ -66,6 +66,37 @@ std::shared_ptr<const BackendRegistry> builtin_registry() {
 
 }  // namespace
 
+void Accelerator::setup_tensor_parallel(int size) {
+  if (size < 1 || world_size_ % size != 0) {
+    throw UsageError(fmt::format(
+        "tensor_parallel_size {} does not divide the {} process(es): each tensor-parallel group holds "
+        "tensor_parallel_size ranks; run a multiple of {} processes or choose a divisor of {}",
+        size, world_size_, size, world_size_));
+  }
+  if (config_.pipeline.stages > 1) {
+    throw UnsupportedOperation(
+        "tensor_parallel_size with pipeline_config.stages > 1 is not supported yet; use one of them");
+  }
+  // Rank = replica x size + tp rank: a group's ranks are neighbours (one machine: the layers' all-reduces
+  // run every forward and backward); the ranks holding the same slices form the data-parallel groups.
+  const int replicas = world_size_ / size;
+  std::vector<std::vector<int>> tp(static_cast<std::size_t>(replicas)), data(static_cast<std::size_t>(size));
+  for (int r = 0; r < world_size_; ++r) {
+    tp[static_cast<std::size_t>(r / size)].push_back(r);
+    data[static_cast<std::size_t>(r % size)].push_back(r);
+  }
+  tp_comm_ = comm_->split(tp);
+  data_comm_ = comm_->split(data);
+}
+
+void Accelerator::refuse_with_tensor_parallel(const char* what, const char* instead) const {
+  if (tp_comm_->world_size() > 1) {
+    throw UnsupportedOperation(fmt::format(
+        "{} is not supported with tensor parallelism yet (each rank holds slices of the model); {}", what,
+        instead));
+  }
+}
+
 void Accelerator::connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
   for (const auto& m : model.modules()) {
     if (auto* bn = dynamic_cast<nn::SyncBatchNormImpl*>(m.get())) bn->set_communicator(comm);
@@ -109,11 +140,14 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   // A single-process backend launched on several ranks resolves to its multi-process replacement.
   descriptor_ = &registry_->resolve(config_.backend, world_size_);
   config_.backend = descriptor_->name;
+  data_comm_ = comm_;
+  tp_comm_ = Communicator::create(ProcessState{}, device_, comm_options);  // a group of one
+  if (options.tensor_parallel_size_ != 1) setup_tensor_parallel(options.tensor_parallel_size_);
   context_.config = &config_;
   context_.device = device_;
-  context_.rank = rank_;
-  context_.world_size = world_size_;
-  context_.comm = comm_.get();
+  context_.rank = data_comm_->rank();
+  context_.world_size = data_comm_->world_size();
+  context_.comm = data_comm_.get();
   if (config_.mixed_precision == MixedPrecision::Fp16) {
     scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
   }
@@ -162,6 +196,8 @@ NamedTensors Accelerator::get_state_dict() {
 }
 
 NamedTensors Accelerator::model_state(std::size_t index) {
+  refuse_with_tensor_parallel("get_state_dict",
+                              "save each rank's slices (model->named_parameters()) with torch::save");
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
   return engine.model_state();
@@ -195,7 +231,7 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   }
   PreparedModel prepared{model, descriptor_->factory(context_), 0};
   prepared.engine->prepare_model(*model);
-  if (world_size_ > 1) connect_sync_batchnorm(*model, comm_.get());
+  if (data_comm_->world_size() > 1) connect_sync_batchnorm(*model, data_comm_.get());
   models_.push_back(std::move(prepared));
   enable_autocast();
 }

@@ -9,27 +9,35 @@
 namespace accel {
 
 torch::Tensor Accelerator::gather(const torch::Tensor& t) {
-  if (world_size_ == 1) return t.dim() == 0 ? t.reshape({1}) : t;
+  return gather_over(*comm_, t);
+}
+
+torch::Tensor Accelerator::gather_over(Communicator& comm, const torch::Tensor& t) {
   auto x = t.dim() == 0 ? t.reshape({1}) : t;
+  const int ranks = comm.world_size();
+  if (ranks == 1) return x;
   // Sizes along dim 0 may differ (even_batches off, last batches): gather them first, pad, gather, trim.
   auto size = torch::tensor({x.size(0)}, torch::TensorOptions().dtype(torch::kInt64).device(x.device()));
-  const auto sizes = comm_->all_gather(size).cpu();
+  const auto sizes = comm.all_gather(size).cpu();
   const auto* n = sizes.data_ptr<std::int64_t>();
-  const auto longest = *std::max_element(n, n + world_size_);
-  if (std::all_of(n, n + world_size_, [&](std::int64_t v) { return v == longest; }))
-    return comm_->all_gather(x);
-  auto gathered = comm_->all_gather(pad_across_processes(x, 0));
+  const auto longest = *std::max_element(n, n + ranks);
+  if (std::all_of(n, n + ranks, [&](std::int64_t v) { return v == longest; })) return comm.all_gather(x);
+  auto pad_shape = x.sizes().vec();
+  pad_shape[0] = longest - x.size(0);
+  auto gathered = comm.all_gather(torch::cat({x, torch::zeros(pad_shape, x.options())}));
   std::vector<torch::Tensor> parts;
-  for (int r = 0; r < world_size_; ++r)
+  for (int r = 0; r < ranks; ++r)
     parts.push_back(gathered.narrow(0, r * longest, n[r]));
   return torch::cat(parts);
 }
 
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& t) {
-  auto all = gather(t);
+  // Prepared loaders shard the data over the data-parallel replicas (with tensor parallelism, the ranks of
+  // one group read the same batches): each replica's predictions count once.
+  auto all = gather_over(*data_comm_, t);
   // At the end of an epoch, the last round held `remainder` real samples and the rest were wrapped around.
   const auto* l = active_loader();
-  if (world_size_ > 1 && l != nullptr && l->in_epoch && l->at_last_batch && l->remainder > 0) {
+  if (data_comm_->world_size() > 1 && l != nullptr && l->in_epoch && l->at_last_batch && l->remainder > 0) {
     return all.narrow(0, 0, std::min<std::int64_t>(all.size(0), static_cast<std::int64_t>(l->remainder)));
   }
   return all;

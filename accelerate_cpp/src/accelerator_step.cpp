@@ -251,6 +251,9 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
+  refuse_with_tensor_parallel("clip_grad_norm_",
+                              "the norm over slices and replicated parameters is not combined across the "
+                              "group yet: train without clipping for now");
   if (!sync_gradients_) return 0.0;
   if (optimizer_step_was_skipped()) return std::numeric_limits<double>::infinity();
   if (!(norm_type > 0)) {

@@ -117,6 +117,11 @@ struct AcceleratorOptions {
   AcceleratorOptions& log_with(std::shared_ptr<Tracker> v) {
     return trackers_.push_back(std::move(v)), *this;
   }
+  /// Tensor parallelism (accel/tensor_parallel.hpp): the ranks form groups of `v` consecutive ranks (rank =
+  /// replica x v + tp rank) whose layers hold slices of one model; `tensor_parallel_group()` is this rank's
+  /// group for the parallel layers, and the backends, prepared loaders and gradient reduction work over the
+  /// data-parallel replicas (`data_parallel_group()`). num_processes must be a multiple of `v`.
+  AcceleratorOptions& tensor_parallel_size(int v) { return tensor_parallel_size_ = v, *this; }
   /// Backend registry to pick from (default: the built-in backends).
   AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
     return registry_ = std::move(v), *this;
@@ -128,6 +133,7 @@ struct AcceleratorOptions {
   std::optional<int> gradient_accumulation_steps_;
   std::optional<bool> cpu_;
   std::optional<ProcessState> process_state_;
+  int tensor_parallel_size_ = 1;
   std::shared_ptr<const BackendRegistry> registry_;
   ProjectConfiguration project_;
   std::optional<std::string> log_with_;
@@ -226,8 +232,8 @@ class Accelerator {
   std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset, DataLoaderOptions options) {
     complete_loader_options(options);
     auto state = register_loader();
-    return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(options), rank_, world_size_,
-                                                 device_, std::move(state));
+    return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(options), data_comm_->rank(),
+                                                 data_comm_->world_size(), device_, std::move(state));
   }
   template <class Dataset>
   std::unique_ptr<DataLoader<Dataset>> prepare_data_loader(Dataset dataset, std::size_t batch_size) {
@@ -536,6 +542,11 @@ class Accelerator {
   [[nodiscard]] MainProcessFirst local_main_process_first();
   /// The process-group wrapper (byte counters, raw collectives).
   Communicator& communicator() noexcept { return *comm_; }
+  /// This rank's tensor-parallel group (AcceleratorOptions::tensor_parallel_size; a group of one without).
+  std::shared_ptr<Communicator> tensor_parallel_group() const { return tp_comm_; }
+  /// The ranks that hold the same part of the model as this one (every rank without tensor or pipeline
+  /// parallelism): the backends reduce gradients over it and prepared loaders shard the data over it.
+  std::shared_ptr<Communicator> data_parallel_group() const { return data_comm_; }
 
   // ---- utilities
   // -------------------------------------------------------------------------------------------
@@ -639,6 +650,7 @@ class Accelerator {
   // UnsupportedOperation when the backend shards gradients or parameters (pipeline_config.stages > 1).
   void refuse_sharding_with_pipeline() const;
   std::vector<std::string> exchange_bytes(const std::string& mine);
+  torch::Tensor gather_over(Communicator& comm, const torch::Tensor& t);
   void check_rank(int index, const char* what) const;
 
   // A module holder (Mlp, torch::nn::Linear) or a std::shared_ptr to a module.
@@ -726,8 +738,13 @@ class Accelerator {
   std::unique_ptr<pipeline::PipelineStage> pipeline_stage_;    // prepare_pipeline
   std::unique_ptr<pipeline::PipelineEngine> pipeline_engine_;  // runs pipeline_stage_
   std::shared_ptr<Communicator> pipe_comm_;  // this replica's stages, rank = stage (prepare_pipeline)
-  std::shared_ptr<Communicator> data_comm_;  // this stage's replicas, rank = replica (prepare_pipeline)
-  std::size_t pipeline_model_ = 0;           // the stage's entry in models_
+  std::shared_ptr<Communicator>
+      data_comm_;                          // the data-parallel replicas of this rank (the job without tp/pp)
+  std::shared_ptr<Communicator> tp_comm_;  // this rank's tensor-parallel group (one rank without)
+  void setup_tensor_parallel(int size);
+  // UnsupportedOperation naming `what` with tensor parallelism (each rank holds slices of the model).
+  void refuse_with_tensor_parallel(const char* what, const char* instead) const;
+  std::size_t pipeline_model_ = 0;  // the stage's entry in models_
 
   std::vector<PreparedModel> models_;
   std::vector<torch::optim::Optimizer*> optimizers_;
