@@ -4,6 +4,8 @@
 //
 //   OMP_NUM_THREADS=1 accel-launch launch --cpu --num_processes 2 build/bench/bench_pipeline [--json 1]
 //
+// (BENCHMARKS.md, "Pipeline parallelism: bubble and activation memory", has the figures for 1-4 stages.)
+//
 // The model is `--layers` equal blocks Linear(width, width) + ReLU, cut into stages by parameter count;
 // every step runs one batch of `--batch` rows. Per stage and configuration, over `--repeats` timed steps
 // (after `--warmup`), medians of: the step's wall time (from a barrier to the end of train_step, which ends
@@ -88,7 +90,7 @@ enum Field {
 
 int main(int argc, char** argv) try {
   int layers = 12, repeats = 5, warmup = 2, json = 0;
-  std::int64_t width = 1024, batch = 64;
+  std::int64_t width = 256, batch = 2048;
   bench::Flags()
       .add("--layers", layers)
       .add("--width", width)
