@@ -330,7 +330,6 @@ void Accelerator::complete_loader_options(DataLoaderOptions& options) const {
 }
 
 std::shared_ptr<detail::LoaderState> Accelerator::register_loader() {
-  if (pipeline_engine_) throw UsageError(fmt::format("prepare_data_loader: {}", kPipelineLoaderMessage));
   loaders_.push_back(std::make_shared<detail::LoaderState>());
   loaders_.back()->clock = loader_clock_;
   loaders_.back()->on_advance = [this] { sync_parameters(); };

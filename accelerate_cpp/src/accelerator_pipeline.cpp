@@ -12,9 +12,9 @@
 namespace accel {
 
 const char* const Accelerator::kPipelineLoaderMessage =
-    "a pipeline needs the same batch on every stage (the first stage reads its inputs, the last its "
-    "targets), but accelerator.prepare_data_loader() gives each rank its own batches: read the data with "
-    "torch::data::make_data_loader on every rank instead";
+    "a pipeline needs the same batches on every stage of a replica (the first stage reads the inputs, the "
+    "last the targets), which a data loader prepared after prepare_pipeline gives (it shards the data over "
+    "the replicas); one prepared before cannot: prepare the data loaders after prepare_pipeline";
 
 namespace {
 
@@ -147,10 +147,19 @@ torch::Tensor replica_rows(const torch::Tensor& t, int replica, int replicas, co
 
 }  // namespace
 
+double Accelerator::replica_mean(double value) {
+  if (data_comm_->world_size() == 1) return value;
+  auto t = torch::tensor({value}, torch::kFloat64);
+  data_comm_->all_reduce(t, ReduceOp::Mean);
+  return t.item<double>();
+}
+
 double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tensor& targets,
                                   const pipeline::LossFunction& loss) {
   auto& engine = pipeline_engine("pipeline_step");
-  const int replica = data_comm_->rank(), replicas = data_comm_->world_size();
+  // Batches of a prepared loader are already this replica's (it shards over the replicas); others are the
+  // global batch, of which each replica takes its rows.
+  const int replica = data_comm_->rank(), replicas = loaders_.empty() ? data_comm_->world_size() : 1;
   auto& prepared = models_[pipeline_model_];
   if (prepared.engine->capabilities().shards_optimizer_state &&
       std::find(optimizer_model_.begin(), optimizer_model_.end(), pipeline_model_) ==
@@ -168,11 +177,7 @@ double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tens
   // fp16: every stage unscales its gradients; an overflow on any stage skips the step on all of them (the
   // flags are reduced over the whole job).
   unscale_and_check();
-  if (replicas > 1) {
-    auto t = torch::tensor({mean}, torch::kFloat64);
-    data_comm_->all_reduce(t, ReduceOp::Mean);
-    mean = t.item<double>();
-  }
+  mean = replica_mean(mean);
   if (optimizers_.empty() || !optimizer_step_was_skipped()) completed_steps_ += 1;
   micro_steps_ += engine.micro_batches();
   return mean;
@@ -181,14 +186,10 @@ double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tens
 double Accelerator::pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
                                       const pipeline::LossFunction& loss) {
   auto& engine = pipeline_engine("pipeline_evaluate");
-  const int replica = data_comm_->rank(), replicas = data_comm_->world_size();
+  const int replica = data_comm_->rank(), replicas = loaders_.empty() ? data_comm_->world_size() : 1;
   double mean = engine.evaluate(on(replica_rows(inputs, replica, replicas, "inputs"), device_),
                                 on(replica_rows(targets, replica, replicas, "targets"), device_), loss);
-  if (replicas > 1) {
-    auto t = torch::tensor({mean}, torch::kFloat64);
-    data_comm_->all_reduce(t, ReduceOp::Mean);
-    mean = t.item<double>();
-  }
+  mean = replica_mean(mean);
   return mean;
 }
 

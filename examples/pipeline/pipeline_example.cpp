@@ -33,6 +33,8 @@ int main(int argc, char** argv) try {
   double clip = 0;  // > 0: clip the whole model's gradient norm to it (every stage's part counted)
   int save_at = 0;  // > 0: save_state(checkpoint) after this step
   std::string checkpoint = "pipeline_checkpoint", resume;
+  bool prepared_loader =
+      false;  // --loader prepared: accelerator.prepare_data_loader, --batch-size per replica
   std::string data_dir = fashion::default_data_dir();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -52,13 +54,16 @@ int main(int argc, char** argv) try {
       checkpoint = v;
     } else if (k == "--resume") {
       resume = v;
+    } else if (k == "--loader") {
+      if (v != "prepared" && v != "plain") throw std::invalid_argument("--loader takes prepared or plain");
+      prepared_loader = v == "prepared";
     } else if (k == "--data") {
       data_dir = v;
     } else {
       throw std::invalid_argument(
           "unknown argument " + k +
           "; use --steps N --batch-size B --lr X --clip MAX_NORM --save-at STEP --checkpoint DIR "
-          "--resume DIR --data DIR");
+          "--resume DIR --loader prepared|plain --data DIR");
     }
   }
   accel::Accelerator accelerator;
@@ -69,10 +74,12 @@ int main(int argc, char** argv) try {
   auto& stage = accelerator.prepare_pipeline(model);
   torch::optim::SGD optimizer(stage.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   accelerator.prepare(optimizer);  // zero stage 1 shards its state over the stage's replicas
-  // Every stage reads the same batches: the first uses the images, the last the labels.
-  fashion::Dataset data(data_dir, /*train=*/true, steps * batch);
-  auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
-      std::move(data).map(torch::data::transforms::Stack<>()), static_cast<std::size_t>(batch));
+  // Every stage of a replica reads the same batches: the first uses the images, the last the labels. A
+  // plain loader gives every rank the global batch (each replica takes its rows); a loader prepared after
+  // prepare_pipeline gives each replica its own batches of --batch-size.
+  const int replicas = accelerator.num_processes() / accelerator.config().pipeline.stages;
+  const auto samples = steps * batch * (prepared_loader ? replicas : 1);
+  auto dataset = fashion::Dataset(data_dir, /*train=*/true, samples).map(torch::data::transforms::Stack<>());
   auto loss_fn = [](const torch::Tensor& output, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(output, target);
   };
@@ -86,27 +93,41 @@ int main(int argc, char** argv) try {
         a.read("batches", t);
         trained = t.item<std::int64_t>();
       });
-  if (!resume.empty()) accelerator.load_state(resume);
   double loss = 0;
   int step = 0;
-  for (auto& b : *loader) {
-    if (step < trained) {  // resumed: this batch was trained on before the checkpoint
-      ++step;
-      continue;
-    }
+  auto train_on = [&](const torch::Tensor& images, const torch::Tensor& labels) {
     optimizer.zero_grad();
-    loss = accelerator.pipeline_step(b.data, b.target, loss_fn);
+    loss = accelerator.pipeline_step(images, labels, loss_fn);
     if (clip > 0) accelerator.clip_grad_norm_(clip);
     optimizer.step();
     trained = ++step;
     if (step % 10 == 0) accelerator.print("step ", step, " loss ", loss);
     if (step == save_at) accelerator.save_state(checkpoint);
+  };
+  if (prepared_loader) {
+    // Saved and restored with the state: a resumed loader continues after the batches already seen.
+    auto loader = accelerator.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        std::move(dataset), torch::data::DataLoaderOptions(static_cast<std::size_t>(batch)));
+    if (!resume.empty()) accelerator.load_state(resume);
+    step = static_cast<int>(trained);
+    for (auto& b : *loader)
+      train_on(b.data, b.target);
+  } else {
+    auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+        std::move(dataset), static_cast<std::size_t>(batch));
+    if (!resume.empty()) accelerator.load_state(resume);
+    for (auto& b : *loader) {
+      if (step < trained) {  // resumed: this batch was trained on before the checkpoint
+        ++step;
+        continue;
+      }
+      train_on(b.data, b.target);
+    }
   }
   double checksum = 0;
   for (const auto& p : stage.parameters())
     checksum += p.abs().sum().item<double>();
   // Every stage's replicas hold the same weights: the sum over all ranks counts each stage `replicas` times.
-  const int replicas = accelerator.num_processes() / accelerator.config().pipeline.stages;
   checksum =
       accelerator.reduce(torch::tensor(checksum, torch::kFloat64), accel::ReduceOp::Sum).item<double>() /
       replicas;

@@ -302,9 +302,9 @@ class Accelerator {
   /// (zero 2-3, FSDP's sharded strategies) are refused, as in DeepSpeed. mixed_precision works (fp16: a loss
   /// scale shared by all stages, an overflow on any stage skips the step on all); clip_grad_norm_ clips the
   /// whole model's norm (every stage's part); save_state writes one file per global layer, which load_state
-  /// reads with any number of stages and replicas. One pipeline per Accelerator. Not yet with a pipeline,
-  /// each refused with an error (never silently): prepared data loaders (every stage must read the same
-  /// batches: use torch::data::make_data_loader), CUDA.
+  /// reads with any number of stages and replicas. Data loaders prepared after this shard the data over the
+  /// replicas (every stage of a replica reads the same batches); ones prepared before are refused. One
+  /// pipeline per Accelerator. Not yet with a pipeline (refused with an error, never silently): CUDA.
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
   /// The escape hatch for a model that is not a Sequential: `build_stage(s)` returns stage s's module (any
   /// module with `forward(Tensor) -> Tensor`), called for this rank's stage only; parameters are named
@@ -312,7 +312,8 @@ class Accelerator {
   pipeline::PipelineStage& prepare_pipeline(
       const std::function<torch::nn::AnyModule(int stage)>& build_stage);
   /// One training step of the pipeline: `inputs` (read on the first stage) and `targets` (read on the last)
-  /// are the global batch, the same on every rank; each replica takes its 1/replicas of the rows, cut into
+  /// are this replica's batch from a prepared data loader, or else the global batch, the same on every
+  /// rank, of which each replica takes its 1/replicas of the rows; cut into
   /// pipeline_config.micro_batches micro-batches (0: gradient_accumulation_steps) that run through
   /// pipeline_config.schedule (1f1b or gpipe). The gradients of the whole batch's mean loss end in the
   /// stage's parameters (reduced across the replicas during the stage's last backward). Returns that mean
@@ -643,6 +644,8 @@ class Accelerator {
  private:
   static const char* const kPipelineLoaderMessage;
   pipeline::PipelineEngine& pipeline_engine(const char* what);
+  // The mean of `value` over the data-parallel replicas (collective over them).
+  double replica_mean(double value);
   pipeline::PipelineStage& prepare_pipeline_stage(
       const std::function<std::unique_ptr<pipeline::PipelineStage>(int stage, int stages)>& make_stage);
   // Statistics of every SyncBatchNorm in `model` over the ranks of `comm` (nullptr: this process only).
