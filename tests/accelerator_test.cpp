@@ -606,6 +606,16 @@ TEST_CASE("accelerator: a pipeline on one process trains like the plain loop, an
     CHECK(std::filesystem::exists(dir.path / "layers" / "layer_2.safetensors"));
     CHECK(std::filesystem::exists(dir.path / "layers" / "optimizer_0_layer_2.safetensors"));
     CHECK_FALSE(std::filesystem::exists(dir.path / "layers" / "layer_1.safetensors"));
+    {
+      // Without a pipeline the per-layer checkpoint is refused, naming what to do.
+      Accelerator plain(AcceleratorOptions().config(test::make_config()));
+      auto other = make();
+      torch::optim::SGD other_opt(other->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      plain.prepare(other, other_opt);
+      CHECK_THROWS_WITH(plain.load_state(dir.path.string()),
+                        Catch::Contains("saved by a pipeline of 1 stage(s)") &&
+                            Catch::Contains("load it after accelerator.prepare_pipeline(model)"));
+    }
     std::vector<torch::Tensor> saved;
     for (const auto& p : stage.parameters())
       saved.push_back(p.detach().clone());
