@@ -89,6 +89,9 @@ void Accelerator::setup_tensor_parallel(int size) {
   data_comm_ = comm_->split(data);
 }
 
+const char* const Accelerator::kTensorParallelSaveAdvice =
+    "save each rank's slices (model->named_parameters()) with torch::save";
+
 void Accelerator::refuse_with_tensor_parallel(const char* what, const char* instead) const {
   if (tp_comm_->world_size() > 1) {
     throw UnsupportedOperation(fmt::format(
@@ -196,8 +199,7 @@ NamedTensors Accelerator::get_state_dict() {
 }
 
 NamedTensors Accelerator::model_state(std::size_t index) {
-  refuse_with_tensor_parallel("get_state_dict",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("get_state_dict");
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
   return engine.model_state();

@@ -23,8 +23,7 @@ std::uint64_t bytes_of(const NamedTensors& piece) {
 }  // namespace
 
 NamedTensors Accelerator::main_process_state(std::size_t index) {
-  refuse_with_tensor_parallel("get_state_dict",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("get_state_dict");
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
   NamedTensors out;
@@ -38,8 +37,7 @@ NamedTensors Accelerator::main_process_state(std::size_t index) {
 
 ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir,
                                        const std::string& max_shard_size) {
-  refuse_with_tensor_parallel("save_model",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("save_model");
   // Every rank parses the size, so a bad one fails everywhere before any collective.
   const std::uint64_t max_bytes = detail::parse_shard_size(max_shard_size);
   auto& engine = *models_.at(index).engine;
@@ -90,8 +88,7 @@ ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir
 }
 
 void Accelerator::load_model_at(std::size_t index, const std::string& dir) {
-  refuse_with_tensor_parallel("load_model",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("load_model");
   std::map<std::string, torch::Tensor> state;
   std::string failure;
   try {

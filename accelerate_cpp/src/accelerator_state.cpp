@@ -73,8 +73,7 @@ detail::StateParts Accelerator::state_parts() {
 }
 
 void Accelerator::save_state(const std::string& dir) {
-  refuse_with_tensor_parallel("save_state",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("save_state");
   sync_parameters();  // collective: the models must be current before rank 0 writes them
   detail::TrainingCounters counters;
   counters.micro_steps = micro_steps_;
@@ -84,8 +83,7 @@ void Accelerator::save_state(const std::string& dir) {
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  refuse_with_tensor_parallel("load_state",
-                              "save each rank's slices (model->named_parameters()) with torch::save");
+  refuse_with_tensor_parallel("load_state");
   const auto counters = detail::StateIO(state_parts()).load(dir, load_hooks_);
   micro_steps_ = counters.micro_steps;
   cycle_position_ = counters.cycle_position;

@@ -193,6 +193,18 @@ struct PipelineEngine::Step {
   /// Training: the sends of each micro-batch's activation, waited on (and their buffers released) once the
   /// next stage's gradient of that micro-batch arrived, which it sends only after it received the activation.
   std::map<int, std::vector<std::unique_ptr<CollectiveHandle>>> activation_sends;
+
+  /// Every send still pending, moved out of the step.
+  std::vector<std::unique_ptr<CollectiveHandle>> take_sends() {
+    auto out = std::move(sends);
+    sends.clear();
+    for (auto& [mb, handles] : activation_sends) {
+      for (auto& h : handles)
+        out.push_back(std::move(h));
+    }
+    activation_sends.clear();
+    return out;
+  }
   std::vector<double> losses;
   std::vector<torch::Tensor> outputs;  ///< evaluate on the last stage
 };
@@ -326,12 +338,8 @@ double PipelineEngine::run(Step& step, const torch::Tensor& inputs, const torch:
         send_abort(peer, origin, micro_batch, text);
     }
     // Pending sends stay alive with the engine: their buffers must not go away under the transport.
-    for (auto& h : step.sends)
+    for (auto& h : step.take_sends())
       kept_sends_.push_back(std::move(h));
-    for (auto& [mb, handles] : step.activation_sends) {
-      for (auto& h : handles)
-        kept_sends_.push_back(std::move(h));
-    }
     failed_ = text;
     if (remote)
       throw DistributedError(fmt::format("pipeline stage {} stopped at {} because {}", s, where, text));
@@ -453,14 +461,8 @@ void PipelineEngine::execute(const Action& a, Step& step) {
       break;
     }
     case ActionType::WaitSends:
-      for (auto& h : step.sends)
+      for (auto& h : step.take_sends())
         h->wait();
-      step.sends.clear();
-      for (auto& [m, handles] : step.activation_sends) {
-        for (auto& h : handles)
-          h->wait();
-      }
-      step.activation_sends.clear();
       break;
   }
 }

@@ -745,8 +745,10 @@ class Accelerator {
       data_comm_;                          // the data-parallel replicas of this rank (the job without tp/pp)
   std::shared_ptr<Communicator> tp_comm_;  // this rank's tensor-parallel group (one rank without)
   void setup_tensor_parallel(int size);
-  // UnsupportedOperation naming `what` with tensor parallelism (each rank holds slices of the model).
-  void refuse_with_tensor_parallel(const char* what, const char* instead) const;
+  // UnsupportedOperation naming `what` and what to do `instead` with tensor parallelism (each rank holds
+  // slices of the model); by default the advice for saving and loading.
+  static const char* const kTensorParallelSaveAdvice;
+  void refuse_with_tensor_parallel(const char* what, const char* instead = kTensorParallelSaveAdvice) const;
   std::size_t pipeline_model_ = 0;  // the stage's entry in models_
 
   std::vector<PreparedModel> models_;
