@@ -515,12 +515,13 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "distributed_type_typo.yaml:1: distributed_type: invalid value 'MULTI_GPUS' (did you mean "
         "'MULTI_GPU'?); "
         "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
-  CHECK(bad_file_message("deepspeed_unknown_key.yaml") ==
-        "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
-        "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
-        "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
-        "reduce_bucket_size, overlap_comm, allgather_bucket_size, stage3_prefetch_bucket_size, "
-        "activation_checkpointing, deepspeed_multinode_launcher, deepspeed_config_file");
+  CHECK(
+      bad_file_message("deepspeed_unknown_key.yaml") ==
+      "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
+      "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
+      "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
+      "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, stage3_prefetch_bucket_size, "
+      "activation_checkpointing, deepspeed_multinode_launcher, deepspeed_config_file");
   CHECK(
       bad_file_message("sagemaker.yaml") ==
       "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
@@ -746,6 +747,8 @@ TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and un
   CHECK(accel::Config::load_string(c.to_yaml()) == c);
   CHECK(has_notice(c, "unknown top-level key(s) ignored: some_future_key"));
   CHECK(has_notice(c, "stage3_max_live_parameters"));
+  CHECK(c.zero.sub_group_size == 1000000000u);       // read (stages 1-2 use it) ...
+  CHECK(has_notice(c, "sub_group_size (stage 3)"));  // ... and reported as no effect in stage 3
   CHECK(has_notice(c, "train_micro_batch_size_per_gpu is 4"));
   // 32 = 4 x 4 x 2 ranks; on 4 ranks the same file is inconsistent, with DeepSpeed's meaning.
   const std::string message = load_error(files.yaml(fixture("zero3_offload.json"), "", "", 4)).what();
@@ -908,4 +911,15 @@ TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the 
           b.backend = "fsdp";
           b.fsdp_sharding_strategy = "NO_SHARD";
         }) == "no error");
+}
+
+TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and must be positive", "[config]") {
+  const auto c = accel::Config::load_string(
+      "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 1\n  sub_group_size: 2e6\n");
+  CHECK(c.zero.sub_group_size == 2000000u);
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK_THROWS_WITH(
+      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: 0\n"),
+      Catch::Contains("deepspeed_config.sub_group_size") &&
+          Catch::Contains("a positive number of elements (such as 4000000 or 4e6)"));
 }

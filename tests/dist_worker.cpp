@@ -50,10 +50,10 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     c.backend = "zero";
     c.zero.stage = backend_variant[4] - '0';
     c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
-    // Several buckets and all-gather chunks even for the small test model; the `peak` scenario's model
-    // (8.4 MB) gets ~30 of each (600-byte chunks would make it 14,000 all-gathers per step).
+    // Several buckets and optimizer sub-groups (each its own flat buffer, master slice and all-gather) even
+    // for the small test model; the `peak` scenario's model (8.4 MB) gets ~30 of each.
     c.zero.reduce_bucket_size = peak ? 300000 : 600;
-    c.zero.allgather_bucket_size = peak ? 300000 : 600;
+    c.zero.sub_group_size = peak ? 75000 : 100;
     // DeepSpeed's "auto": hidden_size² elements from the model at prepare (several buckets here too).
     if (backend_variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
@@ -106,11 +106,29 @@ void sharding() {
   acc.prepare(model, opt);
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
       Regression(4 * n * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
-  // Stages 1-2 shard the whole flat model; stage 3 / FULL_SHARD each unit (here: each Linear) separately.
-  std::int64_t shard = (p_total + n - 1) / n;
-  std::vector<std::int64_t> unit_shards;
+  // Stages 1-2 shard each optimizer sub-group (whole parameters in order, a new one started where the next
+  // parameter would pass sub_group_size elements; FSDP's SHARD_GRAD_OP uses the default) on its own; stage 3
+  // / FULL_SHARD each unit (here: each Linear) separately.
+  std::int64_t shard = 0;
+  std::vector<std::int64_t> unit_shards;  // per optimizer tensor: a sub-group's or a unit's slice
+  {
+    const auto limit = static_cast<std::int64_t>(
+        acc.config().backend == "zero" ? acc.config().zero.sub_group_size : ZeroConfig{}.sub_group_size);
+    std::int64_t group = 0;
+    for (const auto& p : model->parameters()) {
+      if (group > 0 && group + p.numel() > limit) {
+        unit_shards.push_back((group + n - 1) / n);
+        group = 0;
+      }
+      group += p.numel();
+    }
+    unit_shards.push_back((group + n - 1) / n);
+    for (auto u : unit_shards)
+      shard += u;
+  }
   if (params_sharded()) {
     shard = 0;
+    unit_shards.clear();
     for (const auto& child : model->children()) {
       std::int64_t u = 0;
       for (const auto& p : child->parameters())
@@ -160,12 +178,12 @@ void sharding() {
   }
   std::size_t k = 0;
   for (const auto& master : opt.param_groups()[0].params()) {
-    const auto want = params_sharded() ? unit_shards.at(k++) : shard;
+    const auto want = unit_shards.at(k++);
     const auto& adam =
         static_cast<const torch::optim::AdamParamState&>(*opt.state().at(master.unsafeGetTensorImpl()));
     CHECK_MSG(adam.exp_avg().numel() == want && adam.exp_avg_sq().numel() == want,
-              "Adam state per rank must be ceil(P/N) = " << want << " elements per state tensor, has "
-                                                         << adam.exp_avg().numel());
+              "Adam state per rank must be ceil(P/N) of its sub-group or unit = "
+                  << want << " elements per state tensor, has " << adam.exp_avg().numel());
   }
   // get_state_dict(): every parameter whole, by name, equal to what the model computes with.
   const auto state = acc.get_state_dict();
@@ -809,6 +827,66 @@ void frozen() {
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
 }
 
+// A parameter that is a view into a larger tensor (it cannot move into a sharded engine's flat buffer, so it
+// is copied after each gather) trains like in one process beside ordinary ones, which (FSDP SHARD_GRAD_OP,
+// one sub-group here) live side by side in the flat buffer the parameter all-gather writes.
+struct ViewParamImpl : torch::nn::Module {
+  ViewParamImpl() : fc1(register_module("fc1", torch::nn::Linear(6, 16))) {
+    base = torch::randn({40});
+    scale = register_parameter("scale", base.narrow(0, 8, 16));  // storage offset 8: a view
+  }
+  torch::Tensor forward(torch::Tensor x) { return (torch::relu(fc1(x)) * scale).sum(1, true); }
+  torch::nn::Linear fc1;
+  torch::Tensor base, scale;
+};
+TORCH_MODULE(ViewParam);
+
+void view_parameter() {
+  auto build = [] {
+    torch::manual_seed(0);
+    return ViewParam();
+  };
+  std::vector<torch::Tensor> got;
+  int world = 0;
+  {
+    Accelerator acc(AcceleratorOptions().config(cpu_config()));
+    world = acc.num_processes();
+    auto model = build();
+    REQUIRE(model->scale.storage_offset() == 8);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    acc.prepare(model, opt);
+    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+    for (auto& b : *loader) {
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      opt.step();
+    }
+    acc.wait_for_everyone();  // refreshes the model on the sharding engines
+    got = test::snapshot(*model);
+    CHECK_MSG(model->scale.storage_offset() == 8 &&
+                  model->scale.data_ptr() == static_cast<float*>(model->base.data_ptr()) + 8,
+              "the view parameter must stay a view of its base tensor");
+    if (backend_variant == "fsdp_grad_op") {
+      CHECK_MSG(model->fc1->bias.data_ptr() == static_cast<float*>(model->fc1->weight.data_ptr()) + 96,
+                "fc1's weight and bias must be adjacent in the flat parameter buffer");
+    }
+  }
+  auto model = build();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  Regression data(4 * world * 3);
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    const auto big = 4 * world;
+    torch::mse_loss(model(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
+        .backward();
+    opt.step();
+  }
+  const auto want = test::snapshot(*model);
+  for (std::size_t k = 0; k < want.size(); ++k)
+    CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
+}
+
 // memory_report() after a sync backward and step matches estimate_memory() within 5%.
 void memory() {
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -1058,6 +1136,7 @@ int main(int argc, char** argv) {
       {"memory", memory},
       {"peak", peak},
       {"frozen", frozen},
+      {"view_parameter", view_parameter},
       {"reshard_save", [] { reshard(false); }},
       {"reshard_load", [] { reshard(true); }}};
   for (const auto& [name, f] : dist::real_loop_scenarios())

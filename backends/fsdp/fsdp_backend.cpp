@@ -47,7 +47,6 @@ std::unique_ptr<Backend> make_fsdp_engine(const BackendContext& context) {
       ZeroOptions o;
       o.stage = 2;
       o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
-      o.gather_bucket_bytes = o.bucket_bytes;
       o.offload_optimizer = f.offload_params;
       o.name = "fsdp";
       return make_zero_backend(context, o);

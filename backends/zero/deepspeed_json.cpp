@@ -417,7 +417,7 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
       check_keys(f, zo.at("offload_optimizer"), "zero_optimization.offload_optimizer",
                  offload_optimizer_keys());
     }
-    bool overlap_given = false;
+    bool overlap_given = false, sub_group_given = false;
     for (const auto& [key, v] : zo.items()) {
       const std::string p = "zero_optimization." + key;
       if (key == "stage") {
@@ -431,6 +431,11 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
       } else if (key == "overlap_comm") {
         z.overlap_comm = boolean_value(f, v, p, key);
         overlap_given = true;
+      } else if (key == "sub_group_size") {
+        const auto n = count_or_auto(f, v, p, key);
+        if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of elements", p));
+        if (n) z.sub_group_size = *n;
+        sub_group_given = true;
       } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
                  key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
         const auto n = count_or_auto(f, v, p, key);
@@ -456,6 +461,8 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
       }
     }
     if (!overlap_given) z.overlap_comm = z.stage == 3;  // DeepSpeed: on for stage 3, off otherwise
+    // Stages 1-2 step the optimizer in sub-groups; stage 3 here steps each unit's own slice.
+    if (sub_group_given && z.stage == 3) zero_no_effect.push_back("sub_group_size (stage 3)");
   }
   if (!autos.empty()) {
     notices.push_back(

@@ -18,19 +18,31 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <set>
 
 namespace accel::backends {
 namespace {
 
-/// One optimizer parameter group laid out flat and sharded.
+/// One sub-group of an optimizer parameter group (whole parameters, at most `sub_group_numel` elements
+/// unless one parameter alone is larger), laid out flat and sharded.
 struct Group {
   std::vector<std::size_t> params;   // indices into ZeroBackend::params_
   std::vector<std::int64_t> offset;  // flat offset of each of `params`
-  std::int64_t numel = 0;            // P of this group
+  std::int64_t numel = 0;            // P of this sub-group
   std::int64_t shard = 0;            // S = ceil(P / N)
-  torch::Tensor master;              // [S]: this rank's slice, the tensor the optimizer updates
+  // [N * S] on the parameters' device: the whole parameters. Each parameter's storage points into it
+  // (aliased), so the all-gather after the step writes the parameters themselves: no receive buffer, no copy.
+  torch::Tensor flat;
+  std::vector<bool> aliased;  // per member: its storage points into `flat` (else copied after a gather)
+  torch::Tensor master;       // [S]: this rank's slice, the tensor the optimizer updates
+  torch::Tensor grad_buf;     // [S]: memory of the master's gradient, reused while nothing else holds it
 };
+
+// True when nothing but `t` itself holds its memory (no other tensor object, no view).
+bool sole_owner(const torch::Tensor& t) {
+  return t.defined() && t.use_count() == 1 && t.storage().use_count() == 1;
+}
 
 /// Stage-2 bucket: a contiguous flat range [begin, end) of one group.
 struct Bucket {
@@ -92,37 +104,35 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     detail::check_shardable_optimizer(model_, optimizer, options_.name);
     detail::Quiet quiet;
     trigger_.stop();
-    const auto n = comm_.world_size();
     for (auto& pg : optimizer.param_groups()) {
+      std::vector<torch::Tensor> masters;
       Group g;
+      torch::Tensor first;
       for (const auto& p : pg.params()) {
         const auto index = index_of(p);
         if (ref_.count(index) != 0) {
           throw UsageError(
               fmt::format("{}: parameter '{}' is in two optimizer groups", options_.name, names_[index]));
         }
-        ref_[index] = ParamRef{groups_.size(), g.params.size(), 0};
-        g.params.push_back(index);
-        g.offset.push_back(g.numel);
-        g.numel += p.numel();
-      }
-      if (g.params.empty()) continue;
-      g.shard = detail::shard_size(g.numel, n);
-      const auto& first = params_[g.params.front()];
-      for (auto index : g.params) {
-        const auto& p = params_[index];
+        if (!first.defined()) first = params_[index];
         if (p.scalar_type() != first.scalar_type() || p.device() != first.device()) {
           throw UnsupportedOperation(
               fmt::format("{}: parameters of one optimizer group must share dtype and device; '{}' differs",
                           options_.name, names_[index]));
         }
+        // DeepSpeed's sub_group_size: the optimizer steps sub-groups of whole parameters, each its own flat
+        // master slice, which bounds the temporaries an optimizer allocates per tensor.
+        if (!g.params.empty() && g.numel + p.numel() > options_.sub_group_numel) {
+          masters.push_back(close_group(std::move(g)));
+          g = Group();
+        }
+        ref_[index] = ParamRef{groups_.size(), g.params.size(), 0};
+        g.params.push_back(index);
+        g.offset.push_back(g.numel);
+        g.numel += p.numel();
       }
-      // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
-      g.master = detail::flat_slice(params_, g.params, g.offset, g.shard, comm_, options_.offload_optimizer);
-      // The optimizer stepping a master is what makes the model stale: watch it.
-      trigger_.watch(g.master, kMasterTag);
-      pg.params() = {g.master};
-      groups_.push_back(std::move(g));
+      if (!g.params.empty()) masters.push_back(close_group(std::move(g)));
+      if (!masters.empty()) pg.params() = masters;
     }
     buckets_.clear();
     build_buckets();
@@ -167,9 +177,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     if (!took_part) return;
     // A rank whose slice is only padding received nothing: give it zeros, so that every rank's optimizer
     // steps (and holds state for) the same tensors.
-    for (auto& g : groups_) {
-      if (!g.master.grad().defined()) g.master.mutable_grad() = torch::zeros_like(g.master);
-    }
+    for (auto& g : groups_)
+      master_grad(g);
     detail::end_sync_step(comm_, *model_, *ctx_.config, loose);
   }
 
@@ -199,23 +208,22 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     torch::NoGradGuard no_grad;
     for (auto index : owned_)
       detail::unpoison_storage(params_[index]);
-    const auto n = comm_.world_size();
+    // Every sub-group is gathered straight into its flat buffer, which the parameters' storages point into;
+    // all are in flight at once and waited for in order.
+    std::vector<std::unique_ptr<CollectiveHandle>> works;
+    std::vector<torch::Tensor> slices;  // alive until every gather is done (offload: copies on the device)
     for (auto& g : groups_) {
-      const auto& first = params_[g.params.front()];
-      const auto slice = g.master.device() == first.device() ? g.master : g.master.to(first.device());
-      // Gathered in chunks of about gather_bucket_bytes, two in flight: the copy of one chunk into the
-      // parameters overlaps the transfer of the next, and no whole-model buffer is ever allocated.
-      const auto per_rank =
-          static_cast<std::int64_t>(options_.gather_bucket_bytes / (first.element_size() * n));
-      detail::pipelined_chunks(g.shard, per_rank, 2, [&](std::int64_t at, std::int64_t len) {
-        auto out = torch::empty({n * len}, first.options().requires_grad(false));
-        auto work = std::shared_ptr<CollectiveHandle>(comm_.all_gather_async(out, slice.narrow(0, at, len)));
-        return std::function<void()>([this, &g, n, at, len, out, work] {
-          work->wait();
-          for (int r = 0; r < n; ++r)
-            write_flat_range(g, r * g.shard + at, out.narrow(0, r * len, len));
-        });
-      });
+      slices.push_back(g.master.device() == g.flat.device() ? g.master : g.master.to(g.flat.device()));
+      works.push_back(comm_.all_gather_async(g.flat, slices.back()));
+    }
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      works[gi]->wait();
+      auto& g = groups_[gi];
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        if (g.aliased[m]) continue;
+        auto& p = params_[g.params[m]];
+        p.copy_(g.flat.narrow(0, g.offset[m], p.numel()).view(p.sizes()));
+      }
     }
     dirty_ = false;
   }
@@ -224,6 +232,9 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     std::vector<torch::Tensor> out;
     for (const auto& pending : pending_)
       out.push_back(pending.buffer);  // a bucket of gradients being reduced
+    for (const auto& g : groups_) {
+      if (g.grad_buf.defined()) out.push_back(g.grad_buf);  // the masters' gradient memory, kept for reuse
+    }
     return out;
   }
 
@@ -248,8 +259,15 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     detail::load_module_state(*model_, state);
     // The masters are the optimizer's copy of the weights: reload this rank's slices from the model.
     torch::NoGradGuard no_grad;
-    for (auto& g : groups_)
-      g.master.copy_(detail::flat_slice(params_, g.params, g.offset, g.shard, comm_));
+    for (auto& g : groups_) {
+      for (std::size_t m = 0; m < g.params.size(); ++m) {
+        if (!g.aliased[m]) {
+          const auto& p = params_[g.params[m]];
+          g.flat.narrow(0, g.offset[m], p.numel()).copy_(p.detach().reshape({-1}));
+        }
+      }
+      g.master.copy_(g.flat.narrow(0, comm_.rank() * g.shard, g.shard));
+    }
   }
 
   void on_grad_ready(std::size_t index) {
@@ -298,6 +316,43 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
         names_[index], options_.name);
   }
 
+  // Lays a sub-group out flat: one buffer holding its whole parameters (their storages pointing into it) and
+  // this rank's master slice, which the optimizer steps; returns the master.
+  torch::Tensor close_group(Group g) {
+    torch::NoGradGuard no_grad;
+    g.shard = detail::shard_size(g.numel, comm_.world_size());
+    const auto& first = params_[g.params.front()];
+    g.flat = torch::zeros({g.shard * comm_.world_size()}, first.options().requires_grad(false));
+    for (std::size_t m = 0; m < g.params.size(); ++m) {
+      const auto& p = params_[g.params[m]];
+      g.flat.narrow(0, g.offset[m], p.numel()).copy_(p.detach().reshape({-1}));
+      // A plain contiguous parameter that owns its storage moves into the buffer; anything else (a view of
+      // a larger tensor) stays where it is and is copied to after each gather.
+      const bool movable = p.layout() == torch::kStrided && p.is_contiguous() && p.storage_offset() == 0 &&
+                           p.storage().nbytes() == p.nbytes();
+      if (movable) detail::point_storage_into(p, g.flat, g.offset[m]);
+      g.aliased.push_back(movable);
+    }
+    // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
+    g.master = g.flat.narrow(0, comm_.rank() * g.shard, g.shard).clone();
+    if (options_.offload_optimizer) g.master = g.master.to(torch::kCPU);
+    // The optimizer stepping a master is what makes the model stale: watch it.
+    trigger_.watch(g.master, kMasterTag);
+    groups_.push_back(std::move(g));
+    return groups_.back().master;
+  }
+
+  // The master's gradient, zero when it had none: reuses the group's buffer when nothing else holds it (the
+  // optimizer's zero_grad() dropped it), so a step allocates no fresh slice.
+  torch::Tensor& master_grad(Group& g) {
+    auto& grad = g.master.mutable_grad();
+    if (grad.defined()) return grad;
+    if (!sole_owner(g.grad_buf)) g.grad_buf = torch::empty_like(g.master);
+    g.grad_buf.zero_();
+    grad = g.grad_buf;
+    return grad;
+  }
+
   std::size_t index_of(const torch::Tensor& p) const {
     return detail::parameter_index(params_, p, options_.name);
   }
@@ -316,14 +371,6 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     }
   }
 
-  // Copies `values` into the parameters covering flat positions [begin, begin + values.numel()).
-  void write_flat_range(const Group& g, std::int64_t begin, const torch::Tensor& values) {
-    for_flat_range(
-        g, begin, begin + values.numel(), [&](std::size_t index, auto in_param, auto in_range, auto len) {
-          params_[index].view({-1}).narrow(0, in_param, len).copy_(values.narrow(0, in_range, len));
-        });
-  }
-
   // Copies the gradients at flat positions [begin, begin + out.numel()) into `out` (missing ones stay as they
   // are: zero).
   void read_flat_range(const Group& g, std::int64_t begin, torch::Tensor out) {
@@ -338,9 +385,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   // Adds a reduced slice (a sum over ranks) into the master's gradient: gradients add up across backward
   // calls until the optimizer steps or zero_grad() runs, as autograd's do (hand-written accumulation).
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
-    auto& grad = g.master.mutable_grad();
-    if (!grad.defined()) grad = torch::zeros_like(g.master);
-    grad.narrow(0, at, reduced_slice.numel()).add_(reduced_slice, 1.0 / comm_.world_size());
+    master_grad(g).narrow(0, at, reduced_slice.numel()).add_(reduced_slice, 1.0 / comm_.world_size());
   }
 
   // Stage 1: one reduce-scatter of each group's whole padded gradient; false when the model received no
@@ -364,7 +409,11 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       // Chunks of about bucket_bytes, each rank's k-th piece side by side, two reduce-scatters in flight;
       // no whole-model gradient copy is made.
       const auto per_rank = static_cast<std::int64_t>(options_.bucket_bytes / (first.element_size() * n));
-      auto grad = torch::empty({g.shard}, first.options().requires_grad(false));
+      // Reduced straight into the master's gradient memory when the master has no gradient yet (the usual
+      // step: zero_grad() dropped it) and lives on this device; else into a slice that is added to it.
+      const bool direct = !g.master.grad().defined() && g.master.device() == first.device();
+      if (direct && !sole_owner(g.grad_buf)) g.grad_buf = torch::empty_like(g.master);
+      auto grad = direct ? g.grad_buf : torch::empty({g.shard}, first.options().requires_grad(false));
       detail::pipelined_chunks(g.shard, per_rank, 2, [&](std::int64_t at, std::int64_t len) {
         auto input = torch::zeros({n * len}, first.options().requires_grad(false));
         for (int r = 0; r < n; ++r)
@@ -375,7 +424,11 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       });
       for (auto index : g.params)
         params_[index].mutable_grad() = torch::Tensor();
-      set_master_grad(g, grad.to(g.master.device()), 0);
+      if (direct) {
+        g.master.mutable_grad() = grad.mul_(1.0 / n);
+      } else {
+        set_master_grad(g, grad.to(g.master.device()), 0);
+      }
     }
     return true;
   }
@@ -541,7 +594,8 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   o.bucket_bytes = z.reduce_bucket_size.value_or(0);
   o.bucket_from_model = !z.reduce_bucket_size.has_value();
   o.overlap_comm = z.overlap_comm;
-  o.gather_bucket_bytes = z.allgather_bucket_size;
+  o.sub_group_numel = static_cast<std::int64_t>(
+      std::min<std::uint64_t>(z.sub_group_size, std::numeric_limits<std::int64_t>::max()));
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
   o.save_16bit = save_16bit(*context.config);
   return make_zero_backend(context, o);

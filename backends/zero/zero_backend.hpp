@@ -1,17 +1,18 @@
 #pragma once
 /// \file zero_backend.hpp
 /// ZeRO (DeepSpeed's Zero Redundancy Optimizer) stages 1 and 2, also serving FSDP's SHARD_GRAD_OP:
-/// - every optimizer parameter group is laid out as one flat vector padded to a multiple of N; rank r owns
-/// the
+/// - every optimizer parameter group is split into sub-groups of whole parameters (DeepSpeed's
+///   `sub_group_size` elements each, unless one parameter alone is larger); each sub-group is laid out as
+///   one flat buffer padded to a multiple of N that the parameters' storages point into; rank r owns the
 ///   contiguous slice [r*S, (r+1)*S), S = ceil(P/N), and the user's optimizer is re-pointed at a flat
-///   "master" tensor of that slice, so each rank holds exactly S elements of every optimizer state tensor;
+///   "master" copy of that slice per sub-group, so each rank holds exactly S elements of every optimizer
+///   state tensor, in tensors no larger than a sub-group's slice;
 /// - stage 1: after backward the full gradients are reduce-scattered in chunks of `bucket_bytes` (two in
-///   flight, each rank's k-th piece side by side); stage 2: during backward,
-///   gradients are reduced to their owners in buckets as they become ready, and the full gradients are freed
-///   bucket by bucket, so a rank holds its S gradient elements plus at most one bucket;
-/// - after the user's `optimizer.step()` the updated slices are all-gathered into the model's parameters at
-/// the
-///   next step boundary (`Backend::sync_parameters`), in chunks of `gather_bucket_bytes`, two in flight.
+///   flight, each rank's k-th piece side by side); stage 2: during backward, gradients are reduced to their
+///   owners in buckets as they become ready, and the full gradients are freed bucket by bucket, so a rank
+///   holds its S gradient elements plus at most one bucket;
+/// - after the user's `optimizer.step()` the updated slices are all-gathered straight into the flat buffers
+///   (so into the parameters) at the next step boundary (`Backend::sync_parameters`).
 /// Communication per step equals DDP's: reduce(-scatter) (N-1)/N x P plus all-gather (N-1)/N x P elements.
 
 #include <accel/backend.hpp>
@@ -27,7 +28,8 @@ struct ZeroOptions {
   std::uint64_t bucket_bytes = 500000000;  ///< stage 2 reduce bucket / stage 1 chunk, in bytes
   /// DeepSpeed's "auto": bucket_bytes is set at prepare_model from the model (auto_bucket_bytes).
   bool bucket_from_model = false;
-  std::uint64_t gather_bucket_bytes = 500000000;  ///< parameter all-gather chunk after the step, in bytes
+  /// Elements per optimizer sub-group (DeepSpeed's sub_group_size; see ZeroConfig::sub_group_size).
+  std::int64_t sub_group_numel = static_cast<std::int64_t>(ZeroConfig{}.sub_group_size);
   bool overlap_comm = true;  ///< stage 2: reduce a bucket while the next fills (else one bucket at most)
   bool offload_optimizer = false;  ///< keep master slices and optimizer state in CPU memory
   std::string name = "zero";       ///< reported by name() ("zero" or "fsdp")

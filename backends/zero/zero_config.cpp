@@ -63,8 +63,17 @@ std::vector<KeyRow> zero_rows() {
       "overlap_comm", kSection, "stage 2 reduces a bucket while backward fills the next",
       [](auto& c) -> auto& { return c.zero.overlap_comm; }, boolean(), write_bool, "false"));
   rows.push_back(setting(
-      "allgather_bucket_size", kSection, "parameter all-gather bucket, in bytes",
+      "allgather_bucket_size", kSection,
+      "accepted, no effect: stages 1-2 gather each sub-group straight into the parameters",
       [](auto& c) -> auto& { return c.zero.allgather_bucket_size; }, bytes(), write_u64, "456"));
+  rows.push_back(setting(
+      "sub_group_size", kSection,
+      "stages 1-2: elements per optimizer sub-group (each its own master slice; 4e6 accepted)",
+      [](auto& c) -> auto& { return c.zero.sub_group_size; },
+      [](const Reader& r, const Entry& e) {
+        return r.count(e, 1, "a positive number of elements (such as 4000000 or 4e6)");
+      },
+      write_u64, "1000"));
   rows.push_back(setting(
       "stage3_prefetch_bucket_size", kSection,
       "bytes of parameters prefetched ahead in stage 3; auto: from the model",
@@ -167,6 +176,10 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
       {"reduce_bucket_size", z.reduce_bucket_size.value_or(1)},
       {"allgather_bucket_size", z.allgather_bucket_size},
       {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size.value_or(1)}};
+  if (z.sub_group_size == 0) {
+    fail_key("deepspeed_config.sub_group_size",
+             "deepspeed_config.sub_group_size must be a positive number of elements");
+  }
   for (const auto& [name, bytes] : buckets) {
     if (bytes == 0) {
       const std::string key = join_path("deepspeed_config", name);

@@ -142,8 +142,13 @@ struct ZeroConfig {
   /// `overlap_comm`: stage 2 reduces a bucket while backward fills the next (two buckets of gradients at
   /// most); false reduces each bucket before backward continues (one bucket at most, no overlap).
   bool overlap_comm = true;
-  /// `allgather_bucket_size`: parameter all-gather bucket, in bytes.
+  /// `allgather_bucket_size`: parameter all-gather bucket, in bytes. Accepted for DeepSpeed files; no
+  /// effect: stages 1-2 all-gather each optimizer sub-group straight into the parameters (no bucket buffer).
   uint64_t allgather_bucket_size = 500000000;
+  /// `sub_group_size`: elements per optimizer sub-group in stages 1-2 (DeepSpeed's name). Each sub-group of
+  /// whole parameters gets its own flat master slice, so the optimizer's per-tensor temporaries stay small.
+  /// DeepSpeed's default is 1e9; ours is 4e6, measured in BENCHMARKS.md ("Sharded training vs DDP").
+  uint64_t sub_group_size = 4000000;
   /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3. Here stage 3 gathers
   /// whole units, so any size (and `auto`, std::nullopt) turns prefetching of the next unit on.
   std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
