@@ -254,10 +254,17 @@ TEST_CASE("config: ddp_comm_hook values", "[config]") {
   accel::Config c;
   c.ddp_comm_hook = CommHook::Bf16;
   CHECK(accel::Config::load_string(c.to_yaml()) == c);
-  CHECK(std::string(string_error("ddp_comm_hook: power_sgd\n").what()) ==
-        "inline.yaml:1: ddp_comm_hook: 'power_sgd' is not supported by accelerate-cpp; allowed values: no, "
-        "fp16, "
-        "bf16");
+  CHECK(hook_of("ddp_comm_hook: power_sgd\n") == CommHook::PowerSgd);
+  const auto psgd = accel::Config::load_string(
+      "ddp_comm_hook: power_sgd\nddp_comm_powersgd_rank: 4\nddp_comm_powersgd_start_iter: 0\n");
+  CHECK(psgd.ddp_comm_powersgd_rank == 4);
+  CHECK(psgd.ddp_comm_powersgd_start_iter == 0);
+  CHECK(accel::Config::load_string(psgd.to_yaml()) == psgd);
+  CHECK(string_error("ddp_comm_powersgd_rank: 0\n").key() == "ddp_comm_powersgd_rank");
+  CHECK(
+      std::string(string_error("ddp_comm_hook: batched_power_sgd\n").what()) ==
+      "inline.yaml:1: ddp_comm_hook: 'batched_power_sgd' is not supported by accelerate-cpp; allowed values: "
+      "no, fp16, bf16, power_sgd");
   CHECK(string_error("ddp_comm_hook: fp32\n").key() == "ddp_comm_hook");
 }
 

@@ -410,6 +410,93 @@ void comm_hook() {
   }
 }
 
+// ddp_comm_hook: power_sgd (PyTorch's powerSGD_hook). A weight gradient of Linear(16, 32) over a global batch
+// of 2 has rank <= 2, so rank-2 factors reproduce the exact mean gradient (and error feedback stays exact):
+// weights equal one process's with the whole batch, while the all-reduce carries P (32 x 2) + Q (16 x 2) +
+// the bias (32) floats instead of 544, from step start_iter on. Rank 1 approximates: the weights differ.
+void power_sgd() {
+  struct Run {
+    torch::Tensor weights;
+    std::vector<std::uint64_t> payload;  // all-reduce bytes per step
+  };
+  const auto data_x = torch::randn({8, 16}, at::make_generator<at::CPUGeneratorImpl>(3));
+  const auto data_y = torch::randn({8, 32}, at::make_generator<at::CPUGeneratorImpl>(4));
+  auto train = [&](int rank) {
+    auto config = cpu_config();
+    config.ddp_comm_hook = CommHook::PowerSgd;
+    config.ddp_comm_powersgd_rank = rank;
+    config.ddp_comm_powersgd_start_iter = 1;
+    Accelerator acc(AcceleratorOptions().config(config));
+    REQUIRE(acc.num_processes() == 2);
+    torch::manual_seed(0);
+    torch::nn::Linear model(16, 32);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    acc.prepare(model, opt);
+    Run run;
+    for (int step = 0; step < 4; ++step) {
+      const auto row = 2 * step + acc.process_index();  // global batch rows 2 step, 2 step + 1
+      auto& c = acc.communicator();
+      c.reset_counters();
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(data_x.slice(0, row, row + 1)), data_y.slice(0, row, row + 1)));
+      opt.step();
+      run.payload.push_back(c.bytes(Collective::AllReduce).payload);
+    }
+    run.weights = torch::cat({model->weight.detach().reshape({-1}), model->bias.detach()});
+    return run;
+  };
+  torch::manual_seed(0);
+  torch::nn::Linear reference(16, 32);
+  torch::optim::SGD opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 4; ++step) {
+    opt.zero_grad();
+    torch::mse_loss(reference(data_x.slice(0, 2 * step, 2 * step + 2)),
+                    data_y.slice(0, 2 * step, 2 * step + 2))
+        .backward();
+    opt.step();
+  }
+  const auto want = torch::cat({reference->weight.detach().reshape({-1}), reference->bias.detach()});
+  const auto exact = train(2);
+  const auto approx = train(1);
+  const double exact_diff = (exact.weights - want).abs().max().item<double>();
+  const double approx_diff = (approx.weights - want).abs().max().item<double>();
+  CHECK_MSG(exact_diff < 1e-5, "rank 2 on a rank-2 gradient must be exact; weights differ by " << exact_diff);
+  CHECK_MSG(approx_diff > 1e-4,
+            "rank 1 must approximate (the result cannot equal the exact one); differs by " << approx_diff);
+  const std::uint64_t full = (32 * 16 + 32) * 4;
+  for (int step = 0; step < 4; ++step) {
+    const std::uint64_t want2 = step < 1 ? full : (32 * 2 + 16 * 2 + 32) * 4;
+    const std::uint64_t want1 = step < 1 ? full : (32 + 16 + 32) * 4;
+    CHECK_MSG(exact.payload[step] == want2,
+              "rank 2, step " << step << ": all-reduce bytes " << exact.payload[step] << ", want " << want2);
+    CHECK_MSG(approx.payload[step] == want1,
+              "rank 1, step " << step << ": all-reduce bytes " << approx.payload[step] << ", want " << want1);
+  }
+  if (std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+    std::cout << "power_sgd: all-reduce bytes per step " << exact.payload.back() << " (rank 2), "
+              << approx.payload.back() << " (rank 1), uncompressed " << full << "; max weight difference "
+              << exact_diff << " (rank 2), " << approx_diff << " (rank 1)" << std::endl;
+  }
+}
+
+// The sharded engines reduce gradients to their owners, which low-rank factors cannot do: refused at prepare.
+void power_sgd_refused() {
+  auto config = cpu_config();
+  config.ddp_comm_hook = CommHook::PowerSgd;
+  try {
+    Accelerator acc(AcceleratorOptions().config(config));
+    torch::nn::Linear model(16, 32);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    acc.prepare(model, opt);
+    FAIL("power_sgd was accepted by " << backend_variant);
+  } catch (const UsageError& e) {
+    const std::string text = e.what();
+    CHECK_MSG(text.find("ddp_comm_hook: power_sgd") != std::string::npos &&
+                  text.find("set ddp_comm_hook: fp16 or bf16") != std::string::npos,
+              text);
+  }
+}
+
 void metrics() {
   // 22 samples, batch 4, 2 ranks: the last round wraps around, gather_for_metrics drops the duplicates.
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -1136,6 +1223,8 @@ int main(int argc, char** argv) {
       {"memory", memory},
       {"peak", peak},
       {"frozen", frozen},
+      {"power_sgd", power_sgd},
+      {"power_sgd_refused", power_sgd_refused},
       {"view_parameter", view_parameter},
       {"reshard_save", [] { reshard(false); }},
       {"reshard_load", [] { reshard(true); }}};

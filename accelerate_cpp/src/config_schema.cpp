@@ -32,8 +32,9 @@ const ChoiceSet<CommHook>& comm_hook_choices() {
   static const ChoiceSet<CommHook> kSet{{{"no", CommHook::No, true},
                                          {"fp16", CommHook::Fp16, true},
                                          {"bf16", CommHook::Bf16, true},
+                                         {"power_sgd", CommHook::PowerSgd, true},
                                          {"false", CommHook::No, false}},
-                                        {"power_sgd", "batched_power_sgd"}};
+                                        {"batched_power_sgd"}};
   return kSet;
 }
 
@@ -220,9 +221,17 @@ std::vector<KeyRow> make_schema() {
       [](auto& c) -> auto& { return c.ddp_broadcast_buffers; }, boolean(), write_bool, "false"));
   add(setting(
       "ddp_comm_hook", kTop,
-      "gradient compression on the wire: no | fp16 | bf16 (DDP all-reduce, ZeRO/FSDP reduce-scatter)",
+      "gradient compression on the wire: no | fp16 | bf16 (DDP all-reduce, ZeRO/FSDP reduce-scatter) | "
+      "power_sgd (DDP)",
       [](auto& c) -> auto& { return c.ddp_comm_hook; }, choice(comm_hook_choices),
       [](CommHook h) { return "'" + to_string(h) + "'"; }, "fp16"));
+  add(setting(
+      "ddp_comm_powersgd_rank", kTop, "power_sgd: rank of each gradient matrix's approximation",
+      [](auto& c) -> auto& { return c.ddp_comm_powersgd_rank; }, positive_int(), write_int, "2"));
+  add(setting(
+      "ddp_comm_powersgd_start_iter", kTop, "power_sgd: plain all-reduce steps before compression starts",
+      [](auto& c) -> auto& { return c.ddp_comm_powersgd_start_iter; },
+      int_in(0, std::numeric_limits<int>::max(), kNonNegativeInt), write_int, "10"));
   add(section_row(kPipeline, "pipeline settings", "pipeline parallelism (keys below)"));
   add(setting(
       "stages", kPipeline,

@@ -20,9 +20,20 @@ std::optional<c10::ScalarType> wire_dtype(CommHook hook) {
     case CommHook::Bf16:
       return torch::kBFloat16;
     case CommHook::No:
+    case CommHook::PowerSgd:  // DDP's own algorithm, not a wire type (sharded engines refuse it)
       break;
   }
   return std::nullopt;
+}
+
+void refuse_power_sgd(const Config& config, const std::string& who) {
+  if (config.ddp_comm_hook != CommHook::PowerSgd) return;
+  throw UsageError(fmt::format(
+      "ddp_comm_hook: power_sgd compresses DDP's all-reduce, but the {} backend reduces gradients to the "
+      "rank "
+      "that owns each shard (reduce-scatter), which low-rank factors cannot do; set ddp_comm_hook: fp16 or "
+      "bf16 (half the bytes on every backend), or backend: ddp",
+      who));
 }
 
 namespace {

@@ -24,6 +24,9 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
 void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
 /// The dtype gradients travel in under `hook` (`ddp_comm_hook`), or nullopt for no compression.
 std::optional<c10::ScalarType> wire_dtype(CommHook hook);
+/// Throws for `ddp_comm_hook: power_sgd` on an engine that reduces gradients to their owners (`who`), which
+/// a low-rank all-reduce cannot do, naming what to set instead.
+void refuse_power_sgd(const Config& config, const std::string& who);
 /// Gradient reductions with compression (PyTorch's fp16/bf16 compress hooks): the fp32 input is divided by
 /// the world size and cast to `wire` for the collective; `wait()` casts the result back and multiplies it by
 /// the world size, so every caller still gets the sum it gets uncompressed (and divides as before). Without a

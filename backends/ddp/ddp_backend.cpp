@@ -12,6 +12,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/linalg_qr.h>
+
+#include <algorithm>
 #include <unordered_map>
 
 namespace accel::backends {
@@ -21,6 +25,15 @@ struct Bucket {
   std::vector<std::size_t> params;         // indices into DdpBackend::params_
   torch::Tensor flat;                      // communication buffer
   std::unique_ptr<CollectiveHandle> work;  // pending all-reduce
+  bool compressed = false;                 // this step: reduced by PowerSGD after backward, already a mean
+  // PowerSGD state (PyTorch's PowerSGDState, per bucket): the local error left by the last approximation
+  // (error feedback) and the all-reduced Q factors of the last step (warm start).
+  torch::Tensor error, q;
+};
+
+// A gradient matrix PowerSGD compresses: rows x cols at `offset` of its bucket, approximated with rank r.
+struct LowRank {
+  std::int64_t offset, rows, cols, rank;
 };
 
 class DdpBackend final : public Backend {
@@ -74,9 +87,14 @@ class DdpBackend final : public Backend {
       if (!seen_[i]) mark_ready(i);
     }
     for (auto& b : buckets_) {
-      b.work->wait();
+      if (b.compressed) {
+        power_sgd(b);
+      } else {
+        b.work->wait();
+      }
       unflatten(b);
     }
+    ++sync_steps_;
     if (ctx_.config->ddp_broadcast_buffers) detail::broadcast_buffers(comm_, *model_);
   }
 
@@ -125,12 +143,117 @@ class DdpBackend final : public Backend {
       }
       offset += static_cast<std::size_t>(n);
     }
+    // PowerSGD needs two dependent all-reduces with matrix products between them: run after backward.
+    b.compressed = ctx_.config->ddp_comm_hook == CommHook::PowerSgd &&
+                   sync_steps_ >= static_cast<std::uint64_t>(ctx_.config->ddp_comm_powersgd_start_iter);
+    if (b.compressed) return;
     b.work = detail::all_reduce_grads(comm_, b.flat, detail::wire_dtype(ctx_.config->ddp_comm_hook));
+  }
+
+  // PyTorch's powerSGD_hook on one bucket (Vogels et al. 2019): every gradient matrix M (a parameter of two
+  // or more dimensions, rows = its first dimension) for which rank r factors are at least 2x smaller is
+  // approximated as P Q^T: P = sum_ranks (M Q), orthonormalised; Q = sum_ranks (M^T P) / N; the rest is
+  // all-reduced as is. Error feedback adds what the last approximation left out of this rank's gradient;
+  // warm start reuses the last Q. Leaves the bucket holding the mean (approximated) gradient.
+  void power_sgd(Bucket& b) {
+    torch::NoGradGuard no_grad;
+    const auto n = comm_.world_size();
+    const auto rank = static_cast<std::int64_t>(ctx_.config->ddp_comm_powersgd_rank);
+    if (!b.error.defined()) b.error = torch::zeros_like(b.flat);
+    b.flat.add_(b.error);
+    const auto input = b.flat.clone();
+    std::vector<LowRank> matrices;
+    std::vector<std::pair<std::int64_t, std::int64_t>> plain;  // (offset, numel) all-reduced as they are
+    std::int64_t offset = 0, p_numel = 0, q_numel = 0, plain_numel = 0;
+    for (auto i : b.params) {
+      const auto& p = params_[i];
+      const auto numel = p.numel();
+      if (p.dim() >= 2) {
+        const auto rows = p.size(0), cols = numel / p.size(0);
+        const auto r = std::min({rank, rows, cols});
+        if ((rows + cols) * r * 2 < rows * cols) {  // PyTorch's min_compression_rate 2
+          matrices.push_back({offset, rows, cols, r});
+          p_numel += rows * r;
+          q_numel += cols * r;
+          offset += numel;
+          continue;
+        }
+      }
+      plain.emplace_back(offset, numel);
+      plain_numel += numel;
+      offset += numel;
+    }
+    // The uncompressed part travels while the P factors are computed.
+    auto rest = torch::empty({plain_numel}, b.flat.options());
+    std::unique_ptr<CollectiveHandle> rest_work;
+    if (plain_numel > 0) {
+      std::int64_t at = 0;
+      for (const auto& [o, len] : plain) {
+        rest.narrow(0, at, len).copy_(b.flat.narrow(0, o, len));
+        at += len;
+      }
+      rest_work = comm_.all_reduce_async({rest});
+    }
+    if (!matrices.empty()) {
+      if (!b.q.defined() || b.q.numel() != q_numel) {
+        // The same random Q on every rank (a fixed seed, drawn on the CPU), orthonormalised.
+        auto gen = at::detail::createCPUGenerator(0x5eed + static_cast<std::uint64_t>(&b - buckets_.data()));
+        b.q = at::randn({q_numel}, gen, torch::TensorOptions().dtype(b.flat.dtype())).to(b.flat.device());
+        std::int64_t at = 0;
+        for (const auto& m : matrices) {
+          auto q = b.q.narrow(0, at, m.cols * m.rank).view({m.cols, m.rank});
+          q.copy_(std::get<0>(at::linalg_qr(q)));
+          at += m.cols * m.rank;
+        }
+      }
+      auto ps = torch::empty({p_numel}, b.flat.options());
+      auto matrix = [&](const LowRank& m) {
+        return b.flat.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+      };
+      std::int64_t pa = 0, qa = 0;
+      for (const auto& m : matrices) {
+        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+        at::mm_out(p, matrix(m), b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank}));
+        pa += m.rows * m.rank;
+        qa += m.cols * m.rank;
+      }
+      comm_.all_reduce_async({ps})->wait();
+      pa = qa = 0;
+      for (const auto& m : matrices) {
+        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+        p.copy_(std::get<0>(at::linalg_qr(p)));
+        auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
+        at::mm_out(q, matrix(m).t(), p);
+        pa += m.rows * m.rank;
+        qa += m.cols * m.rank;
+      }
+      comm_.all_reduce_async({b.q})->wait();
+      b.q.div_(n);
+      pa = qa = 0;
+      for (const auto& m : matrices) {
+        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+        auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
+        auto out = matrix(m);
+        at::mm_out(out, p, q.t());
+        pa += m.rows * m.rank;
+        qa += m.cols * m.rank;
+      }
+    }
+    if (rest_work) {
+      rest_work->wait();
+      rest.div_(n);
+      std::int64_t at = 0;
+      for (const auto& [o, len] : plain) {
+        b.flat.narrow(0, o, len).copy_(rest.narrow(0, at, len));
+        at += len;
+      }
+    }
+    at::sub_out(b.error, input, b.flat);  // what this rank's gradient lost: fed back next step
   }
 
   void unflatten(Bucket& b) {
     torch::NoGradGuard no_grad;
-    b.flat.div_(comm_.world_size());
+    if (!b.compressed) b.flat.div_(comm_.world_size());
     std::size_t offset = 0;
     for (auto i : b.params) {
       auto& p = params_[i];
@@ -188,6 +311,7 @@ class DdpBackend final : public Backend {
   std::vector<bool> seen_;
   bool any_seen_ = false;
   bool syncing_ = false;
+  std::uint64_t sync_steps_ = 0;  // sync backward passes so far (PowerSGD's iteration count)
   detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 

@@ -566,6 +566,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
 std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, FullShardOptions options) {
   if (context.comm == nullptr)
     throw UsageError(fmt::format("the {} backend needs a communicator", options.name));
+  if (context.config != nullptr) detail::refuse_power_sgd(*context.config, options.name);
   return std::make_unique<FullShardBackend>(context, std::move(options));
 }
 

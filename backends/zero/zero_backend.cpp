@@ -557,6 +557,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
 std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOptions options) {
   if (context.comm == nullptr) throw UsageError("the zero backend needs a communicator");
+  if (context.config != nullptr) detail::refuse_power_sgd(*context.config, options.name);
   if (options.stage != 1 && options.stage != 2) {
     throw UnsupportedOperation(
         fmt::format("zero: make_zero_backend serves stages 1 and 2, got {} (stage 0 is DDP, stage 3 "

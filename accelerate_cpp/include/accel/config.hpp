@@ -36,8 +36,10 @@ enum class MixedPrecision { No, Fp16, Bf16 };
 /// Gradient compression on the wire (`ddp_comm_hook`, Accelerate's DDPCommunicationHookType names): gradients
 /// are divided by the number of processes, cast to fp16 or bf16 for the reduction, and cast back, as
 /// PyTorch's `fp16_compress_hook` / `bf16_compress_hook`. Halves the bytes of every gradient reduction (DDP's
-/// all-reduce, ZeRO's and FSDP's reduce-scatter) at the cost of the cast's rounding.
-enum class CommHook { No, Fp16, Bf16 };
+/// all-reduce, ZeRO's and FSDP's reduce-scatter) at the cost of the cast's rounding. `power_sgd` (DDP only)
+/// is PyTorch's `powerSGD_hook`: each gradient matrix travels as two rank-r factors, with error feedback and
+/// warm start, after `ddp_comm_powersgd_start_iter` plain steps.
+enum class CommHook { No, Fp16, Bf16, PowerSgd };
 
 /// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1, 2, 3 are accepted too).
 enum class ShardingStrategy {
@@ -214,6 +216,11 @@ struct Config {
   bool ddp_broadcast_buffers = true;
   /// `ddp_comm_hook`: `no`, `fp16` or `bf16` gradient compression (DDP, ZeRO and FSDP gradient reduction).
   CommHook ddp_comm_hook = CommHook::No;
+  /// `ddp_comm_powersgd_rank`: PowerSGD's matrix_approximation_rank (`ddp_comm_hook: power_sgd`).
+  int ddp_comm_powersgd_rank = 1;
+  /// `ddp_comm_powersgd_start_iter`: PowerSGD's start_powerSGD_iter: plain all-reduces before it (PyTorch's
+  /// default 1000).
+  int ddp_comm_powersgd_start_iter = 1000;
   /// `pipeline_config:` section.
   PipelineConfig pipeline;
   /// `fsdp_config:` section.
