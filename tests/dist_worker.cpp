@@ -871,6 +871,22 @@ void reshard(bool load) {
 // A frozen layer (requires_grad false) whose parameters are still handed to the optimizer, as
 // `model->parameters()` after freezing gives them: it trains, the frozen layer stays as it was, and the
 // result matches one process with batch N*B.
+// What the 2- or 3-rank runs of `frozen` and `view_parameter` must reproduce: three Adam steps in one process
+// on the whole batch of Regression(4 x world x 3), 4 rows per rank per step; returns the parameters after.
+template <class Model>
+std::vector<torch::Tensor> one_process_adam(Model model, int world) {
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  Regression data(4 * world * 3);
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    const auto big = 4 * world;
+    torch::mse_loss(model(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
+        .backward();
+    opt.step();
+  }
+  return test::snapshot(*model);
+}
+
 void frozen() {
   auto build = [] {
     torch::manual_seed(0);
@@ -897,17 +913,7 @@ void frozen() {
     }
     got = test::snapshot(*model);
   }
-  auto model = build();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-  Regression data(4 * world * 3);
-  for (int s = 0; s < 3; ++s) {
-    opt.zero_grad();
-    const auto big = 4 * world;
-    torch::mse_loss(model(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
-        .backward();
-    opt.step();
-  }
-  const auto want = test::snapshot(*model);
+  const auto want = one_process_adam(build(), world);
   CHECK_MSG(torch::equal(got[0], initial[0]) && torch::equal(got[1], initial[1]), "the frozen layer changed");
   CHECK_MSG(!torch::equal(got[2], initial[2]), "the trainable layer did not train");
   for (std::size_t k = 0; k < want.size(); ++k)
@@ -959,17 +965,7 @@ void view_parameter() {
                 "fc1's weight and bias must be adjacent in the flat parameter buffer");
     }
   }
-  auto model = build();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-  Regression data(4 * world * 3);
-  for (int s = 0; s < 3; ++s) {
-    opt.zero_grad();
-    const auto big = 4 * world;
-    torch::mse_loss(model(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
-        .backward();
-    opt.step();
-  }
-  const auto want = test::snapshot(*model);
+  const auto want = one_process_adam(build(), world);
   for (std::size_t k = 0; k < want.size(); ++k)
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
 }
