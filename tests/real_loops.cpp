@@ -543,7 +543,8 @@ void write_reference(const NamedTensors& state, const std::string& path) {
 
 // Hugging Face export: save_model writes shards plus an index (or one file) that Python's safetensors and a
 // transformers-style sharded loader read back bitwise; load_model restores them into a fresh prepared model;
-// get_state_dict(model, MainProcess) equals the all-ranks state on the main process and is empty elsewhere.
+// get_state_dict(model, MainProcess) equals the all-ranks state on the main process and is empty elsewhere;
+// get_state_dict(model) is a copy that later steps leave alone.
 // The measured peak of tensor bytes held stays below one shard plus one unit on the main process, and below
 // the whole model on the other ranks where parameters are sharded.
 void hf_export() {
@@ -562,6 +563,26 @@ void hf_export() {
     opt->zero_grad();
     acc.backward(model->forward(rows(x, s, &acc, world)).pow(2).mean());
     opt->step();
+  }
+  {
+    // get_state_dict returns copies: a snapshot kept while training goes on (the best model so far) keeps
+    // the values it had.
+    const NamedTensors snapshot = acc.get_state_dict(model);
+    std::vector<torch::Tensor> kept;
+    for (const auto& [name, t] : snapshot)
+      kept.push_back(t.clone());
+    opt->zero_grad();
+    acc.backward(model->forward(rows(x, 0, &acc, world)).pow(2).mean());
+    opt->step();
+    const NamedTensors now = acc.get_state_dict(model);
+    bool trained = false;
+    for (std::size_t k = 0; k < snapshot.size(); ++k) {
+      CHECK_MSG(torch::equal(snapshot[k].second, kept[k]),
+                "get_state_dict gave a view of '" << snapshot[k].first
+                                                  << "', not a copy: the next optimizer step changed it");
+      trained = trained || !torch::equal(now[k].second, kept[k]);
+    }
+    CHECK_MSG(trained, "the optimizer step changed no parameter");
   }
   const NamedTensors reference = acc.get_state_dict(model);
   std::uint64_t total = 0;

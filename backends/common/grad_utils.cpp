@@ -104,6 +104,13 @@ NamedTensors module_state(torch::nn::Module& module) {
   return out;
 }
 
+NamedTensors module_state_copy(torch::nn::Module& module) {
+  auto out = module_state(module);
+  for (auto& [name, t] : out)
+    t = t.clone();
+  return out;
+}
+
 NamedTensors module_buffers(torch::nn::Module& module) {
   NamedTensors out;
   for (const auto& item : module.named_buffers())

@@ -11,8 +11,11 @@
 
 namespace accel::backends::detail {
 
-/// Parameters then buffers of `module`, detached, by name.
+/// Parameters then buffers of `module`, detached, by name (the module's own tensors: for exports that read
+/// them at once).
 NamedTensors module_state(torch::nn::Module& module);
+/// The same, copied: what model_state() returns (get_state_dict's snapshot must not follow training).
+NamedTensors module_state_copy(torch::nn::Module& module);
 /// The module's buffers by name (detached, not copied).
 NamedTensors module_buffers(torch::nn::Module& module);
 /// Copies every parameter and buffer of `module` from `state`; CheckpointError on a missing or mis-shaped

@@ -100,7 +100,10 @@ class DdpBackend final : public Backend {
 
   GradientTensors gradients() const override { return {params_, false}; }
 
-  NamedTensors model_state() override { return detail::module_state(*model_); }
+  NamedTensors model_state() override { return detail::module_state_copy(*model_); }
+  void visit_model_state(const std::function<void(NamedTensors)>& sink) override {
+    sink(detail::module_state(*model_));  // read at once by the export: no copy
+  }
 
   std::vector<torch::Tensor> gradient_buffers() const override {
     std::vector<torch::Tensor> out;

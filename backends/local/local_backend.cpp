@@ -23,7 +23,10 @@ class LocalBackend final : public Backend {
 
   GradientTensors gradients() const override { return {model_->parameters(), false}; }
 
-  NamedTensors model_state() override { return detail::module_state(*model_); }
+  NamedTensors model_state() override { return detail::module_state_copy(*model_); }
+  void visit_model_state(const std::function<void(NamedTensors)>& sink) override {
+    sink(detail::module_state(*model_));  // read at once by the export: no copy
+  }
 
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     detail::load_module_state(*model_, state);

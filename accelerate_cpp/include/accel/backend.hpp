@@ -118,8 +118,8 @@ class Backend {
       const torch::optim::Optimizer& /*optimizer*/) const {
     return {};
   }
-  /// Full (unsharded) model parameters and buffers by name (collective; get_state_dict, save_state).
-  /// Default: unsupported.
+  /// Full (unsharded) model parameters and buffers by name, as copies that later training leaves alone
+  /// (collective; get_state_dict, save_state). Default: unsupported.
   virtual NamedTensors model_state();
   /// Hands the full parameters and buffers to `sink` in pieces (names unique across pieces) so that an export
   /// never holds the whole model gathered: engines that shard parameters gather one unit per piece and
