@@ -9,12 +9,19 @@
 //   tensor_parallel_worker bad_size     sizes not divisible by the group, wrong inputs: UsageError
 //   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
 //   tensor_parallel_worker accelerator  (4 ranks) the same through Accelerator (tensor_parallel_size 2, ddp)
+//   tensor_parallel_worker export_<ddp|zero2|zero3|fsdp_full_shard>  (2 or 4 ranks) Accelerator with
+//                                       tensor_parallel_size 2 on that backend: clip_grad_norm_ (2-norm and
+//                                       inf) as one process clips the unsplit model, get_state_dict and
+//                                       save_model write the unsplit model, load_model slices it back
+//   tensor_parallel_worker state_<ddp|zero2|zero3>  save_state / load_state with tensor_parallel_size 2:
+//                                       resumes exactly; resumes a run without tensor parallelism and back
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <accel/accelerator.hpp>
 #include <accel/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/safetensors.hpp>
 #include <accel/tensor_parallel.hpp>
 
 #include <fmt/format.h>
@@ -22,6 +29,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -472,23 +481,244 @@ void accelerator() {
     compare_parameters(at + " after SGD", m, /*grads=*/false);
   }
   CHECK_MSG(step == 2, "steps " << step);
-  const auto clip = usage_error_of([&] { acc.clip_grad_norm_(1.0); });
-  CHECK_MSG(contains(clip, "clip_grad_norm_ is not supported with tensor parallelism yet"), clip);
-  const auto save = usage_error_of([&] { acc.save_state("unused"); });
-  CHECK_MSG(contains(save, "save_state is not supported with tensor parallelism yet"), save);
   const auto bad = usage_error_of(
       [&] { accel::Accelerator three(accel::AcceleratorOptions().config(config).tensor_parallel_size(3)); });
   CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
+}
+
+// The config of one backend row of these tests, for `world` CPU ranks.
+accel::Config backend_config(const std::string& backend, int world) {
+  accel::Config config;
+  config.use_cpu = true;
+  config.num_processes = world;
+  config.collective_timeout_seconds = 60;
+  if (backend == "ddp") {
+    config.backend = "ddp";
+  } else if (backend == "zero2" || backend == "zero3") {
+    config.backend = "zero";
+    config.zero.stage = backend[4] - '0';
+    config.zero.sub_group_size = 50;  // sub-groups mixing split and replicated parameters
+    config.zero.reduce_bucket_size = 100;
+  } else if (backend == "fsdp_full_shard") {
+    config.backend = "fsdp";
+    config.fsdp.sharding_strategy = accel::ShardingStrategy::FullShard;
+  } else {
+    throw std::invalid_argument("unknown backend row " + backend);
+  }
+  return config;
+}
+
+// A fresh directory made by rank 0, named on every rank of `world`.
+std::string shared_temp_dir(Communicator& world) {
+  std::string dir;
+  if (world.rank() == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "accel_tp_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  return world.exchange(dir)[0];
+}
+
+// Accelerator with tensor_parallel_size 2 on `backend` (2 ranks: tp only; 4 ranks: 2-way tp x 2-way dp):
+// clip_grad_norm_ gives the norm one process computes over the unsplit model and clips alike (the column
+// layer's slices counted on their rank, the row layer's replicated bias once), with the 2-norm and the
+// inf-norm; get_state_dict (every rank, and main process only) and save_model give the unsplit model's names,
+// shapes and values; load_model cuts this rank's slices back out; a mis-sized export is a CheckpointError.
+void export_on(const std::string& backend) {
+  const int world = communicator()->world_size();
+  const auto config = backend_config(backend, world);
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group(), dp = acc.data_parallel_group();
+  auto m = make_mlps(tp);
+  constexpr double kLr = 0.5, kMaxNorm = 0.05;
+  torch::optim::SGD ref_opt(m.reference->parameters(), kLr), opt(m.parallel->parameters(), kLr);
+  acc.prepare(m.parallel, opt);
+  // The unsplit model's state by name, for comparison with what the accelerator gathers.
+  const auto compare_state = [&](const std::string& at, const accel::NamedTensors& state) {
+    const auto ref = m.reference->named_parameters();
+    CHECK_MSG(state.size() == ref.size(), at << ": " << state.size() << " tensors, expected " << ref.size());
+    for (const auto& [name, t] : state) {
+      const auto* full = ref.find(name);
+      CHECK_MSG(full != nullptr, at << ": unexpected entry " << name);
+      if (full != nullptr)
+        CHECK_MSG(close(t, *full), at << ": " << name << " differs from the unsplit model");
+    }
+  };
+  torch::manual_seed(10);
+  const auto rows = kBatch / dp->world_size();
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("{} step {}", backend, step);
+    const double norm_type = step == 2 ? std::numeric_limits<double>::infinity() : 2.0;
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    ref_opt.zero_grad();
+    torch::mse_loss(m.reference->forward(x), y).backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(m.reference->parameters(), kMaxNorm, norm_type);
+    CHECK_MSG(ref_norm > 2 * kMaxNorm, at << ": the reference norm " << ref_norm << " needs no clipping");
+    opt.zero_grad();
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, dp->rank() * rows, rows); };
+    acc.backward(torch::mse_loss(m.parallel->forward(mine(x)), mine(y)));
+    const double norm = acc.clip_grad_norm_(kMaxNorm, norm_type);
+    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-5 * ref_norm,
+              at << ": clip_grad_norm_ returned " << norm << ", one process " << ref_norm);
+    ref_opt.step();
+    opt.step();
+    compare_state(at + " after the clipped step", acc.get_state_dict(m.parallel));
+  }
+  const auto on_main = acc.get_state_dict(m.parallel, accel::StateDictOn::MainProcess);
+  if (acc.is_main_process()) {
+    compare_state("get_state_dict on the main process", on_main);
+  } else {
+    CHECK_MSG(on_main.empty(), "get_state_dict(MainProcess) gave rank " << acc.process_index() << " "
+                                                                        << on_main.size() << " tensors");
+  }
+  // save_model writes the unsplit model (what a model built with torch::nn::Linear loads); load_model after
+  // another step brings the saved weights back.
+  const std::string dir = shared_temp_dir(*communicator());
+  acc.save_model(m.parallel, dir);
+  if (acc.is_main_process()) {
+    const auto file = accel::safetensors::File::open(dir + "/model.safetensors");
+    accel::NamedTensors saved;
+    for (const auto& name : file.names()) {
+      const auto& info = file.info(name);
+      saved.emplace_back(
+          name,
+          torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, torch::kFloat32).clone());
+    }
+    compare_state("model.safetensors", saved);
+  }
+  const auto before = acc.get_state_dict(m.parallel);
+  opt.zero_grad();
+  acc.backward(m.parallel->forward(torch::ones({2, kIn})).sum());
+  opt.step();
+  acc.load_model(m.parallel, dir);
+  const auto after = acc.get_state_dict(m.parallel);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    CHECK_MSG(torch::equal(after[i].second, before[i].second),
+              "load_model did not restore " << after[i].first);
+  }
+  // An export whose column layer is narrower than this one's.
+  if (acc.is_main_process()) {
+    const auto narrow = torch::zeros({kHidden - 2, kIn});
+    accel::safetensors::write_file(dir + "/model.safetensors", {{"0.weight",
+                                                                 accel::safetensors::DType::F32,
+                                                                 {kHidden - 2, kIn},
+                                                                 narrow.data_ptr(),
+                                                                 static_cast<std::size_t>(narrow.nbytes())}});
+  }
+  acc.wait_for_everyone();
+  std::string error = "no error";
+  try {
+    acc.load_model(m.parallel, dir);
+  } catch (const accel::CheckpointError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(contains(error,
+                     "'0.weight' has shape [22, 8] but its tensor-parallel layer is 24 wide along "
+                     "dimension 0 (12 on each of 2 ranks)"),
+            error);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+// save_state / load_state with tensor parallelism on `backend`: a checkpoint of the tensor-parallel run
+// resumes it exactly; it is the unsplit model's, so a run without tensor parallelism (same ranks, every one a
+// data-parallel replica) resumes from it with the same weights and Adam state, and the tensor-parallel run
+// resumes from that run's checkpoint in turn.
+void state_on(const std::string& backend) {
+  auto world = communicator();
+  const auto config = backend_config(backend, world->world_size());
+  const std::string dir = shared_temp_dir(*world), tp_dir = dir + "/tp", plain_dir = dir + "/plain";
+  // Step `step` on the global batch drawn with that seed, each data-parallel replica taking its rows.
+  const auto train = [&](accel::Accelerator& acc, const std::shared_ptr<torch::nn::Module>& model,
+                         torch::optim::Optimizer& opt, int step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    auto dp = acc.data_parallel_group();
+    const auto rows = kBatch / dp->world_size();
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, dp->rank() * rows, rows); };
+    opt.zero_grad();
+    auto out = model->as<torch::nn::Sequential>()->forward(mine(x));
+    acc.backward(torch::mse_loss(out, mine(y)));
+    opt.step();
+  };
+  const auto same = [](const std::string& at, const accel::NamedTensors& a, const accel::NamedTensors& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK_MSG((a[i].first == b[i].first && close(a[i].second, b[i].second)),
+                at << ": " << a[i].first << " differs");
+    }
+  };
+  accel::NamedTensors at2, at4, at5;
+  {  // tensor parallel: steps 0-1, save, steps 2-3; load, steps 2-3 again
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+    auto m = make_mlps(acc.tensor_parallel_group());
+    torch::optim::Adam opt(m.parallel->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(m.parallel, opt);
+    std::shared_ptr<torch::nn::Module> model = m.parallel.ptr();
+    for (int step = 0; step < 2; ++step)
+      train(acc, model, opt, step);
+    acc.save_state(tp_dir);
+    at2 = acc.get_state_dict(m.parallel);
+    for (int step = 2; step < 4; ++step)
+      train(acc, model, opt, step);
+    at4 = acc.get_state_dict(m.parallel);
+    acc.load_state(tp_dir);
+    same("tp after load_state", acc.get_state_dict(m.parallel), at2);
+    for (int step = 2; step < 4; ++step)
+      train(acc, model, opt, step);
+    same("tp resumed, step 4", acc.get_state_dict(m.parallel), at4);
+  }
+  {  // without tensor parallelism: resume from the tensor-parallel checkpoint, save at step 4, step 4
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+    torch::manual_seed(99);  // other initial weights: the checkpoint must replace them
+    torch::nn::Sequential plain(torch::nn::Linear(kIn, kHidden), torch::nn::GELU(),
+                                torch::nn::Linear(kHidden, kOut));
+    torch::optim::Adam opt(plain->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(plain, opt);
+    acc.load_state(tp_dir);
+    same("unsplit model after load_state of the tp checkpoint", acc.get_state_dict(plain), at2);
+    for (int step = 2; step < 4; ++step)
+      train(acc, plain.ptr(), opt, step);
+    same("unsplit model resumed, step 4", acc.get_state_dict(plain), at4);
+    acc.save_state(plain_dir);
+    train(acc, plain.ptr(), opt, 4);
+    at5 = acc.get_state_dict(plain);
+  }
+  {  // tensor parallel again: resume from the unsplit model's checkpoint
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+    auto m = make_mlps(acc.tensor_parallel_group());
+    torch::optim::Adam opt(m.parallel->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(m.parallel, opt);
+    acc.load_state(plain_dir);
+    same("tp after load_state of the unsplit checkpoint", acc.get_state_dict(m.parallel), at4);
+    train(acc, m.parallel.ptr(), opt, 4);
+    same("tp resumed from the unsplit checkpoint, step 5", acc.get_state_dict(m.parallel), at5);
+  }
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios{
-      {"mlp", mlp},           {"embedding", embedding}, {"count", count},
-      {"bad_size", bad_size}, {"tp_dp", tp_dp},         {"accelerator", accelerator}};
+      {"mlp", mlp},
+      {"embedding", embedding},
+      {"count", count},
+      {"bad_size", bad_size},
+      {"tp_dp", tp_dp},
+      {"accelerator", accelerator},
+      {"export_ddp", [] { export_on("ddp"); }},
+      {"export_zero2", [] { export_on("zero2"); }},
+      {"export_zero3", [] { export_on("zero3"); }},
+      {"export_fsdp_full_shard", [] { export_on("fsdp_full_shard"); }},
+      {"state_ddp", [] { state_on("ddp"); }},
+      {"state_zero2", [] { state_on("zero2"); }},
+      {"state_zero3", [] { state_on("zero3"); }}};
   if (argc != 2 || scenarios.count(argv[1]) == 0) {
-    std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp|accelerator>"
+    std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp|accelerator|export_<ddp|"
+                 "zero2|zero3|fsdp_full_shard>|state_<ddp|zero2|zero3>>"
               << std::endl;
     return 2;
   }

@@ -5,12 +5,15 @@
 #include <accel/pipeline.hpp>
 #include <accel/schedulers.hpp>
 #include <accel/sync_batchnorm.hpp>
+#include <accel/tensor_parallel.hpp>
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
+
+#include "model_export.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -87,17 +90,6 @@ void Accelerator::setup_tensor_parallel(int size) {
   }
   tp_comm_ = comm_->split(tp);
   data_comm_ = comm_->split(data);
-}
-
-const char* const Accelerator::kTensorParallelSaveAdvice =
-    "save each rank's slices (model->named_parameters()) with torch::save";
-
-void Accelerator::refuse_with_tensor_parallel(const char* what, const char* instead) const {
-  if (tp_comm_->world_size() > 1) {
-    throw UnsupportedOperation(fmt::format(
-        "{} is not supported with tensor parallelism yet (each rank holds slices of the model); {}", what,
-        instead));
-  }
 }
 
 void Accelerator::connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
@@ -199,10 +191,12 @@ NamedTensors Accelerator::get_state_dict() {
 }
 
 NamedTensors Accelerator::model_state(std::size_t index) {
-  refuse_with_tensor_parallel("get_state_dict");
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
-  return engine.model_state();
+  auto state = engine.model_state();
+  // With tensor parallelism every group gathers its split parameters: the state is the unsplit model's.
+  detail::gather_tensor_parallel(state, tp::split_parameters(*models_.at(index).module));
+  return state;
 }
 
 std::size_t Accelerator::model_index(const std::shared_ptr<torch::nn::Module>& model) const {

@@ -6,6 +6,7 @@
 #include "rank_failures.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <optional>
@@ -22,12 +23,46 @@ std::uint64_t bytes_of(const NamedTensors& piece) {
 
 }  // namespace
 
+namespace detail {
+
+void gather_tensor_parallel(NamedTensors& piece, const std::map<std::string, tp::SplitParameter>& splits) {
+  for (auto& [name, t] : piece) {
+    const auto found = splits.find(name);
+    if (found == splits.end()) continue;
+    const auto& s = found->second;
+    t = s.comm->all_gather(t.detach().movedim(s.dim, 0).contiguous()).movedim(0, s.dim).contiguous();
+  }
+}
+
+void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
+                           const std::map<std::string, tp::SplitParameter>& splits,
+                           const std::string& where) {
+  for (const auto& [name, s] : splits) {
+    const auto found = state.find(name);
+    if (found == state.end()) continue;  // the engine names what is missing
+    auto& t = found->second;
+    if (t.dim() <= s.dim || t.size(s.dim) != s.full) {
+      throw CheckpointError(fmt::format(
+          "load_model from '{}': '{}' has shape [{}] but its tensor-parallel layer is {} wide "
+          "along dimension "
+          "{} ({} on each of {} ranks); the export was made from another model",
+          where, name, fmt::join(t.sizes(), ", "), s.full, s.dim, s.length, s.comm->world_size()));
+    }
+    t = t.narrow(s.dim, s.first, s.length);
+  }
+}
+
+}  // namespace detail
+
 NamedTensors Accelerator::main_process_state(std::size_t index) {
-  refuse_with_tensor_parallel("get_state_dict");
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
+  // With tensor parallelism the main process's group gathers the split parameters (the others need not).
+  const auto splits = data_comm_->rank() == 0 ? tp::split_parameters(*models_.at(index).module)
+                                              : std::map<std::string, tp::SplitParameter>{};
   NamedTensors out;
   engine.visit_model_state([&](NamedTensors piece) {
+    detail::gather_tensor_parallel(piece, splits);
     if (!is_main_process()) return;
     for (auto& [name, t] : piece)
       out.emplace_back(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
@@ -37,11 +72,14 @@ NamedTensors Accelerator::main_process_state(std::size_t index) {
 
 ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir,
                                        const std::string& max_shard_size) {
-  refuse_with_tensor_parallel("save_model");
   // Every rank parses the size, so a bad one fails everywhere before any collective.
   const std::uint64_t max_bytes = detail::parse_shard_size(max_shard_size);
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
+  // With tensor parallelism the main process's group writes whole parameters (the layers' unsplit names and
+  // shapes, which a model built without tensor parallelism loads).
+  const auto splits = data_comm_->rank() == 0 ? tp::split_parameters(*models_.at(index).module)
+                                              : std::map<std::string, tp::SplitParameter>{};
 
   std::optional<detail::ShardedExportWriter> writer;
   std::string failure;
@@ -56,6 +94,7 @@ ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir
   // ranks then throw the same error.
   std::uint64_t peak = 0;
   engine.visit_model_state([&](NamedTensors piece) {
+    detail::gather_tensor_parallel(piece, splits);
     const std::uint64_t piece_bytes = bytes_of(piece);
     peak = std::max(peak, (writer ? writer->held_bytes() : 0) + piece_bytes);
     if (!writer || !failure.empty()) return;
@@ -88,11 +127,12 @@ ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir
 }
 
 void Accelerator::load_model_at(std::size_t index, const std::string& dir) {
-  refuse_with_tensor_parallel("load_model");
   std::map<std::string, torch::Tensor> state;
   std::string failure;
   try {
     state = detail::read_model_export(dir);
+    detail::slice_tensor_parallel(state, tp::split_parameters(*models_.at(index).module),
+                                  fmt::format("load_model from '{}'", dir));
   } catch (const std::exception& e) {
     failure = e.what();
   }

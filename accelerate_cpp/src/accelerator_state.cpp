@@ -69,11 +69,16 @@ detail::StateParts Accelerator::state_parts() {
   parts.mixed_precision = config_.mixed_precision;
   if (pipeline_engine_)
     parts.pipeline = detail::StateParts::Pipeline{config_.pipeline.stages, data_comm_.get()};
+  parts.replicas = data_comm_.get();
+  parts.tensor_parallel_size = tp_comm_->world_size();
+  if (parts.tensor_parallel_size > 1) {
+    for (const auto& m : models_)
+      parts.tensor_parallel_splits.push_back(tp::split_parameters(*m.module));
+  }
   return parts;
 }
 
 void Accelerator::save_state(const std::string& dir) {
-  refuse_with_tensor_parallel("save_state");
   sync_parameters();  // collective: the models must be current before rank 0 writes them
   detail::TrainingCounters counters;
   counters.micro_steps = micro_steps_;
@@ -83,7 +88,6 @@ void Accelerator::save_state(const std::string& dir) {
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  refuse_with_tensor_parallel("load_state");
   const auto counters = detail::StateIO(state_parts()).load(dir, load_hooks_);
   micro_steps_ = counters.micro_steps;
   cycle_position_ = counters.cycle_position;

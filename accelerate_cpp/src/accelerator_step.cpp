@@ -2,6 +2,7 @@
 // gradients set aside between micro-steps, fp16 loss scaling per optimizer, clipping across models.
 #include <accel/accelerator.hpp>
 #include <accel/pipeline.hpp>
+#include <accel/tensor_parallel.hpp>
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -240,6 +242,94 @@ std::vector<std::size_t> Accelerator::engines_for(const std::vector<torch::Tenso
   return engines;
 }
 
+namespace {
+
+// The parts of a gradient norm one rank adds (sum of |g|^p, or max |g|): [0] of the elements this rank alone
+// holds among the ranks of its tensor-parallel group (all of them without tensor parallelism), [1] of the
+// elements every rank of the group holds alike; of the whole gradients and of the engines' flat slices.
+struct NormParts {
+  double whole[2] = {0.0, 0.0};
+  double sliced[2] = {0.0, 0.0};
+};
+
+struct NormInputs {
+  int tp_size = 1;
+  std::vector<std::pair<const torch::nn::Module*, const Backend*>> models;  // every prepared model
+  const std::vector<torch::optim::Optimizer*>* optimizers = nullptr;
+  const std::vector<std::size_t>* optimizer_model = nullptr;
+  std::string backend;
+};
+
+NormParts norm_parts(const NormInputs& in, const std::vector<std::size_t>& engines,
+                     const std::vector<torch::Tensor>& whole, const std::vector<torch::Tensor>& sliced,
+                     double p) {
+  NormParts out;
+  const bool inf = std::isinf(p);
+  if (in.tp_size == 1) {
+    out.whole[0] = local_norm_part(whole, p);
+    out.sliced[0] = local_norm_part(sliced, p);
+    return out;
+  }
+  const auto add = [&](double& into, const torch::Tensor& g) {
+    const auto d = g.detach().to(torch::kFloat64).abs();
+    if (d.numel() == 0) return;
+    into = inf ? std::max(into, d.max().item<double>()) : into + d.pow(p).sum().item<double>();
+  };
+  // The split parameters of every prepared model, as tensors and, for the engines' flat slices, as names.
+  std::unordered_set<const void*> split_tensors;
+  std::vector<std::map<std::string, tp::SplitParameter>> split_names(in.models.size());
+  for (std::size_t i = 0; i < in.models.size(); ++i) {
+    split_names[i] = tp::split_parameters(*in.models[i].first);
+    for (const auto& item : in.models[i].first->named_parameters()) {
+      if (split_names[i].count(item.key()) != 0) split_tensors.insert(item.value().unsafeGetTensorImpl());
+    }
+  }
+  for (const auto& t : whole) {
+    if (!t.grad().defined()) continue;
+    add(out.whole[split_tensors.count(t.unsafeGetTensorImpl()) != 0 ? 0 : 1], t.grad());
+  }
+  if (sliced.empty()) return out;
+  // A flat slice mixes several parameters: its layout (the optimizer's, whose tensors the slices are) says
+  // which elements are whose.
+  std::unordered_map<const void*, std::pair<std::size_t, OptimizerTensorLayout>> layouts;
+  for (std::size_t j = 0; j < in.optimizers->size(); ++j) {
+    const auto i = (*in.optimizer_model)[j];
+    if (std::find(engines.begin(), engines.end(), i) == engines.end()) continue;
+    const auto& opt = *(*in.optimizers)[j];
+    auto layout = in.models[i].second->optimizer_layout(opt);
+    std::size_t k = 0;
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& t : group.params()) {
+        if (k < layout.size()) layouts[t.unsafeGetTensorImpl()] = {i, layout[k]};
+        ++k;
+      }
+    }
+  }
+  for (const auto& t : sliced) {
+    if (!t.grad().defined()) continue;
+    const auto found = layouts.find(t.unsafeGetTensorImpl());
+    if (found == layouts.end()) {
+      throw UnsupportedOperation(fmt::format(
+          "clip_grad_norm_ with tensor parallelism: backend {} holds a gradient slice that no prepared "
+          "optimizer updates, so which parameters it holds is unknown; prepare the model's optimizer "
+          "before clipping",
+          in.backend));
+    }
+    const auto& [model, layout] = found->second;
+    const auto flat = t.grad().reshape(-1);
+    for (const auto& piece : layout.pieces) {
+      const auto begin = std::max(layout.begin, piece.offset);
+      const auto end = std::min(layout.begin + layout.length, piece.offset + piece.numel);
+      if (begin >= end) continue;
+      add(out.sliced[split_names[model].count(piece.param) != 0 ? 0 : 1],
+          flat.narrow(0, begin - layout.begin, end - begin));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   std::vector<torch::Tensor> all;
   for (const auto& m : models_) {
@@ -251,9 +341,6 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
-  refuse_with_tensor_parallel("clip_grad_norm_",
-                              "the norm over slices and replicated parameters is not combined across the "
-                              "group yet: train without clipping for now");
   if (!sync_gradients_) return 0.0;
   if (optimizer_step_was_skipped()) return std::numeric_limits<double>::infinity();
   if (!(norm_type > 0)) {
@@ -262,7 +349,8 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
   }
   std::vector<torch::Tensor> whole;   // every rank holds the same values
   std::vector<torch::Tensor> sliced;  // every rank holds disjoint slices
-  for (auto i : engines_for(parameters, whole)) {
+  const auto engines = engines_for(parameters, whole);
+  for (auto i : engines) {
     auto g = models_[i].engine->gradients();
     auto& into = g.sharded ? sliced : whole;
     into.insert(into.end(), g.tensors.begin(), g.tensors.end());
@@ -282,14 +370,35 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
                        [&](const torch::Tensor& t) { return copies.count(t.unsafeGetTensorImpl()) != 0; }),
         counted.end());
   }
-  double total = local_norm_part(counted, norm_type);
-  // Slices are held by the ranks that replicate the same parameters: the whole job, or with a pipeline the
-  // stage's replicas.
-  Communicator& replicas = pipeline_engine_ ? *data_comm_ : *comm_;
+  // With tensor parallelism the ranks of a group hold slices of the split parameters and copies of the
+  // others: a split element counts on its rank, a replicated one once per group.
+  NormInputs inputs;
+  inputs.tp_size = tp_comm_->world_size();
+  for (const auto& m : models_)
+    inputs.models.emplace_back(m.module.get(), m.engine.get());
+  inputs.optimizers = &optimizers_;
+  inputs.optimizer_model = &optimizer_model_;
+  inputs.backend = backend_name();
+  const auto split = norm_parts(inputs, engines, counted, sliced, norm_type);
+  double total = split.whole[0];
+  double replicated = split.whole[1];
+  // Slices are held by the ranks that replicate the same parameters: the data-parallel replicas (the whole
+  // job without tensor or pipeline parallelism).
   if (capabilities().shards_gradients || capabilities().shards_optimizer_state) {
-    auto part = torch::tensor({local_norm_part(sliced, norm_type)}, torch::kFloat64);
-    if (replicas.world_size() > 1) replicas.all_reduce(part, op);
-    total = inf ? std::max(total, part.item<double>()) : total + part.item<double>();
+    auto part = tp_comm_->world_size() > 1
+                    ? torch::tensor({split.sliced[0], split.sliced[1]}, torch::kFloat64)
+                    : torch::tensor({split.sliced[0]}, torch::kFloat64);
+    if (data_comm_->world_size() > 1) data_comm_->all_reduce(part, op);
+    const auto add = [&](double a, double b) { return inf ? std::max(a, b) : a + b; };
+    total = add(total, part[0].item<double>());
+    if (part.numel() > 1) replicated = add(replicated, part[1].item<double>());
+  }
+  if (tp_comm_->world_size() > 1) {
+    auto part = torch::tensor({inf ? std::max(total, replicated)
+                                   : total + replicated / static_cast<double>(tp_comm_->world_size())},
+                              torch::kFloat64);
+    tp_comm_->all_reduce(part, op);
+    total = part.item<double>();
   }
   // With a pipeline each stage holds other layers: the model's norm adds every stage's part.
   if (pipeline_engine_ && pipe_comm_->world_size() > 1) {

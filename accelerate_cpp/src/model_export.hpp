@@ -4,6 +4,7 @@
 // and read back. Local to the calling process; the Accelerator makes it collective.
 
 #include <accel/accelerator.hpp>
+#include <accel/tensor_parallel.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -17,6 +18,16 @@ namespace accel::detail {
 inline std::uint64_t tensor_bytes(const torch::Tensor& t) {
   return static_cast<std::uint64_t>(t.numel()) * t.element_size();
 }
+
+/// Every split parameter of a tensor-parallel layer in `piece` (named as in the model) replaced by the whole
+/// parameter, gathered over the layer's group in rank order. Collective over each group: its ranks pass
+/// pieces with the same names in the same order (the same model, split evenly).
+void gather_tensor_parallel(NamedTensors& piece, const std::map<std::string, tp::SplitParameter>& splits);
+
+/// This rank's slices of the whole split parameters in `state`; CheckpointError starting with `where` and
+/// naming the entry when a whole parameter has another size than its layer.
+void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
+                           const std::map<std::string, tp::SplitParameter>& splits, const std::string& where);
 
 /// Hugging Face's size strings: "10GB" (10^9), "500MB", "100KB", "5GiB" (2^30), "64MiB", "1KiB", or a plain
 /// number of bytes. Throws UsageError naming the value and the accepted forms.

@@ -4,6 +4,7 @@
 #include <accel/schedulers.hpp>
 
 #include "atomic_dir.hpp"
+#include "model_export.hpp"
 #include "optimizer_reshard.hpp"
 #include "optimizer_state.hpp"
 #include "rank_failures.hpp"
@@ -79,6 +80,31 @@ std::vector<OptimizerTensorLayout> StateIO::layouts(std::size_t o) const {
   }
   return layouts;
 }
+
+std::map<std::string, tp::SplitParameter> StateIO::qualified_splits() const {
+  std::map<std::string, tp::SplitParameter> out;
+  for (std::size_t i = 0; i < p_.tensor_parallel_splits.size(); ++i) {
+    for (const auto& [name, split] : p_.tensor_parallel_splits[i])
+      out.emplace(qualified_name(i, name), split);
+  }
+  return out;
+}
+
+namespace {
+
+// The split parameter a per-parameter optimizer state key ("0.weight/exp_avg") belongs to, when the tensor
+// is shaped as that parameter's slice (`whole`: as the whole parameter); null for the others (steps, groups).
+const tp::SplitParameter* split_of(const std::map<std::string, tp::SplitParameter>& splits,
+                                   const std::string& key, const torch::Tensor& t, bool whole) {
+  const auto slash = key.rfind('/');
+  if (slash == std::string::npos || key.rfind("param_groups/", 0) == 0) return nullptr;
+  const auto found = splits.find(key.substr(0, slash));
+  if (found == splits.end()) return nullptr;
+  const auto& s = found->second;
+  return t.dim() > s.dim && t.size(s.dim) == (whole ? s.full : s.length) ? &s : nullptr;
+}
+
+}  // namespace
 
 std::string StateIO::fingerprints() const {
   std::string out;
@@ -277,20 +303,41 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
     return;
   }
   // Collective on every rank (sharded parameters and optimizer state are gathered); rank 0 writes them.
+  // With tensor parallelism every group gathers its split parameters and their state: the files are the
+  // unsplit model's.
+  const bool tensor_parallel = p_.tensor_parallel_size > 1;
   std::vector<NamedTensors> model_states;
-  for (const auto& m : p_.models)
-    model_states.push_back(m.engine->model_state());
+  for (std::size_t i = 0; i < p_.models.size(); ++i) {
+    model_states.push_back(p_.models[i].engine->model_state());
+    if (tensor_parallel) gather_tensor_parallel(model_states.back(), p_.tensor_parallel_splits.at(i));
+  }
   const auto shapes = parameter_shapes(modules());
+  const auto splits = qualified_splits();
+  // The first replica's ranks keep the consolidated state (with tensor parallelism each holds other slices).
+  const bool keep = tensor_parallel ? replicas().rank() == 0 : p_.rank == 0;
   std::vector<std::optional<NamedTensors>> optimizer_states;
   for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
     const auto l = layouts(o);
     if (optimizer_kind(*p_.optimizers[o]).empty() || l.empty()) {
+      if (tensor_parallel) {
+        throw UnsupportedOperation(
+            "save_state with tensor parallelism writes the optimizer state of the unsplit model, which is "
+            "done for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad over the prepared models' "
+            "parameters; use one of them");
+      }
       optimizer_states.emplace_back();
       continue;
     }
-    optimizer_states.push_back(consolidate_optimizer_state(
-        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return p_.comm->all_gather(t); },
-        p_.rank == 0));
+    auto state = consolidate_optimizer_state(
+        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return replicas().all_gather(t); }, keep);
+    if (tensor_parallel && keep) {
+      for (auto& [key, t] : state) {
+        if (const auto* s = split_of(splits, key, t, /*whole=*/false)) {
+          t = s->comm->all_gather(t.movedim(s->dim, 0).contiguous()).movedim(0, s->dim).contiguous();
+        }
+      }
+    }
+    optimizer_states.push_back(std::move(state));
   }
   if (p_.rank == 0) {
     write_main_files(tmp_dir, model_states, counters);
@@ -300,7 +347,7 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
                     {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.optimizers[i])}});
     }
   }
-  if (p_.shards_optimizer_state) {
+  if (p_.shards_optimizer_state && !tensor_parallel) {
     for (std::size_t i = 0; i < p_.optimizers.size(); ++i) {
       torch::save(*p_.optimizers[i],
                   (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
@@ -335,7 +382,9 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
     for (const auto& [stem, tensors] : p_.models[i].engine->extra_model_files(model_states[i]))
       write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
   }
-  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline; ++i)
+  for (std::size_t i = 0;
+       i < p_.optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline && p_.tensor_parallel_size == 1;
+       ++i)
     torch::save(*p_.optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
 
   NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
@@ -376,6 +425,7 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
                                           {"loaders", std::to_string(p_.loaders.size())},
                                           {"custom_objects", std::to_string(p_.objects.size())}};
   if (p_.pipeline) meta["pipeline_stages"] = std::to_string(p_.pipeline->stages);
+  if (p_.tensor_parallel_size > 1) meta["tensor_parallel_size"] = std::to_string(p_.tensor_parallel_size);
   write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
 }
 
@@ -396,8 +446,13 @@ void StateIO::load_converted(std::size_t o, const std::string& path) {
                     "prepared models, so per-parameter state cannot be mapped onto it",
                     path));
   }
+  const auto splits = qualified_splits();
   restore_optimizer_state(optimizer, l, [&](const std::string& key) {
-    return file.contains(key) ? read_tensor(file, key) : torch::Tensor();
+    if (!file.contains(key)) return torch::Tensor();
+    auto t = read_tensor(file, key);
+    // With tensor parallelism: this rank's slice of the unsplit parameter's state.
+    if (const auto* s = split_of(splits, key, t, /*whole=*/true)) t = t.narrow(s->dim, s->first, s->length);
+    return t.contiguous();
   });
 }
 
@@ -439,9 +494,12 @@ TrainingCounters StateIO::load(const std::string& dir,
                           dir));
   }
   // A pipeline's checkpoint is always read per layer: another number of stages is a re-partition.
+  // With tensor parallelism (saved or now) the files are the unsplit model's: always converted.
+  const auto saved_tp = state_file.metadata().find("tensor_parallel_size");
   const bool convert =
       saved_pipeline || saved_world != std::to_string(p_.world_size) || saved_backend != p_.backend ||
-      (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints());
+      (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints()) ||
+      saved_tp != state_file.metadata().end() || p_.tensor_parallel_size > 1;
   auto check_count = [&](const char* what, std::size_t have) {
     const auto saved = require(state_file, what);
     if (saved != std::to_string(have)) {
@@ -470,7 +528,10 @@ TrainingCounters StateIO::load(const std::string& dir,
   if (p_.pipeline) load_layer_files(dir);
   for (std::size_t i = 0; i < p_.models.size() && !p_.pipeline; ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
-    p_.models[i].engine->load_model_state(read_tensors(f));
+    auto state = read_tensors(f);
+    if (p_.tensor_parallel_size > 1)
+      slice_tensor_parallel(state, p_.tensor_parallel_splits.at(i), "load_state from " + f.path());
+    p_.models[i].engine->load_model_state(state);
   }
   for (std::size_t i = 0; i < p_.optimizers.size() && !p_.pipeline; ++i) {
     if (convert) {
@@ -478,7 +539,8 @@ TrainingCounters StateIO::load(const std::string& dir,
       if (!fs::exists(path)) {
         throw CheckpointError(fmt::format(
             "{}: the checkpoint was saved by {} process(es) with the '{}' backend and this run has {} with "
-            "'{}' (or another sharding layout); converting needs the per-parameter optimizer state '{}', "
+            "'{}' (or another sharding layout or tensor parallelism); converting needs the per-parameter "
+            "optimizer state '{}', "
             "which is written for LibTorch's Adam, "
             "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
             dir, saved_world, saved_backend, p_.world_size, p_.backend, path, saved_world, saved_backend));

@@ -16,6 +16,10 @@
 //   random_states_<rank>.safetensors              RNG states of each rank
 //   custom_checkpoint_<i>.pt                      objects registered with register_for_checkpointing
 //
+// With tensor parallelism the files are those of the unsplit model (the split parameters and their optimizer
+// state gathered over each tensor-parallel group; no LibTorch optimizer archives, which hold one rank's
+// slices): loading cuts each rank's slices back out, so any tensor_parallel_size, or none, resumes from it.
+//
 // With a pipeline (prepare_pipeline) the model and optimizer files are one per global layer instead, written
 // by the first replica of the stage that holds the layer, so that a run with another number of stages (or
 // replicas) loads the layers its stages hold:
@@ -27,6 +31,7 @@
 #include <accel/config.hpp>
 #include <accel/data_loader.hpp>
 #include <accel/grad_scaler.hpp>
+#include <accel/tensor_parallel.hpp>
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -34,6 +39,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,6 +84,12 @@ struct StateParts {
     Communicator* replicas = nullptr;  ///< the stage's data-parallel replicas
   };
   std::optional<Pipeline> pipeline;
+  /// The ranks the backend engines span (the data-parallel replicas), which hold the slices of sharded
+  /// optimizer state; null: `comm`.
+  Communicator* replicas = nullptr;
+  /// With tensor parallelism (tensor_parallel_size > 1): each model's split parameters (split_parameters).
+  int tensor_parallel_size = 1;
+  std::vector<std::map<std::string, tp::SplitParameter>> tensor_parallel_splits;
 };
 
 class StateIO {
@@ -105,6 +117,9 @@ class StateIO {
   void write_layer_files(const std::string& tmp);
   void write_random_states(const std::string& tmp);
   void load_layer_files(const std::string& dir);
+  Communicator& replicas() const { return p_.replicas != nullptr ? *p_.replicas : *p_.comm; }
+  /// The split parameters of every model by qualified name (empty without tensor parallelism).
+  std::map<std::string, tp::SplitParameter> qualified_splits() const;
 
   StateParts p_;
 };

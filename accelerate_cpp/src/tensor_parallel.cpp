@@ -389,5 +389,29 @@ void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
       comm_->world_size());
 }
 
+std::map<std::string, SplitParameter> split_parameters(const torch::nn::Module& model) {
+  std::map<std::string, SplitParameter> out;
+  auto note = [&](const std::string& prefix, const char* param, const torch::Tensor& t, std::int64_t dim,
+                  std::int64_t first, std::int64_t length, const std::shared_ptr<Communicator>& comm) {
+    if (!t.defined()) return;
+    const std::string name = prefix.empty() ? param : prefix + "." + param;
+    out[name] = SplitParameter{dim, first, length, length * comm->world_size(), comm};
+  };
+  auto visit = [&](const std::string& prefix, const torch::nn::Module& m) {
+    if (const auto* c = dynamic_cast<const ColumnParallelLinearImpl*>(&m)) {
+      note(prefix, "weight", c->weight, 0, c->first_row(), c->local_rows(), c->communicator());
+      note(prefix, "bias", c->bias, 0, c->first_row(), c->local_rows(), c->communicator());
+    } else if (const auto* r = dynamic_cast<const RowParallelLinearImpl*>(&m)) {
+      note(prefix, "weight", r->weight, 1, r->first_column(), r->local_columns(), r->communicator());
+    } else if (const auto* e = dynamic_cast<const VocabParallelEmbeddingImpl*>(&m)) {
+      note(prefix, "weight", e->weight, 0, e->first_row(), e->local_rows(), e->communicator());
+    }
+  };
+  visit("", model);
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    visit(item.key(), *item.value());
+  return out;
+}
+
 }  // namespace tp
 }  // namespace accel

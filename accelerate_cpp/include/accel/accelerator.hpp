@@ -121,6 +121,10 @@ struct AcceleratorOptions {
   /// replica x v + tp rank) whose layers hold slices of one model; `tensor_parallel_group()` is this rank's
   /// group for the parallel layers, and the backends, prepared loaders and gradient reduction work over the
   /// data-parallel replicas (`data_parallel_group()`). num_processes must be a multiple of `v`.
+  /// clip_grad_norm_ counts each element of the model once (a split parameter's slices on their ranks, a
+  /// replicated one once per group); get_state_dict, save_model and save_state write the unsplit model (the
+  /// layers gathered over each group), which load_model and load_state cut back into this run's slices, with
+  /// any tensor_parallel_size or none.
   AcceleratorOptions& tensor_parallel_size(int v) { return tensor_parallel_size_ = v, *this; }
   /// Backend registry to pick from (default: the built-in backends).
   AcceleratorOptions& registry(std::shared_ptr<const BackendRegistry> v) {
@@ -745,10 +749,6 @@ class Accelerator {
       data_comm_;                          // the data-parallel replicas of this rank (the job without tp/pp)
   std::shared_ptr<Communicator> tp_comm_;  // this rank's tensor-parallel group (one rank without)
   void setup_tensor_parallel(int size);
-  // UnsupportedOperation naming `what` and what to do `instead` with tensor parallelism (each rank holds
-  // slices of the model); by default the advice for saving and loading.
-  static const char* const kTensorParallelSaveAdvice;
-  void refuse_with_tensor_parallel(const char* what, const char* instead = kTensorParallelSaveAdvice) const;
   std::size_t pipeline_model_ = 0;  // the stage's entry in models_
 
   std::vector<PreparedModel> models_;

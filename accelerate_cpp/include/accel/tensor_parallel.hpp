@@ -32,9 +32,11 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 
 namespace accel {
 namespace tp {
@@ -230,6 +232,24 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
 };
 
 TORCH_MODULE(VocabParallelEmbedding);
+
+/// How one parameter of a tensor-parallel layer is split over the ranks of its group: this rank holds entries
+/// [first, first + length) of dimension `dim` of the full parameter, whose size there is `full`.
+struct SplitParameter {
+  std::int64_t dim = 0;
+  std::int64_t first = 0;
+  std::int64_t length = 0;
+  std::int64_t full = 0;
+  std::shared_ptr<Communicator> comm;  ///< the layer's tensor-parallel group
+};
+
+/// The split parameters of the tensor-parallel layers inside `model` (itself included), by their names in
+/// `model.named_parameters()`: ColumnParallelLinear's weight and bias (dimension 0), RowParallelLinear's
+/// weight (dimension 1), VocabParallelEmbedding's weight (dimension 0). Parameters not listed are the same on
+/// every rank of the group (RowParallelLinear's bias, every other layer). The Accelerator uses it to gather
+/// whole weights for get_state_dict / save_model, slice them for load_model and count each element once in
+/// clip_grad_norm_.
+std::map<std::string, SplitParameter> split_parameters(const torch::nn::Module& model);
 
 }  // namespace tp
 }  // namespace accel
