@@ -8,6 +8,10 @@
 //   pipeline_worker split                                 (4 ranks) Communicator::split's groups
 //   pipeline_worker tied <gpipe|1f1b>                     a Linear used by two stages, through Accelerator
 //   pipeline_worker stage_builder <gpipe|1f1b>            stage modules from a builder (not a Sequential)
+//   pipeline_worker export <gpipe|1f1b>                   get_state_dict / save_model / load_model of the
+//                                                         stage model give and take the whole model
+//   pipeline_worker portable <gpipe|1f1b>                 save_state of a pipeline resumes a run without
+//                                                         one (same Sequential), and the reverse
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -21,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -550,6 +555,168 @@ void split() {
   comm->barrier();
 }
 
+// get_state_dict, save_model and load_model of the stage model (stage.module()) work on the whole model, as
+// for any prepared model: every stage's layers under their global names, equal to one process's after the
+// same steps; load_model gives each stage its layers back.
+void export_whole() {
+  namespace fs = std::filesystem;
+  const int n = communicator()->world_size();
+  auto model = whole_model(), reference = whole_model();
+  accel::Accelerator acc(accel::AcceleratorOptions().config(accelerator_config(n)));
+  auto& stage = acc.prepare_pipeline(model);
+  torch::optim::SGD optimizer(stage.parameters(), 0.1), ref_optimizer(reference->parameters(), 0.1);
+  acc.prepare(optimizer);
+  torch::manual_seed(1);
+  for (int step = 0; step < 2; ++step) {
+    const auto x = torch::randn({kBatch, 8}), y = torch::randn({kBatch, 4});
+    optimizer.zero_grad();
+    ref_optimizer.zero_grad();
+    acc.pipeline_step(x, y, mse);
+    mse(reference->forward(x), y).backward();
+    optimizer.step();
+    ref_optimizer.step();
+  }
+  const auto ref = reference->named_parameters();
+  const auto whole = [&](const std::string& what, const accel::NamedTensors& state) {
+    CHECK_MSG(state.size() == ref.size(),
+              what << ": " << state.size() << " tensors, the model has " << ref.size());
+    for (const auto& [name, t] : state) {
+      const auto* expected = ref.find(name);
+      CHECK_MSG((expected != nullptr && close(t, *expected, 1e-6)),
+                what << ": " << name << " is not the one-process model's");
+    }
+  };
+  whole("get_state_dict", acc.get_state_dict(stage.module()));
+  const auto on_main = acc.get_state_dict(stage.module(), accel::StateDictOn::MainProcess);
+  if (acc.is_main_process()) {
+    whole("get_state_dict(MainProcess)", on_main);
+  } else {
+    CHECK_MSG(on_main.empty(), "get_state_dict(MainProcess) on rank " << acc.process_index());
+  }
+  std::string dir;
+  if (acc.is_main_process()) {
+    std::string tmpl = (fs::temp_directory_path() / "accel_pipe_export_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  dir = acc.communicator().exchange(dir)[0];
+  const auto report = acc.save_model(stage.module(), dir);
+  std::uint64_t bytes = 0;
+  for (const auto& item : ref)
+    bytes += static_cast<std::uint64_t>(item.value().numel()) * 4;
+  if (acc.is_main_process()) {
+    CHECK_MSG(report.total_bytes == bytes,
+              "save_model wrote " << report.total_bytes << " bytes of " << bytes);
+  }
+  // Another step moves every stage away from the export; load_model brings each its layers back.
+  const auto saved = acc.get_state_dict(stage.module());
+  optimizer.zero_grad();
+  acc.pipeline_step(torch::ones({kBatch, 8}), torch::zeros({kBatch, 4}), mse);
+  optimizer.step();
+  acc.load_model(stage.module(), dir);
+  const auto loaded = acc.get_state_dict(stage.module());
+  REQUIRE(loaded.size() == saved.size());
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    CHECK_MSG(torch::equal(loaded[i].second, saved[i].second),
+              "load_model did not restore " << saved[i].first);
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) fs::remove_all(dir);
+}
+
+// A pipeline's checkpoint (one file per layer) resumes a run without a pipeline on the same Sequential, with
+// SGD momentum (per-parameter optimizer state), and that run's checkpoint resumes the pipeline in turn: every
+// resumed run continues exactly where the saving run went on.
+void portable() {
+  namespace fs = std::filesystem;
+  const int n = communicator()->world_size();
+  std::string root;
+  {
+    auto world = communicator();
+    if (world->rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "accel_pipe_ckpt_XXXXXX").string();
+      REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+      root = tmpl;
+    }
+    root = world->exchange(root)[0];
+  }
+  const std::string piped = root + "/pipeline", plain_dir = root + "/plain";
+  const auto batch = [](int step) {
+    torch::manual_seed(200 + step);
+    auto x = torch::randn({kBatch, 8});
+    return std::make_pair(x, torch::randn({kBatch, 4}));
+  };
+  const auto same = [](const std::string& at, const accel::NamedTensors& a, const accel::NamedTensors& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK_MSG((a[i].first == b[i].first && close(a[i].second, b[i].second, 1e-6)),
+                at << ": " << a[i].first << " differs");
+    }
+  };
+  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+  accel::NamedTensors at2, at4, at5;
+  const auto pipeline_step = [&](accel::Accelerator& acc, torch::optim::Optimizer& opt, int step) {
+    const auto [x, y] = batch(step);
+    opt.zero_grad();
+    acc.pipeline_step(x, y, mse);
+    opt.step();
+  };
+  {  // the pipeline: steps 0-1, save, steps 2-3
+    auto model = whole_model();
+    accel::Accelerator acc(accel::AcceleratorOptions().config(accelerator_config(n)));
+    auto& stage = acc.prepare_pipeline(model);
+    torch::optim::SGD opt(stage.parameters(), sgd);
+    acc.prepare(opt);
+    for (int step = 0; step < 2; ++step)
+      pipeline_step(acc, opt, step);
+    acc.save_state(piped);
+    at2 = acc.get_state_dict(stage.module());
+    for (int step = 2; step < 4; ++step)
+      pipeline_step(acc, opt, step);
+    at4 = acc.get_state_dict(stage.module());
+  }
+  {  // without a pipeline (data parallel over the same ranks): resume, steps 2-3, save, step 4
+    auto config = accelerator_config(n);
+    config.pipeline.stages = 1;
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+    torch::manual_seed(99);  // other weights: the checkpoint must replace them
+    torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 16),
+                                torch::nn::Tanh(), torch::nn::Linear(16, 8), torch::nn::Linear(8, 4));
+    torch::optim::SGD opt(model->parameters(), sgd);
+    acc.prepare(model, opt);
+    acc.load_state(piped);
+    same("no pipeline, loaded", acc.get_state_dict(model), at2);
+    const auto rows = kBatch / n;
+    const auto step_plain = [&](int step) {
+      const auto [x, y] = batch(step);
+      opt.zero_grad();
+      acc.backward(mse(model->forward(x.narrow(0, acc.process_index() * rows, rows)),
+                       y.narrow(0, acc.process_index() * rows, rows)));
+      opt.step();
+    };
+    for (int step = 2; step < 4; ++step)
+      step_plain(step);
+    same("no pipeline, resumed to step 4", acc.get_state_dict(model), at4);
+    acc.save_state(plain_dir);
+    step_plain(4);
+    at5 = acc.get_state_dict(model);
+  }
+  {  // the pipeline again, from the checkpoint saved without one
+    auto model = whole_model();
+    accel::Accelerator acc(accel::AcceleratorOptions().config(accelerator_config(n)));
+    auto& stage = acc.prepare_pipeline(model);
+    torch::optim::SGD opt(stage.parameters(), sgd);
+    acc.prepare(opt);
+    acc.load_state(plain_dir);
+    same("pipeline, loaded from no pipeline", acc.get_state_dict(stage.module()), at4);
+    pipeline_step(acc, opt, 4);
+    same("pipeline, resumed to step 5", acc.get_state_dict(stage.module()), at5);
+  }
+  auto world = communicator();
+  world->barrier();
+  if (world->rank() == 0) fs::remove_all(root);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -558,9 +725,13 @@ int main(int argc, char** argv) {
                                                                {"micro_batch_mismatch", micro_batch_mismatch},
                                                                {"split", split},
                                                                {"tied", tied},
-                                                               {"stage_builder", stage_builder}};
+                                                               {"stage_builder", stage_builder},
+                                                               {"export", export_whole},
+                                                               {"portable", portable}};
   if (argc < 2 || argc > 4 || scenarios.count(argv[1]) == 0) {
-    std::cerr << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch|tied> <gpipe|1f1b> "
+    std::cerr << "usage: pipeline_worker <train|wrong_shape|micro_batch_mismatch|tied|stage_builder|export|"
+                 "portable> "
+                 "<gpipe|1f1b> "
                  "[micro_batches]\n"
                  "       pipeline_worker split"
               << std::endl;

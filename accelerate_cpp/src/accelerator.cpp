@@ -193,9 +193,19 @@ NamedTensors Accelerator::get_state_dict() {
 NamedTensors Accelerator::model_state(std::size_t index) {
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
-  auto state = engine.model_state();
-  // With tensor parallelism every group gathers its split parameters: the state is the unsplit model's.
-  detail::gather_tensor_parallel(state, tp::split_parameters(*models_.at(index).module));
+  Communicator* pipe = pipeline_engine_ && index == pipeline_model_ ? pipe_comm_.get() : nullptr;
+  if (pipe == nullptr || pipe->world_size() == 1) {
+    auto state = engine.model_state();
+    // With tensor parallelism every group gathers its split parameters: the state is the unsplit model's.
+    detail::gather_tensor_parallel(state, tp::split_parameters(*models_.at(index).module));
+    return state;
+  }
+  // A pipeline stage's model: every stage's layers (each stage broadcasts its own), as copies.
+  NamedTensors state;
+  detail::visit_whole_model(engine, {}, pipe, /*share_stages=*/true, device_, [&](NamedTensors piece) {
+    for (auto& [name, t] : piece)
+      state.emplace_back(name, t.detach().clone());
+  });
   return state;
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <sstream>
 
 namespace accel {
 namespace {
@@ -54,6 +55,57 @@ void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
 
 }  // namespace detail
 
+namespace detail {
+
+void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitParameter>& splits,
+                       Communicator* pipe, bool share_stages, torch::Device device,
+                       const std::function<void(NamedTensors)>& sink) {
+  if (pipe == nullptr || pipe->world_size() == 1) {
+    engine.visit_model_state([&](NamedTensors piece) {
+      detail::gather_tensor_parallel(piece, splits);
+      sink(std::move(piece));
+    });
+    return;
+  }
+  NamedTensors mine;
+  engine.visit_model_state([&](NamedTensors piece) {
+    for (auto& entry : piece)
+      mine.push_back(std::move(entry));
+  });
+  if (!share_stages) return;
+  for (int stage = 0; stage < pipe->world_size(); ++stage) {
+    std::string header;
+    if (pipe->rank() == stage) {
+      for (const auto& [name, t] : mine)
+        header +=
+            fmt::format("{}\t{}\t{}\n", name, static_cast<int>(t.scalar_type()), fmt::join(t.sizes(), ","));
+    }
+    header = pipe->exchange(header)[static_cast<std::size_t>(stage)];
+    NamedTensors piece;
+    std::istringstream lines(header);
+    std::string line;
+    for (std::size_t k = 0; std::getline(lines, line); ++k) {
+      const auto tab1 = line.find('\t'), tab2 = line.find('\t', tab1 + 1);
+      torch::Tensor t;
+      if (pipe->rank() == stage) {
+        t = mine.at(k).second.detach().contiguous();
+      } else {
+        std::vector<std::int64_t> shape;
+        std::istringstream dims(line.substr(tab2 + 1));
+        for (std::string d; std::getline(dims, d, ',');)
+          shape.push_back(std::stoll(d));
+        const auto dtype = static_cast<torch::ScalarType>(std::stoi(line.substr(tab1 + 1, tab2 - tab1 - 1)));
+        t = torch::empty(shape, torch::TensorOptions().dtype(dtype).device(device));
+      }
+      pipe->broadcast(t, stage);
+      piece.emplace_back(line.substr(0, tab1), t);
+    }
+    sink(std::move(piece));
+  }
+}
+
+}  // namespace detail
+
 NamedTensors Accelerator::main_process_state(std::size_t index) {
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
@@ -61,12 +113,13 @@ NamedTensors Accelerator::main_process_state(std::size_t index) {
   const auto splits = data_comm_->rank() == 0 ? tp::split_parameters(*models_.at(index).module)
                                               : std::map<std::string, tp::SplitParameter>{};
   NamedTensors out;
-  engine.visit_model_state([&](NamedTensors piece) {
-    detail::gather_tensor_parallel(piece, splits);
-    if (!is_main_process()) return;
-    for (auto& [name, t] : piece)
-      out.emplace_back(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  });
+  detail::visit_whole_model(
+      engine, splits, pipeline_engine_ && index == pipeline_model_ ? pipe_comm_.get() : nullptr,
+      data_comm_->rank() == 0, device_, [&](NamedTensors piece) {
+        if (!is_main_process()) return;
+        for (auto& [name, t] : piece)
+          out.emplace_back(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+      });
   return out;
 }
 
@@ -93,20 +146,21 @@ ModelExport Accelerator::save_model_at(std::size_t index, const std::string& dir
   // A failure on the main process stops its writing but not its part in the gathers, so no rank hangs; all
   // ranks then throw the same error.
   std::uint64_t peak = 0;
-  engine.visit_model_state([&](NamedTensors piece) {
-    detail::gather_tensor_parallel(piece, splits);
-    const std::uint64_t piece_bytes = bytes_of(piece);
-    peak = std::max(peak, (writer ? writer->held_bytes() : 0) + piece_bytes);
-    if (!writer || !failure.empty()) return;
-    try {
-      for (const auto& [name, t] : piece) {
-        writer->add(name, t);
-        peak = std::max(peak, writer->held_bytes() + piece_bytes);
-      }
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  });
+  detail::visit_whole_model(engine, splits,
+                            pipeline_engine_ && index == pipeline_model_ ? pipe_comm_.get() : nullptr,
+                            data_comm_->rank() == 0, device_, [&](NamedTensors piece) {
+                              const std::uint64_t piece_bytes = bytes_of(piece);
+                              peak = std::max(peak, (writer ? writer->held_bytes() : 0) + piece_bytes);
+                              if (!writer || !failure.empty()) return;
+                              try {
+                                for (const auto& [name, t] : piece) {
+                                  writer->add(name, t);
+                                  peak = std::max(peak, writer->held_bytes() + piece_bytes);
+                                }
+                              } catch (const std::exception& e) {
+                                failure = e.what();
+                              }
+                            });
   ModelExport out;
   if (writer && failure.empty()) {
     try {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +24,16 @@ inline std::uint64_t tensor_bytes(const torch::Tensor& t) {
 /// parameter, gathered over the layer's group in rank order. Collective over each group: its ranks pass
 /// pieces with the same names in the same order (the same model, split evenly).
 void gather_tensor_parallel(NamedTensors& piece, const std::map<std::string, tp::SplitParameter>& splits);
+
+/// Hands `sink` the whole model's state in pieces: the engine's, tensor-parallel layers gathered; with a
+/// pipeline (`pipe` spans more than one stage) every stage's layers, in stage order, on every stage of this
+/// replica: each stage broadcasts its tensors over `pipe` in turn (names, dtypes and shapes first). The
+/// tensors may be the model's own (read them before returning). The engine is visited on every rank
+/// (collective over its replicas); `share_stages` false skips the exchange between stages (a replica whose
+/// ranks need no other stage's layers). Collective.
+void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitParameter>& splits,
+                       Communicator* pipe, bool share_stages, torch::Device device,
+                       const std::function<void(NamedTensors)>& sink);
 
 /// This rank's slices of the whole split parameters in `state`; CheckpointError starting with `where` and
 /// naming the entry when a whole parameter has another size than its layer.

@@ -227,12 +227,12 @@ void StateIO::write_layer_files(const std::string& tmp_dir) {
   }
 }
 
-void StateIO::load_layer_files(const std::string& dir) {
+void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
   const fs::path root(dir);
+  const char* const call = p_.pipeline ? "load_state with a pipeline" : "load_state of a pipeline checkpoint";
   if (p_.models.size() != 1) {
-    throw UnsupportedOperation(
-        fmt::format("load_state with a pipeline loads the stage model only, but {} models are prepared",
-                    p_.models.size()));
+    throw UnsupportedOperation(fmt::format("{} loads one model (the stage model), but {} models are prepared",
+                                           call, p_.models.size()));
   }
   std::map<std::string, safetensors::File> files;
   auto open = [&](const std::string& relative) -> const safetensors::File* {
@@ -244,7 +244,26 @@ void StateIO::load_layer_files(const std::string& dir) {
     }
     return &it->second;
   };
-  // Weights: each of this stage's tensors from the file of its layer, whichever stage wrote it.
+  // Where a tensor of the model and a key of optimizer o are: the file of its global layer (a pipeline's
+  // checkpoint), or the whole model's files (a checkpoint saved without a pipeline, read by a stage).
+  auto layer = [&](const std::string& name) {
+    const auto dot = name.find('.');
+    try {
+      if (dot != std::string::npos && dot > 0) return std::stoi(name.substr(0, dot));
+    } catch (const std::exception&) {
+    }
+    throw CheckpointError(fmt::format(
+        "{}: the checkpoint holds one file per global layer of a Sequential, but the model's '{}' is not "
+        "named by its layer (\"3.weight\"); load it into the same Sequential",
+        call, name));
+  };
+  auto model_file = [&](const std::string& name) {
+    return per_layer ? layer_file(layer(name)) : std::string("model.safetensors");
+  };
+  auto optimizer_file = [&](std::size_t o, const std::string& key) {
+    return per_layer ? optimizer_layer_file(o, layer(key)) : indexed("optimizer", o, "_full.safetensors");
+  };
+  // Weights: each of this model's tensors from the file of its layer, whichever stage wrote it.
   auto& module = *p_.models[0].module;
   std::map<std::string, torch::Tensor> state;
   std::vector<std::string> names;
@@ -253,14 +272,13 @@ void StateIO::load_layer_files(const std::string& dir) {
   for (const auto& item : module.named_buffers())
     names.push_back(item.key());
   for (const auto& name : names) {
-    const auto relative = layer_file(layer_of(name));
+    const auto relative = model_file(name);
     const auto* file = open(relative);
     if (file == nullptr || !file->contains(name)) {
-      throw CheckpointError(fmt::format(
-          "{}: {} '{}' of this stage; the checkpoint was saved from another model (a pipeline checkpoint "
-          "holds one file per global layer of the Sequential)",
-          (root / relative).string(), file == nullptr ? "missing, so there are no weights for" : "has no",
-          name));
+      throw CheckpointError(
+          fmt::format("{}: {} '{}' of this model; the checkpoint was saved from another model",
+                      (root / relative).string(),
+                      file == nullptr ? "missing, so there are no weights for" : "has no", name));
     }
     state[name] = read_tensor(*file, name);
   }
@@ -271,13 +289,14 @@ void StateIO::load_layer_files(const std::string& dir) {
     const auto l = layouts(o);
     const auto kind = optimizer_kind(optimizer);
     if (kind.empty() || l.empty()) {
-      throw CheckpointError(
-          "load_state with a pipeline reads per-layer optimizer state, for LibTorch's Adam, AdamW, SGD, "
-          "RMSprop and Adagrad over the stage's parameters only");
+      throw CheckpointError(fmt::format(
+          "{} reads per-parameter optimizer state, for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad over "
+          "the model's parameters only",
+          call));
     }
     const safetensors::File* any = nullptr;
     for (const auto& name : names) {
-      if (const auto* f = open(optimizer_layer_file(o, layer_of(name)))) {
+      if (const auto* f = open(optimizer_file(o, name))) {
         if (require(*f, "optimizer") != kind) {
           throw CheckpointError(
               fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}", f->path(),
@@ -286,9 +305,15 @@ void StateIO::load_layer_files(const std::string& dir) {
         if (!any) any = f;
       }
     }
+    if (any == nullptr && !per_layer) {
+      throw CheckpointError(
+          fmt::format("{}: missing '{}', the per-parameter optimizer state a pipeline stage reads (written "
+                      "for LibTorch's "
+                      "Adam, AdamW, SGD, RMSprop and Adagrad)",
+                      dir, indexed("optimizer", o, "_full.safetensors")));
+    }
     restore_optimizer_state(optimizer, l, [&](const std::string& key) {
-      const safetensors::File* f =
-          key.rfind("param_groups/", 0) == 0 ? any : open(optimizer_layer_file(o, layer_of(key)));
+      const safetensors::File* f = key.rfind("param_groups/", 0) == 0 ? any : open(optimizer_file(o, key));
       return f != nullptr && f->contains(key) ? read_tensor(*f, key) : torch::Tensor();
     });
   }
@@ -482,22 +507,14 @@ TrainingCounters StateIO::load(const std::string& dir,
   const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
   const auto saved_stages = state_file.metadata().find("pipeline_stages");
   const bool saved_pipeline = saved_stages != state_file.metadata().end();
-  if (saved_pipeline != p_.pipeline.has_value()) {
-    throw CheckpointError(
-        saved_pipeline
-            ? fmt::format(
-                  "{}: the checkpoint was saved by a pipeline of {} stage(s) (one file per layer); load "
-                  "it after accelerator.prepare_pipeline(model), with any number of stages",
-                  dir, saved_stages->second)
-            : fmt::format("{}: the checkpoint was saved without a pipeline, and this run has one; load it "
-                          "without prepare_pipeline, or save from a pipeline run",
-                          dir));
-  }
+  // A pipeline's checkpoint (one file per global layer) loads with or without a pipeline, and a pipeline
+  // loads one saved without: the layers are named alike ("3.weight") either way.
   // A pipeline's checkpoint is always read per layer: another number of stages is a re-partition.
   // With tensor parallelism (saved or now) the files are the unsplit model's: always converted.
   const auto saved_tp = state_file.metadata().find("tensor_parallel_size");
   const bool convert =
-      saved_pipeline || saved_world != std::to_string(p_.world_size) || saved_backend != p_.backend ||
+      saved_pipeline || p_.pipeline.has_value() || saved_world != std::to_string(p_.world_size) ||
+      saved_backend != p_.backend ||
       (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints()) ||
       saved_tp != state_file.metadata().end() || p_.tensor_parallel_size > 1;
   auto check_count = [&](const char* what, std::size_t have) {
@@ -525,15 +542,16 @@ TrainingCounters StateIO::load(const std::string& dir,
     }
   }
 
-  if (p_.pipeline) load_layer_files(dir);
-  for (std::size_t i = 0; i < p_.models.size() && !p_.pipeline; ++i) {
+  const bool by_layer = saved_pipeline || p_.pipeline;
+  if (by_layer) load_layer_files(dir, /*per_layer=*/saved_pipeline);
+  for (std::size_t i = 0; i < p_.models.size() && !by_layer; ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
     auto state = read_tensors(f);
     if (p_.tensor_parallel_size > 1)
       slice_tensor_parallel(state, p_.tensor_parallel_splits.at(i), "load_state from " + f.path());
     p_.models[i].engine->load_model_state(state);
   }
-  for (std::size_t i = 0; i < p_.optimizers.size() && !p_.pipeline; ++i) {
+  for (std::size_t i = 0; i < p_.optimizers.size() && !by_layer; ++i) {
     if (convert) {
       const auto path = (root / indexed("optimizer", i, "_full.safetensors")).string();
       if (!fs::exists(path)) {

@@ -22,7 +22,8 @@
 //
 // With a pipeline (prepare_pipeline) the model and optimizer files are one per global layer instead, written
 // by the first replica of the stage that holds the layer, so that a run with another number of stages (or
-// replicas) loads the layers its stages hold:
+// replicas), or without a pipeline, loads the layers its stages hold (and a pipeline loads a checkpoint saved
+// without one from model.safetensors and optimizer_full.safetensors):
 //   layers/layer_<i>.safetensors                  weights and buffers of layer i ("3.weight")
 //   layers/optimizer_<o>_layer_<i>.safetensors    optimizer o's per-parameter state of layer i
 
@@ -116,7 +117,9 @@ class StateIO {
   void load_converted(std::size_t optimizer, const std::string& path);
   void write_layer_files(const std::string& tmp);
   void write_random_states(const std::string& tmp);
-  void load_layer_files(const std::string& dir);
+  /// The model and optimizer state per global layer: from a pipeline's per-layer files (`per_layer`), or, for
+  /// a pipeline stage, from the whole model's files of a checkpoint saved without a pipeline.
+  void load_layer_files(const std::string& dir, bool per_layer);
   Communicator& replicas() const { return p_.replicas != nullptr ? *p_.replicas : *p_.comm; }
   /// The split parameters of every model by qualified name (empty without tensor parallelism).
   std::map<std::string, tp::SplitParameter> qualified_splits() const;
