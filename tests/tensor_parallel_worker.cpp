@@ -13,6 +13,10 @@
 //                                       tensor_parallel_size 2 on that backend: clip_grad_norm_ (2-norm and
 //                                       inf) as one process clips the unsplit model, get_state_dict and
 //                                       save_model write the unsplit model, load_model slices it back
+//   tensor_parallel_worker pipeline     (4 or 8 ranks) 2 pipeline stages x 2-way tensor parallel (x 2
+//   replicas
+//                                       on 8): losses, clipped norms and weights of one process, whole-model
+//                                       get_state_dict, save_state / load_state resuming exactly
 //   tensor_parallel_worker state_<ddp|zero2|zero3>  save_state / load_state with tensor_parallel_size 2:
 //                                       resumes exactly; resumes a run without tensor parallelism and back
 #define CATCH_CONFIG_RUNNER
@@ -21,6 +25,7 @@
 #include <accel/accelerator.hpp>
 #include <accel/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/pipeline.hpp>
 #include <accel/safetensors.hpp>
 #include <accel/tensor_parallel.hpp>
 
@@ -699,6 +704,88 @@ void state_on(const std::string& backend) {
   if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// Tensor parallelism inside pipeline stages: 2 stages x 2-way tensor parallel (x 2 data-parallel replicas on
+// 8 ranks), each stage a Column -> GELU -> Row pair (the second stage behind a Tanh). Every step's loss and
+// clipped gradient norm are one process's with the unsplit model and the whole batch, get_state_dict gives
+// the whole unsplit model (every stage, slices gathered) equal to that process's, and save_state/load_state
+// (SGD momentum) resume exactly.
+void pipeline() {
+  const int world = communicator()->world_size();
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = world;
+  config.collective_timeout_seconds = 60;
+  config.pipeline.stages = 2;
+  config.pipeline.micro_batches = 2;
+  config.pipeline.schedule = accel::pipeline::Schedule::OneFOneB;
+  config.pipeline.partition = "0,3,7";
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group();
+  const int r = acc.process_index(), lanes = world / 2;
+  CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}),
+            "tensor-parallel group " << fmt::format("{}", fmt::join(tp->job_ranks(), ",")));
+  auto full1 = seeded_linear(1, kIn, kHidden), full2 = seeded_linear(2, kHidden, kIn),
+       full3 = seeded_linear(3, kIn, kHidden), full4 = seeded_linear(4, kHidden, kOut);
+  torch::nn::Sequential reference(full1, torch::nn::GELU(), full2, torch::nn::Tanh(), full3,
+                                  torch::nn::GELU(), full4);
+  torch::nn::Sequential model(
+      ColumnParallelLinear(full1, tp), torch::nn::GELU(), RowParallelLinear(full2, tp), torch::nn::Tanh(),
+      ColumnParallelLinear(full3, tp), torch::nn::GELU(), RowParallelLinear(full4, tp));
+  auto& stage = acc.prepare_pipeline(model);
+  CHECK_MSG(stage.stage() == r / lanes, "rank " << r << " runs stage " << stage.stage());
+  const auto momentum = torch::optim::SGDOptions(0.2).momentum(0.9);
+  torch::optim::SGD opt(stage.parameters(), momentum), ref_opt(reference->parameters(), momentum);
+  acc.prepare(opt);
+  const auto same_as_reference = [&](const std::string& at) {
+    const auto state = acc.get_state_dict(stage.module());
+    const auto ref = reference->named_parameters();
+    CHECK_MSG(state.size() == ref.size(), at << ": " << state.size() << " tensors of " << ref.size());
+    for (const auto& [name, t] : state) {
+      const auto* expected = ref.find(name);
+      CHECK_MSG((expected != nullptr && close(t, *expected)), at << ": " << name << " differs");
+    }
+  };
+  const auto step = [&](int n, bool reference_too) {
+    torch::manual_seed(300 + n);
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    opt.zero_grad();
+    const double loss = acc.pipeline_step(x, y, [](const torch::Tensor& out, const torch::Tensor& target) {
+      return torch::mse_loss(out, target);
+    });
+    const double norm = acc.clip_grad_norm_(0.05);
+    opt.step();
+    if (!reference_too) return;
+    ref_opt.zero_grad();
+    const auto ref_loss = torch::mse_loss(reference->forward(x), y);
+    ref_loss.backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.05);
+    ref_opt.step();
+    CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-5,
+              "step " << n << ": loss " << loss << ", one process " << ref_loss.item<double>());
+    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-5 * ref_norm,
+              "step " << n << ": clipped norm " << norm << ", one process " << ref_norm);
+  };
+  for (int n = 0; n < 3; ++n)
+    step(n, true);
+  same_as_reference("after 3 steps");
+  const std::string dir = shared_temp_dir(*communicator());
+  acc.save_state(dir);
+  const auto saved = acc.get_state_dict(stage.module());
+  step(3, true);
+  const auto after = acc.get_state_dict(stage.module());
+  acc.load_state(dir);
+  const auto loaded = acc.get_state_dict(stage.module());
+  for (std::size_t i = 0; i < saved.size(); ++i)
+    CHECK_MSG(torch::equal(loaded[i].second, saved[i].second), "load_state: " << saved[i].first);
+  step(3, false);
+  const auto again = acc.get_state_dict(stage.module());
+  for (std::size_t i = 0; i < after.size(); ++i)
+    CHECK_MSG(close(again[i].second, after[i].second), "resumed step: " << after[i].first);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -715,10 +802,11 @@ int main(int argc, char** argv) {
       {"export_fsdp_full_shard", [] { export_on("fsdp_full_shard"); }},
       {"state_ddp", [] { state_on("ddp"); }},
       {"state_zero2", [] { state_on("zero2"); }},
-      {"state_zero3", [] { state_on("zero3"); }}};
+      {"state_zero3", [] { state_on("zero3"); }},
+      {"pipeline", pipeline}};
   if (argc != 2 || scenarios.count(argv[1]) == 0) {
     std::cerr << "usage: tensor_parallel_worker <mlp|embedding|count|bad_size|tp_dp|accelerator|export_<ddp|"
-                 "zero2|zero3|fsdp_full_shard>|state_<ddp|zero2|zero3>>"
+                 "zero2|zero3|fsdp_full_shard>|state_<ddp|zero2|zero3>|pipeline>"
               << std::endl;
     return 2;
   }

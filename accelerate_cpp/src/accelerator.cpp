@@ -76,17 +76,23 @@ void Accelerator::setup_tensor_parallel(int size) {
         "tensor_parallel_size ranks; run a multiple of {} processes or choose a divisor of {}",
         size, world_size_, size, world_size_));
   }
-  if (config_.pipeline.stages > 1) {
-    throw UnsupportedOperation(
-        "tensor_parallel_size with pipeline_config.stages > 1 is not supported yet; use one of them");
+  const int stages = std::max(1, config_.pipeline.stages);
+  if (world_size_ % (size * stages) != 0) {
+    throw UsageError(fmt::format(
+        "tensor_parallel_size {} with pipeline_config.stages {} needs a multiple of {} processes (every "
+        "stage "
+        "of every data-parallel replica is a tensor-parallel group), but {} run; run {} x k processes",
+        size, stages, size * stages, world_size_, size * stages));
   }
-  // Rank = replica x size + tp rank: a group's ranks are neighbours (one machine: the layers' all-reduces
-  // run every forward and backward); the ranks holding the same slices form the data-parallel groups.
-  const int replicas = world_size_ / size;
-  std::vector<std::vector<int>> tp(static_cast<std::size_t>(replicas)), data(static_cast<std::size_t>(size));
+  // Rank = (stage x replicas + replica) x size + tp rank: a group's ranks are neighbours (one machine: the
+  // layers' all-reduces run every forward and backward); the ranks of one stage holding the same slices form
+  // the data-parallel groups (prepare_pipeline makes the pipelines).
+  const int groups = world_size_ / size, per_stage = world_size_ / stages;
+  std::vector<std::vector<int>> tp(static_cast<std::size_t>(groups)),
+      data(static_cast<std::size_t>(size * stages));
   for (int r = 0; r < world_size_; ++r) {
     tp[static_cast<std::size_t>(r / size)].push_back(r);
-    data[static_cast<std::size_t>(r % size)].push_back(r);
+    data[static_cast<std::size_t>(r / per_stage * size + r % size)].push_back(r);
   }
   tp_comm_ = comm_->split(tp);
   data_comm_ = comm_->split(data);
@@ -202,10 +208,11 @@ NamedTensors Accelerator::model_state(std::size_t index) {
   }
   // A pipeline stage's model: every stage's layers (each stage broadcasts its own), as copies.
   NamedTensors state;
-  detail::visit_whole_model(engine, {}, pipe, /*share_stages=*/true, device_, [&](NamedTensors piece) {
-    for (auto& [name, t] : piece)
-      state.emplace_back(name, t.detach().clone());
-  });
+  detail::visit_whole_model(engine, tp::split_parameters(*models_.at(index).module), pipe,
+                            /*share_stages=*/true, device_, [&](NamedTensors piece) {
+                              for (auto& [name, t] : piece)
+                                state.emplace_back(name, t.detach().clone());
+                            });
   return state;
 }
 

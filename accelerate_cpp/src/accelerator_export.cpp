@@ -69,6 +69,7 @@ void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitPar
   }
   NamedTensors mine;
   engine.visit_model_state([&](NamedTensors piece) {
+    if (share_stages) detail::gather_tensor_parallel(piece, splits);
     for (auto& entry : piece)
       mine.push_back(std::move(entry));
   });

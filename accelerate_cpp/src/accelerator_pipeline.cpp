@@ -55,7 +55,7 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline(
 pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
     const std::function<std::unique_ptr<pipeline::PipelineStage>(int stage, int stages)>& make_stage) {
   const PipelineConfig& pc = config_.pipeline;
-  if (pc.stages < 1 || world_size_ % pc.stages != 0) {
+  if (pc.stages < 1 || world_size_ % (pc.stages * tp_comm_->world_size()) != 0) {
     throw UsageError(fmt::format(
         "prepare_pipeline: pipeline_config.stages is {} but {} process(es) run; every stage runs in "
         "num_processes / stages processes (one per data-parallel replica), so num_processes must be a "
@@ -74,15 +74,17 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
         "operations in issue order, which the 1F1B interpreter does not group); run on CPU (use_cpu: true)");
   }
   refuse_sharding_with_pipeline();
-  // Rank = stage x replicas + replica (pipe-major, data-minor): the replicas of one stage are neighbours
-  // (one machine, where the data-parallel reduction moves the most bytes), the stages of one replica form a
-  // pipeline.
-  const int replicas = world_size_ / pc.stages, stage = rank_ / replicas;
-  std::vector<std::vector<int>> pipes(static_cast<std::size_t>(replicas)),
-      data(static_cast<std::size_t>(pc.stages));
+  // Rank = stage x lanes + lane, lane = replica x tp + tp rank (pipe-major, then data, tensor innermost):
+  // the ranks of one stage are neighbours (one machine, where the data-parallel reduction and the tensor-
+  // parallel all-reduces move the most bytes); the stages of one lane form a pipeline, each tensor-parallel
+  // rank passing its activations to the same tensor-parallel rank of the next stage.
+  const int tp = tp_comm_->world_size();
+  const int lanes = world_size_ / pc.stages, stage = rank_ / lanes;
+  std::vector<std::vector<int>> pipes(static_cast<std::size_t>(lanes)),
+      data(static_cast<std::size_t>(pc.stages * tp));
   for (int r = 0; r < world_size_; ++r) {
-    pipes[static_cast<std::size_t>(r % replicas)].push_back(r);
-    data[static_cast<std::size_t>(r / replicas)].push_back(r);
+    pipes[static_cast<std::size_t>(r % lanes)].push_back(r);
+    data[static_cast<std::size_t>(r / lanes * tp + r % tp)].push_back(r);
   }
   pipe_comm_ = comm_->split(pipes);
   data_comm_ = comm_->split(data);
@@ -106,7 +108,7 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   context.world_size = data_comm_->world_size();
   PreparedModel prepared{module, descriptor_->factory(context), 0};
   prepared.engine->prepare_model(*module);
-  if (replicas > 1) connect_sync_batchnorm(*module, data_comm_.get());
+  if (data_comm_->world_size() > 1) connect_sync_batchnorm(*module, data_comm_.get());
   models_.push_back(std::move(prepared));
   pipeline_model_ = models_.size() - 1;
   const int micro_batches = pc.micro_batches > 0 ? pc.micro_batches : config_.gradient_accumulation_steps;

@@ -71,6 +71,7 @@ detail::StateParts Accelerator::state_parts() {
     parts.pipeline = detail::StateParts::Pipeline{config_.pipeline.stages, data_comm_.get()};
   parts.replicas = data_comm_.get();
   parts.tensor_parallel_size = tp_comm_->world_size();
+  parts.tensor_parallel_rank = tp_comm_->rank();
   if (parts.tensor_parallel_size > 1) {
     for (const auto& m : models_)
       parts.tensor_parallel_splits.push_back(tp::split_parameters(*m.module));

@@ -29,8 +29,9 @@ void gather_tensor_parallel(NamedTensors& piece, const std::map<std::string, tp:
 /// pipeline (`pipe` spans more than one stage) every stage's layers, in stage order, on every stage of this
 /// replica: each stage broadcasts its tensors over `pipe` in turn (names, dtypes and shapes first). The
 /// tensors may be the model's own (read them before returning). The engine is visited on every rank
-/// (collective over its replicas); `share_stages` false skips the exchange between stages (a replica whose
-/// ranks need no other stage's layers). Collective.
+/// (collective over its replicas); `share_stages` false skips the tensor-parallel gathers and the exchange
+/// between stages (a replica whose ranks need no other stage's layers; the same for every rank of a
+/// tensor-parallel group). Collective.
 void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitParameter>& splits,
                        Communicator* pipe, bool share_stages, torch::Device device,
                        const std::function<void(NamedTensors)>& sink);

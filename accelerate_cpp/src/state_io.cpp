@@ -106,6 +106,29 @@ const tp::SplitParameter* split_of(const std::map<std::string, tp::SplitParamete
 
 }  // namespace
 
+NamedTensors StateIO::consolidated_state(std::size_t o, const std::vector<OptimizerTensorLayout>& layouts,
+                                         const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                                         Communicator& replicas, bool keep) const {
+  auto state = consolidate_optimizer_state(
+      *p_.optimizers[o], layouts, shapes, [&](const torch::Tensor& t) { return replicas.all_gather(t); },
+      keep);
+  if (p_.tensor_parallel_size > 1 && keep) {
+    const auto splits = qualified_splits();
+    for (auto& [key, t] : state) {
+      if (const auto* s = split_of(splits, key, t, /*whole=*/false)) {
+        t = s->comm->all_gather(t.movedim(s->dim, 0).contiguous()).movedim(0, s->dim).contiguous();
+      }
+    }
+  }
+  return state;
+}
+
+torch::Tensor StateIO::tensor_parallel_slice(const std::map<std::string, tp::SplitParameter>& splits,
+                                             const std::string& key, torch::Tensor t) {
+  if (const auto* s = split_of(splits, key, t, /*whole=*/true)) t = t.narrow(s->dim, s->first, s->length);
+  return t.contiguous();
+}
+
 std::string StateIO::fingerprints() const {
   std::string out;
   for (std::size_t o = 0; o < p_.optimizers.size(); ++o)
@@ -184,9 +207,13 @@ void StateIO::write_layer_files(const std::string& tmp_dir) {
                     p_.models.size()));
   }
   Communicator& replicas = *p_.pipeline->replicas;
-  const bool writer = replicas.rank() == 0;
-  // Collective over the stage's replicas (zero stage 1 gathers its optimizer shards); the first writes.
-  const auto state = p_.models[0].engine->model_state();
+  const bool tensor_parallel = p_.tensor_parallel_size > 1;
+  // The first replica's ranks keep the consolidated state (with tensor parallelism they gather the split
+  // parameters over their group); its first tensor-parallel rank writes.
+  const bool keep = replicas.rank() == 0, writer = keep && p_.tensor_parallel_rank == 0;
+  // Collective over the stage's replicas (zero stage 1 gathers its optimizer shards).
+  auto state = p_.models[0].engine->model_state();
+  if (tensor_parallel) gather_tensor_parallel(state, p_.tensor_parallel_splits.at(0));
   std::vector<NamedTensors> optimizer_states;
   const auto shapes = parameter_shapes(modules());
   for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
@@ -196,9 +223,7 @@ void StateIO::write_layer_files(const std::string& tmp_dir) {
           "save_state with a pipeline writes the optimizer state per layer, which is done for LibTorch's "
           "Adam, AdamW, SGD, RMSprop and Adagrad over the stage's parameters only; use one of them");
     }
-    optimizer_states.push_back(consolidate_optimizer_state(
-        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return replicas.all_gather(t); },
-        writer));
+    optimizer_states.push_back(consolidated_state(o, l, shapes, replicas, keep));
   }
   if (!writer) return;
   fs::create_directories(tmp / "layers");
@@ -282,6 +307,9 @@ void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
     }
     state[name] = read_tensor(*file, name);
   }
+  if (p_.tensor_parallel_size > 1) {
+    slice_tensor_parallel(state, p_.tensor_parallel_splits.at(0), fmt::format("load_state from '{}'", dir));
+  }
   p_.models[0].engine->load_model_state(state);
   // Optimizer state: per parameter from its layer's file; the groups' learning rates from any of them.
   for (std::size_t o = 0; o < p_.optimizers.size(); ++o) {
@@ -312,9 +340,11 @@ void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
                       "Adam, AdamW, SGD, RMSprop and Adagrad)",
                       dir, indexed("optimizer", o, "_full.safetensors")));
     }
+    const auto splits = qualified_splits();
     restore_optimizer_state(optimizer, l, [&](const std::string& key) {
       const safetensors::File* f = key.rfind("param_groups/", 0) == 0 ? any : open(optimizer_file(o, key));
-      return f != nullptr && f->contains(key) ? read_tensor(*f, key) : torch::Tensor();
+      return f != nullptr && f->contains(key) ? tensor_parallel_slice(splits, key, read_tensor(*f, key))
+                                              : torch::Tensor();
     });
   }
 }
@@ -337,7 +367,6 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
     if (tensor_parallel) gather_tensor_parallel(model_states.back(), p_.tensor_parallel_splits.at(i));
   }
   const auto shapes = parameter_shapes(modules());
-  const auto splits = qualified_splits();
   // The first replica's ranks keep the consolidated state (with tensor parallelism each holds other slices).
   const bool keep = tensor_parallel ? replicas().rank() == 0 : p_.rank == 0;
   std::vector<std::optional<NamedTensors>> optimizer_states;
@@ -353,16 +382,7 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
       optimizer_states.emplace_back();
       continue;
     }
-    auto state = consolidate_optimizer_state(
-        *p_.optimizers[o], l, shapes, [&](const torch::Tensor& t) { return replicas().all_gather(t); }, keep);
-    if (tensor_parallel && keep) {
-      for (auto& [key, t] : state) {
-        if (const auto* s = split_of(splits, key, t, /*whole=*/false)) {
-          t = s->comm->all_gather(t.movedim(s->dim, 0).contiguous()).movedim(0, s->dim).contiguous();
-        }
-      }
-    }
-    optimizer_states.push_back(std::move(state));
+    optimizer_states.push_back(consolidated_state(o, l, shapes, replicas(), keep));
   }
   if (p_.rank == 0) {
     write_main_files(tmp_dir, model_states, counters);
@@ -473,11 +493,7 @@ void StateIO::load_converted(std::size_t o, const std::string& path) {
   }
   const auto splits = qualified_splits();
   restore_optimizer_state(optimizer, l, [&](const std::string& key) {
-    if (!file.contains(key)) return torch::Tensor();
-    auto t = read_tensor(file, key);
-    // With tensor parallelism: this rank's slice of the unsplit parameter's state.
-    if (const auto* s = split_of(splits, key, t, /*whole=*/true)) t = t.narrow(s->dim, s->first, s->length);
-    return t.contiguous();
+    return file.contains(key) ? tensor_parallel_slice(splits, key, read_tensor(file, key)) : torch::Tensor();
   });
 }
 

@@ -90,6 +90,7 @@ struct StateParts {
   Communicator* replicas = nullptr;
   /// With tensor parallelism (tensor_parallel_size > 1): each model's split parameters (split_parameters).
   int tensor_parallel_size = 1;
+  int tensor_parallel_rank = 0;
   std::vector<std::map<std::string, tp::SplitParameter>> tensor_parallel_splits;
 };
 
@@ -123,6 +124,15 @@ class StateIO {
   Communicator& replicas() const { return p_.replicas != nullptr ? *p_.replicas : *p_.comm; }
   /// The split parameters of every model by qualified name (empty without tensor parallelism).
   std::map<std::string, tp::SplitParameter> qualified_splits() const;
+  /// Optimizer o's per-parameter state consolidated over `replicas` (kept where `keep`), with tensor
+  /// parallelism the split parameters' state gathered over their groups: the unsplit model's. Collective.
+  NamedTensors consolidated_state(std::size_t o, const std::vector<OptimizerTensorLayout>& layouts,
+                                  const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                                  Communicator& replicas, bool keep) const;
+  /// `t`, the saved state `key` of the unsplit model, cut to this rank's slice when it belongs to a split
+  /// parameter; contiguous.
+  static torch::Tensor tensor_parallel_slice(const std::map<std::string, tp::SplitParameter>& splits,
+                                             const std::string& key, torch::Tensor t);
 
   StateParts p_;
 };
