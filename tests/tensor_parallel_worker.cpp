@@ -782,6 +782,20 @@ void pipeline() {
   const auto again = acc.get_state_dict(stage.module());
   for (std::size_t i = 0; i < after.size(); ++i)
     CHECK_MSG(close(again[i].second, after[i].second), "resumed step: " << after[i].first);
+  {
+    // A model prepared beside the pipeline, after it, gets its engine over the ranks holding the same
+    // tensor-parallel slices (the Accelerator's own group, which prepare_pipeline's narrower one does not
+    // replace): DDP broadcasts the weights of that group's first rank, tp rank t's.
+    const auto draw = [](int seed) {
+      torch::manual_seed(static_cast<std::uint64_t>(seed));
+      return torch::nn::Linear(torch::nn::LinearOptions(3, 1).bias(false));
+    };
+    auto aux = draw(1000 + r);
+    const auto expected = draw(1000 + r % 2)->weight.detach().clone();
+    acc.prepare(aux);
+    CHECK_MSG(torch::equal(aux->weight, expected),
+              "rank " << r << ": the aux model was not broadcast from " << r % 2);
+  }
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::filesystem::remove_all(dir);
 }

@@ -85,14 +85,13 @@ void Accelerator::setup_tensor_parallel(int size) {
         size, stages, size * stages, world_size_, size * stages));
   }
   // Rank = (stage x replicas + replica) x size + tp rank: a group's ranks are neighbours (one machine: the
-  // layers' all-reduces run every forward and backward); the ranks of one stage holding the same slices form
-  // the data-parallel groups (prepare_pipeline makes the pipelines).
-  const int groups = world_size_ / size, per_stage = world_size_ / stages;
-  std::vector<std::vector<int>> tp(static_cast<std::size_t>(groups)),
-      data(static_cast<std::size_t>(size * stages));
+  // layers' all-reduces run every forward and backward); the ranks holding the same slices form the
+  // data-parallel groups (prepare_pipeline narrows them to the ranks of one stage).
+  const int groups = world_size_ / size;
+  std::vector<std::vector<int>> tp(static_cast<std::size_t>(groups)), data(static_cast<std::size_t>(size));
   for (int r = 0; r < world_size_; ++r) {
     tp[static_cast<std::size_t>(r / size)].push_back(r);
-    data[static_cast<std::size_t>(r / per_stage * size + r % size)].push_back(r);
+    data[static_cast<std::size_t>(r % size)].push_back(r);
   }
   tp_comm_ = comm_->split(tp);
   data_comm_ = comm_->split(data);
@@ -146,9 +145,12 @@ Accelerator::Accelerator(AcceleratorOptions options) : config_(resolve_config(op
   if (options.tensor_parallel_size_ != 1) setup_tensor_parallel(options.tensor_parallel_size_);
   context_.config = &config_;
   context_.device = device_;
-  context_.rank = data_comm_->rank();
-  context_.world_size = data_comm_->world_size();
-  context_.comm = data_comm_.get();
+  // The engines of prepare(model) reduce over these replicas for the Accelerator's life (prepare_pipeline
+  // narrows data_comm_ to the stage's replicas; engines made before keep theirs alive here).
+  replicas_comm_ = data_comm_;
+  context_.rank = replicas_comm_->rank();
+  context_.world_size = replicas_comm_->world_size();
+  context_.comm = replicas_comm_.get();
   if (config_.mixed_precision == MixedPrecision::Fp16) {
     scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
   }
@@ -244,7 +246,7 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   }
   PreparedModel prepared{model, descriptor_->factory(context_), 0};
   prepared.engine->prepare_model(*model);
-  if (data_comm_->world_size() > 1) connect_sync_batchnorm(*model, data_comm_.get());
+  if (replicas_comm_->world_size() > 1) connect_sync_batchnorm(*model, replicas_comm_.get());
   models_.push_back(std::move(prepared));
   enable_autocast();
 }

@@ -44,9 +44,8 @@ void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
     auto& t = found->second;
     if (t.dim() <= s.dim || t.size(s.dim) != s.full) {
       throw CheckpointError(fmt::format(
-          "load_model from '{}': '{}' has shape [{}] but its tensor-parallel layer is {} wide "
-          "along dimension "
-          "{} ({} on each of {} ranks); the export was made from another model",
+          "{}: '{}' has shape [{}] but its tensor-parallel layer is {} wide along dimension {} ({} on "
+          "each of {} ranks); the file was written from another model",
           where, name, fmt::join(t.sizes(), ", "), s.full, s.dim, s.length, s.comm->world_size()));
     }
     t = t.narrow(s.dim, s.first, s.length);

@@ -748,6 +748,7 @@ class Accelerator {
   std::shared_ptr<Communicator>
       data_comm_;                          // the data-parallel replicas of this rank (the job without tp/pp)
   std::shared_ptr<Communicator> tp_comm_;  // this rank's tensor-parallel group (one rank without)
+  std::shared_ptr<Communicator> replicas_comm_;  // context_.comm: what the engines of prepare(model) use
   void setup_tensor_parallel(int size);
   std::size_t pipeline_model_ = 0;  // the stage's entry in models_
 
