@@ -868,9 +868,6 @@ void reshard(bool load) {
   }
 }
 
-// A frozen layer (requires_grad false) whose parameters are still handed to the optimizer, as
-// `model->parameters()` after freezing gives them: it trains, the frozen layer stays as it was, and the
-// result matches one process with batch N*B.
 // What the 2- or 3-rank runs of `frozen` and `view_parameter` must reproduce: three Adam steps in one process
 // on the whole batch of Regression(4 x world x 3), 4 rows per rank per step; returns the parameters after.
 template <class Model>
@@ -887,6 +884,30 @@ std::vector<torch::Tensor> one_process_adam(Model model, int world) {
   return test::snapshot(*model);
 }
 
+// The same through an Accelerator on this run's ranks (a prepared loader of 4 rows per rank); `inspect` sees
+// the trained model while the Accelerator still lives. Returns the world size and the parameters after.
+template <class Model>
+std::pair<int, std::vector<torch::Tensor>> accelerated_adam(Model model,
+                                                            const std::function<void(Model&)>& inspect) {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int world = acc.num_processes();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  acc.prepare(model, opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+  for (auto& b : *loader) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(b.data), b.target));
+    opt.step();
+  }
+  acc.wait_for_everyone();  // refreshes the model on the sharding engines
+  inspect(model);
+  return {world, test::snapshot(*model)};
+}
+
+// A frozen layer (requires_grad false) whose parameters are still handed to the optimizer, as
+// `model->parameters()` after freezing gives them: it trains, the frozen layer stays as it was, and the
+// result matches one process with batch N*B.
 void frozen() {
   auto build = [] {
     torch::manual_seed(0);
@@ -895,24 +916,9 @@ void frozen() {
       p.set_requires_grad(false);
     return model;
   };
-  std::vector<torch::Tensor> got, initial;
-  int world = 0;
-  {
-    Accelerator acc(AcceleratorOptions().config(cpu_config()));
-    world = acc.num_processes();
-    auto model = build();
-    initial = test::snapshot(*model);
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-    acc.prepare(model, opt);
-    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-        Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
-    for (auto& b : *loader) {
-      opt.zero_grad();
-      acc.backward(torch::mse_loss(model(b.data), b.target));
-      opt.step();
-    }
-    got = test::snapshot(*model);
-  }
+  auto model = build();
+  const auto initial = test::snapshot(*model);
+  const auto [world, got] = accelerated_adam<Mlp>(model, [](Mlp&) {});
   const auto want = one_process_adam(build(), world);
   CHECK_MSG(torch::equal(got[0], initial[0]) && torch::equal(got[1], initial[1]), "the frozen layer changed");
   CHECK_MSG(!torch::equal(got[2], initial[2]), "the trainable layer did not train");
@@ -939,24 +945,9 @@ void view_parameter() {
     torch::manual_seed(0);
     return ViewParam();
   };
-  std::vector<torch::Tensor> got;
-  int world = 0;
-  {
-    Accelerator acc(AcceleratorOptions().config(cpu_config()));
-    world = acc.num_processes();
-    auto model = build();
-    REQUIRE(model->scale.storage_offset() == 8);
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-    acc.prepare(model, opt);
-    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-        Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
-    for (auto& b : *loader) {
-      opt.zero_grad();
-      acc.backward(torch::mse_loss(model(b.data), b.target));
-      opt.step();
-    }
-    acc.wait_for_everyone();  // refreshes the model on the sharding engines
-    got = test::snapshot(*model);
+  auto model = build();
+  REQUIRE(model->scale.storage_offset() == 8);
+  const auto [world, got] = accelerated_adam<ViewParam>(model, [](ViewParam& model) {
     CHECK_MSG(model->scale.storage_offset() == 8 &&
                   model->scale.data_ptr() == static_cast<float*>(model->base.data_ptr()) + 8,
               "the view parameter must stay a view of its base tensor");
@@ -964,7 +955,7 @@ void view_parameter() {
       CHECK_MSG(model->fc1->bias.data_ptr() == static_cast<float*>(model->fc1->weight.data_ptr()) + 96,
                 "fc1's weight and bias must be adjacent in the flat parameter buffer");
     }
-  }
+  });
   const auto want = one_process_adam(build(), world);
   for (std::size_t k = 0; k < want.size(); ++k)
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");

@@ -201,14 +201,9 @@ NamedTensors Accelerator::get_state_dict() {
 NamedTensors Accelerator::model_state(std::size_t index) {
   auto& engine = *models_.at(index).engine;
   engine.sync_parameters();
+  // The whole model on every rank: tensor-parallel slices gathered, with a pipeline every stage's layers;
+  // copies, as the engines hand over their own tensors.
   Communicator* pipe = pipeline_engine_ && index == pipeline_model_ ? pipe_comm_.get() : nullptr;
-  if (pipe == nullptr || pipe->world_size() == 1) {
-    auto state = engine.model_state();
-    // With tensor parallelism every group gathers its split parameters: the state is the unsplit model's.
-    detail::gather_tensor_parallel(state, tp::split_parameters(*models_.at(index).module));
-    return state;
-  }
-  // A pipeline stage's model: every stage's layers (each stage broadcasts its own), as copies.
   NamedTensors state;
   detail::visit_whole_model(engine, tp::split_parameters(*models_.at(index).module), pipe,
                             /*share_stages=*/true, device_, [&](NamedTensors piece) {

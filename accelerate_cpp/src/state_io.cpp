@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace accel::detail {
 namespace {
@@ -174,13 +175,19 @@ void StateIO::save(const std::string& dir, const TrainingCounters& counters,
 namespace {
 
 // The global layer a pipeline stage's tensor or optimizer key belongs to: "3.weight", "3.weight/exp_avg"
-// -> 3.
-int layer_of(const std::string& name) {
+// -> 3; nullopt for a name that does not start with a layer index.
+std::optional<int> layer_index(const std::string& name) {
   const auto dot = name.find('.');
   try {
     if (dot != std::string::npos && dot > 0) return std::stoi(name.substr(0, dot));
   } catch (const std::exception&) {
   }
+  return std::nullopt;
+}
+
+// The same for saving, where a name without a layer index is an error.
+int layer_of(const std::string& name) {
+  if (const auto layer = layer_index(name)) return *layer;
   throw CheckpointError(fmt::format(
       "save_state with a pipeline: '{}' is not named by its global layer (\"3.weight\"); only the stage "
       "model of prepare_pipeline is saved per layer",
@@ -272,11 +279,7 @@ void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
   // Where a tensor of the model and a key of optimizer o are: the file of its global layer (a pipeline's
   // checkpoint), or the whole model's files (a checkpoint saved without a pipeline, read by a stage).
   auto layer = [&](const std::string& name) {
-    const auto dot = name.find('.');
-    try {
-      if (dot != std::string::npos && dot > 0) return std::stoi(name.substr(0, dot));
-    } catch (const std::exception&) {
-    }
+    if (const auto index = layer_index(name)) return *index;
     throw CheckpointError(fmt::format(
         "{}: the checkpoint holds one file per global layer of a Sequential, but the model's '{}' is not "
         "named by its layer (\"3.weight\"); load it into the same Sequential",
