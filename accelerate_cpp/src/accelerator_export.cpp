@@ -52,23 +52,19 @@ void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
   }
 }
 
-}  // namespace detail
-
-namespace detail {
-
 void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitParameter>& splits,
                        Communicator* pipe, bool share_stages, torch::Device device,
                        const std::function<void(NamedTensors)>& sink) {
   if (pipe == nullptr || pipe->world_size() == 1) {
     engine.visit_model_state([&](NamedTensors piece) {
-      detail::gather_tensor_parallel(piece, splits);
+      gather_tensor_parallel(piece, splits);
       sink(std::move(piece));
     });
     return;
   }
   NamedTensors mine;
   engine.visit_model_state([&](NamedTensors piece) {
-    if (share_stages) detail::gather_tensor_parallel(piece, splits);
+    if (share_stages) gather_tensor_parallel(piece, splits);
     for (auto& entry : piece)
       mine.push_back(std::move(entry));
   });
