@@ -28,4 +28,7 @@ void setup_test_command(CLI::App& app);
 /// `~/.config/accelerate-cpp/default_config.yaml`.
 std::string default_config_path();
 
+/// The registered backends' names joined by `separator` ("local | ddp | fsdp | zero"), for help texts.
+std::string backend_names_help(const std::string& separator = " | ");
+
 }  // namespace accel::launcher

@@ -66,13 +66,8 @@ void run_estimate(const MemoryEstimateInput& in) {
   for (const auto& e : stages)
     parameters += e.num_parameters;
   std::cout << fmt::format(
-      "Per-rank memory for {} parameters on {} process(es), backend {}{}, optimizer {}, "
-      "mixed precision {}:\n",
-      parameters, in.num_processes, in.backend,
-      in.backend == "zero"   ? fmt::format(" stage {}", in.zero_stage)
-      : in.backend == "fsdp" ? " " + in.fsdp_sharding_strategy
-                             : std::string(),
-      in.optimizer, in.mixed_precision);
+      "Per-rank memory for {} parameters on {} process(es), backend {}, optimizer {}, mixed precision {}:\n",
+      parameters, in.num_processes, describe_backend(in), in.optimizer, in.mixed_precision);
   if (in.pipeline_stages > 1) print_pipeline(in, stages);
   std::cout << r.to_string() << "\n"
             << "bytes: " << bytes_line(r) << "\n";
@@ -89,7 +84,7 @@ void setup_estimate_memory_command(CLI::App& app) {
       ->default_val(0);
   cmd->add_option("--num_processes,--num-processes,-n", in->num_processes, "Processes (ranks)")
       ->default_val(1);
-  cmd->add_option("--backend", in->backend, "local | ddp | zero | fsdp")->default_val("ddp");
+  cmd->add_option("--backend", in->backend, backend_names_help())->default_val("ddp");
   cmd->add_option("--zero_stage,--zero-stage", in->zero_stage, "ZeRO stage for --backend zero: 0, 1, 2 or 3")
       ->default_val(2);
   cmd->add_option("--fsdp_sharding_strategy,--fsdp-sharding-strategy", in->fsdp_sharding_strategy,

@@ -102,6 +102,13 @@ std::string default_config_path() {
   return home + "/.config/accelerate-cpp/default_config.yaml";
 }
 
+std::string backend_names_help(const std::string& separator) {
+  std::string out;
+  for (const BackendInfo& info : config_backends())
+    out += (out.empty() ? "" : separator) + info.name;
+  return out;
+}
+
 Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices) {
   std::string file = options.config_file;
   if (file.empty()) {
@@ -341,7 +348,7 @@ void setup_launch_command(CLI::App& app) {
   sub->add_option_function<std::string>(
          both_spellings("backend"), [options](const std::string& v) { options->backend = v; },
          "Training backend (default: from the config; ddp when --num_processes > 1)")
-      ->type_name("local|ddp|fsdp|zero");
+      ->type_name(backend_names_help("|"));
   sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present (use_cpu)");
   sub->add_flag("--debug", options->debug, "Check tensor shapes on every rank before each collective");
   sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,

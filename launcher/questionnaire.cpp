@@ -68,12 +68,11 @@ std::string quoted(const std::string& text) {
 // Why a pipeline cannot run with this backend's settings, as the Accelerator refuses it at prepare_pipeline
 // (refuse_sharding_with_pipeline): sharded gradients or parameters would be reduced once per micro-batch.
 std::optional<std::string> pipeline_refusal(const Config& c) {
-  std::string what;
-  if (c.backend == "zero" && c.zero.stage >= 2) what = "zero with zero_stage " + std::to_string(c.zero.stage);
-  if (c.backend == "fsdp" && c.fsdp.sharding_strategy != ShardingStrategy::NoShard)
-    what = "fsdp with " + to_string(c.fsdp.sharding_strategy);
-  if (what.empty()) return std::nullopt;
-  return "backend " + what +
+  const BackendInfo* backend = find_backend(c.backend);
+  if (backend == nullptr || !backend->sharded_for_pipeline) return std::nullopt;
+  const std::optional<std::string> what = backend->sharded_for_pipeline(c);
+  if (!what) return std::nullopt;
+  return "backend " + *what +
          " shards gradients or parameters, which a pipeline refuses (as DeepSpeed: they would be "
          "communicated once per micro-batch); answer no, or run accel-launch config again with ddp, zero "
          "stage 1 or fsdp NO_SHARD";

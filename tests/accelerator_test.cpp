@@ -3,6 +3,7 @@
 #include "test_support.hpp"
 
 #include <accel/objects_archive.hpp>
+#include <accel/optim.hpp>
 #include <accel/pipeline.hpp>
 #include <accel/safetensors.hpp>
 #include <accel/sync_batchnorm.hpp>
@@ -154,6 +155,44 @@ TEST_CASE("accelerator: fp16 skips the step on inf/NaN gradients and backs off t
   REQUIRE(acc.completed_steps() == 1);
 }
 
+TEST_CASE("accelerator: fp16 skips only the step of the optimizer whose gradients overflowed (GAN loop)") {
+  Regression data(8);
+  torch::manual_seed(0);
+  auto G = torch::nn::Linear(6, 6);
+  Mlp D;
+  torch::optim::SGD opt_g(G->parameters(), 0.1);
+  torch::optim::SGD opt_d(D->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::Fp16)));
+  acc.prepare(G, D, opt_g, opt_d);
+  acc.scaler()->load_state_dict(
+      {{"scale", torch::tensor({1024.0f})}, {"growth_tracker", torch::tensor({0}, torch::kInt32)}});
+  bool poison = false;
+  D->fc1->weight.register_hook([&](torch::Tensor g) {
+    return poison ? torch::full_like(g, std::numeric_limits<float>::infinity()) : g;
+  });
+  const auto d_before = test::snapshot(*D);
+  const auto g_before = test::snapshot(*G);
+  // D's step: its gradients overflow, so its step is skipped and the scale backs off.
+  opt_d.zero_grad();
+  poison = true;
+  acc.backward(torch::mse_loss(D(data.x).to(torch::kFloat32), data.y) +
+               D(G(data.x).detach()).to(torch::kFloat32).pow(2).mean());
+  poison = false;
+  CHECK(acc.optimizer_step_was_skipped(opt_d));
+  opt_d.step();
+  // G's step, through D: G's gradients are finite, so G steps although D's step of this batch was skipped.
+  opt_g.zero_grad();
+  acc.backward((D(G(data.x)).to(torch::kFloat32) - data.y).pow(2).mean());
+  CHECK_FALSE(acc.optimizer_step_was_skipped(opt_g));
+  opt_g.step();
+  const auto d_after = test::snapshot(*D);
+  for (std::size_t k = 0; k < d_after.size(); ++k)
+    CHECK(torch::equal(d_before[k], d_after[k]));
+  CHECK_FALSE(torch::equal(g_before[0], test::snapshot(*G)[0]));
+  CHECK(torch::isfinite(test::snapshot(*G)[0]).all().item<bool>());
+  CHECK(acc.scaler()->get_scale() == 512.0);
+}
+
 TEST_CASE("accelerator: fp16 gradients reach the optimizer unscaled") {
   Regression data(8);
   auto grads = [&](MixedPrecision mp) {
@@ -281,6 +320,81 @@ TEST_CASE("backends: every built-in engine has a config part, and every config p
   REQUIRE_THROWS_WITH(registry.resolve("mine", 1), Catch::Contains("backend 'mine' is not available"));
 }
 
+TEST_CASE("backends: CPU offload of a sharded optimizer names the fused accel::optim drop-in") {
+  BackendRegistry registry;
+  register_builtin_backends(registry);
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::Adam adam(model->parameters());
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  accel::optim::Adam fused(model->parameters());
+  torch::optim::RMSprop rmsprop(model->parameters());
+  Config config = test::make_config();
+  BackendContext context;
+  context.config = &config;
+  context.device = torch::Device(torch::kCUDA, 0);  // offload moves state off a GPU; no GPU is touched here
+  context.world_size = 2;
+  const auto notes = [&](const std::string& backend, const torch::optim::Optimizer& opt) {
+    config.backend = backend;
+    const auto& d = registry.resolve(backend, 2);
+    REQUIRE(d.optimizer_notices);
+    return d.optimizer_notices(context, opt);
+  };
+  config.zero.stage = 2;
+  config.zero.offload_optimizer_device = OffloadDevice::Cpu;
+  const auto adam_notes = notes("zero", adam);
+  REQUIRE(adam_notes.size() == 1);
+  CHECK_THAT(adam_notes[0],
+             Catch::StartsWith("deepspeed_config.offload_optimizer_device: cpu: torch::optim::Adam "
+                               "steps the CPU shard with LibTorch's unfused update"));
+  CHECK_THAT(adam_notes[0], Catch::Contains("accel::optim::Adam (#include <accel/optim.hpp>"));
+  const auto sgd_notes = notes("zero", sgd);
+  REQUIRE(sgd_notes.size() == 1);
+  CHECK_THAT(sgd_notes[0],
+             Catch::Contains("torch::optim::SGD steps") && Catch::Contains("accel::optim::SGD"));
+  CHECK(notes("zero", fused).empty());    // already the fused step
+  CHECK(notes("zero", rmsprop).empty());  // no fused drop-in to suggest
+  config.zero.stage = 3;
+  config.zero.offload_optimizer_device = OffloadDevice::None;
+  config.zero.offload_param_device = OffloadDevice::Cpu;
+  const auto stage3 = notes("zero", adam);
+  REQUIRE(stage3.size() == 1);
+  CHECK_THAT(stage3[0], Catch::StartsWith("deepspeed_config.offload_param_device: cpu: torch::optim::Adam"));
+  config.zero.offload_param_device = OffloadDevice::None;
+  CHECK(notes("zero", adam).empty());  // nothing offloaded
+  config.fsdp.offload_params = true;
+  config.fsdp.sharding_strategy = ShardingStrategy::FullShard;
+  const auto fsdp = notes("fsdp", adam);
+  REQUIRE(fsdp.size() == 1);
+  CHECK_THAT(fsdp[0], Catch::StartsWith("fsdp_config.fsdp_offload_params: true: torch::optim::Adam"));
+  config.fsdp.sharding_strategy = ShardingStrategy::NoShard;  // DDP: nothing sharded, nothing offloaded
+  CHECK(notes("fsdp", adam).empty());
+  config.fsdp.sharding_strategy = ShardingStrategy::FullShard;
+  context.device = torch::kCPU;  // a CPU run: the state is on the CPU already (a config notice says so)
+  CHECK(notes("fsdp", adam).empty());
+}
+
+TEST_CASE("backends: a descriptor's optimizer notes reach notices() when the optimizer is prepared") {
+  auto registry = std::make_shared<BackendRegistry>();
+  BackendDescriptor d;
+  d.name = "minimal";
+  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
+  d.factory = [](const BackendContext&) { return std::make_unique<MinimalEngine>(); };
+  d.optimizer_notices = [](const BackendContext&, const torch::optim::Optimizer& opt) {
+    return std::vector<std::string>{"groups: " + std::to_string(opt.param_groups().size())};
+  };
+  registry->add(d);
+  Config config = test::make_config();
+  config.backend = "minimal";
+  Accelerator acc(AcceleratorOptions().config(config).registry(registry));
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  CHECK(acc.notices().empty());
+  acc.prepare(model, opt);
+  REQUIRE(acc.notices() == std::vector<std::string>{"groups: 1"});
+}
+
 TEST_CASE("backends: a minimal engine trains under its own name, and its optional operations throw") {
   auto registry = std::make_shared<BackendRegistry>();
   BackendDescriptor d;
@@ -368,6 +482,7 @@ TEST_CASE(
   Mlp model;
   torch::optim::SGD opt(model->parameters(), 0.1);
   acc.prepare(model, opt);
+  CHECK(notes.size() == 2);  // no note about the optimizer: offload does nothing on a CPU run
   Regression data(8);
   acc.backward(torch::mse_loss(model(data.x), data.y));
   opt.step();

@@ -918,6 +918,20 @@ TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the 
           b.backend = "fsdp";
           b.fsdp_sharding_strategy = "NO_SHARD";
         }) == "no error");
+  CHECK(error([](auto& b) {
+          b.backend = "zero";
+          b.zero_stage = 1;
+        }) == "no error");
+  // The words come from each backend's config part (the summary line of accel-launch estimate-memory).
+  accel::MemoryEstimateInput words;
+  words.backend = "zero";
+  words.zero_stage = 3;
+  CHECK(accel::describe_backend(words) == "zero (zero_stage 3)");
+  words.backend = "fsdp";
+  words.fsdp_sharding_strategy = "shard_grad_op";
+  CHECK(accel::describe_backend(words) == "fsdp (SHARD_GRAD_OP)");
+  words.backend = "ddp";
+  CHECK(accel::describe_backend(words) == "ddp");
 }
 
 TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and must be positive", "[config]") {

@@ -75,6 +75,20 @@ TEST_CASE(
   compare<accel::optim::SGD, torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9), 6, 2);
 }
 
+TEST_CASE("optim: fused_replacement names the drop-in for exactly LibTorch's AdamW, Adam and SGD") {
+  auto w = torch::zeros({2}, torch::requires_grad());
+  struct OwnAdam : torch::optim::Adam {  // a subclass may step its own way: no suggestion
+    using torch::optim::Adam::Adam;
+  };
+  CHECK(accel::optim::fused_replacement(torch::optim::AdamW({w})) == "accel::optim::AdamW");
+  CHECK(accel::optim::fused_replacement(torch::optim::Adam({w})) == "accel::optim::Adam");
+  CHECK(accel::optim::fused_replacement(torch::optim::SGD({w}, 0.1)) == "accel::optim::SGD");
+  CHECK_FALSE(accel::optim::fused_replacement(accel::optim::AdamW({w})));
+  CHECK_FALSE(accel::optim::fused_replacement(accel::optim::SGD({w}, 0.1)));
+  CHECK_FALSE(accel::optim::fused_replacement(OwnAdam({w})));
+  CHECK_FALSE(accel::optim::fused_replacement(torch::optim::Adagrad({w})));
+}
+
 TEST_CASE("optim: fused and LibTorch optimizers load each other's saved state and go on alike") {
   compare<accel::optim::AdamW, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2).amsgrad(true), 6, 2);
   compare<accel::optim::Adam, torch::optim::Adam>(torch::optim::AdamOptions(1e-2), 6, 2);

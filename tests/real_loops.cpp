@@ -107,9 +107,11 @@ void against_one_process(const std::string& what,
 }
 
 // A GAN-shaped loop: the discriminator D steps on real and (detached) generated rows, then the generator G
-// steps through D, so D also receives gradients during G's backward. Prepared in a scrambled order.
+// steps through D, so D also receives gradients during G's backward. Prepared in a scrambled order. Each
+// model's gradients are clipped on their own (Accelerate's clip_grad_norm_(model.parameters(), max)), with a
+// bound the norms exceed; the norms are compared too.
 void two_models() {
-  against_one_process("two models, two optimizers", [](Accelerator* acc, int world) {
+  against_one_process("two models, two optimizers, each clipped", [](Accelerator* acc, int world) {
     torch::manual_seed(0);
     auto G = torch::nn::Linear(6, 6);
     Mlp D;
@@ -117,18 +119,33 @@ void two_models() {
     auto opt_d = sgd(D->parameters());
     if (acc != nullptr) acc->prepare(*opt_g, G, D, *opt_d);
     Regression data(kBatch * world * kSteps);
+    std::vector<double> norms;
+    const auto clip = [&](const std::vector<torch::Tensor>& parameters, double max_norm) {
+      norms.push_back(acc != nullptr ? acc->clip_grad_norm_(parameters, max_norm)
+                                     : torch::nn::utils::clip_grad_norm_(parameters, max_norm));
+    };
     for (std::int64_t s = 0; s < kSteps; ++s) {
       const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
       opt_d->zero_grad();
       backward(acc, torch::mse_loss(D(x), y) + D(G(x).detach()).pow(2).mean());
+      clip(D->parameters(), 0.2);
       opt_d->step();
       opt_g->zero_grad();
       backward(acc, (D(G(x)) - y).pow(2).mean());
+      clip(G->parameters(), 0.05);
       opt_g->step();
     }
-    std::vector<torch::Tensor> out;
+    bool clipped_d = false, clipped_g = false;  // norms alternate D, G
+    for (std::size_t k = 0; k + 1 < norms.size(); k += 2) {
+      clipped_d = clipped_d || norms[k] > 0.2;
+      clipped_g = clipped_g || norms[k + 1] > 0.05;
+    }
+    CHECK_MSG(clipped_d && clipped_g,
+              "no gradient norm of a model exceeded its bound: clipping went untested");
+    std::vector<torch::Tensor> out{torch::tensor(norms, torch::kDouble).to(torch::kFloat)};
     if (acc == nullptr) {
-      out = test::snapshot(*G);
+      for (auto& t : test::snapshot(*G))
+        out.push_back(t);
     } else {
       for (const auto& [name, t] : acc->get_state_dict(G))
         if (G->named_parameters().contains(name)) out.push_back(t.clone());
@@ -215,11 +232,36 @@ void no_sync() {
       const auto loss = torch::mse_loss(model(x), y) / 2;
       if (acc != nullptr) acc->communicator().reset_counters();
       backward(acc, loss);
-      // Backends that gather parameters in backward (stage 3) communicate anyway; the others must not.
-      const auto caps = acc != nullptr ? acc->capabilities() : BackendCapabilities{};
-      if (acc != nullptr && !caps.communicates_on_micro_steps && !caps.shards_parameters) {
-        CHECK_MSG(acc->communicator().total_wire_bytes() == 0,
-                  "a backward under no_sync moved " << acc->communicator().total_wire_bytes() << " bytes");
+      // The micro-step contract (backend.hpp): no gradient is reduced unless the backend says it reduces on
+      // micro-steps (ZeRO-3); engines that shard parameters still gather them for backward, nothing else
+      // moves.
+      if (acc != nullptr) {
+        const auto caps = acc->capabilities();
+        const auto& comm = acc->communicator();
+        const auto reduced = comm.bytes(Collective::AllReduce).wire +
+                             comm.bytes(Collective::ReduceScatter).wire + comm.bytes(Collective::Reduce).wire;
+        const auto gathered = comm.bytes(Collective::AllGather).wire;
+        static bool printed = false;  // one line per run, not per step
+        const bool main = acc->is_main_process() && !printed;
+        printed = true;
+        if (caps.communicates_on_micro_steps) {
+          if (main)
+            std::cout << backend_variant << " no_sync: bytes not checked (excluded by trait "
+                      << "communicates_on_micro_steps: gradients are reduced on every backward)" << std::endl;
+        } else {
+          CHECK_MSG(reduced == 0, "a backward under no_sync reduced gradients: " << reduced << " bytes");
+          if (caps.shards_parameters) {
+            CHECK_MSG(comm.total_wire_bytes() == gathered, "a backward under no_sync moved "
+                                                               << comm.total_wire_bytes() - gathered
+                                                               << " bytes besides the parameter all-gathers");
+            if (main)
+              std::cout << backend_variant << " no_sync: 0 gradient bytes, " << gathered
+                        << " bytes of parameter all-gathers (trait shards_parameters)" << std::endl;
+          } else {
+            CHECK_MSG(comm.total_wire_bytes() == 0,
+                      "a backward under no_sync moved " << comm.total_wire_bytes() << " bytes");
+          }
+        }
       }
     });
     return weights(acc, model);
@@ -372,7 +414,12 @@ void fused_adamw() {
 // broadcast_buffers); with `ddp_broadcast_buffers: false` on DDP they drift apart (the check can fail).
 void buffers() {
   for (const bool broadcast : {true, false}) {
-    if (!broadcast && backend_variant != "ddp") continue;
+    if (!broadcast && backend_variant != "ddp") {
+      if (ProcessState::from_environment().rank == 0)
+        std::cout << backend_variant
+                  << " buffers (broadcast false): not run (ddp_broadcast_buffers is DDP's key)" << std::endl;
+      continue;
+    }
     auto config = cpu_config();
     config.ddp_broadcast_buffers = broadcast;
     Accelerator acc(AcceleratorOptions().config(config));

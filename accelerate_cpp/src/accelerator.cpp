@@ -317,6 +317,12 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
         owners.size(), owners[0], owners[1], backend_name()));
   }
   models_[owners.front()].engine->prepare_optimizer(optimizer);
+  if (descriptor_->optimizer_notices) {
+    for (auto& n : descriptor_->optimizer_notices(context_, optimizer)) {
+      if (is_main_process()) std::cerr << "accelerate-cpp: note: " << n << std::endl;
+      notices_.push_back(std::move(n));
+    }
+  }
   optimizers_.push_back(&optimizer);
   optimizer_model_.push_back(owners.front());
   skipped_.push_back(false);

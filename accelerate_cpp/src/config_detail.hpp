@@ -439,6 +439,8 @@ KeyRow section_row(const Section& section, const char* what, const char* doc);
 struct MemoryLayout {
   bool shards_state = false;       ///< optimizer state and gradients in slices of ceil(P / N)
   bool shards_parameters = false;  ///< parameters too, at rest
+  bool shards_gradients = false;   ///< reduced gradients kept in slices (a pipeline refuses it)
+  std::string setting;             ///< the setting that decides the layout, in words ("zero_stage 2")
 };
 
 /// Reports a validation failure for a key path ("deepspeed_config.zero_stage") with its line when known.

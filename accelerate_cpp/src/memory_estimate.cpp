@@ -90,16 +90,13 @@ std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateIn
                     "stage runs on num_processes / pipeline_stages data-parallel ranks",
                     p, in.num_processes));
   }
-  if (p > 1 && (layout.shards_parameters || (layout.shards_state && in.backend != "zero") ||
-                (in.backend == "zero" && in.zero_stage >= 2))) {
-    throw field_error("backend",
-                      fmt::format("backend {}{} shards gradients or parameters, which a pipeline refuses (as "
-                                  "DeepSpeed: it would reduce them once per micro-batch); estimate with "
-                                  "--backend ddp, zero with --zero_stage 1, or fsdp with "
-                                  "--fsdp_sharding_strategy NO_SHARD",
-                                  in.backend,
-                                  in.backend == "zero" ? fmt::format(" (zero_stage {})", in.zero_stage)
-                                                       : " (" + in.fsdp_sharding_strategy + ")"));
+  if (p > 1 && (layout.shards_parameters || layout.shards_gradients)) {
+    throw field_error(
+        "backend", fmt::format("backend {} ({}) shards gradients or parameters, which a pipeline refuses (as "
+                               "DeepSpeed: it would reduce them once per micro-batch); estimate with "
+                               "--backend ddp, zero with --zero_stage 1, or fsdp with "
+                               "--fsdp_sharding_strategy NO_SHARD",
+                               in.backend, layout.setting));
   }
   if (in.micro_batches < 0) {
     throw field_error("micro_batches",
@@ -170,6 +167,13 @@ std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateIn
     }
   }
   return stages;
+}
+
+std::string describe_backend(const MemoryEstimateInput& in) {
+  const config_detail::BackendPart* part = config_detail::find_part(in.backend);
+  if (part == nullptr || !part->memory_layout) return in.backend;
+  const std::string setting = part->memory_layout(in).setting;
+  return setting.empty() ? in.backend : fmt::format("{} ({})", in.backend, setting);
 }
 
 MemoryReport estimate_memory(const MemoryEstimateInput& in) {

@@ -1,8 +1,9 @@
 #pragma once
-// The chunked, pipelined collective written once (ZeRO's reduce-scatter of a whole gradient and its
-// all-gather of the parameters): the flat range [0, total) goes in chunks of `chunk` elements with at most
-// `depth` chunks in flight, so copying one chunk in or out overlaps the transfer of the next and no
-// whole-model buffer is ever allocated. Rank-free: `start` launches a chunk and returns what completes it.
+// The chunked, pipelined collective written once (ZeRO stage 1's reduce-scatter of a whole gradient; the
+// parameter all-gather writes the flat parameter buffers directly, unchunked): the flat range [0, total) goes
+// in chunks of `chunk` elements with at most `depth` chunks in flight, so copying one chunk in or out
+// overlaps the transfer of the next and no whole-model buffer is ever allocated. Rank-free: `start` launches
+// a chunk and returns what completes it.
 
 #include <algorithm>
 #include <cstdint>

@@ -1,6 +1,7 @@
 #include "grad_utils.hpp"
 
 #include <accel/errors.hpp>
+#include <accel/optim.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,18 @@
 #include <sstream>
 
 namespace accel::backends::detail {
+
+std::vector<std::string> offload_step_notices(const std::string& key,
+                                              const torch::optim::Optimizer& optimizer) {
+  const auto fused = optim::fused_replacement(optimizer);
+  if (!fused) return {};
+  const std::string unfused = "torch::optim::" + fused->substr(fused->rfind(':') + 1);
+  return {fmt::format(
+      "{}: {} steps the CPU shard with LibTorch's unfused update (several operators and temporaries per "
+      "tensor); {} (#include <accel/optim.hpp>: same options and state names, checkpoints load both ways) is "
+      "the fused CPU step, DeepSpeed's CPU-Adam role, 4-11x faster per step in bench_optim (BENCHMARKS.md)",
+      key, unfused, *fused)};
+}
 
 std::optional<c10::ScalarType> wire_dtype(CommHook hook) {
   switch (hook) {

@@ -25,6 +25,11 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
 /// received no gradient in a backward that gave gradients to others of the same model, unless `tolerate`
 /// (`ddp_find_unused_parameters: true`, then they are reduced as zeros).
 void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
+/// The note for an optimizer stepped on CPU-offloaded shards (`key`: the config key that offloads) when it is
+/// LibTorch's unfused AdamW / Adam / SGD: names the accel::optim drop-in (DeepSpeed's CPU-Adam role). Empty
+/// otherwise.
+std::vector<std::string> offload_step_notices(const std::string& key,
+                                              const torch::optim::Optimizer& optimizer);
 /// The dtype gradients travel in under `hook` (`ddp_comm_hook`), or nullopt for no compression.
 std::optional<c10::ScalarType> wire_dtype(CommHook hook);
 /// Throws for `ddp_comm_hook: power_sgd` on an engine that reduces gradients to their owners (`who`), which

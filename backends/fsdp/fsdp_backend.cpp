@@ -2,6 +2,7 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/grad_utils.hpp"
 #include "../ddp/ddp_backend.hpp"
 #include "../zero/full_shard_backend.hpp"
 #include "../zero/zero_backend.hpp"
@@ -87,6 +88,15 @@ std::vector<std::string> fsdp_notices(const BackendContext& context) {
   return out;
 }
 
+// The sharded strategies step the optimizer on CPU masters with fsdp_offload_params.
+std::vector<std::string> fsdp_optimizer_notices(const BackendContext& context,
+                                                const torch::optim::Optimizer& optimizer) {
+  const auto& f = context.config->fsdp;
+  if (context.device.is_cpu() || !f.offload_params || f.sharding_strategy == ShardingStrategy::NoShard)
+    return {};
+  return detail::offload_step_notices("fsdp_config.fsdp_offload_params: true", optimizer);
+}
+
 }  // namespace
 
 BackendDescriptor fsdp_backend_descriptor() {
@@ -100,6 +110,7 @@ BackendDescriptor fsdp_backend_descriptor() {
     return c;
   };
   d.notices = fsdp_notices;
+  d.optimizer_notices = fsdp_optimizer_notices;
   d.factory = make_fsdp_engine;
   d.activation_checkpointing = [](const Config& config) { return config.fsdp.activation_checkpointing; };
   return d;

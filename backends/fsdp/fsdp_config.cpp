@@ -203,6 +203,10 @@ BackendPart fsdp_config_part() {
   part.info.distributed_types = {"FSDP"};
   part.info.section = kSection;
   part.info.ask_settings = ask_fsdp;
+  part.info.sharded_for_pipeline = [](const Config& c) -> std::optional<std::string> {
+    if (c.fsdp.sharding_strategy == ShardingStrategy::NoShard) return std::nullopt;
+    return "fsdp with " + to_string(c.fsdp.sharding_strategy);
+  };
   part.rows = fsdp_rows();
   part.section_in_use = [](const Config& c) { return c.backend == "fsdp" || c.fsdp != FsdpConfig{}; };
   part.resolve = resolve_fsdp;
@@ -217,7 +221,8 @@ BackendPart fsdp_config_part() {
                       in.fsdp_sharding_strategy),
           {}, 0, "fsdp_sharding_strategy");
     }
-    return MemoryLayout{*strategy != ShardingStrategy::NoShard, *strategy == ShardingStrategy::FullShard};
+    return MemoryLayout{*strategy != ShardingStrategy::NoShard, *strategy == ShardingStrategy::FullShard,
+                        *strategy != ShardingStrategy::NoShard, to_string(*strategy)};
   };
   return part;
 }

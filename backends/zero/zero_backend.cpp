@@ -620,6 +620,18 @@ std::vector<std::string> zero_notices(const BackendContext& context) {
   return out;
 }
 
+// Stages 1-2 step the optimizer on CPU masters with offload_optimizer; stage 3 with either offload key.
+std::vector<std::string> zero_optimizer_notices(const BackendContext& context,
+                                                const torch::optim::Optimizer& optimizer) {
+  const auto& z = context.config->zero;
+  if (context.device.is_cpu() || z.stage == 0) return {};
+  if (z.offload_optimizer_device == OffloadDevice::Cpu)
+    return detail::offload_step_notices("deepspeed_config.offload_optimizer_device: cpu", optimizer);
+  if (z.stage == 3 && z.offload_param_device == OffloadDevice::Cpu)
+    return detail::offload_step_notices("deepspeed_config.offload_param_device: cpu", optimizer);
+  return {};
+}
+
 }  // namespace
 
 BackendDescriptor zero_backend_descriptor() {
@@ -634,6 +646,7 @@ BackendDescriptor zero_backend_descriptor() {
     return c;
   };
   d.notices = zero_notices;
+  d.optimizer_notices = zero_optimizer_notices;
   d.factory = make_zero_engine;
   d.activation_checkpointing = [](const Config& config) { return config.zero.activation_checkpointing; };
   return d;

@@ -220,6 +220,10 @@ BackendPart zero_config_part() {
   part.info.distributed_types = {"DEEPSPEED"};
   part.info.section = kSection;
   part.info.ask_settings = ask_zero;
+  part.info.sharded_for_pipeline = [](const Config& c) -> std::optional<std::string> {
+    if (c.zero.stage < 2) return std::nullopt;
+    return fmt::format("zero with zero_stage {}", c.zero.stage);
+  };
   part.rows = zero_rows();
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.resolve = resolve_zero;
@@ -230,7 +234,8 @@ BackendPart zero_config_part() {
           fmt::format("estimate-memory: zero_stage {} is not available (0, 1, 2 or 3)", in.zero_stage), {}, 0,
           "zero_stage");
     }
-    return MemoryLayout{in.zero_stage >= 1, in.zero_stage == 3};
+    return MemoryLayout{in.zero_stage >= 1, in.zero_stage == 3, in.zero_stage >= 2,
+                        fmt::format("zero_stage {}", in.zero_stage)};
   };
   return part;
 }

@@ -80,7 +80,9 @@ struct GradientTensors {
 /// synchronised across ranks. Methods marked "collective" are called on every rank in the same order.
 ///
 /// The micro-step contract, true for every backend: on `before_backward(false)` / `after_backward(false)`
-/// (accumulation micro-steps) nothing is communicated unless `capabilities().communicates_on_micro_steps`;
+/// (accumulation micro-steps and `no_sync`) no gradient is reduced unless
+/// `capabilities().communicates_on_micro_steps`, and nothing at all moves unless `shards_parameters` too
+/// (such engines still gather parameters for backward; tested by counting bytes per collective);
 /// gradients add up across any number of backward calls until the user's `optimizer.step()` or
 /// `zero_grad()`, and after a sync step the gradients the optimizers see are the mean over all ranks of
 /// everything accumulated. A model that receives no gradient at all in one backward takes no part in its
@@ -150,6 +152,10 @@ struct BackendDescriptor {
   /// Settings of the config that have no effect in this run, each with the reason (CPU offload on a CPU run,
   /// ...). May be empty.
   std::function<std::vector<std::string>(const BackendContext&)> notices;
+  /// Notes about one optimizer as `prepare` hands it to an engine (CPU offload stepping LibTorch's unfused
+  /// optimizer on the CPU shard, ...), added to the Accelerator's notices. May be empty.
+  std::function<std::vector<std::string>(const BackendContext&, const torch::optim::Optimizer&)>
+      optimizer_notices;
   /// Makes one engine per prepared model.
   BackendFactory factory;
   /// Whether the config asks for activation checkpointing of the Sequential blocks (may be empty: no).

@@ -294,6 +294,10 @@ struct BackendInfo {
   std::string multi_process_replacement;
   /// Asks the questions of `accel-launch config` about this backend's settings (may be empty: none).
   std::function<void(Questions&, Config&)> ask_settings;
+  /// The settings of `config` that shard gradients or parameters, in words ("zero with zero_stage 2"), which
+  /// a pipeline refuses (they would be reduced once per micro-batch); nullopt when a pipeline can run. May be
+  /// empty: never sharded.
+  std::function<std::optional<std::string>(const Config&)> sharded_for_pipeline;
 };
 
 /// The backends the config knows, in the order `accel-launch config` lists them.

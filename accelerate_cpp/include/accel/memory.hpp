@@ -90,5 +90,8 @@ MemoryReport estimate_memory(const MemoryEstimateInput& input);
 /// NO_SHARD) are refused with a pipeline, as the Accelerator refuses them. Throws ConfigError naming the bad
 /// field.
 std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateInput& input);
+/// The backend with the setting that decides its layout, as the estimates read them: "zero (zero_stage 2)",
+/// "fsdp (FULL_SHARD)", "ddp". Throws ConfigError as estimate_memory does on a bad backend setting.
+std::string describe_backend(const MemoryEstimateInput& input);
 
 }  // namespace accel

@@ -20,7 +20,10 @@
 #include <torch/optim/serialize.h>
 #include <torch/optim/sgd.h>
 
+#include <optional>
+#include <string>
 #include <tuple>
+#include <typeinfo>
 
 namespace accel::optim {
 
@@ -41,6 +44,19 @@ class SGD : public torch::optim::SGD {
   using torch::optim::SGD::SGD;
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
+
+/// The accel::optim drop-in ("accel::optim::AdamW", "accel::optim::Adam", "accel::optim::SGD") for an
+/// optimizer that is exactly LibTorch's `torch::optim::AdamW`, `Adam` or `SGD`; empty for any other (already
+/// fused, a subclass with its own step, another kind). The sharding backends name it when CPU offload would
+/// step LibTorch's unfused optimizer on the CPU shard. (Inline: the backends library, linked below this one,
+/// uses it.)
+inline std::optional<std::string> fused_replacement(const torch::optim::Optimizer& optimizer) {
+  const auto& type = typeid(optimizer);
+  if (type == typeid(torch::optim::AdamW)) return "accel::optim::AdamW";
+  if (type == typeid(torch::optim::Adam)) return "accel::optim::Adam";
+  if (type == typeid(torch::optim::SGD)) return "accel::optim::SGD";
+  return std::nullopt;
+}
 
 /// Optimizers whose update of a parameter needs the whole parameter (LAMB's trust ratio is a ratio of norms
 /// over each parameter tensor). `Accelerator::prepare` refuses them on backends that shard optimizer state,
