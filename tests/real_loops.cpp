@@ -255,7 +255,7 @@ void no_sync() {
                                                                << comm.total_wire_bytes() - gathered
                                                                << " bytes besides the parameter all-gathers");
             if (main)
-              std::cout << backend_variant << " no_sync: 0 gradient bytes, " << gathered
+              std::cout << backend_variant << " no_sync: " << reduced << " gradient bytes, " << gathered
                         << " bytes of parameter all-gathers (trait shards_parameters)" << std::endl;
           } else {
             CHECK_MSG(comm.total_wire_bytes() == 0,

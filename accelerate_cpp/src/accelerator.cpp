@@ -319,6 +319,7 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   models_[owners.front()].engine->prepare_optimizer(optimizer);
   if (descriptor_->optimizer_notices) {
     for (auto& n : descriptor_->optimizer_notices(context_, optimizer)) {
+      if (std::find(notices_.begin(), notices_.end(), n) != notices_.end()) continue;  // a second Adam
       if (is_main_process()) std::cerr << "accelerate-cpp: note: " << n << std::endl;
       notices_.push_back(std::move(n));
     }

@@ -202,7 +202,9 @@ class Accelerator {
   /// What the active backend shards (optimizer state, gradients, parameters).
   BackendCapabilities capabilities() const;
   /// Settings of the config that have no effect in this run, each with the reason (for example CPU offload on
-  /// a CPU run). The main process also prints them to stderr once, at construction.
+  /// a CPU run), then the backend's advice on prepared optimizers (CPU offload stepping LibTorch's unfused
+  /// Adam). The main process also prints each once to stderr: the first at construction, the advice at
+  /// `prepare`.
   const std::vector<std::string>& notices() const noexcept { return notices_; }
   MixedPrecision mixed_precision() const noexcept { return config_.mixed_precision; }
   int gradient_accumulation_steps() const noexcept { return config_.gradient_accumulation_steps; }
