@@ -304,6 +304,14 @@ class MinimalEngine : public Backend {
   void before_backward(bool /*sync*/) override {}
   void after_backward(bool /*sync*/) override {}
 };
+// A backend the program registers itself, made of MinimalEngine.
+BackendDescriptor minimal_descriptor() {
+  BackendDescriptor d;
+  d.name = "minimal";
+  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
+  d.factory = [](const BackendContext&) { return std::make_unique<MinimalEngine>(); };
+  return d;
+}
 }  // namespace
 
 TEST_CASE("backends: every built-in engine has a config part, and every config part an engine") {
@@ -378,10 +386,7 @@ TEST_CASE("backends: CPU offload of a sharded optimizer names the fused accel::o
 
 TEST_CASE("backends: a descriptor's optimizer notes reach notices() when the optimizer is prepared") {
   auto registry = std::make_shared<BackendRegistry>();
-  BackendDescriptor d;
-  d.name = "minimal";
-  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
-  d.factory = [](const BackendContext&) { return std::make_unique<MinimalEngine>(); };
+  BackendDescriptor d = minimal_descriptor();
   d.optimizer_notices = [](const BackendContext&, const torch::optim::Optimizer& opt) {
     return std::vector<std::string>{"groups: " + std::to_string(opt.param_groups().size())};
   };
@@ -401,10 +406,7 @@ TEST_CASE("backends: a descriptor's optimizer notes reach notices() when the opt
 
 TEST_CASE("backends: a minimal engine trains under its own name, and its optional operations throw") {
   auto registry = std::make_shared<BackendRegistry>();
-  BackendDescriptor d;
-  d.name = "minimal";
-  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
-  d.factory = [](const BackendContext&) { return std::make_unique<MinimalEngine>(); };
+  BackendDescriptor d = minimal_descriptor();
   registry->add(d);
   Regression data(8);
   const auto expected = big_batch_step(data.x, data.y);

@@ -193,17 +193,23 @@ Accelerator::NoSync::~NoSync() {
 
 namespace {
 
-// Sum of |g|^p (or max |g| for p = inf) over the gradients of `tensors`, in double.
+// Adds `term` to a running part of a p-norm: a sum of |g|^p, or the max of |g| for p = inf.
+void add_norm_term(double& into, double term, double p) {
+  into = std::isinf(p) ? std::max(into, term) : into + term;
+}
+
+// One gradient's term of a p-norm, in double: sum of |g|^p, or max |g| for p = inf (0 when empty).
+double norm_term(const torch::Tensor& g, double p) {
+  const auto d = g.detach().to(torch::kFloat64).abs();
+  if (d.numel() == 0) return 0.0;
+  return std::isinf(p) ? d.max().item<double>() : d.pow(p).sum().item<double>();
+}
+
+// The p-norm part of the gradients of `tensors`.
 double local_norm_part(const std::vector<torch::Tensor>& tensors, double p) {
   double out = 0.0;
   for (const auto& t : tensors) {
-    if (!t.grad().defined()) continue;
-    const auto g = t.grad().detach().to(torch::kFloat64);
-    if (std::isinf(p)) {
-      out = std::max(out, g.abs().max().item<double>());
-    } else {
-      out += g.abs().pow(p).sum().item<double>();
-    }
+    if (t.grad().defined()) add_norm_term(out, norm_term(t.grad(), p), p);
   }
   return out;
 }
@@ -264,17 +270,12 @@ NormParts norm_parts(const NormInputs& in, const std::vector<std::size_t>& engin
                      const std::vector<torch::Tensor>& whole, const std::vector<torch::Tensor>& sliced,
                      double p) {
   NormParts out;
-  const bool inf = std::isinf(p);
   if (in.tp_size == 1) {
     out.whole[0] = local_norm_part(whole, p);
     out.sliced[0] = local_norm_part(sliced, p);
     return out;
   }
-  const auto add = [&](double& into, const torch::Tensor& g) {
-    const auto d = g.detach().to(torch::kFloat64).abs();
-    if (d.numel() == 0) return;
-    into = inf ? std::max(into, d.max().item<double>()) : into + d.pow(p).sum().item<double>();
-  };
+  const auto add = [&](double& into, const torch::Tensor& g) { add_norm_term(into, norm_term(g, p), p); };
   // The split parameters of every prepared model, as tensors and, for the engines' flat slices, as names.
   std::unordered_set<const void*> split_tensors;
   std::vector<std::map<std::string, tp::SplitParameter>> split_names(in.models.size());
@@ -389,9 +390,8 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
                     ? torch::tensor({split.sliced[0], split.sliced[1]}, torch::kFloat64)
                     : torch::tensor({split.sliced[0]}, torch::kFloat64);
     if (data_comm_->world_size() > 1) data_comm_->all_reduce(part, op);
-    const auto add = [&](double a, double b) { return inf ? std::max(a, b) : a + b; };
-    total = add(total, part[0].item<double>());
-    if (part.numel() > 1) replicated = add(replicated, part[1].item<double>());
+    add_norm_term(total, part[0].item<double>(), norm_type);
+    if (part.numel() > 1) add_norm_term(replicated, part[1].item<double>(), norm_type);
   }
   if (tp_comm_->world_size() > 1) {
     auto part = torch::tensor({inf ? std::max(total, replicated)
