@@ -1,6 +1,6 @@
 // The config side of the built-in backends (torch-free; compiled into accel_config, which accel-launch links
 // without LibTorch). The list is backends/builtin_backends.def, shared with register_builtin.cpp.
-#include "config_detail.hpp"
+#include "config/config_detail.hpp"
 
 namespace accel::config_detail {
 

@@ -1,6 +1,6 @@
 // The engines of the built-in backends. The list is backends/builtin_backends.def, shared with the config
 // side (config_parts.cpp), so adding a backend is one folder and one line there.
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 namespace accel {
 namespace backends {

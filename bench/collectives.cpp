@@ -4,8 +4,8 @@
 //   accel-launch launch --cpu --num_processes 2 bench_collectives [--repeats 5] [--max-elements 21265930]
 #include "bench_args.hpp"
 
-#include <accel/communicator.hpp>
-#include <accel/process_state.hpp>
+#include <accel/distributed/communicator.hpp>
+#include <accel/distributed/process_state.hpp>
 
 #include <torch/torch.h>
 

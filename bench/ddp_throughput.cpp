@@ -15,7 +15,7 @@
 // Each measurement is the slowest rank's time (a synced step waits for the slowest rank); hidden =
 // 1 - (synced - alone) / all-reduce, clamped to [0, 1], from the medians of the K measurements.
 // Copies into and out of the buckets count as exposed communication. The timed steps are unaffected.
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include "../backends/common/buckets.hpp"
 #include "bench_args.hpp"

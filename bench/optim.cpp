@@ -2,7 +2,7 @@
 // the 21M-parameter MLP of bench/zero_memory.cpp, with one thread and with all threads. Prints ms per step,
 // the ratios, and how far apart the two end after the timed steps.
 //   bench_optim [--steps 20] [--warmup 3]
-#include <accel/optim.hpp>
+#include <accel/optim/optim.hpp>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>

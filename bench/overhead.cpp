@@ -3,7 +3,7 @@
 // alike. Prints the median step time of each and their ratio (goal: accelerated/plain < 1.02).
 //
 //   build/bench/bench_overhead [--rounds 7] [--steps 40] [--batch-size 64]
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include "bench_args.hpp"
 

@@ -21,10 +21,10 @@
 //
 // Rank 0 also times the whole model in one process on the same batch (one forward and backward, no
 // micro-batches) while the other ranks wait: the reference for the speedup.
-#include <accel/communicator.hpp>
-#include <accel/memory.hpp>
-#include <accel/pipeline.hpp>
-#include <accel/process_state.hpp>
+#include <accel/distributed/communicator.hpp>
+#include <accel/distributed/process_state.hpp>
+#include <accel/monitor/memory.hpp>
+#include <accel/parallel/pipeline.hpp>
 
 #include "bench_args.hpp"
 

@@ -3,7 +3,7 @@
 //
 //   accel-launch launch --config_file config_templates/zero_stage2.yaml build/bench/bench_zero_memory --steps
 //   10
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include "bench_args.hpp"
 

@@ -140,8 +140,8 @@ void setup_config_command(CLI::App& app) {
   CLI::App* update = config->add_subcommand(
       "update",
       "Rewrite an existing config (--config_file, else the default one) with every key at its current "
-      "default "
-      "where the file leaves it out, so that it shows every setting; the original is kept as <file>.bak.");
+      "default where the file leaves it out, so that it shows every setting; the original is kept as "
+      "<file>.bak.");
   update->add_option("--config_file,--config-file", options->config_file,
                      "The config to update (default: as for 'accel-launch config')");
   update->callback([options] { run_config_update_command(*options); });

@@ -1,7 +1,7 @@
 // `accel-launch env`: a block to paste into bug reports. accel-launch never loads LibTorch (it must start
 // fast), so LibTorch, CUDA and NCCL versions are the ones this build was configured against; devices come
 // from the system (nvidia-smi, /proc/cpuinfo).
-#include <accel/config.hpp>
+#include <accel/config/config.hpp>
 #include <accel/errors.hpp>
 
 #include "commands.hpp"

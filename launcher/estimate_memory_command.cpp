@@ -2,7 +2,7 @@
 // parameter count, world size, backend, stage, precision and optimizer (the layouts of accelerate-cpp itself,
 // checked against measured runs by the test suite); with --pipeline_stages, per stage: the stage's share of
 // the parameters (by the partition of --layer_parameters, else 1/p) and the schedule's activation bound.
-#include <accel/memory.hpp>
+#include <accel/monitor/memory.hpp>
 
 #include "commands.hpp"
 

@@ -20,7 +20,7 @@
 
 #include "commands.hpp"
 
-#include <accel/env_contract.hpp>
+#include <accel/distributed/env_contract.hpp>
 #include "free_port.hpp"
 #include "supervisor.hpp"
 
@@ -187,7 +187,10 @@ Config resolve_launch_config(const LaunchOptions& options, std::vector<std::stri
   return config;
 }
 
-void run_launch(const LaunchOptions& options) {
+namespace {
+
+// The checks that need no config, in the order their errors are reported.
+void check_launch_options(const LaunchOptions& options) {
   if (options.command.empty()) {
     throw UsageError(
         "launch: missing PROGRAM; usage: accel-launch launch [options] PROGRAM [ARGS...] (see accel-launch "
@@ -207,22 +210,26 @@ void run_launch(const LaunchOptions& options) {
   if (options.tee && options.log_dir.empty()) {
     throw UsageError("--tee copies the ranks' output to the console and to --log_dir files; give --log_dir");
   }
-  std::vector<std::string> notices;
-  Config config = resolve_launch_config(options, &notices);
+}
+
+// The checks and preparations that need the resolved config: restarts on one machine only, the log dir.
+void check_restarts_and_log_dir(const LaunchOptions& options, const Config& config) {
   if (options.max_restarts > 0 && config.num_machines > 1) {
     throw UsageError("--max_restarts restarts the ranks of one machine; with num_machines " +
                      std::to_string(config.num_machines) +
                      " every launcher would have to agree on the restart (torchrun's elastic rendezvous, not "
-                     "implemented); "
-                     "restart the launchers yourself, resuming with load_state()");
+                     "implemented); restart the launchers yourself, resuming with load_state()");
   }
   if (!options.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options.log_dir, ec);
     if (ec) throw UsageError("cannot create --log_dir '" + options.log_dir + "': " + ec.message());
   }
-  const std::string executable = find_executable(options.command.front());
+}
 
+// Fills in the default address and, for port 0, a free port; returns whether the port was picked (a restart
+// picks a new one).
+bool resolve_rendezvous(Config& config) {
   if (config.main_process_ip.empty()) config.main_process_ip = kDefaultAddress;
   const bool pick_port = config.main_process_port == 0;
   if (pick_port) {
@@ -233,29 +240,43 @@ void run_launch(const LaunchOptions& options) {
         " is already in use (another training run?); choose another with --main_process_port or "
         "use 0 to pick a free one");
   }
+  return pick_port;
+}
 
-  const int local_ranks = config.num_processes / config.num_machines;
-  const bool set_omp = options.num_cpu_threads_per_process || std::getenv("OMP_NUM_THREADS") == nullptr;
-  const int omp_threads = options.num_cpu_threads_per_process ? *options.num_cpu_threads_per_process
-                                                              : std::max(1, available_cores() / local_ranks);
-  if (set_omp && local_ranks > 1 && !options.num_cpu_threads_per_process) {
-    notices.push_back("accel-launch: setting OMP_NUM_THREADS=" + std::to_string(omp_threads) +
+struct OmpThreads {
+  bool set = false;  // whether the ranks get OMP_NUM_THREADS
+  int threads = 1;
+};
+
+OmpThreads choose_omp_threads(const LaunchOptions& options, int local_ranks,
+                              std::vector<std::string>& notices) {
+  OmpThreads omp;
+  omp.set = options.num_cpu_threads_per_process || std::getenv("OMP_NUM_THREADS") == nullptr;
+  omp.threads = options.num_cpu_threads_per_process ? *options.num_cpu_threads_per_process
+                                                    : std::max(1, available_cores() / local_ranks);
+  if (omp.set && local_ranks > 1 && !options.num_cpu_threads_per_process) {
+    notices.push_back("accel-launch: setting OMP_NUM_THREADS=" + std::to_string(omp.threads) +
                       " for each rank (" + std::to_string(available_cores()) + " cores / " +
                       std::to_string(local_ranks) +
                       " local ranks) to avoid oversubscribing the CPU; set OMP_NUM_THREADS to override");
   }
-  for (const std::string& notice : notices)
-    std::cerr << notice << "\n";
-  std::cerr.flush();
+  return omp;
+}
 
-  const TempConfigFile config_file(config.to_yaml());
-
+// This process's environment without the variables the launcher sets for each rank.
+std::vector<std::string> inherited_environment() {
   std::vector<std::string> base;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string text = *entry;
     if (!env::set_by_launcher(text.substr(0, text.find('=')))) base.push_back(text);
   }
+  return base;
+}
 
+SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Config& config,
+                                          const std::string& executable, int local_ranks,
+                                          const OmpThreads& omp, const std::string& config_path) {
+  const std::vector<std::string> base = inherited_environment();
   SupervisorOptions supervisor;
   supervisor.executable = executable;
   supervisor.argv = options.command;
@@ -277,17 +298,21 @@ void run_launch(const LaunchOptions& options) {
     add(env::kGroupRank, std::to_string(config.machine_rank));
     add(env::kMasterAddr, config.main_process_ip);
     add(env::kMasterPort, std::to_string(config.main_process_port));
-    add(env::kConfigFile, config_file.path());
+    add(env::kConfigFile, config_path);
     add(env::kLaunched, "1");
     add(env::kRestartCount, "0");
     add(env::kMaxRestarts, std::to_string(options.max_restarts));
     add(env::kConsoleTty, supervisor.console && ::isatty(STDERR_FILENO) ? "1" : "0");
-    if (set_omp) add("OMP_NUM_THREADS", std::to_string(omp_threads));
+    if (omp.set) add("OMP_NUM_THREADS", std::to_string(omp.threads));
     supervisor.ranks.push_back(std::move(rank));
   }
+  return supervisor;
+}
 
-  // After a failure (not after the launcher itself was stopped) every rank starts again, up to
-  // --max_restarts times; a program that calls load_state() at start continues from its last checkpoint.
+// After a failure (not after the launcher itself was stopped) every rank starts again, up to
+// --max_restarts times; a program that calls load_state() at start continues from its last checkpoint.
+void supervise_with_restarts(SupervisorOptions& supervisor, Config& config, const LaunchOptions& options,
+                             int local_ranks, bool pick_port) {
   for (int restart = 0;; ++restart) {
     const SupervisorResult result = supervise(supervisor);
     if (result.exit_code == 0) return;
@@ -309,6 +334,28 @@ void run_launch(const LaunchOptions& options) {
       }
     }
   }
+}
+
+}  // namespace
+
+void run_launch(const LaunchOptions& options) {
+  check_launch_options(options);
+  std::vector<std::string> notices;
+  Config config = resolve_launch_config(options, &notices);
+  check_restarts_and_log_dir(options, config);
+  const std::string executable = find_executable(options.command.front());
+  const bool pick_port = resolve_rendezvous(config);
+
+  const int local_ranks = config.num_processes / config.num_machines;
+  const OmpThreads omp = choose_omp_threads(options, local_ranks, notices);
+  for (const std::string& notice : notices)
+    std::cerr << notice << "\n";
+  std::cerr.flush();
+
+  const TempConfigFile config_file(config.to_yaml());
+  SupervisorOptions supervisor =
+      make_supervisor_options(options, config, executable, local_ranks, omp, config_file.path());
+  supervise_with_restarts(supervisor, config, options, local_ranks, pick_port);
 }
 
 void setup_launch_command(CLI::App& app) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/config.hpp"
+#include "accel/config/config.hpp"
 #include "accel/errors.hpp"
 
 namespace accel::launcher {

@@ -4,7 +4,7 @@
 #include "questionnaire.hpp"
 
 #include <accel/errors.hpp>
-#include <accel/pipeline_schedule.hpp>
+#include <accel/parallel/pipeline_schedule.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -68,14 +68,12 @@ std::string quoted(const std::string& text) {
 // Why a pipeline cannot run with this backend's settings, as the Accelerator refuses it at prepare_pipeline
 // (refuse_sharding_with_pipeline): sharded gradients or parameters would be reduced once per micro-batch.
 std::optional<std::string> pipeline_refusal(const Config& c) {
-  const BackendInfo* backend = find_backend(c.backend);
-  if (backend == nullptr || !backend->sharded_for_pipeline) return std::nullopt;
-  const std::optional<std::string> what = backend->sharded_for_pipeline(c);
-  if (!what) return std::nullopt;
-  return "backend " + *what +
+  const auto whole = [](const BackendCapabilities& s) { return !s.shards_gradients && !s.shards_parameters; };
+  if (whole(sharding_of(c))) return std::nullopt;
+  return "backend " + describe_layout(c) +
          " shards gradients or parameters, which a pipeline refuses (as DeepSpeed: they would be "
-         "communicated once per micro-batch); answer no, or run accel-launch config again with ddp, zero "
-         "stage 1 or fsdp NO_SHARD";
+         "communicated once per micro-batch); answer no, or run accel-launch config again with " +
+         layouts_where(whole);
 }
 
 // The pipeline_config: questions (asked when a distributed backend runs several processes).
@@ -306,34 +304,50 @@ std::string Prompter::ask_text(const std::string& question, const std::optional<
 // -----------------------------------------------------------------------------------------------------------
 // The questions
 
-Config run_questionnaire(std::istream& in, std::ostream& out, const QuestionnaireOptions& options) {
-  Prompter prompter(in, out, options);
-  Config config;
-  constexpr int kIntMax = std::numeric_limits<int>::max();
+namespace {
 
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+// The compute environment, and for several machines: how many, this one's rank, and the main process's
+// address and port.
+void ask_machines(Prompter& prompter, Config& config) {
   const size_t environment =
       prompter.ask_choice("In which compute environment are you running?",
                           {{"This machine", "one machine, any number of processes"},
                            {"Multi-machine", "several machines (multi-node training)"}},
                           0);
-  if (environment == 1) {
-    config.num_machines = prompter.ask_int("How many machines will you use?", 2, 2, kIntMax);
-    config.machine_rank = prompter.ask_int("What is the rank of this machine (0 for the main machine)?", 0, 0,
-                                           config.num_machines - 1);
-    config.main_process_ip = prompter.ask_text(
-        "What is the IP address or host name of the machine that will host the main process?", std::nullopt,
-        [](const std::string& answer) -> std::optional<std::string> {
-          if (std::any_of(answer.begin(), answer.end(), [](unsigned char c) { return std::isspace(c); })) {
-            return quoted(answer) + " contains spaces: enter one IP address or host name";
-          }
-          return std::nullopt;
-        });
-    config.main_process_port = prompter.ask_int(
-        "What is the port you will use to communicate with the main process (0 picks a free port)?",
-        config.main_process_port, 0, 65535);
-  }
+  if (environment != 1) return;
+  config.num_machines = prompter.ask_int("How many machines will you use?", 2, 2, kIntMax);
+  config.machine_rank = prompter.ask_int("What is the rank of this machine (0 for the main machine)?", 0, 0,
+                                         config.num_machines - 1);
+  config.main_process_ip = prompter.ask_text(
+      "What is the IP address or host name of the machine that will host the main process?", std::nullopt,
+      [](const std::string& answer) -> std::optional<std::string> {
+        if (std::any_of(answer.begin(), answer.end(), [](unsigned char c) { return std::isspace(c); })) {
+          return quoted(answer) + " contains spaces: enter one IP address or host name";
+        }
+        return std::nullopt;
+      });
+  config.main_process_port = prompter.ask_int(
+      "What is the port you will use to communicate with the main process (0 picks a free port)?",
+      config.main_process_port, 0, 65535);
+}
 
-  const int machines = config.num_machines;
+// Why `refused` cannot train on `machines` machines: it runs a single process.
+std::string single_process_refusal(const std::vector<BackendInfo>& backends, const BackendInfo& refused,
+                                   int machines) {
+  std::vector<std::string> others;
+  for (const BackendInfo& info : backends) {
+    if (info.max_processes != 1) others.push_back(info.name);
+  }
+  std::string list;
+  for (size_t i = 0; i < others.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == others.size() ? " or " : ", ") + others[i];
+  return refused.name + " runs a single process; training on " + std::to_string(machines) +
+         " machines needs " + list;
+}
+
+const BackendInfo& ask_backend(Prompter& prompter, int machines) {
   // The backends and their own questions come from the backend folders (BackendInfo), so this list is never
   // written here.
   const std::vector<BackendInfo>& backends = config_backends();
@@ -354,20 +368,43 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
   const size_t backend =
       prompter.ask_choice("Which type of distributed training do you want?", backend_choices, default_backend,
                           [&backends, machines](size_t index) -> std::optional<std::string> {
-                            if (backends[index].max_processes == 1 && machines > 1) {
-                              std::vector<std::string> others;
-                              for (const BackendInfo& info : backends) {
-                                if (info.max_processes != 1) others.push_back(info.name);
-                              }
-                              std::string list;
-                              for (size_t i = 0; i < others.size(); ++i)
-                                list += (i == 0 ? "" : i + 1 == others.size() ? " or " : ", ") + others[i];
-                              return backends[index].name + " runs a single process; training on " +
-                                     std::to_string(machines) + " machines needs " + list;
+                            if (backends[index].max_processes == 1 && machines > 1)
+                              return single_process_refusal(backends, backends[index], machines);
+                            return std::nullopt;
+                          });
+  return backends[backend];
+}
+
+int ask_num_processes(Prompter& prompter, int machines) {
+  return prompter.ask_int(machines > 1 ? "How many processes will you use in total (across all machines)?"
+                                       : "How many processes will you use?",
+                          2 * machines, 1, kIntMax, [machines](int n) -> std::optional<std::string> {
+                            if (n % machines != 0) {
+                              return std::to_string(n) + " is not a multiple of the number of machines (" +
+                                     std::to_string(machines) +
+                                     "): every machine runs the same number of processes";
                             }
                             return std::nullopt;
                           });
-  const BackendInfo& chosen = backends[backend];
+}
+
+MixedPrecision ask_mixed_precision(Prompter& prompter) {
+  return std::vector<MixedPrecision>{MixedPrecision::No, MixedPrecision::Fp16,
+                                     MixedPrecision::Bf16}[prompter.ask_choice(
+      "Do you wish to use mixed precision?",
+      {{"no", "full precision (fp32)"}, {"fp16", "float16 with dynamic loss scaling"}, {"bf16", "bfloat16"}},
+      0)];
+}
+
+}  // namespace
+
+Config run_questionnaire(std::istream& in, std::ostream& out, const QuestionnaireOptions& options) {
+  Prompter prompter(in, out, options);
+  Config config;
+  ask_machines(prompter, config);
+
+  const int machines = config.num_machines;
+  const BackendInfo& chosen = ask_backend(prompter, machines);
   config.backend = chosen.name;
   const bool distributed = chosen.max_processes != 1;
 
@@ -375,27 +412,12 @@ Config run_questionnaire(std::istream& in, std::ostream& out, const Questionnair
       prompter.ask_bool("Do you want to run your training on CPU only (even if a GPU is available)?", false);
 
   // A single-process backend runs exactly one process, so there is nothing to ask.
-  if (distributed) {
-    config.num_processes = prompter.ask_int(
-        machines > 1 ? "How many processes will you use in total (across all machines)?"
-                     : "How many processes will you use?",
-        2 * machines, 1, kIntMax, [machines](int n) -> std::optional<std::string> {
-          if (n % machines != 0) {
-            return std::to_string(n) + " is not a multiple of the number of machines (" +
-                   std::to_string(machines) + "): every machine runs the same number of processes";
-          }
-          return std::nullopt;
-        });
-  }
+  if (distributed) config.num_processes = ask_num_processes(prompter, machines);
   if (chosen.ask_settings) chosen.ask_settings(prompter, config);
 
   config.gradient_accumulation_steps =
       prompter.ask_int("How many gradient accumulation steps do you want?", 1, 1, kIntMax);
-  config.mixed_precision = std::vector<MixedPrecision>{MixedPrecision::No, MixedPrecision::Fp16,
-                                                       MixedPrecision::Bf16}[prompter.ask_choice(
-      "Do you wish to use mixed precision?",
-      {{"no", "full precision (fp32)"}, {"fp16", "float16 with dynamic loss scaling"}, {"bf16", "bfloat16"}},
-      0)];
+  config.mixed_precision = ask_mixed_precision(prompter);
   if (distributed) {
     config.debug = prompter.ask_bool(
         "Should every collective first check that all ranks pass matching shapes (turns hangs into errors, "

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/config.hpp"
-#include "accel/questions.hpp"
+#include "accel/config/config.hpp"
+#include "accel/config/questions.hpp"
 
 namespace accel::launcher {
 

@@ -3,7 +3,7 @@
 /// script): the process layout, the collectives, the data loader's sharding, and a few training steps with
 /// the config's backend, precision and accumulation, compared with the same steps computed by one process
 /// on the whole batch. Prints one line per check and exits non-zero on the first that fails.
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include <torch/torch.h>
 
@@ -57,24 +57,16 @@ torch::Tensor flat_weights(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
-}  // namespace
-
-int main() try {
-  accel::Accelerator acc;
-  const int rank = acc.process_index();
-  const int world = acc.num_processes();
-  const auto& config = acc.config();
-  acc.print("accel-test-check: ", world, " process(es), backend ", acc.backend_name(), ", device ",
-            acc.device().str(), ", mixed_precision ", accel::to_string(config.mixed_precision),
-            ", gradient_accumulation_steps ", config.gradient_accumulation_steps);
-
-  // 1. The process layout every rank sees.
+// 1. The process layout every rank sees.
+void check_process_layout(accel::Accelerator& acc, int rank, int world) {
   const auto ranks = acc.gather(torch::tensor({static_cast<std::int64_t>(rank)}, torch::kInt64));
   require(torch::equal(ranks.cpu(), torch::arange(world, torch::kInt64)),
           "every rank has a distinct RANK in 0..WORLD_SIZE-1");
   acc.print("  ok  process layout: ranks 0..", world - 1);
+}
 
-  // 2. Collectives: a sum and a broadcast.
+// 2. Collectives: a sum and a broadcast.
+void check_collectives(accel::Accelerator& acc, int rank, int world) {
   auto value = torch::tensor({static_cast<double>(rank + 1)}, torch::kFloat64).to(acc.device());
   const double sum = acc.reduce(value, accel::ReduceOp::Sum).item<double>();
   require(sum == world * (world + 1) / 2.0, "all-reduce sum of rank + 1");
@@ -82,9 +74,12 @@ int main() try {
       acc.broadcast(torch::tensor({rank == 0 ? 42.0 : -1.0}, torch::kFloat64).to(acc.device()), 0);
   require(from_main.item<double>() == 42.0, "broadcast from the main process");
   acc.print("  ok  collectives: all-reduce and broadcast");
+}
 
-  // 3. The data loader: every row exactly once per epoch over all ranks (even_batches may repeat rows to
-  //    complete the last round: gather_for_metrics drops them again).
+// 3. The data loader: every row exactly once per epoch over all ranks (even_batches may repeat rows to
+//    complete the last round: gather_for_metrics drops them again). Returns the prepared loader, which main
+//    keeps (registered with the accelerator) until its end.
+auto check_data_loader(accel::Accelerator& acc, int world) {
   torch::manual_seed(1234);
   const std::int64_t rows = 8 * world * 3 + 3;
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
@@ -100,31 +95,28 @@ int main() try {
   std::sort(seen.begin(), seen.end());
   require(seen == all, "the prepared data loader yields every row exactly once per epoch over all ranks");
   acc.print("  ok  data loader: ", rows, " rows, each once over ", world, " rank(s)");
+  return loader;
+}
 
-  // 4. Training: 4 optimizer steps with batch 4 per rank, against one process with batch 4 x N computed
-  //    on every rank without the accelerator.
-  const int gas = config.gradient_accumulation_steps;
-  const int steps = 4;
-  torch::manual_seed(7);
-  Rows data(4 * world * steps * gas);
-  torch::manual_seed(99);
-  auto reference = std::make_shared<Net>();
-  torch::manual_seed(99);
-  auto model = std::make_shared<Net>();
-  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+// The reference of check 4: `steps` optimizer steps of one process on the whole batch of 4 x `world` rows.
+void train_reference(Net& reference, const Rows& data, int world, int steps, int gas) {
+  torch::optim::SGD ref_opt(reference.parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < steps; ++s) {
     ref_opt.zero_grad();
     for (int m = 0; m < gas; ++m) {
       const auto start = (s * gas + m) * 4 * world;
-      const auto loss = torch::mse_loss(reference->forward(data.x.narrow(0, start, 4 * world)),
+      const auto loss = torch::mse_loss(reference.forward(data.x.narrow(0, start, 4 * world)),
                                         data.y.narrow(0, start, 4 * world)) /
                         gas;
       loss.backward();
     }
     ref_opt.step();
   }
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
-  acc.prepare(model, opt);
+}
+
+// The same steps through the accelerator: batch 4 per rank, `model` and `opt` prepared.
+void train_prepared(accel::Accelerator& acc, std::shared_ptr<Net>& model, torch::optim::SGD& opt,
+                    const Rows& data, int rank, int world, int steps, int gas) {
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < gas; ++m) {
       auto scope = acc.accumulate(model);
@@ -136,17 +128,26 @@ int main() try {
       opt.zero_grad();
     }
   }
+}
+
+// The prepared model's floating-point state, flattened in state-dict order.
+torch::Tensor trained_weights(accel::Accelerator& acc, std::shared_ptr<Net>& model) {
   const auto state = acc.get_state_dict(model);
   std::vector<torch::Tensor> parts;
   for (const auto& [name, t] : state) {
     if (t.is_floating_point()) parts.push_back(t.to(torch::kCPU, torch::kFloat32).reshape({-1}));
   }
-  const auto trained = torch::cat(parts);
+  return torch::cat(parts);
+}
+
+// The end of check 4: the prepared model's weights (`trained`) against the reference's.
+void compare_weights(accel::Accelerator& acc, const torch::Tensor& trained, Net& reference, int world,
+                     int steps) {
   if (const char* fault = std::getenv("ACCEL_TEST_CHECK_FAULT"); fault && std::string(fault) == "weights") {
     trained.add_(1e-2);  // used by the test of `accel-launch test` itself: the comparison must catch it
   }
-  const auto expected = flat_weights(*reference);
-  const double tolerance = config.mixed_precision == accel::MixedPrecision::No ? 1e-5 : 5e-2;
+  const auto expected = flat_weights(reference);
+  const double tolerance = acc.config().mixed_precision == accel::MixedPrecision::No ? 1e-5 : 5e-2;
   const double diff = (trained - expected).abs().max().item<double>();
   std::ostringstream why;
   why << "training on " << world << " rank(s) with " << acc.backend_name()
@@ -154,6 +155,37 @@ int main() try {
       << ")";
   require(diff <= tolerance, why.str());
   acc.print("  ok  training: ", steps, " steps match one process (max difference ", diff, ")");
+}
+
+}  // namespace
+
+int main() try {
+  accel::Accelerator acc;
+  const int rank = acc.process_index();
+  const int world = acc.num_processes();
+  const auto& config = acc.config();
+  acc.print("accel-test-check: ", world, " process(es), backend ", acc.backend_name(), ", device ",
+            acc.device().str(), ", mixed_precision ", accel::to_string(config.mixed_precision),
+            ", gradient_accumulation_steps ", config.gradient_accumulation_steps);
+  check_process_layout(acc, rank, world);
+  check_collectives(acc, rank, world);
+  const auto loader = check_data_loader(acc, world);
+
+  // 4. Training: 4 optimizer steps with batch 4 per rank, against one process with batch 4 x N computed
+  //    on every rank without the accelerator.
+  const int gas = config.gradient_accumulation_steps;
+  const int steps = 4;
+  torch::manual_seed(7);
+  Rows data(4 * world * steps * gas);
+  torch::manual_seed(99);
+  auto reference = std::make_shared<Net>();
+  torch::manual_seed(99);
+  auto model = std::make_shared<Net>();
+  train_reference(*reference, data, world, steps, gas);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  acc.prepare(model, opt);
+  train_prepared(acc, model, opt, data, rank, world, steps, gas);
+  compare_weights(acc, trained_weights(acc, model), *reference, world, steps);
   acc.wait_for_everyone();
   acc.print("accel-test-check: all checks passed");
   return 0;

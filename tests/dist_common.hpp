@@ -4,7 +4,7 @@
 // Each worker process runs its scenario as one Catch2 test case (scenario_main.hpp), so a failed check
 // is reported by Catch2 with file, line and message, and the rank exits non-zero.
 
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
 #pragma once
 // Small models and datasets shared by the LibTorch tests.
 
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include <torch/torch.h>
 

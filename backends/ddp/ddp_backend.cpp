@@ -7,7 +7,8 @@
 
 #include "../common/buckets.hpp"
 #include "../common/grad_hooks.hpp"
-#include "../common/grad_utils.hpp"
+#include "../common/grad_reduce.hpp"
+#include "../common/module_state.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,6 +35,13 @@ struct Bucket {
 // A gradient matrix PowerSGD compresses: rows x cols at `offset` of its bucket, approximated with rank r.
 struct LowRank {
   std::int64_t offset, rows, cols, rank;
+};
+
+// How PowerSGD treats one bucket: the matrices it compresses and the rest, all-reduced as it is.
+struct PowerSgdPlan {
+  std::vector<LowRank> matrices;
+  std::vector<std::pair<std::int64_t, std::int64_t>> plain;  // (offset, numel) all-reduced as they are
+  std::int64_t p_numel = 0, q_numel = 0, plain_numel = 0;    // sizes of the P and Q factors and the rest
 };
 
 class DdpBackend final : public Backend {
@@ -161,13 +169,40 @@ class DdpBackend final : public Backend {
   void power_sgd(Bucket& b) {
     torch::NoGradGuard no_grad;
     const auto n = comm_.world_size();
-    const auto rank = static_cast<std::int64_t>(ctx_.config->ddp_comm_powersgd_rank);
     if (!b.error.defined()) b.error = torch::zeros_like(b.flat);
     b.flat.add_(b.error);
     const auto input = b.flat.clone();
-    std::vector<LowRank> matrices;
-    std::vector<std::pair<std::int64_t, std::int64_t>> plain;  // (offset, numel) all-reduced as they are
-    std::int64_t offset = 0, p_numel = 0, q_numel = 0, plain_numel = 0;
+    const auto plan = plan_power_sgd(b);
+    // The uncompressed part travels while the P factors are computed.
+    auto rest = torch::empty({plan.plain_numel}, b.flat.options());
+    std::unique_ptr<CollectiveHandle> rest_work;
+    if (plan.plain_numel > 0) {
+      std::int64_t at = 0;
+      for (const auto& [o, len] : plan.plain) {
+        rest.narrow(0, at, len).copy_(b.flat.narrow(0, o, len));
+        at += len;
+      }
+      rest_work = comm_.all_reduce_async({rest});
+    }
+    if (!plan.matrices.empty()) approximate_matrices(b, plan);
+    if (rest_work) {
+      rest_work->wait();
+      rest.div_(n);
+      std::int64_t at = 0;
+      for (const auto& [o, len] : plan.plain) {
+        b.flat.narrow(0, o, len).copy_(rest.narrow(0, at, len));
+        at += len;
+      }
+    }
+    at::sub_out(b.error, input, b.flat);  // what this rank's gradient lost: fed back next step
+  }
+
+  // Which of the bucket's gradients PowerSGD compresses: matrices for which rank r factors are at least 2x
+  // smaller.
+  PowerSgdPlan plan_power_sgd(const Bucket& b) const {
+    const auto rank = static_cast<std::int64_t>(ctx_.config->ddp_comm_powersgd_rank);
+    PowerSgdPlan plan;
+    std::int64_t offset = 0;
     for (auto i : b.params) {
       const auto& p = params_[i];
       const auto numel = p.numel();
@@ -175,83 +210,71 @@ class DdpBackend final : public Backend {
         const auto rows = p.size(0), cols = numel / p.size(0);
         const auto r = std::min({rank, rows, cols});
         if ((rows + cols) * r * 2 < rows * cols) {  // PyTorch's min_compression_rate 2
-          matrices.push_back({offset, rows, cols, r});
-          p_numel += rows * r;
-          q_numel += cols * r;
+          plan.matrices.push_back({offset, rows, cols, r});
+          plan.p_numel += rows * r;
+          plan.q_numel += cols * r;
           offset += numel;
           continue;
         }
       }
-      plain.emplace_back(offset, numel);
-      plain_numel += numel;
+      plan.plain.emplace_back(offset, numel);
+      plan.plain_numel += numel;
       offset += numel;
     }
-    // The uncompressed part travels while the P factors are computed.
-    auto rest = torch::empty({plain_numel}, b.flat.options());
-    std::unique_ptr<CollectiveHandle> rest_work;
-    if (plain_numel > 0) {
-      std::int64_t at = 0;
-      for (const auto& [o, len] : plain) {
-        rest.narrow(0, at, len).copy_(b.flat.narrow(0, o, len));
-        at += len;
-      }
-      rest_work = comm_.all_reduce_async({rest});
+    return plan;
+  }
+
+  // A new Q when the bucket has none of the right size (first step, or another layout): the same random Q on
+  // every rank (a fixed seed, drawn on the CPU), orthonormalised.
+  void init_power_sgd_q(Bucket& b, const PowerSgdPlan& plan) {
+    auto gen = at::detail::createCPUGenerator(0x5eed + static_cast<std::uint64_t>(&b - buckets_.data()));
+    b.q = at::randn({plan.q_numel}, gen, torch::TensorOptions().dtype(b.flat.dtype())).to(b.flat.device());
+    std::int64_t at = 0;
+    for (const auto& m : plan.matrices) {
+      auto q = b.q.narrow(0, at, m.cols * m.rank).view({m.cols, m.rank});
+      q.copy_(std::get<0>(at::linalg_qr(q)));
+      at += m.cols * m.rank;
     }
-    if (!matrices.empty()) {
-      if (!b.q.defined() || b.q.numel() != q_numel) {
-        // The same random Q on every rank (a fixed seed, drawn on the CPU), orthonormalised.
-        auto gen = at::detail::createCPUGenerator(0x5eed + static_cast<std::uint64_t>(&b - buckets_.data()));
-        b.q = at::randn({q_numel}, gen, torch::TensorOptions().dtype(b.flat.dtype())).to(b.flat.device());
-        std::int64_t at = 0;
-        for (const auto& m : matrices) {
-          auto q = b.q.narrow(0, at, m.cols * m.rank).view({m.cols, m.rank});
-          q.copy_(std::get<0>(at::linalg_qr(q)));
-          at += m.cols * m.rank;
-        }
-      }
-      auto ps = torch::empty({p_numel}, b.flat.options());
-      auto matrix = [&](const LowRank& m) {
-        return b.flat.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
-      };
-      std::int64_t pa = 0, qa = 0;
-      for (const auto& m : matrices) {
-        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
-        at::mm_out(p, matrix(m), b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank}));
-        pa += m.rows * m.rank;
-        qa += m.cols * m.rank;
-      }
-      comm_.all_reduce_async({ps})->wait();
-      pa = qa = 0;
-      for (const auto& m : matrices) {
-        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
-        p.copy_(std::get<0>(at::linalg_qr(p)));
-        auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
-        at::mm_out(q, matrix(m).t(), p);
-        pa += m.rows * m.rank;
-        qa += m.cols * m.rank;
-      }
-      comm_.all_reduce_async({b.q})->wait();
-      b.q.div_(n);
-      pa = qa = 0;
-      for (const auto& m : matrices) {
-        auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
-        auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
-        auto out = matrix(m);
-        at::mm_out(out, p, q.t());
-        pa += m.rows * m.rank;
-        qa += m.cols * m.rank;
-      }
+  }
+
+  // The compressed matrices M of the bucket replaced by P Q^T: P = sum_ranks (M Q), orthonormalised;
+  // Q = sum_ranks (M^T P) / N (two all-reduces, in this order on every rank).
+  void approximate_matrices(Bucket& b, const PowerSgdPlan& plan) {
+    const auto n = comm_.world_size();
+    const auto& matrices = plan.matrices;
+    if (!b.q.defined() || b.q.numel() != plan.q_numel) init_power_sgd_q(b, plan);
+    auto ps = torch::empty({plan.p_numel}, b.flat.options());
+    auto matrix = [&](const LowRank& m) {
+      return b.flat.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+    };
+    std::int64_t pa = 0, qa = 0;
+    for (const auto& m : matrices) {
+      auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+      at::mm_out(p, matrix(m), b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank}));
+      pa += m.rows * m.rank;
+      qa += m.cols * m.rank;
     }
-    if (rest_work) {
-      rest_work->wait();
-      rest.div_(n);
-      std::int64_t at = 0;
-      for (const auto& [o, len] : plain) {
-        b.flat.narrow(0, o, len).copy_(rest.narrow(0, at, len));
-        at += len;
-      }
+    comm_.all_reduce_async({ps})->wait();
+    pa = qa = 0;
+    for (const auto& m : matrices) {
+      auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+      p.copy_(std::get<0>(at::linalg_qr(p)));
+      auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
+      at::mm_out(q, matrix(m).t(), p);
+      pa += m.rows * m.rank;
+      qa += m.cols * m.rank;
     }
-    at::sub_out(b.error, input, b.flat);  // what this rank's gradient lost: fed back next step
+    comm_.all_reduce_async({b.q})->wait();
+    b.q.div_(n);
+    pa = qa = 0;
+    for (const auto& m : matrices) {
+      auto p = ps.narrow(0, pa, m.rows * m.rank).view({m.rows, m.rank});
+      auto q = b.q.narrow(0, qa, m.cols * m.rank).view({m.cols, m.rank});
+      auto out = matrix(m);
+      at::mm_out(out, p, q.t());
+      pa += m.rows * m.rank;
+      qa += m.cols * m.rank;
+    }
   }
 
   void unflatten(Bucket& b) {
@@ -328,7 +351,6 @@ std::unique_ptr<Backend> make_ddp_backend(const BackendContext& context) {
 BackendDescriptor ddp_backend_descriptor() {
   BackendDescriptor d;
   d.name = "ddp";
-  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
   d.factory = make_ddp_backend;
   return d;
 }

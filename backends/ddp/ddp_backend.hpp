@@ -3,7 +3,7 @@
 /// Data-parallel training: every rank holds the whole model; gradients are averaged with bucketed,
 /// asynchronous all-reduces that start during backward as soon as a bucket's gradients are ready.
 
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 #include <memory>
 

@@ -1,7 +1,7 @@
 // The ddp backend's side of the config (torch-free; compiled into accel_config). Its settings (ddp_*) are
 // top-level keys shared with every backend (bucket sizes, unused parameters, buffer broadcast), so it owns
 // no section.
-#include "config_detail.hpp"
+#include "config/config_detail.hpp"
 
 namespace accel::config_detail {
 

@@ -2,7 +2,7 @@
 
 #include <accel/errors.hpp>
 
-#include "../common/grad_utils.hpp"
+#include "../common/flat_shards.hpp"
 #include "../ddp/ddp_backend.hpp"
 #include "../zero/full_shard_backend.hpp"
 #include "../zero/zero_backend.hpp"
@@ -102,13 +102,6 @@ std::vector<std::string> fsdp_optimizer_notices(const BackendContext& context,
 BackendDescriptor fsdp_backend_descriptor() {
   BackendDescriptor d;
   d.name = "fsdp";
-  d.capabilities = [](const Config& config) {
-    BackendCapabilities c;
-    const auto s = config.fsdp.sharding_strategy;
-    c.shards_optimizer_state = c.shards_gradients = s != ShardingStrategy::NoShard;
-    c.shards_parameters = s == ShardingStrategy::FullShard;
-    return c;
-  };
   d.notices = fsdp_notices;
   d.optimizer_notices = fsdp_optimizer_notices;
   d.factory = make_fsdp_engine;

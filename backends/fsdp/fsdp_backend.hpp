@@ -4,7 +4,7 @@
 /// engine, SHARD_GRAD_OP the ZeRO stage-2 engine, FULL_SHARD the fully sharded engine with FSDP's wrap
 /// policies and `no_sync` accumulation (gradients stay local until the sync step).
 
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 namespace accel::backends {
 

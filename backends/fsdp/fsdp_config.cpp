@@ -1,6 +1,6 @@
 // The fsdp backend's side of the config (torch-free; compiled into accel_config): the `fsdp_config:` section
 // (Accelerate's fsdp_* keys), FSDP2's fsdp_reshard_after_forward, its checks and its questions.
-#include "config_detail.hpp"
+#include "config/config_detail.hpp"
 
 namespace accel {
 namespace config_detail {
@@ -203,15 +203,24 @@ BackendPart fsdp_config_part() {
   part.info.distributed_types = {"FSDP"};
   part.info.section = kSection;
   part.info.ask_settings = ask_fsdp;
-  part.info.sharded_for_pipeline = [](const Config& c) -> std::optional<std::string> {
-    if (c.fsdp.sharding_strategy == ShardingStrategy::NoShard) return std::nullopt;
-    return "fsdp with " + to_string(c.fsdp.sharding_strategy);
+  // The fact sheet: what each sharding strategy shards, written once.
+  part.info.sharding = [](const Config& c) {
+    BackendCapabilities s;
+    s.shards_optimizer_state = s.shards_gradients = c.fsdp.sharding_strategy != ShardingStrategy::NoShard;
+    s.shards_parameters = c.fsdp.sharding_strategy == ShardingStrategy::FullShard;
+    return s;
   };
+  part.info.layout_setting = [](const Config& c) { return to_string(c.fsdp.sharding_strategy); };
+  for (const ShardingStrategy s :
+       {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp, ShardingStrategy::FullShard}) {
+    part.info.layouts.push_back(
+        {"fsdp_sharding_strategy", to_string(s), [s](Config& c) { c.fsdp.sharding_strategy = s; }});
+  }
   part.rows = fsdp_rows();
   part.section_in_use = [](const Config& c) { return c.backend == "fsdp" || c.fsdp != FsdpConfig{}; };
   part.resolve = resolve_fsdp;
   part.validate = validate_fsdp;
-  part.memory_layout = [](const MemoryEstimateInput& in) {
+  part.estimate_config = [](const MemoryEstimateInput& in, Config& c) {
     const std::optional<ShardingStrategy> strategy =
         match_choice(sharding_choices(), in.fsdp_sharding_strategy);
     if (!strategy) {
@@ -221,8 +230,7 @@ BackendPart fsdp_config_part() {
                       in.fsdp_sharding_strategy),
           {}, 0, "fsdp_sharding_strategy");
     }
-    return MemoryLayout{*strategy != ShardingStrategy::NoShard, *strategy == ShardingStrategy::FullShard,
-                        *strategy != ShardingStrategy::NoShard, to_string(*strategy)};
+    c.fsdp.sharding_strategy = *strategy;
   };
   return part;
 }

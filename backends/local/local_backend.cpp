@@ -2,7 +2,7 @@
 
 #include <accel/errors.hpp>
 
-#include "../common/grad_utils.hpp"
+#include "../common/module_state.hpp"
 
 #include <fmt/format.h>
 
@@ -52,7 +52,6 @@ std::unique_ptr<Backend> make_local_backend(const BackendContext& context) {
 BackendDescriptor local_backend_descriptor() {
   BackendDescriptor d;
   d.name = "local";
-  d.capabilities = [](const Config&) { return BackendCapabilities{}; };
   d.factory = make_local_backend;
   return d;
 }

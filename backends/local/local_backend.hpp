@@ -3,7 +3,7 @@
 /// The single-process backend: the model stays whole on one device; nothing is communicated. With several
 /// processes the `local` name resolves to `ddp` (as Accelerate infers MULTI_CPU / MULTI_GPU).
 
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 #include <memory>
 

@@ -1,5 +1,5 @@
 // The local backend's side of the config (torch-free; compiled into accel_config): one process, no section.
-#include "config_detail.hpp"
+#include "config/config_detail.hpp"
 
 namespace accel::config_detail {
 

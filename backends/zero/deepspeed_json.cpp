@@ -257,9 +257,8 @@ Json parse(const std::string& path, const std::string& text) {
   return root;
 }
 
-}  // namespace
-
-void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
+// The text of the DeepSpeed JSON at `path`; ConfigError at the YAML's deepspeed_config_file line.
+std::string read_text(const std::string& path, const DeepSpeedJsonContext& context) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw ConfigError(fmt::format("{}cannot open the DeepSpeed config '{}': {}",
@@ -268,11 +267,11 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   }
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  const JsonFile f(path, buffer.str());
-  const Json root = parse(path, f.text());
-  auto& notices = c.notices;
+  return buffer.str();
+}
 
-  // Top-level keys: read, listed as having no effect, or unknown (ignored with a notice, as DeepSpeed does).
+// Top-level keys: read, listed as having no effect, or unknown (ignored with a notice, as DeepSpeed does).
+void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std::string>& notices) {
   std::vector<std::string> no_effect, unknown;
   for (const auto& [key, value] : root.items()) {
     if (mapped_top_keys().count(key) != 0) continue;
@@ -284,14 +283,17 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
     }
   }
   if (!no_effect.empty()) {
-    notices.push_back(fmt::format("{}: these DeepSpeed settings have no effect in accelerate-cpp: {}", path,
-                                  join(no_effect, "; ")));
+    notices.push_back(fmt::format("{}: these DeepSpeed settings have no effect in accelerate-cpp: {}",
+                                  f.path(), join(no_effect, "; ")));
   }
   if (!unknown.empty()) {
-    notices.push_back(fmt::format("{}: unknown top-level key(s) ignored: {}", path, join(unknown)));
+    notices.push_back(fmt::format("{}: unknown top-level key(s) ignored: {}", f.path(), join(unknown)));
   }
+}
 
-  // Mixed precision: "auto" follows the YAML's mixed_precision; true sets it (and must not contradict it).
+// The precision the fp16 / bf16 blocks enable ("enabled": true), if any; notices for their other keys.
+std::optional<MixedPrecision> requested_precision(const JsonFile& f, const Json& root,
+                                                  std::vector<std::string>& notices) {
   std::optional<MixedPrecision> wanted;
   for (const auto& [block, mode] : {std::pair<const char*, MixedPrecision>{"fp16", MixedPrecision::Fp16},
                                     std::pair<const char*, MixedPrecision>{"bf16", MixedPrecision::Bf16}}) {
@@ -311,43 +313,52 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
       notices.push_back(
           fmt::format("{}: {}.{} have no effect: accelerate-cpp's fp16 loss scaler is dynamic (init "
                       "65536, x2 after 2000 clean steps, x0.5 on overflow)",
-                      path, block, join(ignored, ", ")));
+                      f.path(), block, join(ignored, ", ")));
     }
   }
-  if (wanted) {
-    if (context.mixed_precision_set && c.mixed_precision != *wanted) {
-      f.fail(
-          *wanted == MixedPrecision::Fp16 ? "fp16.enabled" : "bf16.enabled", "enabled",
-          fmt::format("{} enables {} but the config's mixed_precision is '{}' ({}); make them agree or set "
-                      "\"enabled\": \"auto\"",
-                      path, to_string(*wanted), to_string(c.mixed_precision), context.source));
-    }
-    c.mixed_precision = *wanted;
-  }
+  return wanted;
+}
 
-  // Gradient accumulation: "auto" (or absent) follows the YAML; a number must agree with it.
+// Mixed precision: "auto" follows the YAML's mixed_precision; true sets it (and must not contradict it).
+void apply_mixed_precision(const JsonFile& f, const Json& root, const DeepSpeedJsonContext& context,
+                           Config& c) {
+  const std::optional<MixedPrecision> wanted = requested_precision(f, root, c.notices);
+  if (!wanted) return;
+  if (context.mixed_precision_set && c.mixed_precision != *wanted) {
+    f.fail(*wanted == MixedPrecision::Fp16 ? "fp16.enabled" : "bf16.enabled", "enabled",
+           fmt::format("{} enables {} but the config's mixed_precision is '{}' ({}); make them agree or set "
+                       "\"enabled\": \"auto\"",
+                       f.path(), to_string(*wanted), to_string(c.mixed_precision), context.source));
+  }
+  c.mixed_precision = *wanted;
+}
+
+// Gradient accumulation: "auto" (or absent) follows the YAML; a number must agree with it.
+void apply_gradient_accumulation(const JsonFile& f, const Json& root, const DeepSpeedJsonContext& context,
+                                 Config& c) {
   std::optional<std::uint64_t> gas;
   if (root.contains("gradient_accumulation_steps")) {
     gas = count_or_auto(f, root.at("gradient_accumulation_steps"), "gradient_accumulation_steps",
                         "gradient_accumulation_steps");
   }
-  if (gas) {
-    if (*gas < 1)
-      f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
-             "gradient_accumulation_steps must be at least 1");
-    if (context.gradient_accumulation_set &&
-        static_cast<std::uint64_t>(c.gradient_accumulation_steps) != *gas) {
-      f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
-             fmt::format(
-                 "gradient_accumulation_steps {} disagrees with the config's gradient_accumulation_steps {} "
-                 "({}); make them agree or set it to \"auto\"",
-                 *gas, c.gradient_accumulation_steps, context.source));
-    }
-    c.gradient_accumulation_steps = static_cast<int>(*gas);
+  if (!gas) return;
+  if (*gas < 1)
+    f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
+           "gradient_accumulation_steps must be at least 1");
+  if (context.gradient_accumulation_set &&
+      static_cast<std::uint64_t>(c.gradient_accumulation_steps) != *gas) {
+    f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
+           fmt::format(
+               "gradient_accumulation_steps {} disagrees with the config's gradient_accumulation_steps {} "
+               "({}); make them agree or set it to \"auto\"",
+               *gas, c.gradient_accumulation_steps, context.source));
   }
+  c.gradient_accumulation_steps = static_cast<int>(*gas);
+}
 
-  // Batch sizes: train_batch_size = micro batch x accumulation x world, with DeepSpeed's meaning; one missing
-  // value is derived from the others, as DeepSpeed does.
+// Batch sizes: train_batch_size = micro batch x accumulation x world, with DeepSpeed's meaning; one missing
+// value is derived from the others, as DeepSpeed does.
+void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
   std::optional<std::uint64_t> total, micro;
   if (root.contains("train_batch_size"))
     total = count_or_auto(f, root.at("train_batch_size"), "train_batch_size", "train_batch_size");
@@ -376,27 +387,36 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
     micro = *total / (steps * world);
   }
   if (micro) {
-    notices.push_back(
+    c.notices.push_back(
         fmt::format("{}: train_micro_batch_size_per_gpu is {}: give the prepared data loader that "
                     "batch size (the loop's loader decides the batch here)",
-                    path, *micro));
+                    f.path(), *micro));
   }
+}
 
-  // Clipping: "auto" is Accelerate's 1.0; absent is DeepSpeed's 0 (off).
+// Clipping: "auto" is Accelerate's 1.0; absent is DeepSpeed's 0 (off).
+void apply_gradient_clipping(const JsonFile& f, const Json& root, Config& c) {
   c.zero.gradient_clipping = 0.0;
-  if (root.contains("gradient_clipping")) {
-    const Json& v = root.at("gradient_clipping");
-    if (is_auto(v)) {
-      c.zero.gradient_clipping = 1.0;
-    } else if (v.is_number() && v.get<double>() >= 0) {
-      c.zero.gradient_clipping = v.get<double>();
-    } else {
-      f.fail("gradient_clipping", "gradient_clipping",
-             fmt::format("gradient_clipping: expected a non-negative number or \"auto\", got {}", v.dump()));
-    }
+  if (!root.contains("gradient_clipping")) return;
+  const Json& v = root.at("gradient_clipping");
+  if (is_auto(v)) {
+    c.zero.gradient_clipping = 1.0;
+  } else if (v.is_number() && v.get<double>() >= 0) {
+    c.zero.gradient_clipping = v.get<double>();
+  } else {
+    f.fail("gradient_clipping", "gradient_clipping",
+           fmt::format("gradient_clipping: expected a non-negative number or \"auto\", got {}", v.dump()));
   }
+}
 
-  // zero_optimization with DeepSpeed's defaults for what the file leaves out.
+// What a zero_optimization block reports as notices: keys with no effect, and "auto" values left to
+// DeepSpeed's defaults.
+struct ZeroNotices {
+  std::vector<std::string> no_effect, autos;
+};
+
+// DeepSpeed's defaults for what zero_optimization leaves out; clipping and activation checkpointing as read.
+ZeroConfig zero_defaults(const Config& c) {
   ZeroConfig z;
   z.stage = 0;
   z.overlap_comm = false;
@@ -405,77 +425,107 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   z.stage3_prefetch_bucket_size = 50000000;
   z.gradient_clipping = c.zero.gradient_clipping;
   z.activation_checkpointing = c.zero.activation_checkpointing;
-  std::vector<std::string> zero_no_effect, autos;
-  if (root.contains("zero_optimization")) {
-    const Json& zo = root.at("zero_optimization");
-    if (!zo.is_object())
-      f.fail("zero_optimization", "zero_optimization", "zero_optimization: expected an object");
-    check_keys(f, zo, "zero_optimization", zero_keys());
-    if (zo.contains("offload_param"))
-      check_keys(f, zo.at("offload_param"), "zero_optimization.offload_param", offload_param_keys());
-    if (zo.contains("offload_optimizer")) {
-      check_keys(f, zo.at("offload_optimizer"), "zero_optimization.offload_optimizer",
-                 offload_optimizer_keys());
-    }
-    bool overlap_given = false, sub_group_given = false;
-    for (const auto& [key, v] : zo.items()) {
-      const std::string p = "zero_optimization." + key;
-      if (key == "stage") {
-        const auto s = count_or_auto(f, v, p, key);
-        if (!s || *s > 3) f.fail(p, key, fmt::format("{}: expected 0, 1, 2 or 3, got {}", p, v.dump()));
-        z.stage = static_cast<int>(*s);
-      } else if (key == "offload_optimizer") {
-        z.offload_optimizer_device = offload_device(f, v, p);
-      } else if (key == "offload_param") {
-        z.offload_param_device = offload_device(f, v, p);
-      } else if (key == "overlap_comm") {
-        z.overlap_comm = boolean_value(f, v, p, key);
-        overlap_given = true;
-      } else if (key == "sub_group_size") {
-        const auto n = count_or_auto(f, v, p, key);
-        if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of elements", p));
-        if (n) z.sub_group_size = *n;
-        sub_group_given = true;
-      } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
-                 key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
-        const auto n = count_or_auto(f, v, p, key);
-        if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
-        if (key == "allgather_bucket_size") {
-          // Accelerate leaves "auto" here to DeepSpeed, whose default applies.
-          if (n)
-            z.allgather_bucket_size = *n;
-          else
-            autos.push_back(key);
-        } else {
-          // "auto" (nullopt) is resolved from the model at prepare, as Accelerate does (hidden_size²).
-          (key == "reduce_bucket_size" ? z.reduce_bucket_size : z.stage3_prefetch_bucket_size) = n;
-        }
-      } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
-                 key == "gather_16bit_weights_on_model_save" ||
-                 key == "stage3_gather_fp16_weights_on_model_save") {
-        z.zero3_save_16bit_model = boolean_value(f, v, p, key);
-      } else if (key == "contiguous_gradients" || key == "reduce_scatter" || key == "allgather_partitions") {
-        // What accelerate-cpp always does (flat contiguous buffers, reduce-scatter, all-gather): no notice.
-      } else {
-        zero_no_effect.push_back(key);
-      }
-    }
-    if (!overlap_given) z.overlap_comm = z.stage == 3;  // DeepSpeed: on for stage 3, off otherwise
-    // Stages 1-2 step the optimizer in sub-groups; stage 3 here steps each unit's own slice.
-    if (sub_group_given && z.stage == 3) zero_no_effect.push_back("sub_group_size (stage 3)");
+  return z;
+}
+
+// reduce_bucket_size, allgather_bucket_size, (stage3_)prefetch_bucket_size: a positive byte count or "auto".
+void read_bucket_size(const JsonFile& f, const std::string& key, const Json& v, const std::string& p,
+                      ZeroConfig& z, ZeroNotices& notes) {
+  const auto n = count_or_auto(f, v, p, key);
+  if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
+  if (key == "allgather_bucket_size") {
+    // Accelerate leaves "auto" here to DeepSpeed, whose default applies.
+    if (n)
+      z.allgather_bucket_size = *n;
+    else
+      notes.autos.push_back(key);
+  } else {
+    // "auto" (nullopt) is resolved from the model at prepare, as Accelerate does (hidden_size²).
+    (key == "reduce_bucket_size" ? z.reduce_bucket_size : z.stage3_prefetch_bucket_size) = n;
   }
-  if (!autos.empty()) {
-    notices.push_back(
+}
+
+// One key of zero_optimization (already checked against zero_keys()).
+void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, ZeroConfig& z,
+                   ZeroNotices& notes) {
+  const std::string p = "zero_optimization." + key;
+  if (key == "stage") {
+    const auto s = count_or_auto(f, v, p, key);
+    if (!s || *s > 3) f.fail(p, key, fmt::format("{}: expected 0, 1, 2 or 3, got {}", p, v.dump()));
+    z.stage = static_cast<int>(*s);
+  } else if (key == "offload_optimizer") {
+    z.offload_optimizer_device = offload_device(f, v, p);
+  } else if (key == "offload_param") {
+    z.offload_param_device = offload_device(f, v, p);
+  } else if (key == "overlap_comm") {
+    z.overlap_comm = boolean_value(f, v, p, key);
+  } else if (key == "sub_group_size") {
+    const auto n = count_or_auto(f, v, p, key);
+    if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of elements", p));
+    if (n) z.sub_group_size = *n;
+  } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
+             key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
+    read_bucket_size(f, key, v, p, z, notes);
+  } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
+             key == "gather_16bit_weights_on_model_save" ||
+             key == "stage3_gather_fp16_weights_on_model_save") {
+    z.zero3_save_16bit_model = boolean_value(f, v, p, key);
+  } else if (key == "contiguous_gradients" || key == "reduce_scatter" || key == "allgather_partitions") {
+    // What accelerate-cpp always does (flat contiguous buffers, reduce-scatter, all-gather): no notice.
+  } else {
+    notes.no_effect.push_back(key);
+  }
+}
+
+// The zero_optimization block: its keys and those of its offload blocks are checked first, then read.
+void read_zero_optimization(const JsonFile& f, const Json& zo, ZeroConfig& z, ZeroNotices& notes) {
+  if (!zo.is_object())
+    f.fail("zero_optimization", "zero_optimization", "zero_optimization: expected an object");
+  check_keys(f, zo, "zero_optimization", zero_keys());
+  if (zo.contains("offload_param"))
+    check_keys(f, zo.at("offload_param"), "zero_optimization.offload_param", offload_param_keys());
+  if (zo.contains("offload_optimizer")) {
+    check_keys(f, zo.at("offload_optimizer"), "zero_optimization.offload_optimizer",
+               offload_optimizer_keys());
+  }
+  for (const auto& [key, v] : zo.items())
+    read_zero_key(f, key, v, z, notes);
+  if (!zo.contains("overlap_comm"))
+    z.overlap_comm = z.stage == 3;  // DeepSpeed: on for stage 3, off otherwise
+  // Stages 1-2 step the optimizer in sub-groups; stage 3 here steps each unit's own slice.
+  if (zo.contains("sub_group_size") && z.stage == 3) notes.no_effect.push_back("sub_group_size (stage 3)");
+}
+
+// zero_optimization with DeepSpeed's defaults for what the file leaves out; replaces c.zero.
+void apply_zero_optimization(const JsonFile& f, const Json& root, Config& c) {
+  ZeroConfig z = zero_defaults(c);
+  ZeroNotices notes;
+  if (root.contains("zero_optimization")) read_zero_optimization(f, root.at("zero_optimization"), z, notes);
+  if (!notes.autos.empty()) {
+    c.notices.push_back(
         fmt::format("{}: zero_optimization.{} \"auto\": DeepSpeed's default is used (set a number to choose)",
-                    path, join(autos, ", zero_optimization.")));
+                    f.path(), join(notes.autos, ", zero_optimization.")));
   }
-  if (!zero_no_effect.empty()) {
-    notices.push_back(fmt::format("{}: zero_optimization settings with no effect in accelerate-cpp: {}", path,
-                                  join(zero_no_effect)));
+  if (!notes.no_effect.empty()) {
+    c.notices.push_back(fmt::format("{}: zero_optimization settings with no effect in accelerate-cpp: {}",
+                                    f.path(), join(notes.no_effect)));
   }
-  z.config_file = path;
+  z.config_file = f.path();
   z.zero3_init_flag = c.zero.zero3_init_flag;
   c.zero = z;
+}
+
+}  // namespace
+
+void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
+  const JsonFile f(path, read_text(path, context));
+  const Json root = parse(path, f.text());
+  report_top_level_keys(f, root, c.notices);
+  apply_mixed_precision(f, root, context, c);
+  apply_gradient_accumulation(f, root, context, c);
+  check_batch_sizes(f, root, c);
+  apply_gradient_clipping(f, root, c);
+  apply_zero_optimization(f, root, c);
 }
 
 }  // namespace accel::config_detail

@@ -1,7 +1,7 @@
 #pragma once
 // DeepSpeed JSON configs for the zero backend's config part (torch-free; compiled into accel_config).
 
-#include "config_detail.hpp"
+#include "config/config_detail.hpp"
 
 namespace accel::config_detail {
 

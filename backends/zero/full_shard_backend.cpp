@@ -2,8 +2,10 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/flat_shards.hpp"
 #include "../common/grad_hooks.hpp"
-#include "../common/grad_utils.hpp"
+#include "../common/grad_reduce.hpp"
+#include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
 #include "../common/storage_guard.hpp"
 
@@ -81,12 +83,8 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   }
 
   std::string name() const override { return options_.name; }
-  BackendCapabilities capabilities() const override {
-    BackendCapabilities c;
-    c.shards_optimizer_state = c.shards_gradients = c.shards_parameters = true;
-    c.communicates_on_micro_steps = options_.reduce_every_micro_step;
-    return c;
-  }
+  // What the config's backend shards, from its fact sheet (zero stage 3, fsdp FULL_SHARD).
+  BackendCapabilities capabilities() const override { return sharding_of(*ctx_.config); }
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;

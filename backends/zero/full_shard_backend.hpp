@@ -15,7 +15,7 @@
 ///   flat gradient is reduce-scattered (asynchronously) into the owner's shard.
 /// Communication per step: all-gather in forward, again in backward, and one reduce-scatter: 1.5 x DDP.
 
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 #include "../common/unit_plan.hpp"
 

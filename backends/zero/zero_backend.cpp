@@ -4,8 +4,10 @@
 
 #include "../common/buckets.hpp"
 #include "../common/chunk_pipeline.hpp"
+#include "../common/flat_shards.hpp"
 #include "../common/grad_hooks.hpp"
-#include "../common/grad_utils.hpp"
+#include "../common/grad_reduce.hpp"
+#include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
 #include "../common/storage_guard.hpp"
 #include "../ddp/ddp_backend.hpp"
@@ -79,12 +81,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   }
 
   std::string name() const override { return options_.name; }
-  BackendCapabilities capabilities() const override {
-    BackendCapabilities c;
-    c.shards_optimizer_state = true;
-    c.shards_gradients = options_.stage == 2;
-    return c;
-  }
+  // What the config's backend shards, from its fact sheet (zero stage 1-2, fsdp SHARD_GRAD_OP).
+  BackendCapabilities capabilities() const override { return sharding_of(*ctx_.config); }
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
@@ -637,14 +635,6 @@ std::vector<std::string> zero_optimizer_notices(const BackendContext& context,
 BackendDescriptor zero_backend_descriptor() {
   BackendDescriptor d;
   d.name = "zero";
-  d.capabilities = [](const Config& config) {
-    BackendCapabilities c;
-    const int stage = config.zero.stage;
-    c.shards_optimizer_state = stage >= 1;
-    c.shards_gradients = stage >= 2;
-    c.shards_parameters = c.communicates_on_micro_steps = stage == 3;
-    return c;
-  };
   d.notices = zero_notices;
   d.optimizer_notices = zero_optimizer_notices;
   d.factory = make_zero_engine;

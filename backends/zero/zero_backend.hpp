@@ -15,7 +15,7 @@
 ///   (so into the parameters) at the next step boundary (`Backend::sync_parameters`).
 /// Communication per step equals DDP's: reduce(-scatter) (N-1)/N x P plus all-gather (N-1)/N x P elements.
 
-#include <accel/backend.hpp>
+#include <accel/backend/backend.hpp>
 
 #include <memory>
 #include <optional>

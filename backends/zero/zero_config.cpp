@@ -220,22 +220,31 @@ BackendPart zero_config_part() {
   part.info.distributed_types = {"DEEPSPEED"};
   part.info.section = kSection;
   part.info.ask_settings = ask_zero;
-  part.info.sharded_for_pipeline = [](const Config& c) -> std::optional<std::string> {
-    if (c.zero.stage < 2) return std::nullopt;
-    return fmt::format("zero with zero_stage {}", c.zero.stage);
+  // The fact sheet: what each stage shards (DeepSpeed's ZeroStageEnum), written once.
+  part.info.sharding = [](const Config& c) {
+    BackendCapabilities s;
+    s.shards_optimizer_state = c.zero.stage >= 1;
+    s.shards_gradients = c.zero.stage >= 2;
+    s.shards_parameters = c.zero.stage == 3;
+    s.communicates_on_micro_steps = c.zero.stage == 3;  // stage 3 reduce-scatters every micro-step
+    return s;
   };
+  part.info.layout_setting = [](const Config& c) { return fmt::format("zero_stage {}", c.zero.stage); };
+  for (int stage = 0; stage <= 3; ++stage) {
+    part.info.layouts.push_back(
+        {"zero_stage", std::to_string(stage), [stage](Config& c) { c.zero.stage = stage; }});
+  }
   part.rows = zero_rows();
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.resolve = resolve_zero;
   part.validate = validate_zero;
-  part.memory_layout = [](const MemoryEstimateInput& in) {
+  part.estimate_config = [](const MemoryEstimateInput& in, Config& c) {
     if (in.zero_stage < 0 || in.zero_stage > 3) {
       throw ConfigError(
           fmt::format("estimate-memory: zero_stage {} is not available (0, 1, 2 or 3)", in.zero_stage), {}, 0,
           "zero_stage");
     }
-    return MemoryLayout{in.zero_stage >= 1, in.zero_stage == 3, in.zero_stage >= 2,
-                        fmt::format("zero_stage {}", in.zero_stage)};
+    c.zero.stage = in.zero_stage;
   };
   return part;
 }

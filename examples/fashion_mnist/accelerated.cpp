@@ -1,6 +1,6 @@
 // Fashion-MNIST with accelerate-cpp: plain.cpp plus a few lines. Runs as one process, or on many ranks under
 // accel-launch, with the backend, precision and accumulation chosen in the YAML config.
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include "fashion_mnist.hpp"
 

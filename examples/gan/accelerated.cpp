@@ -1,6 +1,6 @@
 // A GAN on Fashion-MNIST with accelerate-cpp: plain.cpp plus a few lines, with two models and two optimizers
 // prepared together. Runs as one process, or on many ranks under accel-launch (DDP, ZeRO, FSDP by YAML).
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include <filesystem>
 

@@ -12,8 +12,8 @@
 // values of every weight, over all stages). `--clip 0.5` clips the whole model's gradient norm; `--save-at 10
 // --checkpoint DIR` saves the state after step 10, `--resume DIR` continues from it (with any number of
 // stages).
-#include <accel/accelerator.hpp>
-#include <accel/pipeline.hpp>
+#include <accel/accelerator/accelerator.hpp>
+#include <accel/parallel/pipeline.hpp>
 
 #include <torch/torch.h>
 

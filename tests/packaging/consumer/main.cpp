@@ -1,5 +1,5 @@
 // Trains a linear model for a few steps through accel::Accelerator and checks that the loss went down.
-#include <accel/accelerator.hpp>
+#include <accel/accelerator/accelerator.hpp>
 
 #include <torch/torch.h>
 

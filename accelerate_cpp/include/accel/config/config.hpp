@@ -1,0 +1,373 @@
+#pragma once
+/// \file config.hpp
+/// The run configuration of accelerate-cpp: a plain struct with defaults for everything, read from and
+/// written to YAML. Keys follow Hugging Face Accelerate's `default_config.yaml` where the concept is the
+/// same, so a file written by `accelerate config` loads as is (or fails with a message naming the file, line,
+/// key and fix).
+///
+/// Example:
+/// \code
+///   accel::Config config = accel::Config::load_file("accelerate.yaml");  // throws accel::ConfigError
+///   if (config.backend == "fsdp") { ... }
+///   config.num_processes = 4;
+///   config.save_file("out/accelerate.yaml");
+/// \endcode
+///
+/// This header is torch-free and does not include yaml-cpp or fmt. Nothing here is collective: every function
+/// is local to the calling process.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accel/errors.hpp"
+#include "accel/parallel/pipeline_schedule.hpp"
+
+namespace accel {
+
+class Questions;
+struct Config;
+
+/// Mixed precision mode (`mixed_precision:` `no|fp16|bf16`). fp16 uses dynamic loss scaling.
+enum class MixedPrecision { No, Fp16, Bf16 };
+
+/// Gradient compression on the wire (`ddp_comm_hook`, Accelerate's DDPCommunicationHookType names): gradients
+/// are divided by the number of processes, cast to fp16 or bf16 for the reduction, and cast back, as
+/// PyTorch's `fp16_compress_hook` / `bf16_compress_hook`. Halves the bytes of every gradient reduction (DDP's
+/// all-reduce, ZeRO's and FSDP's reduce-scatter) at the cost of the cast's rounding. `power_sgd` (DDP only)
+/// is PyTorch's `powerSGD_hook`: each gradient matrix travels as two rank-r factors, with error feedback and
+/// warm start, after `ddp_comm_powersgd_start_iter` plain steps.
+enum class CommHook { No, Fp16, Bf16, PowerSgd };
+
+/// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1, 2, 3 are accepted too).
+enum class ShardingStrategy {
+  FullShard,  ///< parameters, gradients and optimizer state sharded; parameters freed after forward (ZeRO-3)
+  ShardGradOp,  ///< gradients and optimizer state sharded; parameters kept after forward (ZeRO-2)
+  NoShard       ///< nothing sharded (DDP-like)
+};
+
+/// How the model is cut into FSDP units (`fsdp_auto_wrap_policy:`).
+enum class AutoWrapPolicy {
+  TransformerBasedWrap,  ///< one unit per module whose `name()` is in `transformer_layer_cls_to_wrap`
+  SizeBasedWrap,         ///< units of at least `min_num_params` parameters
+  NoWrap,                ///< the whole model is one unit
+  PerChildWrap           ///< (accelerate-cpp only) one unit per direct child module
+};
+
+/// When the next FSDP unit's parameters are gathered during backward (`fsdp_backward_prefetch:`).
+enum class BackwardPrefetch { BackwardPre, BackwardPost, NoPrefetch };
+
+/// What `save_state` writes for FSDP models (`fsdp_state_dict_type:`).
+enum class StateDictType {
+  FullStateDict,    ///< one consolidated file written by rank 0
+  ShardedStateDict  ///< one shard per rank
+};
+
+/// Where ZeRO offloads optimizer state or parameters (`offload_*_device:`; `nvme` is not supported).
+enum class OffloadDevice { None, Cpu };
+
+/// Settings of the `fsdp` backend (YAML section `fsdp_config:`, keys prefixed `fsdp_`).
+/// `pipeline_config:` section: pipeline parallelism (`<accel/parallel/pipeline.hpp>`,
+/// `accelerator.pipeline_step`).
+struct PipelineConfig {
+  /// `stages`: pipeline stages (1: no pipeline). num_processes must be a multiple of it: num_processes /
+  /// stages data-parallel replicas of the pipeline, rank = stage x replicas + replica.
+  int stages = 1;
+  /// `micro_batches`: micro-batches per optimizer step; 0 means gradient_accumulation_steps.
+  int micro_batches = 0;
+  /// `schedule`: `1f1b` (PipeDream-flush, at most stages - s micro-batches of activations on stage s) or
+  /// `gpipe` (all forwards, then all backwards).
+  pipeline::Schedule schedule = pipeline::Schedule::OneFOneB;
+  /// `partition`: `parameters` (balanced by parameter count), `uniform`, `type:<regex>` or boundaries such
+  /// as `0,3,6`.
+  std::string partition = "parameters";
+  bool operator==(const PipelineConfig& o) const {
+    return stages == o.stages && micro_batches == o.micro_batches && schedule == o.schedule &&
+           partition == o.partition;
+  }
+  bool operator!=(const PipelineConfig& o) const { return !(*this == o); }
+};
+
+struct FsdpConfig {
+  /// `fsdp_sharding_strategy`. Accelerate's FSDP2 key `fsdp_reshard_after_forward` maps onto it:
+  /// true -> FULL_SHARD, false -> SHARD_GRAD_OP.
+  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
+  /// `fsdp_auto_wrap_policy`.
+  AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::PerChildWrap;
+  /// `fsdp_min_num_params`: minimum parameters (elements) per unit for SIZE_BASED_WRAP.
+  int64_t min_num_params = 100000000;
+  /// `fsdp_transformer_layer_cls_to_wrap`: comma-separated module names for TRANSFORMER_BASED_WRAP.
+  std::string transformer_layer_cls_to_wrap;
+  /// `fsdp_backward_prefetch`.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;
+  /// `fsdp_forward_prefetch`: gather the next unit during forward.
+  bool forward_prefetch = false;
+  /// `fsdp_offload_params`: keep sharded parameters and optimizer state on CPU.
+  bool offload_params = false;
+  /// `fsdp_state_dict_type`.
+  StateDictType state_dict_type = StateDictType::FullStateDict;
+  /// `fsdp_activation_checkpointing`: recompute each unit's activations in backward.
+  bool activation_checkpointing = false;
+  /// `fsdp_version`: 1 or 2 (Accelerate's flag; both run the same accelerate-cpp implementation).
+  int version = 1;
+  /// `fsdp_cpu_ram_efficient_loading`: only rank 0 materialises full weights when loading.
+  bool cpu_ram_efficient_loading = false;
+  /// `fsdp_sync_module_states`: broadcast rank 0's parameters and buffers at prepare time.
+  bool sync_module_states = true;
+  /// `fsdp_use_orig_params`: accepted for Accelerate compatibility; the user's parameters always stay usable.
+  bool use_orig_params = true;
+
+  /// True when parameters are freed after forward (FULL_SHARD).
+  bool reshard_after_forward() const { return sharding_strategy == ShardingStrategy::FullShard; }
+};
+
+/// Settings of the `zero` backend (YAML section `deepspeed_config:`, DeepSpeed/Accelerate names).
+struct ZeroConfig {
+  /// `zero_stage`: 0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
+  int stage = 2;
+  /// `offload_optimizer_device`: `none` or `cpu` (needs stage >= 1).
+  OffloadDevice offload_optimizer_device = OffloadDevice::None;
+  /// `offload_param_device`: `none` or `cpu` (needs stage 3).
+  OffloadDevice offload_param_device = OffloadDevice::None;
+  /// `gradient_clipping`: max global gradient norm; 0 disables clipping.
+  double gradient_clipping = 0.0;
+  /// `zero3_init_flag`: construct parameters already partitioned (stage 3).
+  bool zero3_init_flag = false;
+  /// `zero3_save_16bit_model`: `save_state` also writes a consolidated 16-bit model (stage 3).
+  bool zero3_save_16bit_model = false;
+  /// `reduce_bucket_size`: gradient reduce-scatter bucket, in bytes (YAML int or float such as 5e8).
+  /// `auto` (std::nullopt) derives it from the model at prepare as Accelerate does for DeepSpeed:
+  /// hidden_size² elements (at least 1 MiB), hidden_size being the most common input width of the model's
+  /// matrices.
+  std::optional<uint64_t> reduce_bucket_size = 500000000;
+  /// `overlap_comm`: stage 2 reduces a bucket while backward fills the next (two buckets of gradients at
+  /// most); false reduces each bucket before backward continues (one bucket at most, no overlap).
+  bool overlap_comm = true;
+  /// `allgather_bucket_size`: parameter all-gather bucket, in bytes. Accepted for DeepSpeed files; no
+  /// effect: stages 1-2 all-gather each optimizer sub-group straight into the parameters (no bucket buffer).
+  uint64_t allgather_bucket_size = 500000000;
+  /// `sub_group_size`: elements per optimizer sub-group in stages 1-2 (DeepSpeed's name). Each sub-group of
+  /// whole parameters gets its own flat master slice, so the optimizer's per-tensor temporaries stay small.
+  /// DeepSpeed's default is 1e9; ours is 4e6, measured in BENCHMARKS.md ("Sharded training vs DDP").
+  uint64_t sub_group_size = 4000000;
+  /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3. Here stage 3 gathers
+  /// whole units, so any size (and `auto`, std::nullopt) turns prefetching of the next unit on.
+  std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
+  /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
+  bool activation_checkpointing = false;
+  /// `deepspeed_config_file`: the DeepSpeed JSON these settings were read from ("" when from the YAML).
+  /// Informational: not compared, and to_yaml writes the settings themselves.
+  std::string config_file;
+};
+
+/// The whole run configuration. Every field has a default; `Config{}` is a valid single-process CPU/GPU run.
+/// YAML key names equal the field names unless noted.
+struct Config {
+  /// `config_version`: schema version of the file (missing means 1). This build reads version 1 only.
+  int config_version = 1;
+  /// `compute_environment`: only `LOCAL_MACHINE` is supported.
+  std::string compute_environment = "LOCAL_MACHINE";
+  /// The backend's name (`local`, `ddp`, `fsdp`, `zero`: see `config_backends()`), from `backend:` and/or
+  /// Accelerate's `distributed_type:` (`NO` -> local, `MULTI_CPU`/`MULTI_GPU` -> ddp, `FSDP` -> fsdp,
+  /// `DEEPSPEED` -> zero); when both are given they must agree. A program may set the name of a backend it
+  /// registered itself (`AcceleratorOptions::registry`); files name the built-in ones.
+  std::string backend = "local";
+  /// `use_cpu`: run on CPU (Gloo) even when a GPU is present. `distributed_type: MULTI_CPU` implies it.
+  bool use_cpu = false;
+  /// `debug`: check every rank's tensor shapes before each collective so a mismatch is an error, not a hang.
+  bool debug = false;
+  /// `log_with`: experiment trackers the main process writes to (`tensorboard`, `csv`, `jsonl`, `all` or a
+  /// comma-separated list; "" none); see tracking.hpp. AcceleratorOptions().log_with(...) overrides it.
+  std::string log_with;
+  /// `gpu_ids`: `all` or a comma-separated list such as `0,1`.
+  std::string gpu_ids = "all";
+  /// `num_processes`: total number of ranks across all machines.
+  int num_processes = 1;
+  /// `num_machines`: number of nodes; `num_processes` must be a multiple of it.
+  int num_machines = 1;
+  /// `machine_rank`: index of this node, 0..num_machines-1.
+  int machine_rank = 0;
+  /// `main_process_ip`: address of machine 0 (needed when num_machines > 1).
+  std::string main_process_ip;
+  /// `main_process_port`: rendezvous port on machine 0; 0 picks a free port.
+  int main_process_port = 29500;
+  /// `mixed_precision`.
+  MixedPrecision mixed_precision = MixedPrecision::No;
+  /// `gradient_accumulation_steps` (also read from `deepspeed_config:`; the two must agree).
+  int gradient_accumulation_steps = 1;
+  /// `collective_timeout_seconds`: a collective that takes longer fails with a DistributedError.
+  double collective_timeout_seconds = 1800;
+  /// `seed`: seed of every rank's RNGs and of data shuffling (`seed + epoch`); unset leaves RNGs alone.
+  std::optional<uint64_t> seed;
+  /// `even_batches`: complete the last round of batches by wrapping to the start of the epoch.
+  bool even_batches = true;
+  /// `split_batches`: cut each global batch into num_processes slices instead of giving each rank whole
+  /// batches.
+  bool split_batches = false;
+  /// `ddp_bucket_cap_mb`: gradient all-reduce bucket size, in MiB.
+  double ddp_bucket_cap_mb = 25;
+  /// `ddp_first_bucket_cap_mb`: size of the first (latency-sensitive) bucket, in MiB.
+  double ddp_first_bucket_cap_mb = 1;
+  /// `ddp_find_unused_parameters`: tolerate parameters that get no gradient in a step.
+  bool ddp_find_unused_parameters = false;
+  /// `ddp_broadcast_buffers`: after every sync step, copy rank 0's buffers (BatchNorm statistics) to every
+  /// rank, as PyTorch DDP's `broadcast_buffers=True`, so all ranks evaluate and save the same model.
+  bool ddp_broadcast_buffers = true;
+  /// `ddp_comm_hook`: `no`, `fp16` or `bf16` gradient compression (DDP, ZeRO and FSDP gradient reduction).
+  CommHook ddp_comm_hook = CommHook::No;
+  /// `ddp_comm_powersgd_rank`: PowerSGD's matrix_approximation_rank (`ddp_comm_hook: power_sgd`).
+  int ddp_comm_powersgd_rank = 1;
+  /// `ddp_comm_powersgd_start_iter`: PowerSGD's start_powerSGD_iter: plain all-reduces before it (PyTorch's
+  /// default 1000).
+  int ddp_comm_powersgd_start_iter = 1000;
+  /// `pipeline_config:` section.
+  PipelineConfig pipeline;
+  /// `fsdp_config:` section.
+  FsdpConfig fsdp;
+  /// `deepspeed_config:` section.
+  ZeroConfig zero;
+  /// File the config was read from as passed to `load_file`, the `source_name` of `load_string`, or "".
+  std::string source;
+  /// Settings read but without effect in this build, each with the reason (keys of a DeepSpeed JSON file that
+  /// map to nothing here, ...). Printed by accel-launch and by the Accelerator's main process; not compared,
+  /// not written.
+  std::vector<std::string> notices;
+
+  /// Reads and validates a YAML file. An empty file means all defaults.
+  /// Throws ConfigError naming the file (as `path` was given), line, key, value and fix.
+  static Config load_file(const std::string& path);
+  /// Like load_file, from YAML text; `source_name` stands for the file name in messages.
+  static Config load_string(const std::string& yaml, const std::string& source_name = "<string>");
+  /// YAML text with Accelerate-style keys (`distributed_type`, ...) plus ours; `load_string` reads it back
+  /// into an equal Config.
+  std::string to_yaml() const;
+  /// Writes `to_yaml()` to `path`, creating parent directories. Throws ConfigError when it cannot.
+  void save_file(const std::string& path) const;
+  /// Cross-field checks (machine_rank < num_machines, num_processes a multiple of num_machines, ranges ...).
+  /// Throws ConfigError. `load_file`/`load_string` call it (and then also name the offending line).
+  void validate() const;
+};
+
+/// Field-by-field equality of the settings (`source` is ignored).
+bool operator==(const FsdpConfig& a, const FsdpConfig& b);
+/// Negation of operator==.
+inline bool operator!=(const FsdpConfig& a, const FsdpConfig& b) {
+  return !(a == b);
+}
+/// Field-by-field equality of the settings.
+bool operator==(const ZeroConfig& a, const ZeroConfig& b);
+/// Negation of operator==.
+inline bool operator!=(const ZeroConfig& a, const ZeroConfig& b) {
+  return !(a == b);
+}
+/// Field-by-field equality of the settings; `source` is ignored.
+bool operator==(const Config& a, const Config& b);
+/// Negation of operator==.
+inline bool operator!=(const Config& a, const Config& b) {
+  return !(a == b);
+}
+
+/// One key of the config file, as documented (`accel-launch config --keys` prints them as a table).
+struct ConfigKeyInfo {
+  std::string path;           ///< with its section: "fsdp_config.fsdp_version"
+  std::string default_value;  ///< as to_yaml writes it; "" for sections and keys never written
+  std::string doc;            ///< one line
+  std::string example;        ///< a valid non-default value (YAML); "" when the key has none
+  bool setting = false;       ///< false: an alias, a derived key, or an Accelerate key accepted and ignored
+};
+/// Every key the reader accepts, from the one schema that also drives reading, writing and equality.
+std::vector<ConfigKeyInfo> config_keys();
+
+/// What a backend does with the three kinds of training state; the one answer to "is it sharded?".
+struct BackendCapabilities {
+  /// Each rank's optimizers hold only this rank's 1/N of the state (re-pointed at flat shards), saved per
+  /// rank by save_state.
+  bool shards_optimizer_state = false;
+  /// Each rank keeps only its 1/N of the reduced gradients.
+  bool shards_gradients = false;
+  /// The model's parameters hold no memory at rest (gathered per unit on use): `torch::save(model)` throws
+  /// with the call to use instead, and `get_state_dict` must run on every rank.
+  bool shards_parameters = false;
+  /// Gradients are communicated on accumulation micro-steps too (ZeRO-3 reduce-scatters every micro-step),
+  /// instead of only on sync steps.
+  bool communicates_on_micro_steps = false;
+};
+
+/// One layout a backend offers, chosen by one key of its section (`zero_stage: 1`).
+struct BackendLayout {
+  std::string key;                     ///< the key as written in the YAML ("zero_stage"); "" for none
+  std::string value;                   ///< its value ("1", "NO_SHARD")
+  std::function<void(Config&)> apply;  ///< sets it on a config (empty without a key)
+};
+
+/// How advice spells a layout: as YAML settings ("zero with zero_stage: 1") or as the flags of
+/// `accel-launch estimate-memory` ("zero with --zero_stage 1").
+enum class LayoutSpelling { Yaml, Flags };
+
+/// What the torch-free side of accelerate-cpp (the config, accel-launch) knows about one backend. Each
+/// backend folder (`backends/<name>/<name>_config.cpp`) describes itself, including the YAML section it owns,
+/// how it reads, checks and writes that section, and the questions `accel-launch config` asks about it.
+struct BackendInfo {
+  std::string name;                            ///< the `backend:` value ("zero")
+  std::string summary;                         ///< one line, shown by `accel-launch config`
+  std::vector<std::string> aliases;            ///< other `backend:` spellings ("deepspeed")
+  std::vector<std::string> distributed_types;  ///< Accelerate's `distributed_type:` values meaning it
+  std::string section;    ///< the YAML section of its settings ("deepspeed_config"), or ""
+  int max_processes = 0;  ///< 1 for a single-process backend; 0: any number
+  /// With several processes this backend is replaced by that one (local -> ddp, as Accelerate infers
+  /// MULTI_CPU / MULTI_GPU from the launcher); "" for none.
+  std::string multi_process_replacement;
+  /// Asks the questions of `accel-launch config` about this backend's settings (may be empty: none).
+  std::function<void(Questions&, Config&)> ask_settings;
+  /// The backend's fact sheet: what it shards under `config`. The only place where a stage or a strategy is
+  /// mapped to sharding: the engines' capabilities, the refusals of pipelines and whole-parameter optimizers,
+  /// their advice and the memory estimate all read it, so a new backend changes them by itself. Empty:
+  /// nothing is sharded (local, ddp).
+  std::function<BackendCapabilities(const Config&)> sharding;
+  /// The setting of `config` that decides the layout, in words ("zero_stage 2", "FULL_SHARD"). Empty: none.
+  std::function<std::string(const Config&)> layout_setting;
+  /// The layouts it offers, one per distinct sharding, in the order advice lists them. Empty: one layout.
+  std::vector<BackendLayout> layouts;
+};
+
+/// The backends the config knows, in the order `accel-launch config` lists them.
+const std::vector<BackendInfo>& config_backends();
+/// The backend named `name` (canonical name; aliases are not followed), or nullptr.
+const BackendInfo* find_backend(const std::string& name);
+/// The backend a run of `num_processes` processes uses for `backend` (follows `multi_process_replacement`).
+std::string backend_for_processes(const std::string& backend, int num_processes);
+/// What `config` shards, from its backend's fact sheet (nothing for local, ddp or an unknown backend).
+BackendCapabilities sharding_of(const Config& config);
+/// The backend with the setting that decides its layout: "zero (zero_stage 2)", "fsdp (FULL_SHARD)", "ddp".
+std::string describe_layout(const Config& config);
+/// Every layout of every multi-process backend whose sharding `keep` accepts, as advice: with
+/// LayoutSpelling::Yaml "backend: ddp, fsdp with fsdp_sharding_strategy: NO_SHARD, or zero with zero_stage: 0
+/// or 1"; with LayoutSpelling::Flags "--backend ddp, fsdp with --fsdp_sharding_strategy NO_SHARD, ...".
+std::string layouts_where(const std::function<bool(const BackendCapabilities&)>& keep,
+                          LayoutSpelling spelling = LayoutSpelling::Yaml);
+
+/// `no`, `fp16` or `bf16`.
+std::string to_string(MixedPrecision mode);
+/// `no`, `fp16` or `bf16`.
+std::string to_string(CommHook hook);
+/// The YAML spelling, e.g. `FULL_SHARD`.
+std::string to_string(ShardingStrategy strategy);
+/// The YAML spelling, e.g. `TRANSFORMER_BASED_WRAP`.
+std::string to_string(AutoWrapPolicy policy);
+/// The YAML spelling, e.g. `BACKWARD_PRE`.
+std::string to_string(BackwardPrefetch prefetch);
+/// The YAML spelling, e.g. `FULL_STATE_DICT`.
+std::string to_string(StateDictType type);
+/// `none` or `cpu`.
+std::string to_string(OffloadDevice device);
+
+/// The canonical name of a backend from `local|ddp|fsdp|zero` (case-insensitive; aliases such as `deepspeed`
+/// for `zero` accepted). Throws ConfigError listing the allowed values.
+std::string parse_backend(const std::string& text);
+/// Parses `no|fp16|bf16` (case-insensitive; `false` means `no`). Throws ConfigError listing the allowed
+/// values.
+MixedPrecision parse_mixed_precision(const std::string& text);
+
+}  // namespace accel

@@ -1,0 +1,196 @@
+#include "checkpoint/model_export.hpp"
+
+#include "checkpoint/tensor_io.hpp"
+
+#include <accel/errors.hpp>
+#include "checkpoint/atomic_dir.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace accel::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+std::string shard_name(std::size_t k, std::size_t n) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", k, n);
+}
+
+bool is_export_weight(const std::string& name) {
+  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return name == kSingle || name == kIndex || std::regex_match(name, kShard);
+}
+
+}  // namespace
+
+std::uint64_t parse_shard_size(const std::string& text) {
+  // As transformers' convert_file_size_to_int: decimal units for KB/MB/GB, binary ones for KiB/MiB/GiB.
+  static const std::regex kForm(R"(\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B)?\s*)", std::regex::icase);
+  std::smatch m;
+  if (!std::regex_match(text, m, kForm)) {
+    throw UsageError(
+        fmt::format("max_shard_size '{}' is not a size; write a number of bytes or a size such as "
+                    "\"10GB\", \"500MB\" or \"2GiB\"",
+                    text));
+  }
+  const double number = std::stod(m[1].str());
+  std::string unit = m[2].str();
+  for (auto& c : unit)
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (!unit.empty()) {
+    const bool binary = unit.size() == 3;
+    const double base = binary ? 1024.0 : 1000.0;
+    const int power = std::string("KMGT").find(unit[0]) + 1;
+    for (int i = 0; i < power; ++i)
+      scale *= base;
+  }
+  const double bytes = number * scale;
+  if (bytes < 1 || bytes > 1.8e19) {
+    throw UsageError(fmt::format("max_shard_size '{}' must be at least one byte", text));
+  }
+  return static_cast<std::uint64_t>(bytes);
+}
+
+ShardedExportWriter::ShardedExportWriter(fs::path dir, std::uint64_t max_shard_bytes)
+    : dir_(std::move(dir)), max_(max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_)) {
+    throw CheckpointError(fmt::format("save_model: cannot create the directory '{}': {}", dir_.string(),
+                                      ec ? ec.message() : "a file of that name exists"));
+  }
+}
+
+ShardedExportWriter::~ShardedExportWriter() {
+  if (finished_) return;
+  std::error_code ec;  // an export that did not finish leaves the earlier one as it was
+  for (const auto& file : temp_files_)
+    fs::remove(file, ec);
+}
+
+void ShardedExportWriter::add(const std::string& name, const torch::Tensor& tensor) {
+  if (!seen_.emplace(name, true).second) {
+    throw CheckpointError(fmt::format("save_model: two tensors are named '{}'", name));
+  }
+  torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
+  if (cpu.data_ptr() == tensor.data_ptr()) cpu = cpu.clone();  // own the bytes: the caller may release them
+  const std::uint64_t size = tensor_bytes(cpu);
+  total_ += size;
+  if (size > max_) {  // a tensor larger than a shard gets a shard of its own
+    std::vector<std::pair<std::string, torch::Tensor>> alone{{name, std::move(cpu)}};
+    flush(alone);
+    return;
+  }
+  if (held_ + size > max_ && !current_.empty()) flush(current_);
+  current_.emplace_back(name, std::move(cpu));
+  held_ += size;
+}
+
+void ShardedExportWriter::flush(std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  const fs::path temp = dir_ / fmt::format(".model-export-{:05d}.safetensors.tmp", temp_files_.size() + 1);
+  NamedTensors named(tensors.begin(), tensors.end());
+  write_tensors(temp.string(), named, {{"format", "pt"}});
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tensors)
+    names.push_back(name);
+  temp_files_.push_back(temp);
+  shard_names_.push_back(std::move(names));
+  if (&tensors == &current_) held_ = 0;
+  tensors.clear();
+}
+
+ModelExport ShardedExportWriter::finish() {
+  if (!current_.empty() || temp_files_.empty()) flush(current_);
+  const std::size_t n = temp_files_.size();
+  ModelExport out;
+  out.total_bytes = total_;
+  // Remove the weights of an earlier export, then move the new files into place (the index last).
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    if (entry.is_regular_file() && is_export_weight(entry.path().filename().string())) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+  if (n == 1) {
+    fs::rename(temp_files_[0], dir_ / kSingle);
+    out.files.push_back(kSingle);
+  } else {
+    nlohmann::ordered_json index;
+    index["metadata"]["total_size"] = total_;
+    nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as transformers writes it
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::string file = shard_name(k + 1, n);
+      fs::rename(temp_files_[k], dir_ / file);
+      out.files.push_back(file);
+      for (const auto& name : shard_names_[k])
+        weight_map[name] = file;
+    }
+    index["weight_map"] = weight_map;
+    write_file_atomic((dir_ / kIndex).string(), index.dump(2) + "\n");
+    out.files.push_back(kIndex);
+  }
+  finished_ = true;
+  return out;
+}
+
+std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
+  const fs::path index_path = dir / kIndex;
+  std::map<std::string, torch::Tensor> out;
+  if (!fs::exists(index_path)) {
+    if (!fs::exists(dir / kSingle)) {
+      throw CheckpointError(
+          fmt::format("load_model: '{}' has neither {} nor {}; pass the directory that "
+                      "accelerator.save_model(model, dir) wrote",
+                      dir.string(), kSingle, kIndex));
+    }
+    return read_tensors(safetensors::File::open((dir / kSingle).string()));
+  }
+  std::ifstream in(index_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("load_model: {} is not valid JSON: {}", index_path.string(), e.what()));
+  }
+  if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
+    throw CheckpointError(
+        fmt::format("load_model: {} has no \"weight_map\" object; it is not a "
+                    "safetensors index (re-export with save_model)",
+                    index_path.string()));
+  }
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) {
+      throw CheckpointError(
+          fmt::format("load_model: {}: the file of '{}' is not a string", index_path.string(), name));
+    }
+    by_file[file.get<std::string>()].push_back(name);
+  }
+  for (const auto& [file, names] : by_file) {
+    const fs::path path = dir / file;
+    if (!fs::exists(path)) {
+      throw CheckpointError(
+          fmt::format("load_model: {} lists {} (for '{}'), which is missing; copy the whole "
+                      "export directory",
+                      index_path.string(), file, names.front()));
+    }
+    const safetensors::File shard = safetensors::File::open(path.string());
+    for (const auto& name : names)
+      out[name] = read_tensor(shard, name);
+  }
+  return out;
+}
+
+}  // namespace accel::detail

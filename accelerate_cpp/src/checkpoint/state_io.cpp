@@ -1,0 +1,735 @@
+#include "checkpoint/state_io.hpp"
+
+#include <accel/errors.hpp>
+#include <accel/optim/schedulers.hpp>
+
+#include "checkpoint/atomic_dir.hpp"
+#include "checkpoint/model_export.hpp"
+#include "checkpoint/optimizer_reshard.hpp"
+#include "checkpoint/optimizer_state.hpp"
+#include "checkpoint/tensor_io.hpp"
+#include "distributed/rank_failures.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace accel::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "accelerate-cpp";
+constexpr const char* kFormatVersion = "1";
+
+std::string indexed(const std::string& stem, std::size_t i, const std::string& ext) {
+  return i == 0 ? stem + ext : fmt::format("{}_{}{}", stem, i, ext);
+}
+
+// LRScheduler keeps its position in a protected member; read and write it through a derived-class member
+// pointer (legal C++, no layout assumptions).
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&SchedulerAccess::step_count_); }
+};
+
+torch::Tensor scalar(std::int64_t v) {
+  return torch::tensor(v, torch::kInt64);
+}
+
+std::vector<torch::Device> rng_devices() {
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (torch::cuda::is_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i)
+      devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  return devices;
+}
+
+std::string require(const safetensors::File& f, const std::string& key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) {
+    throw CheckpointError(
+        fmt::format("{}: metadata has no '{}'; this is not an accelerate-cpp checkpoint", f.path(), key));
+  }
+  return it->second;
+}
+
+}  // namespace
+
+std::vector<torch::nn::Module*> StateIO::modules() const {
+  std::vector<torch::nn::Module*> out;
+  for (const auto& m : p_.prepared->models)
+    out.push_back(m.module.get());
+  return out;
+}
+
+std::vector<OptimizerTensorLayout> StateIO::layouts(std::size_t o) const {
+  const auto& optimizer = *p_.prepared->optimizers[o];
+  const auto model = p_.prepared->optimizer_model[o];
+  auto layouts = p_.prepared->models[model].engine->optimizer_layout(optimizer);
+  if (layouts.empty()) return identity_layouts(optimizer, modules());
+  for (auto& l : layouts) {
+    for (auto& piece : l.pieces)
+      piece.param = qualified_name(model, piece.param);
+  }
+  return layouts;
+}
+
+std::map<std::string, tp::SplitParameter> StateIO::qualified_splits() const {
+  std::map<std::string, tp::SplitParameter> out;
+  for (std::size_t i = 0; i < p_.tensor_parallel_splits.size(); ++i) {
+    for (const auto& [name, split] : p_.tensor_parallel_splits[i])
+      out.emplace(qualified_name(i, name), split);
+  }
+  return out;
+}
+
+namespace {
+
+// The split parameter a per-parameter optimizer state key ("0.weight/exp_avg") belongs to, when the tensor
+// is shaped as that parameter's slice (`whole`: as the whole parameter); null for the others (steps, groups).
+const tp::SplitParameter* split_of(const std::map<std::string, tp::SplitParameter>& splits,
+                                   const std::string& key, const torch::Tensor& t, bool whole) {
+  const auto slash = key.rfind('/');
+  if (slash == std::string::npos || key.rfind("param_groups/", 0) == 0) return nullptr;
+  const auto found = splits.find(key.substr(0, slash));
+  if (found == splits.end()) return nullptr;
+  const auto& s = found->second;
+  return t.dim() > s.dim && t.size(s.dim) == (whole ? s.full : s.length) ? &s : nullptr;
+}
+
+}  // namespace
+
+NamedTensors StateIO::consolidated_state(std::size_t o, const std::vector<OptimizerTensorLayout>& layouts,
+                                         const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                                         Communicator& replicas, bool keep) const {
+  auto state = consolidate_optimizer_state(
+      *p_.prepared->optimizers[o], layouts, shapes,
+      [&](const torch::Tensor& t) { return replicas.all_gather(t); }, keep);
+  if (p_.tensor_parallel_size > 1 && keep) {
+    const auto splits = qualified_splits();
+    for (auto& [key, t] : state) {
+      if (const auto* s = split_of(splits, key, t, /*whole=*/false)) {
+        t = s->comm->all_gather(t.movedim(s->dim, 0).contiguous()).movedim(0, s->dim).contiguous();
+      }
+    }
+  }
+  return state;
+}
+
+torch::Tensor StateIO::tensor_parallel_slice(const std::map<std::string, tp::SplitParameter>& splits,
+                                             const std::string& key, torch::Tensor t) {
+  if (const auto* s = split_of(splits, key, t, /*whole=*/true)) t = t.narrow(s->dim, s->first, s->length);
+  return t.contiguous();
+}
+
+std::string StateIO::fingerprints() const {
+  std::string out;
+  for (std::size_t o = 0; o < p_.prepared->optimizers.size(); ++o)
+    out += (out.empty() ? "" : ",") + layout_fingerprint(layouts(o));
+  return out;
+}
+
+void StateIO::save(const std::string& dir, const TrainingCounters& counters,
+                   const std::vector<std::function<void(const std::string&)>>& hooks) {
+  // The main process owns the temporary directory and commits it; every rank writes its own files into it
+  // (the same path on every rank: one machine, or a shared filesystem), then all meet before the commit.
+  std::unique_ptr<AtomicDirectory> out;
+  std::string tmp;
+  std::string failure;
+  if (p_.rank == 0) {
+    try {
+      out = std::make_unique<AtomicDirectory>(dir);
+      tmp = out->path().string();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  tmp = p_.comm->exchange(failure.empty() ? tmp : "\n" + failure)[0];
+  if (!tmp.empty() && tmp[0] == '\n') {
+    throw CheckpointError(fmt::format("save_state: rank 0 could not create '{}': {}", dir, tmp.substr(1)));
+  }
+  try {
+    for (const auto& hook : hooks)
+      hook(tmp);
+    write_files(tmp, counters);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Every rank reports; one failure anywhere keeps the previous checkpoint (the temporary one is dropped).
+  throw_first_failure(*p_.comm, failure, [&](std::size_t r, const std::string& what) {
+    return fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir,
+                       r, what);
+  });
+  if (out) out->commit();
+  p_.comm->barrier();
+}
+
+namespace {
+
+// The global layer a pipeline stage's tensor or optimizer key belongs to: "3.weight", "3.weight/exp_avg"
+// -> 3; nullopt for a name that does not start with a layer index.
+std::optional<int> layer_index(const std::string& name) {
+  const auto dot = name.find('.');
+  try {
+    if (dot != std::string::npos && dot > 0) return std::stoi(name.substr(0, dot));
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+// The same for saving, where a name without a layer index is an error.
+int layer_of(const std::string& name) {
+  if (const auto layer = layer_index(name)) return *layer;
+  throw CheckpointError(fmt::format(
+      "save_state with a pipeline: '{}' is not named by its global layer (\"3.weight\"); only the stage "
+      "model of prepare_pipeline is saved per layer",
+      name));
+}
+
+std::string layer_file(int layer) {
+  return fmt::format("layers/layer_{}.safetensors", layer);
+}
+
+std::string optimizer_layer_file(std::size_t optimizer, int layer) {
+  return fmt::format("layers/optimizer_{}_layer_{}.safetensors", optimizer, layer);
+}
+
+}  // namespace
+
+void StateIO::write_layer_files(const std::string& tmp_dir) {
+  const fs::path tmp = tmp_dir;
+  if (p_.prepared->models.size() != 1) {
+    throw UnsupportedOperation(
+        fmt::format("save_state with a pipeline saves the stage model only, but {} models are prepared; "
+                    "prepare the other models with another Accelerator",
+                    p_.prepared->models.size()));
+  }
+  Communicator& replicas = *p_.pipeline->replicas;
+  const bool tensor_parallel = p_.tensor_parallel_size > 1;
+  // The first replica's ranks keep the consolidated state (with tensor parallelism they gather the split
+  // parameters over their group); its first tensor-parallel rank writes.
+  const bool keep = replicas.rank() == 0, writer = keep && p_.tensor_parallel_rank == 0;
+  // Collective over the stage's replicas (zero stage 1 gathers its optimizer shards).
+  auto state = p_.prepared->models[0].engine->model_state();
+  if (tensor_parallel) gather_tensor_parallel(state, p_.tensor_parallel_splits.at(0));
+  std::vector<NamedTensors> optimizer_states;
+  const auto shapes = parameter_shapes(modules());
+  for (std::size_t o = 0; o < p_.prepared->optimizers.size(); ++o) {
+    const auto l = layouts(o);
+    if (optimizer_kind(*p_.prepared->optimizers[o]).empty() || l.empty()) {
+      throw UnsupportedOperation(
+          "save_state with a pipeline writes the optimizer state per layer, which is done for LibTorch's "
+          "Adam, AdamW, SGD, RMSprop and Adagrad over the stage's parameters only; use one of them");
+    }
+    optimizer_states.push_back(consolidated_state(o, l, shapes, replicas, keep));
+  }
+  if (!writer) return;
+  fs::create_directories(tmp / "layers");
+  std::map<int, NamedTensors> layers;
+  for (const auto& [name, t] : state)
+    layers[layer_of(name)].emplace_back(name, t);
+  for (const auto& [layer, tensors] : layers) {
+    write_tensors((tmp / layer_file(layer)).string(), tensors,
+                  {{"format", "pt"}, {"layer", std::to_string(layer)}});
+  }
+  for (std::size_t o = 0; o < optimizer_states.size(); ++o) {
+    NamedTensors groups;  // "param_groups/<g>/lr": in every layer's file
+    std::map<int, NamedTensors> per_layer;
+    for (const auto& [key, t] : optimizer_states[o]) {
+      if (key.rfind("param_groups/", 0) == 0) {
+        groups.emplace_back(key, t);
+      } else {
+        per_layer[layer_of(key)].emplace_back(key, t);
+      }
+    }
+    for (auto& [layer, tensors] : per_layer) {
+      tensors.insert(tensors.end(), groups.begin(), groups.end());
+      write_tensors((tmp / optimizer_layer_file(o, layer)).string(), tensors,
+                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[o])}});
+    }
+  }
+}
+
+// The files a pipeline stage loads from, each opened once: those of a pipeline's checkpoint (`per_layer`), or
+// the whole model's files of a checkpoint saved without a pipeline.
+struct StateIO::LayerFiles {
+  fs::path root;
+  const char* call;  // the operation, for messages
+  bool per_layer;
+  std::map<std::string, safetensors::File> files;
+
+  // The file at `relative` (opened on first use); null when it does not exist.
+  const safetensors::File* open(const std::string& relative) {
+    auto it = files.find(relative);
+    if (it == files.end()) {
+      const auto path = root / relative;
+      if (!fs::exists(path)) return nullptr;
+      it = files.emplace(relative, safetensors::File::open(path.string())).first;
+    }
+    return &it->second;
+  }
+  int layer(const std::string& name) const {
+    if (const auto index = layer_index(name)) return *index;
+    throw CheckpointError(fmt::format(
+        "{}: the checkpoint holds one file per global layer of a Sequential, but the model's '{}' is not "
+        "named by its layer (\"3.weight\"); load it into the same Sequential",
+        call, name));
+  }
+  // Where a tensor of the model and a key of optimizer o are: the file of its global layer (a pipeline's
+  // checkpoint), or the whole model's files (a checkpoint saved without a pipeline, read by a stage).
+  std::string model_file(const std::string& name) const {
+    return per_layer ? layer_file(layer(name)) : std::string("model.safetensors");
+  }
+  std::string optimizer_file(std::size_t o, const std::string& key) const {
+    return per_layer ? optimizer_layer_file(o, layer(key)) : indexed("optimizer", o, "_full.safetensors");
+  }
+};
+
+void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
+  const char* const call = p_.pipeline ? "load_state with a pipeline" : "load_state of a pipeline checkpoint";
+  if (p_.prepared->models.size() != 1) {
+    throw UnsupportedOperation(fmt::format("{} loads one model (the stage model), but {} models are prepared",
+                                           call, p_.prepared->models.size()));
+  }
+  LayerFiles files{fs::path(dir), call, per_layer, {}};
+  auto& module = *p_.prepared->models[0].module;
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters())
+    names.push_back(item.key());
+  for (const auto& item : module.named_buffers())
+    names.push_back(item.key());
+  load_layer_weights(files, names, dir);
+  for (std::size_t o = 0; o < p_.prepared->optimizers.size(); ++o)
+    load_layer_optimizer(files, names, o, dir);
+}
+
+void StateIO::load_layer_weights(LayerFiles& files, const std::vector<std::string>& names,
+                                 const std::string& dir) {
+  // Weights: each of this model's tensors from the file of its layer, whichever stage wrote it.
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& name : names) {
+    const auto relative = files.model_file(name);
+    const auto* file = files.open(relative);
+    if (file == nullptr || !file->contains(name)) {
+      throw CheckpointError(
+          fmt::format("{}: {} '{}' of this model; the checkpoint was saved from another model",
+                      (files.root / relative).string(),
+                      file == nullptr ? "missing, so there are no weights for" : "has no", name));
+    }
+    state[name] = read_tensor(*file, name);
+  }
+  if (p_.tensor_parallel_size > 1) {
+    slice_tensor_parallel(state, p_.tensor_parallel_splits.at(0), fmt::format("load_state from '{}'", dir));
+  }
+  p_.prepared->models[0].engine->load_model_state(state);
+}
+
+void StateIO::load_layer_optimizer(LayerFiles& files, const std::vector<std::string>& names, std::size_t o,
+                                   const std::string& dir) {
+  // Optimizer state: per parameter from its layer's file; the groups' learning rates from any of them.
+  auto& optimizer = *p_.prepared->optimizers[o];
+  const auto l = layouts(o);
+  const auto kind = optimizer_kind(optimizer);
+  if (kind.empty() || l.empty()) {
+    throw CheckpointError(fmt::format(
+        "{} reads per-parameter optimizer state, for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad over "
+        "the model's parameters only",
+        files.call));
+  }
+  const safetensors::File* any = nullptr;
+  for (const auto& name : names) {
+    if (const auto* f = files.open(files.optimizer_file(o, name))) {
+      if (require(*f, "optimizer") != kind) {
+        throw CheckpointError(
+            fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}", f->path(),
+                        require(*f, "optimizer"), kind));
+      }
+      if (!any) any = f;
+    }
+  }
+  if (any == nullptr && !files.per_layer) {
+    throw CheckpointError(
+        fmt::format("{}: missing '{}', the per-parameter optimizer state a pipeline stage reads (written "
+                    "for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad)",
+                    dir, indexed("optimizer", o, "_full.safetensors")));
+  }
+  const auto splits = qualified_splits();
+  restore_optimizer_state(optimizer, l, [&](const std::string& key) {
+    const safetensors::File* f =
+        key.rfind("param_groups/", 0) == 0 ? any : files.open(files.optimizer_file(o, key));
+    return f != nullptr && f->contains(key) ? tensor_parallel_slice(splits, key, read_tensor(*f, key))
+                                            : torch::Tensor();
+  });
+}
+
+void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& counters) {
+  const fs::path tmp = tmp_dir;
+  if (p_.pipeline) {
+    write_layer_files(tmp_dir);
+    if (p_.rank == 0) write_main_files(tmp_dir, {}, counters);
+    write_random_states(tmp_dir);
+    return;
+  }
+  // Collective on every rank (sharded parameters and optimizer state are gathered); rank 0 writes them.
+  // With tensor parallelism every group gathers its split parameters and their state: the files are the
+  // unsplit model's.
+  const bool tensor_parallel = p_.tensor_parallel_size > 1;
+  std::vector<NamedTensors> model_states;
+  for (std::size_t i = 0; i < p_.prepared->models.size(); ++i) {
+    model_states.push_back(p_.prepared->models[i].engine->model_state());
+    if (tensor_parallel) gather_tensor_parallel(model_states.back(), p_.tensor_parallel_splits.at(i));
+  }
+  const auto shapes = parameter_shapes(modules());
+  // The first replica's ranks keep the consolidated state (with tensor parallelism each holds other slices).
+  const bool keep = tensor_parallel ? replicas().rank() == 0 : p_.rank == 0;
+  std::vector<std::optional<NamedTensors>> optimizer_states;
+  for (std::size_t o = 0; o < p_.prepared->optimizers.size(); ++o) {
+    const auto l = layouts(o);
+    if (optimizer_kind(*p_.prepared->optimizers[o]).empty() || l.empty()) {
+      if (tensor_parallel) {
+        throw UnsupportedOperation(
+            "save_state with tensor parallelism writes the optimizer state of the unsplit model, which is "
+            "done for LibTorch's Adam, AdamW, SGD, RMSprop and Adagrad over the prepared models' "
+            "parameters; use one of them");
+      }
+      optimizer_states.emplace_back();
+      continue;
+    }
+    optimizer_states.push_back(consolidated_state(o, l, shapes, replicas(), keep));
+  }
+  if (p_.rank == 0) {
+    write_main_files(tmp_dir, model_states, counters);
+    for (std::size_t i = 0; i < optimizer_states.size(); ++i) {
+      if (!optimizer_states[i]) continue;
+      write_tensors((tmp / indexed("optimizer", i, "_full.safetensors")).string(), *optimizer_states[i],
+                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[i])}});
+    }
+  }
+  if (p_.shards_optimizer_state && !tensor_parallel) {
+    for (std::size_t i = 0; i < p_.prepared->optimizers.size(); ++i) {
+      torch::save(*p_.prepared->optimizers[i],
+                  (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
+    }
+  }
+  write_random_states(tmp_dir);
+}
+
+void StateIO::write_random_states(const std::string& tmp_dir) {
+  const fs::path tmp = tmp_dir;
+  NamedTensors rng;
+  for (const auto& d : rng_devices()) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng.emplace_back(d.str(), gen.get_state());
+  }
+  write_tensors((tmp / fmt::format("random_states_{}.safetensors", p_.rank)).string(), rng);
+  if (p_.rank == 0) {
+    for (std::size_t i = 0; i < p_.objects->size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      (*p_.objects)[i].save(archive);
+      archive.save_to((tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    }
+  }
+}
+
+void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<NamedTensors>& model_states,
+                               const TrainingCounters& counters) {
+  const fs::path tmp = tmp_dir;
+  for (std::size_t i = 0; i < model_states.size(); ++i) {
+    write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i], {{"format", "pt"}});
+    for (const auto& [stem, tensors] : p_.prepared->models[i].engine->extra_model_files(model_states[i]))
+      write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
+  }
+  for (std::size_t i = 0; i < p_.prepared->optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline &&
+                          p_.tensor_parallel_size == 1;
+       ++i)
+    torch::save(*p_.prepared->optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
+
+  NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
+                     {"cycle_position", scalar(counters.cycle_position)},
+                     {"completed_steps", scalar(counters.completed_steps)}};
+  for (std::size_t i = 0; i < p_.prepared->schedulers.size(); ++i) {
+    state.emplace_back(fmt::format("scheduler.{}.step_count", i),
+                       scalar(SchedulerAccess::step_count(*p_.prepared->schedulers[i])));
+    if (const auto* schedule = dynamic_cast<const sched::Preparable*>(p_.prepared->schedulers[i])) {
+      const auto extra = schedule->schedule_state();
+      if (!extra.empty()) {
+        state.emplace_back(fmt::format("scheduler.{}.state", i),
+                           torch::tensor(extra, torch::TensorOptions().dtype(torch::kFloat64)));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < p_.prepared->loaders.size(); ++i) {
+    const auto& l = *p_.prepared->loaders[i];
+    state.emplace_back(fmt::format("loader.{}.epoch", i), scalar(static_cast<std::int64_t>(l.epoch)));
+    state.emplace_back(fmt::format("loader.{}.next_batch", i),
+                       scalar(static_cast<std::int64_t>(l.in_epoch ? l.next_batch : 0)));
+    state.emplace_back(fmt::format("loader.{}.samples_per_step", i),
+                       scalar(static_cast<std::int64_t>(l.samples_per_step)));
+  }
+  if (p_.scaler) {
+    for (auto& [k, v] : p_.scaler->state_dict())
+      state.emplace_back("scaler." + k, v);
+  }
+  std::map<std::string, std::string> meta{{"optimizer_layouts", fingerprints()},
+                                          {"format", kFormat},
+                                          {"format_version", kFormatVersion},
+                                          {"backend", p_.backend},
+                                          {"world_size", std::to_string(p_.world_size)},
+                                          {"mixed_precision", to_string(p_.mixed_precision)},
+                                          {"models", std::to_string(p_.prepared->models.size())},
+                                          {"optimizers", std::to_string(p_.prepared->optimizers.size())},
+                                          {"schedulers", std::to_string(p_.prepared->schedulers.size())},
+                                          {"loaders", std::to_string(p_.prepared->loaders.size())},
+                                          {"custom_objects", std::to_string(p_.objects->size())}};
+  if (p_.pipeline) meta["pipeline_stages"] = std::to_string(p_.pipeline->stages);
+  if (p_.tensor_parallel_size > 1) meta["tensor_parallel_size"] = std::to_string(p_.tensor_parallel_size);
+  write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
+}
+
+void StateIO::load_converted(std::size_t o, const std::string& path) {
+  auto& optimizer = *p_.prepared->optimizers[o];
+  const auto kind = optimizer_kind(optimizer);
+  const auto file = safetensors::File::open(path);
+  const auto saved_kind = require(file, "optimizer");
+  if (kind != saved_kind) {
+    throw CheckpointError(fmt::format("{}: the checkpoint holds {} state but the prepared optimizer is {}",
+                                      path, saved_kind,
+                                      kind.empty() ? "of a type that cannot be converted" : kind));
+  }
+  const auto l = layouts(o);
+  if (l.empty()) {
+    throw CheckpointError(
+        fmt::format("{}: the prepared optimizer holds tensors that are not parameters of the "
+                    "prepared models, so per-parameter state cannot be mapped onto it",
+                    path));
+  }
+  const auto splits = qualified_splits();
+  restore_optimizer_state(optimizer, l, [&](const std::string& key) {
+    return file.contains(key) ? tensor_parallel_slice(splits, key, read_tensor(file, key)) : torch::Tensor();
+  });
+}
+
+namespace {
+
+void check_format(const safetensors::File& state_file) {
+  if (require(state_file, "format") != kFormat) {
+    throw CheckpointError(fmt::format("{}: not an accelerate-cpp checkpoint", state_file.path()));
+  }
+  if (const auto v = require(state_file, "format_version"); v != kFormatVersion) {
+    throw CheckpointError(
+        fmt::format("{}: checkpoint format version {} is not readable by this build (reads {})",
+                    state_file.path(), v, kFormatVersion));
+  }
+}
+
+std::int64_t read_int(const safetensors::File& state_file, const std::string& name) {
+  return read_tensor(state_file, name).item<std::int64_t>();
+}
+
+TrainingCounters read_counters(const safetensors::File& state_file) {
+  TrainingCounters counters;
+  counters.micro_steps = read_int(state_file, "micro_steps");
+  counters.cycle_position = read_int(state_file, "cycle_position");
+  counters.completed_steps = read_int(state_file, "completed_steps");
+  return counters;
+}
+
+}  // namespace
+
+TrainingCounters StateIO::load(const std::string& dir,
+                               const std::vector<std::function<void(const std::string&)>>& hooks) {
+  if (p_.rank == 0) recover_interrupted(dir);
+  p_.comm->barrier();
+  const fs::path root(dir);
+  if (!fs::is_directory(root)) {
+    throw CheckpointError(
+        fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
+  }
+  for (const auto& hook : hooks)
+    hook(dir);
+  const auto state_file = safetensors::File::open((root / "accelerator_state.safetensors").string());
+  check_format(state_file);
+  const auto saved_world = require(state_file, "world_size");
+  const auto saved_backend = require(state_file, "backend");
+  const bool saved_pipeline = state_file.metadata().find("pipeline_stages") != state_file.metadata().end();
+  const bool convert = needs_conversion(state_file, saved_pipeline, saved_world, saved_backend);
+  check_counts(state_file, dir);
+
+  const bool by_layer = saved_pipeline || p_.pipeline;
+  if (by_layer) {
+    load_layer_files(dir, /*per_layer=*/saved_pipeline);
+  } else {
+    load_models(dir);
+    load_optimizers(dir, convert, saved_world, saved_backend);
+  }
+  const auto counters = read_counters(state_file);
+  load_schedulers(state_file);
+  load_loaders(state_file, dir);
+  load_scaler(state_file, dir);
+  load_custom_objects(dir);
+  load_random_states(dir, convert);
+  return counters;
+}
+
+bool StateIO::needs_conversion(const safetensors::File& state_file, bool saved_pipeline,
+                               const std::string& saved_world, const std::string& saved_backend) const {
+  // Another world size or backend: the optimizer state is rebuilt from the per-parameter files.
+  const auto saved_layouts = state_file.metadata().find("optimizer_layouts");
+  // A pipeline's checkpoint (one file per global layer) loads with or without a pipeline, and a pipeline
+  // loads one saved without: the layers are named alike ("3.weight") either way.
+  // A pipeline's checkpoint is always read per layer: another number of stages is a re-partition.
+  // With tensor parallelism (saved or now) the files are the unsplit model's: always converted.
+  const auto saved_tp = state_file.metadata().find("tensor_parallel_size");
+  return saved_pipeline || p_.pipeline.has_value() || saved_world != std::to_string(p_.world_size) ||
+         saved_backend != p_.backend ||
+         (saved_layouts != state_file.metadata().end() && saved_layouts->second != fingerprints()) ||
+         saved_tp != state_file.metadata().end() || p_.tensor_parallel_size > 1;
+}
+
+void StateIO::check_counts(const safetensors::File& state_file, const std::string& dir) const {
+  auto check_count = [&](const char* what, std::size_t have) {
+    const auto saved = require(state_file, what);
+    if (saved != std::to_string(have)) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} {} but {} were prepared; prepare the same "
+                      "objects, in the same order, as when saving",
+                      dir, saved, what, have));
+    }
+  };
+  check_count("models", p_.prepared->models.size());
+  check_count("optimizers", p_.prepared->optimizers.size());
+  check_count("schedulers", p_.prepared->schedulers.size());
+  check_count("loaders", p_.prepared->loaders.size());
+  const auto saved = state_file.metadata().find("custom_objects");
+  const std::string count = saved == state_file.metadata().end() ? "0" : saved->second;
+  if (count != std::to_string(p_.objects->size())) {
+    throw CheckpointError(
+        fmt::format("{}: the checkpoint holds {} objects registered for checkpointing but "
+                    "{} are registered; call register_for_checkpointing for the same "
+                    "objects, in the same order, as when saving",
+                    dir, count, p_.objects->size()));
+  }
+}
+
+void StateIO::load_models(const std::string& dir) {
+  const fs::path root(dir);
+  for (std::size_t i = 0; i < p_.prepared->models.size(); ++i) {
+    const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
+    auto state = read_tensors(f);
+    if (p_.tensor_parallel_size > 1)
+      slice_tensor_parallel(state, p_.tensor_parallel_splits.at(i), "load_state from " + f.path());
+    p_.prepared->models[i].engine->load_model_state(state);
+  }
+}
+
+void StateIO::load_optimizers(const std::string& dir, bool convert, const std::string& saved_world,
+                              const std::string& saved_backend) {
+  const fs::path root(dir);
+  for (std::size_t i = 0; i < p_.prepared->optimizers.size(); ++i) {
+    if (convert) {
+      const auto path = (root / indexed("optimizer", i, "_full.safetensors")).string();
+      if (!fs::exists(path)) {
+        throw CheckpointError(fmt::format(
+            "{}: the checkpoint was saved by {} process(es) with the '{}' backend and this run has {} with "
+            "'{}' (or another sharding layout or tensor parallelism); converting needs the per-parameter "
+            "optimizer state '{}', which is written for LibTorch's Adam, "
+            "AdamW, SGD, RMSprop and Adagrad only; resume with {} process(es) and `backend: {}`",
+            dir, saved_world, saved_backend, p_.world_size, p_.backend, path, saved_world, saved_backend));
+      }
+      load_converted(i, path);
+      continue;
+    }
+    const auto path =
+        (root / indexed("optimizer", i,
+                        p_.shards_optimizer_state ? fmt::format("_rank{}.pt", p_.rank) : std::string(".pt")))
+            .string();
+    if (!fs::exists(path))
+      throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
+    torch::load(*p_.prepared->optimizers[i], path);
+  }
+}
+
+void StateIO::load_schedulers(const safetensors::File& state_file) {
+  for (std::size_t i = 0; i < p_.prepared->schedulers.size(); ++i) {
+    SchedulerAccess::step_count(*p_.prepared->schedulers[i]) =
+        static_cast<unsigned>(read_int(state_file, fmt::format("scheduler.{}.step_count", i)));
+    const auto extra_key = fmt::format("scheduler.{}.state", i);
+    if (auto* schedule = dynamic_cast<sched::Preparable*>(p_.prepared->schedulers[i]);
+        schedule && state_file.contains(extra_key)) {
+      const auto t = read_tensor(state_file, extra_key).to(torch::kFloat64).contiguous();
+      schedule->load_schedule_state(
+          std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()));
+    }
+  }
+}
+
+void StateIO::load_loaders(const safetensors::File& state_file, const std::string& dir) {
+  for (std::size_t i = 0; i < p_.prepared->loaders.size(); ++i) {
+    auto& l = *p_.prepared->loaders[i];
+    l.epoch = static_cast<std::uint64_t>(read_int(state_file, fmt::format("loader.{}.epoch", i)));
+    l.next_batch = static_cast<std::size_t>(read_int(state_file, fmt::format("loader.{}.next_batch", i)));
+    const auto sps_key = fmt::format("loader.{}.samples_per_step", i);
+    if (state_file.contains(sps_key) && l.samples_per_step != 0) {
+      // Another world size or batch size: continue after the same number of samples.
+      const auto saved_sps = static_cast<std::size_t>(read_int(state_file, sps_key));
+      const auto samples = l.next_batch * saved_sps;
+      if (samples % l.samples_per_step != 0) {
+        throw CheckpointError(
+            fmt::format("{}: loader {} stopped after {} samples of epoch {} ({} per step when saved), which "
+                        "is not a whole number of this run's steps of {} samples; resume with a batch size "
+                        "and number of processes whose product divides {}, or from a checkpoint saved at an "
+                        "epoch end",
+                        dir, i, samples, l.epoch, saved_sps, l.samples_per_step, samples));
+      }
+      l.next_batch = samples / l.samples_per_step;
+    }
+    l.resumed = l.next_batch > 0;
+    l.in_epoch = false;
+    l.at_last_batch = false;
+  }
+}
+
+void StateIO::load_scaler(const safetensors::File& state_file, const std::string& dir) {
+  if (!p_.scaler) return;
+  if (!state_file.contains("scaler.scale")) {
+    throw CheckpointError(
+        fmt::format("{}: the checkpoint has no fp16 loss-scaler state (saved with "
+                    "mixed_precision: {}), but this run uses fp16",
+                    dir, require(state_file, "mixed_precision")));
+  }
+  p_.scaler->load_state_dict({{"scale", read_tensor(state_file, "scaler.scale")},
+                              {"growth_tracker", read_tensor(state_file, "scaler.growth_tracker")}});
+}
+
+void StateIO::load_custom_objects(const std::string& dir) {
+  const fs::path root(dir);
+  for (std::size_t i = 0; i < p_.objects->size(); ++i) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((root / fmt::format("custom_checkpoint_{}.pt", i)).string());
+    (*p_.objects)[i].load(archive);
+  }
+}
+
+void StateIO::load_random_states(const std::string& dir, bool convert) {
+  const auto rng_path = fs::path(dir) / fmt::format("random_states_{}.safetensors", p_.rank);
+  // A rank that did not exist in the saved run keeps its (seeded) generators.
+  if (convert && !fs::exists(rng_path)) return;
+  const auto rng_file = safetensors::File::open(rng_path.string());
+  for (const auto& d : rng_devices()) {
+    if (!rng_file.contains(d.str())) continue;  // saved on a machine with fewer devices
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(read_tensor(rng_file, d.str()));
+  }
+}
+
+}  // namespace accel::detail

@@ -1,0 +1,105 @@
+#include "checkpoint/tensor_io.hpp"
+
+#include <accel/errors.hpp>
+
+#include <fmt/format.h>
+#include <torch/types.h>
+
+#include <cstring>
+
+namespace accel::detail {
+namespace {
+
+safetensors::DType to_dtype(const torch::Tensor& t, const std::string& name) {
+  switch (t.scalar_type()) {
+    case torch::kFloat64:
+      return safetensors::DType::F64;
+    case torch::kFloat32:
+      return safetensors::DType::F32;
+    case torch::kFloat16:
+      return safetensors::DType::F16;
+    case torch::kBFloat16:
+      return safetensors::DType::BF16;
+    case torch::kInt64:
+      return safetensors::DType::I64;
+    case torch::kInt32:
+      return safetensors::DType::I32;
+    case torch::kInt16:
+      return safetensors::DType::I16;
+    case torch::kInt8:
+      return safetensors::DType::I8;
+    case torch::kUInt8:
+      return safetensors::DType::U8;
+    case torch::kBool:
+      return safetensors::DType::Bool;
+    default:
+      throw CheckpointError(fmt::format("tensor '{}' has dtype {}, which safetensors cannot store", name,
+                                        c10::toString(t.scalar_type())));
+  }
+}
+
+torch::ScalarType to_scalar_type(safetensors::DType d, const std::string& name) {
+  switch (d) {
+    case safetensors::DType::F64:
+      return torch::kFloat64;
+    case safetensors::DType::F32:
+      return torch::kFloat32;
+    case safetensors::DType::F16:
+      return torch::kFloat16;
+    case safetensors::DType::BF16:
+      return torch::kBFloat16;
+    case safetensors::DType::I64:
+      return torch::kInt64;
+    case safetensors::DType::I32:
+      return torch::kInt32;
+    case safetensors::DType::I16:
+      return torch::kInt16;
+    case safetensors::DType::I8:
+      return torch::kInt8;
+    case safetensors::DType::U8:
+      return torch::kUInt8;
+    case safetensors::DType::Bool:
+      return torch::kBool;
+    default:
+      throw CheckpointError(
+          fmt::format("tensor '{}' has safetensors dtype {}, which accelerate-cpp does not load", name,
+                      safetensors::dtype_name(d)));
+  }
+}
+
+}  // namespace
+
+void write_tensors(const std::string& path, const NamedTensors& tensors,
+                   const std::map<std::string, std::string>& metadata) {
+  std::vector<torch::Tensor> keep;  // contiguous CPU copies must outlive the views
+  std::vector<safetensors::TensorView> views;
+  keep.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    keep.push_back(t.detach().to(torch::kCPU).contiguous());
+    const auto& c = keep.back();
+    safetensors::TensorView v;
+    v.name = name;
+    v.dtype = to_dtype(c, name);
+    v.shape.assign(c.sizes().begin(), c.sizes().end());
+    v.data = c.data_ptr();
+    v.nbytes = c.nbytes();
+    views.push_back(std::move(v));
+  }
+  safetensors::write_file(path, views, metadata);
+}
+
+torch::Tensor read_tensor(const safetensors::File& file, const std::string& name) {
+  const auto& info = file.info(name);
+  auto t = torch::empty(info.shape, torch::TensorOptions().dtype(to_scalar_type(info.dtype, name)));
+  if (info.nbytes > 0) std::memcpy(t.data_ptr(), file.data(name), info.nbytes);
+  return t;
+}
+
+std::map<std::string, torch::Tensor> read_tensors(const safetensors::File& file) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : file.names())
+    out.emplace(name, read_tensor(file, name));
+  return out;
+}
+
+}  // namespace accel::detail

@@ -1,0 +1,152 @@
+// Reading accel::Config from YAML: the file, its single document, the config version, then every key through
+// the schema's rows, the values that depend on each other, and validation.
+#include "config/config_detail.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace accel {
+namespace config_detail {
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return fmt::format("'{}'", node.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "nothing";
+  }
+}
+
+namespace {
+
+// The backend whose part lists `type` (a canonical distributed_type value).
+std::string backend_of_distributed_type(const std::string& type) {
+  for (const BackendPart& part : backend_parts()) {
+    for (const std::string& t : part.info.distributed_types) {
+      if (t == type) return part.info.name;
+    }
+  }
+  return "local";
+}
+
+}  // namespace
+
+void resolve(const Reader& r, Config& c, const Pending& p) {
+  const Entry* backend = p.find("backend");
+  const Entry* distributed_type = p.find("distributed_type");
+  if (distributed_type) {
+    const std::string type = r.choice(*distributed_type, distributed_type_choices());
+    const std::string implied = backend_of_distributed_type(type);
+    if (backend && r.choice(*backend, backend_choices()) != implied) {
+      r.fail_at(*backend, fmt::format("backend: '{}' disagrees with distributed_type '{}' (line {}), which "
+                                      "means backend {}; make them agree or remove one of them",
+                                      backend->value.Scalar(), distributed_type->value.Scalar(),
+                                      distributed_type->line, implied));
+    }
+    c.backend = implied;
+    if (type == "MULTI_CPU") {
+      if (const Entry* use_cpu = p.find("use_cpu"); use_cpu && !c.use_cpu) {
+        r.fail_at(*use_cpu, fmt::format("use_cpu: false contradicts distributed_type 'MULTI_CPU' (line {}); "
+                                        "set use_cpu: true, or distributed_type: MULTI_GPU to train on GPUs",
+                                        distributed_type->line));
+      }
+      c.use_cpu = true;
+    }
+  } else if (backend) {
+    c.backend = r.choice(*backend, backend_choices());
+  }
+  for (const BackendPart& part : backend_parts()) {
+    if (part.resolve) part.resolve(r, c, p);
+  }
+}
+
+namespace {
+
+Config load_yaml(const std::string& text, const std::string& source) {
+  Reader reader(source);
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    fail(source, e.mark.line >= 0 ? e.mark.line + 1 : 0, "",
+         fmt::format(
+             "YAML syntax error: {}{}; check the indentation and quoting on this line and the one above",
+             e.msg, e.mark.column >= 0 ? fmt::format(" (column {})", e.mark.column + 1) : std::string()));
+  }
+  for (size_t i = 1; i < documents.size(); ++i) {
+    if (!documents[i].IsNull()) {
+      fail(source, line_of(documents[i]), "",
+           "a second YAML document starts here; a config file holds exactly one (remove the '---' line and "
+           "what follows, or merge the two)");
+    }
+  }
+
+  Config config;
+  config.source = source;
+  if (documents.empty() || documents[0].IsNull()) return config;  // an empty file means all defaults
+  const YAML::Node& root = documents[0];
+  if (!root.IsMap()) {
+    fail(source, line_of(root), "",
+         fmt::format("expected a mapping of 'key: value' lines at the top level, got {}; see "
+                     "config_templates/local.yaml for an example",
+                     describe(root)));
+  }
+
+  const std::vector<Entry> entries = reader.entries(root, "");
+  // The schema version decides how everything else is read, so it is checked first.
+  for (const Entry& e : entries) {
+    if (e.name != "config_version" || e.value.IsNull()) continue;
+    int64_t version = 0;
+    if (!e.value.IsScalar() || !parse_int64(e.value.Scalar(), version) || version != 1) {
+      reader.fail_at(
+          e, fmt::format("config_version: this build of accelerate-cpp reads config_version 1 only, "
+                         "got {}; upgrade accelerate-cpp or write a new file with 'accel-launch config'",
+                         describe(e.value)));
+    }
+  }
+
+  Pending pending;
+  dispatch(reader, entries, kTop, config, pending);
+  resolve(reader, config, pending);
+  validate_config(config, reader.lines());
+  return config;
+}
+
+}  // namespace
+}  // namespace config_detail
+
+Config Config::load_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(
+        fmt::format("cannot open config file '{}': it is a directory; pass the YAML file inside it, "
+                    "or create one with 'accel-launch config'",
+                    path),
+        path);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int error = errno;
+    throw ConfigError(fmt::format("cannot open config file '{}': {}; create one with 'accel-launch config'",
+                                  path, error != 0 ? std::strerror(error) : "unknown error"),
+                      path);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    throw ConfigError(fmt::format("cannot read config file '{}': {}", path, std::strerror(errno)), path);
+  }
+  return config_detail::load_yaml(text.str(), path);
+}
+
+Config Config::load_string(const std::string& yaml, const std::string& source_name) {
+  return config_detail::load_yaml(yaml, source_name);
+}
+
+}  // namespace accel

@@ -1,0 +1,232 @@
+#include <accel/errors.hpp>
+#include <accel/monitor/memory.hpp>
+#include <accel/parallel/pipeline_schedule.hpp>
+
+#include "config/config_detail.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace accel {
+namespace {
+
+// Per-rank state of `params` elements on `ranks` data-parallel ranks, sharded as `layout` says.
+MemoryReport state_memory(std::uint64_t params, int ranks, int states, const BackendCapabilities& layout) {
+  const std::uint64_t p = params, n = static_cast<std::uint64_t>(ranks);
+  const std::uint64_t s = (p + n - 1) / n;  // elements per shard
+  constexpr std::uint64_t kFloat = 4;  // fp32 weights, gradients and optimizer state (autocast keeps them)
+  MemoryReport r;
+  if (layout.shards_parameters && n > 1) {
+    // At rest only the slices exist (units are gathered while they compute; not counted here).
+    r.parameters = kFloat * s;
+    r.gradients = kFloat * s;
+    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
+  } else if (layout.shards_optimizer_state && n > 1) {
+    r.parameters = kFloat * (p + s);
+    r.gradients = kFloat * s;
+    r.optimizer_state = kFloat * s * static_cast<std::uint64_t>(states);
+  } else {
+    r.parameters = kFloat * p;
+    r.gradients = kFloat * p;
+    r.optimizer_state = kFloat * p * static_cast<std::uint64_t>(states);
+  }
+  return r;
+}
+
+ConfigError field_error(const std::string& field, const std::string& message) {
+  return ConfigError("estimate-memory: " + message, {}, 0, field);
+}
+
+// The config the estimate's backend fields describe (`--backend zero --zero_stage 2`): its layout then comes
+// from the backend's fact sheet. ConfigError naming an unknown backend or a bad backend field.
+Config estimate_config(const MemoryEstimateInput& in) {
+  const config_detail::BackendPart* part = config_detail::find_part(in.backend);
+  if (part == nullptr) {
+    std::string names;
+    for (const BackendInfo& info : config_backends())
+      names += (names.empty() ? "" : ", ") + info.name;
+    throw ConfigError(fmt::format("estimate-memory: unknown backend '{}'; allowed: {}", in.backend, names),
+                      {}, 0, "backend");
+  }
+  Config c;
+  c.backend = in.backend;
+  if (part->estimate_config) part->estimate_config(in, c);
+  return c;
+}
+
+}  // namespace
+
+std::string MemoryReport::to_string() const {
+  auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  return fmt::format(
+      "parameters: {:.3f} MiB\ngradients: {:.3f} MiB\noptimizer state: {:.3f} MiB\ntotal: {:.3f} MiB",
+      mib(parameters), mib(gradients), mib(optimizer_state), mib(total()));
+}
+
+namespace {
+
+// The number of optimizer state tensors per parameter; ConfigError for an unknown optimizer.
+int optimizer_states(const MemoryEstimateInput& in) {
+  if (in.optimizer == "adam" || in.optimizer == "adamw") return 2;
+  if (in.optimizer == "sgd_momentum" || in.optimizer == "rmsprop" || in.optimizer == "adagrad") return 1;
+  if (in.optimizer != "sgd") {
+    throw ConfigError(fmt::format("estimate-memory: unknown optimizer '{}'; allowed: adam, adamw, sgd, "
+                                  "sgd_momentum, rmsprop, adagrad",
+                                  in.optimizer),
+                      {}, 0, "optimizer");
+  }
+  return 0;
+}
+
+void check_mixed_precision(const MemoryEstimateInput& in) {
+  if (in.mixed_precision != "no" && in.mixed_precision != "bf16" && in.mixed_precision != "fp16") {
+    throw ConfigError(fmt::format("estimate-memory: invalid mixed_precision '{}'; allowed: no, fp16, bf16",
+                                  in.mixed_precision),
+                      {}, 0, "mixed_precision");
+  }
+}
+
+// pipeline_stages, then whether the backend's layout allows a pipeline, then micro_batches.
+void check_pipeline_fields(const MemoryEstimateInput& in, const Config& config,
+                           const BackendCapabilities& layout) {
+  const int p = in.pipeline_stages;
+  if (p < 1 || in.num_processes % p != 0) {
+    throw field_error(
+        "pipeline_stages",
+        fmt::format("pipeline_stages ({}) must be at least 1 and divide num_processes ({}): each "
+                    "stage runs on num_processes / pipeline_stages data-parallel ranks",
+                    p, in.num_processes));
+  }
+  if (p > 1 && (layout.shards_parameters || layout.shards_gradients)) {
+    throw field_error("backend",
+                      fmt::format("backend {} shards gradients or parameters, which a pipeline refuses (as "
+                                  "DeepSpeed: it would reduce them once per micro-batch); estimate with {}",
+                                  describe_layout(config),
+                                  layouts_where(
+                                      [](const BackendCapabilities& s) {
+                                        return !s.shards_gradients && !s.shards_parameters;
+                                      },
+                                      LayoutSpelling::Flags)));
+  }
+  if (in.micro_batches < 0) {
+    throw field_error("micro_batches",
+                      fmt::format("micro_batches must be 0 (unknown) or more, got {}", in.micro_batches));
+  }
+}
+
+pipeline::Schedule estimate_schedule(const MemoryEstimateInput& in) {
+  try {
+    return pipeline::parse_schedule(in.pipeline_schedule);
+  } catch (const ConfigError&) {
+    throw field_error("pipeline_schedule",
+                      fmt::format("pipeline_schedule '{}' is not one of 1f1b, gpipe", in.pipeline_schedule));
+  }
+}
+
+// How the model's parameters fall on the stages: the total, and the stage boundaries when the layers'
+// parameter counts were given.
+struct StageSplit {
+  std::uint64_t total = 0;
+  std::vector<int> boundaries;  // empty: no layers given
+};
+
+StageSplit split_stages(const MemoryEstimateInput& in, int p) {
+  StageSplit split;
+  split.total = in.num_parameters;
+  const auto& layers = in.layer_parameters;
+  if (layers.empty()) return split;
+  const std::uint64_t sum = std::accumulate(layers.begin(), layers.end(), std::uint64_t{0});
+  if (split.total == 0) split.total = sum;
+  if (sum != split.total) {
+    throw field_error("layer_parameters",
+                      fmt::format("the layer parameter counts add up to {}, but num_parameters is {}; give "
+                                  "both for the same model (or leave num_parameters out)",
+                                  sum, split.total));
+  }
+  if (static_cast<int>(layers.size()) < p) {
+    throw field_error("layer_parameters", fmt::format("{} layer(s) cannot fill {} pipeline stages; give one "
+                                                      "parameter count per layer of the Sequential",
+                                                      layers.size(), p));
+  }
+  const auto method = pipeline::parse_partition(in.partition);
+  if (method.kind == pipeline::PartitionMethod::Kind::Type) {
+    throw field_error("partition",
+                      fmt::format("partition '{}' needs the layers' type names, which estimate-memory does "
+                                  "not know; give the boundaries it yields (e.g. 0,3,6) instead",
+                                  in.partition));
+  }
+  const std::vector<std::int64_t> weights(layers.begin(), layers.end());
+  split.boundaries = pipeline::partition(method, weights, std::vector<std::string>(layers.size()), p);
+  return split;
+}
+
+StageMemoryEstimate estimate_stage(const MemoryEstimateInput& in, int s, const StageSplit& split, int states,
+                                   const BackendCapabilities& layout, pipeline::Schedule schedule) {
+  const int p = in.pipeline_stages;
+  const int ranks = in.num_processes / p;
+  const auto pp = static_cast<std::uint64_t>(p);
+  const auto& layers = in.layer_parameters;
+  StageMemoryEstimate e;
+  const auto su = static_cast<std::uint64_t>(s);
+  if (split.boundaries.empty()) {
+    e.num_parameters = split.total / pp + (su < split.total % pp ? 1 : 0);
+  } else {
+    e.first_layer = split.boundaries[su];
+    e.end_layer = split.boundaries[su + 1];
+    e.num_parameters =
+        std::accumulate(layers.begin() + e.first_layer, layers.begin() + e.end_layer, std::uint64_t{0});
+  }
+  e.state = state_memory(e.num_parameters, ranks, states, layout);
+  const int m = in.micro_batches;
+  e.live_micro_batches = schedule == pipeline::Schedule::GPipe ? m : m > 0 ? std::min(p - s, m) : p - s;
+  if (p == 1) e.live_micro_batches = 1;  // no pipeline: each micro-batch's backward runs before the next
+  if (in.activation_bytes > 0) {
+    // The stage's share of one micro-batch's activations: its layers' share, or 1/p.
+    const double share = split.boundaries.empty() ? 1.0 / p
+                                                  : static_cast<double>(e.end_layer - e.first_layer) /
+                                                        static_cast<double>(layers.size());
+    e.activation_bytes = static_cast<std::uint64_t>(static_cast<double>(in.activation_bytes) * share + 0.5) *
+                         static_cast<std::uint64_t>(e.live_micro_batches);
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateInput& in) {
+  if (in.num_processes < 1) {
+    throw ConfigError(
+        fmt::format("estimate-memory: num_processes must be at least 1, got {}", in.num_processes), {}, 0,
+        "num_processes");
+  }
+  const int states = optimizer_states(in);
+  check_mixed_precision(in);
+  // The layout comes from the backend's fact sheet (backends/<name>/<name>_config.cpp).
+  const Config config = estimate_config(in);
+  const BackendCapabilities layout = sharding_of(config);
+  check_pipeline_fields(in, config, layout);
+  const pipeline::Schedule schedule = estimate_schedule(in);
+  const int p = in.pipeline_stages;
+  const StageSplit split = split_stages(in, p);
+  std::vector<StageMemoryEstimate> stages;
+  stages.reserve(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s)
+    stages.push_back(estimate_stage(in, s, split, states, layout, schedule));
+  return stages;
+}
+
+std::string describe_backend(const MemoryEstimateInput& in) {
+  if (config_detail::find_part(in.backend) == nullptr) return in.backend;
+  return describe_layout(estimate_config(in));
+}
+
+MemoryReport estimate_memory(const MemoryEstimateInput& in) {
+  const auto stages = estimate_pipeline_memory(in);
+  return std::max_element(stages.begin(), stages.end(),
+                          [](const auto& a, const auto& b) { return a.state.total() < b.state.total(); })
+      ->state;
+}
+
+}  // namespace accel

@@ -1,0 +1,383 @@
+#include <accel/errors.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/ivalue.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace accel {
+namespace detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// The autocast thread-local state that decides how a segment computes.
+struct AutocastState {
+  bool cpu_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cuda_enabled = false;
+  at::ScalarType cuda_dtype = at::kHalf;
+  bool cache_enabled = true;
+
+  static AutocastState current() {
+    AutocastState s;
+    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+    at::autocast::set_autocast_cache_enabled(cache_enabled);
+  }
+};
+
+/// Installs `target` (with the weight-cast cache off) and puts the previous state back on destruction.
+/// The cache is turned off defensively in both passes: autocast caches the low-precision copy of a leaf
+/// parameter without looking at grad mode, and LibTorch clears that cache only on an explicit clear_cache(),
+/// so a copy cached by the no-grad forward (no grad_fn) must never be reused by the recomputation. Casting is
+/// deterministic, so results stay bitwise identical; the cost is one cast per parameter use in the segment.
+class AutocastScope {
+ public:
+  explicit AutocastScope(AutocastState target) : saved_(AutocastState::current()) {
+    target.cache_enabled = false;
+    target.apply();
+  }
+  ~AutocastScope() { saved_.apply(); }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState saved_;
+};
+
+/// RNG states of the CPU generator and of the CUDA generators of some devices.
+struct RngStates {
+  at::Tensor cpu;
+  std::vector<std::pair<c10::Device, at::Tensor>> cuda;
+
+  static RngStates capture(const std::vector<c10::Device>& cuda_devices) {
+    RngStates s;
+    s.cpu = get(c10::Device(c10::kCPU));
+    for (const auto& device : cuda_devices)
+      s.cuda.emplace_back(device, get(device));
+    return s;
+  }
+
+  void restore() const {
+    set(c10::Device(c10::kCPU), cpu);
+    for (const auto& [device, state] : cuda)
+      set(device, state);
+  }
+
+ private:
+  static at::Tensor get(const c10::Device& device) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+  static void set(const c10::Device& device, const at::Tensor& state) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+};
+
+/// torch.random.fork_rng: replays `forward_states` and restores the caller's states on destruction.
+class RngFork {
+ public:
+  explicit RngFork(const std::optional<RngStates>& forward_states) {
+    if (!forward_states) return;
+    std::vector<c10::Device> devices;
+    for (const auto& entry : forward_states->cuda)
+      devices.push_back(entry.first);
+    outer_ = RngStates::capture(devices);
+    forward_states->restore();
+  }
+  ~RngFork() {
+    if (outer_) outer_->restore();
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  std::optional<RngStates> outer_;
+};
+
+/// What backward needs besides the saved inputs. Held by the autograd context as an IValue capsule.
+struct CheckpointState : torch::CustomClassHolder {
+  CheckpointSegmentList segment;
+  std::optional<RngStates> rng;
+  AutocastState autocast;
+  std::size_t num_user_inputs = 0;  // inputs after these are the private grad-carrying dummy
+  std::size_t num_outputs = 0;
+};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs,
+                               c10::intrusive_ptr<CheckpointState> state) {
+    // Only the inputs are saved; everything the segment computes is freed when it returns.
+    ctx->save_for_backward(inputs.vec());
+    ctx->set_materialize_grads(false);
+    variable_list outputs;
+    {
+      AutocastScope autocast(state->autocast);
+      outputs = state->segment(variable_list(inputs.begin(), inputs.begin() + state->num_user_inputs));
+    }
+    if (outputs.empty()) {
+      throw UsageError("accel::checkpoint: the segment returned no tensor; it must return at least one");
+    }
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (!outputs[i].defined()) {
+        throw UsageError("accel::checkpoint: output " + std::to_string(i) +
+                         " of the segment is an undefined tensor; return only defined tensors");
+      }
+    }
+    state->num_outputs = outputs.size();
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    if (!torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
+      throw UsageError(
+          "accel::checkpoint: gradients of a checkpointed segment can only be computed by backward() without "
+          "`inputs`: the recomputed gradients accumulate into .grad() and cannot be returned to "
+          "torch::autograd::grad(); call loss.backward() and read .grad() instead");
+    }
+    if (torch::GradMode::is_enabled()) {
+      throw UnsupportedOperation(
+          "accel::checkpoint does not support double backward (create_graph=true); run the segment without "
+          "checkpointing to take higher-order gradients");
+    }
+    auto state = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    const variable_list saved = ctx->get_saved_variables();
+
+    // Fresh leaves: the recomputed graph ends here, its gradients are read back from .grad().
+    variable_list detached;
+    detached.reserve(state->num_user_inputs);
+    for (std::size_t i = 0; i < state->num_user_inputs; ++i) {
+      auto leaf = saved[i].detach();
+      leaf.set_requires_grad(saved[i].requires_grad());
+      detached.push_back(std::move(leaf));
+    }
+
+    variable_list outputs;
+    {
+      RngFork rng(state->rng);
+      AutocastScope autocast(state->autocast);
+      torch::AutoGradMode grad_mode(true);
+      outputs = state->segment(detached);
+    }
+    if (outputs.size() != state->num_outputs) {
+      throw UsageError("accel::checkpoint: the segment returned " + std::to_string(state->num_outputs) +
+                       " tensors in forward but " + std::to_string(outputs.size()) +
+                       " when recomputed in backward; a checkpointed segment must be deterministic");
+    }
+
+    variable_list roots;
+    variable_list root_grads;
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    // Reentrant backward: parameters captured by the segment accumulate their .grad() here.
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+
+    // One gradient per tensor input (the dummy included) plus one (undefined) for the state argument.
+    variable_list grads(saved.size() + 1);
+    for (std::size_t i = 0; i < detached.size(); ++i) {
+      if (detached[i].requires_grad()) grads[i] = detached[i].grad();
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+}  // namespace detail
+
+std::vector<torch::Tensor> checkpoint(const CheckpointSegmentList& segment,
+                                      const std::vector<torch::Tensor>& inputs,
+                                      const CheckpointOptions& options) {
+  if (!segment) throw UsageError("accel::checkpoint: the segment is an empty std::function; pass a callable");
+  if (inputs.empty()) {
+    throw UsageError(
+        "accel::checkpoint: no input tensors; pass the tensors the segment reads (at least one)");
+  }
+  std::vector<c10::Device> cuda_devices;
+  bool any_requires_grad = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& input = inputs[i];
+    if (!input.defined()) {
+      throw UsageError("accel::checkpoint: input " + std::to_string(i) +
+                       " is an undefined tensor; pass only defined tensors");
+    }
+    any_requires_grad = any_requires_grad || input.requires_grad();
+    if (input.is_cuda() &&
+        std::find(cuda_devices.begin(), cuda_devices.end(), input.device()) == cuda_devices.end()) {
+      cuda_devices.push_back(input.device());
+    }
+  }
+  // Nothing will be differentiated: checkpointing would only cost time.
+  if (!torch::GradMode::is_enabled()) return segment(inputs);
+
+  auto state = c10::make_intrusive<detail::CheckpointState>();
+  state->segment = segment;
+  state->autocast = detail::AutocastState::current();
+  state->num_user_inputs = inputs.size();
+  if (options.preserve_rng_state()) state->rng = detail::RngStates::capture(cuda_devices);
+
+  std::vector<torch::Tensor> all_inputs = inputs;
+  // Without an input that requires grad, autograd would not record the Function at all, and parameters
+  // captured by the segment would get no gradient. A zero-size leaf that requires grad keeps it in the graph.
+  if (!any_requires_grad) all_inputs.push_back(torch::empty({0}, torch::TensorOptions().requires_grad(true)));
+  return detail::CheckpointFunction::apply(at::TensorList(all_inputs), std::move(state));
+}
+
+torch::Tensor checkpoint(const CheckpointSegment& segment, const torch::Tensor& input,
+                         const CheckpointOptions& options) {
+  if (!segment) throw UsageError("accel::checkpoint: the segment is an empty std::function; pass a callable");
+  auto outputs = checkpoint(
+      // By value: backward calls it again after the caller's std::function may be gone.
+      [segment](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{segment(in[0])}; },
+      std::vector<torch::Tensor>{input}, options);
+  return outputs[0];
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+CheckpointedImpl::CheckpointedImpl(torch::nn::AnyModule module, CheckpointOptions options)
+    : any_(std::move(module)), options_(options) {
+  if (any_.is_empty()) {
+    throw UsageError(
+        "accel::Checkpointed: the module to wrap is empty; pass a module, e.g. "
+        "accel::Checkpointed(torch::nn::Linear(4, 4))");
+  }
+  reset();
+}
+
+CheckpointedImpl::CheckpointedImpl(torch::nn::Sequential sequential, CheckpointOptions options)
+    : sequential_(std::move(sequential)), options_(options) {
+  if (sequential_.is_empty()) {
+    throw UsageError(
+        "accel::Checkpointed: the Sequential to wrap is an empty holder (nullptr); construct it first");
+  }
+  reset();
+}
+
+std::shared_ptr<torch::nn::Module> CheckpointedImpl::module() const {
+  if (sequential_) return sequential_.ptr();
+  return any_.ptr();
+}
+
+void CheckpointedImpl::reset() {
+  const auto inner = module();
+  const auto own_parameters = named_parameters(/*recurse=*/false);
+  for (const auto& item : inner->named_parameters(/*recurse=*/false)) {
+    if (!own_parameters.contains(item.key())) {
+      register_parameter(item.key(), item.value(), item.value().requires_grad());
+    }
+  }
+  const auto own_buffers = named_buffers(/*recurse=*/false);
+  for (const auto& item : inner->named_buffers(/*recurse=*/false)) {
+    if (!own_buffers.contains(item.key())) register_buffer(item.key(), item.value());
+  }
+  const auto own_children = named_children();
+  for (const auto& item : inner->named_children()) {
+    if (!own_children.contains(item.key())) register_module(item.key(), item.value());
+  }
+}
+
+torch::Tensor CheckpointedImpl::forward_wrapped(const torch::Tensor& input) {
+  if (sequential_) return sequential_->forward(input);
+  return any_.forward(input);
+}
+
+torch::Tensor CheckpointedImpl::forward(const torch::Tensor& input) {
+  if (!is_training() || !torch::GradMode::is_enabled()) return forward_wrapped(input);
+  if (!input.requires_grad()) {
+    const auto params = module()->parameters();
+    const bool any =
+        std::any_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.requires_grad(); });
+    // A frozen block fed with data builds no graph, so there are no activations to drop.
+    if (!any) return forward_wrapped(input);
+  }
+  // Capture the module itself (shared), not `this`: backward may run after the wrapper is gone.
+  if (sequential_) {
+    return checkpoint([seq = sequential_](const torch::Tensor& x) mutable { return seq->forward(x); }, input,
+                      options_);
+  }
+  return checkpoint([any = any_](const torch::Tensor& x) mutable { return any.forward(x); }, input, options_);
+}
+
+std::shared_ptr<torch::nn::Module> CheckpointedImpl::clone(const std::optional<torch::Device>& device) const {
+  std::shared_ptr<CheckpointedImpl> copy;
+  if (sequential_) {
+    auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(sequential_->clone(device));
+    copy = std::make_shared<CheckpointedImpl>(torch::nn::Sequential(std::move(seq)), options_);
+  } else {
+    copy = std::make_shared<CheckpointedImpl>(any_.clone(device), options_);
+  }
+  copy->train(is_training());
+  return copy;
+}
+
+void CheckpointedImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  module()->train(on);
+}
+
+bool CheckpointedImpl::is_training() const noexcept {
+  return module()->is_training();
+}
+
+void CheckpointedImpl::pretty_print(std::ostream& stream) const {
+  stream << "accel::Checkpointed(";
+  module()->pretty_print(stream);
+  stream << ")";
+}
+
+void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& options) {
+  if (seq.is_empty()) {
+    throw UsageError(
+        "accel::checkpoint_sequential: the Sequential holder is empty (nullptr); construct it first");
+  }
+  const auto children = seq->named_children();
+  if (children.size() != seq->size()) {
+    throw UsageError("accel::checkpoint_sequential: the Sequential has " + std::to_string(children.size()) +
+                     " registered submodules but " + std::to_string(seq->size()) +
+                     " modules in its chain; register children only through push_back");
+  }
+  std::size_t index = 0;
+  for (auto it = seq->begin(); it != seq->end(); ++it, ++index) {
+    const auto& name = children[index].key();
+    if (children[index].value().get() != it->ptr().get()) {
+      throw UsageError("accel::checkpoint_sequential: submodule '" + name + "' is not module " +
+                       std::to_string(index) + " of the chain; register children only through push_back");
+    }
+    if (std::dynamic_pointer_cast<CheckpointedImpl>(it->ptr())) continue;  // already wrapped
+    auto wrapper = std::make_shared<CheckpointedImpl>(*it, options);
+    // The chain (what forward runs) and the registry (what parameters()/train()/to() walk) must agree.
+    *it = torch::nn::AnyModule(wrapper);
+    seq->replace_module(name, wrapper);
+  }
+}
+
+}  // namespace accel

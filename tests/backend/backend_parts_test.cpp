@@ -1,0 +1,232 @@
+// The pieces every backend shares, tested without ranks: bucket planning and release order, the chunk
+// pipeline, unit planning of the fully sharded backends, and the parameter trigger.
+#include <catch2/catch.hpp>
+
+#include "../../backends/common/buckets.hpp"
+#include "../../backends/common/chunk_pipeline.hpp"
+#include "../../backends/common/param_trigger.hpp"
+#include "../../backends/common/unit_plan.hpp"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+using namespace accel::backends;
+using namespace accel::backends::detail;
+
+TEST_CASE("buckets: planned in reverse order, never splitting a tensor, first bucket capped apart") {
+  // Tensors 0..4 of 100, 300, 50, 400, 20 bytes.
+  const std::vector<std::uint64_t> bytes = {100, 300, 50, 400, 20};
+  SECTION("one cap") {
+    // 20 + 400 fit 450, + 50 would not; 50 + 300 + 100 fill the next one exactly (the cap is inclusive).
+    REQUIRE(plan_buckets(bytes, 450, 450) == std::vector<std::vector<std::size_t>>{{4, 3}, {2, 1, 0}});
+    REQUIRE(plan_buckets(bytes, 449, 449) == std::vector<std::vector<std::size_t>>{{4, 3}, {2, 1}, {0}});
+  }
+  SECTION("a small first bucket starts communication early") {
+    const auto b = plan_buckets(bytes, 30, 1000);
+    REQUIRE(b == std::vector<std::vector<std::size_t>>{{4}, {3, 2, 1, 0}});
+  }
+  SECTION("a tensor above the cap gets a bucket of its own") {
+    const auto b = plan_buckets(bytes, 10, 10);
+    REQUIRE(b.size() == 5);
+    for (std::size_t k = 0; k < 5; ++k)
+      REQUIRE(b[k] == std::vector<std::size_t>{4 - k});
+  }
+  SECTION("nothing to plan") {
+    REQUIRE(plan_buckets({}, 10, 10).empty());
+  }
+}
+
+TEST_CASE("buckets: released strictly in bucket order, whatever order members become ready") {
+  BucketClock clock({2, 1, 2});
+  REQUIRE(clock.mark(2).empty());  // bucket 2 half ready, 0 not yet
+  REQUIRE(clock.mark(1).empty());  // bucket 1 complete but waits for bucket 0
+  REQUIRE(clock.mark(0).empty());
+  REQUIRE(clock.mark(0) == std::vector<std::size_t>{0, 1});
+  REQUIRE_FALSE(clock.done());
+  REQUIRE(clock.mark(2) == std::vector<std::size_t>{2});
+  REQUIRE(clock.done());
+  REQUIRE_THROWS_WITH(clock.mark(2), Catch::Contains("more often than it has members"));
+  clock.reset();
+  REQUIRE_FALSE(clock.done());
+  REQUIRE(clock.mark(1).empty());
+}
+
+TEST_CASE("chunk pipeline: at most `depth` chunks in flight, completed in order, covering the range once") {
+  std::vector<std::string> events;
+  int in_flight = 0, most = 0;
+  std::int64_t covered = 0;
+  pipelined_chunks(10, 3, 2, [&](std::int64_t at, std::int64_t len) -> std::function<void()> {
+    events.push_back("start " + std::to_string(at) + "+" + std::to_string(len));
+    most = std::max(most, ++in_flight);
+    return [&, at, len] {
+      events.push_back("finish " + std::to_string(at));
+      covered += len;
+      --in_flight;
+    };
+  });
+  REQUIRE(events == std::vector<std::string>{"start 0+3", "start 3+3", "finish 0", "start 6+3", "finish 3",
+                                             "start 9+1", "finish 6", "finish 9"});
+  REQUIRE(most == 2);
+  REQUIRE(covered == 10);
+  int calls = 0;
+  pipelined_chunks(0, 4, 2, [&](std::int64_t, std::int64_t) -> std::function<void()> {
+    ++calls;
+    return [] {};
+  });
+  REQUIRE(calls == 0);
+}
+
+namespace {
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 2));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    scale = register_parameter("scale", torch::ones({1}));
+    first = register_module("first", Block());
+    second = register_module("second", Block());
+    head = register_module("head", torch::nn::Linear(2, 1));
+  }
+  torch::Tensor scale;
+  Block first{nullptr}, second{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Net);
+
+std::vector<std::string> names_of(const std::vector<PlannedUnit>& units) {
+  std::vector<std::string> out;
+  for (const auto& u : units)
+    out.push_back(u.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") {
+  Net net;
+  const auto total = net->named_parameters().size();  // scale + 2 x (2 x 2) + 2 = 11
+  REQUIRE(total == 11);
+  auto check_partition = [&](const std::vector<PlannedUnit>& units) {
+    std::vector<int> count(total, 0);
+    for (const auto& u : units) {
+      REQUIRE(std::is_sorted(u.params.begin(), u.params.end()));
+      for (auto i : u.params)
+        count.at(i) += 1;
+    }
+    for (auto c : count)
+      REQUIRE(c == 1);
+  };
+  UnitPlanOptions o;
+  SECTION("per module: each leaf module, then the root's own parameters") {
+    o.policy = UnitPolicy::PerModule;
+    const auto units = plan_units(*net, o);
+    check_partition(units);
+    REQUIRE(names_of(units) ==
+            std::vector<std::string>{"first.a", "first.b", "second.a", "second.b", "head", "<root>"});
+    REQUIRE(units.back().params == std::vector<std::size_t>{0});  // "scale"
+  }
+  SECTION("per child of the root") {
+    o.policy = UnitPolicy::PerChild;
+    const auto units = plan_units(*net, o);
+    check_partition(units);
+    REQUIRE(names_of(units) == std::vector<std::string>{"first", "second", "head", "<root>"});
+    REQUIRE(units[0].params.size() == 4);
+  }
+  SECTION("by size: a subtree with at least min_num_params") {
+    o.policy = UnitPolicy::SizeBased;
+    o.min_num_params = 25;  // a Block has 20 + 10 = 30, a Linear(4, 4) 20
+    const auto units = plan_units(*net, o);
+    check_partition(units);
+    REQUIRE(names_of(units) == std::vector<std::string>{"first", "second", "<root>"});
+  }
+  SECTION("by class, with or without namespace and Impl") {
+    o.policy = UnitPolicy::ClassBased;
+    for (const std::string name : {"Block", "BlockImpl"}) {
+      o.wrap_classes = {name};
+      const auto units = plan_units(*net, o);
+      check_partition(units);
+      REQUIRE(names_of(units) == std::vector<std::string>{"first", "second", "<root>"});
+    }
+    o.wrap_classes = {"torch::nn::LinearImpl"};
+    REQUIRE(names_of(plan_units(*net, o)) ==
+            std::vector<std::string>{"first.a", "first.b", "second.a", "second.b", "head", "<root>"});
+  }
+  SECTION("whole model") {
+    o.policy = UnitPolicy::Whole;
+    const auto units = plan_units(*net, o);
+    check_partition(units);
+    REQUIRE(names_of(units) == std::vector<std::string>{"<root>"});
+  }
+}
+
+namespace {
+struct Recorder : TriggerClient {
+  std::vector<std::vector<std::size_t>> starts, ends;
+  void on_operator_start(const std::vector<std::size_t>& tags) noexcept override { starts.push_back(tags); }
+  void on_operator_end(const std::vector<std::size_t>& tags) noexcept override { ends.push_back(tags); }
+};
+}  // namespace
+
+TEST_CASE("parameter trigger: reports operators on watched storages (views too), never inside Quiet") {
+  Recorder rec;
+  auto w = torch::randn({3, 3}), v = torch::randn({3}), other = torch::randn({3});
+  {
+    ParameterTrigger trigger(rec);
+    trigger.watch(w, 7);
+    trigger.watch(v, 9);
+    (void)(other * 2);
+    REQUIRE(rec.starts.empty());  // not started
+    trigger.start();
+    (void)(other * 2);
+    REQUIRE(rec.starts.empty());  // no watched input
+    (void)torch::mv(w, v);        // may dispatch to nested operators: the first report is mv's own
+    REQUIRE(!rec.starts.empty());
+    REQUIRE(rec.starts[0] == std::vector<std::size_t>{7, 9});
+    REQUIRE(rec.ends.size() == rec.starts.size());
+    const auto before = rec.starts.size();
+    (void)(w.select(0, 1) + 1);  // a view shares the storage
+    REQUIRE(rec.starts.size() > before);
+    REQUIRE(rec.starts.back() == std::vector<std::size_t>{7});
+    const auto quiet_before = rec.starts.size();
+    {
+      Quiet quiet;
+      (void)(w * 3);
+    }
+    REQUIRE(rec.starts.size() == quiet_before);
+    trigger.stop();
+    (void)(w * 3);
+    REQUIRE(rec.starts.size() == quiet_before);
+  }
+  (void)(w * 3);  // destroyed: nothing reported, no crash
+  REQUIRE(rec.ends.size() == rec.starts.size());
+}
+
+TEST_CASE("auto bucket sizes: hidden size is the most common input width of the model's matrices") {
+  using namespace torch::nn;
+  Sequential mlp(Linear(784, 512), ReLU(), Linear(512, 512), ReLU(), Linear(512, 10));
+  CHECK(accel::backends::model_hidden_size(*mlp) == 512);
+  // A transformer block of width 64: embedding, q/k/v, output and first feed-forward matrices read 64 wide,
+  // the second feed-forward matrix 256 wide.
+  Sequential block(Embedding(1000, 64), Linear(64, 192), Linear(64, 64), Linear(64, 256), Linear(256, 64));
+  CHECK(accel::backends::model_hidden_size(*block) == 64);
+  Sequential tie(Linear(8, 4), Linear(16, 4));
+  CHECK(accel::backends::model_hidden_size(*tie) == 16);  // the larger on a tie
+  Sequential no_matrix(LayerNorm(LayerNormOptions({8})));
+  CHECK(accel::backends::model_hidden_size(*no_matrix) == 0);
+  // Accelerate: reduce_bucket_size = hidden² elements; not below 1 MiB.
+  CHECK(accel::backends::auto_bucket_bytes(*mlp, 1.0, 4) == 512u * 512u * 4u);
+  Sequential wide(Linear(1024, 1024), Linear(1024, 1024));
+  CHECK(accel::backends::auto_bucket_bytes(*wide, 0.9, 2) ==
+        static_cast<std::uint64_t>(0.9 * 1024 * 1024) * 2u);
+  CHECK(accel::backends::auto_bucket_bytes(*block, 1.0, 4) == 1u << 20);  // 64² x 4 B = 16 KiB: the floor
+  CHECK(accel::backends::auto_bucket_bytes(*no_matrix, 1.0, 4) == 500000000u);  // DeepSpeed's default
+}

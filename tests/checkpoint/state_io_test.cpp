@@ -1,0 +1,514 @@
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+
+#include <accel/checkpoint/safetensors.hpp>
+
+#include "../../accelerate_cpp/src/checkpoint/model_export.hpp"
+#include "../../accelerate_cpp/src/checkpoint/optimizer_reshard.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+
+namespace {
+
+// A run with everything a checkpoint must carry: dropout (RNG), shuffled data (loader position), Adam
+// (optimizer state), StepLR (scheduler), fp16 or not (scaler), accumulation (counters).
+struct Run {
+  explicit Run(MixedPrecision mp, std::uint64_t init_seed)
+      : model((torch::manual_seed(init_seed), Mlp(6, 0.2))),
+        opt(model->parameters(), torch::optim::AdamOptions(1e-2)),
+        sched(opt, 3, 0.5),
+        acc(AcceleratorOptions().config(test::make_config(mp, 2))) {
+    acc.set_seed(11);
+    acc.prepare(model, opt, sched);
+    loader = acc.prepare_data_loader(Regression(40).map(torch::data::transforms::Stack<>()),
+                                     torch::data::DataLoaderOptions(4));
+  }
+  // Trains until `stop_after` optimizer steps in total (or to the end of `epochs`); returns true if stopped
+  // early.
+  bool train(int epochs, std::int64_t stop_after) {
+    while (loader->epoch() < static_cast<std::uint64_t>(epochs)) {
+      for (auto& batch : *loader) {
+        acc.backward(torch::mse_loss(model(batch.data).to(torch::kFloat32), batch.target));
+        opt.step();
+        if (acc.sync_gradients()) sched.step();
+        opt.zero_grad();
+        if (acc.sync_gradients() && acc.micro_steps() == stop_after * 2) return true;
+      }
+    }
+    return false;
+  }
+  Mlp model;
+  torch::optim::Adam opt;
+  torch::optim::StepLR sched;
+  Accelerator acc;
+  std::unique_ptr<DataLoader<torch::data::datasets::MapDataset<Regression, torch::data::transforms::Stack<>>>>
+      loader;
+};
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr)
+    out += buf;
+  REQUIRE(::pclose(pipe) == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: resuming continues bit-for-bit as if never stopped") {
+  for (auto mp : {MixedPrecision::No, MixedPrecision::Fp16}) {
+    test::TempDir dir;
+    const auto ckpt = (dir.path / "ckpt").string();
+    // Reference: 3 epochs straight through.
+    Run ref(mp, 1);
+    REQUIRE_FALSE(ref.train(3, -1));
+    // Interrupted: stop after 7 optimizer steps (mid-epoch 1), save, throw everything away.
+    {
+      Run first(mp, 1);
+      REQUIRE(first.train(3, 7));
+      first.acc.save_state(ckpt);
+      torch::manual_seed(999);  // disturb the global RNG; load_state must restore it
+    }
+    // Resumed: different initial weights, everything restored from the checkpoint.
+    Run resumed(mp, 2);
+    resumed.acc.load_state(ckpt);
+    REQUIRE(resumed.acc.micro_steps() == 14);
+    REQUIRE_FALSE(resumed.train(3, -1));
+    const auto a = test::snapshot(*ref.model), b = test::snapshot(*resumed.model);
+    for (std::size_t k = 0; k < a.size(); ++k)
+      REQUIRE(torch::equal(a[k], b[k]));
+    REQUIRE(ref.opt.param_groups()[0].options().get_lr() == resumed.opt.param_groups()[0].options().get_lr());
+    REQUIRE(ref.acc.completed_steps() == resumed.acc.completed_steps());
+    if (mp == MixedPrecision::Fp16)
+      REQUIRE(ref.acc.scaler()->get_scale() == resumed.acc.scaler()->get_scale());
+  }
+}
+
+TEST_CASE("checkpoint: a save that fails midway leaves the previous checkpoint intact") {
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 2);
+  run.acc.save_state(ckpt);
+  const auto saved = safetensors::File::open(ckpt + "/model.safetensors");
+  const auto w = saved.info("fc1.weight");
+  std::vector<std::uint8_t> before(saved.data("fc1.weight"), saved.data("fc1.weight") + w.nbytes);
+
+  run.train(1, 4);
+  // A complex buffer cannot be stored in safetensors: the save throws after writing other files.
+  run.model->register_buffer("bad", torch::zeros({2}, torch::kComplexFloat));
+  REQUIRE_THROWS_AS(run.acc.save_state(ckpt), CheckpointError);
+  const auto after = safetensors::File::open(ckpt + "/model.safetensors");
+  REQUIRE(std::vector<std::uint8_t>(after.data("fc1.weight"), after.data("fc1.weight") + w.nbytes) == before);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    entries += e.path().filename() != "" ? 1 : 0;
+  REQUIRE(entries == 1);  // no temporary directory left behind
+}
+
+TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message") {
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  {
+    Run run(MixedPrecision::No, 1);
+    run.acc.save_state(ckpt);
+  }
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  Mlp model;
+  acc.prepare(model);
+  REQUIRE_THROWS_WITH(acc.load_state(ckpt),
+                      ckpt +
+                          ": the checkpoint holds 1 optimizers but 0 were prepared; "
+                          "prepare the same objects, in the same order, as when saving");
+  REQUIRE_THROWS_WITH(acc.load_state((dir.path / "nope").string()),
+                      "load_state: '" + (dir.path / "nope").string() +
+                          "' is not a directory; pass the directory save_state wrote");
+}
+
+TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
+  const std::string python = ACCEL_PYTHON;
+  if (python.empty())
+    FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python> (scripts/setup.sh does)");
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 2);
+  run.acc.save_state(ckpt);
+  const auto out = run_command(python + " " + ACCEL_TESTS_DIR + "/python/read_safetensors.py " + ckpt +
+                               "/model.safetensors");
+  std::map<std::string, std::pair<std::string, double>> seen;
+  std::istringstream lines(out);
+  std::string name, dtype, shape;
+  double sum = 0;
+  while (lines >> name) {
+    if (name == "__metadata__") {
+      std::getline(lines, shape);
+      continue;
+    }
+    lines >> dtype >> shape >> sum;
+    seen[name] = {dtype + " " + shape, sum};
+  }
+  REQUIRE(seen.size() == 4);
+  for (const auto& item : run.model->named_parameters()) {
+    const auto& t = item.value();
+    REQUIRE(seen.count(item.key()) == 1);
+    std::string expect_shape = "float32 [";
+    for (std::int64_t d = 0; d < t.dim(); ++d)
+      expect_shape += (d ? "," : "") + std::to_string(t.size(d));
+    REQUIRE(seen[item.key()].first == expect_shape + "]");
+    REQUIRE(seen[item.key()].second == Approx(t.to(torch::kFloat64).sum().item<double>()).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("export: max_shard_size strings as transformers reads them") {
+  CHECK(accel::detail::parse_shard_size("10GB") == 10000000000ULL);
+  CHECK(accel::detail::parse_shard_size("500MB") == 500000000ULL);
+  CHECK(accel::detail::parse_shard_size("2GiB") == 2147483648ULL);
+  CHECK(accel::detail::parse_shard_size("64kib") == 65536ULL);
+  CHECK(accel::detail::parse_shard_size("1.5KB") == 1500ULL);
+  CHECK(accel::detail::parse_shard_size("1234") == 1234ULL);
+  CHECK_THROWS_WITH(accel::detail::parse_shard_size("10 gigs"),
+                    Catch::Contains("max_shard_size '10 gigs' is not a size"));
+  CHECK_THROWS_AS(accel::detail::parse_shard_size("0"), UsageError);
+}
+
+TEST_CASE("export: shards are cut as huggingface_hub cuts them, and a failed export keeps the earlier one") {
+  test::TempDir dir;
+  const auto out = dir.path / "export";
+  auto f32 = [](std::int64_t n) { return torch::arange(n, torch::kFloat32); };
+  {
+    accel::detail::ShardedExportWriter writer(out, 100);
+    writer.add("a", f32(30));  // 120 bytes > 100: a shard of its own, written at once
+    writer.add("b", f32(10));  // 40
+    writer.add("c", f32(10));  // 80
+    writer.add("d", f32(10));  // 120 > 100: b and c close a shard
+    CHECK(writer.held_bytes() == 40);
+    const ModelExport e = writer.finish();
+    CHECK(e.files ==
+          std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                   "model-00003-of-00003.safetensors", "model.safetensors.index.json"});
+    CHECK(e.total_bytes == 240);
+  }
+  const auto state = accel::detail::read_model_export(out);
+  REQUIRE(state.size() == 4);
+  CHECK(torch::equal(state.at("a"), f32(30)));
+  CHECK(torch::equal(state.at("d"), f32(10)));
+  const auto shard1 = safetensors::File::open((out / "model-00001-of-00003.safetensors").string());
+  CHECK(shard1.names() == std::vector<std::string>{"a"});
+  CHECK(shard1.metadata().at("format") == "pt");
+  {
+    accel::detail::ShardedExportWriter writer(out, 100);
+    writer.add("x", f32(3));
+    // Destroyed before finish (an error while exporting): the shards above stay, nothing new appears.
+  }
+  CHECK(accel::detail::read_model_export(out).size() == 4);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(out))
+    ++files;
+  CHECK(files == 4);
+  {
+    accel::detail::ShardedExportWriter writer(out, 1000);
+    writer.add("x", f32(3));
+    CHECK(writer.finish().files == std::vector<std::string>{"model.safetensors"});
+  }
+  CHECK(accel::detail::read_model_export(out).size() == 1);  // the earlier shards and index are gone
+  std::filesystem::remove(out / "model.safetensors");
+  CHECK_THROWS_WITH(accel::detail::read_model_export(out),
+                    Catch::Contains("has neither model.safetensors nor"));
+}
+
+TEST_CASE("export: save_model then load_model on one process, and a missing shard is named") {
+  test::TempDir dir;
+  const auto out = (dir.path / "m").string();
+  torch::manual_seed(1);
+  Mlp model, other;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt, other);
+  const ModelExport e = acc.save_model(model, out, "100");
+  CHECK(e.files.size() == 4);  // fc1.weight (384 bytes) alone, then fc1.bias, then fc2.*; and the index
+  CHECK(e.total_bytes == (96 + 16 + 16 + 1) * 4);
+  acc.load_model(other, out);
+  const auto got = acc.get_state_dict(other);
+  const auto want = acc.get_state_dict(model);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k)
+    CHECK(torch::equal(got[k].second, want[k].second));
+  std::filesystem::remove(std::filesystem::path(out) / "model-00002-of-00003.safetensors");
+  CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("model-00002-of-00003.safetensors"));
+  CHECK_THROWS_WITH(acc.save_model(model, out, "lots"), Catch::Contains("max_shard_size 'lots'"));
+}
+
+namespace {
+
+// An object with its own save/load (as Accelerate's register_for_checkpointing takes state_dict owners).
+struct Counter {
+  std::int64_t value = 0;
+  void save(torch::serialize::OutputArchive& a) const { a.write("value", torch::tensor(value)); }
+  void load(torch::serialize::InputArchive& a) {
+    torch::Tensor t;
+    a.read("value", t);
+    value = t.item<std::int64_t>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoints: automatic naming, rotation after commit, resume from the newest, custom state") {
+  test::TempDir dir;
+  ProjectConfiguration project;
+  project.project_dir = (dir.path / "run").string();
+  project.automatic_checkpoint_naming = true;
+  project.total_limit = 2;
+  Regression data(8);
+  torch::manual_seed(0);
+  Mlp model, ema;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Counter counter;
+  double best = 0;
+  std::vector<std::string> hook_dirs;
+  Accelerator acc(AcceleratorOptions().config(test::make_config()).project_config(project));
+  acc.prepare(model, opt);
+  acc.register_for_checkpointing(ema);
+  acc.register_for_checkpointing(counter);
+  acc.register_for_checkpointing(
+      [&](torch::serialize::OutputArchive& a) { a.write("best", torch::tensor(best)); },
+      [&](torch::serialize::InputArchive& a) {
+        torch::Tensor t;
+        a.read("best", t);
+        best = t.item<double>();
+      });
+  acc.register_save_state_pre_hook([&](const std::string& d) {
+    std::ofstream(std::filesystem::path(d) / "notes.txt") << "best " << best << "\n";
+  });
+  acc.register_load_state_pre_hook([&](const std::string& d) { hook_dirs.push_back(d); });
+  const auto checkpoints = std::filesystem::path(project.project_dir) / "checkpoints";
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(checkpoints))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  std::vector<torch::Tensor> at_save_2;
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(data.x), data.y));
+    opt.step();
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t k = 0; k < ema->parameters().size(); ++k)
+        ema->parameters()[k].mul_(0.5).add_(model->parameters()[k], 0.5);
+    }
+    counter.value = 10 + i;
+    best = 0.5 * i;
+    const std::string written = acc.save_state();
+    CHECK(written == (checkpoints / ("checkpoint_" + std::to_string(i))).string());
+    if (i == 2) at_save_2 = test::snapshot(*ema);
+  }
+  // total_limit 2: the oldest went once the third was complete.
+  CHECK(listing() == std::vector<std::string>{"checkpoint_1", "checkpoint_2"});
+  CHECK(std::filesystem::exists(checkpoints / "checkpoint_2" / "notes.txt"));  // written by the save hook
+  CHECK(std::filesystem::exists(checkpoints / "checkpoint_2" / "custom_checkpoint_2.pt"));
+  CHECK(acc.project_configuration().iteration == 3);
+
+  // Everything changes, then load_state() brings back the newest checkpoint and continues the numbering.
+  counter.value = -1;
+  best = -1;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : ema->parameters())
+      p.zero_();
+  }
+  CHECK(acc.load_state() == (checkpoints / "checkpoint_2").string());
+  CHECK(hook_dirs == std::vector<std::string>{(checkpoints / "checkpoint_2").string()});
+  CHECK(counter.value == 12);
+  CHECK(best == 1.0);
+  const auto restored = test::snapshot(*ema);
+  for (std::size_t k = 0; k < restored.size(); ++k)
+    CHECK(torch::equal(restored[k], at_save_2[k]));
+  CHECK(acc.project_configuration().iteration == 3);
+  acc.save_state();
+  CHECK(listing() == std::vector<std::string>{"checkpoint_2", "checkpoint_3"});
+
+  // A half-written checkpoint (a crash before commit) is never the newest; a taken name is refused.
+  std::filesystem::create_directories(checkpoints / "checkpoint_9");  // no state file: incomplete
+  std::filesystem::create_directories(checkpoints / "checkpoint_7.tmp-1-abc");
+  CHECK(acc.load_state() == (checkpoints / "checkpoint_3").string());
+  CHECK(acc.project_configuration().iteration == 4);
+  std::filesystem::create_directories(checkpoints / "checkpoint_4");
+  CHECK_THROWS_WITH(acc.save_state(), Catch::Contains("checkpoint_4' already exists"));
+}
+
+TEST_CASE("checkpoints: misuse of automatic naming and of registered objects is named") {
+  test::TempDir dir;
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  {
+    Accelerator acc(AcceleratorOptions().config(test::make_config()));
+    acc.prepare(model, opt);
+    CHECK_THROWS_WITH(acc.save_state(), Catch::Contains("needs automatic checkpoint naming"));
+    CHECK_THROWS_WITH(acc.load_state(), Catch::Contains("pass the directory: load_state(dir)"));
+    Counter counter;
+    acc.register_for_checkpointing(counter);
+    acc.save_state((dir.path / "one").string());
+  }
+  {
+    ProjectConfiguration project;
+    project.project_dir = (dir.path / "empty").string();
+    project.automatic_checkpoint_naming = true;
+    Accelerator acc(AcceleratorOptions().config(test::make_config()).project_config(project));
+    acc.prepare(model, opt);
+    CHECK_THROWS_WITH(acc.load_state(), Catch::Contains("holds no complete checkpoint"));
+    CHECK_THROWS_WITH(acc.load_state((dir.path / "one").string()),
+                      Catch::Contains("holds 1 objects registered for checkpointing but 0 are registered"));
+  }
+  ProjectConfiguration negative;
+  negative.total_limit = -1;
+  CHECK_THROWS_AS(Accelerator(AcceleratorOptions().config(test::make_config()).project_config(negative)),
+                  UsageError);
+}
+
+namespace {
+
+// Two Adam steps on a small model; the last bias gets no gradient, so it has no optimizer state (a parameter
+// unused in the forward pass).
+struct SteppedAdam {
+  torch::nn::Sequential model{torch::nn::Linear(3, 2), torch::nn::Linear(2, 1)};
+  torch::optim::Adam opt{model->parameters(), torch::optim::AdamOptions(0.1)};
+  SteppedAdam() {
+    torch::manual_seed(5);
+    for (int step = 0; step < 2; ++step) {
+      for (auto& item : model->named_parameters()) {
+        if (item.key() != "1.bias") item.value().mutable_grad() = torch::randn_like(item.value());
+      }
+      opt.step();
+    }
+    opt.param_groups()[0].options().set_lr(0.123);
+  }
+  std::vector<torch::nn::Module*> modules() { return {model.ptr().get()}; }
+};
+
+// The flat layout a sharding backend gives one optimizer tensor on rank `rank` of 2: every parameter of the
+// model concatenated, padded to 12 elements, each rank holding 6.
+OptimizerTensorLayout flat_layout(int rank) {
+  OptimizerTensorLayout l;
+  l.pieces = {{"0.weight", 0, 6}, {"0.bias", 6, 2}, {"1.weight", 8, 2}, {"1.bias", 10, 1}};
+  l.flat_numel = 12;
+  l.begin = 6 * rank;
+  l.length = 6;
+  return l;
+}
+
+torch::Tensor flat_state(torch::optim::Adam& opt, const std::string& name) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : opt.param_groups()[0].params()) {
+    const auto it = opt.state().find(p.unsafeGetTensorImpl());
+    if (it == opt.state().end()) {
+      parts.push_back(torch::zeros({p.numel()}));
+      continue;
+    }
+    auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
+    parts.push_back((name == "exp_avg" ? s.exp_avg() : s.exp_avg_sq()).reshape({-1}));
+  }
+  parts.push_back(torch::zeros({1}));  // padding
+  return torch::cat(parts);
+}
+
+std::function<torch::Tensor(const std::string&)> lookup_in(const NamedTensors& state) {
+  return [state](const std::string& key) {
+    for (const auto& [name, t] : state) {
+      if (name == key) return t;
+    }
+    return torch::Tensor();
+  };
+}
+
+}  // namespace
+
+TEST_CASE("optimizer_reshard: state saved by one process is split onto 2 flat shards and joined again") {
+  SteppedAdam saved;
+  const auto layouts = accel::detail::identity_layouts(saved.opt, saved.modules());
+  REQUIRE(layouts.size() == 4);
+  const auto shapes = accel::detail::parameter_shapes(saved.modules());
+  const auto never = [](const torch::Tensor&) -> torch::Tensor {
+    FAIL("no tensor of an unsharded layout is gathered");
+    return {};
+  };
+  const auto full = accel::detail::consolidate_optimizer_state(saved.opt, layouts, shapes, never, true);
+  // lr, then step/exp_avg/exp_avg_sq of the three parameters that stepped; none for the unused bias.
+  CHECK(full.size() == 1 + 3 * 3);
+  CHECK(lookup_in(full)("1.bias/exp_avg").defined() == false);
+  CHECK(lookup_in(full)("0.weight/exp_avg").sizes() == torch::IntArrayRef({2, 3}));
+
+  // Restore onto the two shards of a flat layout (what a sharded backend's optimizer holds).
+  std::vector<torch::Tensor> shard_params;
+  std::vector<std::unique_ptr<torch::optim::Adam>> shards;
+  for (int r = 0; r < 2; ++r) {
+    shard_params.push_back(torch::zeros({6}, torch::requires_grad()));
+    shards.push_back(std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{shard_params.back()},
+                                                          torch::optim::AdamOptions(1.0)));
+    accel::detail::restore_optimizer_state(*shards[r], {flat_layout(r)}, lookup_in(full));
+    CHECK(shards[r]->param_groups()[0].options().get_lr() == Approx(0.123));
+    auto& s = static_cast<torch::optim::AdamParamState&>(
+        *shards[r]->state().at(shard_params[r].unsafeGetTensorImpl()));
+    CHECK(s.step() == 2);
+    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+      const auto expected = flat_state(saved.opt, name).narrow(0, 6 * r, 6);
+      const auto got = std::string(name) == "exp_avg" ? s.exp_avg() : s.exp_avg_sq();
+      CHECK(torch::equal(got, expected));  // the unused bias and the padding start from zero
+    }
+  }
+
+  // Join the shards again: rank 1's slices are recorded first, then rank 0 gathers [its own, rank 1's].
+  std::vector<torch::Tensor> from_rank1;
+  const auto record = [&](const torch::Tensor& t) {
+    from_rank1.push_back(t.clone());
+    return torch::zeros({12});
+  };
+  const auto ignored =
+      accel::detail::consolidate_optimizer_state(*shards[1], {flat_layout(1)}, shapes, record, false);
+  CHECK(ignored.empty());
+  REQUIRE(from_rank1.size() == 2);
+  std::size_t k = 0;
+  const auto gather = [&](const torch::Tensor& t) { return torch::cat({t, from_rank1.at(k++)}); };
+  const auto joined =
+      accel::detail::consolidate_optimizer_state(*shards[0], {flat_layout(0)}, shapes, gather, true);
+  CHECK(k == 2);
+  for (const auto& [name, t] : full) {
+    INFO(name);
+    const auto other = lookup_in(joined)(name);
+    REQUIRE(other.defined());
+    CHECK(torch::allclose(other.to(torch::kFloat64), t.to(torch::kFloat64)));
+  }
+  // The unused bias comes back as zeros (it is part of a stepped flat tensor now).
+  CHECK(torch::equal(lookup_in(joined)("1.bias/exp_avg"), torch::zeros({1})));
+}
+
+TEST_CASE("optimizer_reshard: fingerprints tell layouts apart, and foreign tensors block conversion") {
+  CHECK(accel::detail::layout_fingerprint({flat_layout(0)}) ==
+        accel::detail::layout_fingerprint({flat_layout(0)}));
+  CHECK(accel::detail::layout_fingerprint({flat_layout(0)}) !=
+        accel::detail::layout_fingerprint({flat_layout(1)}));
+  auto other = flat_layout(0);
+  other.pieces[1].param = "0.bias_renamed";
+  CHECK(accel::detail::layout_fingerprint({other}) != accel::detail::layout_fingerprint({flat_layout(0)}));
+
+  SteppedAdam saved;
+  auto extra = torch::zeros({3}, torch::requires_grad());
+  saved.opt.param_groups()[0].params().push_back(extra);
+  CHECK(accel::detail::identity_layouts(saved.opt, saved.modules()).empty());
+  CHECK(accel::detail::qualified_name(0, "w") == "w");
+  CHECK(accel::detail::qualified_name(2, "w") == "2:w");
+}

@@ -1,0 +1,956 @@
+// Tests of accel::Config: defaults, Accelerate compatibility, round trips and the exact text of every error.
+
+#include "accel/config/config.hpp"
+#include "accel/monitor/memory.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#ifndef ACCEL_TEST_DATA_DIR
+#error "compile with -DACCEL_TEST_DATA_DIR=\"<path to tests/fixtures>\""
+#endif
+#ifndef ACCEL_CONFIG_TEMPLATE_DIR
+#define ACCEL_CONFIG_TEMPLATE_DIR ACCEL_TEST_DATA_DIR "/../../config_templates"
+#endif
+
+namespace {
+
+std::string data_file(const std::string& name) {
+  return std::string(ACCEL_TEST_DATA_DIR) + "/config/" + name;
+}
+
+std::string template_file(const std::string& name) {
+  return std::string(ACCEL_CONFIG_TEMPLATE_DIR) + "/" + name;
+}
+
+// The ConfigError thrown by loading `path`; fails the test when nothing is thrown.
+accel::ConfigError load_error(const std::string& path) {
+  try {
+    accel::Config::load_file(path);
+  } catch (const accel::ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError from " << path);
+  throw;  // unreachable: FAIL throws
+}
+
+accel::ConfigError string_error(const std::string& yaml) {
+  try {
+    accel::Config::load_string(yaml, "inline.yaml");
+  } catch (const accel::ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError from:\n" << yaml);
+  throw;
+}
+
+// Loads a bad file from tests/fixtures/config and returns its message with the path prefix removed, so that
+// the expectations below read like what a user sees for `accel-launch launch --config_file <name>`.
+std::string bad_file_message(const std::string& name) {
+  const std::string path = data_file(name);
+  const std::string message = load_error(path).what();
+  REQUIRE(message.rfind(path, 0) == 0);
+  return name + message.substr(path.size());
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults", "[config]") {
+  const accel::Config c;
+  CHECK(c.config_version == 1);
+  CHECK(c.compute_environment == "LOCAL_MACHINE");
+  CHECK(c.backend == "local");
+  CHECK_FALSE(c.use_cpu);
+  CHECK_FALSE(c.debug);
+  CHECK(c.gpu_ids == "all");
+  CHECK(c.num_processes == 1);
+  CHECK(c.num_machines == 1);
+  CHECK(c.machine_rank == 0);
+  CHECK(c.main_process_ip.empty());
+  CHECK(c.main_process_port == 29500);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);
+  CHECK(c.gradient_accumulation_steps == 1);
+  CHECK(c.collective_timeout_seconds == 1800);
+  CHECK_FALSE(c.seed.has_value());
+  CHECK(c.even_batches);
+  CHECK_FALSE(c.split_batches);
+  CHECK(c.ddp_bucket_cap_mb == 25);
+  CHECK(c.ddp_first_bucket_cap_mb == 1);
+  CHECK_FALSE(c.ddp_find_unused_parameters);
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::FullShard);
+  CHECK(c.fsdp.reshard_after_forward());
+  CHECK(c.zero.stage == 2);
+  CHECK(c.zero.reduce_bucket_size == 500000000u);
+  CHECK(c.source.empty());
+  CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("config: empty input means defaults", "[config]") {
+  const accel::Config from_file = accel::Config::load_file(data_file("empty.yaml"));
+  CHECK(from_file == accel::Config{});
+  CHECK(from_file.source == data_file("empty.yaml"));
+  CHECK(accel::Config::load_string("") == accel::Config{});
+  CHECK(accel::Config::load_string("---\n").source == "<string>");
+}
+
+TEST_CASE("config: real Accelerate multi-GPU file loads", "[config]") {
+  const accel::Config c = accel::Config::load_file(template_file("accelerate_multi_gpu.yaml"));
+  CHECK(c.num_processes == 2);
+  CHECK(c.backend == "ddp");
+  CHECK(c.mixed_precision == accel::MixedPrecision::Fp16);
+  CHECK_FALSE(c.use_cpu);
+  CHECK(c.gpu_ids == "all");
+  CHECK(c.num_machines == 1);
+  CHECK(c.machine_rank == 0);
+}
+
+TEST_CASE("config: annotated local template loads as the defaults", "[config]") {
+  accel::Config c = accel::Config::load_file(template_file("local.yaml"));
+  CHECK(c == accel::Config{});
+}
+
+TEST_CASE("config: fsdp section parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("accelerate_fsdp.yaml"));
+  CHECK(c.backend == "fsdp");
+  CHECK(c.num_processes == 4);
+  CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);  // Accelerate's numeric form 2
+  CHECK_FALSE(c.fsdp.reshard_after_forward());
+  CHECK(c.fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap);
+  CHECK(c.fsdp.transformer_layer_cls_to_wrap == "TransformerBlock");
+  CHECK(c.fsdp.backward_prefetch == accel::BackwardPrefetch::BackwardPost);  // older key name
+  CHECK(c.fsdp.forward_prefetch);
+  CHECK(c.fsdp.offload_params);
+  CHECK(c.fsdp.state_dict_type == accel::StateDictType::ShardedStateDict);
+  CHECK(c.fsdp.activation_checkpointing);
+  CHECK(c.fsdp.min_num_params == 1000000);
+  CHECK(c.fsdp.version == 2);
+  CHECK(c.fsdp.cpu_ram_efficient_loading);
+  CHECK(c.fsdp.sync_module_states);
+  CHECK(c.fsdp.use_orig_params);
+}
+
+TEST_CASE("config: fsdp_reshard_after_forward maps onto the sharding strategy", "[config]") {
+  const accel::Config c = accel::Config::load_string(
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_reshard_after_forward: false\n");
+  CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
+  const accel::Config d = accel::Config::load_string("fsdp_config:\n  fsdp_sharding_strategy: 3\n");
+  CHECK(d.fsdp.sharding_strategy == accel::ShardingStrategy::NoShard);
+}
+
+TEST_CASE("config: deepspeed section parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("accelerate_deepspeed.yaml"));
+  CHECK(c.backend == "zero");
+  CHECK(c.num_processes == 8);
+  CHECK(c.num_machines == 2);
+  CHECK(c.machine_rank == 1);
+  CHECK(c.main_process_ip == "10.0.0.1");
+  CHECK(c.main_process_port == 29501);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);
+  CHECK(c.gradient_accumulation_steps == 8);  // from deepspeed_config
+  CHECK(c.zero.stage == 3);
+  CHECK(c.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.offload_param_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.gradient_clipping == 1.0);
+  CHECK(c.zero.zero3_init_flag);
+  CHECK(c.zero.zero3_save_16bit_model);
+  CHECK(c.zero.reduce_bucket_size == 500000000u);  // written as 5e8
+  CHECK(c.zero.allgather_bucket_size == 200000000u);
+  CHECK(c.zero.stage3_prefetch_bucket_size == 50000000u);  // written as 5.0e+7
+  CHECK(c.zero.activation_checkpointing);
+}
+
+TEST_CASE("config: accelerate-cpp keys parsed", "[config]") {
+  const accel::Config c = accel::Config::load_file(data_file("ours.yaml"));
+  CHECK(c.backend == "ddp");
+  CHECK(c.use_cpu);
+  CHECK(c.num_processes == 2);
+  CHECK(c.mixed_precision == accel::MixedPrecision::No);  // YAML false
+  CHECK(c.collective_timeout_seconds == 60.5);
+  REQUIRE(c.seed.has_value());
+  CHECK(*c.seed == 1234u);
+  CHECK_FALSE(c.even_batches);
+  CHECK(c.split_batches);
+  CHECK(c.ddp_bucket_cap_mb == 50);
+  CHECK(c.ddp_first_bucket_cap_mb == 2.5);
+  CHECK(c.ddp_find_unused_parameters);
+  CHECK(c.main_process_ip.empty());  // null keeps the default
+}
+
+TEST_CASE("config: backend and distributed_type", "[config]") {
+  auto backend_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).backend; };
+  CHECK(backend_of("distributed_type: 'NO'\n") == "local");
+  CHECK(backend_of("distributed_type: NO\n") == "local");
+  CHECK(backend_of("distributed_type: MULTI_GPU\nnum_processes: 2\n") == "ddp");
+  CHECK(backend_of("distributed_type: FSDP\n") == "fsdp");
+  CHECK(backend_of("distributed_type: DEEPSPEED\n") == "zero");
+  CHECK(backend_of("backend: zero\ndistributed_type: DEEPSPEED\n") == "zero");
+  CHECK(backend_of("backend: FSDP\n") == "fsdp");
+  const accel::Config cpu = accel::Config::load_string("distributed_type: MULTI_CPU\nnum_processes: 2\n");
+  CHECK(cpu.backend == "ddp");
+  CHECK(cpu.use_cpu);  // MULTI_CPU implies use_cpu
+
+  const accel::ConfigError e = string_error("backend: zero\ndistributed_type: FSDP\n");
+  CHECK(std::string(e.what()) ==
+        "inline.yaml:1: backend: 'zero' disagrees with distributed_type 'FSDP' (line 2), which means backend "
+        "fsdp; "
+        "make them agree or remove one of them");
+  CHECK(e.line() == 1);
+  CHECK(e.key() == "backend");
+  CHECK(e.file() == "inline.yaml");
+}
+
+TEST_CASE("config: mixed precision values", "[config]") {
+  using accel::MixedPrecision;
+  auto mode_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).mixed_precision; };
+  CHECK(mode_of("mixed_precision: no\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: 'no'\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: false\n") == MixedPrecision::No);
+  CHECK(mode_of("mixed_precision: fp16\n") == MixedPrecision::Fp16);
+  CHECK(mode_of("mixed_precision: BF16\n") == MixedPrecision::Bf16);
+  CHECK(mode_of("mixed_precision:\n") == MixedPrecision::No);
+}
+
+TEST_CASE("config: pipeline_config section", "[config]") {
+  const auto c = accel::Config::load_string(
+      "backend: ddp\nnum_processes: 2\npipeline_config:\n  stages: 2\n  micro_batches: 4\n  schedule: "
+      "GPipe\n  partition: "
+      "'0,3,6'\n");
+  CHECK(c.pipeline.stages == 2);
+  CHECK(c.pipeline.micro_batches == 4);
+  CHECK(c.pipeline.schedule == accel::pipeline::Schedule::GPipe);
+  CHECK(c.pipeline.partition == "0,3,6");
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK(accel::Config{}.pipeline.schedule == accel::pipeline::Schedule::OneFOneB);
+  CHECK(std::string(string_error("pipeline_config:\n  schedule: zigzag\n").what()) ==
+        "inline.yaml:2: pipeline_config.schedule: 'zigzag' is not a pipeline schedule; allowed values: 1f1b, "
+        "gpipe");
+  CHECK(string_error("pipeline_config:\n  partition: zigzag\n").key() == "pipeline_config.partition");
+  CHECK(accel::Config::load_string("backend: ddp\nnum_processes: 4\npipeline_config:\n  stages: 2\n")
+            .pipeline.stages == 2);  // 2 stages x 2 data-parallel replicas
+  CHECK(std::string(string_error("backend: ddp\nnum_processes: 3\npipeline_config:\n  stages: 2\n").what())
+            .find("pipeline_config.stages (2) must divide num_processes (3)") != std::string::npos);
+  CHECK(string_error("pipeline_config:\n  stagez: 2\n").key() == "pipeline_config.stagez");
+}
+
+TEST_CASE("config: ddp_comm_hook values", "[config]") {
+  using accel::CommHook;
+  auto hook_of = [](const std::string& yaml) { return accel::Config::load_string(yaml).ddp_comm_hook; };
+  CHECK(hook_of("") == CommHook::No);
+  CHECK(hook_of("ddp_comm_hook: no\n") == CommHook::No);
+  CHECK(hook_of("ddp_comm_hook: FP16\n") == CommHook::Fp16);
+  CHECK(hook_of("ddp_comm_hook: bf16\n") == CommHook::Bf16);
+  accel::Config c;
+  c.ddp_comm_hook = CommHook::Bf16;
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK(hook_of("ddp_comm_hook: power_sgd\n") == CommHook::PowerSgd);
+  const auto psgd = accel::Config::load_string(
+      "ddp_comm_hook: power_sgd\nddp_comm_powersgd_rank: 4\nddp_comm_powersgd_start_iter: 0\n");
+  CHECK(psgd.ddp_comm_powersgd_rank == 4);
+  CHECK(psgd.ddp_comm_powersgd_start_iter == 0);
+  CHECK(accel::Config::load_string(psgd.to_yaml()) == psgd);
+  CHECK(string_error("ddp_comm_powersgd_rank: 0\n").key() == "ddp_comm_powersgd_rank");
+  CHECK(
+      std::string(string_error("ddp_comm_hook: batched_power_sgd\n").what()) ==
+      "inline.yaml:1: ddp_comm_hook: 'batched_power_sgd' is not supported by accelerate-cpp; allowed values: "
+      "no, fp16, bf16, power_sgd");
+  CHECK(string_error("ddp_comm_hook: fp32\n").key() == "ddp_comm_hook");
+}
+
+TEST_CASE("config: accepted Accelerate keys without meaning here", "[config]") {
+  // Accelerate writes these with their "off" values; they load, leave every setting as it was, and the keys
+  // beside them still mean what they say.
+  const accel::Config c = accel::Config::load_string(
+      "dynamo_config: {}\ndynamo_backend: 'NO'\nmegatron_lm_config: {}\ntpu_name: null\ntpu_zone: null\n"
+      "commands: null\ncommand_file: null\nmain_process_port: 0\ngradient_accumulation_steps: 4\n");
+  CHECK(c.main_process_port == 0);
+  CHECK(c.gradient_accumulation_steps == 4);
+  accel::Config expected;
+  expected.main_process_port = 0;
+  expected.gradient_accumulation_steps = 4;
+  CHECK(c.to_yaml() == expected.to_yaml());
+  const accel::Config d =
+      accel::Config::load_string("dynamo_config:\n  dynamo_backend: NO\n  dynamo_mode: default\n");
+  CHECK(d.to_yaml() == accel::Config().to_yaml());
+}
+
+TEST_CASE("config: round trip through to_yaml", "[config]") {
+  accel::Config c;
+  c.backend = "fsdp";
+  c.num_processes = 8;
+  c.num_machines = 2;
+  c.machine_rank = 1;
+  c.main_process_ip = "192.168.1.10";
+  c.main_process_port = 0;
+  c.gpu_ids = "0,1,2,3";
+  c.mixed_precision = accel::MixedPrecision::Bf16;
+  c.gradient_accumulation_steps = 4;
+  c.collective_timeout_seconds = 0.1;
+  c.seed = 18446744073709551615ull;
+  c.even_batches = false;
+  c.split_batches = true;
+  c.ddp_bucket_cap_mb = 12.5;
+  c.debug = true;
+  c.fsdp.sharding_strategy = accel::ShardingStrategy::NoShard;
+  c.fsdp.auto_wrap_policy = accel::AutoWrapPolicy::TransformerBasedWrap;
+  c.fsdp.transformer_layer_cls_to_wrap = "Block, it's";
+  c.fsdp.backward_prefetch = accel::BackwardPrefetch::NoPrefetch;
+  c.fsdp.version = 2;
+  c.zero.stage = 3;
+  c.zero.offload_param_device = accel::OffloadDevice::Cpu;
+  c.zero.gradient_clipping = 0.5;
+  c.zero.reduce_bucket_size = 123;
+
+  const accel::Config back = accel::Config::load_string(c.to_yaml(), "roundtrip");
+  CHECK(back == c);
+  CHECK(back.source == "roundtrip");
+  CHECK(back.to_yaml() == c.to_yaml());
+
+  for (const char* name : {"accelerate_fsdp.yaml", "accelerate_deepspeed.yaml", "ours.yaml", "empty.yaml"}) {
+    const accel::Config loaded = accel::Config::load_file(data_file(name));
+    CHECK(accel::Config::load_string(loaded.to_yaml()) == loaded);
+  }
+  const accel::Config multi_gpu = accel::Config::load_file(template_file("accelerate_multi_gpu.yaml"));
+  const std::string yaml = multi_gpu.to_yaml();
+  CHECK(yaml.find("distributed_type: MULTI_GPU\n") != std::string::npos);
+  CHECK(yaml.find("mixed_precision: 'fp16'\n") != std::string::npos);
+  CHECK(accel::Config::load_string(yaml) == multi_gpu);
+}
+
+TEST_CASE("config: save_file creates parent directories", "[config]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("accel_config_test_" + std::to_string(::getpid()));
+  const std::string path = (dir / "nested" / "deeper" / "config.yaml").string();
+  accel::Config c;
+  c.backend = "zero";
+  c.num_processes = 2;
+  c.save_file(path);
+  const accel::Config back = accel::Config::load_file(path);
+  CHECK(back == c);
+  CHECK(back.source == path);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("config: validate checks cross-field rules", "[config]") {
+  accel::Config c;
+  c.backend = "ddp";
+  c.num_processes = 2;
+  c.num_machines = 2;
+  c.machine_rank = 2;
+  try {
+    c.validate();
+    FAIL("validate() accepted machine_rank == num_machines");
+  } catch (const accel::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+    CHECK(e.line() == 0);
+    CHECK(e.key() == "machine_rank");
+  }
+  c.source = "bad.yaml";
+  try {
+    c.validate();
+    FAIL("validate() accepted machine_rank == num_machines");
+  } catch (const accel::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "bad.yaml: machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+  }
+  c.machine_rank = 0;
+  CHECK_NOTHROW(c.validate());
+
+  accel::Config port;
+  port.main_process_port = 70000;
+  CHECK_THROWS_WITH(port.validate(), "main_process_port (70000) must be in 0..65535 (0 picks a free port)");
+  accel::Config steps;
+  steps.gradient_accumulation_steps = 0;
+  CHECK_THROWS_WITH(steps.validate(), "gradient_accumulation_steps (0) must be at least 1");
+  accel::Config none;
+  none.num_processes = 0;
+  CHECK_THROWS_WITH(none.validate(), "num_processes (0) must be at least 1");
+  accel::Config multiple;
+  multiple.backend = "ddp";
+  multiple.num_machines = 4;
+  multiple.num_processes = 6;
+  CHECK_THROWS_WITH(
+      multiple.validate(),
+      "num_processes (6) must be a multiple of num_machines (4), as it counts the processes of all "
+      "machines; set num_processes to 4 or 8");
+  accel::Config version;
+  version.config_version = 3;
+  CHECK_THROWS_AS(version.validate(), accel::ConfigError);
+}
+
+TEST_CASE("config: to_string and parse functions", "[config]") {
+  CHECK(accel::to_string(accel::MixedPrecision::Bf16) == "bf16");
+  CHECK(accel::to_string(accel::ShardingStrategy::ShardGradOp) == "SHARD_GRAD_OP");
+  CHECK(accel::to_string(accel::AutoWrapPolicy::PerChildWrap) == "PER_CHILD_WRAP");
+  CHECK(accel::to_string(accel::OffloadDevice::Cpu) == "cpu");
+  CHECK(accel::parse_backend("ddp") == "ddp");
+  CHECK(accel::parse_backend("FSDP") == "fsdp");
+  CHECK(accel::parse_backend("deepspeed") == "zero");
+  CHECK(accel::parse_mixed_precision("fp16") == accel::MixedPrecision::Fp16);
+  CHECK_THROWS_WITH(
+      accel::parse_backend("dpp"),
+      "backend: invalid value 'dpp' (did you mean 'ddp'?); allowed values: local, ddp, fsdp, zero");
+
+  // The backends describe themselves (backends/<name>/<name>_config.cpp); nothing in the config core names
+  // one, so these facts come from the backend folders.
+  std::vector<std::string> names;
+  for (const accel::BackendInfo& info : accel::config_backends())
+    names.push_back(info.name);
+  CHECK(names == std::vector<std::string>{"local", "ddp", "fsdp", "zero"});
+  REQUIRE(accel::find_backend("zero") != nullptr);
+  CHECK(accel::find_backend("zero")->section == "deepspeed_config");
+  CHECK(accel::find_backend("zero")->aliases == std::vector<std::string>{"deepspeed"});
+  CHECK(accel::find_backend("fsdp")->section == "fsdp_config");
+  CHECK(accel::find_backend("ddp")->distributed_types == std::vector<std::string>{"MULTI_CPU", "MULTI_GPU"});
+  CHECK(accel::find_backend("local")->max_processes == 1);
+  CHECK(accel::find_backend("deepspeed") == nullptr);  // canonical names only
+  CHECK(static_cast<bool>(accel::find_backend("fsdp")->ask_settings));
+  CHECK_FALSE(static_cast<bool>(accel::find_backend("ddp")->ask_settings));
+  CHECK(accel::backend_for_processes("local", 1) == "local");
+  CHECK(accel::backend_for_processes("local", 4) == "ddp");
+  CHECK(accel::backend_for_processes("zero", 4) == "zero");
+  CHECK(accel::backend_for_processes("my_own", 4) == "my_own");  // a backend a program registered itself
+  CHECK_THROWS_WITH(
+      accel::parse_mixed_precision("fp8"),
+      "mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, bf16");
+}
+
+TEST_CASE("config: missing file", "[config]") {
+  const std::string path = data_file("does_not_exist.yaml");
+  const accel::ConfigError e = load_error(path);
+  CHECK(std::string(e.what()) == "cannot open config file '" + path +
+                                     "': No such file or directory; create one with 'accel-launch config'");
+  CHECK(e.file() == path);
+  CHECK(e.line() == 0);
+}
+
+TEST_CASE("config: error location accessors", "[config]") {
+  const accel::ConfigError e = load_error(data_file("fsdp_unknown_key.yaml"));
+  CHECK(e.file() == data_file("fsdp_unknown_key.yaml"));
+  CHECK(e.line() == 4);
+  CHECK(e.key() == "fsdp_config.fsdp_sharding_stratgy");
+  const accel::ConfigError m = load_error(data_file("machine_rank.yaml"));
+  CHECK(m.line() == 4);
+  CHECK(m.key() == "machine_rank");
+  const accel::ConfigError s = load_error(data_file("syntax_error.yaml"));
+  CHECK(s.line() == 3);
+  CHECK(s.key().empty());
+}
+
+TEST_CASE("config: bad files give exact messages", "[config]") {
+  // Each file in tests/fixtures/config has exactly one problem; the message must name file, line, key and the
+  // fix.
+  CHECK(bad_file_message("unknown_key.yaml") ==
+        "unknown_key.yaml:3: unknown key 'mixed_precison' (did you mean 'mixed_precision'?)");
+  CHECK(bad_file_message("invalid_mixed_precision.yaml") ==
+        "invalid_mixed_precision.yaml:2: mixed_precision: invalid value 'fp32'; allowed values: no, fp16, "
+        "bf16");
+  CHECK(bad_file_message("bad_integer.yaml") ==
+        "bad_integer.yaml:4: num_processes: expected a positive integer, got 'two'");
+  CHECK(bad_file_message("machine_rank.yaml") ==
+        "machine_rank.yaml:4: machine_rank (2) must be less than num_machines (2); set machine_rank to 0..1");
+  CHECK(bad_file_message("syntax_error.yaml") ==
+        "syntax_error.yaml:3: YAML syntax error: illegal map value (column 8); check the indentation and "
+        "quoting "
+        "on this line and the one above");
+  CHECK(bad_file_message("not_mapping.yaml") ==
+        "not_mapping.yaml:1: expected a mapping of 'key: value' lines at the top level, got a sequence; see "
+        "config_templates/local.yaml for an example");
+  CHECK(bad_file_message("duplicate_key.yaml") ==
+        "duplicate_key.yaml:3: duplicate key 'num_processes' (first set on line 1); keep only one of them");
+  CHECK(bad_file_message("fsdp_unknown_key.yaml") ==
+        "fsdp_unknown_key.yaml:4: unknown key 'fsdp_config.fsdp_sharding_stratgy' (did you mean "
+        "'fsdp_config.fsdp_sharding_strategy'?)");
+  CHECK(bad_file_message("misplaced_fsdp_key.yaml") ==
+        "misplaced_fsdp_key.yaml:3: unknown key 'fsdp_offload_params' (did you mean "
+        "'fsdp_config.fsdp_offload_params'? it belongs inside the fsdp_config: section)");
+  CHECK(
+      bad_file_message("backend_mismatch.yaml") ==
+      "backend_mismatch.yaml:1: backend: 'fsdp' disagrees with distributed_type 'MULTI_GPU' (line 3), which "
+      "means backend ddp; make them agree or remove one of them");
+  CHECK(bad_file_message("non_string_key.yaml") ==
+        "non_string_key.yaml:2: keys must be plain names such as 'num_processes', got a sequence as a key");
+  CHECK(bad_file_message("dynamo.yaml") ==
+        "dynamo.yaml:3: dynamo_config.dynamo_backend: 'INDUCTOR' is not supported by accelerate-cpp "
+        "(LibTorch has "
+        "no torch.compile); set dynamo_backend: 'NO' or remove it");
+  CHECK(bad_file_message("wrong_type.yaml") ==
+        "wrong_type.yaml:1: num_processes: expected a positive integer, got a mapping");
+  CHECK(bad_file_message("nvme.yaml") ==
+        "nvme.yaml:5: deepspeed_config.offload_optimizer_device: 'nvme' is not supported by accelerate-cpp; "
+        "allowed values: none, cpu");
+  CHECK(
+      bad_file_message("config_version.yaml") ==
+      "config_version.yaml:1: config_version: this build of accelerate-cpp reads config_version 1 only, got "
+      "'2'; upgrade accelerate-cpp or write a new file with 'accel-launch config'");
+  CHECK(bad_file_message("fp8.yaml") ==
+        "fp8.yaml:1: mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, "
+        "bf16");
+  CHECK(bad_file_message("bad_bool.yaml") == "bad_bool.yaml:1: debug: expected true or false, got 'maybe'");
+  CHECK(bad_file_message("bad_port.yaml") ==
+        "bad_port.yaml:1: main_process_port: expected a port number from 0 to 65535, got '70000'");
+  CHECK(bad_file_message("not_multiple.yaml") ==
+        "not_multiple.yaml:3: num_processes (3) must be a multiple of num_machines (2), as it counts the "
+        "processes of all machines; set num_processes to 2 or 4");
+  CHECK(
+      bad_file_message("local_multi_process.yaml") ==
+      "local_multi_process.yaml:2: num_processes (2) needs a distributed backend, but the backend is "
+      "local; set distributed_type: MULTI_CPU | MULTI_GPU | FSDP | DEEPSPEED (or backend: one of ddp, fsdp, "
+      "zero), or num_processes: 1");
+  CHECK(bad_file_message("reshard_conflict.yaml") ==
+        "reshard_conflict.yaml:5: fsdp_config.fsdp_reshard_after_forward: false disagrees with "
+        "fsdp_sharding_strategy 'FULL_SHARD' (line 4); reshard_after_forward true means FULL_SHARD and false "
+        "means SHARD_GRAD_OP: make them agree or remove one");
+  CHECK(bad_file_message("accumulation_conflict.yaml") ==
+        "accumulation_conflict.yaml:5: deepspeed_config.gradient_accumulation_steps: 4 disagrees with "
+        "gradient_accumulation_steps 2 (line 1); make them agree or remove one of them");
+  CHECK(bad_file_message("offload_param_stage2.yaml") ==
+        "offload_param_stage2.yaml:5: deepspeed_config.offload_param_device: cpu needs zero_stage 3, but "
+        "zero_stage is 2; set zero_stage: 3 or offload_param_device: none");
+  CHECK(bad_file_message("section_not_mapping.yaml") ==
+        "section_not_mapping.yaml:1: fsdp_config: expected a mapping of fsdp_* keys (or {}), got 'yes'");
+  CHECK(
+      bad_file_message("two_documents.yaml") ==
+      "two_documents.yaml:3: a second YAML document starts here; a config file holds exactly one (remove the "
+      "'---' line and what follows, or merge the two)");
+  CHECK(bad_file_message("unsupported_distributed_type.yaml") ==
+        "unsupported_distributed_type.yaml:1: distributed_type: 'XLA' is not supported by accelerate-cpp; "
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+  CHECK(bad_file_message("distributed_type_typo.yaml") ==
+        "distributed_type_typo.yaml:1: distributed_type: invalid value 'MULTI_GPUS' (did you mean "
+        "'MULTI_GPU'?); "
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+  CHECK(
+      bad_file_message("deepspeed_unknown_key.yaml") ==
+      "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
+      "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
+      "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
+      "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, stage3_prefetch_bucket_size, "
+      "activation_checkpointing, deepspeed_multinode_launcher, deepspeed_config_file");
+  CHECK(
+      bad_file_message("sagemaker.yaml") ==
+      "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
+      "values: LOCAL_MACHINE");
+  CHECK(bad_file_message("bad_bucket_size.yaml") ==
+        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a positive number of bytes "
+        "(such "
+        "as 500000000 or 5e8) or auto, got '5.5e-3'");
+  CHECK(bad_file_message("multi_cpu_use_cpu.yaml") ==
+        "multi_cpu_use_cpu.yaml:2: use_cpu: false contradicts distributed_type 'MULTI_CPU' (line 1); set "
+        "use_cpu: "
+        "true, or distributed_type: MULTI_GPU to train on GPUs");
+  CHECK(bad_file_message("hybrid_shard.yaml") ==
+        "hybrid_shard.yaml:4: fsdp_config.fsdp_sharding_strategy: 'HYBRID_SHARD' is not supported by "
+        "accelerate-cpp; allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  CHECK(bad_file_message("bad_timeout.yaml") ==
+        "bad_timeout.yaml:1: collective_timeout_seconds: expected a positive number of seconds, got '-5'");
+}
+
+TEST_CASE("config: the full message keeps the path exactly as passed", "[config]") {
+  const std::string path = data_file("unknown_key.yaml");
+  const accel::ConfigError e = load_error(path);
+  REQUIRE(e.what() == path + ":3: unknown key 'mixed_precison' (did you mean 'mixed_precision'?)");
+  CHECK(e.line() == 3);
+  CHECK(e.key() == "mixed_precison");
+  CHECK(e.file() == path);
+}
+
+TEST_CASE("config: inline errors", "[config]") {
+  CHECK(std::string(string_error("Num_Processes: 2\n").what()) ==
+        "inline.yaml:1: unknown key 'Num_Processes' (did you mean 'num_processes'?)");
+  CHECK(std::string(string_error("fsdp_config:\n  num_processes: 2\n").what()) ==
+        "inline.yaml:2: unknown key 'fsdp_config.num_processes' (it belongs at the top level, not inside "
+        "fsdp_config:)");
+  CHECK(std::string(string_error("zero_stage: 3\n").what()) ==
+        "inline.yaml:1: unknown key 'zero_stage' (did you mean 'deepspeed_config.zero_stage'? it belongs "
+        "inside "
+        "the deepspeed_config: section)");
+  CHECK(std::string(string_error("hello\n").what()) ==
+        "inline.yaml:1: expected a mapping of 'key: value' lines at the top level, got 'hello'; see "
+        "config_templates/local.yaml for an example");
+  CHECK(std::string(string_error("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n").what()) ==
+        "inline.yaml:1: megatron_lm_config: Megatron-LM is not supported by accelerate-cpp; remove this "
+        "section "
+        "or leave it empty ({})");
+  CHECK(std::string(string_error("deepspeed_config:\n  deepspeed_config_file: ds.json\n").what()) ==
+        "inline.yaml:2: deepspeed_config.deepspeed_config_file: a DeepSpeed config file needs "
+        "distributed_type: "
+        "DEEPSPEED (backend: zero), but the backend is local");
+  CHECK(std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
+        "inline.yaml:1: gpu_ids: expected a string, got a sequence");
+  CHECK(std::string(string_error("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: "
+                                 "TRANSFORMER_BASED_WRAP\n")
+                        .what()) ==
+        "inline.yaml:3: fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap (comma-separated module names as returned by "
+        "Module::name()); set it, or use PER_CHILD_WRAP");
+}
+
+TEST_CASE("config: every key of the schema set to a non-default value survives save and load", "[config]") {
+  // One file that sets every setting of the schema to its example (a valid non-default value): a key added
+  // to the schema without reader, writer or equality, or with a writer that loses it, fails here.
+  std::string top;
+  std::map<std::string, std::string> sections;  // section -> its lines
+  const std::vector<std::string> only_default = {"config_version", "compute_environment"};
+  std::vector<accel::ConfigKeyInfo> settings;
+  for (const auto& key : accel::config_keys()) {
+    if (!key.setting) continue;
+    if (key.example.empty()) {
+      INFO(key.path << " is a setting without an example value");
+      CHECK(std::find(only_default.begin(), only_default.end(), key.path) != only_default.end());
+      continue;
+    }
+    settings.push_back(key);
+    const auto dot = key.path.find('.');
+    const std::string name = dot == std::string::npos ? key.path : key.path.substr(dot + 1);
+    const std::string line = name + ": " + key.example + "\n";
+    if (dot != std::string::npos) {
+      sections[key.path.substr(0, dot)] += "  " + line;
+    } else {
+      top += line;
+    }
+  }
+  REQUIRE(settings.size() > 40);
+  std::string yaml = top;
+  for (const auto& [section, lines] : sections)
+    yaml += section + ":\n" + lines;
+  INFO("the file:\n" << yaml);
+  const accel::Config loaded = accel::Config::load_string(yaml, "every_key.yaml");
+  CHECK(loaded != accel::Config{});
+  // The value to_yaml writes for `path` ("key: value" in its section).
+  auto written = [](const std::string& text, const std::string& path) {
+    const auto dot = path.find('.');
+    std::string needle;
+    std::size_t from = 0;
+    if (dot == std::string::npos) {
+      needle = "\n" + path + ": ";
+    } else {
+      from = text.find("\n" + path.substr(0, dot) + ":\n");
+      needle = "\n  " + path.substr(dot + 1) + ": ";
+    }
+    const auto at = from == std::string::npos ? std::string::npos : text.find(needle, from);
+    if (at == std::string::npos) return std::string("<missing>");
+    const auto begin = at + needle.size();
+    return text.substr(begin, text.find('\n', begin) - begin);
+  };
+  const std::string saved = loaded.to_yaml();
+  for (const auto& key : settings) {
+    INFO(key.path << ": example " << key.example << ", default " << key.default_value);
+    CHECK(written(saved, key.path) != "<missing>");
+    CHECK(written(saved, key.path) != key.default_value);  // the example took effect
+  }
+  const accel::Config back = accel::Config::load_string(saved, "every_key_saved.yaml");
+  CHECK(back == loaded);
+  CHECK(back.to_yaml() == saved);
+  // Equality is derived from the same rows: the file without any one key gives a config that differs. Keys
+  // that others depend on make the rest invalid when removed (each such error is expected).
+  const std::vector<std::string> needed_by_others = {"backend", "num_processes", "num_machines",
+                                                     "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+                                                     "deepspeed_config.zero_stage"};
+  for (const auto& key : settings) {
+    INFO("without " << key.path);
+    const auto dot = key.path.find('.');
+    const std::string name = dot == std::string::npos ? key.path : key.path.substr(dot + 1);
+    const std::string line = (dot == std::string::npos ? "" : "  ") + name + ": " + key.example + "\n";
+    std::string without = "\n" + yaml;
+    const auto at = without.find("\n" + line);
+    REQUIRE(at != std::string::npos);
+    without.erase(at + 1, line.size());
+    if (std::find(needed_by_others.begin(), needed_by_others.end(), key.path) != needed_by_others.end()) {
+      CHECK_THROWS_AS(accel::Config::load_string(without), accel::ConfigError);
+    } else {
+      CHECK(accel::Config::load_string(without) != loaded);
+    }
+  }
+}
+
+namespace {
+
+// A YAML config (DEEPSPEED, 2 processes) next to a DeepSpeed JSON in a fresh directory.
+class DeepSpeedFiles {
+ public:
+  DeepSpeedFiles() {
+    static int serial = 0;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("accel-ds-test-" + std::to_string(::getpid()) + "-" + std::to_string(serial++));
+    std::filesystem::create_directories(dir_);
+  }
+  ~DeepSpeedFiles() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const auto path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  // The YAML naming `json` (a path, or a name relative to the YAML), plus extra top-level and section lines.
+  std::string yaml(const std::string& json, const std::string& top = "", const std::string& section = "",
+                   int processes = 2) const {
+    return write("accelerate.yaml",
+                 "distributed_type: DEEPSPEED\nnum_processes: " + std::to_string(processes) + "\n" + top +
+                     "deepspeed_config:\n  deepspeed_config_file: " + json + "\n" + section);
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+std::string fixture(const std::string& name) {
+  return data_file("deepspeed/" + name);
+}
+
+bool has_notice(const accel::Config& c, const std::string& text) {
+  for (const auto& n : c.notices) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's ZeRO-2 example)", "[config]") {
+  DeepSpeedFiles files;
+  const auto c = accel::Config::load_file(
+      files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\ngradient_accumulation_steps: 4\n"));
+  CHECK(c.backend == "zero");
+  CHECK(c.zero.stage == 2);
+  CHECK(c.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.reduce_bucket_size == 200000000);
+  CHECK(c.zero.allgather_bucket_size == 200000000);
+  CHECK(c.zero.overlap_comm);
+  CHECK(c.zero.gradient_clipping == 1.0);                   // "auto" is Accelerate's 1.0
+  CHECK(c.gradient_accumulation_steps == 4);                // "auto" follows the YAML
+  CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);  // fp16/bf16 "auto" follow the YAML
+  CHECK(c.zero.config_file == fixture("hf_zero2_auto.json"));
+  // Keys that map to nothing are listed, never dropped silently.
+  CHECK(has_notice(c, "optimizer (the optimizer is the LibTorch one"));
+  CHECK(has_notice(c, "scheduler ("));
+  CHECK(has_notice(c, "steps_per_print"));
+  CHECK(has_notice(c, "wall_clock_breakdown"));
+  // The resolved settings are the config: written and read back without the JSON file.
+  const auto back = accel::Config::load_string(c.to_yaml());
+  CHECK(back == c);
+  CHECK(back.to_yaml().find("deepspeed_config_file") == std::string::npos);
+}
+
+TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and unknown keys", "[config]") {
+  DeepSpeedFiles files;
+  const auto c = accel::Config::load_file(files.yaml(fixture("zero3_offload.json")));
+  CHECK(c.zero.stage == 3);
+  CHECK(c.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.offload_param_device == accel::OffloadDevice::Cpu);
+  CHECK(c.zero.zero3_save_16bit_model);
+  CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(c.gradient_accumulation_steps == 4);
+  // "auto" bucket sizes are derived from the model at prepare (hidden_size², as Accelerate does), and they
+  // survive the YAML the launcher hands the ranks.
+  CHECK_FALSE(c.zero.reduce_bucket_size.has_value());
+  CHECK_FALSE(c.zero.stage3_prefetch_bucket_size.has_value());
+  CHECK_FALSE(has_notice(c, "reduce_bucket_size"));
+  CHECK(c.to_yaml().find("reduce_bucket_size: auto") != std::string::npos);
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK(has_notice(c, "unknown top-level key(s) ignored: some_future_key"));
+  CHECK(has_notice(c, "stage3_max_live_parameters"));
+  CHECK(c.zero.sub_group_size == 1000000000u);       // read (stages 1-2 use it) ...
+  CHECK(has_notice(c, "sub_group_size (stage 3)"));  // ... and reported as no effect in stage 3
+  CHECK(has_notice(c, "train_micro_batch_size_per_gpu is 4"));
+  // 32 = 4 x 4 x 2 ranks; on 4 ranks the same file is inconsistent, with DeepSpeed's meaning.
+  const std::string message = load_error(files.yaml(fixture("zero3_offload.json"), "", "", 4)).what();
+  CHECK_THAT(message, Catch::Contains("train_batch_size 32 is not train_micro_batch_size_per_gpu 4 x "
+                                      "gradient_accumulation_steps 4 x world size 4 (= 64)"));
+  CHECK_THAT(message, Catch::StartsWith(fixture("zero3_offload.json") + ":"));
+}
+
+TEST_CASE("config: DeepSpeed JSON defaults, a relative path, and the missing batch size derived",
+          "[config]") {
+  DeepSpeedFiles files;
+  std::ifstream in(fixture("zero1_minimal.json"));
+  std::stringstream text;
+  text << in.rdbuf();
+  files.write("ds.json", text.str());
+  const auto c = accel::Config::load_file(files.yaml("ds.json"));  // next to the YAML
+  CHECK(c.zero.stage == 1);
+  CHECK_FALSE(c.zero.overlap_comm);        // DeepSpeed's default below stage 3
+  CHECK(c.zero.gradient_clipping == 0.0);  // absent: off
+  CHECK(c.zero.reduce_bucket_size == 500000000);
+  CHECK(has_notice(c, "train_micro_batch_size_per_gpu is 8"));  // 16 / (1 x 2 ranks)
+}
+
+TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[config]") {
+  DeepSpeedFiles files;
+  auto error_of = [&](const std::string& json, const std::string& top = "", const std::string& section = "") {
+    const auto path = files.write("ds.json", json);
+    return std::string(load_error(files.yaml(path, top, section)).what());
+  };
+  CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 2, \"stage\": 3}}"),
+             Catch::Contains("duplicate key 'zero_optimization.stage'"));
+  CHECK_THAT(
+      error_of("{\"zero_optimization\": {\"stage\": 2,\n \"reduce_bucket_sise\": 5}}"),
+      Catch::Contains("ds.json:2: unknown key 'zero_optimization.reduce_bucket_sise' in DeepSpeed config") &&
+          Catch::Contains("(did you mean 'reduce_bucket_size'?)"));
+  CHECK_THAT(error_of("{\"zero_optimization\": {\"offload_param\": {\"devic\": \"cpu\"}}}"),
+             Catch::Contains("(did you mean 'device'?)"));
+  CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}"),
+             Catch::Contains("'nvme' (DeepSpeed's NVMe offload) is not supported"));
+  CHECK_THAT(error_of("{\"bf16\": {\"enabled\": true}}", "mixed_precision: fp16\n"),
+             Catch::Contains("enables bf16 but the config's mixed_precision is 'fp16'"));
+  CHECK_THAT(error_of("{\"gradient_accumulation_steps\": 4}", "gradient_accumulation_steps: 2\n"),
+             Catch::Contains(
+                 "gradient_accumulation_steps 4 disagrees with the config's gradient_accumulation_steps 2"));
+  CHECK_THAT(error_of("{}", "", "  zero_stage: 3\n"),
+             Catch::Contains("deepspeed_config.zero_stage must not be set here"));
+  CHECK_THAT(error_of("{\"zero_optimization\": [1]"), Catch::Contains("not valid JSON"));
+  CHECK_THAT(std::string(load_error(files.yaml(files.write("x", "") + ".missing")).what()),
+             Catch::Contains("cannot open the DeepSpeed config"));
+  const auto ddp = files.write("ddp.yaml",
+                               "distributed_type: MULTI_GPU\nnum_processes: 2\ndeepspeed_config:\n"
+                               "  deepspeed_config_file: ds.json\n");
+  CHECK_THAT(std::string(load_error(ddp).what()), Catch::Contains("needs distributed_type: DEEPSPEED"));
+  // Comments are fine; unknown top-level keys are a notice, not an error.
+  CHECK_NOTHROW(accel::Config::load_file(files.yaml(files.write("ok.json", "// a comment\n{\"x\": 1}"))));
+}
+
+TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 1000;
+  in.num_processes = 4;
+  in.optimizer = "adam";
+  auto total = [&](const std::string& backend) {
+    in.backend = backend;
+    return accel::estimate_memory(in).total();
+  };
+  const auto whole = total("ddp");
+  CHECK(whole == 4 * 1000 * 4);  // parameters, gradients, two Adam moments
+  CHECK(total("local") == whole);
+  in.zero_stage = 0;
+  CHECK(total("zero") == whole);
+  in.zero_stage = 2;
+  CHECK(total("zero") == 4 * (1000 + 250) + 4 * 250 + 4 * 250 * 2);
+  in.zero_stage = 3;
+  CHECK(total("zero") == 4 * 250 * 4);
+  in.fsdp_sharding_strategy = "FULL_SHARD";
+  CHECK(total("fsdp") == 4 * 250 * 4);
+  in.fsdp_sharding_strategy = "NO_SHARD";
+  CHECK(total("fsdp") == whole);
+  in.fsdp_sharding_strategy = "HYBRID";
+  CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("fsdp_sharding_strategy 'HYBRID' is not available"));
+  in.zero_stage = 4;
+  CHECK_THROWS_WITH(total("zero"), Catch::Contains("zero_stage 4 is not available"));
+  CHECK_THROWS_WITH(total("megatron"),
+                    "estimate-memory: unknown backend 'megatron'; allowed: local, ddp, fsdp, zero");
+}
+
+TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the activations", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_processes = 4;
+  in.pipeline_stages = 2;  // 2 data-parallel ranks per stage
+  in.optimizer = "adam";
+  // Without layers: 1/p of the parameters per stage, the first stages taking the remainder.
+  in.num_parameters = 1001;
+  auto stages = accel::estimate_pipeline_memory(in);
+  REQUIRE(stages.size() == 2);
+  CHECK((stages[0].num_parameters == 501 && stages[1].num_parameters == 500));
+  CHECK(stages[0].state.total() == 4 * 501 * 4);  // ddp: whole state of the stage on each of its ranks
+  CHECK((stages[0].live_micro_batches == 2 && stages[1].live_micro_batches == 1));  // 1F1B: p - s
+  CHECK(stages[0].activation_bytes == 0);
+  CHECK(accel::estimate_memory(in).total() == stages[0].state.total());  // the heaviest stage
+  // ZeRO-1 shards each stage's optimizer state over the stage's 2 data-parallel ranks.
+  in.backend = "zero";
+  in.zero_stage = 1;
+  CHECK(accel::estimate_pipeline_memory(in)[1].state.optimizer_state == 4 * 250 * 2);
+
+  // Layers: the balanced partition of their parameter counts; activations spread evenly over the layers.
+  in.backend = "ddp";
+  in.num_parameters = 0;  // taken from the layers
+  in.layer_parameters = {100, 0, 300, 0, 200, 400};
+  in.micro_batches = 8;
+  in.activation_bytes = 6000;
+  stages = accel::estimate_pipeline_memory(in);
+  CHECK((stages[0].first_layer == 0 && stages[0].end_layer == 5 && stages[1].first_layer == 5 &&
+         stages[1].end_layer == 6));
+  CHECK((stages[0].num_parameters == 600 && stages[1].num_parameters == 400));
+  CHECK((stages[0].activation_bytes == 2 * 5000 && stages[1].activation_bytes == 1 * 1000));
+  in.pipeline_schedule = "gpipe";  // every micro-batch
+  stages = accel::estimate_pipeline_memory(in);
+  CHECK((stages[0].live_micro_batches == 8 && stages[0].activation_bytes == 8 * 5000));
+  in.pipeline_schedule = "1f1b";
+  in.micro_batches = 1;  // min(p - s, m)
+  CHECK(accel::estimate_pipeline_memory(in)[0].live_micro_batches == 1);
+  in.partition = "uniform";
+  CHECK(accel::estimate_pipeline_memory(in)[0].num_parameters == 400);
+  in.partition = "0,2,6";
+  CHECK(accel::estimate_pipeline_memory(in)[1].num_parameters == 900);
+
+  auto error = [&](const std::function<void(accel::MemoryEstimateInput&)>& change) {
+    auto bad = in;
+    change(bad);
+    try {
+      accel::estimate_pipeline_memory(bad);
+    } catch (const accel::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error([](auto& b) { b.partition = "type:Linear"; }),
+             Catch::Contains("needs the layers' type names"));
+  CHECK_THAT(error([](auto& b) { b.num_parameters = 5; }),
+             Catch::Contains("the layer parameter counts add up to 1000, but num_parameters is 5"));
+  CHECK_THAT(error([](auto& b) { b.pipeline_stages = 3; }),
+             Catch::Contains("pipeline_stages (3) must be at least 1 and divide num_processes (4)"));
+  CHECK_THAT(error([](auto& b) { b.pipeline_schedule = "zigzag"; }),
+             Catch::Contains("pipeline_schedule 'zigzag' is not one of 1f1b, gpipe"));
+  CHECK_THAT(error([](auto& b) { b.layer_parameters = {5}; }),
+             Catch::Contains("1 layer(s) cannot fill 2 pipeline stages"));
+  CHECK_THAT(error([](auto& b) {
+               b.backend = "zero";
+               b.zero_stage = 2;
+             }),
+             Catch::Contains("backend zero (zero_stage 2) shards gradients or parameters"));
+  CHECK_THAT(error([](auto& b) {
+               b.backend = "fsdp";
+               b.fsdp_sharding_strategy = "FULL_SHARD";
+             }),
+             Catch::Contains("backend fsdp (FULL_SHARD) shards gradients or parameters"));
+  CHECK(error([](auto& b) {
+          b.backend = "fsdp";
+          b.fsdp_sharding_strategy = "NO_SHARD";
+        }) == "no error");
+  CHECK(error([](auto& b) {
+          b.backend = "zero";
+          b.zero_stage = 1;
+        }) == "no error");
+  // The words come from each backend's config part (the summary line of accel-launch estimate-memory).
+  accel::MemoryEstimateInput words;
+  words.backend = "zero";
+  words.zero_stage = 3;
+  CHECK(accel::describe_backend(words) == "zero (zero_stage 3)");
+  words.backend = "fsdp";
+  words.fsdp_sharding_strategy = "shard_grad_op";
+  CHECK(accel::describe_backend(words) == "fsdp (SHARD_GRAD_OP)");
+  words.backend = "ddp";
+  CHECK(accel::describe_backend(words) == "ddp");
+}
+
+TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and must be positive", "[config]") {
+  const auto c = accel::Config::load_string(
+      "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 1\n  sub_group_size: 2e6\n");
+  CHECK(c.zero.sub_group_size == 2000000u);
+  CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  CHECK_THROWS_WITH(
+      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: 0\n"),
+      Catch::Contains("deepspeed_config.sub_group_size") &&
+          Catch::Contains("a positive number of elements (such as 4000000 or 4e6)"));
+}

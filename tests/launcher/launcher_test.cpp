@@ -1,0 +1,718 @@
+/// \file launcher_test.cpp
+/// End-to-end tests of `accel-launch launch`: the real binary (ACCEL_LAUNCH_BIN) runs the fake rank programs
+/// in tests/launcher/ (ACCEL_TESTS_DIR), each run under a time limit.
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "accel/config/config.hpp"
+#include "accel/distributed/env_contract.hpp"
+#include "accel/errors.hpp"
+
+#ifndef ACCEL_LAUNCH_BIN
+#error "ACCEL_LAUNCH_BIN must be defined as the path of the accel-launch binary"
+#endif
+#ifndef ACCEL_TESTS_DIR
+#error "ACCEL_TESTS_DIR must be defined as the path of the tests directory"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string script(const std::string& name) {
+  return std::string(ACCEL_TESTS_DIR) + "/launcher/" + name;
+}
+
+// A fresh directory for marker files, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string name = (fs::temp_directory_path() / "accel-launcher-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(name.data()) != nullptr);
+    path_ = name;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct RunResult {
+  int exit_code = -1;  // 128 + signal when the launcher itself was killed
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+// accel-launch running in its own process group with captured stdout/stderr. The destructor kills whatever
+// is left, so a failing REQUIRE never leaves processes behind.
+class Launcher {
+ public:
+  /// `env`: "NAME=value" to set, "NAME" to unset; `ignored_signals`: ignored on entry, as under nohup.
+  explicit Launcher(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                    const std::vector<int>& ignored_signals = {}) {
+    int out[2];
+    int err[2];
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+    std::vector<std::string> argv_strings = {ACCEL_LAUNCH_BIN};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& arg : argv_strings)
+      argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    start_ = Clock::now();
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      // Isolation from the user's default config and thread settings; "NAME" alone unsets NAME.
+      ::setenv("ACCEL_CONFIG_FILE", "/nonexistent/accel-launcher-test/default_config.yaml", 1);
+      ::unsetenv("OMP_NUM_THREADS");
+      for (const std::string& entry : env) {
+        const std::size_t equals = entry.find('=');
+        if (equals == std::string::npos) {
+          ::unsetenv(entry.c_str());
+        } else {
+          ::setenv(entry.substr(0, equals).c_str(), entry.c_str() + equals + 1, 1);
+        }
+      }
+      for (int signal_number : ignored_signals)
+        ::signal(signal_number, SIG_IGN);
+      ::execv(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::setpgid(pid_, pid_);
+    ::close(out[1]);
+    ::close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+  ~Launcher() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) ::close(out_fd_);
+    if (err_fd_ >= 0) ::close(err_fd_);
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& out() const { return result_.out; }
+
+  // True once the launcher process has exited (it is reaped here).
+  bool exited() {
+    try_reap();
+    return reaped_;
+  }
+
+  // Reads output until `predicate()` holds; false on timeout or when the launcher exited first.
+  bool wait_for(const std::function<bool()>& predicate, double timeout_seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
+    while (!predicate()) {
+      if (Clock::now() >= deadline || (out_fd_ < 0 && err_fd_ < 0)) return false;
+      pump(50);
+    }
+    return true;
+  }
+
+  // Waits for exit and EOF on both pipes; FAILs (after killing it) when that takes longer than the limit.
+  RunResult finish(double timeout_seconds = 30) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
+    while (out_fd_ >= 0 || err_fd_ >= 0 || !reaped_) {
+      if (Clock::now() >= deadline) {
+        ::kill(-pid_, SIGKILL);
+        FAIL("accel-launch did not finish within " << timeout_seconds << " s; stdout:\n"
+                                                   << result_.out << "\nstderr:\n"
+                                                   << result_.err);
+      }
+      pump(50);
+      try_reap();
+    }
+    return result_;
+  }
+
+ private:
+  void try_reap() {
+    if (reaped_) return;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      result_.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+      result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+  }
+
+  void pump(int timeout_ms) {
+    std::vector<pollfd> fds;
+    if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+    if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (const pollfd& p : fds) {
+      if (p.revents == 0) continue;
+      int& fd = p.fd == out_fd_ ? out_fd_ : err_fd_;
+      std::string& sink = p.fd == out_fd_ ? result_.out : result_.err;
+      char buffer[4096];
+      const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        sink.append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  bool reaped_ = false;
+  Clock::time_point start_;
+  RunResult result_;
+};
+
+RunResult run(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+              double timeout_seconds = 30) {
+  Launcher launcher(args, env);
+  return launcher.finish(timeout_seconds);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+// The values of `NAME=` lines printed by the ranks, e.g. values(out, "RANK") == {"0", "1"} (sorted).
+std::multiset<std::string> values(const std::string& out, const std::string& name) {
+  std::multiset<std::string> found;
+  const std::regex pattern("^\\[rank [0-9]+\\] " + name + "=(.*)$");
+  for (const std::string& line : lines_of(out)) {
+    std::smatch match;
+    if (std::regex_match(line, match, pattern)) found.insert(match[1]);
+  }
+  return found;
+}
+
+// The value of `NAME=` printed by one rank.
+std::string value_of(const std::string& out, int rank, const std::string& name) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "] " + name + "=";
+  for (const std::string& line : lines_of(out)) {
+    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  }
+  return "<missing>";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A TCP port that is free now (it may be taken again by the time it is used; the window is short).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// True when `pid` is gone (or a zombie waiting for its new parent to reap it).
+bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string content;
+  std::getline(stat, content);
+  const std::size_t paren = content.rfind(')');
+  return paren != std::string::npos && paren + 2 < content.size() && content[paren + 2] == 'Z';
+}
+
+// Writes `text` to `name` in `dir`; returns the path.
+std::string write_file(const TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = (dir.path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("launcher: two ranks get prefixed output, the torchrun variables and the resolved config") {
+  TempDir dir;
+  const int port = free_port();
+  const RunResult r = run({"launch", "--num_processes", "2", "--mixed_precision", "bf16", "--log_with",
+                           "tensorboard,csv", "--main_process_port", std::to_string(port),
+                           script("print_env.sh"), "--epochs", "3", "--num_processes", "7"},
+                          {"MARKER_DIR=" + dir.str()});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+
+  for (const std::string& line : lines_of(r.out)) {
+    CHECK(std::regex_match(line, std::regex("^\\[rank [01]\\] .*")));
+  }
+  for (const std::string& line : lines_of(r.err)) {
+    const bool prefixed = std::regex_match(line, std::regex("^\\[rank [01]\\] .*"));
+    CHECK((prefixed || line.rfind("accel-launch: ", 0) == 0));
+  }
+  CHECK(contains(r.err, "[rank 0] stderr of rank 0\n"));
+  CHECK(contains(r.err, "[rank 1] stderr of rank 1\n"));
+  // The last line without '\n' is flushed when the rank exits.
+  CHECK(contains(r.out, "[rank 0] no newline at the end\n"));
+  CHECK(contains(r.out, "[rank 1] no newline at the end\n"));
+
+  CHECK(values(r.out, "RANK") == std::multiset<std::string>{"0", "1"});
+  CHECK(value_of(r.out, 1, "RANK") == "1");
+  CHECK(value_of(r.out, 1, "LOCAL_RANK") == "1");
+  CHECK(values(r.out, "WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(values(r.out, "LOCAL_WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(values(r.out, "GROUP_RANK") == std::multiset<std::string>{"0", "0"});
+  CHECK(values(r.out, "MASTER_ADDR") == std::multiset<std::string>{"127.0.0.1", "127.0.0.1"});
+  CHECK(values(r.out, "MASTER_PORT") ==
+        std::multiset<std::string>{std::to_string(port), std::to_string(port)});
+  CHECK(values(r.out, "ACCEL_LAUNCHED") == std::multiset<std::string>{"1", "1"});
+  // The contract the library reads (accel/env_contract.hpp): every variable is set for every rank.
+  for (const char* name : accel::env::kLaunchVariables) {
+    INFO(name);
+    CHECK(values(r.out, name).size() == 2);
+  }
+  // Everything after PROGRAM is the program's, even options that accel-launch also knows.
+  CHECK(value_of(r.out, 0, "ARGS") == "--epochs 3 --num_processes 7");
+
+  // The config file is the resolved one (flags applied), readable by accel::Config, and deleted at exit.
+  std::string yaml;
+  for (const std::string& line : lines_of(r.out)) {
+    if (line.rfind("[rank 0] config: ", 0) == 0) yaml += line.substr(17) + "\n";
+  }
+  const accel::Config config = accel::Config::load_string(yaml, "resolved config");
+  CHECK(config.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(config.log_with == "tensorboard,csv");
+  CHECK(config.num_processes == 2);
+  CHECK(config.main_process_port == port);
+  CHECK(config.backend == "ddp");
+  const std::string config_path = value_of(r.out, 0, "ACCEL_CONFIG_FILE");
+  CHECK(value_of(r.out, 1, "ACCEL_CONFIG_FILE") == config_path);
+  CHECK_FALSE(fs::exists(config_path));
+}
+
+TEST_CASE("launcher: OMP_NUM_THREADS is set per rank with a notice, unless the user set it") {
+  const RunResult set =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("print_env.sh")});
+  INFO("stderr:\n" << set.err);
+  REQUIRE(set.exit_code == 0);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  CHECK(std::stoi(value_of(set.out, 0, "OMP_NUM_THREADS")) >= 1);
+  CHECK(std::stoul(value_of(set.out, 0, "OMP_NUM_THREADS")) <= std::max(1u, cores / 2));
+  CHECK(contains(set.err, "accel-launch: setting OMP_NUM_THREADS="));
+
+  const RunResult kept =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("print_env.sh")},
+          {"OMP_NUM_THREADS=7"});
+  REQUIRE(kept.exit_code == 0);
+  CHECK(values(kept.out, "OMP_NUM_THREADS") == std::multiset<std::string>{"7", "7"});
+  CHECK_FALSE(contains(kept.err, "OMP_NUM_THREADS"));
+}
+
+TEST_CASE("launcher: a failing rank stops the others and its exit code and last lines are reported") {
+  const RunResult r =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("fail_rank.sh")},
+          {"FAIL_RANK=1", "FAIL_CODE=3"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 3);
+  CHECK(r.seconds < 5.0);
+  CHECK(std::regex_search(r.err, std::regex("accel-launch: rank 1 \\(local rank 1, pid [0-9]+\\) failed with "
+                                            "exit code 3\n---- last 20 lines of rank 1 ----\n")));
+  // Ring buffer of 20 lines over stdout and stderr: lines 7..25 and the stderr line.
+  CHECK(contains(r.err, "\nrank 1 line 7\nrank 1 line 8\n"));
+  CHECK_FALSE(contains(r.err, "\nrank 1 line 6\n"));
+  CHECK(contains(r.err, "rank 1 line 25\nabout to fail\n----\n"));
+  CHECK(contains(r.out, "[rank 0] rank 0 sleeping\n"));
+}
+
+TEST_CASE("launcher: a rank killed by a signal is reported as such with exit code 128 + signal") {
+  const RunResult r =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("fail_rank.sh")},
+          {"FAIL_RANK=0", "FAIL_SIGNAL=KILL"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK(r.seconds < 5.0);
+  CHECK(std::regex_search(
+      r.err,
+      std::regex(
+          "accel-launch: rank 0 \\(local rank 0, pid [0-9]+\\) was killed by signal 9 \\(SIGKILL\\)\n")));
+  CHECK(contains(r.err, "about to fail\n----\n"));
+}
+
+TEST_CASE("launcher: SIGTERM to the launcher reaches every rank and it exits 143") {
+  TempDir dir;
+  Launcher launcher({"launch", "--num_processes", "2", "--main_process_port", "0", script("trap_term.sh")},
+                    {"MARKER_DIR=" + dir.str()});
+  REQUIRE(launcher.wait_for(
+      [&] {
+        return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
+      },
+      20));
+  const auto signalled = Clock::now();
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const RunResult r = launcher.finish();
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(std::chrono::duration<double>(Clock::now() - signalled).count() < 5.0);
+  CHECK(r.exit_code == 143);
+  CHECK(fs::exists(dir.path() / "term.0"));
+  CHECK(fs::exists(dir.path() / "term.1"));
+  CHECK(contains(r.err, "accel-launch: received SIGTERM; forwarded it to all 2 rank(s) and stopped them\n"));
+}
+
+TEST_CASE("launcher: a SIGHUP ignored on entry (nohup) is neither caught nor forwarded") {
+  TempDir dir;
+  Launcher launcher({"launch", "--num_processes", "2", "--main_process_port", "0", script("trap_term.sh")},
+                    {"MARKER_DIR=" + dir.str()}, {SIGHUP});
+  REQUIRE(launcher.wait_for(
+      [&] {
+        return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
+      },
+      20));
+  REQUIRE(::kill(launcher.pid(), SIGHUP) == 0);
+  launcher.wait_for([] { return false; }, 0.5);  // reads output for half a second
+  CHECK_FALSE(launcher.exited());
+  CHECK(fs::is_empty(dir.path()));
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const RunResult r = launcher.finish();
+  CHECK(r.exit_code == 143);
+  CHECK(fs::exists(dir.path() / "term.0"));
+}
+
+TEST_CASE("launcher: ranks that ignore SIGTERM are killed with their process group after the grace period") {
+  TempDir dir;
+  const RunResult r = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--grace-period",
+                           "1", script("ignore_term.sh")},
+                          {"MARKER_DIR=" + dir.str(), "FAIL_RANK=1"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 5);
+  CHECK(r.seconds < 5.0);
+  CHECK(contains(r.err, "failed with exit code 5"));
+  for (const char* name : {"grandchild.0", "grandchild.1"}) {
+    std::ifstream in(dir.path() / name);
+    pid_t pid = 0;
+    REQUIRE(in >> pid);
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (!process_gone(pid) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(process_gone(pid));
+  }
+}
+
+TEST_CASE("launcher: a busy port is reported before any rank starts") {
+  TempDir dir;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+
+  const RunResult r =
+      run({"launch", "--num_processes", "2", "--main_process_port", port, script("print_env.sh")},
+          {"MARKER_DIR=" + dir.str()});
+  ::close(fd);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err == "accel-launch: error: port " + port +
+                     " on 127.0.0.1 is already in use (another training run?); choose another with "
+                     "--main_process_port or use 0 to pick a free one\n");
+  CHECK(r.out.empty());
+  CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("launcher: configuration and usage errors exit 2 before any rank starts") {
+  TempDir dir;
+  const std::vector<std::string> env = {"MARKER_DIR=" + dir.str()};
+
+  SECTION("unknown key in the config file") {
+    const std::string path =
+        write_file(dir, "bad.yaml", "distributed_type: MULTI_CPU\nnum_processes: 2\nbogus_key: 1\n");
+    std::string expected;
+    try {
+      accel::Config::load_file(path);
+    } catch (const accel::ConfigError& e) {
+      expected = e.what();
+    }
+    REQUIRE(contains(expected, "bogus_key"));
+    const RunResult r = run({"launch", "--config_file", path, script("print_env.sh")}, env);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err == "accel-launch: error: " + expected + "\n");
+  }
+  SECTION("missing config file") {
+    const std::string path = (dir.path() / "missing.yaml").string();
+    const RunResult r = run({"launch", "--config-file", path, script("print_env.sh")}, env);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.rfind("accel-launch: error: cannot open config file '" + path + "'", 0) == 0);
+  }
+  SECTION("flags that contradict each other") {
+    const RunResult r = run({"launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip",
+                             "127.0.0.1", script("print_env.sh")},
+                            env);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.rfind("accel-launch: error: num_processes (3) must be a multiple of num_machines (2)", 0) ==
+          0);
+  }
+  SECTION("port 0 with several machines") {
+    const RunResult r = run({"launch", "--num_processes", "2", "--num_machines", "2", "--main_process_ip",
+                             "127.0.0.1", "--main_process_port", "0", script("print_env.sh")},
+                            env);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.err, "every machine must use the same explicit port"));
+  }
+  SECTION("missing PROGRAM") {
+    const RunResult r = run({"launch", "--num_processes", "2"}, env);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err ==
+          "accel-launch: error: launch: missing PROGRAM; usage: accel-launch launch [options] PROGRAM "
+          "[ARGS...] "
+          "(see accel-launch launch --help)\n");
+  }
+  SECTION("PROGRAM that does not exist") {
+    const std::string program = (dir.path() / "no-such-program").string();
+    const RunResult r = run({"launch", "--num_processes", "2", "--main_process_port", "0", program}, env);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err == "accel-launch: error: cannot launch program '" + program + "': it does not exist\n");
+  }
+  SECTION("PROGRAM that is not executable") {
+    const std::string program = write_file(dir, "not-executable.sh", "#!/bin/sh\n");
+    const RunResult r = run({"launch", "--main_process_port", "0", program}, env);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err == "accel-launch: error: cannot launch program '" + program +
+                       "': it is not executable (chmod +x it)\n");
+  }
+  SECTION("no subcommand") {
+    const RunResult r = run({}, env);
+    CHECK(r.exit_code != 0);
+    CHECK(contains(r.err, "A subcommand is required"));
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir.path(), ec)) {
+    INFO(entry.path());
+    CHECK(entry.path().filename().string().rfind("started.", 0) != 0);
+  }
+}
+
+TEST_CASE("launcher: dash and underscore spellings both work, and port 0 picks a free port") {
+  for (const std::string flag : {"--num_processes", "--num-processes"}) {
+    const std::string port_flag = flag == "--num_processes" ? "--main_process_port" : "--main-process-port";
+    const RunResult r = run({"launch", flag, "2", port_flag, "0", script("print_env.sh")});
+    INFO(flag << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(values(r.out, "RANK") == std::multiset<std::string>{"0", "1"});
+    const int port = std::stoi(value_of(r.out, 0, "MASTER_PORT"));
+    CHECK(port > 0);
+    CHECK(value_of(r.out, 1, "MASTER_PORT") == std::to_string(port));
+  }
+}
+
+TEST_CASE("launcher: a config file is read and flags override it") {
+  TempDir dir;
+  const std::string path = write_file(dir, "run.yaml",
+                                      "distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp16\n"
+                                      "main_process_port: 0\ngradient_accumulation_steps: 4\n");
+  const RunResult r = run({"launch", "--config_file", path, "--gradient_accumulation_steps", "8", "--debug",
+                           script("print_env.sh")});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(values(r.out, "WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  std::string yaml;
+  for (const std::string& line : lines_of(r.out)) {
+    if (line.rfind("[rank 1] config: ", 0) == 0) yaml += line.substr(17) + "\n";
+  }
+  const accel::Config config = accel::Config::load_string(yaml);
+  CHECK(config.mixed_precision == accel::MixedPrecision::Fp16);
+  CHECK(config.gradient_accumulation_steps == 8);
+  CHECK(config.debug);
+  CHECK(config.use_cpu);
+  CHECK(config.main_process_port == std::stoi(value_of(r.out, 1, "MASTER_PORT")));
+}
+
+TEST_CASE("launcher: two launchers with --num_machines 2 form one world") {
+  const std::string port = std::to_string(free_port());
+  auto args = [&port](const std::string& machine_rank) {
+    return std::vector<std::string>{"launch",    "--num_processes",     "4",          "--num_machines",
+                                    "2",         "--machine_rank",      machine_rank, "--main_process_ip",
+                                    "127.0.0.1", "--main_process_port", port,         script("print_env.sh")};
+  };
+  Launcher machine0(args("0"));
+  Launcher machine1(args("1"));
+  const RunResult r0 = machine0.finish();
+  const RunResult r1 = machine1.finish();
+  INFO("machine 0:\n" << r0.out << r0.err << "\nmachine 1:\n" << r1.out << r1.err);
+  REQUIRE(r0.exit_code == 0);
+  REQUIRE(r1.exit_code == 0);
+  CHECK(values(r0.out, "RANK") == std::multiset<std::string>{"0", "1"});
+  CHECK(values(r1.out, "RANK") == std::multiset<std::string>{"2", "3"});
+  CHECK(value_of(r1.out, 3, "LOCAL_RANK") == "1");
+  CHECK(values(r1.out, "GROUP_RANK") == std::multiset<std::string>{"1", "1"});
+  CHECK(values(r0.out, "WORLD_SIZE") == std::multiset<std::string>{"4", "4"});
+  CHECK(values(r1.out, "LOCAL_WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(values(r1.out, "MASTER_PORT") == std::multiset<std::string>{port, port});
+}
+
+TEST_CASE("launcher: a DeepSpeed JSON config reaches the ranks resolved, its unmapped keys noted once") {
+  TempDir dir;
+  std::ofstream(dir.str() + "/ds_config.json")
+      << "{\n  \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}},\n"
+         "  \"optimizer\": {\"type\": \"AdamW\"},\n  \"gradient_accumulation_steps\": \"auto\"\n}\n";
+  std::ofstream(dir.str() + "/accelerate.yaml")
+      << "distributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 2\ngradient_accumulation_steps: 2\n"
+         "deepspeed_config:\n  deepspeed_config_file: ds_config.json\n";
+  const RunResult r = run({"launch", "--config_file", dir.str() + "/accelerate.yaml", "--main_process_port",
+                           "0", script("print_env.sh")});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+  std::size_t notes = 0;
+  for (auto at = r.err.find("the optimizer is the LibTorch one"); at != std::string::npos;
+       at = r.err.find("the optimizer is the LibTorch one", at + 1))
+    ++notes;
+  CHECK(notes == 1);  // by the launcher, not again by each rank
+  std::string yaml;
+  for (const std::string& line : lines_of(r.out)) {
+    if (line.rfind("[rank 1] config: ", 0) == 0) yaml += line.substr(17) + "\n";
+  }
+  const accel::Config config = accel::Config::load_string(yaml, "resolved config");
+  CHECK(config.backend == "zero");
+  CHECK(config.zero.stage == 3);
+  CHECK(config.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  CHECK(config.gradient_accumulation_steps == 2);
+}
+
+TEST_CASE("launcher: --max_restarts starts every rank again after a failure, up to the limit") {
+  const RunResult ok = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--max_restarts",
+                            "2", script("flaky_rank.sh")},
+                           {"FAIL_TIMES=2"});
+  INFO("stdout:\n" << ok.out << "\nstderr:\n" << ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(contains(ok.out, "[rank 1] rank 1 fails on attempt 0\n"));
+  CHECK(contains(ok.out, "[rank 1] rank 1 fails on attempt 1\n"));
+  CHECK(contains(ok.out, "[rank 0] rank 0 ok on attempt 2 of at most 2 restarts"));
+  CHECK(contains(ok.out, "[rank 1] rank 1 ok on attempt 2 of at most 2 restarts"));
+  CHECK(contains(ok.err, "accel-launch: restarting all 2 rank(s) (restart 1 of 2)"));
+  CHECK(contains(ok.err, "accel-launch: restarting all 2 rank(s) (restart 2 of 2)"));
+  CHECK(contains(ok.err, "failed with exit code 3"));  // each failure is reported before its restart
+
+  const RunResult gave_up = run({"launch", "--num_processes", "2", "--main_process_port", "0",
+                                 "--max_restarts", "1", script("flaky_rank.sh")},
+                                {"FAIL_TIMES=2"});
+  INFO("stderr:\n" << gave_up.err);
+  CHECK(gave_up.exit_code == 3);
+  CHECK(contains(gave_up.err, "accel-launch: gave up after 1 restart(s) (--max_restarts 1)"));
+  CHECK_FALSE(contains(gave_up.out, "rank 1 ok on attempt"));
+
+  const RunResult two_machines =
+      run({"launch", "--num_processes", "4", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
+           "--main_process_port", "29999", "--max_restarts", "1", script("print_env.sh")});
+  CHECK(two_machines.exit_code == 2);
+  CHECK(contains(two_machines.err, "--max_restarts restarts the ranks of one machine"));
+}
+
+TEST_CASE("launcher: --log_dir writes one file per rank, and the console gets the lines only with --tee") {
+  TempDir dir;
+  const std::string logs = (dir.path() / "logs").string();
+  const RunResult quiet = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--log_dir",
+                               logs, script("print_env.sh")});
+  INFO("stdout:\n" << quiet.out << "\nstderr:\n" << quiet.err);
+  REQUIRE(quiet.exit_code == 0);
+  CHECK_FALSE(contains(quiet.out, "[rank"));
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream file(logs + "/rank_" + std::to_string(r) + ".log");
+    std::stringstream text;
+    text << file.rdbuf();
+    CHECK(contains(text.str(), "RANK=" + std::to_string(r) + "\n"));
+    CHECK(contains(text.str(), "stderr of rank " + std::to_string(r) + "\n"));
+    CHECK_FALSE(contains(text.str(), "[rank"));
+  }
+  const RunResult tee = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--log_dir", logs,
+                             "--tee", script("print_env.sh")});
+  REQUIRE(tee.exit_code == 0);
+  CHECK(values(tee.out, "RANK") == std::multiset<std::string>{"0", "1"});
+  std::ifstream again(logs + "/rank_1.log");
+  std::stringstream text;
+  text << again.rdbuf();
+  const auto log_lines = lines_of(text.str());
+  CHECK(std::count(log_lines.begin(), log_lines.end(), "RANK=1") == 2);  // appended, not replaced
+
+  const RunResult tee_alone =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", "--tee", script("print_env.sh")});
+  CHECK(tee_alone.exit_code == 2);
+  CHECK(contains(tee_alone.err, "--tee copies the ranks' output"));
+}
+
+TEST_CASE("launcher: --num_cpu_threads_per_process sets OMP_NUM_THREADS of every rank") {
+  const RunResult r = run({"launch", "--num_processes", "2", "--main_process_port", "0",
+                           "--num_cpu_threads_per_process", "3", script("print_env.sh")},
+                          {"OMP_NUM_THREADS=7"});
+  REQUIRE(r.exit_code == 0);
+  CHECK(values(r.out, "OMP_NUM_THREADS") == std::multiset<std::string>{"3", "3"});
+  CHECK(values(r.out, "TORCHELASTIC_RESTART_COUNT") == std::multiset<std::string>{"0", "0"});
+}
+
+TEST_CASE("launcher: config update rewrites a config with every key and keeps the original") {
+  TempDir dir;
+  const std::string original = "distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\n";
+  const std::string path = write_file(dir, "old.yaml", original);
+  const RunResult r = run({"config", "update", "--config_file", path});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream updated(path), backup(path + ".bak");
+  std::stringstream updated_text, backup_text;
+  updated_text << updated.rdbuf();
+  backup_text << backup.rdbuf();
+  CHECK(backup_text.str() == original);
+  CHECK(contains(updated_text.str(), "ddp_bucket_cap_mb: 25\n"));
+  CHECK(contains(updated_text.str(), "fsdp_config: {}\n"));
+  CHECK(accel::Config::load_file(path) == accel::Config::load_string(original));
+  const RunResult missing = run({"config", "update", "--config_file", (dir.path() / "nope.yaml").string()});
+  CHECK(missing.exit_code == 2);
+  CHECK(contains(missing.err, "nope.yaml does not exist"));
+}

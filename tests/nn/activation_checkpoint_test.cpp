@@ -1,0 +1,448 @@
+#include <accel/accelerator/accelerator.hpp>
+#include <accel/errors.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace nn = torch::nn;
+
+nn::Sequential make_mlp(bool dropout) {
+  nn::Sequential seq(nn::Linear(16, 32), nn::GELU(), nn::Linear(32, 32), nn::Tanh());
+  if (dropout) seq->push_back(nn::Dropout(0.5));
+  seq->push_back(nn::Linear(32, 8));
+  return seq;
+}
+
+nn::Sequential make_conv(bool dropout) {
+  nn::Sequential seq(nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1)), nn::ReLU(),
+                     nn::Conv2d(nn::Conv2dOptions(4, 4, 3).stride(2)));
+  if (dropout) seq->push_back(nn::Dropout(0.5));
+  seq->push_back(nn::SiLU());
+  return seq;
+}
+
+nn::Sequential deep_copy(const nn::Sequential& seq) {
+  return nn::Sequential(std::dynamic_pointer_cast<nn::SequentialImpl>(seq->clone()));
+}
+
+/// Loss, input gradient and every parameter gradient of one training step, plus the next RNG draw.
+struct StepResult {
+  torch::Tensor loss;
+  torch::Tensor input_grad;
+  std::map<std::string, torch::Tensor> param_grads;
+  torch::Tensor rng_after;
+};
+
+/// `forward` maps the input to the output; the loss weights the output with a fixed tensor so that every
+/// output element gets a different gradient.
+template <typename Forward>
+StepResult run_step(nn::Module& model, const torch::Tensor& input, Forward forward) {
+  torch::manual_seed(7);
+  model.zero_grad();
+  auto y = forward(input);
+  auto weights = torch::linspace(-1.0, 1.0, y.numel()).view_as(y).to(y.scalar_type());
+  auto loss = (y * weights).sum();
+  loss.backward();
+  StepResult r;
+  r.loss = loss.detach();
+  if (input.grad().defined()) r.input_grad = input.grad().clone();
+  for (const auto& p : model.named_parameters()) {
+    REQUIRE(p.value().grad().defined());
+    r.param_grads[p.key()] = p.value().grad().clone();
+  }
+  r.rng_after = torch::rand({4});
+  return r;
+}
+
+void require_bitwise_equal(const StepResult& a, const StepResult& b) {
+  REQUIRE(torch::equal(a.loss, b.loss));
+  REQUIRE(a.input_grad.defined() == b.input_grad.defined());
+  if (a.input_grad.defined()) REQUIRE(torch::equal(a.input_grad, b.input_grad));
+  REQUIRE(a.param_grads.size() == b.param_grads.size());
+  for (const auto& [name, grad] : a.param_grads) {
+    INFO("parameter " << name);
+    REQUIRE(b.param_grads.count(name) == 1);
+    REQUIRE(torch::equal(grad, b.param_grads.at(name)));
+  }
+  REQUIRE(torch::equal(a.rng_after, b.rng_after));
+}
+
+std::vector<std::string> names_of(const nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& p : m.named_parameters())
+    names.push_back(p.key());
+  return names;
+}
+
+void compare_checkpointed_to_plain(const nn::Sequential& model, const torch::Tensor& x) {
+  auto plain_model = deep_copy(model);
+  auto ckpt_model = deep_copy(model);
+  auto x1 = x.clone().requires_grad_(true);
+  auto x2 = x.clone().requires_grad_(true);
+  auto plain = run_step(*plain_model, x1, [&](const torch::Tensor& in) { return plain_model->forward(in); });
+  auto ckpt = run_step(*ckpt_model, x2, [&](const torch::Tensor& in) {
+    return accel::checkpoint([&](const torch::Tensor& t) { return ckpt_model->forward(t); }, in);
+  });
+  require_bitwise_equal(plain, ckpt);
+}
+
+}  // namespace
+
+TEST_CASE("checkpointing: MLP segment gives bitwise identical loss and gradients") {
+  torch::manual_seed(0);
+  auto model = make_mlp(/*dropout=*/false);
+  compare_checkpointed_to_plain(model, torch::randn({5, 16}));
+}
+
+TEST_CASE("checkpointing: MLP segment with dropout replays the same mask") {
+  torch::manual_seed(1);
+  auto model = make_mlp(/*dropout=*/true);
+  compare_checkpointed_to_plain(model, torch::randn({5, 16}));
+}
+
+TEST_CASE("checkpointing: conv segment gives bitwise identical loss and gradients") {
+  torch::manual_seed(2);
+  auto model = make_conv(/*dropout=*/false);
+  compare_checkpointed_to_plain(model, torch::randn({2, 3, 9, 9}));
+}
+
+TEST_CASE("checkpointing: conv segment with dropout replays the same mask") {
+  torch::manual_seed(3);
+  auto model = make_conv(/*dropout=*/true);
+  compare_checkpointed_to_plain(model, torch::randn({2, 3, 9, 9}));
+}
+
+TEST_CASE("checkpointing: without preserve_rng_state dropout draws a new mask") {
+  torch::manual_seed(3);
+  auto model = make_mlp(/*dropout=*/true);
+  auto plain_model = deep_copy(model);
+  auto ckpt_model = deep_copy(model);
+  auto x = torch::randn({5, 16});
+  auto plain = run_step(*plain_model, x, [&](const torch::Tensor& in) { return plain_model->forward(in); });
+  auto ckpt = run_step(*ckpt_model, x, [&](const torch::Tensor& in) {
+    return accel::checkpoint([&](const torch::Tensor& t) { return ckpt_model->forward(t); }, in,
+                             accel::CheckpointOptions().preserve_rng_state(false));
+  });
+  REQUIRE(torch::equal(plain.loss, ckpt.loss));  // the forward is not affected
+  REQUIRE_FALSE(torch::equal(plain.param_grads.at("0.weight"), ckpt.param_grads.at("0.weight")));
+}
+
+TEST_CASE("checkpointing: input without requires_grad still gives parameter gradients") {
+  torch::manual_seed(4);
+  auto model = make_mlp(/*dropout=*/true);
+  compare_checkpointed_to_plain(model, torch::randn({5, 16}));  // sanity: same path with input grads
+  auto plain_model = deep_copy(model);
+  auto ckpt_model = deep_copy(model);
+  auto x = torch::randn({5, 16});  // data: no grad
+  auto plain = run_step(*plain_model, x, [&](const torch::Tensor& in) { return plain_model->forward(in); });
+  auto ckpt = run_step(*ckpt_model, x, [&](const torch::Tensor& in) {
+    auto y = accel::checkpoint([&](const torch::Tensor& t) { return ckpt_model->forward(t); }, in);
+    REQUIRE(y.requires_grad());
+    return y;
+  });
+  REQUIRE_FALSE(x.grad().defined());
+  require_bitwise_equal(plain, ckpt);
+}
+
+TEST_CASE("checkpointing: several inputs and outputs, integral output and input without grad") {
+  torch::manual_seed(5);
+  nn::Linear lin(6, 6);
+  auto segment = [&](const std::vector<torch::Tensor>& in) {
+    auto h = torch::tanh(lin->forward(in[0])) * in[1];
+    return std::vector<torch::Tensor>{h, h.argmax(1), (h * in[2]).sum()};
+  };
+  auto x = torch::randn({4, 6});
+  auto mask = (torch::rand({4, 6}) > 0.3).to(torch::kFloat);
+  auto scale = torch::randn({4, 6});
+
+  auto run = [&](bool use_checkpoint) {
+    lin->zero_grad();
+    auto xi = x.clone().requires_grad_(true);
+    auto si = scale.clone().requires_grad_(true);
+    std::vector<torch::Tensor> inputs{xi, mask, si};
+    auto out = use_checkpoint ? accel::checkpoint(segment, inputs) : segment(inputs);
+    REQUIRE_FALSE(out[1].requires_grad());
+    auto loss = out[0].pow(2).sum() + out[2];
+    loss.backward();
+    return std::vector<torch::Tensor>{loss.detach(),      out[1],          xi.grad(), si.grad(),
+                                      lin->weight.grad(), lin->bias.grad()};
+  };
+  auto plain = run(false);
+  auto ckpt = run(true);
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    INFO("result " << i);
+    REQUIRE(torch::equal(plain[i], ckpt[i]));
+  }
+}
+
+TEST_CASE("checkpointing: under NoGradGuard the segment just runs once") {
+  nn::Linear lin(4, 4);
+  int calls = 0;
+  auto x = torch::randn({2, 4}, torch::requires_grad());
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    expected = lin->forward(x);
+    auto y = accel::checkpoint(
+        [&](const torch::Tensor& t) {
+          ++calls;
+          return lin->forward(t);
+        },
+        x);
+    REQUIRE(calls == 1);
+    REQUIRE_FALSE(y.requires_grad());
+    REQUIRE_FALSE(y.grad_fn());
+    REQUIRE(torch::equal(y, expected));
+  }
+}
+
+TEST_CASE("checkpointing: activations are not kept and backward recomputes exactly once") {
+  torch::manual_seed(6);
+  nn::Linear a(8, 32), b(32, 8);
+  int calls = 0;
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  std::optional<WeakTensor> hidden;
+  auto segment = [&](const torch::Tensor& x) {
+    ++calls;
+    auto h = torch::relu(a->forward(x));
+    if (calls == 1) hidden.emplace(h.getIntrusivePtr());
+    return b->forward(h);
+  };
+  auto x = torch::randn({3, 8}, torch::requires_grad());
+
+  SECTION("plain autograd keeps the hidden activation alive") {
+    auto y = segment(x);
+    REQUIRE_FALSE(hidden->expired());
+    y.sum().backward();
+  }
+  SECTION("checkpoint frees it and saves only the input") {
+    auto y = accel::checkpoint(segment, x);
+    REQUIRE(calls == 1);
+    REQUIRE(hidden->expired());
+    REQUIRE(y.grad_fn()->name().find("CheckpointFunction") != std::string::npos);
+    // The node's only edge is the input: the segment's graph was never recorded.
+    REQUIRE(y.grad_fn()->next_edges().size() == 1);
+    y.sum().backward();
+    REQUIRE(calls == 2);
+    REQUIRE(a->weight.grad().defined());
+    REQUIRE(x.grad().defined());
+  }
+}
+
+TEST_CASE("checkpointing: autocast bf16 recomputation matches plain autocast bitwise") {
+  torch::manual_seed(8);
+  auto model = make_mlp(/*dropout=*/true);
+  auto x = torch::randn({5, 16});
+  const bool was_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+  const auto was_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+
+  // backward_inside: backward also runs with autocast on (the weight-cast cache is never cleared then).
+  for (const bool backward_inside : {false, true}) {
+    INFO("backward inside autocast: " << backward_inside);
+    auto run = [&](nn::Sequential m, bool use_checkpoint) {
+      auto xi = x.clone().requires_grad_(true);
+      return run_step(*m, xi, [&](const torch::Tensor& in) {
+        at::autocast::clear_cache();
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        auto y = use_checkpoint ? accel::checkpoint([&](const torch::Tensor& t) { return m->forward(t); }, in)
+                                : m->forward(in);
+        REQUIRE(y.scalar_type() == at::kBFloat16);
+        if (!backward_inside) {
+          at::autocast::set_autocast_enabled(at::kCPU, was_enabled);
+          at::autocast::clear_cache();
+        }
+        return y;
+      });
+    };
+    auto plain = run(deep_copy(model), false);
+    auto ckpt = run(deep_copy(model), true);
+    at::autocast::set_autocast_enabled(at::kCPU, was_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, was_dtype);
+    at::autocast::clear_cache();
+    require_bitwise_equal(plain, ckpt);
+  }
+}
+
+TEST_CASE("checkpointing: nested checkpoint inside a checkpointed segment") {
+  torch::manual_seed(9);
+  auto inner = make_mlp(/*dropout=*/true);
+  nn::Linear head(8, 8);
+  auto run = [&](bool use_checkpoint) {
+    auto m = deep_copy(inner);
+    auto h = nn::Linear(std::dynamic_pointer_cast<nn::LinearImpl>(head->clone()));
+    auto holder = std::make_shared<nn::Module>();  // for named_parameters()
+    holder->register_module("m", m.ptr());
+    holder->register_module("h", h.ptr());
+    auto x = torch::randn({5, 16}).requires_grad_(true);
+    return run_step(*holder, x, [&](const torch::Tensor& in) {
+      if (!use_checkpoint) return h->forward(m->forward(in));
+      return accel::checkpoint(
+          [&](const torch::Tensor& t) {
+            auto mid = accel::checkpoint([&](const torch::Tensor& u) { return m->forward(u); }, t);
+            return h->forward(mid);
+          },
+          in);
+    });
+  };
+  torch::manual_seed(10);
+  auto plain = run(false);
+  torch::manual_seed(10);
+  auto ckpt = run(true);
+  require_bitwise_equal(plain, ckpt);
+}
+
+TEST_CASE("checkpointing: Checkpointed keeps parameter names and checkpoints only when training") {
+  torch::manual_seed(11);
+  nn::Linear lin(4, 3);
+  accel::Checkpointed wrapped(lin);
+  REQUIRE(names_of(*wrapped) == std::vector<std::string>{"weight", "bias"});
+  REQUIRE(wrapped->parameters()[0].unsafeGetTensorImpl() == lin->weight.unsafeGetTensorImpl());
+
+  auto x = torch::randn({2, 4}, torch::requires_grad());
+  auto y = wrapped->forward(x);
+  REQUIRE(y.grad_fn()->name().find("CheckpointFunction") != std::string::npos);
+  REQUIRE(torch::equal(y, lin->forward(x)));
+
+  wrapped->eval();
+  REQUIRE_FALSE(lin->is_training());
+  REQUIRE(wrapped->forward(x).grad_fn()->name().find("CheckpointFunction") == std::string::npos);
+  wrapped->train();
+  REQUIRE(lin->is_training());
+
+  auto copy = std::dynamic_pointer_cast<accel::CheckpointedImpl>(wrapped->clone());
+  REQUIRE(copy);
+  REQUIRE(names_of(*copy) == names_of(*wrapped));
+  REQUIRE(copy->parameters()[0].unsafeGetTensorImpl() != lin->weight.unsafeGetTensorImpl());
+  REQUIRE(torch::equal(copy->forward(x), y));
+
+  std::ostringstream printed;
+  printed << *wrapped;
+  REQUIRE(printed.str().find("accel::Checkpointed(torch::nn::Linear") != std::string::npos);
+
+  REQUIRE_THROWS_WITH(accel::Checkpointed(nn::AnyModule()), Catch::Contains("module to wrap is empty"));
+}
+
+TEST_CASE(
+    "checkpointing: checkpoint_sequential keeps names and tensors, gradients and optimizer steps match") {
+  torch::manual_seed(12);
+  // A Sequential cannot hold a Sequential (AnyModule rejects its template forward), but it can hold a
+  // Checkpointed Sequential: one segment of two layers, which checkpoint_sequential leaves alone.
+  nn::Sequential model(nn::Linear(16, 32), nn::GELU(), nn::Dropout(0.5),
+                       accel::Checkpointed(nn::Sequential(nn::Linear(32, 32), nn::Tanh())),
+                       nn::Linear(32, 8));
+  auto plain_model = deep_copy(model);
+  auto ckpt_model = deep_copy(model);
+
+  torch::optim::SGD plain_opt(plain_model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ckpt_opt(ckpt_model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const auto names_before = names_of(*ckpt_model);
+  std::vector<c10::TensorImpl*> tensors_before;
+  for (const auto& p : ckpt_model->parameters())
+    tensors_before.push_back(p.unsafeGetTensorImpl());
+
+  accel::checkpoint_sequential(ckpt_model);
+  accel::checkpoint_sequential(ckpt_model);  // idempotent
+  REQUIRE(names_of(*ckpt_model) == names_before);
+  REQUIRE(names_before[0] == "0.weight");
+  REQUIRE(names_before[2] == "3.0.weight");
+  std::vector<c10::TensorImpl*> tensors_after;
+  for (const auto& p : ckpt_model->parameters())
+    tensors_after.push_back(p.unsafeGetTensorImpl());
+  REQUIRE(tensors_after == tensors_before);
+  for (std::size_t i = 0; i < ckpt_model->size(); ++i) {
+    auto wrapper = ckpt_model->ptr<accel::CheckpointedImpl>(i);
+    REQUIRE(wrapper);
+    REQUIRE(ckpt_model->named_children()[i].value().get() == wrapper.get());
+  }
+
+  for (int step = 0; step < 2; ++step) {
+    auto x = torch::randn({5, 16});
+    auto plain = run_step(*plain_model, x, [&](const torch::Tensor& in) { return plain_model->forward(in); });
+    auto ckpt = run_step(*ckpt_model, x, [&](const torch::Tensor& in) {
+      auto y = ckpt_model->forward(in);
+      REQUIRE(y.grad_fn()->name().find("CheckpointFunction") != std::string::npos);
+      return y;
+    });
+    require_bitwise_equal(plain, ckpt);
+    plain_opt.step();
+    ckpt_opt.step();
+  }
+  for (std::size_t i = 0; i < plain_model->parameters().size(); ++i) {
+    REQUIRE(torch::equal(plain_model->parameters()[i], ckpt_model->parameters()[i]));
+  }
+
+  // eval() reaches the wrapped Dropout through the wrapper: no dropout, no checkpoint.
+  ckpt_model->eval();
+  plain_model->eval();
+  auto x = torch::randn({5, 16});
+  auto y = ckpt_model->forward(x);
+  REQUIRE(y.grad_fn()->name().find("CheckpointFunction") == std::string::npos);
+  REQUIRE(torch::equal(y, plain_model->forward(x)));
+
+  // Cloning the wrapped Sequential keeps the names too.
+  auto cloned = deep_copy(ckpt_model);
+  REQUIRE(names_of(*cloned) == names_before);
+}
+
+TEST_CASE("checkpointing: misuse is reported with a clear message") {
+  nn::Linear lin(3, 3);
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  REQUIRE_THROWS_AS(accel::checkpoint(accel::CheckpointSegment{}, x), accel::UsageError);
+  REQUIRE_THROWS_WITH(
+      accel::checkpoint([&](const torch::Tensor& t) { return lin->forward(t); }, torch::Tensor()),
+      Catch::Contains("input 0 is an undefined tensor"));
+  REQUIRE_THROWS_WITH(accel::checkpoint(accel::CheckpointSegmentList([](const std::vector<torch::Tensor>&) {
+                                          return std::vector<torch::Tensor>{};
+                                        }),
+                                        {x}),
+                      Catch::Contains("returned no tensor"));
+
+  auto y = accel::checkpoint([&](const torch::Tensor& t) { return lin->forward(t); }, x);
+  REQUIRE_THROWS_WITH(torch::autograd::grad({y.sum()}, {x}), Catch::Contains("torch::autograd::grad"));
+
+  auto z = accel::checkpoint([&](const torch::Tensor& t) { return lin->forward(t).pow(2); }, x);
+  REQUIRE_THROWS_AS(torch::autograd::backward({z.sum()}, {}, std::nullopt, /*create_graph=*/true),
+                    accel::UnsupportedOperation);
+
+  nn::Sequential empty(nullptr);
+  REQUIRE_THROWS_AS(accel::checkpoint_sequential(empty), accel::UsageError);
+}
+
+TEST_CASE("checkpointing: the YAML switch checkpoints a Sequential model with identical gradients") {
+  auto run = [](bool on) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
+                                torch::nn::Linear(16, 1));
+    accel::Config c;
+    c.use_cpu = true;
+    c.zero.activation_checkpointing = on;
+    accel::Accelerator acc(accel::AcceleratorOptions().config(c));
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    acc.prepare(model, opt);
+    torch::manual_seed(1);
+    const auto x = torch::randn({8, 6}), y = torch::randn({8, 1});
+    acc.backward(torch::mse_loss(model->forward(x), y));
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model->named_parameters())
+      grads.push_back(p.value().grad().clone());
+    return std::make_pair(grads, model->named_parameters().keys());
+  };
+  const auto [plain, plain_names] = run(false);
+  const auto [ckpt, ckpt_names] = run(true);
+  REQUIRE(plain_names == ckpt_names);
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    REQUIRE(torch::equal(plain[i], ckpt[i]));
+}

@@ -1,0 +1,826 @@
+// One rank of the tensor-parallel tests. CTest starts it on 2 or 3 ranks (4 for tp x dp) through
+// accel-launch; each rank builds the parallel layers from the same full layers as an unsplit reference in
+// this same process and checks outputs, gradients (its slice of the full gradient) and weights after SGD
+// steps against it. The scenario runs as the one Catch2 test case of the process (as pipeline_worker).
+//
+//   tensor_parallel_worker mlp          Column -> GELU -> Row against Linear -> GELU -> Linear; seeded layers
+//   tensor_parallel_worker embedding    VocabParallelEmbedding against torch::nn::Embedding
+//   tensor_parallel_worker count        one all-reduce in forward and one in backward per Column-Row pair
+//   tensor_parallel_worker bad_size     sizes not divisible by the group, wrong inputs: UsageError
+//   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
+//   tensor_parallel_worker accelerator  (4 ranks) the same through Accelerator (tensor_parallel_size 2, ddp)
+//   tensor_parallel_worker export_<ddp|zero2|zero3|fsdp_full_shard>  (2 or 4 ranks) Accelerator with
+//                                       tensor_parallel_size 2 on that backend: clip_grad_norm_ (2-norm and
+//                                       inf) as one process clips the unsplit model, get_state_dict and
+//                                       save_model write the unsplit model, load_model slices it back
+//   tensor_parallel_worker pipeline     (4 or 8 ranks) 2 pipeline stages x 2-way tensor parallel (x 2
+//   replicas
+//                                       on 8): losses, clipped norms and weights of one process, whole-model
+//                                       get_state_dict, save_state / load_state resuming exactly
+//   tensor_parallel_worker state_<ddp|zero2|zero3>  save_state / load_state with tensor_parallel_size 2:
+//                                       resumes exactly; resumes a run without tensor parallelism and back
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <accel/accelerator/accelerator.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/distributed/communicator.hpp>
+#include <accel/errors.hpp>
+#include <accel/parallel/pipeline.hpp>
+#include <accel/parallel/tensor_parallel.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "dist_common.hpp"
+#include "scenario_main.hpp"
+
+// <torch/torch.h> redefines CHECK as a fatal check that aborts the process: use CHECK_MSG (Catch2) here.
+
+namespace {
+
+using accel::Collective;
+using accel::Communicator;
+using accel::UsageError;
+using namespace accel::tp;
+
+constexpr std::int64_t kIn = 8, kHidden = 24, kOut = 6, kBatch = 8;
+constexpr double kTol = 1e-5;
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+std::shared_ptr<Communicator> communicator() {
+  accel::CommunicatorOptions options;
+  options.timeout = kTimeout;
+  return Communicator::create(accel::ProcessState::from_environment(), torch::kCPU, options);
+}
+
+// The message of the UsageError `f` throws; "no error" / "other: ..." otherwise.
+std::string usage_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tol = kTol) {
+  return a.defined() && b.defined() && a.sizes() == b.sizes() && torch::allclose(a, b, tol, tol);
+}
+
+torch::nn::Linear seeded_linear(std::uint64_t seed, std::int64_t in, std::int64_t out) {
+  torch::manual_seed(seed);
+  return torch::nn::Linear(in, out);
+}
+
+// The unsplit MLP, and the tensor-parallel one cut from the same full layers.
+struct Mlps {
+  torch::nn::Linear full1, full2;
+  torch::nn::Sequential reference, parallel;
+  ColumnParallelLinear column{nullptr};
+  RowParallelLinear row{nullptr};
+};
+
+Mlps make_mlps(const std::shared_ptr<Communicator>& comm, bool gather = false) {
+  Mlps m{seeded_linear(1, kIn, kHidden), seeded_linear(2, kHidden, kOut), {}, {}};
+  m.reference = torch::nn::Sequential(m.full1, torch::nn::GELU(), m.full2);
+  m.column = ColumnParallelLinear(m.full1, comm, /*gather_output=*/gather);
+  m.row = RowParallelLinear(m.full2, comm, /*input_is_parallel=*/!gather);
+  m.parallel = torch::nn::Sequential(m.column, torch::nn::GELU(), m.row);
+  return m;
+}
+
+// Each parallel parameter's value (and gradient) against its slice of the reference's.
+void compare_parameters(const std::string& what, Mlps& m, bool grads) {
+  const auto c0 = m.column->first_row(), cn = m.column->local_rows();
+  const auto r0 = m.row->first_column(), rn = m.row->local_columns();
+  // name, this rank's parameter, the full one, and the slice of it (dimension, first, count; dimension -1:
+  // all of it).
+  struct Slice {
+    std::string name;
+    torch::Tensor mine, full;
+    std::int64_t dim, first, count;
+  };
+  const std::vector<Slice> slices{{"column weight", m.column->weight, m.full1->weight, 0, c0, cn},
+                                  {"column bias", m.column->bias, m.full1->bias, 0, c0, cn},
+                                  {"row weight", m.row->weight, m.full2->weight, 1, r0, rn},
+                                  {"row bias", m.row->bias, m.full2->bias, -1, 0, 0}};
+  for (const auto& s : slices) {
+    const auto cut = [&](const torch::Tensor& t) {
+      return s.dim < 0 ? t : t.narrow(s.dim, s.first, s.count);
+    };
+    CHECK_MSG(close(s.mine, cut(s.full)),
+              what << ": " << s.name << " differs from its slice of the full layer");
+    if (grads) {
+      CHECK_MSG(close(s.mine.grad(), cut(s.full.grad())),
+                what << ": gradient of " << s.name << " differs from its slice of the full gradient");
+    }
+  }
+}
+
+void train_and_compare(const std::string& what, Mlps& m) {
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("{}, step {}", what, step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    auto x_ref = x.clone().requires_grad_(true), x_par = x.clone().requires_grad_(true);
+    auto out_ref = m.reference->forward(x_ref), out = m.parallel->forward(x_par);
+    CHECK_MSG(close(out, out_ref), at << ": output differs from the unsplit MLP's");
+    torch::mse_loss(out_ref, y).backward();
+    torch::mse_loss(out, y).backward();
+    CHECK_MSG(close(x_par.grad(), x_ref.grad()), at << ": input gradient differs");
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+}
+
+void mlp() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+
+  {
+    auto m = make_mlps(comm);
+    std::vector<std::string> names;
+    for (const auto& item : m.parallel->named_parameters())
+      names.push_back(item.key());
+    CHECK_MSG((names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}),
+              "names " << fmt::format("{}", fmt::join(names, ",")));
+    CHECK_MSG((m.column->first_row() == r * kHidden / n && m.column->local_rows() == kHidden / n),
+              "column rows");
+    CHECK_MSG((m.row->first_column() == r * kHidden / n && m.row->local_columns() == kHidden / n),
+              "row columns");
+    CHECK_MSG(m.column->weight.sizes() == torch::IntArrayRef({kHidden / n, kIn}), "column weight shape");
+    CHECK_MSG(m.row->weight.sizes() == torch::IntArrayRef({kOut, kHidden / n}), "row weight shape");
+    train_and_compare("column -> row", m);
+  }
+  {
+    auto m = make_mlps(comm, /*gather=*/true);
+    train_and_compare("column with gather_output -> row without input_is_parallel", m);
+  }
+
+  // Seeded layers hold the slices of torch::nn::Linear built after torch::manual_seed(seed), and leave the
+  // global generator where it was; unseeded ones draw the full layer from the global generator.
+  torch::manual_seed(42);
+  ColumnParallelLinear column(ColumnParallelLinearOptions(kIn, kHidden).seed(1), comm);
+  RowParallelLinear row(RowParallelLinearOptions(kHidden, kOut).seed(2), comm);
+  VocabParallelEmbedding embedding(VocabParallelEmbeddingOptions(kHidden, 5).seed(3), comm);
+  const auto after = torch::rand({4});
+  torch::manual_seed(42);
+  CHECK_MSG(torch::equal(after, torch::rand({4})), "a seeded layer moved the global generator");
+  const auto full1 = seeded_linear(1, kIn, kHidden), full2 = seeded_linear(2, kHidden, kOut);
+  torch::manual_seed(3);
+  const torch::nn::Embedding full_embedding(kHidden, 5);
+  const auto k = kHidden / n;
+  CHECK_MSG(torch::equal(column->weight, full1->weight.narrow(0, r * k, k)) &&
+                torch::equal(column->bias, full1->bias.narrow(0, r * k, k)),
+            "seeded column layer: not the slice of Linear after manual_seed(1)");
+  CHECK_MSG(
+      torch::equal(row->weight, full2->weight.narrow(1, r * k, k)) && torch::equal(row->bias, full2->bias),
+      "seeded row layer: not the slice of Linear after manual_seed(2)");
+  CHECK_MSG(torch::equal(embedding->weight, full_embedding->weight.narrow(0, r * k, k)),
+            "seeded embedding: not the slice of Embedding after manual_seed(3)");
+  // Every rank's slices side by side are the full layer: N ranks start where one process starts.
+  CHECK_MSG(torch::equal(comm->all_gather(column->weight), full1->weight), "gathered column weight");
+  CHECK_MSG(torch::equal(comm->all_gather(row->weight.t().contiguous()).t(), full2->weight),
+            "gathered row weight");
+  torch::manual_seed(5);
+  ColumnParallelLinear unseeded(ColumnParallelLinearOptions(kIn, kHidden).bias(false), comm);
+  torch::manual_seed(5);
+  const torch::nn::Linear unseeded_full(torch::nn::LinearOptions(kIn, kHidden).bias(false));
+  CHECK_MSG(
+      torch::equal(unseeded->weight, unseeded_full->weight.narrow(0, r * k, k)) && !unseeded->bias.defined(),
+      "unseeded column layer: not the slice of Linear drawn from the global generator");
+
+  // reset_parameters draws the same full layer again; clone() copies the slices and keeps the group.
+  {
+    torch::NoGradGuard no_grad;
+    column->weight.zero_();
+  }
+  column->reset_parameters();
+  CHECK_MSG(torch::equal(column->weight, full1->weight.narrow(0, r * k, k)), "reset_parameters");
+  auto copy = std::dynamic_pointer_cast<ColumnParallelLinearImpl>(column->clone());
+  REQUIRE(copy);
+  CHECK_MSG(
+      (torch::equal(copy->weight, column->weight) && copy->weight.data_ptr() != column->weight.data_ptr()),
+      "clone: a copy of the weight");
+  CHECK_MSG((copy->communicator() == comm && copy->first_row() == column->first_row()),
+            "clone: same group and rows");
+  std::ostringstream printed;
+  printed << *row;
+  CHECK_MSG(contains(printed.str(),
+                     fmt::format("accel::tp::RowParallelLinear(in_features={}, out_features={}, "
+                                 "bias=true, input_is_parallel=true, columns [{}, {}) on rank {} of {})",
+                                 kHidden, kOut, r * k, (r + 1) * k, r, n)),
+            "printed " << printed.str());
+}
+
+void embedding() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+  constexpr std::int64_t kVocab = 24, kDim = 5;
+  const auto k = kVocab / n;
+  torch::manual_seed(3);
+  torch::nn::Embedding full(kVocab, kDim);
+  VocabParallelEmbedding parallel(full, comm);
+  CHECK_MSG((parallel->first_row() == r * k && parallel->local_rows() == k), "embedding rows");
+  CHECK_MSG(torch::equal(parallel->weight, full->weight.narrow(0, r * k, k)), "embedding slice");
+
+  torch::manual_seed(11);
+  const auto ids = torch::randint(0, kVocab, {3, 7}, torch::kLong);
+  const auto w = torch::randn({3, 7, kDim});
+  torch::optim::SGD ref_opt(full->parameters(), 0.5), opt(parallel->parameters(), 0.5);
+  for (int step = 0; step < 2; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    comm->reset_counters();
+    auto out = parallel->forward(ids);
+    CHECK_MSG(comm->bytes(Collective::AllReduce).calls == 1,
+              "step " << step << ": forward all-reduces " << comm->bytes(Collective::AllReduce).calls);
+    const auto out_ref = full->forward(ids);
+    CHECK_MSG(close(out, out_ref), "step " << step << ": embedding output differs");
+    (out_ref * w).sum().backward();
+    comm->reset_counters();
+    (out * w).sum().backward();
+    CHECK_MSG(comm->bytes(Collective::AllReduce).calls == 0,
+              "backward all-reduces " << comm->bytes(Collective::AllReduce).calls);
+    CHECK_MSG(close(parallel->weight.grad(), full->weight.grad().narrow(0, r * k, k)),
+              "step " << step << ": embedding gradient differs from its slice");
+    ref_opt.step();
+    opt.step();
+    CHECK_MSG(close(parallel->weight, full->weight.narrow(0, r * k, k)),
+              "step " << step << ": weights differ");
+  }
+
+  // Errors, alike on every rank (the ids are the same everywhere), before any collective.
+  auto msg = usage_error_of([&] {
+    parallel->forward(torch::tensor(std::vector<std::int64_t>{1, kVocab, 2}));
+  });
+  CHECK_MSG(contains(msg, "accel::tp::VocabParallelEmbedding: id 24 is outside the vocabulary [0, 24)"), msg);
+  msg = usage_error_of([&] { parallel->forward(torch::tensor({-1, 2})); });
+  CHECK_MSG(contains(msg, "id -1 is outside the vocabulary"), msg);
+  msg = usage_error_of([&] { parallel->forward(torch::tensor({1.0, 2.0})); });
+  CHECK_MSG(contains(msg, "ids of type Float; pass integer ids"), msg);
+  msg = usage_error_of([&] {
+    VocabParallelEmbedding(torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kDim).padding_idx(0)),
+                           comm);
+  });
+  CHECK_MSG(contains(msg, "the full embedding has padding_idx 0"), msg);
+}
+
+void count() {
+  auto comm = communicator();
+  auto m = make_mlps(comm);
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}).requires_grad_(true);
+  const auto all_reduce = [&] { return comm->bytes(Collective::AllReduce); };
+
+  comm->reset_counters();
+  auto out = m.parallel->forward(x);
+  CHECK_MSG(all_reduce().calls == 1, "forward: " << all_reduce().calls << " all-reduces");
+  CHECK_MSG(all_reduce().payload == kBatch * kOut * 4, "forward payload " << all_reduce().payload);
+  CHECK_MSG(comm->total_wire_bytes() == all_reduce().wire, "forward: only all-reduces");
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 1, "backward: " << all_reduce().calls << " all-reduces");
+  CHECK_MSG(all_reduce().payload == kBatch * kIn * 4, "backward payload " << all_reduce().payload);
+  CHECK_MSG(comm->total_wire_bytes() == all_reduce().wire, "backward: only all-reduces");
+
+  // An input that needs no gradient (the first layer of a model): forward's all-reduce, none in backward.
+  comm->reset_counters();
+  out = m.parallel->forward(x.detach());
+  CHECK_MSG(all_reduce().calls == 1, "forward all-reduces " << all_reduce().calls);
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 0,
+            "no input gradient: " << all_reduce().calls << " all-reduces in backward");
+
+  // Two pairs: two each way.
+  torch::nn::Sequential two(m.column, torch::nn::GELU(), m.row,
+                            ColumnParallelLinear(seeded_linear(4, kOut, kHidden), comm), torch::nn::GELU(),
+                            RowParallelLinear(seeded_linear(5, kHidden, kOut), comm));
+  comm->reset_counters();
+  out = two->forward(x);
+  CHECK_MSG(all_reduce().calls == 2, "two pairs, forward: " << all_reduce().calls);
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG(all_reduce().calls == 2, "two pairs, backward: " << all_reduce().calls);
+
+  // Gathered output and scattered input: one all-gather each way instead (and the all-reduces as above).
+  auto g = make_mlps(comm, /*gather=*/true);
+  comm->reset_counters();
+  out = g.parallel->forward(x);
+  CHECK_MSG((all_reduce().calls == 1 && comm->bytes(Collective::AllGather).calls == 1),
+            "gathered, forward: " << all_reduce().calls << " all-reduces, "
+                                  << comm->bytes(Collective::AllGather).calls << " all-gathers");
+  comm->reset_counters();
+  out.sum().backward();
+  CHECK_MSG((all_reduce().calls == 1 && comm->bytes(Collective::AllGather).calls == 1),
+            "gathered, backward: " << all_reduce().calls << " all-reduces, "
+                                   << comm->bytes(Collective::AllGather).calls << " all-gathers");
+
+  // One process: the same layers hold everything and compute the unsplit MLP.
+  auto solo = Communicator::create(accel::ProcessState(), torch::kCPU);
+  auto one = make_mlps(solo);
+  CHECK_MSG(close(one.parallel->forward(x), one.reference->forward(x)),
+            "one process: output differs from the unsplit MLP");
+  CHECK_MSG((one.column->local_rows() == kHidden && one.row->local_columns() == kHidden),
+            "one process holds every row and column");
+}
+
+void bad_size() {
+  auto comm = communicator();
+  const int r = comm->rank(), n = comm->world_size();
+  const std::int64_t odd = 4 * n + 1;
+  auto msg = usage_error_of([&] { ColumnParallelLinear(ColumnParallelLinearOptions(kIn, odd), comm); });
+  CHECK_MSG(
+      contains(msg, fmt::format("accel::tp::ColumnParallelLinear: out_features {} is not divisible by the "
+                                "tensor-parallel size {} (rank {} of the group); make out_features a "
+                                "multiple of {} (e.g. {})",
+                                odd, n, r, n, 5 * n)),
+      msg);
+  msg = usage_error_of([&] { RowParallelLinear(torch::nn::Linear(odd, kOut), comm); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::RowParallelLinear: in_features {} is not divisible by the "
+                                      "tensor-parallel size {}",
+                                      odd, n)),
+            msg);
+  msg = usage_error_of([&] { VocabParallelEmbedding(VocabParallelEmbeddingOptions(odd, 4), comm); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::VocabParallelEmbedding: num_embeddings {} is not divisible",
+                                      odd)),
+            msg);
+  msg = usage_error_of([&] { ColumnParallelLinear(ColumnParallelLinearOptions(kIn, kHidden), nullptr); });
+  CHECK_MSG(contains(msg, "accel::tp::ColumnParallelLinear: the tensor-parallel communicator is null"), msg);
+  msg = usage_error_of([&] { RowParallelLinear(RowParallelLinearOptions(kHidden, 0), comm); });
+  CHECK_MSG(contains(msg, "accel::tp::RowParallelLinear: out_features is 0; it must be positive"), msg);
+
+  // Inputs of the wrong width are refused before any collective, alike on every rank.
+  auto m = make_mlps(comm);
+  msg = usage_error_of([&] { m.column->forward(torch::randn({2, kIn - 1})); });
+  CHECK_MSG(
+      contains(msg, fmt::format("accel::tp::ColumnParallelLinear: input of shape [2, {}] where the last "
+                                "dimension must be {} (in_features)",
+                                kIn - 1, kIn)),
+      msg);
+  msg = usage_error_of([&] { m.row->forward(torch::randn({2, kHidden})); });
+  CHECK_MSG(contains(msg, fmt::format("accel::tp::RowParallelLinear: input of shape [2, {}] where the last "
+                                      "dimension must be {} (in_features / tensor-parallel size",
+                                      kHidden, kHidden / n)),
+            msg);
+  msg = usage_error_of([&] { scatter_to_tensor_parallel(torch::randn({2, odd}), comm); });
+  CHECK_MSG(contains(msg, fmt::format("the input's last dimension {} is not divisible", odd)), msg);
+  // The group still works afterwards (nobody was left inside a collective).
+  auto t = torch::ones({1});
+  comm->all_reduce(t, accel::ReduceOp::Sum);
+  CHECK_MSG(t.item<float>() == static_cast<float>(n), "the group after the errors: sum " << t.item<float>());
+}
+
+// 2-way tensor x 2-way data parallel on 4 ranks, rank = dp_index * tp + tp_index: tensor-parallel groups
+// {0,1},{2,3}, data-parallel groups {0,2},{1,3}. Each replica takes half the batch; gradients are averaged
+// over the data-parallel group; the weights follow one process with the whole batch.
+void tp_dp() {
+  auto comm = communicator();
+  REQUIRE(comm->world_size() == 4);
+  constexpr int kTp = 2, kDp = 2;
+  const int r = comm->rank(), tp_index = r % kTp, dp_index = r / kTp;
+  auto tp = comm->split({{0, 1}, {2, 3}});
+  auto dp = comm->split({{0, 2}, {1, 3}});
+  REQUIRE((tp->rank() == tp_index && tp->world_size() == kTp && dp->rank() == dp_index &&
+           dp->world_size() == kDp));
+  auto m = make_mlps(tp);
+  torch::manual_seed(10);
+  const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+  const auto rows = kBatch / kDp;
+  const auto my_x = x.narrow(0, dp_index * rows, rows), my_y = y.narrow(0, dp_index * rows, rows);
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("tp x dp, step {}", step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    auto out_ref = m.reference->forward(x);
+    torch::mse_loss(out_ref, y).backward();
+    tp->reset_counters();
+    dp->reset_counters();
+    auto out = m.parallel->forward(my_x);
+    CHECK_MSG(close(out, out_ref.narrow(0, dp_index * rows, rows)), at << ": output rows differ");
+    torch::mse_loss(out, my_y).backward();
+    // The first layer's input needs no gradient: the tensor-parallel group all-reduced once (forward).
+    CHECK_MSG(tp->bytes(Collective::AllReduce).calls == 1,
+              at << ": tp all-reduces " << tp->bytes(Collective::AllReduce).calls);
+    for (auto& p : m.parallel->parameters()) {
+      auto& grad = p.mutable_grad();
+      dp->all_reduce(grad, accel::ReduceOp::Sum);
+      grad.div_(kDp);
+    }
+    CHECK_MSG(dp->bytes(Collective::AllReduce).calls == 4,
+              "dp all-reduces " << dp->bytes(Collective::AllReduce).calls);
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+}
+
+// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks, the DDP backend
+// reducing over the data-parallel groups, a prepared loader giving both ranks of a group the same batches,
+// and what would silently see only this rank's slices refused.
+void accelerator() {
+  REQUIRE(communicator()->world_size() == 4);
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = 4;
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group(), dp = acc.data_parallel_group();
+  const int r = acc.process_index();
+  CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}) &&
+                dp->job_ranks() == std::vector<int>({r % 2, r % 2 + 2}),
+            "groups " << fmt::format("{} and {}", fmt::join(tp->job_ranks(), ","),
+                                     fmt::join(dp->job_ranks(), ",")));
+  auto m = make_mlps(tp);
+  torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
+  acc.prepare(m.parallel, opt);
+  // 16 samples, batches of 4 per replica: the ranks of a tensor-parallel group read the same rows.
+  torch::manual_seed(10);
+  const auto xs = torch::randn({16, kIn}), ys = torch::randn({16, kOut});
+  auto loader =
+      acc.prepare_data_loader(torch::data::datasets::TensorDataset(torch::cat({xs, ys}, 1))
+                                  .map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+                              accel::DataLoaderOptions(4).shuffle(false));
+  int step = 0;
+  for (auto& batch : *loader) {
+    const std::string at = fmt::format("accelerator, step {}", step++);
+    const auto rows = batch.data;
+    const auto x = rows.narrow(1, 0, kIn), y = rows.narrow(1, kIn, kOut);
+    const auto group_rows = tp->all_gather(x);
+    CHECK_MSG(torch::equal(group_rows.narrow(0, 0, x.size(0)), group_rows.narrow(0, x.size(0), x.size(0))),
+              at << ": the ranks of a tensor-parallel group read different batches");
+    // The reference: both replicas' batches as one (the loss is a mean over rows, so the mean of the two
+    // replicas' losses equals the loss of their union).
+    const auto all = dp->all_gather(rows);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    torch::mse_loss(m.reference->forward(all.narrow(1, 0, kIn)), all.narrow(1, kIn, kOut)).backward();
+    acc.backward(torch::mse_loss(m.parallel->forward(x), y));
+    compare_parameters(at, m, /*grads=*/true);
+    ref_opt.step();
+    opt.step();
+    compare_parameters(at + " after SGD", m, /*grads=*/false);
+  }
+  CHECK_MSG(step == 2, "steps " << step);
+  const auto bad = usage_error_of(
+      [&] { accel::Accelerator three(accel::AcceleratorOptions().config(config).tensor_parallel_size(3)); });
+  CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
+}
+
+// The config of one backend row of these tests, for `world` CPU ranks.
+accel::Config backend_config(const std::string& backend, int world) {
+  accel::Config config;
+  config.use_cpu = true;
+  config.num_processes = world;
+  config.collective_timeout_seconds = 60;
+  if (backend == "ddp") {
+    config.backend = "ddp";
+  } else if (backend == "zero2" || backend == "zero3") {
+    config.backend = "zero";
+    config.zero.stage = backend[4] - '0';
+    config.zero.sub_group_size = 50;  // sub-groups mixing split and replicated parameters
+    config.zero.reduce_bucket_size = 100;
+  } else if (backend == "fsdp_full_shard") {
+    config.backend = "fsdp";
+    config.fsdp.sharding_strategy = accel::ShardingStrategy::FullShard;
+  } else {
+    throw std::invalid_argument("unknown backend row " + backend);
+  }
+  return config;
+}
+
+// A fresh directory made by rank 0, named on every rank of `world`.
+std::string shared_temp_dir(Communicator& world) {
+  std::string dir;
+  if (world.rank() == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "accel_tp_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  return world.exchange(dir)[0];
+}
+
+// Accelerator with tensor_parallel_size 2 on `backend` (2 ranks: tp only; 4 ranks: 2-way tp x 2-way dp):
+// clip_grad_norm_ gives the norm one process computes over the unsplit model and clips alike (the column
+// layer's slices counted on their rank, the row layer's replicated bias once), with the 2-norm and the
+// inf-norm; get_state_dict (every rank, and main process only) and save_model give the unsplit model's names,
+// shapes and values; load_model cuts this rank's slices back out; a mis-sized export is a CheckpointError.
+void export_on(const std::string& backend) {
+  const int world = communicator()->world_size();
+  const auto config = backend_config(backend, world);
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group(), dp = acc.data_parallel_group();
+  auto m = make_mlps(tp);
+  constexpr double kLr = 0.5, kMaxNorm = 0.05;
+  torch::optim::SGD ref_opt(m.reference->parameters(), kLr), opt(m.parallel->parameters(), kLr);
+  acc.prepare(m.parallel, opt);
+  // The unsplit model's state by name, for comparison with what the accelerator gathers.
+  const auto compare_state = [&](const std::string& at, const accel::NamedTensors& state) {
+    const auto ref = m.reference->named_parameters();
+    CHECK_MSG(state.size() == ref.size(), at << ": " << state.size() << " tensors, expected " << ref.size());
+    for (const auto& [name, t] : state) {
+      const auto* full = ref.find(name);
+      CHECK_MSG(full != nullptr, at << ": unexpected entry " << name);
+      if (full != nullptr)
+        CHECK_MSG(close(t, *full), at << ": " << name << " differs from the unsplit model");
+    }
+  };
+  torch::manual_seed(10);
+  const auto rows = kBatch / dp->world_size();
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("{} step {}", backend, step);
+    const double norm_type = step == 2 ? std::numeric_limits<double>::infinity() : 2.0;
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    ref_opt.zero_grad();
+    torch::mse_loss(m.reference->forward(x), y).backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(m.reference->parameters(), kMaxNorm, norm_type);
+    CHECK_MSG(ref_norm > 2 * kMaxNorm, at << ": the reference norm " << ref_norm << " needs no clipping");
+    opt.zero_grad();
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, dp->rank() * rows, rows); };
+    acc.backward(torch::mse_loss(m.parallel->forward(mine(x)), mine(y)));
+    const double norm = acc.clip_grad_norm_(kMaxNorm, norm_type);
+    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-5 * ref_norm,
+              at << ": clip_grad_norm_ returned " << norm << ", one process " << ref_norm);
+    ref_opt.step();
+    opt.step();
+    compare_state(at + " after the clipped step", acc.get_state_dict(m.parallel));
+  }
+  const auto on_main = acc.get_state_dict(m.parallel, accel::StateDictOn::MainProcess);
+  if (acc.is_main_process()) {
+    compare_state("get_state_dict on the main process", on_main);
+  } else {
+    CHECK_MSG(on_main.empty(), "get_state_dict(MainProcess) gave rank " << acc.process_index() << " "
+                                                                        << on_main.size() << " tensors");
+  }
+  // save_model writes the unsplit model (what a model built with torch::nn::Linear loads); load_model after
+  // another step brings the saved weights back.
+  const std::string dir = shared_temp_dir(*communicator());
+  acc.save_model(m.parallel, dir);
+  if (acc.is_main_process()) {
+    const auto file = accel::safetensors::File::open(dir + "/model.safetensors");
+    accel::NamedTensors saved;
+    for (const auto& name : file.names()) {
+      const auto& info = file.info(name);
+      saved.emplace_back(
+          name,
+          torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, torch::kFloat32).clone());
+    }
+    compare_state("model.safetensors", saved);
+  }
+  const auto before = acc.get_state_dict(m.parallel);
+  opt.zero_grad();
+  acc.backward(m.parallel->forward(torch::ones({2, kIn})).sum());
+  opt.step();
+  acc.load_model(m.parallel, dir);
+  const auto after = acc.get_state_dict(m.parallel);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    CHECK_MSG(torch::equal(after[i].second, before[i].second),
+              "load_model did not restore " << after[i].first);
+  }
+  // An export whose column layer is narrower than this one's.
+  if (acc.is_main_process()) {
+    const auto narrow = torch::zeros({kHidden - 2, kIn});
+    accel::safetensors::write_file(dir + "/model.safetensors", {{"0.weight",
+                                                                 accel::safetensors::DType::F32,
+                                                                 {kHidden - 2, kIn},
+                                                                 narrow.data_ptr(),
+                                                                 static_cast<std::size_t>(narrow.nbytes())}});
+  }
+  acc.wait_for_everyone();
+  std::string error = "no error";
+  try {
+    acc.load_model(m.parallel, dir);
+  } catch (const accel::CheckpointError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(contains(error,
+                     "'0.weight' has shape [22, 8] but its tensor-parallel layer is 24 wide along "
+                     "dimension 0 (12 on each of 2 ranks)"),
+            error);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+// save_state / load_state with tensor parallelism on `backend`: a checkpoint of the tensor-parallel run
+// resumes it exactly; it is the unsplit model's, so a run without tensor parallelism (same ranks, every one a
+// data-parallel replica) resumes from it with the same weights and Adam state, and the tensor-parallel run
+// resumes from that run's checkpoint in turn.
+void state_on(const std::string& backend) {
+  auto world = communicator();
+  const auto config = backend_config(backend, world->world_size());
+  const std::string dir = shared_temp_dir(*world), tp_dir = dir + "/tp", plain_dir = dir + "/plain";
+  // Step `step` on the global batch drawn with that seed, each data-parallel replica taking its rows.
+  const auto train = [&](accel::Accelerator& acc, const std::shared_ptr<torch::nn::Module>& model,
+                         torch::optim::Optimizer& opt, int step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    auto dp = acc.data_parallel_group();
+    const auto rows = kBatch / dp->world_size();
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, dp->rank() * rows, rows); };
+    opt.zero_grad();
+    auto out = model->as<torch::nn::Sequential>()->forward(mine(x));
+    acc.backward(torch::mse_loss(out, mine(y)));
+    opt.step();
+  };
+  const auto same = [](const std::string& at, const accel::NamedTensors& a, const accel::NamedTensors& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK_MSG((a[i].first == b[i].first && close(a[i].second, b[i].second)),
+                at << ": " << a[i].first << " differs");
+    }
+  };
+  accel::NamedTensors at2, at4, at5;
+  {  // tensor parallel: steps 0-1, save, steps 2-3; load, steps 2-3 again
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+    auto m = make_mlps(acc.tensor_parallel_group());
+    torch::optim::Adam opt(m.parallel->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(m.parallel, opt);
+    std::shared_ptr<torch::nn::Module> model = m.parallel.ptr();
+    for (int step = 0; step < 2; ++step)
+      train(acc, model, opt, step);
+    acc.save_state(tp_dir);
+    at2 = acc.get_state_dict(m.parallel);
+    for (int step = 2; step < 4; ++step)
+      train(acc, model, opt, step);
+    at4 = acc.get_state_dict(m.parallel);
+    acc.load_state(tp_dir);
+    same("tp after load_state", acc.get_state_dict(m.parallel), at2);
+    for (int step = 2; step < 4; ++step)
+      train(acc, model, opt, step);
+    same("tp resumed, step 4", acc.get_state_dict(m.parallel), at4);
+  }
+  {  // without tensor parallelism: resume from the tensor-parallel checkpoint, save at step 4, step 4
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config));
+    torch::manual_seed(99);  // other initial weights: the checkpoint must replace them
+    torch::nn::Sequential plain(torch::nn::Linear(kIn, kHidden), torch::nn::GELU(),
+                                torch::nn::Linear(kHidden, kOut));
+    torch::optim::Adam opt(plain->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(plain, opt);
+    acc.load_state(tp_dir);
+    same("unsplit model after load_state of the tp checkpoint", acc.get_state_dict(plain), at2);
+    for (int step = 2; step < 4; ++step)
+      train(acc, plain.ptr(), opt, step);
+    same("unsplit model resumed, step 4", acc.get_state_dict(plain), at4);
+    acc.save_state(plain_dir);
+    train(acc, plain.ptr(), opt, 4);
+    at5 = acc.get_state_dict(plain);
+  }
+  {  // tensor parallel again: resume from the unsplit model's checkpoint
+    accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+    auto m = make_mlps(acc.tensor_parallel_group());
+    torch::optim::Adam opt(m.parallel->parameters(), torch::optim::AdamOptions(0.01));
+    acc.prepare(m.parallel, opt);
+    acc.load_state(plain_dir);
+    same("tp after load_state of the unsplit checkpoint", acc.get_state_dict(m.parallel), at4);
+    train(acc, m.parallel.ptr(), opt, 4);
+    same("tp resumed from the unsplit checkpoint, step 5", acc.get_state_dict(m.parallel), at5);
+  }
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Tensor parallelism inside pipeline stages: 2 stages x 2-way tensor parallel (x 2 data-parallel replicas on
+// 8 ranks), each stage a Column -> GELU -> Row pair (the second stage behind a Tanh). Every step's loss and
+// clipped gradient norm are one process's with the unsplit model and the whole batch, get_state_dict gives
+// the whole unsplit model (every stage, slices gathered) equal to that process's, and save_state/load_state
+// (SGD momentum) resume exactly.
+void pipeline() {
+  const int world = communicator()->world_size();
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = world;
+  config.collective_timeout_seconds = 60;
+  config.pipeline.stages = 2;
+  config.pipeline.micro_batches = 2;
+  config.pipeline.schedule = accel::pipeline::Schedule::OneFOneB;
+  config.pipeline.partition = "0,3,7";
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto tp = acc.tensor_parallel_group();
+  const int r = acc.process_index(), lanes = world / 2;
+  CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}),
+            "tensor-parallel group " << fmt::format("{}", fmt::join(tp->job_ranks(), ",")));
+  auto full1 = seeded_linear(1, kIn, kHidden), full2 = seeded_linear(2, kHidden, kIn),
+       full3 = seeded_linear(3, kIn, kHidden), full4 = seeded_linear(4, kHidden, kOut);
+  torch::nn::Sequential reference(full1, torch::nn::GELU(), full2, torch::nn::Tanh(), full3,
+                                  torch::nn::GELU(), full4);
+  torch::nn::Sequential model(
+      ColumnParallelLinear(full1, tp), torch::nn::GELU(), RowParallelLinear(full2, tp), torch::nn::Tanh(),
+      ColumnParallelLinear(full3, tp), torch::nn::GELU(), RowParallelLinear(full4, tp));
+  auto& stage = acc.prepare_pipeline(model);
+  CHECK_MSG(stage.stage() == r / lanes, "rank " << r << " runs stage " << stage.stage());
+  const auto momentum = torch::optim::SGDOptions(0.2).momentum(0.9);
+  torch::optim::SGD opt(stage.parameters(), momentum), ref_opt(reference->parameters(), momentum);
+  acc.prepare(opt);
+  const auto same_as_reference = [&](const std::string& at) {
+    const auto state = acc.get_state_dict(stage.module());
+    const auto ref = reference->named_parameters();
+    CHECK_MSG(state.size() == ref.size(), at << ": " << state.size() << " tensors of " << ref.size());
+    for (const auto& [name, t] : state) {
+      const auto* expected = ref.find(name);
+      CHECK_MSG((expected != nullptr && close(t, *expected)), at << ": " << name << " differs");
+    }
+  };
+  const auto step = [&](int n, bool reference_too) {
+    torch::manual_seed(300 + n);
+    const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+    opt.zero_grad();
+    const double loss = acc.pipeline_step(x, y, [](const torch::Tensor& out, const torch::Tensor& target) {
+      return torch::mse_loss(out, target);
+    });
+    const double norm = acc.clip_grad_norm_(0.05);
+    opt.step();
+    if (!reference_too) return;
+    ref_opt.zero_grad();
+    const auto ref_loss = torch::mse_loss(reference->forward(x), y);
+    ref_loss.backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.05);
+    ref_opt.step();
+    CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-5,
+              "step " << n << ": loss " << loss << ", one process " << ref_loss.item<double>());
+    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-5 * ref_norm,
+              "step " << n << ": clipped norm " << norm << ", one process " << ref_norm);
+  };
+  for (int n = 0; n < 3; ++n)
+    step(n, true);
+  same_as_reference("after 3 steps");
+  const std::string dir = shared_temp_dir(*communicator());
+  acc.save_state(dir);
+  const auto saved = acc.get_state_dict(stage.module());
+  step(3, true);
+  const auto after = acc.get_state_dict(stage.module());
+  acc.load_state(dir);
+  const auto loaded = acc.get_state_dict(stage.module());
+  for (std::size_t i = 0; i < saved.size(); ++i)
+    CHECK_MSG(torch::equal(loaded[i].second, saved[i].second), "load_state: " << saved[i].first);
+  step(3, false);
+  const auto again = acc.get_state_dict(stage.module());
+  for (std::size_t i = 0; i < after.size(); ++i)
+    CHECK_MSG(close(again[i].second, after[i].second), "resumed step: " << after[i].first);
+  {
+    // A model prepared beside the pipeline, after it, gets its engine over the ranks holding the same
+    // tensor-parallel slices (the Accelerator's own group, which prepare_pipeline's narrower one does not
+    // replace): DDP broadcasts the weights of that group's first rank, tp rank t's.
+    const auto draw = [](int seed) {
+      torch::manual_seed(static_cast<std::uint64_t>(seed));
+      return torch::nn::Linear(torch::nn::LinearOptions(3, 1).bias(false));
+    };
+    auto aux = draw(1000 + r);
+    const auto expected = draw(1000 + r % 2)->weight.detach().clone();
+    acc.prepare(aux);
+    CHECK_MSG(torch::equal(aux->weight, expected),
+              "rank " << r << ": the aux model was not broadcast from " << r % 2);
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, std::function<void()>> scenarios{
+      {"mlp", mlp},
+      {"embedding", embedding},
+      {"count", count},
+      {"bad_size", bad_size},
+      {"tp_dp", tp_dp},
+      {"accelerator", accelerator},
+      {"export_ddp", [] { export_on("ddp"); }},
+      {"export_zero2", [] { export_on("zero2"); }},
+      {"export_zero3", [] { export_on("zero3"); }},
+      {"export_fsdp_full_shard", [] { export_on("fsdp_full_shard"); }},
+      {"state_ddp", [] { state_on("ddp"); }},
+      {"state_zero2", [] { state_on("zero2"); }},
+      {"state_zero3", [] { state_on("zero3"); }},
+      {"pipeline", pipeline}};
+  return worker::run_named(
+      argc == 2 ? argc : 0, argv, scenarios,
+      "usage: tensor_parallel_worker <scenario>[,<scenario>...]; scenarios: mlp, embedding, "
+      "count, bad_size, tp_dp, accelerator, export_<ddp|zero2|zero3|fsdp_full_shard>, "
+      "state_<ddp|zero2|zero3>, pipeline");
+}
