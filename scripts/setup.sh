@@ -52,6 +52,9 @@ if [[ ! -f $build_dir/CMakeCache.txt ]]; then
     { cat "$build_dir.configure.log" >&2; exit 1; }
 fi
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+# Paths inside the checkout are hashed relative to it, so another clone of the project (CI clones into a new
+# folder each time) reuses the objects this machine's earlier builds cached.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 # Every LibTorch translation unit needs >1 GiB: two jobs fit the 2-core, 24 GiB machines we target.
 cmake --build "$build_dir" -j "${ACCEL_JOBS:-2}" | { grep -v -x 'ninja: no work to do.' || true; }
 exit "${PIPESTATUS[0]}"
