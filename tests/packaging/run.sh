@@ -24,6 +24,8 @@ cmake -S "$src/tests/packaging/consumer" -B "$work/subdir" "${gen[@]}" -DACCEL_M
 cmake --build "$work/subdir" --target CMakeFiles/consumer.dir/main.cpp.o >>"$work/subdir.log" 2>&1 ||
   { cat "$work/subdir.log"; exit 1; }
 # The library targets are there and the consumer links against them (read from the generated build graph).
-ninja -C "$work/subdir" -t query consumer | grep -q 'libaccelerate_cpp.a' ||
+# (Read whole first: `grep -q` closing the pipe early would fail the pipeline under pipefail.)
+inputs=$(ninja -C "$work/subdir" -t query consumer)
+grep -q 'libaccelerate_cpp.a' <<<"$inputs" ||
   { echo "packaging: the add_subdirectory consumer does not link libaccelerate_cpp.a"; exit 1; }
 echo "packaging: find_package builds and trains, add_subdirectory configures and compiles"
