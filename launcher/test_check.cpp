@@ -98,8 +98,9 @@ auto check_data_loader(accel::Accelerator& acc, int world) {
   return loader;
 }
 
-// The reference of check 4: `steps` optimizer steps of one process on the whole batch of 4 x `world` rows.
-void train_reference(Net& reference, const Rows& data, int world, int steps, int gas) {
+// The reference of check 4: `steps` optimizer steps of one process on the whole batch of 4 x `world` rows,
+// clipped to `clip` before each step when the config clips (deepspeed_config.gradient_clipping).
+void train_reference(Net& reference, const Rows& data, int world, int steps, int gas, double clip) {
   torch::optim::SGD ref_opt(reference.parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < steps; ++s) {
     ref_opt.zero_grad();
@@ -110,6 +111,7 @@ void train_reference(Net& reference, const Rows& data, int world, int steps, int
                         gas;
       loss.backward();
     }
+    if (clip > 0) torch::nn::utils::clip_grad_norm_(reference.parameters(), clip);
     ref_opt.step();
   }
 }
@@ -181,7 +183,7 @@ int main() try {
   auto reference = std::make_shared<Net>();
   torch::manual_seed(99);
   auto model = std::make_shared<Net>();
-  train_reference(*reference, data, world, steps, gas);
+  train_reference(*reference, data, world, steps, gas, accel::automatic_gradient_clipping(config));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   acc.prepare(model, opt);
   train_prepared(acc, model, opt, data, rank, world, steps, gas);

@@ -42,7 +42,9 @@ std::vector<KeyRow> zero_rows() {
     rows.push_back(r);
   }
   rows.push_back(setting(
-      "gradient_clipping", kSection, "max global gradient norm; 0 disables",
+      "gradient_clipping", kSection,
+      "max global gradient norm: backward clips each model to it on sync steps, as DeepSpeed's engine does; "
+      "0 disables; absent from a YAML deepspeed_config: 1.0 (what Accelerate fills in)",
       [](auto& c) -> auto& { return c.zero.gradient_clipping; },
       [](const Reader& r, const Entry& e) {
         return r.number(e, 0, true, "a non-negative number (0 disables)");
@@ -108,7 +110,19 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   }
 
   const Entry* file = p.find(kSection + ".deepspeed_config_file");
-  if (file == nullptr) return;
+  if (file == nullptr) {
+    // Accelerate's DeepSpeedPlugin leaves an absent gradient_clipping "auto" and fills it with 1.0 at
+    // prepare: a YAML DeepSpeed section clips at 1.0 unless it says otherwise (a JSON file keeps DeepSpeed's
+    // own default, 0). Said once, since the file does not say it.
+    if (c.backend == "zero" && p.find(kSection + ".gradient_clipping") == nullptr) {
+      c.zero.gradient_clipping = 1.0;
+      c.notices.push_back(
+          "deepspeed_config.gradient_clipping is not set: gradients are clipped to a global norm of 1.0 on "
+          "sync "
+          "steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off");
+    }
+    return;
+  }
   if (c.backend != "zero") {
     r.fail_at(*file, fmt::format(
                          "{}: a DeepSpeed config file needs distributed_type: DEEPSPEED (backend: zero), but "
@@ -236,6 +250,7 @@ BackendPart zero_config_part() {
   }
   part.rows = zero_rows();
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
+  part.info.gradient_clipping = [](const Config& c) { return c.zero.gradient_clipping; };
   part.resolve = resolve_zero;
   part.validate = validate_zero;
   part.estimate_config = [](const MemoryEstimateInput& in, Config& c) {

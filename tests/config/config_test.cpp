@@ -954,3 +954,27 @@ TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and mu
       Catch::Contains("deepspeed_config.sub_group_size") &&
           Catch::Contains("a positive number of elements (such as 4000000 or 4e6)"));
 }
+
+TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1.0, as Accelerate fills it",
+          "[config]") {
+  // Accelerate's DeepSpeedPlugin leaves the absent key "auto" and fills it with 1.0 at prepare.
+  const auto absent = accel::Config::load_string("backend: zero\ndeepspeed_config:\n  zero_stage: 2\n");
+  CHECK(absent.zero.gradient_clipping == 1.0);
+  CHECK(accel::automatic_gradient_clipping(absent) == 1.0);
+  CHECK(has_notice(absent, "gradient_clipping is not set: gradients are clipped to a global norm of 1.0"));
+  // Said in the file: kept, and nothing to say.
+  const auto off = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 2\n  gradient_clipping: 0\n");
+  CHECK(off.zero.gradient_clipping == 0.0);
+  CHECK(accel::automatic_gradient_clipping(off) == 0.0);
+  CHECK_FALSE(has_notice(off, "gradient_clipping"));
+  const auto half = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 3\n  gradient_clipping: 0.5\n");
+  CHECK(accel::automatic_gradient_clipping(half) == 0.5);
+  // Another backend does not clip by itself, whatever the (unused) DeepSpeed section says.
+  const auto ddp = accel::Config::load_string("backend: ddp\n");
+  CHECK(ddp.zero.gradient_clipping == 0.0);
+  CHECK(accel::automatic_gradient_clipping(ddp) == 0.0);
+  // The round trip writes the value, so the written file clips as the read one did.
+  CHECK(accel::Config::load_string(absent.to_yaml()).zero.gradient_clipping == 1.0);
+}

@@ -608,6 +608,63 @@ void equivalence_case(const char* name, MixedPrecision mp, int accumulation, dou
   }
 }
 
+// deepspeed_config.gradient_clipping: backward clips each model's gradients to it on sync steps, as
+// DeepSpeed's engine does before its step. N ranks with accumulation 2 must equal one process with the whole
+// batch that clips with LibTorch's clip_grad_norm_ before each step (the norms exceed the bound, so clipping
+// bites).
+void config_clipping() {
+  const double max_norm = 0.05;
+  Config c = cpu_config(MixedPrecision::No, 2);
+  c.zero.gradient_clipping = max_norm;
+  std::vector<torch::Tensor> got;
+  int world = 0;
+  constexpr int kSteps = 3;
+  {
+    Accelerator acc(AcceleratorOptions().config(c));
+    world = acc.num_processes();
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    acc.prepare(model, opt);
+    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        Regression(4 * world * 2 * kSteps).map(torch::data::transforms::Stack<>()),
+        torch::data::DataLoaderOptions(4));
+    for (auto& b : *loader) {
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      opt.step();
+      opt.zero_grad();
+    }
+    CHECK_MSG(acc.completed_steps() == kSteps, "completed " << acc.completed_steps() << " steps");
+    got = test::snapshot(*model);
+  }
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  const std::int64_t big = 4 * world;
+  Regression data(big * 2 * kSteps);
+  double largest = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int m = 0; m < 2; ++m) {
+      const auto k = s * 2 + m;
+      (torch::mse_loss(model(data.x.slice(0, k * big, (k + 1) * big)),
+                       data.y.slice(0, k * big, (k + 1) * big)) /
+       2)
+          .backward();
+    }
+    largest = std::max(largest, torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm));
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK_MSG(largest > 2 * max_norm, "the test must clip: the largest norm was " << largest);
+  const auto want = test::snapshot(*model);
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CHECK_MSG(close(want[k], got[k], 2e-5), "gradient_clipping "
+                                                << max_norm << ": parameter " << k
+                                                << " differs from one process clipping by "
+                                                << (want[k] - got[k]).abs().max().item<double>());
+  }
+}
+
 void sync_pattern() {
   // Accumulation 2 over 5 batches per rank: syncs on 2, 4 and the last batch; micro-steps send nothing; the
   // gradients differ across ranks during a micro-step (each saw its own data).
@@ -1211,6 +1268,7 @@ int main(int argc, char** argv) {
          sync_pattern();
          micro_step_grads_differ();
        }},
+      {"config_clipping", config_clipping},
       {"debug_mismatch", debug_mismatch},
       {"debug_missing", debug_missing},
       {"unused", unused},

@@ -182,6 +182,7 @@ double Accelerator::pipeline_step(const torch::Tensor& inputs, const torch::Tens
   // fp16: every stage unscales its gradients; an overflow on any stage skips the step on all of them (the
   // flags are reduced over the whole job).
   unscale_and_check();
+  clip_configured_gradients();
   mean = replica_mean(mean);
   clock_.pipeline_step(engine.micro_batches(), prepared_.optimizers.empty() || !optimizer_step_was_skipped());
   return mean;

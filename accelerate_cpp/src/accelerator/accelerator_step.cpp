@@ -101,9 +101,28 @@ void Accelerator::backward(const torch::Tensor& loss) {
     return;
   }
   unscale_and_check();
+  clip_configured_gradients();
   const bool any_real =
       std::any_of(prepared_.skipped.begin(), prepared_.skipped.end(), [](bool s) { return !s; });
   if (prepared_.optimizers.empty() || any_real) clock_.count_step();
+}
+
+void Accelerator::clip_configured_gradients() {
+  // The backend's own clipping setting (deepspeed_config.gradient_clipping): DeepSpeed's engine clips its
+  // model's gradients before each step, so each model that has an optimizer is clipped on its own. A model
+  // under no_sync is clipped at the backward that synchronises it; a pipeline clips its whole model.
+  const double max_norm = automatic_gradient_clipping(config_);
+  if (max_norm <= 0) return;
+  if (pipeline_.engine) {
+    clip_grad_norm_(max_norm);
+    return;
+  }
+  const auto& owners = prepared_.optimizer_model;
+  for (std::size_t i = 0; i < prepared_.models.size(); ++i) {
+    const auto& m = prepared_.models[i];
+    if (m.no_sync > 0 || std::find(owners.begin(), owners.end(), i) == owners.end()) continue;
+    clip_grad_norm_(m.module->parameters(), max_norm);
+  }
 }
 
 void Accelerator::unscale_and_check() {

@@ -17,6 +17,12 @@ BackendCapabilities sharding_of(const Config& config) {
   return backend->sharding(config);
 }
 
+double automatic_gradient_clipping(const Config& config) {
+  const BackendInfo* backend = find_backend(config.backend);
+  if (backend == nullptr || !backend->gradient_clipping) return 0.0;
+  return backend->gradient_clipping(config);
+}
+
 std::string describe_layout(const Config& config) {
   const BackendInfo* backend = find_backend(config.backend);
   const std::string setting =

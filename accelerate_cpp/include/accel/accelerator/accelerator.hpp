@@ -666,6 +666,8 @@ class Accelerator {
   void load_model_at(std::size_t index, const std::string& dir);
   void begin_backward();
   void unscale_and_check();
+  // Clips to the backend's configured norm (automatic_gradient_clipping) after a sync backward.
+  void clip_configured_gradients();
   void rescale_gradients();
   std::vector<std::size_t> engines_for(const std::vector<torch::Tensor>& parameters,
                                        std::vector<torch::Tensor>& loose) const;

@@ -330,6 +330,9 @@ struct BackendInfo {
   std::function<std::string(const Config&)> layout_setting;
   /// The layouts it offers, one per distinct sharding, in the order advice lists them. Empty: one layout.
   std::vector<BackendLayout> layouts;
+  /// The global gradient norm `backward` clips each prepared model to on sync steps under `config`, as
+  /// DeepSpeed's engine clips before its step (`deepspeed_config.gradient_clipping`); 0 or empty: none.
+  std::function<double(const Config&)> gradient_clipping;
 };
 
 /// The backends the config knows, in the order `accel-launch config` lists them.
@@ -340,6 +343,8 @@ const BackendInfo* find_backend(const std::string& name);
 std::string backend_for_processes(const std::string& backend, int num_processes);
 /// What `config` shards, from its backend's fact sheet (nothing for local, ddp or an unknown backend).
 BackendCapabilities sharding_of(const Config& config);
+/// The norm `backward` clips each model's gradients to on sync steps for `config`'s backend (0: none).
+double automatic_gradient_clipping(const Config& config);
 /// The backend with the setting that decides its layout: "zero (zero_stage 2)", "fsdp (FULL_SHARD)", "ddp".
 std::string describe_layout(const Config& config);
 /// Every layout of every multi-process backend whose sharding `keep` accepts, as advice: with
