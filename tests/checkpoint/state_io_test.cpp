@@ -117,6 +117,43 @@ TEST_CASE("checkpoint: a save that fails midway leaves the previous checkpoint i
   REQUIRE(entries == 1);  // no temporary directory left behind
 }
 
+TEST_CASE("checkpoint: save_state never deletes what it did not write (a log directory, a file)") {
+  test::TempDir dir;
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 1);
+  // TensorBoard logs where the checkpoint should go (the example's --log-dir D --save D).
+  const auto logs = dir.path / "logs";
+  std::filesystem::create_directories(logs / "run1");
+  std::ofstream(logs / "run1" / "events.out.tfevents") << "user data";
+  std::ofstream(logs / "notes.txt") << "more user data";
+  std::string error;
+  try {
+    run.acc.save_state(logs.string());
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains(logs.string()) && Catch::Contains("not an accelerate-cpp checkpoint") &&
+                        Catch::Contains("nothing was written"));
+  CHECK(std::filesystem::exists(logs / "run1" / "events.out.tfevents"));
+  CHECK(std::filesystem::exists(logs / "notes.txt"));
+  // A regular file at the path is kept too.
+  const auto file = dir.path / "model.bin";
+  std::ofstream(file) << "user file";
+  CHECK_THROWS_WITH(run.acc.save_state(file.string()), Catch::Contains("is not a directory"));
+  CHECK(std::filesystem::is_regular_file(file));
+  // An empty directory and an earlier checkpoint are written over.
+  const auto empty = dir.path / "empty";
+  std::filesystem::create_directories(empty);
+  run.acc.save_state(empty.string());
+  run.train(1, 2);
+  run.acc.save_state(empty.string());
+  CHECK(std::filesystem::exists(empty / "accelerator_state.safetensors"));
+  int stray = 0;  // nothing left beside the directories
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    stray += e.path().filename().string().find(".tmp-") != std::string::npos ? 1 : 0;
+  CHECK(stray == 0);
+}
+
 TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message") {
   test::TempDir dir;
   const auto ckpt = (dir.path / "ckpt").string();

@@ -28,7 +28,7 @@ std::vector<std::pair<long long, fs::path>> automatic_checkpoints(const fs::path
     std::smatch m;
     const std::string name = entry.path().filename().string();
     if (!entry.is_directory() || !std::regex_match(name, m, kName)) continue;
-    if (!fs::exists(entry.path() / "accelerator_state.safetensors")) continue;
+    if (!fs::exists(entry.path() / detail::StateIO::kStateFile)) continue;
     out.emplace_back(std::stoll(m[1].str()), entry.path());
   }
   std::sort(out.begin(), out.end());

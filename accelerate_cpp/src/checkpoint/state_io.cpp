@@ -13,6 +13,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
@@ -137,6 +138,33 @@ std::string StateIO::fingerprints() const {
   return out;
 }
 
+std::string StateIO::foreign_content(const std::string& dir) {
+  // save_state replaces the whole directory (atomically): refuse when that would delete what it did not
+  // write. A checkpoint is recognised by the file every save writes; an empty directory is fine.
+  std::error_code ec;
+  const auto status = fs::symlink_status(dir, ec);
+  if (!fs::exists(status)) return {};
+  if (!fs::is_directory(status)) {
+    return fmt::format(
+        "save_state: '{}' exists and is not a directory (a file or link); save_state would replace it. Save "
+        "the checkpoint to another path, or remove it first; nothing was written",
+        dir);
+  }
+  if (fs::exists(fs::path(dir) / kStateFile, ec)) return {};
+  std::vector<std::string> names;
+  std::size_t count = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (++count <= 3) names.push_back(entry.path().filename().string());
+  }
+  if (count == 0) return {};
+  return fmt::format(
+      "save_state: '{}' is not an accelerate-cpp checkpoint but holds {} entr{} ({}{}); save_state replaces "
+      "the whole directory and will not delete files it did not write. Save to a new or empty directory (for "
+      "example a sub-directory such as '{}/checkpoint'), or remove those files first; nothing was written",
+      dir, count, count == 1 ? "y" : "ies", fmt::join(names, ", "), count > 3 ? ", ..." : "",
+      fs::path(dir).lexically_normal().string());
+}
+
 void StateIO::save(const std::string& dir, const TrainingCounters& counters,
                    const std::vector<std::function<void(const std::string&)>>& hooks) {
   // The main process owns the temporary directory and commits it; every rank writes its own files into it
@@ -146,16 +174,17 @@ void StateIO::save(const std::string& dir, const TrainingCounters& counters,
   std::string failure;
   if (p_.rank == 0) {
     try {
-      out = std::make_unique<AtomicDirectory>(dir);
-      tmp = out->path().string();
+      failure = foreign_content(dir);
+      if (failure.empty()) {
+        out = std::make_unique<AtomicDirectory>(dir);
+        tmp = out->path().string();
+      }
     } catch (const std::exception& e) {
-      failure = e.what();
+      failure = fmt::format("save_state: rank 0 could not create '{}': {}", dir, e.what());
     }
   }
   tmp = p_.comm->exchange(failure.empty() ? tmp : "\n" + failure)[0];
-  if (!tmp.empty() && tmp[0] == '\n') {
-    throw CheckpointError(fmt::format("save_state: rank 0 could not create '{}': {}", dir, tmp.substr(1)));
-  }
+  if (!tmp.empty() && tmp[0] == '\n') throw CheckpointError(tmp.substr(1));
   try {
     for (const auto& hook : hooks)
       hook(tmp);
@@ -492,7 +521,7 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
                                           {"custom_objects", std::to_string(p_.objects->size())}};
   if (p_.pipeline) meta["pipeline_stages"] = std::to_string(p_.pipeline->stages);
   if (p_.tensor_parallel_size > 1) meta["tensor_parallel_size"] = std::to_string(p_.tensor_parallel_size);
-  write_tensors((tmp / "accelerator_state.safetensors").string(), state, meta);
+  write_tensors((tmp / kStateFile).string(), state, meta);
 }
 
 void StateIO::load_converted(std::size_t o, const std::string& path) {
@@ -556,7 +585,7 @@ TrainingCounters StateIO::load(const std::string& dir,
   }
   for (const auto& hook : hooks)
     hook(dir);
-  const auto state_file = safetensors::File::open((root / "accelerator_state.safetensors").string());
+  const auto state_file = safetensors::File::open((root / kStateFile).string());
   check_format(state_file);
   const auto saved_world = require(state_file, "world_size");
   const auto saved_backend = require(state_file, "backend");

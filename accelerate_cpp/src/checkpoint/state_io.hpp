@@ -89,6 +89,11 @@ class StateIO {
   /// failure on any rank throws on every rank and keeps the previous checkpoint.
   void save(const std::string& dir, const TrainingCounters& counters,
             const std::vector<std::function<void(const std::string&)>>& hooks);
+  /// Why `dir` must not be replaced by a checkpoint (it is a file, or a directory holding files that are no
+  /// checkpoint's), or empty when it may.
+  static std::string foreign_content(const std::string& dir);
+  /// The file every checkpoint has (counters, positions, metadata): what marks a directory as one.
+  static constexpr const char* kStateFile = "accelerator_state.safetensors";
   /// Loads a checkpoint written by save, converting the optimizer state when the world size, backend or
   /// sharding layout differ; returns the saved counters. Collective.
   TrainingCounters load(const std::string& dir,
