@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packaging test: installs accelerate-cpp from an existing build, then builds, links and runs a consumer project
+# Packaging test: installs accelerate-cpp from an existing build, runs the installed `accel-launch test` (every
+# installed program must start from the prefix), then builds, links and runs a consumer project
 # with find_package(accelerate_cpp) against the install; with add_subdirectory of the source tree it configures
 # the consumer and compiles its translation unit against the subproject's targets (include directories,
 # definitions and the LibTorch version check all come through them), but does not build the library a second
@@ -11,6 +12,10 @@ rm -rf "$work" && mkdir -p "$work"
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 gen=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir")
 command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
+echo "== the installed accel-launch test runs from $work/prefix (accel-test-check finds LibTorch)"
+ACCEL_CONFIG_FILE= "$work/prefix/bin/accel-launch" test --cpu --num_processes 2 --backend ddp \
+  --main_process_port 0 >"$work/installed_test.log" 2>&1 || { cat "$work/installed_test.log"; exit 1; }
 
 echo "== find_package(accelerate_cpp) from $work/prefix"
 cmake -S "$src/tests/packaging/consumer" -B "$work/package" "${gen[@]}" -DACCEL_MODE=package \
