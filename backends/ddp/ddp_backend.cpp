@@ -5,8 +5,8 @@
 
 #include <accel/errors.hpp>
 
+#include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/buckets.hpp"
-#include "../common/grad_hooks.hpp"
 #include "../common/grad_reduce.hpp"
 #include "../common/module_state.hpp"
 
@@ -338,7 +338,7 @@ class DdpBackend final : public Backend {
   bool any_seen_ = false;
   bool syncing_ = false;
   std::uint64_t sync_steps_ = 0;  // sync backward passes so far (PowerSGD's iteration count)
-  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
+  GradReadyHooks hooks_;          // last member: removed first, before what the callbacks use
 };
 
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include <accel/errors.hpp>
 
+#include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/flat_shards.hpp"
-#include "../common/grad_hooks.hpp"
 #include "../common/grad_reduce.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
@@ -197,11 +197,15 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     detail::Quiet quiet;
     release_all();
     // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
-    // part: its accumulated unit gradients, if any, wait for its next backward.
-    if (syncing_ && any_seen_) {
+    // part, unless it holds unit gradients accumulated locally on earlier micro-steps (FSDP's no_sync): on a
+    // synchronising backward those are reduced now, into the optimizer's slices, where the user's
+    // zero_grad() reaches them as it reaches a DDP model's .grad (issue 29: kept locally they leaked into
+    // the next step).
+    const bool holds = syncing_ && sync && !any_seen_ && holds_unit_gradients();
+    if (syncing_ && (any_seen_ || holds)) {
       std::vector<std::string> unused;
       for (const auto& f : flats_) {
-        if (f.launched) continue;
+        if (f.launched || !any_seen_) continue;
         for (auto index : f.params) {
           if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
         }
@@ -218,7 +222,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       }
       finish_reduce();
     }
-    const bool took_part = syncing_ && any_seen_;
+    const bool took_part = syncing_ && (any_seen_ || holds);
     syncing_ = false;
     if (!sync) return;
     const auto loose = detail::loose_parameters(
@@ -511,6 +515,13 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     std::unique_ptr<CollectiveHandle> work;
   };
 
+  bool holds_unit_gradients() const {
+    for (const auto& f : flats_) {
+      if (f.trainable > 0 && f.grad.defined()) return true;
+    }
+    return false;
+  }
+
   void launch_reduce(std::size_t fi) {
     detail::Quiet quiet;
     finish_reduce();  // one reduce-scatter in flight: it overlaps the next unit's backward
@@ -556,7 +567,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
   detail::ParameterTrigger trigger_;
-  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
+  GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 
 }  // namespace

@@ -2,10 +2,10 @@
 
 #include <accel/errors.hpp>
 
+#include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/buckets.hpp"
 #include "../common/chunk_pipeline.hpp"
 #include "../common/flat_shards.hpp"
-#include "../common/grad_hooks.hpp"
 #include "../common/grad_reduce.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
@@ -158,11 +158,15 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     bool took_part = detail::any_grad(loose);
     if (options_.stage == 1) {
       took_part = reduce_scatter_all() || took_part;
-    } else if (any_seen_) {
+    } else if (any_seen_ || holds_gradients()) {
+      // Also a model this backward gave nothing but that holds gradients of earlier micro-steps (the
+      // generator's, restored by the accelerator, during the discriminator's synchronising backward): they
+      // are reduced now, into the optimizer's slices, where the user's zero_grad() reaches them as it
+      // reaches a DDP model's .grad (issue 29: kept in .grad they leaked into the next step).
       took_part = true;
       std::vector<std::string> unused;
       for (const auto& [index, r] : ref_) {
-        if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
+        if (any_seen_ && !seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
       }
       detail::check_unused(options_.name, unused, ctx_.config->ddp_find_unused_parameters);
       for (const auto& [index, r] : ref_) {
@@ -474,6 +478,14 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     }
   }
 
+  // Some parameter holds a gradient no backward hook has handed over yet.
+  bool holds_gradients() const {
+    for (const auto& [index, r] : ref_) {
+      if (params_[index].grad().defined()) return true;
+    }
+    return false;
+  }
+
   void mark_ready(std::size_t index) {
     seen_[index] = true;
     torch::NoGradGuard no_grad;
@@ -548,7 +560,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   std::set<std::size_t> hooked_;
   std::vector<Pending> pending_;
   detail::ParameterTrigger trigger_;
-  detail::GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
+  GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 
 }  // namespace

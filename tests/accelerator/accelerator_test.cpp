@@ -11,6 +11,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <fstream>
 
 using namespace accel;
@@ -424,6 +425,33 @@ TEST_CASE("backends: a descriptor's optimizer notes reach notices() when the opt
   CHECK(acc.notices().empty());
   acc.prepare(model, opt, other, other_opt);
   REQUIRE(acc.notices() == std::vector<std::string>{"groups: 1"});  // the same note once, not per optimizer
+}
+
+TEST_CASE("notices: fp16 on the CPU, and a pipeline_config the program never uses, are said once") {
+  const auto count = [](const std::vector<std::string>& notes, const std::string& part) {
+    return std::count_if(notes.begin(), notes.end(),
+                         [&](const std::string& n) { return n.find(part) != std::string::npos; });
+  };
+  {
+    Accelerator fp16(AcceleratorOptions().config(test::make_config(MixedPrecision::Fp16)));
+    CHECK(count(fp16.notices(), "mixed_precision: fp16 on the CPU") == 1);
+    Accelerator bf16(AcceleratorOptions().config(test::make_config(MixedPrecision::Bf16)));
+    CHECK(count(bf16.notices(), "fp16 on the CPU") == 0);
+  }
+  Config config = test::make_config();
+  config.num_processes = 2;  // what the file says; this test runs one process
+  config.backend = "ddp";
+  config.pipeline.stages = 2;
+  Accelerator acc(AcceleratorOptions().config(config));
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare(model, opt);
+  CHECK(count(acc.notices(), "pipeline_config") == 0);
+  const auto x = torch::randn({4, 6}), y = torch::randn({4, 1});
+  for (int step = 0; step < 2; ++step)
+    acc.backward(torch::mse_loss(model(x), y));
+  CHECK(count(acc.notices(), "pipeline_config asks for 2 stages") == 1);
 }
 
 TEST_CASE("backends: a minimal engine trains under its own name, and its optional operations throw") {

@@ -156,6 +156,95 @@ void two_models() {
   });
 }
 
+// The GAN of two_models with gradient_accumulation_steps 2 (one accumulate() scope per batch): D receives
+// gradients during G's backward on micro-steps too. Accelerate's semantics, on every row: on a micro-step
+// that does not synchronise, optimizer.step() and zero_grad() do nothing, so every gradient of the cycle adds
+// up (D's includes G's backward of the first batch); on the synchronising batch both zero_grad() calls are
+// real, so G steps on its last batch's gradients alone (Accelerate's known trait for GANs). The reference is
+// one process stepping exactly so on the whole batch.
+void gan_accumulation() {
+  against_one_process(
+      "GAN with gradient accumulation 2 (gradients crossing models on micro-steps)",
+      [](Accelerator* acc, int world) {
+        torch::manual_seed(5);
+        auto G = torch::nn::Linear(6, 6);
+        Mlp D;
+        auto opt_g = sgd(G->parameters());
+        auto opt_d = sgd(D->parameters());
+        if (acc != nullptr) acc->prepare(G, D, *opt_g, *opt_d);
+        Regression data(kBatch * world * kSteps * 2);
+        const auto loss_d = [&](const torch::Tensor& x, const torch::Tensor& y) {
+          return (torch::mse_loss(D(x), y) + D(G(x).detach()).pow(2).mean()) / (acc != nullptr ? 1 : 2);
+        };
+        const auto loss_g = [&](const torch::Tensor& x, const torch::Tensor& y) {
+          return (D(G(x)) - y).pow(2).mean() / (acc != nullptr ? 1 : 2);
+        };
+        for (std::int64_t s = 0; s < 2 * kSteps; ++s) {
+          const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+          if (acc != nullptr) {
+            auto batch = acc->accumulate(G, D);
+            opt_d->zero_grad();
+            acc->backward(loss_d(x, y));
+            opt_d->step();
+            opt_g->zero_grad();
+            acc->backward(loss_g(x, y));
+            opt_g->step();
+            continue;
+          }
+          if (s % 2 == 0) {  // the first micro-step: everything adds up, nothing steps
+            opt_d->zero_grad();
+            opt_g->zero_grad();
+            loss_d(x, y).backward();
+            loss_g(x, y).backward();
+            continue;
+          }
+          loss_d(x, y).backward();
+          opt_d->step();
+          opt_g->zero_grad();
+          loss_g(x, y).backward();
+          opt_g->step();
+        }
+        auto out = weights(acc, D);
+        if (acc == nullptr) {
+          for (auto& t : test::snapshot(*G))
+            out.push_back(t);
+        } else {
+          for (const auto& [name, t] : acc->get_state_dict(G))
+            if (G->named_parameters().contains(name)) out.push_back(t.clone());
+        }
+        return out;
+      },
+      /*accumulation=*/2);
+}
+
+// A loop ported from DDP that kept `loss.backward()`: on several ranks it stops at that line with an error
+// naming accelerator.backward(loss), before any engine saw a gradient; accelerator.backward still trains.
+void plain_backward() {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int world = acc.num_processes();
+  torch::manual_seed(3);
+  Mlp model;
+  auto opt = sgd(model->parameters());
+  acc.prepare(model, *opt);
+  Regression data(kBatch * world);
+  const auto x = rows(data.x, 0, &acc, world), y = rows(data.y, 0, &acc, world);
+  std::string error;
+  try {
+    torch::mse_loss(model(x), y).backward();
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(error.find("accelerator.backward(loss)") != std::string::npos &&
+                error.find("'" + acc.backend_name() + "'") != std::string::npos,
+            "a plain loss.backward() on " << world << " ranks: want a UsageError naming "
+                                          << "accelerator.backward(loss) and the backend, got '" << error
+                                          << "'");
+  opt->zero_grad();
+  acc.backward(torch::mse_loss(model(x), y));  // the accelerator's own backward is let through
+  opt->step();
+  if (acc.is_main_process()) std::cout << backend_variant << " plain backward: refused" << std::endl;
+}
+
 // Distillation: a frozen teacher without optimizer prepared beside the student.
 void frozen_teacher() {
   against_one_process("frozen teacher", [](Accelerator* acc, int world) {
@@ -956,6 +1045,8 @@ void profile() {
 std::map<std::string, std::function<void()>> real_loop_scenarios() {
   return {{"two_models", two_models},
           {"frozen_teacher", frozen_teacher},
+          {"gan_accumulation", gan_accumulation},
+          {"plain_backward", plain_backward},
           {"hand_accumulation", hand_accumulation},
           {"no_sync", no_sync},
           {"fp16_hand_accumulation", fp16_hand_accumulation},

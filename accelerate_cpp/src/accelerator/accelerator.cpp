@@ -1,4 +1,5 @@
 #include <accel/accelerator/accelerator.hpp>
+#include <accel/backend/grad_ready_hooks.hpp>
 #include <accel/distributed/env_contract.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/sync_batchnorm.hpp>
@@ -153,6 +154,14 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   if (config_.pipeline.stages > 1) refuse_sharding_with_pipeline();
   notices_ = config_.notices;  // settings read without effect (a DeepSpeed JSON's optimizer block, ...)
+  if (config_.mixed_precision == MixedPrecision::Fp16 && device_.is_cpu()) {
+    notices_.push_back(
+        "mixed_precision: fp16 on the CPU. Accelerate refuses this (\"fp16 mixed precision requires a "
+        "GPU\"); "
+        "accelerate-cpp runs it as on a GPU (fp16 autocast with loss scaling), but the CPU computes fp16 "
+        "slowly and its results stray further from fp32 than bf16's: on the CPU use mixed_precision: bf16 or "
+        "no");
+  }
   if (backend_.descriptor->notices) {
     for (auto& n : backend_.descriptor->notices(backend_.context))
       notices_.push_back(std::move(n));
@@ -237,11 +246,39 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
       backend_.descriptor->activation_checkpointing(config_)) {
     enable_activation_checkpointing(*model);
   }
-  detail::PreparedModel prepared{model, backend_.descriptor->factory(backend_.context), 0};
+  detail::PreparedModel prepared{model, backend_.descriptor->factory(backend_.context), 0, nullptr};
+  // Before the engine's own hooks, so that a plain backward stops before the engine has seen a gradient.
+  prepared.backward_watch = watch_backward(*model);
   prepared.engine->prepare_model(*model);
   if (groups_.replicas->world_size() > 1) connect_sync_batchnorm(*model, groups_.replicas.get());
   prepared_.models.push_back(std::move(prepared));
   enable_autocast();
+}
+
+std::shared_ptr<void> Accelerator::watch_backward(const torch::nn::Module& model) const {
+  // PyTorch DDP synchronises on a plain loss.backward() (its reducer hooks the parameters); here the
+  // synchronisation, accumulation and loss scaling run in Accelerator::backward. A plain backward on several
+  // ranks would leave every replica with its own gradients, silently: stop it at the first gradient instead.
+  if (groups_.job->world_size() <= 1) return nullptr;
+  auto hooks = std::make_shared<GradReadyHooks>();
+  const auto inside = prepared_.in_backward;
+  const auto backend = backend_name();
+  const int ranks = groups_.job->world_size();
+  std::size_t index = 0;
+  for (const auto& p : model.parameters()) {
+    if (!p.requires_grad()) continue;
+    hooks->add(p, index++, [inside, backend, ranks](std::size_t) {
+      if (inside->load() > 0) return;
+      throw UsageError(fmt::format(
+          "backward: a prepared model received gradients from a backward that accelerator.backward() did not "
+          "run (a plain loss.backward() kept from a DDP loop?); on {} ranks with the '{}' backend its "
+          "gradients "
+          "would not be synchronised and the replicas would drift apart. Call accelerator.backward(loss) "
+          "instead: it synchronises, and scales the loss for gradient accumulation and fp16",
+          ranks, backend));
+    });
+  }
+  return hooks;
 }
 
 void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
@@ -317,15 +354,18 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   }
   prepared_.models[owners.front()].engine->prepare_optimizer(optimizer);
   if (backend_.descriptor->optimizer_notices) {
-    for (auto& n : backend_.descriptor->optimizer_notices(backend_.context, optimizer)) {
-      if (std::find(notices_.begin(), notices_.end(), n) != notices_.end()) continue;  // a second Adam
-      if (is_main_process()) std::cerr << "accelerate-cpp: note: " << n << std::endl;
-      notices_.push_back(std::move(n));
-    }
+    for (auto& n : backend_.descriptor->optimizer_notices(backend_.context, optimizer))
+      add_notice(std::move(n));  // once: a second Adam says nothing new
   }
   prepared_.optimizers.push_back(&optimizer);
   prepared_.optimizer_model.push_back(owners.front());
   prepared_.skipped.push_back(false);
+}
+
+void Accelerator::add_notice(std::string notice) {
+  if (std::find(notices_.begin(), notices_.end(), notice) != notices_.end()) return;
+  if (is_main_process()) std::cerr << "accelerate-cpp: note: " << notice << std::endl;
+  notices_.push_back(std::move(notice));
 }
 
 void Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {

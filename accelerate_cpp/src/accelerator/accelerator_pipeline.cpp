@@ -109,7 +109,7 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   context.comm = groups_.data.get();
   context.rank = groups_.data->rank();
   context.world_size = groups_.data->world_size();
-  detail::PreparedModel prepared{module, backend_.descriptor->factory(context), 0};
+  detail::PreparedModel prepared{module, backend_.descriptor->factory(context), 0, nullptr};
   prepared.engine->prepare_model(*module);
   if (groups_.data->world_size() > 1) connect_sync_batchnorm(*module, groups_.data.get());
   prepared_.models.push_back(std::move(prepared));

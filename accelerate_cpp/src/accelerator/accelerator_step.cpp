@@ -82,6 +82,14 @@ void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.requires_grad()) {
     throw UsageError("backward: the loss does not require grad; was it computed under torch::NoGradGuard?");
   }
+  if (config_.pipeline.stages > 1) {
+    add_notice(fmt::format(
+        "pipeline_config asks for {} stages, but this program trains with accelerator.backward() on models "
+        "from prepare(), not with prepare_pipeline() and pipeline_step(): the pipeline settings have no "
+        "effect "
+        "(each rank holds the whole model)",
+        config_.pipeline.stages));
+  }
   begin_backward();
   const int steps = config_.gradient_accumulation_steps;
   rescale_gradients();
@@ -90,7 +98,17 @@ void Accelerator::backward(const torch::Tensor& loss) {
     m.engine->before_backward(clock_.sync_gradients() && m.no_sync == 0);
   auto scaled = steps > 1 ? loss / static_cast<double>(steps) : loss;
   if (scaler_) scaled = scaler_->scale(scaled);
-  scaled.backward();
+  {
+    // The backward watch (prepare) lets this backward's gradients through.
+    struct Inside {
+      std::atomic<int>& n;
+      explicit Inside(std::atomic<int>& c) : n(c) { ++n; }
+      ~Inside() { --n; }
+      Inside(const Inside&) = delete;
+      Inside& operator=(const Inside&) = delete;
+    } inside(*prepared_.in_backward);
+    scaled.backward();
+  }
   // Cast weights cached by autocast are stale once the optimizer updates them in place.
   if (autocast_.on) at::autocast::clear_cache();
   for (auto& m : prepared_.models)

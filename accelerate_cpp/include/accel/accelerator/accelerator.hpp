@@ -534,7 +534,8 @@ class Accelerator {
   // ---- checkpoints ----------------------------------------------------------------------------------------
   /// Saves model (safetensors), optimizers, schedulers, scaler, RNG states, step counters and data-loader
   /// positions into `dir`, atomically: a crash while saving leaves the previous checkpoint at `dir` intact.
-  /// Collective.
+  /// `dir` must be new, empty or an earlier checkpoint: a file, or a directory holding other files (logs, an
+  /// export), is refused with CheckpointError and left as it was. Collective.
   void save_state(const std::string& dir);
   /// Restores everything save_state wrote; training then continues exactly as if never stopped. Objects must
   /// have been prepared in the same order as when saving. A checkpoint saved by another number of processes
@@ -673,6 +674,9 @@ class Accelerator {
                                        std::vector<torch::Tensor>& loose) const;
   void prepare_model(std::shared_ptr<torch::nn::Module> model);
   void enable_activation_checkpointing(torch::nn::Module& model);
+  std::shared_ptr<void> watch_backward(const torch::nn::Module& model) const;
+  /// Prints `notice` on the main process and keeps it in notices(), once.
+  void add_notice(std::string notice);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void prepare_scheduler(torch::optim::LRScheduler& scheduler);
   void complete_loader_options(DataLoaderOptions& options) const;

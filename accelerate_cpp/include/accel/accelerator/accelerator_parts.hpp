@@ -14,6 +14,7 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/serialize/archive.h>
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -54,6 +55,9 @@ struct PreparedModel {
   std::shared_ptr<torch::nn::Module> module;
   std::unique_ptr<Backend> engine;
   int no_sync = 0;  ///< open NoSync scopes
+  /// On several ranks: hooks that stop a backward not run by Accelerator::backward (a plain
+  /// `loss.backward()` would skip the gradient synchronisation). Type-erased GradReadyHooks.
+  std::shared_ptr<void> backward_watch;
 };
 
 /// Everything `prepare` took over, in the order it was prepared.
@@ -65,6 +69,9 @@ struct PreparedObjects {
   std::vector<torch::optim::LRScheduler*> schedulers;
   std::vector<std::shared_ptr<LoaderState>> loaders;
   std::vector<torch::Tensor> stashed_grads;  ///< parallel to the optimizers' parameters while a cycle is open
+  /// Nonzero while Accelerator::backward runs the user's backward (read by the backward watch's hooks, which
+  /// may run on autograd's device threads).
+  std::shared_ptr<std::atomic<int>> in_backward = std::make_shared<std::atomic<int>>(0);
 };
 
 /// prepare_pipeline's stage and the engine that runs it.

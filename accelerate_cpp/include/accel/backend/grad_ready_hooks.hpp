@@ -1,6 +1,9 @@
 #pragma once
-// Gradient-ready hooks shared by the DDP and ZeRO backends: a callback after AccumulateGrad has written a
-// parameter's .grad, removed again when the owner goes away.
+/// \file grad_ready_hooks.hpp
+/// Gradient-ready hooks for backends (DDP, ZeRO, and a program's own) and the facade: a callback after
+/// backward's AccumulateGrad has written a parameter's .grad (never for torch::autograd::grad, which writes
+/// no .grad), removed again when the owner goes away. Hooks of one parameter run in the order they were
+/// added.
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -11,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::backends::detail {
+namespace accel {
 
 /// Owns post hooks on the gradient accumulators of some parameters. Not copyable; the callback must stay
 /// valid for the lifetime of this object.
@@ -50,4 +53,4 @@ class GradReadyHooks {
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
 };
 
-}  // namespace accel::backends::detail
+}  // namespace accel
