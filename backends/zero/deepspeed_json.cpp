@@ -194,7 +194,9 @@ OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::st
   const Json& d = block.at("device");
   const std::string text = d.is_string() ? d.get<std::string>() : d.dump();
   if (lower(text) == "cpu") return OffloadDevice::Cpu;
-  if (lower(text) == "none") return OffloadDevice::None;
+  // "auto" is filled by Accelerate from its DeepSpeed plugin's offload_*_device, "none" unless the YAML sets
+  // it (which it refuses next to a JSON file): utils/dataclasses.py, plugin_to_config_mapping and fill_match.
+  if (lower(text) == "none" || is_auto(d)) return OffloadDevice::None;
   if (lower(text) == "nvme") {
     f.fail(path + ".device", "device",
            fmt::format("{}.device: 'nvme' (DeepSpeed's NVMe offload) is not supported by accelerate-cpp; use "
@@ -428,11 +430,13 @@ ZeroConfig zero_defaults(const Config& c) {
   return z;
 }
 
-// reduce_bucket_size, allgather_bucket_size, (stage3_)prefetch_bucket_size: a positive byte count or "auto".
+// reduce_bucket_size, allgather_bucket_size, (stage3_)prefetch_bucket_size: a byte count or "auto". 0 is
+// valid, as in DeepSpeed's schema (ge=0): reduce_bucket_size 0 reduces each parameter on its own
+// (stage_1_and_2.py and stage3.py start a new bucket when elements + numel > reduce_bucket_size),
+// prefetch_bucket_size 0 prefetches nothing (partitioned_param_coordinator.py: `if prefetch_bucket_sz > 0`).
 void read_bucket_size(const JsonFile& f, const std::string& key, const Json& v, const std::string& p,
                       ZeroConfig& z, ZeroNotices& notes) {
   const auto n = count_or_auto(f, v, p, key);
-  if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
   if (key == "allgather_bucket_size") {
     // Accelerate leaves "auto" here to DeepSpeed, whose default applies.
     if (n)
@@ -450,7 +454,8 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
                    ZeroNotices& notes) {
   const std::string p = "zero_optimization." + key;
   if (key == "stage") {
-    const auto s = count_or_auto(f, v, p, key);
+    // "auto" is Accelerate's plugin zero_stage: 2 unless set (the YAML may not set it next to a JSON file).
+    const auto s = is_auto(v) ? std::optional<std::uint64_t>(2) : count_or_auto(f, v, p, key);
     if (!s || *s > 3) f.fail(p, key, fmt::format("{}: expected 0, 1, 2 or 3, got {}", p, v.dump()));
     z.stage = static_cast<int>(*s);
   } else if (key == "offload_optimizer") {
@@ -460,8 +465,9 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
   } else if (key == "overlap_comm") {
     z.overlap_comm = boolean_value(f, v, p, key);
   } else if (key == "sub_group_size") {
+    // 0 is valid (ge=0): every parameter closes its own sub-group (stage3.py _create_fp16_sub_groups), as
+    // it does in our stages 1-2.
     const auto n = count_or_auto(f, v, p, key);
-    if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of elements", p));
     if (n) z.sub_group_size = *n;
   } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
              key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
@@ -469,7 +475,10 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
   } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
              key == "gather_16bit_weights_on_model_save" ||
              key == "stage3_gather_fp16_weights_on_model_save") {
-    z.zero3_save_16bit_model = boolean_value(f, v, p, key);
+    // "auto" (Accelerate's ZeRO-3 templates) is filled from the plugin's zero3_save_16bit_model, false unless
+    // set, and Accelerate refuses that key in the YAML next to a JSON file; accelerator.py's config_kwargs
+    // fill it with False at prepare too.
+    z.zero3_save_16bit_model = is_auto(v) ? false : boolean_value(f, v, p, key);
   } else if (key == "contiguous_gradients" || key == "reduce_scatter" || key == "allgather_partitions") {
     // What accelerate-cpp always does (flat contiguous buffers, reduce-scatter, all-gather): no notice.
   } else {
@@ -513,9 +522,20 @@ void apply_zero_optimization(const JsonFile& f, const Json& root, Config& c) {
   z.config_file = f.path();
   z.zero3_init_flag = c.zero.zero3_init_flag;
   c.zero = z;
+  settle_stage1_reduce_bucket(c, f.path() + ": zero_optimization.reduce_bucket_size");
 }
 
 }  // namespace
+
+void settle_stage1_reduce_bucket(Config& c, const std::string& key) {
+  if (c.zero.stage != 1 || c.zero.reduce_bucket_size != std::optional<std::uint64_t>(0)) return;
+  c.zero.reduce_bucket_size = std::nullopt;
+  c.notices.push_back(fmt::format(
+      "{} is 0: DeepSpeed reduces each parameter's gradient on its own; accelerate-cpp's stage 1 "
+      "reduce-scatters the flat gradients after backward in chunks, here of about one weight matrix "
+      "(hidden_size² elements, as \"auto\"); results are the same",
+      key));
+}
 
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
   const JsonFile f(path, read_text(path, context));

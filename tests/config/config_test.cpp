@@ -544,9 +544,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
       "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
       "values: LOCAL_MACHINE");
   CHECK(bad_file_message("bad_bucket_size.yaml") ==
-        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a positive number of bytes "
-        "(such "
-        "as 500000000 or 5e8) or auto, got '5.5e-3'");
+        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a non-negative number of "
+        "bytes (such as 500000000 or 5e8) or auto, got '5.5e-3'");
   CHECK(bad_file_message("multi_cpu_use_cpu.yaml") ==
         "multi_cpu_use_cpu.yaml:2: use_cpu: false contradicts distributed_type 'MULTI_CPU' (line 1); set "
         "use_cpu: "
@@ -944,15 +943,93 @@ TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the 
   CHECK(accel::describe_backend(words) == "ddp");
 }
 
-TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and must be positive", "[config]") {
+TEST_CASE(
+    "config: deepspeed_config.sub_group_size is read and written back; 0 is one parameter per sub-group",
+    "[config]") {
   const auto c = accel::Config::load_string(
       "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 1\n  sub_group_size: 2e6\n");
   CHECK(c.zero.sub_group_size == 2000000u);
   CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  // DeepSpeed accepts 0 (ge=0): every parameter closes its own sub-group (stage3.py _create_fp16_sub_groups).
+  const auto zero = accel::Config::load_string(
+      "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 2\n  sub_group_size: 0\n");
+  CHECK(zero.zero.sub_group_size == 0u);
+  CHECK(accel::Config::load_string(zero.to_yaml()) == zero);
   CHECK_THROWS_WITH(
-      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: 0\n"),
+      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: -1\n"),
       Catch::Contains("deepspeed_config.sub_group_size") &&
-          Catch::Contains("a positive number of elements (such as 4000000 or 4e6)"));
+          Catch::Contains(
+              "a non-negative number of elements (such as 4000000 or 4e6; 0: one parameter each)"));
+}
+
+TEST_CASE("config: DeepSpeed JSON zeros and \"auto\" values are read as DeepSpeed and Accelerate read them",
+          "[config]") {
+  DeepSpeedFiles files;
+  auto load = [&](const std::string& zero_optimization, const std::string& top = "") {
+    return accel::Config::load_file(files.yaml(
+        files.write("ds.json", "{" + top + "\"zero_optimization\": {" + zero_optimization + "}}")));
+  };
+  // Accelerate's ZeRO-3 templates: "auto" is filled from zero3_save_16bit_model, false unless set (with a
+  // JSON file Accelerate refuses it in the YAML), as accelerator.py's config_kwargs do.
+  const auto save_auto = load("\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": \"auto\"");
+  CHECK_FALSE(save_auto.zero.zero3_save_16bit_model);
+  CHECK_FALSE(
+      load("\"stage\": 3, \"gather_16bit_weights_on_model_save\": \"auto\"").zero.zero3_save_16bit_model);
+  CHECK(
+      load("\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": true").zero.zero3_save_16bit_model);
+  // sub_group_size 0 (axolotl): one parameter per sub-group.
+  const auto sub0 = load("\"stage\": 2, \"sub_group_size\": 0");
+  CHECK(sub0.zero.sub_group_size == 0u);
+  // stage3_prefetch_bucket_size 0 (transformers' tests): DeepSpeed prefetches nothing; the engine's prefetch
+  // is off for 0.
+  const auto prefetch0 = load("\"stage\": 3, \"stage3_prefetch_bucket_size\": 0, \"reduce_bucket_size\": 0");
+  REQUIRE(prefetch0.zero.stage3_prefetch_bucket_size.has_value());
+  CHECK(*prefetch0.zero.stage3_prefetch_bucket_size == 0u);
+  CHECK(accel::Config::load_string(prefetch0.to_yaml()) == prefetch0);
+  // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; stage 2's buckets do the
+  // same with 0 (one parameter each), stage 3 reduces whole units whatever the size.
+  REQUIRE(prefetch0.zero.reduce_bucket_size.has_value());
+  CHECK(*prefetch0.zero.reduce_bucket_size == 0u);
+  const auto reduce0 = load("\"stage\": 2, \"reduce_bucket_size\": 0");
+  REQUIRE(reduce0.zero.reduce_bucket_size.has_value());
+  CHECK(*reduce0.zero.reduce_bucket_size == 0u);
+  CHECK(accel::Config::load_string(reduce0.to_yaml()) == reduce0);
+  CHECK_FALSE(has_notice(reduce0, "reduce_bucket_size"));
+  // Stage 1 reduce-scatters whole flat gradients in chunks and has no per-parameter mode: chunks of about one
+  // weight matrix ("auto", hidden_size²), said in a notice.
+  const auto stage1 = load("\"stage\": 1, \"reduce_bucket_size\": 0");
+  CHECK_FALSE(stage1.zero.reduce_bucket_size.has_value());
+  CHECK(has_notice(stage1,
+                   "zero_optimization.reduce_bucket_size is 0: DeepSpeed reduces each parameter's "
+                   "gradient on its own; accelerate-cpp's stage 1 reduce-scatters the flat gradients "
+                   "after backward in chunks, here of about one weight matrix (hidden_size² elements, "
+                   "as \"auto\"); results are the same"));
+  // allgather_bucket_size has no effect here; 0 is accepted as DeepSpeed's schema accepts it.
+  CHECK(load("\"stage\": 3, \"allgather_bucket_size\": 0").zero.allgather_bucket_size == 0u);
+  // "auto" for the keys Accelerate fills from its DeepSpeed plugin: the stage (2) and the offload devices
+  // (none).
+  const auto stage_auto = load(
+      "\"stage\": \"auto\", \"offload_optimizer\": {\"device\": \"auto\"}, \"offload_param\": {\"device\": "
+      "\"auto\"}");
+  CHECK(stage_auto.zero.stage == 2);
+  CHECK(stage_auto.zero.offload_optimizer_device == accel::OffloadDevice::None);
+  CHECK(stage_auto.zero.offload_param_device == accel::OffloadDevice::None);
+  // Negative sizes stay errors.
+  CHECK_THROWS_WITH(load("\"reduce_bucket_size\": -1"),
+                    Catch::Contains("zero_optimization.reduce_bucket_size: expected a non-negative integer"));
+  // The same zeros are accepted in the YAML (the launcher hands the ranks the resolved YAML).
+  const auto yaml0 = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 3\n  reduce_bucket_size: 0\n"
+      "  stage3_prefetch_bucket_size: 0\n  allgather_bucket_size: 0\n");
+  CHECK(yaml0.zero.reduce_bucket_size == std::optional<std::uint64_t>(0));
+  CHECK(yaml0.zero.stage3_prefetch_bucket_size == std::optional<std::uint64_t>(0));
+  CHECK(yaml0.zero.allgather_bucket_size == 0u);
+  CHECK_FALSE(has_notice(yaml0, "bucket_size"));
+  const auto yaml_stage1 = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 1\n  reduce_bucket_size: 0\n  gradient_clipping: 0\n");
+  CHECK_FALSE(yaml_stage1.zero.reduce_bucket_size.has_value());
+  CHECK(has_notice(yaml_stage1,
+                   "deepspeed_config.reduce_bucket_size is 0: DeepSpeed reduces each parameter's"));
 }
 
 TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1.0, as Accelerate fills it",
