@@ -64,6 +64,14 @@ std::string bad_file_message(const std::string& name) {
   return name + message.substr(path.size());
 }
 
+// Whether one of the config's notices contains `text`.
+bool has_notice(const accel::Config& c, const std::string& text) {
+  for (const auto& n : c.notices) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("config: defaults", "[config]") {
@@ -147,6 +155,63 @@ TEST_CASE("config: fsdp_reshard_after_forward maps onto the sharding strategy", 
   CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
   const accel::Config d = accel::Config::load_string("fsdp_config:\n  fsdp_sharding_strategy: 3\n");
   CHECK(d.fsdp.sharding_strategy == accel::ShardingStrategy::NoShard);
+}
+
+TEST_CASE(
+    "config: fsdp_reshard_after_forward takes FSDP1's strategy names, as `accelerate config` writes them",
+    "[config]") {
+  auto load = [](const std::string& fsdp) {
+    return accel::Config::load_string("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n" + fsdp,
+                                      "fsdp.yaml");
+  };
+  auto error = [](const std::string& fsdp) {
+    try {
+      accel::Config::load_string("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n" + fsdp,
+                                 "fsdp.yaml");
+    } catch (const accel::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  // utils/dataclasses.py (FullyShardedDataParallelPlugin): with fsdp_version 1 the value is a
+  // ShardingStrategy name (upper-cased) or its number.
+  CHECK(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: FULL_SHARD\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::FullShard);
+  CHECK(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::ShardGradOp);
+  CHECK(load("  fsdp_reshard_after_forward: no_shard\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::NoShard);
+  CHECK(load("  fsdp_reshard_after_forward: 2\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::ShardGradOp);
+  // FSDP2's booleans as before.
+  CHECK(load("  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::FullShard);
+  // Agreeing with fsdp_sharding_strategy is fine; disagreeing names both lines.
+  CHECK(load("  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n")
+            .fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
+  CHECK(
+      error("  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: NO_SHARD\n") ==
+      "fsdp.yaml:5: fsdp_config.fsdp_reshard_after_forward: 'NO_SHARD' disagrees with fsdp_sharding_strategy "
+      "'FULL_SHARD' (line 4); both name the sharding strategy: make them agree or remove one");
+  // Hybrid strategies are Accelerate's too, but not supported here; a typo gets the nearest spelling.
+  CHECK(error("  fsdp_reshard_after_forward: HYBRID_SHARD\n") ==
+        "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: 'HYBRID_SHARD' is not supported by "
+        "accelerate-cpp; "
+        "allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  CHECK(error("  fsdp_reshard_after_forward: FULL_SHRD\n") ==
+        "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: invalid value 'FULL_SHRD' (did you mean "
+        "'FULL_SHARD'?); allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  // Accelerate's launcher always passes fsdp_sharding_strategy (default FULL_SHARD), which FSDP1 prefers
+  // (accelerator.py: `sharding_strategy or reshard_after_forward`): where that differs, a notice says so.
+  const auto grad_op = load("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n");
+  CHECK(has_notice(grad_op,
+                   "fsdp_config.fsdp_reshard_after_forward: 'SHARD_GRAD_OP' means SHARD_GRAD_OP here; "
+                   "Accelerate's launcher would run FULL_SHARD with this FSDP1 file"));
+  CHECK_FALSE(
+      has_notice(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: FULL_SHARD\n"), "fsdp_config"));
+  CHECK_FALSE(has_notice(load("  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"), "fsdp_config"));
+  // The written file says the strategy with fsdp_sharding_strategy and reads back equal.
+  CHECK(accel::Config::load_string(grad_op.to_yaml()) == grad_op);
 }
 
 TEST_CASE("config: deepspeed section parsed", "[config]") {
@@ -709,13 +774,6 @@ class DeepSpeedFiles {
 
 std::string fixture(const std::string& name) {
   return data_file("deepspeed/" + name);
-}
-
-bool has_notice(const accel::Config& c, const std::string& text) {
-  for (const auto& n : c.notices) {
-    if (n.find(text) != std::string::npos) return true;
-  }
-  return false;
 }
 
 }  // namespace

@@ -91,8 +91,9 @@ struct PipelineConfig {
 };
 
 struct FsdpConfig {
-  /// `fsdp_sharding_strategy`. Accelerate's FSDP2 key `fsdp_reshard_after_forward` maps onto it:
-  /// true -> FULL_SHARD, false -> SHARD_GRAD_OP.
+  /// `fsdp_sharding_strategy`. Accelerate's key `fsdp_reshard_after_forward` maps onto it: FSDP2's true ->
+  /// FULL_SHARD, false -> SHARD_GRAD_OP, or FSDP1's strategy name (`FULL_SHARD`, what current
+  /// `accelerate config` writes for FSDP1) -> that strategy.
   ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
   /// `fsdp_auto_wrap_policy`.
   AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::PerChildWrap;
