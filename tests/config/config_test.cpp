@@ -831,6 +831,66 @@ TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and un
   CHECK_THAT(message, Catch::StartsWith(fixture("zero3_offload.json") + ":"));
 }
 
+TEST_CASE("config: fp16 scaler settings of a DeepSpeed JSON are compared with ours when fp16 is in effect",
+          "[config]") {
+  DeepSpeedFiles files;
+  // Hugging Face's ZeRO-2 example: fp16.enabled "auto" follows mixed_precision (Accelerate's
+  // set_mixed_precision fills it); its scaler settings then reach DeepSpeed, whose loss scaler differs from
+  // ours: each difference is named with the file's value and ours.
+  const auto fp16 =
+      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: fp16\n"));
+  CHECK(fp16.mixed_precision == accel::MixedPrecision::Fp16);
+  const std::string expected =
+      "hf_zero2_auto.json: fp16 is in effect (fp16.enabled \"auto\" follows mixed_precision: fp16) and these "
+      "settings of DeepSpeed's loss scaler differ from accelerate-cpp's, which is not configurable from the "
+      "file (dynamic: init 65536, x2 after 2000 clean steps, x0.5 on every overflow): fp16.loss_scale_window "
+      "1000 (ours: 2000), fp16.hysteresis 2 (ours: 1, no overflow is tolerated before the scale halves), "
+      "fp16.min_loss_scale 1 (ours: no minimum)";
+  CHECK(has_notice(fp16, expected));
+  // loss_scale 0 (dynamic) and initial_scale_power 16 (65536) are ours: not listed.
+  CHECK_FALSE(has_notice(fp16, "fp16.loss_scale 0"));
+  CHECK_FALSE(has_notice(fp16, "initial_scale_power"));
+  // bf16 resolves the same file's fp16 block to disabled (as DeepSpeed gets it): nothing to say about it.
+  const auto bf16 =
+      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\n"));
+  CHECK_FALSE(has_notice(bf16, "fp16."));
+  // fp16.enabled true: the same comparison, with DeepSpeed's defaults for what the block leaves out.
+  const auto explicit_fp16 = accel::Config::load_file(files.yaml(
+      files.write("ds.json",
+                  "{\"fp16\": {\"enabled\": true, \"loss_scale\": 128, \"initial_scale_power\": 12, "
+                  "\"auto_cast\": true}, \"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(has_notice(
+      explicit_fp16,
+      "ds.json: fp16 is in effect (fp16.enabled true) and these settings of DeepSpeed's loss scaler "
+      "differ from accelerate-cpp's"));
+  CHECK(has_notice(explicit_fp16, "fp16.loss_scale 128 (ours: 0, dynamic)"));
+  CHECK(has_notice(explicit_fp16, "fp16.initial_scale_power 12 (ours: 16, a first scale of 65536)"));
+  CHECK(has_notice(explicit_fp16, "fp16.loss_scale_window 1000 (DeepSpeed's default; ours: 2000)"));
+  CHECK(
+      has_notice(explicit_fp16,
+                 "fp16.auto_cast true (ours: false, inputs are not cast: autocast runs each op in fp16 from "
+                 "fp32 parameters)"));
+  // bf16 settings get their own reasons (not the fp16 scaler's); check_grad_overflow is DeepSpeed's default
+  // true since 0.19.3.
+  const auto bf16_block = accel::Config::load_file(
+      files.yaml(files.write("ds.json",
+                             "{\"bf16\": {\"enabled\": true, \"bf16_master_weights_and_grads\": true}, "
+                             "\"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(has_notice(
+      bf16_block,
+      "ds.json: bf16 is in effect (bf16.enabled true) and these settings of DeepSpeed's bf16 differ "
+      "from accelerate-cpp's (bf16 autocast, parameters, gradients and optimizer state in fp32): "
+      "bf16.check_grad_overflow true (DeepSpeed's default since 0.19.3; ours: false, a step whose "
+      "gradients hold inf or NaN is taken), bf16.bf16_master_weights_and_grads true (ours: false, "
+      "fp32 master weights and gradients)"));
+  CHECK_FALSE(has_notice(bf16_block, "loss scaler is dynamic"));
+  // DeepSpeed's old spelling "bfloat16" (read when "bf16" is absent) enables bf16 too.
+  const auto old_name = accel::Config::load_file(files.yaml(
+      files.write("ds.json", "{\"bfloat16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(old_name.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK_FALSE(has_notice(old_name, "unknown top-level key"));
+}
+
 TEST_CASE("config: DeepSpeed JSON defaults, a relative path, and the missing batch size derived",
           "[config]") {
   DeepSpeedFiles files;
