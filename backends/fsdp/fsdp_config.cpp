@@ -9,13 +9,41 @@ namespace {
 const Section kSection = "fsdp_config";
 
 const ChoiceSet<ShardingStrategy>& sharding_choices() {
-  static const ChoiceSet<ShardingStrategy> kSet{{{"FULL_SHARD", ShardingStrategy::FullShard, true},
-                                                 {"SHARD_GRAD_OP", ShardingStrategy::ShardGradOp, true},
-                                                 {"NO_SHARD", ShardingStrategy::NoShard, true},
-                                                 {"1", ShardingStrategy::FullShard, false},
-                                                 {"2", ShardingStrategy::ShardGradOp, false},
-                                                 {"3", ShardingStrategy::NoShard, false}},
-                                                {"HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "4", "5"}};
+  static const ChoiceSet<ShardingStrategy> kSet{
+      {{"FULL_SHARD", ShardingStrategy::FullShard, true},
+       {"SHARD_GRAD_OP", ShardingStrategy::ShardGradOp, true},
+       {"NO_SHARD", ShardingStrategy::NoShard, true},
+       {"1", ShardingStrategy::FullShard, false},
+       {"2", ShardingStrategy::ShardGradOp, false},
+       {"3", ShardingStrategy::NoShard, false}},
+      {"HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2", "4", "5"}};
+  return kSet;
+}
+
+bool is_bool_spelling(const std::string& text) {
+  for (const char* b : {"true", "yes", "on", "y", "false", "no", "off", "n"}) {
+    if (lower(text) == b) return true;
+  }
+  return false;
+}
+
+// fsdp_reshard_after_forward names the sharding strategy too: FSDP2's booleans (true FULL_SHARD, false
+// SHARD_GRAD_OP) or, as current `accelerate config` writes it for FSDP1, a ShardingStrategy name or number
+// (Accelerate's FullyShardedDataParallelPlugin upper-cases the name, or reads the digit as the enum value).
+const ChoiceSet<ShardingStrategy>& reshard_choices() {
+  static const ChoiceSet<ShardingStrategy> kSet = [] {
+    ChoiceSet<ShardingStrategy> set;
+    set.choices = {{"true", ShardingStrategy::FullShard, true},
+                   {"false", ShardingStrategy::ShardGradOp, true}};
+    for (const char* yes : {"yes", "on", "y"})
+      set.choices.push_back({yes, ShardingStrategy::FullShard, false});
+    for (const char* no : {"no", "off", "n"})
+      set.choices.push_back({no, ShardingStrategy::ShardGradOp, false});
+    for (const Choice<ShardingStrategy>& c : sharding_choices().choices)
+      set.choices.push_back(c);
+    set.unsupported = sharding_choices().unsupported;
+    return set;
+  }();
   return kSet;
 }
 
@@ -58,8 +86,12 @@ std::vector<KeyRow> fsdp_rows() {
     KeyRow r;
     r.name = "fsdp_reshard_after_forward";
     r.section = kSection;
-    r.doc = "FSDP2's name for the strategy: true is FULL_SHARD, false SHARD_GRAD_OP";
-    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { rd.boolean(e); };  // see resolve
+    r.doc =
+        "the strategy by another name: FSDP2's true (FULL_SHARD) or false (SHARD_GRAD_OP), or FSDP1's "
+        "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD (what accelerate config writes)";
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) {
+      rd.choice(e, reshard_choices());  // see resolve
+    };
     rows.push_back(r);
   }
   rows.push_back(setting(
@@ -124,22 +156,46 @@ std::vector<KeyRow> fsdp_rows() {
   return rows;
 }
 
-// FSDP2's fsdp_reshard_after_forward names the strategy too: the two must agree.
+// fsdp_reshard_after_forward names the strategy too (FSDP2's boolean or FSDP1's strategy name): with
+// fsdp_sharding_strategy the two must agree (a boolean says nothing about NO_SHARD, so any boolean agrees
+// with it).
 void resolve_fsdp(const Reader& r, Config& c, const Pending& p) {
   const Entry* reshard = p.find(kSection + ".fsdp_reshard_after_forward");
   if (reshard == nullptr) return;
-  const bool value = r.boolean(*reshard);
-  const ShardingStrategy implied = value ? ShardingStrategy::FullShard : ShardingStrategy::ShardGradOp;
+  const ShardingStrategy implied = r.choice(*reshard, reshard_choices());
+  const std::string text = reshard->value.Scalar();
+  const bool boolean = is_bool_spelling(text);
   const Entry* strategy = p.find(kSection + ".fsdp_sharding_strategy");
-  if (strategy && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
-      c.fsdp.sharding_strategy != implied) {
-    r.fail_at(
-        *reshard,
-        fmt::format("{}: {} disagrees with fsdp_sharding_strategy '{}' (line {}); reshard_after_forward "
-                    "true means FULL_SHARD and false means SHARD_GRAD_OP: make them agree or remove one",
-                    reshard->path, yaml_bool(value), strategy->value.Scalar(), strategy->line));
+  if (strategy) {
+    if (boolean && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
+        c.fsdp.sharding_strategy != implied) {
+      r.fail_at(
+          *reshard,
+          fmt::format("{}: {} disagrees with fsdp_sharding_strategy '{}' (line {}); reshard_after_forward "
+                      "true means FULL_SHARD and false means SHARD_GRAD_OP: make them agree or remove one",
+                      reshard->path, yaml_bool(implied == ShardingStrategy::FullShard),
+                      strategy->value.Scalar(), strategy->line));
+    }
+    if (!boolean && c.fsdp.sharding_strategy != implied) {
+      r.fail_at(*reshard,
+                fmt::format("{}: '{}' disagrees with fsdp_sharding_strategy '{}' (line {}); both name the "
+                            "sharding strategy: make them agree or remove one",
+                            reshard->path, text, strategy->value.Scalar(), strategy->line));
+    }
+    return;
   }
-  if (!strategy) c.fsdp.sharding_strategy = implied;
+  c.fsdp.sharding_strategy = implied;
+  // What Accelerate itself would run differs: its launcher always exports fsdp_sharding_strategy (default
+  // FULL_SHARD; commands/launch.py, utils/launch.py), the FSDP1 plugin reads that one, and accelerator.py
+  // passes `sharding_strategy or reshard_after_forward` to FSDP, so FSDP1 never sees this key.
+  if (c.backend == "fsdp" && c.fsdp.version == 1 && implied != ShardingStrategy::FullShard) {
+    c.notices.push_back(fmt::format(
+        "{}: '{}' means {} here; Accelerate's launcher would run FULL_SHARD with this FSDP1 file (it always "
+        "passes fsdp_sharding_strategy, default FULL_SHARD, which FSDP1 prefers); add "
+        "fsdp_sharding_strategy: "
+        "{} to have both run the same",
+        reshard->path, text, to_string(implied), to_string(implied)));
+  }
 }
 
 void validate_fsdp(const Config& c, const FailKey& fail_key) {

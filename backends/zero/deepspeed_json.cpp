@@ -194,7 +194,9 @@ OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::st
   const Json& d = block.at("device");
   const std::string text = d.is_string() ? d.get<std::string>() : d.dump();
   if (lower(text) == "cpu") return OffloadDevice::Cpu;
-  if (lower(text) == "none") return OffloadDevice::None;
+  // "auto" is filled by Accelerate from its DeepSpeed plugin's offload_*_device, "none" unless the YAML sets
+  // it (which it refuses next to a JSON file): utils/dataclasses.py, plugin_to_config_mapping and fill_match.
+  if (lower(text) == "none" || is_auto(d)) return OffloadDevice::None;
   if (lower(text) == "nvme") {
     f.fail(path + ".device", "device",
            fmt::format("{}.device: 'nvme' (DeepSpeed's NVMe offload) is not supported by accelerate-cpp; use "
@@ -275,6 +277,10 @@ void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std:
   std::vector<std::string> no_effect, unknown;
   for (const auto& [key, value] : root.items()) {
     if (mapped_top_keys().count(key) != 0) continue;
+    if (key == "bfloat16") {  // DeepSpeed's old name of bf16, read when bf16 is absent
+      if (root.contains("bf16")) no_effect.push_back("bfloat16 (DeepSpeed reads bf16 when both are given)");
+      continue;
+    }
     const auto it = unmapped_top_keys().find(key);
     if (it != unmapped_top_keys().end()) {
       no_effect.push_back(fmt::format("{} ({})", key, it->second));
@@ -291,46 +297,139 @@ void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std:
   }
 }
 
-// The precision the fp16 / bf16 blocks enable ("enabled": true), if any; notices for their other keys.
-std::optional<MixedPrecision> requested_precision(const JsonFile& f, const Json& root,
-                                                  std::vector<std::string>& notices) {
+// The mixed precision blocks: "bf16" (or DeepSpeed's old name "bfloat16", read when "bf16" is absent:
+// precision_config.py get_bfloat16_config) and "fp16".
+struct PrecisionBlock {
+  std::string name;  // as the file spells it
+  MixedPrecision mode;
+};
+std::vector<PrecisionBlock> precision_blocks(const Json& root) {
+  std::vector<PrecisionBlock> out;
+  if (root.contains("fp16")) out.push_back({"fp16", MixedPrecision::Fp16});
+  if (root.contains("bf16")) {
+    out.push_back({"bf16", MixedPrecision::Bf16});
+  } else if (root.contains("bfloat16")) {
+    out.push_back({"bfloat16", MixedPrecision::Bf16});
+  }
+  return out;
+}
+
+// The precision the fp16 / bf16 blocks enable ("enabled": true), if any.
+std::optional<MixedPrecision> requested_precision(const JsonFile& f, const Json& root) {
   std::optional<MixedPrecision> wanted;
-  for (const auto& [block, mode] : {std::pair<const char*, MixedPrecision>{"fp16", MixedPrecision::Fp16},
-                                    std::pair<const char*, MixedPrecision>{"bf16", MixedPrecision::Bf16}}) {
-    if (!root.contains(block)) continue;
-    const Json& b = root.at(block);
-    if (!b.is_object())
-      f.fail(block, block, fmt::format("{}: expected an object such as {{\"enabled\": true}}", block));
+  for (const PrecisionBlock& block : precision_blocks(root)) {
+    const Json& b = root.at(block.name);
+    if (!b.is_object()) {
+      f.fail(block.name, block.name,
+             fmt::format("{}: expected an object such as {{\"enabled\": true}}", block.name));
+    }
     if (!b.contains("enabled") || is_auto(b.at("enabled"))) continue;
-    if (!boolean_value(f, b.at("enabled"), std::string(block) + ".enabled", "enabled")) continue;
-    if (wanted) f.fail(block, block, "fp16.enabled and bf16.enabled are both true; enable one of them");
-    wanted = mode;
-    std::vector<std::string> ignored;
-    for (const auto& [key, value] : b.items()) {
-      if (key != "enabled") ignored.push_back(key);
-    }
-    if (!ignored.empty()) {
-      notices.push_back(
-          fmt::format("{}: {}.{} have no effect: accelerate-cpp's fp16 loss scaler is dynamic (init "
-                      "65536, x2 after 2000 clean steps, x0.5 on overflow)",
-                      f.path(), block, join(ignored, ", ")));
-    }
+    if (!boolean_value(f, b.at("enabled"), block.name + ".enabled", "enabled")) continue;
+    if (wanted)
+      f.fail(block.name, block.name, "fp16.enabled and bf16.enabled are both true; enable one of them");
+    wanted = block.mode;
   }
   return wanted;
+}
+
+// One setting of DeepSpeed's fp16 or bf16 block (precision_config.py: DeepSpeedFP16Config,
+// DeepSpeedBF16Config; the loss scaler in fp16/loss_scaler.py) that accelerate-cpp does not take from the
+// file, with DeepSpeed's default and the value that behaves as accelerate-cpp does.
+struct PrecisionSetting {
+  const char* block;  // "fp16" or "bf16" (the latter also for "bfloat16")
+  const char* key;
+  /// Compared when the file leaves the key out (DeepSpeed runs its default); null: not reported then.
+  Json deepspeed_default;
+  const char* since;  // version note of the default ("" none)
+  Json ours;          // null: nothing here behaves like any value (reported whenever in effect)
+  const char* ours_text;
+};
+
+const std::vector<PrecisionSetting>& precision_settings() {
+  static const std::vector<PrecisionSetting> kSettings = {
+      // Ours: accelerate-cpp's GradScaler (optim/grad_scaler.hpp), dynamic, init 65536, growth x2 after
+      // 2000 clean steps, backoff x0.5 on every overflow, no minimum. DeepSpeed's DynamicLossScaler grows
+      // and backs off by 2 too, but after loss_scale_window steps, with `hysteresis` overflows tolerated
+      // first, and not below min_loss_scale.
+      {"fp16", "loss_scale", 0, "", 0, "0, dynamic"},
+      {"fp16", "initial_scale_power", 16, "", 16, "16, a first scale of 65536"},
+      {"fp16", "loss_scale_window", 1000, "", 2000, "2000"},
+      {"fp16", "hysteresis", 2, "", 1, "1, no overflow is tolerated before the scale halves"},
+      {"fp16", "consecutive_hysteresis", false, "", false, "false"},
+      {"fp16", "min_loss_scale", 1, "", nullptr, "no minimum"},
+      {"fp16", "auto_cast", false, "", false,
+       "false, inputs are not cast: autocast runs each op in fp16 from fp32 parameters"},
+      {"fp16", "fp16_master_weights_and_grads", false, "", false, "false, fp32 master weights"},
+      // bf16 is autocast over fp32 parameters here: no loss scaler, nothing skipped.
+      {"bf16", "immediate_grad_update", nullptr, "", nullptr,
+       "no such setting: gradients are fp32 as backward produces them"},
+      {"bf16", "check_grad_overflow", true, "since 0.19.3", false,
+       "false, a step whose gradients hold inf or NaN is taken"},
+      {"bf16", "bf16_master_weights_and_grads", false, "", false, "false, fp32 master weights and gradients"},
+      {"bf16", "bf16_optimizer_states", false, "", false, "false, fp32 optimizer state"},
+  };
+  return kSettings;
+}
+
+// For each fp16 / bf16 block in effect (enabled true, or "auto" resolved to it by mixed_precision, as
+// Accelerate's set_mixed_precision fills it), a notice naming every setting whose value (the file's, or
+// DeepSpeed's default) differs from what accelerate-cpp does, with the file's value and ours.
+void report_precision_settings(const JsonFile& f, const Json& root, Config& c) {
+  for (const PrecisionBlock& block : precision_blocks(root)) {
+    const Json& b = root.at(block.name);
+    if (!b.contains("enabled")) continue;  // DeepSpeed's default: disabled
+    const bool is_auto_enabled = is_auto(b.at("enabled"));
+    if (is_auto_enabled ? c.mixed_precision != block.mode : !b.at("enabled").get<bool>()) continue;
+    const std::string kind = block.mode == MixedPrecision::Fp16 ? "fp16" : "bf16";
+    std::vector<std::string> items;
+    std::vector<std::string> known;
+    for (const PrecisionSetting& s : precision_settings()) {
+      if (kind != s.block) continue;
+      known.emplace_back(s.key);
+      const bool present = b.contains(s.key);
+      if (!present && s.deepspeed_default.is_null()) continue;
+      const Json& value = present ? b.at(s.key) : s.deepspeed_default;
+      if (!s.ours.is_null() && value == s.ours) continue;
+      const std::string note =
+          present ? std::string()
+                  : fmt::format("DeepSpeed's default{}; ", *s.since ? std::string(" ") + s.since : "");
+      items.push_back(
+          fmt::format("{}.{} {} ({}ours: {})", block.name, s.key, value.dump(), note, s.ours_text));
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (key != "enabled" && std::find(known.begin(), known.end(), key) == known.end())
+        items.push_back(fmt::format("{}.{} {} (no effect here)", block.name, key, value.dump()));
+    }
+    if (items.empty()) continue;
+    const std::string why = is_auto_enabled ? fmt::format("{}.enabled \"auto\" follows mixed_precision: {}",
+                                                          block.name, to_string(block.mode))
+                                            : fmt::format("{}.enabled true", block.name);
+    const std::string what =
+        block.mode == MixedPrecision::Fp16
+            ? "DeepSpeed's loss scaler differ from accelerate-cpp's, which is not configurable from the file "
+              "(dynamic: init 65536, x2 after 2000 clean steps, x0.5 on every overflow)"
+            : "DeepSpeed's bf16 differ from accelerate-cpp's (bf16 autocast, parameters, gradients and "
+              "optimizer state in fp32)";
+    c.notices.push_back(fmt::format("{}: {} is in effect ({}) and these settings of {}: {}", f.path(), kind,
+                                    why, what, join(items)));
+  }
 }
 
 // Mixed precision: "auto" follows the YAML's mixed_precision; true sets it (and must not contradict it).
 void apply_mixed_precision(const JsonFile& f, const Json& root, const DeepSpeedJsonContext& context,
                            Config& c) {
-  const std::optional<MixedPrecision> wanted = requested_precision(f, root, c.notices);
-  if (!wanted) return;
-  if (context.mixed_precision_set && c.mixed_precision != *wanted) {
-    f.fail(*wanted == MixedPrecision::Fp16 ? "fp16.enabled" : "bf16.enabled", "enabled",
-           fmt::format("{} enables {} but the config's mixed_precision is '{}' ({}); make them agree or set "
-                       "\"enabled\": \"auto\"",
-                       f.path(), to_string(*wanted), to_string(c.mixed_precision), context.source));
+  const std::optional<MixedPrecision> wanted = requested_precision(f, root);
+  if (wanted) {
+    if (context.mixed_precision_set && c.mixed_precision != *wanted) {
+      f.fail(
+          *wanted == MixedPrecision::Fp16 ? "fp16.enabled" : "bf16.enabled", "enabled",
+          fmt::format("{} enables {} but the config's mixed_precision is '{}' ({}); make them agree or set "
+                      "\"enabled\": \"auto\"",
+                      f.path(), to_string(*wanted), to_string(c.mixed_precision), context.source));
+    }
+    c.mixed_precision = *wanted;
   }
-  c.mixed_precision = *wanted;
+  report_precision_settings(f, root, c);
 }
 
 // Gradient accumulation: "auto" (or absent) follows the YAML; a number must agree with it.
@@ -428,11 +527,13 @@ ZeroConfig zero_defaults(const Config& c) {
   return z;
 }
 
-// reduce_bucket_size, allgather_bucket_size, (stage3_)prefetch_bucket_size: a positive byte count or "auto".
+// reduce_bucket_size, allgather_bucket_size, (stage3_)prefetch_bucket_size: a byte count or "auto". 0 is
+// valid, as in DeepSpeed's schema (ge=0): reduce_bucket_size 0 reduces each parameter on its own
+// (stage_1_and_2.py and stage3.py start a new bucket when elements + numel > reduce_bucket_size),
+// prefetch_bucket_size 0 prefetches nothing (partitioned_param_coordinator.py: `if prefetch_bucket_sz > 0`).
 void read_bucket_size(const JsonFile& f, const std::string& key, const Json& v, const std::string& p,
                       ZeroConfig& z, ZeroNotices& notes) {
   const auto n = count_or_auto(f, v, p, key);
-  if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of bytes", p));
   if (key == "allgather_bucket_size") {
     // Accelerate leaves "auto" here to DeepSpeed, whose default applies.
     if (n)
@@ -450,7 +551,8 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
                    ZeroNotices& notes) {
   const std::string p = "zero_optimization." + key;
   if (key == "stage") {
-    const auto s = count_or_auto(f, v, p, key);
+    // "auto" is Accelerate's plugin zero_stage: 2 unless set (the YAML may not set it next to a JSON file).
+    const auto s = is_auto(v) ? std::optional<std::uint64_t>(2) : count_or_auto(f, v, p, key);
     if (!s || *s > 3) f.fail(p, key, fmt::format("{}: expected 0, 1, 2 or 3, got {}", p, v.dump()));
     z.stage = static_cast<int>(*s);
   } else if (key == "offload_optimizer") {
@@ -460,8 +562,9 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
   } else if (key == "overlap_comm") {
     z.overlap_comm = boolean_value(f, v, p, key);
   } else if (key == "sub_group_size") {
+    // 0 is valid (ge=0): every parameter closes its own sub-group (stage3.py _create_fp16_sub_groups), as
+    // it does in our stages 1-2.
     const auto n = count_or_auto(f, v, p, key);
-    if (n && *n == 0) f.fail(p, key, fmt::format("{} must be a positive number of elements", p));
     if (n) z.sub_group_size = *n;
   } else if (key == "reduce_bucket_size" || key == "allgather_bucket_size" ||
              key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
@@ -469,7 +572,10 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
   } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
              key == "gather_16bit_weights_on_model_save" ||
              key == "stage3_gather_fp16_weights_on_model_save") {
-    z.zero3_save_16bit_model = boolean_value(f, v, p, key);
+    // "auto" (Accelerate's ZeRO-3 templates) is filled from the plugin's zero3_save_16bit_model, false unless
+    // set, and Accelerate refuses that key in the YAML next to a JSON file; accelerator.py's config_kwargs
+    // fill it with False at prepare too.
+    z.zero3_save_16bit_model = is_auto(v) ? false : boolean_value(f, v, p, key);
   } else if (key == "contiguous_gradients" || key == "reduce_scatter" || key == "allgather_partitions") {
     // What accelerate-cpp always does (flat contiguous buffers, reduce-scatter, all-gather): no notice.
   } else {
@@ -513,9 +619,20 @@ void apply_zero_optimization(const JsonFile& f, const Json& root, Config& c) {
   z.config_file = f.path();
   z.zero3_init_flag = c.zero.zero3_init_flag;
   c.zero = z;
+  settle_stage1_reduce_bucket(c, f.path() + ": zero_optimization.reduce_bucket_size");
 }
 
 }  // namespace
+
+void settle_stage1_reduce_bucket(Config& c, const std::string& key) {
+  if (c.zero.stage != 1 || c.zero.reduce_bucket_size != std::optional<std::uint64_t>(0)) return;
+  c.zero.reduce_bucket_size = std::nullopt;
+  c.notices.push_back(fmt::format(
+      "{} is 0: DeepSpeed reduces each parameter's gradient on its own; accelerate-cpp's stage 1 "
+      "reduce-scatters the flat gradients after backward in chunks, here of about one weight matrix "
+      "(hidden_size² elements, as \"auto\"); results are the same",
+      key));
+}
 
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
   const JsonFile f(path, read_text(path, context));

@@ -17,4 +17,10 @@ struct DeepSpeedJsonContext {
 /// DeepSpeed's and Accelerate's rules; adds notices for what maps to nothing. ConfigError naming the file.
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c);
 
+/// reduce_bucket_size 0 means, in DeepSpeed, that each parameter's gradient is reduced on its own; stage 2's
+/// buckets do that with 0 (one parameter per bucket) and stage 3 reduces whole units whatever the size, but
+/// stage 1 reduce-scatters the flat gradients in chunks and has no per-parameter mode: there 0 becomes
+/// "auto" (chunks of about one weight matrix), with a notice naming `key` (as the file spells it).
+void settle_stage1_reduce_bucket(Config& c, const std::string& key);
+
 }  // namespace accel::config_detail

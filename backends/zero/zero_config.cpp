@@ -58,7 +58,8 @@ std::vector<KeyRow> zero_rows() {
       [](auto& c) -> auto& { return c.zero.zero3_save_16bit_model; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
       "reduce_bucket_size", kSection,
-      "gradient reduce-scatter bucket, in bytes (5e8 accepted); auto: from the model",
+      "gradient reduce-scatter bucket, in bytes (5e8 accepted); auto: from the model; 0: one parameter per "
+      "bucket, as DeepSpeed (stage 1: auto)",
       [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes_or_auto(), write_bytes_or_auto,
       "123"));
   rows.push_back(setting(
@@ -66,19 +67,21 @@ std::vector<KeyRow> zero_rows() {
       [](auto& c) -> auto& { return c.zero.overlap_comm; }, boolean(), write_bool, "false"));
   rows.push_back(setting(
       "allgather_bucket_size", kSection,
-      "accepted, no effect: stages 1-2 gather each sub-group straight into the parameters",
+      "accepted (0 too), no effect: stages 1-2 gather each sub-group straight into the parameters",
       [](auto& c) -> auto& { return c.zero.allgather_bucket_size; }, bytes(), write_u64, "456"));
   rows.push_back(setting(
       "sub_group_size", kSection,
-      "stages 1-2: elements per optimizer sub-group (each its own master slice; 4e6 accepted)",
+      "stages 1-2: elements per optimizer sub-group (each its own master slice; 4e6 accepted; 0: one "
+      "parameter each)",
       [](auto& c) -> auto& { return c.zero.sub_group_size; },
       [](const Reader& r, const Entry& e) {
-        return r.count(e, 1, "a positive number of elements (such as 4000000 or 4e6)");
+        return r.count(e, 0,
+                       "a non-negative number of elements (such as 4000000 or 4e6; 0: one parameter each)");
       },
       write_u64, "1000"));
   rows.push_back(setting(
       "stage3_prefetch_bucket_size", kSection,
-      "bytes of parameters prefetched ahead in stage 3; auto: from the model",
+      "bytes of parameters prefetched ahead in stage 3; auto: from the model; 0: no prefetch (as DeepSpeed)",
       [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes_or_auto(),
       write_bytes_or_auto, "auto"));
   rows.push_back(setting(
@@ -121,6 +124,7 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
           "sync "
           "steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off");
     }
+    if (c.backend == "zero") settle_stage1_reduce_bucket(c, kSection + ".reduce_bucket_size");
     return;
   }
   if (c.backend != "zero") {
@@ -186,20 +190,8 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
              fmt::format("deepspeed_config.gradient_clipping ({}) must be 0 (off) or a positive number",
                          z.gradient_clipping));
   }
-  const std::pair<const char*, uint64_t> buckets[] = {
-      {"reduce_bucket_size", z.reduce_bucket_size.value_or(1)},
-      {"allgather_bucket_size", z.allgather_bucket_size},
-      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size.value_or(1)}};
-  if (z.sub_group_size == 0) {
-    fail_key("deepspeed_config.sub_group_size",
-             "deepspeed_config.sub_group_size must be a positive number of elements");
-  }
-  for (const auto& [name, bytes] : buckets) {
-    if (bytes == 0) {
-      const std::string key = join_path("deepspeed_config", name);
-      fail_key(key, fmt::format("{} must be a positive number of bytes", key));
-    }
-  }
+  // Bucket sizes and sub_group_size may be 0, as DeepSpeed's schema allows (ge=0); ZeroConfig says what 0
+  // means for each.
 }
 
 void ask_zero(Questions& q, Config& config) {

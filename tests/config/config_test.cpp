@@ -64,6 +64,14 @@ std::string bad_file_message(const std::string& name) {
   return name + message.substr(path.size());
 }
 
+// Whether one of the config's notices contains `text`.
+bool has_notice(const accel::Config& c, const std::string& text) {
+  for (const auto& n : c.notices) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("config: defaults", "[config]") {
@@ -147,6 +155,63 @@ TEST_CASE("config: fsdp_reshard_after_forward maps onto the sharding strategy", 
   CHECK(c.fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
   const accel::Config d = accel::Config::load_string("fsdp_config:\n  fsdp_sharding_strategy: 3\n");
   CHECK(d.fsdp.sharding_strategy == accel::ShardingStrategy::NoShard);
+}
+
+TEST_CASE(
+    "config: fsdp_reshard_after_forward takes FSDP1's strategy names, as `accelerate config` writes them",
+    "[config]") {
+  auto load = [](const std::string& fsdp) {
+    return accel::Config::load_string("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n" + fsdp,
+                                      "fsdp.yaml");
+  };
+  auto error = [](const std::string& fsdp) {
+    try {
+      accel::Config::load_string("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n" + fsdp,
+                                 "fsdp.yaml");
+    } catch (const accel::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  // utils/dataclasses.py (FullyShardedDataParallelPlugin): with fsdp_version 1 the value is a
+  // ShardingStrategy name (upper-cased) or its number.
+  CHECK(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: FULL_SHARD\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::FullShard);
+  CHECK(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::ShardGradOp);
+  CHECK(load("  fsdp_reshard_after_forward: no_shard\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::NoShard);
+  CHECK(load("  fsdp_reshard_after_forward: 2\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::ShardGradOp);
+  // FSDP2's booleans as before.
+  CHECK(load("  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::FullShard);
+  // Agreeing with fsdp_sharding_strategy is fine; disagreeing names both lines.
+  CHECK(load("  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n")
+            .fsdp.sharding_strategy == accel::ShardingStrategy::ShardGradOp);
+  CHECK(
+      error("  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: NO_SHARD\n") ==
+      "fsdp.yaml:5: fsdp_config.fsdp_reshard_after_forward: 'NO_SHARD' disagrees with fsdp_sharding_strategy "
+      "'FULL_SHARD' (line 4); both name the sharding strategy: make them agree or remove one");
+  // Hybrid strategies are Accelerate's too, but not supported here; a typo gets the nearest spelling.
+  CHECK(error("  fsdp_reshard_after_forward: HYBRID_SHARD\n") ==
+        "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: 'HYBRID_SHARD' is not supported by "
+        "accelerate-cpp; "
+        "allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  CHECK(error("  fsdp_reshard_after_forward: FULL_SHRD\n") ==
+        "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: invalid value 'FULL_SHRD' (did you mean "
+        "'FULL_SHARD'?); allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  // Accelerate's launcher always passes fsdp_sharding_strategy (default FULL_SHARD), which FSDP1 prefers
+  // (accelerator.py: `sharding_strategy or reshard_after_forward`): where that differs, a notice says so.
+  const auto grad_op = load("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n");
+  CHECK(has_notice(grad_op,
+                   "fsdp_config.fsdp_reshard_after_forward: 'SHARD_GRAD_OP' means SHARD_GRAD_OP here; "
+                   "Accelerate's launcher would run FULL_SHARD with this FSDP1 file"));
+  CHECK_FALSE(
+      has_notice(load("  fsdp_version: 1\n  fsdp_reshard_after_forward: FULL_SHARD\n"), "fsdp_config"));
+  CHECK_FALSE(has_notice(load("  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"), "fsdp_config"));
+  // The written file says the strategy with fsdp_sharding_strategy and reads back equal.
+  CHECK(accel::Config::load_string(grad_op.to_yaml()) == grad_op);
 }
 
 TEST_CASE("config: deepspeed section parsed", "[config]") {
@@ -544,9 +609,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
       "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
       "values: LOCAL_MACHINE");
   CHECK(bad_file_message("bad_bucket_size.yaml") ==
-        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a positive number of bytes "
-        "(such "
-        "as 500000000 or 5e8) or auto, got '5.5e-3'");
+        "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a non-negative number of "
+        "bytes (such as 500000000 or 5e8) or auto, got '5.5e-3'");
   CHECK(bad_file_message("multi_cpu_use_cpu.yaml") ==
         "multi_cpu_use_cpu.yaml:2: use_cpu: false contradicts distributed_type 'MULTI_CPU' (line 1); set "
         "use_cpu: "
@@ -712,13 +776,6 @@ std::string fixture(const std::string& name) {
   return data_file("deepspeed/" + name);
 }
 
-bool has_notice(const accel::Config& c, const std::string& text) {
-  for (const auto& n : c.notices) {
-    if (n.find(text) != std::string::npos) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's ZeRO-2 example)", "[config]") {
@@ -772,6 +829,66 @@ TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and un
   CHECK_THAT(message, Catch::Contains("train_batch_size 32 is not train_micro_batch_size_per_gpu 4 x "
                                       "gradient_accumulation_steps 4 x world size 4 (= 64)"));
   CHECK_THAT(message, Catch::StartsWith(fixture("zero3_offload.json") + ":"));
+}
+
+TEST_CASE("config: fp16 scaler settings of a DeepSpeed JSON are compared with ours when fp16 is in effect",
+          "[config]") {
+  DeepSpeedFiles files;
+  // Hugging Face's ZeRO-2 example: fp16.enabled "auto" follows mixed_precision (Accelerate's
+  // set_mixed_precision fills it); its scaler settings then reach DeepSpeed, whose loss scaler differs from
+  // ours: each difference is named with the file's value and ours.
+  const auto fp16 =
+      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: fp16\n"));
+  CHECK(fp16.mixed_precision == accel::MixedPrecision::Fp16);
+  const std::string expected =
+      "hf_zero2_auto.json: fp16 is in effect (fp16.enabled \"auto\" follows mixed_precision: fp16) and these "
+      "settings of DeepSpeed's loss scaler differ from accelerate-cpp's, which is not configurable from the "
+      "file (dynamic: init 65536, x2 after 2000 clean steps, x0.5 on every overflow): fp16.loss_scale_window "
+      "1000 (ours: 2000), fp16.hysteresis 2 (ours: 1, no overflow is tolerated before the scale halves), "
+      "fp16.min_loss_scale 1 (ours: no minimum)";
+  CHECK(has_notice(fp16, expected));
+  // loss_scale 0 (dynamic) and initial_scale_power 16 (65536) are ours: not listed.
+  CHECK_FALSE(has_notice(fp16, "fp16.loss_scale 0"));
+  CHECK_FALSE(has_notice(fp16, "initial_scale_power"));
+  // bf16 resolves the same file's fp16 block to disabled (as DeepSpeed gets it): nothing to say about it.
+  const auto bf16 =
+      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\n"));
+  CHECK_FALSE(has_notice(bf16, "fp16."));
+  // fp16.enabled true: the same comparison, with DeepSpeed's defaults for what the block leaves out.
+  const auto explicit_fp16 = accel::Config::load_file(files.yaml(
+      files.write("ds.json",
+                  "{\"fp16\": {\"enabled\": true, \"loss_scale\": 128, \"initial_scale_power\": 12, "
+                  "\"auto_cast\": true}, \"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(has_notice(
+      explicit_fp16,
+      "ds.json: fp16 is in effect (fp16.enabled true) and these settings of DeepSpeed's loss scaler "
+      "differ from accelerate-cpp's"));
+  CHECK(has_notice(explicit_fp16, "fp16.loss_scale 128 (ours: 0, dynamic)"));
+  CHECK(has_notice(explicit_fp16, "fp16.initial_scale_power 12 (ours: 16, a first scale of 65536)"));
+  CHECK(has_notice(explicit_fp16, "fp16.loss_scale_window 1000 (DeepSpeed's default; ours: 2000)"));
+  CHECK(
+      has_notice(explicit_fp16,
+                 "fp16.auto_cast true (ours: false, inputs are not cast: autocast runs each op in fp16 from "
+                 "fp32 parameters)"));
+  // bf16 settings get their own reasons (not the fp16 scaler's); check_grad_overflow is DeepSpeed's default
+  // true since 0.19.3.
+  const auto bf16_block = accel::Config::load_file(
+      files.yaml(files.write("ds.json",
+                             "{\"bf16\": {\"enabled\": true, \"bf16_master_weights_and_grads\": true}, "
+                             "\"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(has_notice(
+      bf16_block,
+      "ds.json: bf16 is in effect (bf16.enabled true) and these settings of DeepSpeed's bf16 differ "
+      "from accelerate-cpp's (bf16 autocast, parameters, gradients and optimizer state in fp32): "
+      "bf16.check_grad_overflow true (DeepSpeed's default since 0.19.3; ours: false, a step whose "
+      "gradients hold inf or NaN is taken), bf16.bf16_master_weights_and_grads true (ours: false, "
+      "fp32 master weights and gradients)"));
+  CHECK_FALSE(has_notice(bf16_block, "loss scaler is dynamic"));
+  // DeepSpeed's old spelling "bfloat16" (read when "bf16" is absent) enables bf16 too.
+  const auto old_name = accel::Config::load_file(files.yaml(
+      files.write("ds.json", "{\"bfloat16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(old_name.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK_FALSE(has_notice(old_name, "unknown top-level key"));
 }
 
 TEST_CASE("config: DeepSpeed JSON defaults, a relative path, and the missing batch size derived",
@@ -944,15 +1061,93 @@ TEST_CASE("estimate_memory: a pipeline splits the state by stage and bounds the 
   CHECK(accel::describe_backend(words) == "ddp");
 }
 
-TEST_CASE("config: deepspeed_config.sub_group_size is read, written back, and must be positive", "[config]") {
+TEST_CASE(
+    "config: deepspeed_config.sub_group_size is read and written back; 0 is one parameter per sub-group",
+    "[config]") {
   const auto c = accel::Config::load_string(
       "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 1\n  sub_group_size: 2e6\n");
   CHECK(c.zero.sub_group_size == 2000000u);
   CHECK(accel::Config::load_string(c.to_yaml()) == c);
+  // DeepSpeed accepts 0 (ge=0): every parameter closes its own sub-group (stage3.py _create_fp16_sub_groups).
+  const auto zero = accel::Config::load_string(
+      "backend: zero\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 2\n  sub_group_size: 0\n");
+  CHECK(zero.zero.sub_group_size == 0u);
+  CHECK(accel::Config::load_string(zero.to_yaml()) == zero);
   CHECK_THROWS_WITH(
-      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: 0\n"),
+      accel::Config::load_string("backend: zero\nuse_cpu: true\ndeepspeed_config:\n  sub_group_size: -1\n"),
       Catch::Contains("deepspeed_config.sub_group_size") &&
-          Catch::Contains("a positive number of elements (such as 4000000 or 4e6)"));
+          Catch::Contains(
+              "a non-negative number of elements (such as 4000000 or 4e6; 0: one parameter each)"));
+}
+
+TEST_CASE("config: DeepSpeed JSON zeros and \"auto\" values are read as DeepSpeed and Accelerate read them",
+          "[config]") {
+  DeepSpeedFiles files;
+  auto load = [&](const std::string& zero_optimization, const std::string& top = "") {
+    return accel::Config::load_file(files.yaml(
+        files.write("ds.json", "{" + top + "\"zero_optimization\": {" + zero_optimization + "}}")));
+  };
+  // Accelerate's ZeRO-3 templates: "auto" is filled from zero3_save_16bit_model, false unless set (with a
+  // JSON file Accelerate refuses it in the YAML), as accelerator.py's config_kwargs do.
+  const auto save_auto = load("\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": \"auto\"");
+  CHECK_FALSE(save_auto.zero.zero3_save_16bit_model);
+  CHECK_FALSE(
+      load("\"stage\": 3, \"gather_16bit_weights_on_model_save\": \"auto\"").zero.zero3_save_16bit_model);
+  CHECK(
+      load("\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": true").zero.zero3_save_16bit_model);
+  // sub_group_size 0 (axolotl): one parameter per sub-group.
+  const auto sub0 = load("\"stage\": 2, \"sub_group_size\": 0");
+  CHECK(sub0.zero.sub_group_size == 0u);
+  // stage3_prefetch_bucket_size 0 (transformers' tests): DeepSpeed prefetches nothing; the engine's prefetch
+  // is off for 0.
+  const auto prefetch0 = load("\"stage\": 3, \"stage3_prefetch_bucket_size\": 0, \"reduce_bucket_size\": 0");
+  REQUIRE(prefetch0.zero.stage3_prefetch_bucket_size.has_value());
+  CHECK(*prefetch0.zero.stage3_prefetch_bucket_size == 0u);
+  CHECK(accel::Config::load_string(prefetch0.to_yaml()) == prefetch0);
+  // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; stage 2's buckets do the
+  // same with 0 (one parameter each), stage 3 reduces whole units whatever the size.
+  REQUIRE(prefetch0.zero.reduce_bucket_size.has_value());
+  CHECK(*prefetch0.zero.reduce_bucket_size == 0u);
+  const auto reduce0 = load("\"stage\": 2, \"reduce_bucket_size\": 0");
+  REQUIRE(reduce0.zero.reduce_bucket_size.has_value());
+  CHECK(*reduce0.zero.reduce_bucket_size == 0u);
+  CHECK(accel::Config::load_string(reduce0.to_yaml()) == reduce0);
+  CHECK_FALSE(has_notice(reduce0, "reduce_bucket_size"));
+  // Stage 1 reduce-scatters whole flat gradients in chunks and has no per-parameter mode: chunks of about one
+  // weight matrix ("auto", hidden_size²), said in a notice.
+  const auto stage1 = load("\"stage\": 1, \"reduce_bucket_size\": 0");
+  CHECK_FALSE(stage1.zero.reduce_bucket_size.has_value());
+  CHECK(has_notice(stage1,
+                   "zero_optimization.reduce_bucket_size is 0: DeepSpeed reduces each parameter's "
+                   "gradient on its own; accelerate-cpp's stage 1 reduce-scatters the flat gradients "
+                   "after backward in chunks, here of about one weight matrix (hidden_size² elements, "
+                   "as \"auto\"); results are the same"));
+  // allgather_bucket_size has no effect here; 0 is accepted as DeepSpeed's schema accepts it.
+  CHECK(load("\"stage\": 3, \"allgather_bucket_size\": 0").zero.allgather_bucket_size == 0u);
+  // "auto" for the keys Accelerate fills from its DeepSpeed plugin: the stage (2) and the offload devices
+  // (none).
+  const auto stage_auto = load(
+      "\"stage\": \"auto\", \"offload_optimizer\": {\"device\": \"auto\"}, \"offload_param\": {\"device\": "
+      "\"auto\"}");
+  CHECK(stage_auto.zero.stage == 2);
+  CHECK(stage_auto.zero.offload_optimizer_device == accel::OffloadDevice::None);
+  CHECK(stage_auto.zero.offload_param_device == accel::OffloadDevice::None);
+  // Negative sizes stay errors.
+  CHECK_THROWS_WITH(load("\"reduce_bucket_size\": -1"),
+                    Catch::Contains("zero_optimization.reduce_bucket_size: expected a non-negative integer"));
+  // The same zeros are accepted in the YAML (the launcher hands the ranks the resolved YAML).
+  const auto yaml0 = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 3\n  reduce_bucket_size: 0\n"
+      "  stage3_prefetch_bucket_size: 0\n  allgather_bucket_size: 0\n");
+  CHECK(yaml0.zero.reduce_bucket_size == std::optional<std::uint64_t>(0));
+  CHECK(yaml0.zero.stage3_prefetch_bucket_size == std::optional<std::uint64_t>(0));
+  CHECK(yaml0.zero.allgather_bucket_size == 0u);
+  CHECK_FALSE(has_notice(yaml0, "bucket_size"));
+  const auto yaml_stage1 = accel::Config::load_string(
+      "backend: zero\ndeepspeed_config:\n  zero_stage: 1\n  reduce_bucket_size: 0\n  gradient_clipping: 0\n");
+  CHECK_FALSE(yaml_stage1.zero.reduce_bucket_size.has_value());
+  CHECK(has_notice(yaml_stage1,
+                   "deepspeed_config.reduce_bucket_size is 0: DeepSpeed reduces each parameter's"));
 }
 
 TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1.0, as Accelerate fills it",

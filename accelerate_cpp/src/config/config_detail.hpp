@@ -370,17 +370,19 @@ template <typename E>
 auto choice(const ChoiceSet<E>& (*set)()) {
   return [set](const Reader& r, const Entry& e) { return r.choice(e, set()); };
 }
+// A number of bytes; 0 is allowed, as DeepSpeed's schema allows it (each key's row says what 0 means).
 inline auto bytes() {
   return [](const Reader& r, const Entry& e) {
-    return r.count(e, 1, "a positive number of bytes (such as 500000000 or 5e8)");
+    return r.count(e, 0, "a non-negative number of bytes (such as 500000000 or 5e8)");
   };
 }
-// A positive number of bytes or `auto` (std::nullopt: the backend derives it from the model).
+// A number of bytes (0 allowed, as for bytes()) or `auto` (std::nullopt: the backend derives it from the
+// model).
 inline auto bytes_or_auto() {
   return [](const Reader& r, const Entry& e) -> std::optional<std::uint64_t> {
-    static const char* kExpected = "a positive number of bytes (such as 500000000 or 5e8) or auto";
+    static const char* kExpected = "a non-negative number of bytes (such as 500000000 or 5e8) or auto";
     if (r.scalar(e, kExpected) == "auto") return std::nullopt;
-    return r.count(e, 1, kExpected);
+    return r.count(e, 0, kExpected);
   };
 }
 inline std::string write_bytes_or_auto(const std::optional<std::uint64_t>& v) {
