@@ -710,6 +710,19 @@ TEST_CASE("profile: a scope writes this rank's Chrome trace with the operators a
   CHECK(std::filesystem::exists(path));
 }
 
+TEST_CASE("pipeline: a layer that takes two arguments is named by its own index") {
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(6, 6), torch::nn::Bilinear(6, 6, 1));
+  acc.prepare_pipeline(model);
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+  CHECK_THROWS_WITH(
+      acc.pipeline_step(torch::randn({4, 6}), torch::randn({4, 1}), mse),
+      Catch::Contains("layer 1 (of this stage's layers 0 to 1) threw") &&
+          Catch::Contains("passed through layers 0 to 0") &&
+          Catch::Contains("check that layer 1 takes one tensor and fits the output of layer 0"));
+}
+
 TEST_CASE("accelerator: a pipeline on one process trains like the plain loop, and backward() is refused") {
   auto config = test::make_config(MixedPrecision::No, 4);  // 4 micro-batches per step
   Accelerator acc(AcceleratorOptions().config(config));

@@ -217,6 +217,39 @@ void gan_accumulation() {
       /*accumulation=*/2);
 }
 
+// The plain LibTorch line that ends a program, on every backend: after accelerator.free_memory() the model is
+// a whole, current LibTorch module again (ZeRO-3 / FULL_SHARD gather it), so torch::save(model) writes what
+// one process trained, on every rank; and a second prepare() of new objects trains again.
+void free_memory() {
+  against_one_process("free_memory(), then torch::save(model) and load", [](Accelerator* acc, int world) {
+    torch::manual_seed(6);
+    Mlp model;
+    auto opt = sgd(model->parameters());
+    if (acc != nullptr) acc->prepare(model, *opt);
+    Regression data(kBatch * world * kSteps);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      opt->zero_grad();
+      backward(acc, torch::mse_loss(model(rows(data.x, s, acc, world)), rows(data.y, s, acc, world)));
+      opt->step();
+    }
+    if (acc != nullptr) acc->free_memory();
+    std::stringstream bytes;
+    torch::save(model, bytes);
+    Mlp loaded;
+    torch::load(loaded, bytes);
+    if (acc != nullptr) {
+      Mlp again;
+      auto opt2 = sgd(again->parameters());
+      acc->prepare(again, *opt2);
+      opt2->zero_grad();
+      acc->backward(torch::mse_loss(again(rows(data.x, 0, acc, world)), rows(data.y, 0, acc, world)));
+      opt2->step();
+      CHECK(acc->completed_steps() == 1);  // the counters started again
+    }
+    return test::snapshot(*loaded);
+  });
+}
+
 // A loop ported from DDP that kept `loss.backward()`: on several ranks it stops at that line with an error
 // naming accelerator.backward(loss), before any engine saw a gradient; accelerator.backward still trains.
 void plain_backward() {
@@ -1047,6 +1080,7 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"frozen_teacher", frozen_teacher},
           {"gan_accumulation", gan_accumulation},
           {"plain_backward", plain_backward},
+          {"free_memory", free_memory},
           {"hand_accumulation", hand_accumulation},
           {"no_sync", no_sync},
           {"fp16_hand_accumulation", fp16_hand_accumulation},

@@ -194,6 +194,22 @@ Accelerator::~Accelerator() {
   }
 }
 
+void Accelerator::free_memory() {
+  for (auto& m : prepared_.models)
+    m.engine->sync_parameters();  // collective: every rank releases at the same point
+  for (auto& l : prepared_.loaders)
+    l->on_advance = nullptr;
+  for (auto& m : prepared_.models)
+    connect_sync_batchnorm(*m.module, nullptr);
+  pipeline_ = detail::PipelineRunner{};
+  // The engines go in prepare order; sharded ones gather their model whole on the way out (collective).
+  while (!prepared_.models.empty())
+    prepared_.models.erase(prepared_.models.begin());
+  prepared_ = detail::PreparedObjects{};
+  clock_ = GradientState(config_.gradient_accumulation_steps);
+  if (groups_.job->world_size() > 1) groups_.job->barrier();
+}
+
 NamedTensors Accelerator::get_state_dict() {
   if (prepared_.models.size() != 1) {
     throw UsageError(

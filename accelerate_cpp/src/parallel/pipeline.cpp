@@ -162,8 +162,30 @@ PipelineStage::PipelineStage(const std::function<torch::nn::AnyModule(int layer)
   }
 }
 
+namespace {
+
+// A layer of a stage threw: its global index and what it said.
+struct LayerFailure : std::runtime_error {
+  LayerFailure(int layer, const std::string& what) : std::runtime_error(what), layer(layer) {}
+  int layer;
+};
+
+}  // namespace
+
 torch::Tensor PipelineStage::forward(const torch::Tensor& input) {
-  return layers_->forward(input);
+  // Sequential::forward, one layer at a time, so that a failure names the layer that failed.
+  const int first = boundaries()[static_cast<std::size_t>(stage())];
+  torch::nn::AnyValue value(input);
+  int layer = first;
+  for (auto& module : *layers_) {
+    try {
+      value = module.any_forward(std::move(value));
+    } catch (const std::exception& e) {
+      throw LayerFailure(layer, e.what());
+    }
+    ++layer;
+  }
+  return value.get<torch::Tensor>();
 }
 
 std::vector<torch::Tensor> PipelineStage::parameters() const {
@@ -456,15 +478,22 @@ torch::Tensor PipelineEngine::forward_layers(const torch::Tensor& input, bool tr
   const int s = stage_.stage();
   std::optional<torch::NoGradGuard> no_grad;
   if (!train) no_grad.emplace();
+  const int first = stage_.boundaries()[static_cast<std::size_t>(s)];
+  const int last = stage_.boundaries()[static_cast<std::size_t>(s) + 1] - 1;
+  const std::string fed =
+      s == 0 ? "the micro-batch of the inputs" : fmt::format("the output of stage {}", s - 1);
   try {
     return stage_.forward(input);
+  } catch (const LayerFailure& e) {
+    throw UsageError(fmt::format(
+        "layer {} (of this stage's layers {} to {}) threw, on {} of shape {}{}: {}; check that layer {} "
+        "takes one tensor and fits {}",
+        e.layer, first, last, fed, shape(input.sizes()),
+        e.layer == first ? "" : fmt::format(" passed through layers {} to {}", first, e.layer - 1),
+        message_of(e), e.layer, e.layer == first ? fed : fmt::format("the output of layer {}", e.layer - 1)));
   } catch (const std::exception& e) {
-    const int first = stage_.boundaries()[static_cast<std::size_t>(s)];
-    throw UsageError(
-        fmt::format("layers {} to {} threw on {} of shape {}: {}; check that it fits layer {}", first,
-                    stage_.boundaries()[static_cast<std::size_t>(s) + 1] - 1,
-                    s == 0 ? "the micro-batch of the inputs" : fmt::format("the output of stage {}", s - 1),
-                    shape(input.sizes()), message_of(e), first));
+    throw UsageError(fmt::format("layers {} to {} threw on {} of shape {}: {}", first, last, fed,
+                                 shape(input.sizes()), message_of(e)));
   }
 }
 

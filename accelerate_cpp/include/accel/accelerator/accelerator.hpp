@@ -609,6 +609,12 @@ class Accelerator {
   Tracker* get_tracker(const std::string& name) const;
   /// Flushes and closes the trackers, then waits for every rank (Accelerate's end_training). Collective.
   void end_training();
+  /// Releases everything `prepare` took over, as Accelerate's `free_memory()`: each model is handed back as a
+  /// plain, whole, current LibTorch module (sharded backends gather it; its optimizer no longer steps it),
+  /// loaders stop refreshing parameters, the step counters start again. The backend-agnostic end of a
+  /// training program: `accelerator.free_memory(); torch::save(model, "model.pt");` works on every backend.
+  /// Objects can be prepared again afterwards. Collective.
+  void free_memory();
 
  private:
   static const char* const kPipelineLoaderMessage;
