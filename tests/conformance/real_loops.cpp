@@ -1,8 +1,9 @@
 // Conformance scenarios from the loops users port, run on every backend row against one process with the
 // whole batch (N ranks x batch B == one process x batch N*B): two models and two optimizers with gradients
-// crossing models (a GAN), a frozen teacher, hand-written accumulation (plain, with no_sync, under fp16), two
-// backward calls per batch with gradient accumulation, BatchNorm buffers, torch::save of the model, and
-// batches not from a prepared loader.
+// crossing models (a GAN, also with gradient accumulation), a frozen teacher, hand-written accumulation
+// (plain, with no_sync, under fp16), two backward calls per batch with gradient accumulation, BatchNorm
+// buffers, torch::save of the model (also after free_memory()), batches not from a prepared loader, and a
+// plain loss.backward() kept from a DDP loop (refused on several ranks).
 //
 // Each loop is written once: with an Accelerator (acc != nullptr) it runs on this rank's rows, without one it
 // is the plain single-process reference on all rows.
