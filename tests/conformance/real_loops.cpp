@@ -68,8 +68,10 @@ std::unique_ptr<torch::optim::Optimizer> sgd(const std::vector<torch::Tensor>& p
   return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 
-// The whole, current weights of a model: through the accelerator (sharded backends) or the module.
-std::vector<torch::Tensor> weights(Accelerator* acc, Mlp& model) {
+// The whole, current weights of a model (a module holder: Mlp, torch::nn::Linear): through the accelerator
+// (sharded backends) or the module.
+template <class Model>
+std::vector<torch::Tensor> weights(Accelerator* acc, Model& model) {
   std::vector<torch::Tensor> out;
   if (acc == nullptr) return test::snapshot(*model);
   for (const auto& [name, t] : acc->get_state_dict(model)) {
@@ -144,13 +146,8 @@ void two_models() {
     CHECK_MSG(clipped_d && clipped_g,
               "no gradient norm of a model exceeded its bound: clipping went untested");
     std::vector<torch::Tensor> out{torch::tensor(norms, torch::kDouble).to(torch::kFloat)};
-    if (acc == nullptr) {
-      for (auto& t : test::snapshot(*G))
-        out.push_back(t);
-    } else {
-      for (const auto& [name, t] : acc->get_state_dict(G))
-        if (G->named_parameters().contains(name)) out.push_back(t.clone());
-    }
+    for (auto& t : weights(acc, G))
+      out.push_back(t);
     for (auto& t : weights(acc, D))
       out.push_back(t);
     return out;
@@ -206,13 +203,8 @@ void gan_accumulation() {
           opt_g->step();
         }
         auto out = weights(acc, D);
-        if (acc == nullptr) {
-          for (auto& t : test::snapshot(*G))
-            out.push_back(t);
-        } else {
-          for (const auto& [name, t] : acc->get_state_dict(G))
-            if (G->named_parameters().contains(name)) out.push_back(t.clone());
-        }
+        for (auto& t : weights(acc, G))
+          out.push_back(t);
         return out;
       },
       /*accumulation=*/2);
