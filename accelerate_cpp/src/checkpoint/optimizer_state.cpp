@@ -100,4 +100,25 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state(const std::string&
   throw CheckpointError(fmt::format("optimizer state of kind '{}' cannot be rebuilt", kind));
 }
 
+void place_state_on_parameters(torch::optim::Optimizer& optimizer) {
+  const auto kind = optimizer_kind(optimizer);
+  if (kind.empty()) return;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      const auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+      if (it == optimizer.state().end()) continue;
+      std::map<std::string, torch::Tensor> named;
+      bool moved = false;
+      for (auto& [name, t] : named_state(*it->second)) {
+        if (t.defined() && name != "step" && t.device() != p.device()) {
+          t = t.to(p.device());
+          moved = true;
+        }
+        named[name] = t;
+      }
+      if (moved) it->second = make_state(kind, named);
+    }
+  }
+}
+
 }  // namespace accel::detail

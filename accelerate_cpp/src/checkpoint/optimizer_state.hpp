@@ -25,4 +25,10 @@ std::vector<std::pair<std::string, torch::Tensor>> named_state(
 std::unique_ptr<torch::optim::OptimizerParamState> make_state(
     const std::string& kind, const std::map<std::string, torch::Tensor>& named);
 
+/// Puts every state tensor of `optimizer` on the device of its parameter, as PyTorch's
+/// Optimizer.load_state_dict does. LibTorch's torch::load keeps each tensor on the device it was saved from,
+/// so without this a checkpoint written on a GPU would step a CPU run with CUDA state (and the other way
+/// round). State of optimizer kinds named_state does not know is left as loaded.
+void place_state_on_parameters(torch::optim::Optimizer& optimizer);
+
 }  // namespace accel::detail

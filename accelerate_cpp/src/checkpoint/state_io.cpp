@@ -683,7 +683,10 @@ void StateIO::load_optimizers(const std::string& dir, bool convert, const std::s
             .string();
     if (!fs::exists(path))
       throw CheckpointError(fmt::format("load_state: missing optimizer file '{}'", path));
-    torch::load(*p_.prepared->optimizers[i], path);
+    // Read onto the CPU, then onto each parameter's device: a checkpoint saved on a GPU resumes on the CPU
+    // (and on a machine without CUDA) and the other way round.
+    torch::load(*p_.prepared->optimizers[i], path, torch::Device(torch::kCPU));
+    place_state_on_parameters(*p_.prepared->optimizers[i]);
   }
 }
 
