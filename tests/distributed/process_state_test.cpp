@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <accel/config/config.hpp>
+#include <accel/distributed/cuda_device.hpp>
 #include <accel/distributed/process_state.hpp>
 #include <accel/errors.hpp>
 
@@ -107,4 +108,39 @@ TEST_CASE("config: every file in config_templates/ loads") {
     ++count;
   }
   REQUIRE(count >= 3);
+}
+
+TEST_CASE("process: each rank's CUDA device, and ranks that would share a GPU") {
+  ProcessState s;
+  s.launcher = "accel-launch";
+  s.world_size = s.local_world_size = 4;
+  for (int r = 0; r < 4; ++r) {
+    s.rank = s.local_rank = r;
+    CHECK(accel::cuda_device_for(s, 4) == r);  // cuda:<local rank>, as torchrun and Accelerate
+  }
+  // accel-launch and torchrun give every rank the same devices: 2 processes on a 1-GPU machine would share
+  // cuda:0, which NCCL refuses; the error names the counts and the fix.
+  s.world_size = s.local_world_size = 2;
+  s.rank = s.local_rank = 1;
+  for (const char* launcher : {"accel-launch", "torchrun"}) {
+    s.launcher = launcher;
+    CHECK_THROWS_WITH(
+        accel::cuda_device_for(s, 1),
+        std::string("rank 1: ") + launcher +
+            " starts 2 processes on this machine, but it has 1 CUDA device(s), so local ranks 0 "
+            "and 1 would share cuda:0 (NCCL refuses that); set num_processes to at most 1 "
+            "(--num_processes 1), or use_cpu: true (--cpu) to train on CPU ranks");
+  }
+  // Two machines of 4 processes each with 2 GPUs apiece: the limit is per machine.
+  s.launcher = "accel-launch";
+  s.world_size = 8;
+  s.local_world_size = 4;
+  s.rank = 6;
+  s.local_rank = 2;
+  CHECK_THROWS_WITH(accel::cuda_device_for(s, 2), Catch::Contains("--num_processes 4, 2 per machine"));
+  // Slurm (--gpus-per-task) and MPI wrappers can give each rank its own GPU as cuda:0: the index wraps.
+  for (const char* launcher : {"slurm", "openmpi", "none"}) {
+    s.launcher = launcher;
+    CHECK(accel::cuda_device_for(s, 1) == 0);
+  }
 }

@@ -1,5 +1,6 @@
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/backend/grad_ready_hooks.hpp>
+#include <accel/distributed/cuda_device.hpp>
 #include <accel/distributed/env_contract.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/sync_batchnorm.hpp>
@@ -118,8 +119,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
                     checkpointing_.project.total_limit, checkpointing_.project.iteration));
   }
   if (!config_.use_cpu && torch::cuda::is_available()) {
-    device_ = torch::Device(torch::kCUDA,
-                            static_cast<c10::DeviceIndex>(state_.local_rank % torch::cuda::device_count()));
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_for(
+                                              state_, static_cast<int>(torch::cuda::device_count()))));
   }
   // Kineto (accelerator.profile) looks for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed"
   // as an ERROR on machines without one: on CPU its logging is off unless the user set KINETO_LOG_LEVEL. Set

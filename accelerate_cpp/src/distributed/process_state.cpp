@@ -1,3 +1,4 @@
+#include <accel/distributed/cuda_device.hpp>
 #include <accel/distributed/env_contract.hpp>
 #include <accel/distributed/process_state.hpp>
 #include <accel/errors.hpp>
@@ -5,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -175,6 +177,26 @@ ProcessState ProcessState::from_environment(const Getenv& getenv_in) {
   if (read_torchrun(env, s) || read_slurm(env, s)) return s;
   read_open_mpi(env, s);
   return s;
+}
+
+}  // namespace accel
+
+namespace accel {
+
+int cuda_device_for(const ProcessState& state, int device_count) {
+  if (state.local_rank < device_count) return state.local_rank;
+  if (state.launcher == "accel-launch" || state.launcher == "torchrun") {
+    const int nodes = state.world_size / std::max(state.local_world_size, 1);
+    throw UsageError(fmt::format(
+        "rank {}: {} starts {} processes on this machine, but it has {} CUDA device(s), so local ranks {} "
+        "and {} "
+        "would share cuda:{} (NCCL refuses that); set num_processes to at most {} (--num_processes {}{}), or "
+        "use_cpu: true (--cpu) to train on CPU ranks",
+        state.rank, state.launcher, state.local_world_size, device_count, state.local_rank % device_count,
+        state.local_rank, state.local_rank % device_count, device_count * std::max(nodes, 1),
+        device_count * std::max(nodes, 1), nodes > 1 ? fmt::format(", {} per machine", device_count) : ""));
+  }
+  return state.local_rank % device_count;
 }
 
 }  // namespace accel
