@@ -39,6 +39,10 @@ struct Group {
   std::vector<bool> aliased;  // per member: its storage points into `flat` (else copied after a gather)
   torch::Tensor master;       // [S]: this rank's slice, the tensor the optimizer updates
   torch::Tensor grad_buf;     // [S]: memory of the master's gradient, reused while nothing else holds it
+  // [S] offload from a GPU: page-locked host memory the reduced gradient slices are copied into before they
+  // are added to the master's gradient (a copy from pinned memory runs at the bus's speed, several times a
+  // pageable one).
+  torch::Tensor staging;
 };
 
 // True when nothing but `t` itself holds its memory (no other tensor object, no view).
@@ -335,9 +339,16 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       if (movable) detail::point_storage_into(p, g.flat, g.offset[m]);
       g.aliased.push_back(movable);
     }
-    // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory.
+    // Offload: the master slice (and so the optimizer state, created like it) lives in CPU memory,
+    // page-locked when the model is on a GPU, so that the copy to the device after each step runs at the
+    // bus's speed.
     g.master = g.flat.narrow(0, comm_.rank() * g.shard, g.shard).clone();
-    if (options_.offload_optimizer) g.master = g.master.to(torch::kCPU);
+    if (options_.offload_optimizer && !g.master.is_cpu()) {
+      auto host = torch::empty({g.shard}, g.master.options().device(torch::kCPU).pinned_memory(true));
+      g.master = host.copy_(g.master);
+    } else if (options_.offload_optimizer) {
+      g.master = g.master.to(torch::kCPU);
+    }
     // The optimizer stepping a master is what makes the model stale: watch it.
     trigger_.watch(g.master, kMasterTag);
     groups_.push_back(std::move(g));
@@ -387,7 +398,19 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   // Adds a reduced slice (a sum over ranks) into the master's gradient: gradients add up across backward
   // calls until the optimizer steps or zero_grad() runs, as autograd's do (hand-written accumulation).
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
-    master_grad(g).narrow(0, at, reduced_slice.numel()).add_(reduced_slice, 1.0 / comm_.world_size());
+    master_grad(g)
+        .narrow(0, at, reduced_slice.numel())
+        .add_(on_master_device(g, reduced_slice, at), 1.0 / comm_.world_size());
+  }
+
+  // A reduced slice (positions [at, at + numel) of the shard) on the master's device: itself, or offloaded
+  // from a GPU, copied into the group's pinned staging buffer.
+  torch::Tensor on_master_device(Group& g, const torch::Tensor& slice, std::int64_t at) {
+    if (slice.device() == g.master.device()) return slice;
+    if (!g.master.is_cpu() || !slice.is_cuda()) return slice.to(g.master.device());
+    if (!g.staging.defined())
+      g.staging = torch::empty({g.shard}, g.master.options().requires_grad(false).pinned_memory(true));
+    return g.staging.narrow(0, at, slice.numel()).copy_(slice);
   }
 
   // Stage 1: one reduce-scatter of each group's whole padded gradient; false when the model received no
@@ -429,7 +452,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       if (direct) {
         g.master.mutable_grad() = grad.mul_(1.0 / n);
       } else {
-        set_master_grad(g, grad.to(g.master.device()), 0);
+        set_master_grad(g, grad, 0);
       }
     }
     return true;
@@ -535,8 +558,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       auto& g = groups_[pending.group];
       for (auto& [owner, global, part, work] : pending.parts) {
         work->wait();
-        if (owner == comm_.rank())
-          set_master_grad(g, part.to(g.master.device()), global - comm_.rank() * g.shard);
+        if (owner == comm_.rank()) set_master_grad(g, part, global - comm_.rank() * g.shard);
       }
     }
     pending_.clear();
