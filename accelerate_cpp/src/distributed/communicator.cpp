@@ -1,4 +1,5 @@
 #include <accel/distributed/communicator.hpp>
+#include <accel/distributed/open_communicator.hpp>
 #include <accel/errors.hpp>
 
 #include "distributed/c10d_backends.hpp"
@@ -623,6 +624,12 @@ std::shared_ptr<Communicator> Communicator::create(const ProcessState& state, to
   if (!slot) slot = std::make_shared<C10dCommunicator>(state, device, options);
   slot->set_options(options);
   return slot;
+}
+
+std::shared_ptr<Communicator> open_communicator(const ProcessState& state, torch::Device device,
+                                                CommunicatorOptions options) {
+  if (state.world_size > 1) return Communicator::create(state, device, options);
+  return std::make_shared<C10dCommunicator>(state, device, options);
 }
 
 }  // namespace accel

@@ -116,6 +116,10 @@ std::unique_ptr<CollectiveHandle> p2p_reduce_scatter(c10d::Backend& group, torch
       return k == r ? in.narrow(0, r * shard + at, len) : slots[peer_slot(r, k)].narrow(0, at, len);
     };
     auto o = out.narrow(0, at, len);
+    if (n == 1) {
+      o.copy_(part(r));  // a one-process group: nothing arrives
+      return;
+    }
     if (n == 2) {
       o.add_(part(r));  // o holds the peer's part
       return;
