@@ -21,6 +21,12 @@ class Flags {
   Flags& add(const std::string& name, std::size_t& v) {
     return bind(name, [&v](const std::string& s) { v = std::stoul(s); });
   }
+  Flags& add(const std::string& name, double& v) {
+    return bind(name, [&v](const std::string& s) { v = std::stod(s); });
+  }
+  Flags& add(const std::string& name, std::string& v) {
+    return bind(name, [&v](const std::string& s) { v = s; });
+  }
   void parse(int argc, char** argv) const {
     for (int i = 1; i < argc; i += 2) {
       auto it = setters_.find(argv[i]);

@@ -1,10 +1,12 @@
 // The optimizer step alone: torch::optim::AdamW / Adam / SGD (momentum) against accel::optim's fused ones, on
 // the 21M-parameter MLP of bench/zero_memory.cpp, with one thread and with all threads. Prints ms per step,
-// the ratios, and how far apart the two end after the timed steps.
-//   bench_optim [--steps 20] [--warmup 3]
+// the ratios, and how far apart the two end after the timed steps. With --cuda 1 the same rows run on the GPU
+// (ATen's fused CUDA kernels against LibTorch's per-tensor operators), timed between CUDA synchronisations.
+//   bench_optim [--steps 20] [--warmup 3] [--cuda 0|1]
 #include <accel/optim/optim.hpp>
 
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -18,6 +20,12 @@
 namespace {
 
 // The parameters of bench_zero_memory's MLP: 4 x Linear(2304, 2304), then Linear(2304, 10): 21,265,930.
+torch::Device device = torch::kCPU;
+
+void sync() {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
 std::vector<torch::Tensor> make_params() {
   torch::manual_seed(0);
   std::vector<std::vector<int64_t>> shapes;
@@ -29,7 +37,7 @@ std::vector<torch::Tensor> make_params() {
   shapes.push_back({10});
   std::vector<torch::Tensor> out;
   for (const auto& s : shapes)
-    out.push_back(torch::randn(s).requires_grad_(true));
+    out.push_back(torch::randn(s).to(device).requires_grad_(true));
   return out;
 }
 
@@ -41,9 +49,11 @@ double time_steps(std::vector<torch::Tensor>& params, const Options& options, in
   Opt opt(params, options);
   for (int s = 0; s < warmup; ++s)
     opt.step();
+  sync();
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s)
     opt.step();
+  sync();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
 }
 
@@ -66,9 +76,10 @@ void row(const char* name, const Options& options, int threads, int warmup, int 
   for (const auto& p : lib_params)
     numel += p.numel();
   std::printf(
-      "%-6s threads %d  parameters %lld  torch::optim %8.2f ms  accel::optim %8.2f ms  speed-up %.2fx  "
+      "%-6s %s threads %d  parameters %lld  torch::optim %8.2f ms  accel::optim %8.2f ms  speed-up %.2fx  "
       "max difference after %d steps %.2e\n",
-      name, threads, static_cast<long long>(numel), lib, fused, lib / fused, warmup + steps, diff);
+      name, device.str().c_str(), threads, static_cast<long long>(numel), lib, fused, lib / fused,
+      warmup + steps, diff);
 }
 
 }  // namespace
@@ -76,8 +87,9 @@ void row(const char* name, const Options& options, int threads, int warmup, int 
 int main(int argc, char** argv) {
   const int steps = arg(argc, argv, "--steps", 20), warmup = arg(argc, argv, "--warmup", 3);
   const int all = static_cast<int>(std::thread::hardware_concurrency());
+  if (arg(argc, argv, "--cuda", 0) != 0) device = torch::Device(torch::kCUDA, 0);
   torch::NoGradGuard no_grad;
-  for (int threads : {1, all}) {
+  for (int threads : device.is_cuda() ? std::vector<int>{all} : std::vector<int>{1, all}) {
     row<torch::optim::AdamW, accel::optim::AdamW>("AdamW", torch::optim::AdamWOptions(1e-3), threads, warmup,
                                                   steps);
     row<torch::optim::Adam, accel::optim::Adam>("Adam", torch::optim::AdamOptions(1e-3), threads, warmup,
