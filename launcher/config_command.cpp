@@ -95,6 +95,22 @@ void run_config_keys_command() {
     std::cout << "| `" << key.path << "` | " << cell(key.default_value) << " | " << cell(key.example) << " | "
               << escaped(key.doc) << (key.setting ? "" : " (no setting of its own)") << " |\n";
   }
+  std::cout
+      << "\n## Not supported\n\n"
+         "Real keys of Accelerate's YAML files and of DeepSpeed JSON files (`deepspeed_config_file`), of "
+         "some version of them, that\naccelerate-cpp does not support, from the table that also decides "
+         "what loading them does (`unsupported_config_keys()`):\nrefused with \"`<key>` is not supported "
+         "by accelerate-cpp: <what it does there>; <instead>\", or ignored with a notice that\nsays why "
+         "(launcher-side and logging settings, and settings whose job is done here another way, such as "
+         "the\noptimizer your loop creates; a DeepSpeed JSON's notices list its keys in one line). A value "
+         "the \"accepted when\" column\nnames asks for nothing and is accepted without a word.\n\n"
+         "| file | key | outcome | accepted when | what it does there | instead |\n"
+         "|---|---|---|---|---|---|\n";
+  for (const auto& key : unsupported_config_keys()) {
+    std::cout << "| " << key.file << " | `" << key.path << "` | "
+              << (key.refused ? "refused" : "ignored, with a notice") << " | " << escaped(key.accepted_when)
+              << " | " << escaped(key.what) << " | " << escaped(key.instead) << " |\n";
+  }
 }
 
 }  // namespace

@@ -273,6 +273,12 @@ BackendPart fsdp_config_part() {
         {"fsdp_sharding_strategy", to_string(s), [s](Config& c) { c.fsdp.sharding_strategy = s; }});
   }
   part.rows = fsdp_rows();
+  part.unsupported = {
+      {kAccelerateYaml, kSection + ".fsdp_ignored_modules", true, AsksNothingWhen::Empty, "",
+       "FSDP leaves the modules it names (a regex matched against module names, Accelerate 1.10+) unsharded "
+       "and out of its gradient reduction, so each rank trains its own copy of them",
+       "remove it: accelerate-cpp shards and reduces every parameter of the prepared model (freeze what "
+       "should not train)"}};
   part.section_in_use = [](const Config& c) { return c.backend == "fsdp" || c.fsdp != FsdpConfig{}; };
   part.resolve = resolve_fsdp;
   part.validate = validate_fsdp;

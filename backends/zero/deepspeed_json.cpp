@@ -20,52 +20,24 @@ using Json = nlohmann::json;
 
 // DeepSpeed's DeepSpeedZeroConfig fields (with their deprecated aliases) and its offload configs.
 const std::vector<std::string>& zero_keys() {
-  static const std::vector<std::string> kKeys = {"stage",
-                                                 "contiguous_gradients",
-                                                 "reduce_scatter",
-                                                 "reduce_bucket_size",
-                                                 "use_multi_rank_bucket_allreduce",
-                                                 "allgather_partitions",
-                                                 "allgather_bucket_size",
-                                                 "overlap_comm",
-                                                 "load_from_fp32_weights",
-                                                 "elastic_checkpoint",
-                                                 "offload_param",
-                                                 "offload_optimizer",
-                                                 "sub_group_size",
-                                                 "cpu_offload_param",
-                                                 "cpu_offload_use_pin_memory",
-                                                 "cpu_offload",
-                                                 "prefetch_bucket_size",
-                                                 "stage3_prefetch_bucket_size",
-                                                 "param_persistence_threshold",
-                                                 "stage3_param_persistence_threshold",
-                                                 "model_persistence_threshold",
-                                                 "stage3_model_persistence_threshold",
-                                                 "max_live_parameters",
-                                                 "stage3_max_live_parameters",
-                                                 "max_reuse_distance",
-                                                 "stage3_max_reuse_distance",
-                                                 "gather_16bit_weights_on_model_save",
-                                                 "stage3_gather_16bit_weights_on_model_save",
-                                                 "stage3_gather_fp16_weights_on_model_save",
-                                                 "module_granularity_threshold",
-                                                 "use_all_reduce_for_fetch_params",
-                                                 "stage3_use_all_reduce_for_fetch_params",
-                                                 "ignore_unused_parameters",
-                                                 "legacy_stage1",
-                                                 "round_robin_gradients",
-                                                 "zero_hpz_partition_size",
-                                                 "zero_quantized_weights",
-                                                 "zero_quantized_nontrainable_weights",
-                                                 "zero_quantized_gradients",
-                                                 "zeropp_loco_param",
-                                                 "mics_shard_size",
-                                                 "mics_hierarchical_params_gather",
-                                                 "memory_efficient_linear",
-                                                 "pipeline_loading_checkpoint",
-                                                 "override_module_apply",
-                                                 "log_trace_cache_warnings"};
+  static const std::vector<std::string> kKeys = {
+      "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+      "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size", "overlap_comm",
+      "load_from_fp32_weights", "elastic_checkpoint", "offload_param", "offload_optimizer", "sub_group_size",
+      "cpu_offload_param", "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size",
+      "stage3_prefetch_bucket_size", "param_persistence_threshold", "stage3_param_persistence_threshold",
+      "model_persistence_threshold", "stage3_model_persistence_threshold", "max_live_parameters",
+      "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance",
+      "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+      "stage3_gather_fp16_weights_on_model_save", "module_granularity_threshold",
+      "use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params", "ignore_unused_parameters",
+      "legacy_stage1", "round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
+      "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "zeropp_loco_param",
+      "mics_shard_size", "mics_hierarchical_params_gather", "memory_efficient_linear",
+      "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+      // DeepSpeed 0.16-0.19 additions (zero/config.py)
+      "stage3_module_granularity_threshold", "allgather_sequential", "stage3_allgather_sequential",
+      "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "leaf_module"};
   return kKeys;
 }
 const std::vector<std::string>& offload_param_keys() {
@@ -74,9 +46,9 @@ const std::vector<std::string>& offload_param_keys() {
   return kKeys;
 }
 const std::vector<std::string>& offload_optimizer_keys() {
-  static const std::vector<std::string> kKeys = {"device",     "nvme_path",     "buffer_count",
-                                                 "pin_memory", "pipeline_read", "pipeline_write",
-                                                 "fast_init",  "ratio"};
+  static const std::vector<std::string> kKeys = {
+      "device",         "nvme_path", "buffer_count", "pin_memory",    "pipeline_read",
+      "pipeline_write", "fast_init", "ratio",        "super_offload", "cpuadam_cores_perc"};
   return kKeys;
 }
 // Top-level keys of DeepSpeed's config that accelerate-cpp reads.
@@ -90,40 +62,6 @@ const std::set<std::string>& mapped_top_keys() {
                                               "zero_optimization"};
   return kKeys;
 }
-// Top-level keys of DeepSpeed's config that mean something to DeepSpeed but nothing here (listed as notices).
-const std::map<std::string, std::string>& unmapped_top_keys() {
-  static const std::map<std::string, std::string> kKeys = {
-      {"optimizer", "the optimizer is the LibTorch one your loop creates and prepares"},
-      {"scheduler", "schedulers are the LibTorch ones your loop creates"},
-      {"zero_allow_untested_optimizer", "every LibTorch optimizer can be sharded"},
-      {"zero_force_ds_cpu_optimizer", "CPU offload steps your own optimizer on the CPU shard"},
-      {"aio", "NVMe offload (DeepSpeed's async I/O) is not supported"},
-      {"amp", "mixed precision comes from fp16 / bf16 (autocast)"},
-      {"activation_checkpointing", "use deepspeed_config.activation_checkpointing in the YAML"},
-      {"wall_clock_breakdown", "use accelerator.profile / the benchmarks"},
-      {"steps_per_print", "the loop prints what it wants"},
-      {"tensorboard", "experiment tracking is not part of the DeepSpeed config here"},
-      {"wandb", "experiment tracking is not part of the DeepSpeed config here"},
-      {"csv_monitor", "experiment tracking is not part of the DeepSpeed config here"},
-      {"comms_logger", "the Communicator counts bytes per collective"},
-      {"flops_profiler", "no FLOPs profiler"},
-      {"communication_data_type", "gradients are communicated in their own dtype"},
-      {"prescale_gradients", "gradients are averaged after the reduction"},
-      {"gradient_predivide_factor", "gradients are averaged after the reduction"},
-      {"sparse_gradients", "sparse gradients are not supported"},
-      {"dump_state", "no state dump"},
-      {"elasticity", "elastic training is not supported"},
-      {"compression_training", "compression training is not supported"},
-      {"data_efficiency", "curriculum / data efficiency is not supported"},
-      {"checkpoint", "checkpoints are save_state / load_state"},
-      {"data_types", "gradient accumulation dtype follows the parameters"},
-      {"pipeline", "pipeline parallelism is configured in the YAML (not yet)"},
-      {"memory_breakdown", "use accelerator.memory_report()"},
-      {"disable_allgather", "not applicable"},
-      {"seq_parallel_communication_data_type", "sequence parallelism is not supported"}};
-  return kKeys;
-}
-
 std::size_t line_of_key(const std::string& text, const std::string& key) {
   const auto at = text.find("\"" + key + "\"");
   if (at == std::string::npos) return 0;
@@ -174,11 +112,28 @@ bool boolean_value(const JsonFile& f, const Json& v, const std::string& path, co
   f.fail(path, leaf, fmt::format("{}: expected true or false, got {}", path, v.dump()));
 }
 
+// A JSON value as a YAML node (JSON is YAML), for the unsupported-keys table's rules.
+YAML::Node as_yaml(const Json& value) {
+  return YAML::Load(value.dump());
+}
+
+// The keys of `object` (at `path`, "" for the top level) that the unsupported-keys table refuses: an error
+// naming the key, what it does in DeepSpeed and what to use instead, unless its value asks for nothing.
+void refuse_unsupported(const JsonFile& f, const Json& object, const std::string& path) {
+  for (const auto& [key, value] : object.items()) {
+    const std::string full = path.empty() ? key : path + "." + key;
+    const UnsupportedKey* row = find_unsupported(kDeepSpeedJson, full);
+    if (row != nullptr && row->refused && !asks_nothing(*row, as_yaml(value)))
+      f.fail(full, key, unsupported_message(*row));
+  }
+}
+
 // Rejects keys of `object` outside `valid`, naming the nearest valid key.
 void check_keys(const JsonFile& f, const Json& object, const std::string& path,
                 const std::vector<std::string>& valid) {
   for (const auto& [key, value] : object.items()) {
     if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
+    if (find_unsupported(kDeepSpeedJson, path + "." + key) != nullptr) continue;  // see apply_unsupported
     const auto guess = closest(key, valid);
     f.fail(path + "." + key, key,
            fmt::format("unknown key '{}.{}' in DeepSpeed config {}{}", path, key, f.path(),
@@ -281,9 +236,9 @@ void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std:
       if (root.contains("bf16")) no_effect.push_back("bfloat16 (DeepSpeed reads bf16 when both are given)");
       continue;
     }
-    const auto it = unmapped_top_keys().find(key);
-    if (it != unmapped_top_keys().end()) {
-      no_effect.push_back(fmt::format("{} ({})", key, it->second));
+    if (const UnsupportedKey* row = find_unsupported(kDeepSpeedJson, key)) {
+      if (!row->refused && !asks_nothing(*row, as_yaml(value)))
+        no_effect.push_back(fmt::format("{} ({})", key, row->instead));
     } else {
       unknown.push_back(key);
     }
@@ -587,6 +542,7 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
 void read_zero_optimization(const JsonFile& f, const Json& zo, ZeroConfig& z, ZeroNotices& notes) {
   if (!zo.is_object())
     f.fail("zero_optimization", "zero_optimization", "zero_optimization: expected an object");
+  refuse_unsupported(f, zo, "zero_optimization");
   check_keys(f, zo, "zero_optimization", zero_keys());
   if (zo.contains("offload_param"))
     check_keys(f, zo.at("offload_param"), "zero_optimization.offload_param", offload_param_keys());
@@ -594,8 +550,10 @@ void read_zero_optimization(const JsonFile& f, const Json& zo, ZeroConfig& z, Ze
     check_keys(f, zo.at("offload_optimizer"), "zero_optimization.offload_optimizer",
                offload_optimizer_keys());
   }
-  for (const auto& [key, v] : zo.items())
-    read_zero_key(f, key, v, z, notes);
+  for (const auto& [key, v] : zo.items()) {
+    if (find_unsupported(kDeepSpeedJson, "zero_optimization." + key) == nullptr)
+      read_zero_key(f, key, v, z, notes);
+  }
   if (!zo.contains("overlap_comm"))
     z.overlap_comm = z.stage == 3;  // DeepSpeed: on for stage 3, off otherwise
   // Stages 1-2 step the optimizer in sub-groups; stage 3 here steps each unit's own slice.
@@ -634,9 +592,115 @@ void settle_stage1_reduce_bucket(Config& c, const std::string& key) {
       key));
 }
 
+std::vector<UnsupportedKey> deepspeed_json_unsupported() {
+  std::vector<UnsupportedKey> rows;
+  // Refused unless their value asks for nothing: each changes what DeepSpeed computes (precision, the
+  // gradient's scale, the data, the batch sizes, the model) in a way accelerate-cpp would not follow.
+  auto refused = [&rows](const char* path, AsksNothingWhen when, const char* neutral, const char* what,
+                         const char* instead) {
+    rows.push_back({kDeepSpeedJson, path, true, when, neutral, what, instead});
+  };
+  // Ignored with a notice (listed in one line per file): logging, profiling, launcher and checkpoint-engine
+  // settings, and settings whose job is done here another way (the loop's own optimizer and scheduler).
+  auto noticed = [&rows](const char* path, const char* what, const char* instead) {
+    rows.push_back({kDeepSpeedJson, path, false, AsksNothingWhen::Never, "", what, instead});
+  };
+  refused("zero_optimization.zenflow", AsksNothingWhen::Null, "",
+          "ZenFlow (DeepSpeed 0.17.5+) updates the most important gradient columns on the GPU every step and "
+          "applies the rest later from the CPU optimizer, asynchronously (topk_ratio, update_interval, ...)",
+          "remove it: zero_optimization.offload_optimizer with device cpu offloads the whole optimizer step, "
+          "synchronously");
+  refused(
+      "torch_autocast", AsksNothingWhen::Disabled, "",
+      "DeepSpeed 0.17.2+ trains under torch.autocast in `dtype` (lower_precision_safe_modules) instead of "
+      "its fp16/bf16 engines",
+      "remove it and set mixed_precision: bf16 or fp16 in the YAML (accelerate-cpp's mixed precision is "
+      "autocast)");
+  refused("gradient_allreduce_op", AsksNothingWhen::Value, "mean",
+          "\"sum\" keeps the sum of the ranks' gradients instead of their mean (DeepSpeed after 0.19.5)",
+          "remove it (or set \"mean\"): gradients are averaged over the ranks here");
+  refused(
+      "tensor_parallel", AsksNothingWhen::SizesAtMostOne, "",
+      "DeepSpeed's AutoTP training splits each layer's matrices over autotp_size ranks",
+      "remove it: tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp layers");
+  refused("amp", AsksNothingWhen::Disabled, "", "NVIDIA Apex AMP mixed precision (opt_level, ...)",
+          "remove it and set mixed_precision: fp16 or bf16 in the YAML");
+  refused("elasticity", AsksNothingWhen::Disabled, "",
+          "elastic training: DeepSpeed picks train_batch_size, the micro batch and accumulation from the GPU "
+          "count",
+          "remove it: batch sizes come from the YAML and your data loader");
+  refused("data_efficiency", AsksNothingWhen::Disabled, "",
+          "curriculum data sampling and random layer-token drop change which data each step sees",
+          "remove it (or set enabled: false)");
+  refused("curriculum_learning", AsksNothingWhen::Disabled, "",
+          "legacy curriculum learning shortens sequences early in training",
+          "remove it (or set enabled: false)");
+  refused("progressive_layer_drop", AsksNothingWhen::Disabled, "",
+          "progressive layer dropping skips transformer layers on a schedule (theta, gamma)",
+          "remove it (or set enabled: false)");
+  refused("quantize_training", AsksNothingWhen::Disabled, "", "MoQ quantizes the weights during training",
+          "remove it (or set enabled: false)");
+  refused("compression_training", AsksNothingWhen::Empty, "",
+          "DeepSpeed Compression prunes, quantizes or distils the model during training",
+          "remove it (or leave it empty)");
+  noticed("optimizer", "DeepSpeed builds the optimizer named here (type, params)",
+          "the optimizer is the LibTorch one your loop creates and prepares");
+  noticed("scheduler", "DeepSpeed builds the learning-rate scheduler named here",
+          "schedulers are the LibTorch ones your loop creates");
+  noticed("zero_allow_untested_optimizer", "lets ZeRO wrap an optimizer DeepSpeed has not tested",
+          "every LibTorch optimizer can be sharded");
+  noticed("zero_force_ds_cpu_optimizer", "requires DeepSpeed's CPU Adam with optimizer offload",
+          "CPU offload steps your own optimizer on the CPU shard");
+  noticed("aio", "asynchronous I/O settings of NVMe offload", "NVMe offload is not supported");
+  noticed("activation_checkpointing",
+          "how deepspeed.checkpointing partitions, offloads and checks the activations of a model that "
+          "checkpoints through it",
+          "use deepspeed_config.activation_checkpointing in the YAML");
+  noticed("wall_clock_breakdown", "times forward, backward and step",
+          "use accelerator.profile / the benchmarks");
+  noticed("steps_per_print", "how often DeepSpeed logs progress", "the loop prints what it wants");
+  for (const char* monitor : {"tensorboard", "wandb", "csv_monitor"})
+    noticed(monitor, "DeepSpeed's monitor writes its metrics there",
+            "experiment trackers are log_with in the YAML");
+  noticed("comms_logger", "logs every collective", "the Communicator counts bytes per collective");
+  noticed("flops_profiler", "profiles the FLOPs of one step", "no FLOPs profiler");
+  noticed("communication_data_type", "the dtype gradients are reduced in",
+          "gradients are communicated in their own dtype (ddp_comm_hook: fp16 or bf16 compresses them)");
+  noticed("prescale_gradients", "divides gradients before the reduction",
+          "gradients are averaged after the reduction");
+  noticed("gradient_predivide_factor", "divides gradients by this factor before the reduction",
+          "gradients are averaged after the reduction");
+  noticed("sparse_gradients", "reduces embedding gradients as sparse tensors",
+          "sparse gradients are not supported");
+  noticed("dump_state", "prints the engine's state at start", "no state dump");
+  noticed("checkpoint", "checkpoint tag validation, universal and parallel checkpoint writing",
+          "checkpoints are save_state / load_state");
+  noticed("data_types", "grad_accum_dtype: the dtype gradients accumulate in",
+          "gradient accumulation dtype follows the parameters");
+  noticed("pipeline", "settings of DeepSpeed's PipelineModule engine",
+          "pipeline parallelism is configured in the YAML (pipeline_config)");
+  noticed("memory_breakdown", "logs memory use", "use accelerator.memory_report()");
+  noticed("disable_allgather", "legacy ZeRO-1: broadcast parameters instead of all-gathering them",
+          "not applicable");
+  noticed("seq_parallel_communication_data_type", "the dtype of Ulysses sequence parallelism's all-to-alls",
+          "sequence parallelism is not supported");
+  noticed("dataloader_drop_last", "DeepSpeed's own data loader drops the last incomplete batch",
+          "the data loader is yours (even_batches decides the last round)");
+  noticed("autotuning",
+          "DeepSpeed's autotuner searches batch and ZeRO settings before training, from its launcher",
+          "no autotuner: the config says what runs");
+  noticed("compile", "DeepSpeed's torch.compile integration (DeepCompile)", "LibTorch has no torch.compile");
+  noticed("nebula", "the Azure Nebula checkpoint engine", "checkpoints are save_state / load_state");
+  noticed("sparse_attention", "configures the sparse attention modules a DeepSpeed model builds",
+          "no sparse attention modules here");
+  noticed("hybrid_engine", "DeepSpeed-Chat's inference engine for RLHF generation", "not applicable");
+  return rows;
+}
+
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
   const JsonFile f(path, read_text(path, context));
   const Json root = parse(path, f.text());
+  refuse_unsupported(f, root, "");
   report_top_level_keys(f, root, c.notices);
   apply_mixed_precision(f, root, context, c);
   apply_gradient_accumulation(f, root, context, c);

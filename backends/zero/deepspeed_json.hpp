@@ -17,6 +17,9 @@ struct DeepSpeedJsonContext {
 /// DeepSpeed's and Accelerate's rules; adds notices for what maps to nothing. ConfigError naming the file.
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c);
 
+/// The unsupported-keys rows of a DeepSpeed JSON (file kDeepSpeedJson): refused, or ignored with a notice.
+std::vector<UnsupportedKey> deepspeed_json_unsupported();
+
 /// reduce_bucket_size 0 means, in DeepSpeed, that each parameter's gradient is reduced on its own; stage 2's
 /// buckets do that with 0 (one parameter per bucket) and stage 3 reduces whole units whatever the size, but
 /// stage 1 reduce-scatters the flat gradients in chunks and has no per-parameter mode: there 0 becomes

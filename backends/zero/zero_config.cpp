@@ -241,6 +241,36 @@ BackendPart zero_config_part() {
         {"zero_stage", std::to_string(stage), [stage](Config& c) { c.zero.stage = stage; }});
   }
   part.rows = zero_rows();
+  // Keys of Accelerate's deepspeed_config: section it does not support. All are ignored with a notice:
+  // launcher-side (which hosts DeepSpeed's own launcher starts ranks on), NVMe paths (used only with an nvme
+  // offload device, which is refused), how ZeRO-3 gathers MoE blocks (not what is computed), or a DeepSpeed
+  // JSON key that Accelerate's launcher does not read from the YAML either.
+  const Section yaml = kSection + ".";
+  auto noticed = [&part, &yaml](const char* key, AsksNothingWhen when, const char* neutral, const char* what,
+                                const char* instead) {
+    part.unsupported.push_back({kAccelerateYaml, yaml + key, false, when, neutral, what, instead});
+  };
+  for (const char* filter :
+       {"deepspeed_hostfile", "deepspeed_inclusion_filter", "deepspeed_exclusion_filter"}) {
+    noticed(
+        filter, AsksNothingWhen::Empty, "",
+        "which hosts DeepSpeed's multi-node launcher (pdsh, openmpi, ...) starts ranks on",
+        "ignored: accel-launch starts this machine's ranks; give each machine num_machines, machine_rank and "
+        "main_process_ip");
+  }
+  noticed("deepspeed_moe_layer_cls_names", AsksNothingWhen::Empty, "",
+          "ZeRO-3 gathers the named MoE blocks whole (DeepSpeed's set_z3_leaf_modules)",
+          "ignored: it decides how ZeRO-3 gathers those blocks, not what is computed");
+  for (const char* nvme : {"offload_optimizer_nvme_path", "offload_param_nvme_path"}) {
+    noticed(nvme, AsksNothingWhen::Value, "none", "where NVMe offload keeps its files",
+            "ignored: used only with an nvme offload device, which accelerate-cpp refuses");
+  }
+  noticed("seq_parallel_communication_data_type", AsksNothingWhen::Empty, "",
+          "a DeepSpeed JSON key (the dtype of Ulysses sequence parallelism's all-to-alls) that Accelerate's "
+          "launcher does not read from the YAML either",
+          "ignored: accelerate-cpp has no sequence parallelism");
+  for (UnsupportedKey& row : deepspeed_json_unsupported())
+    part.unsupported.push_back(std::move(row));
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.info.gradient_clipping = [](const Config& c) { return c.zero.gradient_clipping; };
   part.resolve = resolve_zero;

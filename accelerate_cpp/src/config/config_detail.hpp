@@ -434,6 +434,44 @@ inline KeyRow ignored(const char* name, const Section& section, const char* doc)
 KeyRow section_row(const Section& section, const char* what, const char* doc);
 
 // -----------------------------------------------------------------------------------------------------------
+// Keys of Accelerate's and DeepSpeed's files that accelerate-cpp does not support: one table (data), whose
+// rows the core (top-level YAML keys) and the backends' parts (their sections, a DeepSpeed JSON's keys)
+// contribute, as they contribute schema rows. Reading a key checks it before "unknown key ... did you mean".
+
+inline const char* kAccelerateYaml = "Accelerate YAML";
+inline const char* kDeepSpeedJson = "DeepSpeed JSON";
+
+/// The values of an unsupported key that ask for nothing, accepted without a word.
+enum class AsksNothingWhen {
+  Never,
+  Null,            ///< null (a present {} already turns the feature on: DeepSpeed's zenflow)
+  Empty,           ///< null, {}, [] or ""
+  AllFalse,        ///< empty, or a mapping whose values are all false
+  Disabled,        ///< empty, or a mapping with `enabled: false`
+  SizesAtMostOne,  ///< empty, or a mapping whose `*_size` / `*_degree` values are all 0 or 1
+  Value            ///< the scalar `neutral_value` (case-insensitive)
+};
+
+struct UnsupportedKey {
+  std::string file;  ///< kAccelerateYaml or kDeepSpeedJson
+  std::string path;  ///< dotted, with its section
+  bool refused = true;
+  AsksNothingWhen asks_nothing = AsksNothingWhen::Never;
+  std::string neutral_value;  ///< for AsksNothingWhen::Value
+  std::string what;
+  std::string instead;
+};
+
+/// The whole table: the core's rows, then each backend part's, in backends/builtin_backends.def order.
+const std::vector<UnsupportedKey>& unsupported_keys();
+/// The row for `path` in `file`, or nullptr.
+const UnsupportedKey* find_unsupported(const std::string& file, const std::string& path);
+/// Whether `value` (a YAML node; a JSON value is read as YAML) asks for nothing under `key`'s rule.
+bool asks_nothing(const UnsupportedKey& key, const YAML::Node& value);
+/// "<path> is not supported by accelerate-cpp: <what>; <instead>".
+std::string unsupported_message(const UnsupportedKey& key);
+
+// -----------------------------------------------------------------------------------------------------------
 // Backends: each backend folder contributes one BackendPart (backends/<name>/<name>_config.cpp), listed in
 // backends/builtin_backends.def. The core schema knows no backend by name.
 
@@ -458,6 +496,9 @@ struct BackendPart {
   /// `estimate_memory` reads the layout from the fact sheet; throws ConfigError on a bad backend-specific
   /// field. Empty: the backend has no such field (local, ddp).
   std::function<void(const MemoryEstimateInput&, Config&)> estimate_config;
+  /// Real keys of its section (and of the files it reads, such as a DeepSpeed JSON) that it does not
+  /// support, as rows of the one unsupported-keys table.
+  std::vector<UnsupportedKey> unsupported;
 };
 
 /// Every backend's part, in backends/builtin_backends.def order.

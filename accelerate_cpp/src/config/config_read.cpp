@@ -61,6 +61,9 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
   } else if (backend) {
     c.backend = r.choice(*backend, backend_choices());
   }
+  if (const Entry* fp16 = p.find("fp16"); fp16 && !p.find("mixed_precision") && r.boolean(*fp16)) {
+    c.mixed_precision = MixedPrecision::Fp16;
+  }
   for (const BackendPart& part : backend_parts()) {
     if (part.resolve) part.resolve(r, c, p);
   }

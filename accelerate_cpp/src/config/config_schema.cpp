@@ -79,14 +79,6 @@ void check_dynamo_backend(const Reader& r, const Entry& e) {
   }
 }
 
-// Accelerate plugin sections with no accelerate-cpp equivalent: fine when empty, an error otherwise.
-void require_empty_section(const Reader& r, const Entry& e, const std::string& feature) {
-  if (e.value.IsMap() && e.value.size() == 0) return;
-  r.fail_at(e, fmt::format(
-                   "{}: {} is not supported by accelerate-cpp; remove this section or leave it empty ({{}})",
-                   e.path, feature));
-}
-
 std::vector<KeyRow> make_schema() {
   std::vector<KeyRow> rows;
   auto add = [&rows](KeyRow row) { rows.push_back(std::move(row)); };
@@ -280,22 +272,16 @@ std::vector<KeyRow> make_schema() {
     add(r);
   }
   {
-    KeyRow r = ignored("megatron_lm_config", kTop, "not supported: must be empty");
-    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) {
-      require_empty_section(rd, e, "Megatron-LM");
-    };
+    // Accelerate before mixed_precision existed (config_args.py process_config still converts it): true
+    // means mixed_precision: fp16 when the file has no mixed_precision.
+    KeyRow r =
+        ignored("fp16", kTop, "older Accelerate files: true means mixed_precision: fp16 (when absent)");
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { rd.boolean(e); };  // see resolve
     add(r);
   }
-  {
-    KeyRow r = ignored("fp8_config", kTop, "not supported: must be empty");
-    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) {
-      require_empty_section(rd, e, "fp8 training");
-    };
-    add(r);
-  }
-  for (const char* name :
-       {"main_training_function", "downcast_bf16", "enable_cpu_affinity", "rdzv_backend", "same_network",
-        "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone", "commands", "command_file"}) {
+  for (const char* name : {"main_training_function", "downcast_bf16", "enable_cpu_affinity", "rdzv_backend",
+                           "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name",
+                           "tpu_zone", "tpu_vm", "commands", "command_file"}) {
     add(ignored(name, kTop, "Accelerate key without meaning here: accepted, ignored"));
   }
 
@@ -396,7 +382,17 @@ void dispatch(Reader& reader, const std::vector<Entry>& entries, const Section& 
   for (const Entry& e : entries) {
     const auto row =
         std::find_if(rows.begin(), rows.end(), [&](const KeyRow* r) { return r->name == e.name; });
-    if (row == rows.end()) unknown_key(reader, e, section);
+    if (row == rows.end()) {
+      // A real key of some Accelerate version that accelerate-cpp does not support: said so, never "did you
+      // mean".
+      if (const UnsupportedKey* unsupported = find_unsupported(kAccelerateYaml, e.path)) {
+        if (asks_nothing(*unsupported, e.value)) continue;
+        if (unsupported->refused) reader.fail_at(e, unsupported_message(*unsupported));
+        config.notices.push_back(location(reader.source(), e.line) + unsupported_message(*unsupported));
+        continue;
+      }
+      unknown_key(reader, e, section);
+    }
     if (e.value.IsNull()) continue;  // `key:` or `key: null` keeps the default, as Accelerate writes it
     if ((*row)->read) (*row)->read(reader, e, config, pending);
     pending.seen.insert_or_assign(e.path, e);

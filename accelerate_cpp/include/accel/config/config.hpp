@@ -285,6 +285,23 @@ struct ConfigKeyInfo {
 /// Every key the reader accepts, from the one schema that also drives reading, writing and equality.
 std::vector<ConfigKeyInfo> config_keys();
 
+/// A real key of Accelerate's or DeepSpeed's files (some version of them) that accelerate-cpp does not
+/// support. Loading one is an error "`<path>` is not supported by accelerate-cpp: <what>; <instead>", or a
+/// notice with the same words where it is ignored (launcher-side and logging settings, and those whose job
+/// is done here another way, such as a DeepSpeed JSON's optimizer block); a value that asks for nothing
+/// (`accepted_when`) is accepted without a word.
+struct UnsupportedKeyInfo {
+  std::string file;     ///< "Accelerate YAML" or "DeepSpeed JSON" (a deepspeed_config_file)
+  std::string path;     ///< with its section: "fsdp_config.fsdp_ignored_modules", "zero_optimization.zenflow"
+  bool refused = true;  ///< false: ignored with a notice
+  std::string accepted_when;  ///< the values that ask for nothing ("empty", "enabled: false", ...); "" none
+  std::string what;           ///< what it does in Accelerate or DeepSpeed
+  std::string instead;        ///< what to use instead, or "remove it"; for notices why it is ignored
+};
+/// Every key of that kind, in the order docs/config_keys.md lists them (`accel-launch config keys`): the
+/// same table decides what loading them does.
+std::vector<UnsupportedKeyInfo> unsupported_config_keys();
+
 /// What a backend does with the three kinds of training state; the one answer to "is it sharded?".
 struct BackendCapabilities {
   /// Each rank's optimizers hold only this rank's 1/N of the state (re-pointed at flat shards), saved per
