@@ -90,10 +90,16 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
+    const auto params = model.parameters();
+    const std::uint64_t element_size = params.empty() ? 4 : params.front().element_size();
     if (options_.bucket_from_model) {
-      const auto params = model.parameters();
-      options_.bucket_bytes =
-          auto_bucket_bytes(model, 1.0, params.empty() ? 4 : params.front().element_size());
+      options_.bucket_bytes = auto_bucket_bytes(model, 1.0, element_size);
+    } else if (options_.bucket_elements) {
+      // DeepSpeed counts reduce_bucket_size in elements (stage_1_and_2.py: a bucket is full when
+      // elements_in_ipg_bucket + numel > reduce_bucket_size); saturating at the largest size.
+      const auto max = std::numeric_limits<std::uint64_t>::max();
+      const auto n = *options_.bucket_elements;
+      options_.bucket_bytes = n > max / element_size ? max : n * element_size;
     }
     for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
       names_.push_back(name);
@@ -624,7 +630,7 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   }
   ZeroOptions o;
   o.stage = z.stage;
-  o.bucket_bytes = z.reduce_bucket_size.value_or(0);
+  o.bucket_elements = z.reduce_bucket_size;
   o.bucket_from_model = !z.reduce_bucket_size.has_value();
   o.overlap_comm = z.overlap_comm;
   o.sub_group_numel = static_cast<std::int64_t>(

@@ -26,6 +26,9 @@ namespace accel::backends {
 struct ZeroOptions {
   int stage = 2;                           ///< 1 or 2
   std::uint64_t bucket_bytes = 500000000;  ///< stage 2 reduce bucket / stage 1 chunk, in bytes
+  /// DeepSpeed's reduce_bucket_size, which counts elements: when set, bucket_bytes becomes this many
+  /// elements of the parameters' type at prepare_model.
+  std::optional<std::uint64_t> bucket_elements;
   /// DeepSpeed's "auto": bucket_bytes is set at prepare_model from the model (auto_bucket_bytes).
   bool bucket_from_model = false;
   /// Elements per optimizer sub-group (DeepSpeed's sub_group_size; see ZeroConfig::sub_group_size).

@@ -58,8 +58,8 @@ std::vector<KeyRow> zero_rows() {
       [](auto& c) -> auto& { return c.zero.zero3_save_16bit_model; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
       "reduce_bucket_size", kSection,
-      "gradient reduce-scatter bucket, in bytes (5e8 accepted); auto: from the model; 0: one parameter per "
-      "bucket, as DeepSpeed (stage 1: auto)",
+      "gradient reduce-scatter bucket, in elements as DeepSpeed counts it (5e8 accepted); auto: from the "
+      "model; 0: one parameter per bucket, as DeepSpeed (stage 1: auto)",
       [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes_or_auto(), write_bytes_or_auto,
       "123"));
   rows.push_back(setting(
@@ -81,7 +81,7 @@ std::vector<KeyRow> zero_rows() {
       write_u64, "1000"));
   rows.push_back(setting(
       "stage3_prefetch_bucket_size", kSection,
-      "bytes of parameters prefetched ahead in stage 3; auto: from the model; 0: no prefetch (as DeepSpeed)",
+      "parameter elements prefetched ahead in stage 3; auto: from the model; 0: no prefetch (as DeepSpeed)",
       [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes_or_auto(),
       write_bytes_or_auto, "auto"));
   rows.push_back(setting(

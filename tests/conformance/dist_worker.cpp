@@ -51,8 +51,9 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     c.zero.stage = backend_variant[4] - '0';
     c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
     // Several buckets and optimizer sub-groups (each its own flat buffer, master slice and all-gather) even
-    // for the small test model; the `peak` scenario's model (8.4 MB) gets ~30 of each.
-    c.zero.reduce_bucket_size = peak ? 300000 : 600;
+    // for the small test model; the `peak` scenario's model (8.4 MB) gets ~30 of each. reduce_bucket_size
+    // counts elements, as DeepSpeed's (75000 fp32 values: 300 kB).
+    c.zero.reduce_bucket_size = peak ? 75000 : 150;
     c.zero.sub_group_size = peak ? 75000 : 100;
     // DeepSpeed's "auto": hidden_size² elements from the model at prepare (several buckets here too).
     if (backend_variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
@@ -1000,6 +1001,42 @@ struct ViewParamImpl : torch::nn::Module {
 };
 TORCH_MODULE(ViewParam);
 
+// deepspeed_config.reduce_bucket_size counts gradient elements, as DeepSpeed's (stage_1_and_2.py: a bucket
+// is full when elements_in_ipg_bucket + numel > reduce_bucket_size), not bytes: with B = 1024 elements over 8
+// layers of 256, each reduce call of stage 1 (a chunk) or stage 2 (a bucket's part per owner) carries between
+// B/2 and B fp32 values, 2-4 kB. Read as bytes, the calls would carry a quarter of that and be 4x as many.
+void bucket_elements() {
+  constexpr std::uint64_t kBucket = 1024;
+  auto config = cpu_config();
+  if (config.backend != "zero" || config.zero.stage < 1 || config.zero.stage > 2)
+    throw std::invalid_argument("bucket_elements runs on the zero1 and zero2 rows, not " + backend_variant);
+  config.zero.reduce_bucket_size = kBucket;
+  config.zero.sub_group_size = 1u << 30;  // one flat group: chunks and buckets only
+  Accelerator acc(AcceleratorOptions().config(config));
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int l = 0; l < 8; ++l)
+    model->push_back(torch::nn::Linear(torch::nn::LinearOptions(16, 16).bias(false)));
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare(model, opt);
+  auto& c = acc.communicator();
+  c.reset_counters();
+  opt.zero_grad();
+  acc.backward(model->forward(torch::randn({4, 16})).pow(2).mean());
+  opt.step();
+  std::uint64_t calls = 0, payload = 0;
+  for (auto kind : {Collective::Reduce, Collective::ReduceScatter, Collective::AllReduce}) {
+    calls += c.bytes(kind).calls;
+    payload += c.bytes(kind).payload;
+  }
+  CHECK_MSG(calls > 0, "gradients were reduced");
+  const auto per_call = calls == 0 ? 0 : payload / calls;
+  CHECK_MSG(per_call >= 2 * kBucket && per_call <= 4 * kBucket,
+            "reduce_bucket_size " << kBucket << " (elements): " << calls << " reduce call(s) of " << per_call
+                                  << " bytes on average; want 2-4 kB each (" << kBucket
+                                  << " fp32 values at most, half of them at least)");
+}
+
 void view_parameter() {
   auto build = [] {
     torch::manual_seed(0);
@@ -1281,6 +1318,7 @@ int main(int argc, char** argv) {
       {"power_sgd", power_sgd},
       {"power_sgd_refused", power_sgd_refused},
       {"view_parameter", view_parameter},
+      {"bucket_elements", bucket_elements},
       {"reshard_save", [] { reshard(false); }},
       {"reshard_load", [] { reshard(true); }}};
   for (const auto& [name, f] : dist::real_loop_scenarios())

@@ -138,7 +138,8 @@ struct ZeroConfig {
   bool zero3_init_flag = false;
   /// `zero3_save_16bit_model`: `save_state` also writes a consolidated 16-bit model (stage 3).
   bool zero3_save_16bit_model = false;
-  /// `reduce_bucket_size`: gradient reduce-scatter bucket, in bytes (YAML int or float such as 5e8).
+  /// `reduce_bucket_size`: gradient reduce-scatter bucket, in elements as DeepSpeed counts it (a bucket holds
+  /// that many gradient values: 5e8 fp32 values are 2 GB; YAML int or float such as 5e8).
   /// `auto` (std::nullopt) derives it from the model at prepare as Accelerate does for DeepSpeed:
   /// hidden_size² elements (at least 1 MiB), hidden_size being the most common input width of the model's
   /// matrices. 0 is DeepSpeed's "each parameter's gradient reduced on its own": stage 2 makes one bucket per
@@ -147,18 +148,18 @@ struct ZeroConfig {
   /// `overlap_comm`: stage 2 reduces a bucket while backward fills the next (two buckets of gradients at
   /// most); false reduces each bucket before backward continues (one bucket at most, no overlap).
   bool overlap_comm = true;
-  /// `allgather_bucket_size`: parameter all-gather bucket, in bytes (0 accepted). Accepted for DeepSpeed
-  /// files; no effect: stages 1-2 all-gather each optimizer sub-group straight into the parameters (no
-  /// bucket buffer).
+  /// `allgather_bucket_size`: parameter all-gather bucket, in elements as DeepSpeed counts it (0 accepted).
+  /// Accepted for DeepSpeed files; no effect: stages 1-2 all-gather each optimizer sub-group straight into
+  /// the parameters (no bucket buffer).
   uint64_t allgather_bucket_size = 500000000;
   /// `sub_group_size`: elements per optimizer sub-group in stages 1-2 (DeepSpeed's name). Each sub-group of
   /// whole parameters gets its own flat master slice, so the optimizer's per-tensor temporaries stay small.
   /// DeepSpeed's default is 1e9; ours is 4e6, measured in BENCHMARKS.md ("Sharded training vs DDP"). 0
   /// (DeepSpeed accepts it): every parameter is a sub-group of its own.
   uint64_t sub_group_size = 4000000;
-  /// `stage3_prefetch_bucket_size`: bytes of parameters prefetched ahead in stage 3. Here stage 3 gathers
-  /// whole units, so any positive size (and `auto`, std::nullopt) turns prefetching of the next unit on;
-  /// 0 turns it off, as DeepSpeed prefetches nothing with 0.
+  /// `stage3_prefetch_bucket_size`: parameter elements prefetched ahead in stage 3 (DeepSpeed counts
+  /// elements). Here stage 3 gathers whole units, so any positive size (and `auto`, std::nullopt) turns
+  /// prefetching of the next unit on; 0 turns it off, as DeepSpeed prefetches nothing with 0.
   std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
   /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
   bool activation_checkpointing = false;
