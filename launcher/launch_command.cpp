@@ -309,13 +309,51 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
   return supervisor;
 }
 
+// More ranks on this machine than 8 per core (and more than 16) is a typo or a config written for another
+// machine far more often than a plan: every rank is a process with its own memory and threads. Refused before
+// anything starts unless --oversubscribe says it is meant (mpirun's flag for the same thing).
+void check_oversubscription(const LaunchOptions& options, int local_ranks) {
+  const int cores = available_cores();
+  const int limit = std::max(16, 8 * cores);
+  if (local_ranks <= limit || options.oversubscribe) return;
+  throw UsageError("num_processes asks for " + std::to_string(local_ranks) +
+                   " ranks on this machine, which has " + std::to_string(cores) +
+                   " core(s) (more than 8 per core and more than 16); use fewer, or " +
+                   "pass --oversubscribe to start them anyway");
+}
+
 // After a failure (not after the launcher itself was stopped) every rank starts again, up to
 // --max_restarts times; a program that calls load_state() at start continues from its last checkpoint.
 void supervise_with_restarts(SupervisorOptions& supervisor, Config& config, const LaunchOptions& options,
                              int local_ranks, bool pick_port) {
+  const auto set_port = [&](int port) {
+    config.main_process_port = port;
+    for (RankSpec& rank : supervisor.ranks) {
+      for (std::string& entry : rank.environment) {
+        if (entry.rfind(std::string(env::kMasterPort) + "=", 0) == 0)
+          entry = std::string(env::kMasterPort) + "=" + std::to_string(port);
+      }
+    }
+  };
+  int port_retries = 0;
   for (int restart = 0;; ++restart) {
     const SupervisorResult result = supervise(supervisor);
     if (result.exit_code == 0) return;
+    // A port the launcher picked itself is free when picked, but another program can take it before rank 0
+    // listens on it (seen with many launches at once): pick another and start again, not counted as a
+    // restart.
+    const bool port_taken = result.report.find("EADDRINUSE") != std::string::npos ||
+                            result.report.find("ddress already in use") != std::string::npos;
+    if (pick_port && port_taken && !result.interrupted && port_retries < 3) {
+      ++port_retries;
+      --restart;
+      std::cerr << "accel-launch: port " << config.main_process_port
+                << " was taken by another program before rank 0 listened on it; starting the ranks again on "
+                   "another free port"
+                << std::endl;
+      set_port(pick_free_port(config.main_process_ip));
+      continue;
+    }
     if (result.interrupted || restart >= options.max_restarts) {
       throw RanksFailed(restart == 0 ? result.report
                                      : result.report + "accel-launch: gave up after " +
@@ -325,12 +363,11 @@ void supervise_with_restarts(SupervisorOptions& supervisor, Config& config, cons
     }
     std::cerr << result.report << "accel-launch: restarting all " << local_ranks << " rank(s) (restart "
               << restart + 1 << " of " << options.max_restarts << ")" << std::endl;
-    if (pick_port) config.main_process_port = pick_free_port(config.main_process_ip);
+    if (pick_port) set_port(pick_free_port(config.main_process_ip));
     for (RankSpec& rank : supervisor.ranks) {
       for (std::string& entry : rank.environment) {
         const std::string name = entry.substr(0, entry.find('='));
         if (name == env::kRestartCount) entry = name + "=" + std::to_string(restart + 1);
-        if (name == env::kMasterPort) entry = name + "=" + std::to_string(config.main_process_port);
       }
     }
   }
@@ -347,6 +384,7 @@ void run_launch(const LaunchOptions& options) {
   const bool pick_port = resolve_rendezvous(config);
 
   const int local_ranks = config.num_processes / config.num_machines;
+  check_oversubscription(options, local_ranks);
   const OmpThreads omp = choose_omp_threads(options, local_ranks, notices);
   for (const std::string& notice : notices)
     std::cerr << notice << "\n";
@@ -398,6 +436,8 @@ void setup_launch_command(CLI::App& app) {
       ->type_name(backend_names_help("|"));
   sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present (use_cpu)");
   sub->add_flag("--debug", options->debug, "Check tensor shapes on every rank before each collective");
+  sub->add_flag("--oversubscribe", options->oversubscribe,
+                "Start more than 8 ranks per core (and more than 16) on this machine anyway");
   sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
       ->capture_default_str();

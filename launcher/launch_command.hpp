@@ -39,6 +39,9 @@ struct LaunchOptions {
   bool cpu = false;
   /// `--debug`: sets `debug` (shape checks before every collective).
   bool debug = false;
+  /// `--oversubscribe`: start more than 8 ranks per core (and more than 16) on this machine; refused
+  /// otherwise.
+  bool oversubscribe = false;
   /// `--grace_period`: seconds between SIGTERM and SIGKILL when stopping the ranks.
   double grace_period_seconds = 3.0;
   /// `--max_restarts`: after a rank fails, start all ranks again up to this many times (one machine only, as

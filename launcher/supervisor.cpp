@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -39,6 +40,10 @@ constexpr std::size_t kMaxLineBytes = 64 * 1024;
 constexpr auto kReapTimeout = std::chrono::seconds(2);
 // How long output is still read after every rank has exited while a grandchild keeps a pipe open.
 constexpr auto kDrainAfterStop = std::chrono::milliseconds(500);
+// A rank that exited 0 while others still run for this long is reported: the others are likely waiting for
+// it in a collective, which would otherwise go unexplained until the collective timeout (30 min by default).
+// Ranks that simply finish a few moments apart stay quiet.
+constexpr auto kEarlyExitReport = std::chrono::seconds(5);
 
 // Write end of the self-pipe; the handlers only write(2) the signal number into it.
 volatile sig_atomic_t g_signal_pipe = -1;
@@ -213,10 +218,16 @@ class Supervisor {
       sigset_t previous;
       sigfillset(&all);
       sigprocmask(SIG_BLOCK, &all, &previous);
+      const pid_t launcher_pid = ::getpid();
       const pid_t pid = ::fork();
       if (pid == 0) {
         // Child: only async-signal-safe calls from here on.
         ::setpgid(0, 0);
+        // The rank dies with the launcher, also when the launcher is killed with SIGKILL and cannot stop it
+        // (its own process group would otherwise keep it training, orphaned); and not at all if the launcher
+        // is already gone.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != launcher_pid) ::_exit(1);
         guard.restore_for_child();
         sigprocmask(SIG_SETMASK, &previous, nullptr);
         const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -288,6 +299,9 @@ class Supervisor {
       if (failed && !stopping_) {
         failed_rank_ = &rank - ranks_.data();
         begin_stop(SIGTERM);
+      } else if (!failed && !early_exit_) {
+        early_exit_ = &rank - ranks_.data();
+        early_exit_at_ = Clock::now();
       }
     }
   }
@@ -394,6 +408,7 @@ class Supervisor {
       const bool any_running =
           std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
       if (stopping_ && !killed_ && now >= kill_at_) kill_now();
+      if (any_running && !stopping_) report_early_exit(now);
       if (killed_ && any_running && now - killed_at_ >= kReapTimeout) break;  // unkillable; give up
 
       std::vector<pollfd> fds;
@@ -488,6 +503,28 @@ class Supervisor {
     return result;
   }
 
+  // Says which rank exited 0 and which still run, once, when they have run on for kEarlyExitReport.
+  void report_early_exit(Clock::time_point now) {
+    if (!early_exit_ || early_exit_reported_ || now - early_exit_at_ < kEarlyExitReport) return;
+    early_exit_reported_ = true;
+    std::string running;
+    std::size_t count = 0;
+    for (const Rank& rank : ranks_) {
+      if (!rank.running) continue;
+      if (count++ < 8) running += (running.empty() ? "" : ", ") + std::to_string(rank.global_rank);
+    }
+    if (count > 8) running += ", ...";
+    const Rank& done = ranks_[*early_exit_];
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - early_exit_at_).count();
+    write_all(options_.stderr_fd,
+              "accel-launch: rank " + std::to_string(done.global_rank) + " exited with code 0 " +
+                  std::to_string(waited) + " s ago while " + std::to_string(count) + " rank(s) still run (" +
+                  running +
+                  "); if they wait for it in a collective (every rank must make the same collective calls: a "
+                  "rank-dependent break or return skips them) they stay blocked until the collective timeout "
+                  "(collective_timeout_seconds, ACCEL_COLLECTIVE_TIMEOUT)\n");
+  }
+
   const SupervisorOptions& options_;
   std::vector<Rank> ranks_;
   bool stopping_ = false;
@@ -495,6 +532,9 @@ class Supervisor {
   Clock::time_point kill_at_{};
   Clock::time_point killed_at_{};
   std::optional<std::size_t> failed_rank_;
+  std::optional<std::size_t> early_exit_;  // the first rank that exited 0
+  Clock::time_point early_exit_at_{};
+  bool early_exit_reported_ = false;
   int received_signal_ = 0;
 };
 

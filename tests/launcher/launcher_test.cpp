@@ -716,3 +716,86 @@ TEST_CASE("launcher: config update rewrites a config with every key and keeps th
   CHECK(missing.exit_code == 2);
   CHECK(contains(missing.err, "nope.yaml does not exist"));
 }
+
+TEST_CASE("launcher: ranks die with the launcher, also when it is killed with SIGKILL") {
+  TempDir dir;
+  Launcher launcher(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", script("pid_then_sleep.sh")},
+      {"MARKER_DIR=" + dir.str()});
+  REQUIRE(launcher.wait_for(
+      [&] {
+        return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
+      },
+      20));
+  std::vector<pid_t> ranks;
+  for (const char* name : {"pid.0", "pid.1"}) {
+    std::ifstream in(dir.path() / name);
+    pid_t pid = 0;
+    REQUIRE(in >> pid);
+    ranks.push_back(pid);
+  }
+  REQUIRE(::kill(launcher.pid(), SIGKILL) == 0);  // the launcher alone: it cannot stop anything
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (const pid_t pid : ranks) {
+    while (!process_gone(pid) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(process_gone(pid));  // each rank ignores SIGTERM and sleeps 60 s: only PR_SET_PDEATHSIG ends it
+  }
+}
+
+TEST_CASE("launcher: a rank that exits 0 while the others run on is named within seconds") {
+  const RunResult r = run(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", script("early_exit.sh")}, {"SLEEP=7"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(std::regex_search(
+      r.err,
+      std::regex("accel-launch: rank 1 exited with code 0 [5-6] s ago while 1 rank\\(s\\) still run \\(0\\); "
+                 "if they wait for it in a collective .* until the collective timeout "
+                 "\\(collective_timeout_seconds, ACCEL_COLLECTIVE_TIMEOUT\\)\n")));
+  // Ranks that end a moment apart say nothing.
+  const RunResult quiet = run(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", script("early_exit.sh")}, {"SLEEP=0.5"});
+  CHECK(quiet.exit_code == 0);
+  CHECK_FALSE(contains(quiet.err, "exited with code 0"));
+}
+
+TEST_CASE("launcher: a picked port taken before rank 0 listens is replaced, without using a restart") {
+  TempDir dir;
+  const RunResult r =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("port_taken_once.sh")},
+          {"MARKER_DIR=" + dir.str()});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(std::regex_search(r.err,
+                          std::regex("accel-launch: port [0-9]+ was taken by another program before rank 0 "
+                                     "listened on it; starting the ranks again on another free port\n")));
+  std::set<std::string> seen;
+  for (const std::string& line : lines_of(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, std::regex("\\[rank [01]\\] port ([0-9]+)"))) seen.insert(m[1]);
+  }
+  REQUIRE(seen.size() == 1);  // both ranks got the new port
+  CHECK(!contains(r.err, "accel-launch: port " + *seen.begin() + " was taken"));
+  // An explicit port is the user's: it is never replaced.
+  TempDir fixed_dir;
+  const RunResult fixed = run({"launch", "--num_processes", "2", "--main_process_port",
+                               std::to_string(free_port()), script("port_taken_once.sh")},
+                              {"MARKER_DIR=" + fixed_dir.str()});
+  CHECK(fixed.exit_code == 1);
+  CHECK_FALSE(contains(fixed.err, "was taken by another program"));
+}
+
+TEST_CASE("launcher: more than 8 ranks per core is refused unless --oversubscribe") {
+  const RunResult r = run({"launch", "--num_processes", "100000", "--main_process_port", "0", "/bin/true"});
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.seconds < 5.0);
+  CHECK(std::regex_search(r.err,
+                          std::regex("num_processes asks for 100000 ranks on this machine, which has [0-9]+ "
+                                     "core\\(s\\) \\(more than 8 per core and more than 16\\); use fewer, or "
+                                     "pass --oversubscribe to start them anyway")));
+  const RunResult forced =
+      run({"launch", "--num_processes", "17", "--oversubscribe", "--main_process_port", "0", "/bin/true"});
+  CHECK(forced.exit_code == 0);
+}

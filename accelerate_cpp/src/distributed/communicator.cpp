@@ -193,6 +193,7 @@ class C10dCommunicator final : public Communicator {
   C10dCommunicator(ProcessState s, torch::Device device, CommunicatorOptions o)
       : Communicator(std::move(s), o), device_(device) {
     const auto& st = state_;
+    const auto started = std::chrono::steady_clock::now();
     try {
       c10d::TCPStoreOptions so;
       so.port = static_cast<std::uint16_t>(st.master_port);
@@ -202,11 +203,13 @@ class C10dCommunicator final : public Communicator {
       so.timeout = options_.timeout;
       store_ = c10::make_intrusive<c10d::TCPStore>(st.master_addr, so);
     } catch (const std::exception& e) {
-      throw DistributedError(
-          fmt::format("rank {}: rendezvous with {}:{} failed within {} s: {}{}", st.rank, st.master_addr,
-                      st.master_port, options_.timeout.count() / 1000.0, first_line(e.what()),
-                      st.rank == 0 ? "; is the port already in use? choose another with --main_process_port"
-                                   : "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it"));
+      // The time actually waited: a refused or taken port fails at once, long before the timeout.
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      throw DistributedError(fmt::format(
+          "rank {}: rendezvous with {}:{} failed after {:.1f} s (timeout {} s): {}{}", st.rank,
+          st.master_addr, st.master_port, waited, options_.timeout.count() / 1000.0, first_line(e.what()),
+          st.rank == 0 ? "; is the port already in use? choose another with --main_process_port"
+                       : "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it"));
     }
     me_ = fmt::format("rank {}", st.rank);
     create_process_groups();
