@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 namespace accel::config_detail {
@@ -399,6 +400,12 @@ void apply_gradient_accumulation(const JsonFile& f, const Json& root, const Deep
   if (*gas < 1)
     f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
            "gradient_accumulation_steps must be at least 1");
+  // Checked before narrowing: 4294967296 would wrap to 0 and divide by zero later.
+  if (*gas > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+    f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
+           fmt::format("gradient_accumulation_steps {} is out of range: at most {}", *gas,
+                       std::numeric_limits<int>::max()));
+  }
   if (context.gradient_accumulation_set &&
       static_cast<std::uint64_t>(c.gradient_accumulation_steps) != *gas) {
     f.fail("gradient_accumulation_steps", "gradient_accumulation_steps",
@@ -422,13 +429,23 @@ void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
   }
   const auto world = static_cast<std::uint64_t>(c.num_processes);
   const auto steps = static_cast<std::uint64_t>(c.gradient_accumulation_steps);
-  if (total && micro && *total != *micro * steps * world) {
+  // micro x steps x world, refused where it does not fit 64 bits (it would wrap and compare wrongly).
+  std::uint64_t product = 0;
+  if (micro &&
+      (__builtin_mul_overflow(*micro, steps, &product) || __builtin_mul_overflow(product, world, &product))) {
+    f.fail(
+        "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu",
+        fmt::format("train_micro_batch_size_per_gpu {} is out of range: times gradient_accumulation_steps {} "
+                    "and world size {} it exceeds 2^64",
+                    *micro, steps, world));
+  }
+  if (total && micro && *total != product) {
     f.fail(
         "train_batch_size", "train_batch_size",
         fmt::format(
             "train_batch_size {} is not train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
             "world size {} (= {}); fix one of them or set train_batch_size to \"auto\"",
-            *total, *micro, steps, world, *micro * steps * world));
+            *total, *micro, steps, world, product));
   }
   if (total && !micro) {
     if (*total % (steps * world) != 0) {

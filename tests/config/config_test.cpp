@@ -530,6 +530,14 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "syntax_error.yaml:3: YAML syntax error: illegal map value (column 8); check the indentation and "
         "quoting "
         "on this line and the one above");
+  // A file that is just "," made yaml-cpp 0.7's LoadAll loop forever, allocating (320 MB/s): now a syntax
+  // error after a bounded count of empty documents.
+  for (const char* text : {",", "\n,\n", ",,,"}) {
+    INFO("text '" << text << "'");
+    CHECK_THROWS_WITH(accel::Config::load_string(text),
+                      Catch::Contains("YAML syntax error: the parser makes no progress here") &&
+                          Catch::Contains("a stray character such as ','"));
+  }
   CHECK(bad_file_message("not_mapping.yaml") ==
         "not_mapping.yaml:1: expected a mapping of 'key: value' lines at the top level, got a sequence; see "
         "config_templates/local.yaml for an example");
@@ -1025,6 +1033,16 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(error_of("{\"gradient_accumulation_steps\": 4}", "gradient_accumulation_steps: 2\n"),
              Catch::Contains(
                  "gradient_accumulation_steps 4 disagrees with the config's gradient_accumulation_steps 2"));
+  // Range-checked before narrowing: 2^32 wrapped to 0 and divided by zero (SIGFPE); a product past 2^64
+  // wrapped and compared wrongly.
+  CHECK_THAT(
+      error_of("{\"gradient_accumulation_steps\": 4294967296}"),
+      Catch::Contains("ds.json") &&
+          Catch::Contains("gradient_accumulation_steps 4294967296 is out of range: at most 2147483647"));
+  CHECK_THAT(
+      error_of(
+          "{\"train_micro_batch_size_per_gpu\": 18446744073709551615, \"gradient_accumulation_steps\": 2}"),
+      Catch::Contains("train_micro_batch_size_per_gpu 18446744073709551615 is out of range"));
   CHECK_THAT(error_of("{}", "", "  zero_stage: 3\n"),
              Catch::Contains("deepspeed_config.zero_stage must not be set here"));
   CHECK_THAT(error_of("{\"zero_optimization\": [1]"), Catch::Contains("not valid JSON"));

@@ -2,6 +2,9 @@
 // the schema's rows, the values that depend on each other, and validation.
 #include "config/config_detail.hpp"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -71,29 +74,78 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
 
 namespace {
 
-Config load_yaml(const std::string& text, const std::string& source) {
-  Reader reader(source);
-  std::vector<YAML::Node> documents;
+// Counts a YAML stream's documents, and where the first one with content after the first document starts,
+// without building them.
+struct DocumentCounter : YAML::EventHandler {
+  int documents = 0;
+  int last_start_line = 0;      // 1-based line where the last document started
+  int second_content_line = 0;  // 1-based; 0: no document after the first has content
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    ++documents;
+    last_start_line = mark.line + 1;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { content(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    content(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    content(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    content(mark);
+  }
+  void OnMapEnd() override {}
+  void content(const YAML::Mark& mark) {
+    if (documents > 1 && second_content_line == 0) second_content_line = mark.line + 1;
+  }
+};
+
+// The first YAML document of `text`. A second document with content is an error, as is a stream the parser
+// does not advance through: yaml-cpp 0.7's LoadAll loops forever on a file that is just "," (an empty
+// document per turn, 320 MB/s), so the documents are counted first, with a bound, and only the first is
+// built.
+YAML::Node first_document(const std::string& text, const std::string& source) {
+  constexpr int kMaxDocuments = 64;
+  DocumentCounter counter;
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (counter.documents < kMaxDocuments && parser.HandleNextDocument(counter)) {
+    }
+    if (counter.documents >= kMaxDocuments) {
+      fail(source, counter.last_start_line, "",
+           fmt::format(
+               "YAML syntax error: the parser makes no progress here ({} empty documents and counting): "
+               "a stray character such as ',' where a 'key: value' line belongs?",
+               kMaxDocuments));
+    }
+    if (counter.second_content_line != 0) {
+      fail(source, counter.second_content_line, "",
+           "a second YAML document starts here; a config file holds exactly one (remove the '---' line and "
+           "what follows, or merge the two)");
+    }
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     fail(source, e.mark.line >= 0 ? e.mark.line + 1 : 0, "",
          fmt::format(
              "YAML syntax error: {}{}; check the indentation and quoting on this line and the one above",
              e.msg, e.mark.column >= 0 ? fmt::format(" (column {})", e.mark.column + 1) : std::string()));
   }
-  for (size_t i = 1; i < documents.size(); ++i) {
-    if (!documents[i].IsNull()) {
-      fail(source, line_of(documents[i]), "",
-           "a second YAML document starts here; a config file holds exactly one (remove the '---' line and "
-           "what follows, or merge the two)");
-    }
-  }
+}
+
+Config load_yaml(const std::string& text, const std::string& source) {
+  Reader reader(source);
+  const YAML::Node document = first_document(text, source);
 
   Config config;
   config.source = source;
-  if (documents.empty() || documents[0].IsNull()) return config;  // an empty file means all defaults
-  const YAML::Node& root = documents[0];
+  if (!document || document.IsNull()) return config;  // an empty file means all defaults
+  const YAML::Node& root = document;
   if (!root.IsMap()) {
     fail(source, line_of(root), "",
          fmt::format("expected a mapping of 'key: value' lines at the top level, got {}; see "
