@@ -121,7 +121,8 @@ void setup_config_command(CLI::App& app) {
   CLI::App* config = app.add_subcommand(
       "config",
       "Ask a few questions (compute environment, backend, processes, FSDP/ZeRO settings, gradient "
-      "accumulation, mixed precision) and write the YAML config that 'accel-launch launch' reads.");
+      "accumulation, mixed precision, debug checks, and with several processes pipeline parallelism: stages, "
+      "micro-batches, schedule, partition) and write the YAML config that 'accel-launch launch' reads.");
   config->footer(kStdinHelp);
   config->add_option("--config_file,--config-file", options->config_file,
                      "Where to write the config (default: $ACCEL_CONFIG_FILE, else "

@@ -76,6 +76,37 @@ std::optional<std::string> pipeline_refusal(const Config& c) {
          layouts_where(whole);
 }
 
+// What is wrong with a partition answer, if anything. The model is not known here, so layer boundaries are
+// checked for their count, first value and order only; prepare_pipeline checks the last against the model's
+// layer count.
+std::optional<std::string> partition_answer_problem(const std::string& answer, int stages) {
+  if (normalize(answer) == "balanced") return std::nullopt;
+  pipeline::PartitionMethod method;
+  try {
+    method = pipeline::parse_partition(answer);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  if (method.kind != pipeline::PartitionMethod::Kind::Explicit) return std::nullopt;
+  const auto& b = method.boundaries;
+  std::string given;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    given += (i == 0 ? "" : ",") + std::to_string(b[i]);
+  if (b.size() != static_cast<std::size_t>(stages) + 1) {
+    return "pipeline: partition " + given + " has " + std::to_string(b.size()) + " boundaries; " +
+           std::to_string(stages) + " stages need " + std::to_string(stages + 1) +
+           ": 0, then where each stage ends (the last is the model's layer count)";
+  }
+  if (b.front() != 0) return "pipeline: partition " + given + " must start at 0, the first layer";
+  for (std::size_t s = 0; s + 1 < b.size(); ++s) {
+    if (b[s + 1] <= b[s]) {
+      return "pipeline: partition " + given + " leaves stage " + std::to_string(s) +
+             " without layers; boundaries must increase strictly";
+    }
+  }
+  return std::nullopt;
+}
+
 // The pipeline_config: questions (asked when a distributed backend runs several processes).
 void ask_pipeline(Prompter& prompter, Config& config) {
   constexpr int kIntMax = std::numeric_limits<int>::max();
@@ -97,11 +128,16 @@ void ask_pipeline(Prompter& prompter, Config& config) {
         }
         return std::nullopt;
       });
-  config.pipeline.micro_batches =
-      prompter.ask_int("How many micro-batches per optimizer step (0: gradient_accumulation_steps, here " +
-                           std::to_string(config.gradient_accumulation_steps) +
-                           "; at least as many as stages keeps the bubble small)?",
-                       0, 0, kIntMax);
+  // Default 4 x stages: with M micro-batches each stage idles (stages - 1) / (M + stages - 1) of a step, so
+  // 1 micro-batch (0 with no accumulation) would run the stages one after the other. Micro-batches split each
+  // batch and average back, so the count changes the bubble and the memory, never the gradients.
+  const int stages = config.pipeline.stages;
+  config.pipeline.micro_batches = prompter.ask_int(
+      "How many micro-batches is each batch cut into (the batch's row count must be a multiple; with M "
+      "micro-batches each stage idles (stages - 1) / (M + stages - 1) of a step; 0: "
+      "gradient_accumulation_steps, here " +
+          std::to_string(config.gradient_accumulation_steps) + ")?",
+      4 * stages, 0, kIntMax);
   config.pipeline.schedule =
       prompter.ask_choice(
           "Which pipeline schedule?",
@@ -110,21 +146,11 @@ void ask_pipeline(Prompter& prompter, Config& config) {
           0) == 0
           ? pipeline::Schedule::OneFOneB
           : pipeline::Schedule::GPipe;
-  const int stages = config.pipeline.stages;
   std::string partition = prompter.ask_text(
       "How should the layers be split into stages: parameters (balanced by parameter count), uniform, "
       "type:<regex> (balances the layers whose type matches), or layer boundaries such as 0,3,6?",
-      std::string("parameters"), [stages](const std::string& answer) -> std::optional<std::string> {
-        if (normalize(answer) == "balanced") return std::nullopt;
-        try {
-          const auto method = pipeline::parse_partition(answer);
-          if (method.kind == pipeline::PartitionMethod::Kind::Explicit && !method.boundaries.empty())
-            pipeline::partition_explicit(method.boundaries, method.boundaries.back(), stages);
-        } catch (const ConfigError& e) {
-          return std::string(e.what());
-        }
-        return std::nullopt;
-      });
+      std::string("parameters"),
+      [stages](const std::string& answer) { return partition_answer_problem(answer, stages); });
   if (normalize(partition) == "balanced") partition = "parameters";
   config.pipeline.partition = partition;
 }

@@ -215,9 +215,10 @@ TEST_CASE("config command: pipeline parallelism", "[config_command]") {
   expected.pipeline.schedule = accel::pipeline::Schedule::GPipe;
   expected.pipeline.partition = "0,3,6";
   CHECK(session.config == expected);
-  CHECK(session.output.find("How many micro-batches per optimizer step (0: gradient_accumulation_steps, here "
-                            "2; at least as many as stages keeps the bubble small)? [0]: 8") !=
-        std::string::npos);
+  CHECK(session.output.find(
+            "How many micro-batches is each batch cut into (the batch's row count must be a "
+            "multiple; with M micro-batches each stage idles (stages - 1) / (M + stages - 1) of "
+            "a step; 0: gradient_accumulation_steps, here 2)? [8]: 8") != std::string::npos);
   require_round_trip(session.config);
   ScratchDir dir;
   session.config.save_file(dir.file("pipeline.yaml"));
@@ -232,6 +233,8 @@ TEST_CASE("config command: pipeline parallelism", "[config_command]") {
     two.backend = "ddp";
     two.num_processes = 2;
     two.pipeline.stages = 2;
+    // 4 micro-batches per stage: each stage idles 1/9 of a step, not half of it as with one micro-batch.
+    two.pipeline.micro_batches = 8;
     CHECK(defaults.config == two);
     CHECK(defaults.output.find("How many pipeline stages (num_processes must be a multiple: num_processes / "
                                "stages data-parallel replicas of each stage)? [2]: 2 (default") !=
@@ -264,8 +267,9 @@ TEST_CASE("config command: pipeline parallelism", "[config_command]") {
         "zigzag\n"   // no such schedule
         "1f1b\n"     //
         "0,3\n"      // 2 boundaries for 3 stages
-        "layers\n"   // not a partition
-        "type:\n"    // no regex
+        "1,2,3,4\n"  // does not start at 0
+        "0,2,2,5\n"  // stage 1 empty
+        "layers\n"   // not a partition (4 bad answers: a fifth would end the session)
         "0,2,4,6\n"  //
     );
     const std::string& out = bad.output;
@@ -276,12 +280,20 @@ TEST_CASE("config command: pipeline parallelism", "[config_command]") {
     CHECK(out.find("Error: -1 is too small: enter a number of at least 0\n") != std::string::npos);
     CHECK(out.find("Error: 'zigzag' is not one of the choices: enter a number from 0 to 1 or one of 1f1b, "
                    "gpipe\n") != std::string::npos);
-    CHECK(out.find("Error: pipeline: partition 0,3 has 2 boundaries; 3 stages need 4") != std::string::npos);
+    // The model is not known yet: no layer count is claimed from the typed values.
+    CHECK(
+        out.find("Error: pipeline: partition 0,3 has 2 boundaries; 3 stages need 4: 0, then where each stage "
+                 "ends (the last is the model's layer count)\n") != std::string::npos);
+    CHECK(out.find("Error: pipeline: partition 1,2,3,4 must start at 0, the first layer\n") !=
+          std::string::npos);
+    CHECK(
+        out.find("Error: pipeline: partition 0,2,2,5 leaves stage 1 without layers; boundaries must increase "
+                 "strictly\n") != std::string::npos);
     CHECK(out.find("Error: pipeline: partition 'layers' is not parameters, uniform, type:<regex> or "
                    "comma-separated layer boundaries such as 0,3,6\n") != std::string::npos);
-    CHECK(count(out, "is not parameters, uniform, type:<regex>") == 2);
+    CHECK(count(out, "is not parameters, uniform, type:<regex>") == 1);
     CHECK(bad.config.pipeline.stages == 3);
-    CHECK(bad.config.pipeline.micro_batches == 0);
+    CHECK(bad.config.pipeline.micro_batches == 12);  // the default, 4 x 3 stages
     CHECK(bad.config.pipeline.partition == "0,2,4,6");
     require_round_trip(bad.config);
   }
