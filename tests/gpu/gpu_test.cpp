@@ -14,6 +14,8 @@
 //  - activation checkpointing: bitwise (the same kernels replay the same CUDA RNG draws).
 #include <catch2/catch.hpp>
 
+#include "distributed/one_process_collectives.hpp"
+#include "free_port.hpp"
 #include "test_support.hpp"
 
 #include <accel/distributed/open_communicator.hpp>
@@ -23,10 +25,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <limits>
 #include <memory>
@@ -101,21 +99,6 @@ Run train_mlp(const Config& config, int steps = 10) {
   REQUIRE(model->fc1->weight.device() == acc.device());
   r.params = cpu_snapshot(*model);
   return r;
-}
-
-// A free TCP port on this machine for a one-process TCPStore.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 }  // namespace
@@ -310,29 +293,13 @@ TEST_CASE("gpu: a pinned-memory prepared loader hands out CUDA batches in order,
 
 TEST_CASE("gpu: NCCL at world size 1 through the Communicator") {
   accel::ProcessState state;
-  state.master_port = free_port();
+  state.master_port = accel::test::free_port();
   auto comm = accel::open_communicator(state, kGpu);
-  REQUIRE(comm->world_size() == 1);
-  auto t = torch::arange(6, torch::TensorOptions().dtype(torch::kFloat32).device(kGpu));
-  const auto expected = t.clone();
-  comm->all_reduce(t, accel::ReduceOp::Sum);
-  REQUIRE(torch::equal(t, expected));
-  comm->broadcast(t, 0);
-  REQUIRE(torch::equal(t, expected));
-  REQUIRE(torch::equal(comm->all_gather(t), expected));
-  REQUIRE(torch::equal(comm->reduce_scatter(t, accel::ReduceOp::Sum), expected));
-  auto out = torch::empty_like(t);
-  comm->all_gather_async(out, t)->wait();
-  REQUIRE(torch::equal(out, expected));
-  std::vector<torch::Tensor> list{t.clone()};
-  comm->all_reduce_async(list)->wait();
-  REQUIRE(torch::equal(list[0], expected));
-  comm->barrier();
-  // A CPU tensor on the same communicator goes through Gloo; both transports counted the bytes.
+  accel::test::check_one_process_collectives(*comm, kGpu);
+  // A CPU tensor on the same communicator goes through Gloo.
   auto c = torch::ones({3});
   comm->all_reduce(c, accel::ReduceOp::Sum);
   REQUIRE(torch::equal(c, torch::ones({3})));
-  REQUIRE(comm->exchange("one") == std::vector<std::string>{"one"});
 }
 
 namespace {

@@ -28,6 +28,7 @@
 #include "accel/config/config.hpp"
 #include "accel/distributed/env_contract.hpp"
 #include "accel/errors.hpp"
+#include "free_port.hpp"
 
 #ifndef ACCEL_LAUNCH_BIN
 #error "ACCEL_LAUNCH_BIN must be defined as the path of the accel-launch binary"
@@ -37,6 +38,7 @@
 #endif
 
 namespace fs = std::filesystem;
+using accel::test::free_port;
 
 namespace {
 
@@ -245,20 +247,6 @@ std::string value_of(const std::string& out, int rank, const std::string& name) 
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-// A TCP port that is free now (it may be taken again by the time it is used; the window is short).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-  socklen_t length = sizeof(address);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
 }
 
 // True when `pid` is gone (or a zombie waiting for its new parent to reap it).
