@@ -7,7 +7,10 @@
 #include "../../accelerate_cpp/src/checkpoint/model_export.hpp"
 #include "../../accelerate_cpp/src/checkpoint/optimizer_reshard.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -115,6 +118,73 @@ TEST_CASE("checkpoint: a save that fails midway leaves the previous checkpoint i
   for (const auto& e : std::filesystem::directory_iterator(dir.path))
     entries += e.path().filename() != "" ? 1 : 0;
   REQUIRE(entries == 1);  // no temporary directory left behind
+}
+
+namespace {
+
+// Caps the size of every file this process writes (RLIMIT_FSIZE) while alive: writes past it fail with EFBIG,
+// as on a full disk (SIGXFSZ, which would kill the process, is ignored meanwhile).
+struct FileSizeLimit {
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit capped = saved;
+    capped.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &capped) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, old_handler);
+  }
+  rlimit saved{};
+  void (*old_handler)(int) = nullptr;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "checkpoint: a write that fails (disk full) is a CheckpointError, and the previous checkpoint stays") {
+  // A larger model than the MLP, so that the checkpoint's files exceed the cap: the parameters (263 kB) fit
+  // under it, Adam's state (twice that, in the optimizer's LibTorch .pt file and its safetensors copy) does
+  // not. LibTorch's zip writer aborted the process on such a failure (SIGABRT, "unexpected pos").
+  test::TempDir dir;
+  const auto ckpt = (dir.path / "ckpt").string();
+  torch::manual_seed(0);
+  torch::nn::Linear model(256, 256);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt);
+  auto step = [&] {
+    opt.zero_grad();
+    acc.backward(model(torch::randn({4, 256})).pow(2).mean());
+    opt.step();
+  };
+  step();
+  acc.save_state(ckpt);
+  const auto before = test::snapshot(*model);
+  step();
+  {
+    FileSizeLimit cap(400 * 1024);
+    try {
+      acc.save_state(ckpt);
+      FAIL("save_state succeeded although its files exceed the 400 kB cap");
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find(dir.path.string()) != std::string::npos);  // names the file
+      CHECK((what.find("File too large") != std::string::npos || what.find("disk") != std::string::npos));
+    }
+  }
+  // The previous checkpoint is intact and loads; nothing temporary is left beside it.
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    entries.push_back(e.path().filename().string());
+  CHECK(entries == std::vector<std::string>{"ckpt"});
+  step();
+  acc.load_state(ckpt);
+  const auto loaded = test::snapshot(*model);
+  for (std::size_t k = 0; k < loaded.size(); ++k)
+    CHECK(torch::equal(loaded[k], before[k]));
 }
 
 TEST_CASE("checkpoint: save_state never deletes what it did not write (a log directory, a file)") {

@@ -444,8 +444,8 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
   }
   if (p_.shards_optimizer_state && !tensor_parallel) {
     for (std::size_t i = 0; i < p_.prepared->optimizers.size(); ++i) {
-      torch::save(*p_.prepared->optimizers[i],
-                  (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
+      write_optimizer(*p_.prepared->optimizers[i],
+                      (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
     }
   }
   write_random_states(tmp_dir);
@@ -464,7 +464,7 @@ void StateIO::write_random_states(const std::string& tmp_dir) {
     for (std::size_t i = 0; i < p_.objects->size(); ++i) {
       torch::serialize::OutputArchive archive;
       (*p_.objects)[i].save(archive);
-      archive.save_to((tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
+      write_archive(archive, (tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
     }
   }
 }
@@ -480,7 +480,7 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
   for (std::size_t i = 0; i < p_.prepared->optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline &&
                           p_.tensor_parallel_size == 1;
        ++i)
-    torch::save(*p_.prepared->optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
+    write_optimizer(*p_.prepared->optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
 
   NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
                      {"cycle_position", scalar(counters.cycle_position)},

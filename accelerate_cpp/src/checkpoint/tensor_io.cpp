@@ -3,11 +3,64 @@
 #include <accel/errors.hpp>
 
 #include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 namespace accel::detail {
+
+void write_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) {
+    throw CheckpointError(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
+  }
+  std::uint64_t written = 0;
+  int error = 0;
+  try {
+    // Never a short count: LibTorch's zip writer would throw, and then abort from its destructor. The first
+    // failure is remembered, the rest of the archive is dropped, and the error is raised below.
+    archive.save_to([&](const void* data, std::size_t n) -> std::size_t {
+      if (error == 0 && n > 0) {
+        errno = 0;
+        if (std::fwrite(data, 1, n, file) == n) {
+          written += n;
+        } else {
+          error = errno != 0 ? errno : EIO;
+        }
+      }
+      return n;
+    });
+  } catch (...) {
+    std::fclose(file);
+    std::remove(path.c_str());
+    throw;
+  }
+  if (std::fflush(file) != 0 && error == 0) error = errno;
+  if (std::fclose(file) != 0 && error == 0) error = errno;
+  if (error != 0) {
+    std::remove(path.c_str());
+    throw CheckpointError(
+        fmt::format("writing {} failed after {} bytes: {}{}", path, written, std::strerror(error),
+                    error == ENOSPC || error == EFBIG || error == EDQUOT
+                        ? " (the disk, quota or file-size limit is full; free space and save "
+                          "again: the previous checkpoint is untouched)"
+                        : ""));
+  }
+}
+
+void write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  archive << optimizer;
+  write_archive(archive, path);
+}
+
 namespace {
 
 safetensors::DType to_dtype(const torch::Tensor& t, const std::string& name) {

@@ -7,11 +7,26 @@
 #include <map>
 #include <string>
 
+namespace torch::serialize {
+class OutputArchive;
+}  // namespace torch::serialize
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace accel::detail {
 
 /// Writes named tensors (any device, any layout) to a safetensors file.
 void write_tensors(const std::string& path, const NamedTensors& tensors,
                    const std::map<std::string, std::string>& metadata = {});
+/// Writes a LibTorch archive (a .pt file) through a checked stream: a failed write (a full disk, a file-size
+/// limit) is a CheckpointError naming the file, the bytes written and the reason, never an abort. LibTorch's
+/// own `save_to(path)` aborts the process there: its zip writer throws again from its destructor ("unexpected
+/// pos"). A partly written file is removed.
+void write_archive(torch::serialize::OutputArchive& archive, const std::string& path);
+/// `torch::save(optimizer, path)` through write_archive.
+void write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path);
+
 /// Reads every tensor of a safetensors file into CPU tensors that own their memory.
 std::map<std::string, torch::Tensor> read_tensors(const safetensors::File& file);
 /// One tensor of a safetensors file as an owning CPU tensor; throws CheckpointError if missing.
