@@ -223,9 +223,19 @@ std::string read_text(const std::string& path, const DeepSpeedJsonContext& conte
                                   location(context.source, context.line), path, std::strerror(errno)),
                       context.source, context.line, "deepspeed_config.deepspeed_config_file");
   }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  // Bounded: a DeepSpeed config is a few kilobytes, and /dev/zero must not be read until memory runs out.
+  constexpr std::size_t kMaxBytes = std::size_t{16} << 20;
+  std::string text(kMaxBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxBytes) {
+    throw ConfigError(
+        fmt::format("{}the DeepSpeed config '{}' is larger than 16 MiB; a DeepSpeed config is a few "
+                    "kilobytes of JSON: check the path",
+                    location(context.source, context.line), path),
+        context.source, context.line, "deepspeed_config.deepspeed_config_file");
+  }
+  return text;
 }
 
 // Top-level keys: read, listed as having no effect, or unknown (ignored with a notice, as DeepSpeed does).

@@ -530,6 +530,18 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "syntax_error.yaml:3: YAML syntax error: illegal map value (column 8); check the indentation and "
         "quoting "
         "on this line and the one above");
+  // Encodings yaml-cpp would misread: a NUL byte made a file decode as UTF-16 and load as all defaults.
+  CHECK_THROWS_WITH(
+      accel::Config::load_string(std::string("\0num_processes: 2\nbackend: ddp\n", 30), "nul.yaml"),
+      Catch::Contains("nul.yaml:1: the file holds a NUL byte (byte 0)") &&
+          Catch::Contains("save it as UTF-8 text"));
+  CHECK_THROWS_WITH(accel::Config::load_string(std::string("num_processes: 2\n\0", 18), "late.yaml"),
+                    Catch::Contains("late.yaml:2: the file holds a NUL byte (byte 17)"));
+  CHECK_THROWS_WITH(accel::Config::load_string("\xFF\xFEn\0u\0m\0", "utf16.yaml"),
+                    Catch::Contains("utf16.yaml:1: the file is UTF-16 encoded"));
+  // Reads are bounded: /dev/zero is refused after 16 MiB, not read until memory runs out.
+  CHECK_THROWS_WITH(accel::Config::load_file("/dev/zero"),
+                    Catch::Contains("config file '/dev/zero' is larger than 16 MiB"));
   // A file that is just "," made yaml-cpp 0.7's LoadAll loop forever, allocating (320 MB/s): now a syntax
   // error after a bounded count of empty documents.
   for (const char* text : {",", "\n,\n", ",,,"}) {
@@ -1046,6 +1058,8 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(error_of("{}", "", "  zero_stage: 3\n"),
              Catch::Contains("deepspeed_config.zero_stage must not be set here"));
   CHECK_THAT(error_of("{\"zero_optimization\": [1]"), Catch::Contains("not valid JSON"));
+  CHECK_THAT(std::string(load_error(files.yaml("/dev/zero")).what()),
+             Catch::Contains("the DeepSpeed config '/dev/zero' is larger than 16 MiB"));
   CHECK_THAT(std::string(load_error(files.yaml(files.write("x", "") + ".missing")).what()),
              Catch::Contains("cannot open the DeepSpeed config"));
   const auto ddp = files.write("ddp.yaml",

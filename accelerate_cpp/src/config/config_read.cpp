@@ -138,7 +138,25 @@ YAML::Node first_document(const std::string& text, const std::string& source) {
   }
 }
 
+// A config file is UTF-8 text. yaml-cpp decodes a NUL byte near the start as UTF-16 and reads such a file as
+// all defaults (one process, local) without a word; a UTF-16 file is refused the same way, by name.
+void check_encoding(const std::string& text, const std::string& source) {
+  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0) {
+    fail(source, 1, "",
+         "the file is UTF-16 encoded (it starts with a UTF-16 byte order mark); save it as UTF-8 text");
+  }
+  const auto nul = text.find('\0');
+  if (nul != std::string::npos) {
+    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + nul, '\n'));
+    fail(source, line, "",
+         fmt::format("the file holds a NUL byte (byte {}): a config file is UTF-8 text, and this one is "
+                     "UTF-16 or binary; save it as UTF-8 text",
+                     nul));
+  }
+}
+
 Config load_yaml(const std::string& text, const std::string& source) {
+  check_encoding(text, source);
   Reader reader(source);
   const YAML::Node document = first_document(text, source);
 
@@ -192,12 +210,23 @@ Config Config::load_file(const std::string& path) {
                                   path, error != 0 ? std::strerror(error) : "unknown error"),
                       path);
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Bounded: a config is a few kilobytes, and /dev/zero passed by mistake must not be read until memory
+  // runs out.
+  constexpr std::size_t kMaxBytes = std::size_t{16} << 20;
+  std::string text(kMaxBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) {
     throw ConfigError(fmt::format("cannot read config file '{}': {}", path, std::strerror(errno)), path);
   }
-  return config_detail::load_yaml(text.str(), path);
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxBytes) {
+    throw ConfigError(
+        fmt::format("config file '{}' is larger than 16 MiB; a config file is a few kilobytes of "
+                    "YAML: check the path",
+                    path),
+        path);
+  }
+  return config_detail::load_yaml(text, path);
 }
 
 Config Config::load_string(const std::string& yaml, const std::string& source_name) {
