@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Fake rank for launcher_test.cpp: on its first start rank 0 fails as a rank does whose picked port another
 # program took first (EADDRINUSE) while rank 1 waits; on the next start both print MASTER_PORT and exit 0.
+# Rank 1 waits for rank 0's "done" file for this port rather than for a marker of its own, so that how soon
+# the launcher stops it on the first start (before or after bash has run a line) cannot change the outcome.
 set -u
-if [ ! -e "$MARKER_DIR/started.$RANK" ]; then
-  touch "$MARKER_DIR/started.$RANK"
-  if [ "$RANK" = 0 ]; then
+if [ "$RANK" = 0 ]; then
+  if [ ! -e "$MARKER_DIR/started.0" ]; then
+    touch "$MARKER_DIR/started.0"
     echo "error: rank 0: rendezvous with 127.0.0.1:$MASTER_PORT failed after 0.1 s (timeout 1800 s): The server socket has" \
       "failed to listen on any local network address. port: $MASTER_PORT, code: -98, name: EADDRINUSE" >&2
     exit 1
   fi
-  sleep 60
+  touch "$MARKER_DIR/done.$MASTER_PORT"
+else
+  for _ in $(seq 600); do
+    [ -e "$MARKER_DIR/done.$MASTER_PORT" ] && break
+    sleep 0.1
+  done
+  [ -e "$MARKER_DIR/done.$MASTER_PORT" ] || exit 3
 fi
 echo "port $MASTER_PORT"
