@@ -34,7 +34,10 @@ NamedTensors module_buffers(torch::nn::Module& module) {
 
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
-  auto load = [&](const std::string& name, torch::Tensor& dst) {
+  // Every tensor is checked before the first is copied: a checkpoint of another architecture leaves the
+  // model as it was.
+  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+  auto check = [&](const std::string& name, const torch::Tensor& dst) {
     auto it = state.find(name);
     if (it == state.end()) {
       throw CheckpointError(fmt::format(
@@ -46,12 +49,20 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
                                         name, fmt::join(it->second.sizes(), ", "),
                                         fmt::join(dst.sizes(), ", ")));
     }
-    dst.copy_(it->second);
+    if (it->second.is_floating_point() != dst.is_floating_point()) {
+      throw CheckpointError(fmt::format(
+          "checkpoint tensor '{}' is {} but the model's is {}: integers and floating point do not convert "
+          "into each other; was it saved from the same model?",
+          name, c10::toString(it->second.scalar_type()), c10::toString(dst.scalar_type())));
+    }
+    copies.emplace_back(dst, &it->second);
   };
-  for (auto& item : module.named_parameters())
-    load(item.key(), item.value());
-  for (auto& item : module.named_buffers())
-    load(item.key(), item.value());
+  for (const auto& item : module.named_parameters())
+    check(item.key(), item.value());
+  for (const auto& item : module.named_buffers())
+    check(item.key(), item.value());
+  for (auto& [dst, src] : copies)
+    dst.copy_(*src);
 }
 
 NamedTensors converted(const NamedTensors& state, c10::ScalarType dtype) {

@@ -4,15 +4,19 @@
 
 #include <accel/checkpoint/safetensors.hpp>
 
+#include "../../accelerate_cpp/src/checkpoint/manifest.hpp"
 #include "../../accelerate_cpp/src/checkpoint/model_export.hpp"
 #include "../../accelerate_cpp/src/checkpoint/optimizer_reshard.hpp"
+#include "../../accelerate_cpp/src/checkpoint/tensor_io.hpp"
 
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 using namespace accel;
@@ -243,6 +247,221 @@ TEST_CASE("checkpoint: loading refuses a mismatched setup with a clear message")
                           "' is not a directory; pass the directory save_state wrote");
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+void copy_dir(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+void flip_middle_byte(const fs::path& file) {
+  const auto middle = static_cast<std::streamoff>(fs::file_size(file) / 2);
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(middle);
+  char c = 0;
+  f.get(c);
+  f.seekp(middle);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+// A file of a checkpoint rewritten by hand (`edit` changes its tensors), with the manifest recomputed for
+// it: what a user editing a checkpoint, or a tool that rewrites one consistently, produces.
+void rewrite(const fs::path& file, const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
+  const auto f = safetensors::File::open(file.string());
+  auto tensors = accel::detail::read_tensors(f);
+  edit(tensors);
+  NamedTensors named(tensors.begin(), tensors.end());
+  accel::detail::write_tensors(file.string(), named, f.metadata());
+  const auto dir = file.parent_path().string();
+  const auto m = accel::detail::read_manifest(dir);
+  accel::detail::write_manifest(dir, accel::detail::build_manifest(dir, m.checkpoint_id, m.facts, {}));
+}
+
+std::vector<torch::Tensor> adam_state(torch::optim::Adam& opt) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : opt.param_groups()[0].params()) {
+    const auto it = opt.state().find(p.unsafeGetTensorImpl());
+    if (it == opt.state().end()) continue;
+    const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
+    out.push_back(s.exp_avg().clone());
+    out.push_back(s.exp_avg_sq().clone());
+    out.push_back(torch::tensor(s.step()));
+  }
+  return out;
+}
+
+torch::Tensor cpu_rng_state() {
+  return at::globalContext().defaultGenerator(torch::kCPU).get_state();
+}
+
+// Everything of a Run that a failed load_state must leave as it was.
+struct Untouched {
+  explicit Untouched(Run& r)
+      : weights(test::snapshot(*r.model)),
+        optimizer(adam_state(r.opt)),
+        rng(cpu_rng_state()),
+        micro_steps(r.acc.micro_steps()),
+        epoch(r.loader->epoch()),
+        lr(r.opt.param_groups()[0].options().get_lr()) {}
+  void check(Run& r) const {
+    const auto w = test::snapshot(*r.model);
+    for (std::size_t k = 0; k < w.size(); ++k)
+      CHECK(torch::equal(w[k], weights[k]));
+    const auto o = adam_state(r.opt);
+    REQUIRE(o.size() == optimizer.size());
+    for (std::size_t k = 0; k < o.size(); ++k)
+      CHECK(torch::equal(o[k], optimizer[k]));
+    CHECK(torch::equal(cpu_rng_state(), rng));
+    CHECK(r.acc.micro_steps() == micro_steps);
+    CHECK(r.loader->epoch() == epoch);
+    CHECK(r.opt.param_groups()[0].options().get_lr() == lr);
+  }
+  std::vector<torch::Tensor> weights, optimizer;
+  torch::Tensor rng;
+  std::int64_t micro_steps;
+  std::uint64_t epoch;
+  double lr;
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: a corrupted, truncated, missing or foreign file is named, and nothing is loaded") {
+  test::TempDir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b", c = dir.path / "c";
+  {
+    Run run(MixedPrecision::No, 1);
+    run.train(3, 3);
+    run.acc.save_state(a.string());
+    run.train(3, 5);
+    run.acc.save_state(b.string());
+  }
+  // The manifest lists every file, with the digest computed while writing it, which is the file's.
+  const auto manifest = accel::detail::read_manifest(a.string());
+  std::vector<std::string> names;
+  for (const auto& e : manifest.files) {
+    names.push_back(e.name);
+    CHECK(accel::detail::digest_file((a / e.name).string()).xxh64 == e.digest.xxh64);
+    CHECK(fs::file_size(a / e.name) == e.digest.bytes);
+  }
+  CHECK(names == std::vector<std::string>{"accelerator_state.safetensors", "model.safetensors",
+                                          "optimizer.pt", "optimizer_full.safetensors",
+                                          "random_states_0.safetensors"});
+  CHECK(manifest.facts.at("completed_steps") == "3");
+
+  Run target(MixedPrecision::No, 2);
+  target.train(3, 1);
+  const Untouched before(target);
+  auto refused = [&](const std::string& expected) {
+    try {
+      target.acc.load_state(c.string());
+      FAIL("load_state accepted a damaged checkpoint, expected: " << expected);
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK_THAT(what, Catch::Contains(expected));
+      CHECK_THAT(what, Catch::Contains("nothing was loaded"));
+    }
+    before.check(target);
+  };
+  for (const auto& name : names) {
+    copy_dir(a, c);
+    flip_middle_byte(c / name);  // in every file, also those this run does not read (optimizer_full)
+    refused((c / name).string() + " does not hold what checkpoint " + manifest.checkpoint_id.substr(0, 12));
+  }
+  copy_dir(a, c);
+  fs::resize_file(c / "model.safetensors", fs::file_size(c / "model.safetensors") - 4);
+  refused((c / "model.safetensors").string() + " has ");
+  copy_dir(a, c);
+  fs::remove(c / "optimizer.pt");
+  refused((c / "optimizer.pt").string() + " is missing");
+  copy_dir(a, c);
+  fs::copy_file(b / "model.safetensors", c / "model.safetensors", fs::copy_options::overwrite_existing);
+  refused("the file is corrupted or was replaced by another checkpoint's or another rank's file");
+  copy_dir(a, c);
+  fs::copy_file(b / "accelerator_state.safetensors", c / "accelerator_state.safetensors",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(b / "manifest.json", c / "manifest.json", fs::copy_options::overwrite_existing);
+  refused("does not hold what checkpoint");  // b's manifest, a's model
+  copy_dir(a, c);
+  fs::remove(c / "manifest.json");
+  refused("manifest.json is missing, so the checkpoint's files cannot be verified");
+  copy_dir(a, c);
+  { std::ofstream(c / "manifest.json") << "{\"checkpoint_id\":"; }
+  refused("manifest.json is damaged");
+
+  // Intact, it loads.
+  copy_dir(a, c);
+  target.acc.load_state(c.string());
+  CHECK(target.acc.micro_steps() == 6);
+}
+
+TEST_CASE("checkpoint: a load that fails part way leaves every object as it was") {
+  test::TempDir dir;
+  const fs::path a = dir.path / "a", c = dir.path / "c";
+  {
+    Run run(MixedPrecision::No, 1);
+    run.train(3, 3);
+    run.acc.save_state(a.string());
+  }
+  Run target(MixedPrecision::No, 2);
+  target.train(3, 1);
+  const Untouched before(target);
+  // A consistent checkpoint (its manifest matches) whose model lacks a tensor: the optimizers, schedulers,
+  // loaders and random states are loaded before the weights, and must be put back.
+  copy_dir(a, c);
+  rewrite(c / "model.safetensors", [](auto& t) {
+    t["fc9.weight"] = t.at("fc2.weight");
+    t.erase("fc2.weight");
+  });
+  REQUIRE_THROWS_WITH(
+      target.acc.load_state(c.string()),
+      Catch::Contains("checkpoint has no tensor 'fc2.weight'") &&
+          Catch::Contains("the optimizers, schedulers, loaders, loss scaler and random states "
+                          "are as they were"));
+  before.check(target);
+  // An integer tensor where the model has floats (a same-size dtype lie) is refused, not converted.
+  copy_dir(a, c);
+  rewrite(c / "model.safetensors", [](auto& t) { t["fc1.bias"] = t.at("fc1.bias").view(torch::kInt32); });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("checkpoint tensor 'fc1.bias' is Int but the model's is Float"));
+  before.check(target);
+  // Counters and positions out of range are refused before anything is touched.
+  copy_dir(a, c);
+  rewrite(c / "accelerator_state.safetensors", [](auto& t) { t["loader.0.epoch"] = torch::tensor(-1L); });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("holds loader.0.epoch = -1, outside [0, 4294967295]"));
+  before.check(target);
+  copy_dir(a, c);
+  rewrite(c / "accelerator_state.safetensors", [](auto& t) { t["micro_steps"] = torch::tensor({1L, 2L}); });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("'micro_steps' is a Long tensor of 2 elements, not one int64"));
+  before.check(target);
+}
+
+TEST_CASE("checkpoint: a checkpoint saved before manifests still loads, with a notice") {
+  test::TempDir dir;
+  const fs::path a = dir.path / "a";
+  Run run(MixedPrecision::No, 1);
+  run.train(3, 3);
+  run.acc.save_state(a.string());
+  // What an older accelerate-cpp wrote: no manifest, no checkpoint id.
+  fs::remove(a / "manifest.json");
+  const auto state = safetensors::File::open((a / "accelerator_state.safetensors").string());
+  auto meta = state.metadata();
+  meta.erase("checkpoint_id");
+  const auto tensors = accel::detail::read_tensors(state);
+  accel::detail::write_tensors((a / "accelerator_state.safetensors").string(),
+                               NamedTensors(tensors.begin(), tensors.end()), meta);
+  Run resumed(MixedPrecision::No, 2);
+  resumed.acc.load_state(a.string());
+  CHECK(resumed.acc.micro_steps() == 6);
+  const auto w = test::snapshot(*run.model), v = test::snapshot(*resumed.model);
+  for (std::size_t k = 0; k < w.size(); ++k)
+    CHECK(torch::equal(w[k], v[k]));
+}
+
 TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
   const std::string python = ACCEL_PYTHON;
   if (python.empty())
@@ -355,6 +574,27 @@ TEST_CASE("export: save_model then load_model on one process, and a missing shar
   std::filesystem::remove(std::filesystem::path(out) / "model-00002-of-00003.safetensors");
   CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("model-00002-of-00003.safetensors"));
   CHECK_THROWS_WITH(acc.save_model(model, out, "lots"), Catch::Contains("max_shard_size 'lots'"));
+  // An index may only name shards inside the export, and is bounded.
+  acc.save_model(model, out, "100");
+  const auto index = std::filesystem::path(out) / "model.safetensors.index.json";
+  std::stringstream text;
+  text << std::ifstream(index).rdbuf();
+  const std::string original = text.str();
+  const auto shard = original.find("model-00001-of-00003.safetensors");
+  REQUIRE(shard != std::string::npos);
+  for (const std::string outside : {"/etc/passwd", "../m/model-00001-of-00003.safetensors"}) {
+    std::string edited = original;
+    edited.replace(shard, std::string("model-00001-of-00003.safetensors").size(), outside);
+    std::ofstream(index) << edited;
+    CHECK_THROWS_WITH(acc.load_model(other, out),
+                      Catch::Contains("'" + outside + "', which is not a file inside the export directory"));
+  }
+  std::filesystem::remove(index);
+  std::filesystem::create_symlink("/dev/zero", index);
+  CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("is not a file; an index save_model writes"));
+  std::filesystem::remove(index);
+  std::ofstream(index) << std::string(100000, '[');
+  CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("nested deeper than an index is"));
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -810,6 +811,67 @@ void unused() {
   }
 }
 
+// Every file of the checkpoint in `dir` (every rank's), damaged in turn in a copy, is refused on every rank
+// with a message naming it, before anything is loaded; so are the ranks' optimizer files swapped.
+void refuses_damaged_copies(Accelerator& acc, torch::nn::Module& model, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const auto before = test::snapshot(model);
+  const fs::path damaged = dir.string() + "-damaged";
+  std::vector<std::string> names;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().filename() != "manifest.json")
+      names.push_back(e.path().lexically_relative(dir).string());
+  }
+  std::sort(names.begin(), names.end());
+  auto refused = [&](const std::string& what, const std::function<void()>& damage, const std::string& named) {
+    if (acc.is_main_process()) {
+      fs::remove_all(damaged);
+      fs::copy(dir, damaged, fs::copy_options::recursive);
+      damage();
+    }
+    acc.wait_for_everyone();
+    try {
+      acc.load_state(damaged.string());
+      CHECK_MSG(false, "load_state accepted a checkpoint with " << what);
+    } catch (const CheckpointError& e) {
+      const std::string message = e.what();
+      CHECK_MSG(
+          message.find(named) != std::string::npos && message.find("nothing was loaded") != std::string::npos,
+          what << ": the message does not name " << named << ": " << message);
+    }
+    acc.wait_for_everyone();
+  };
+  for (const auto& name : names) {
+    refused(
+        "a damaged " + name,
+        [&] {
+          const auto middle = static_cast<std::streamoff>(fs::file_size(damaged / name) / 2);
+          std::fstream f(damaged / name, std::ios::in | std::ios::out | std::ios::binary);
+          f.seekg(middle);
+          char c = 0;
+          f.get(c);
+          f.seekp(middle);
+          f.put(static_cast<char>(c ^ 0x01));
+        },
+        (damaged / name).string());
+  }
+  if (fs::exists(dir / "optimizer_rank1.pt")) {
+    refused(
+        "rank 0's and rank 1's optimizer files swapped",
+        [&] {
+          fs::rename(damaged / "optimizer_rank0.pt", damaged / "swap");
+          fs::rename(damaged / "optimizer_rank1.pt", damaged / "optimizer_rank0.pt");
+          fs::rename(damaged / "swap", damaged / "optimizer_rank1.pt");
+        },
+        "optimizer_rank");
+  }
+  const auto after = test::snapshot(model);
+  for (std::size_t k = 0; k < after.size(); ++k)
+    CHECK_MSG(torch::equal(before[k], after[k]), "a refused load_state changed the model");
+  if (acc.is_main_process()) fs::remove_all(damaged);
+  CHECK_MSG(names.size() >= 5, "the checkpoint has " << names.size() << " files");
+}
+
 void checkpoint() {
   // Save at step 3 on every rank, keep training, then resume from the checkpoint: identical end state.
   const auto dir =
@@ -824,6 +886,7 @@ void checkpoint() {
     acc.prepare(model, opt);
     auto loader = acc.prepare_data_loader(Regression(64).map(torch::data::transforms::Stack<>()),
                                           torch::data::DataLoaderOptions(4));
+    if (load) refuses_damaged_copies(acc, *model, dir);
     if (load) acc.load_state(dir.string());
     for (int epoch = 0; epoch < 2; ++epoch) {
       for (auto& b : *loader) {

@@ -65,6 +65,7 @@ detail::StateParts Accelerator::state_parts() {
   parts.replicas = groups_.data.get();
   parts.tensor_parallel_size = groups_.tensor->world_size();
   parts.tensor_parallel_rank = groups_.tensor->rank();
+  parts.notice = [this](std::string notice) { add_notice(std::move(notice)); };
   if (parts.tensor_parallel_size > 1) {
     for (const auto& m : prepared_.models)
       parts.tensor_parallel_splits.push_back(tp::split_parameters(*m.module));

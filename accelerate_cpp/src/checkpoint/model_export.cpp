@@ -4,6 +4,7 @@
 
 #include <accel/errors.hpp>
 #include "checkpoint/atomic_dir.hpp"
+#include "checkpoint/manifest.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr const char* kSingle = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr std::uintmax_t kMaxIndexBytes = 64ull << 20;
 
 std::string shard_name(std::size_t k, std::size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", k, n);
@@ -155,12 +157,31 @@ std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
     }
     return read_tensors(safetensors::File::open((dir / kSingle).string()));
   }
+  std::error_code ec;
+  const auto size = fs::is_regular_file(index_path, ec) ? fs::file_size(index_path, ec) : 0;
+  if (ec || !fs::is_regular_file(index_path, ec) || size > kMaxIndexBytes) {
+    throw CheckpointError(fmt::format(
+        "load_model: {} is {}; an index save_model writes is a JSON file of at most {} bytes: re-export with "
+        "save_model",
+        index_path.string(),
+        ec                      ? ec.message()
+        : size > kMaxIndexBytes ? fmt::format("{} bytes", size)
+                                : "not a file",
+        kMaxIndexBytes));
+  }
   std::ifstream in(index_path);
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(text.str());
+    // An index is three levels deep; the bound keeps a hostile file from exhausting the stack.
+    index = nlohmann::json::parse(text.str(), [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > 16) {
+        throw CheckpointError(fmt::format("load_model: {} is nested deeper than an index is (> 16 levels)",
+                                          index_path.string()));
+      }
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("load_model: {} is not valid JSON: {}", index_path.string(), e.what()));
   }
@@ -175,6 +196,12 @@ std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
     if (!file.is_string()) {
       throw CheckpointError(
           fmt::format("load_model: {}: the file of '{}' is not a string", index_path.string(), name));
+    }
+    if (!inside_directory(file.get<std::string>())) {
+      throw CheckpointError(fmt::format(
+          "load_model: {}: the file of '{}' is '{}', which is not a file inside the export directory (an "
+          "absolute path or one with '..'); an index save_model writes names its shards only",
+          index_path.string(), name, file.get<std::string>().substr(0, 200)));
     }
     by_file[file.get<std::string>()].push_back(name);
   }

@@ -1,5 +1,6 @@
 #include "accel/checkpoint/safetensors.hpp"
 
+#include "checkpoint/safetensors_write.hpp"
 #include "config/text_distance.hpp"
 
 #include <algorithm>
@@ -451,8 +452,9 @@ std::string make_header(const std::vector<const TensorView*>& order,
 }
 
 // The 8-byte little-endian header length, the header, then the tensors' bytes in `order`.
-void write_contents(const std::string& path, const std::string& prefix, const std::string& header,
-                    const std::vector<const TensorView*>& order) {
+accel::detail::FileDigest write_contents(const std::string& path, const std::string& prefix,
+                                         const std::string& header,
+                                         const std::vector<const TensorView*>& order) {
   std::uint8_t length[8];
   const auto header_size = static_cast<std::uint64_t>(header.size());
   for (int i = 0; i < 8; ++i)
@@ -463,7 +465,9 @@ void write_contents(const std::string& path, const std::string& prefix, const st
     throw CheckpointError(prefix + errno_text() + "; check that the directory exists and is writable");
   }
   FileCloser file(raw);
+  accel::detail::Xxh64 hash;  // of every byte written: the checkpoint manifest's checksum, without a re-read
   auto put = [&](const void* bytes, std::size_t size) {
+    hash.update(bytes, size);
     if (size > 0 && std::fwrite(bytes, 1, size, raw) != size) {
       throw CheckpointError(prefix + "write failed: " + errno_text() + "; check free disk space");
     }
@@ -475,17 +479,32 @@ void write_contents(const std::string& path, const std::string& prefix, const st
   if (!file.close()) {
     throw CheckpointError(prefix + "closing the file failed: " + errno_text() + "; check free disk space");
   }
+  return {hash.size(), hash.digest()};
 }
 
 }  // namespace
 
 void write_file(const std::string& path, const std::vector<TensorView>& tensors,
                 const std::map<std::string, std::string>& metadata) {
+  accel::detail::write_safetensors(path, tensors, metadata);
+}
+
+}  // namespace accel::safetensors
+
+namespace accel::detail {
+
+FileDigest write_safetensors(const std::string& path, const std::vector<safetensors::TensorView>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  using namespace accel::safetensors;
   const std::string prefix = "cannot write safetensors file '" + path + "': ";
   check_tensors_to_write(tensors, prefix);
   const std::vector<const TensorView*> order = write_order(tensors);
-  write_contents(path, prefix, make_header(order, metadata, path), order);
+  return write_contents(path, prefix, make_header(order, metadata, path), order);
 }
+
+}  // namespace accel::detail
+
+namespace accel::safetensors {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Reading

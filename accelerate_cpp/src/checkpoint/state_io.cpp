@@ -4,6 +4,7 @@
 #include <accel/optim/schedulers.hpp>
 
 #include "checkpoint/atomic_dir.hpp"
+#include "checkpoint/manifest.hpp"
 #include "checkpoint/model_export.hpp"
 #include "checkpoint/optimizer_reshard.hpp"
 #include "checkpoint/optimizer_state.hpp"
@@ -17,10 +18,13 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 namespace accel::detail {
 namespace {
@@ -172,7 +176,9 @@ void StateIO::save(const std::string& dir, const TrainingCounters& counters,
   std::unique_ptr<AtomicDirectory> out;
   std::string tmp;
   std::string failure;
+  written_.clear();
   if (p_.rank == 0) {
+    checkpoint_id_ = new_checkpoint_id();
     try {
       failure = foreign_content(dir);
       if (failure.empty()) {
@@ -197,8 +203,41 @@ void StateIO::save(const std::string& dir, const TrainingCounters& counters,
     return fmt::format("save_state into '{}' failed on rank {}: {}; the previous checkpoint is intact", dir,
                        r, what);
   });
-  if (out) out->commit();
-  p_.comm->barrier();
+  // The manifest, written last: every rank's files with the digests computed while writing them. Then the
+  // commit; every rank learns whether both succeeded.
+  std::string mine;
+  for (const auto& [path, digest] : written_) {
+    mine += fmt::format("{}\t{}\t{}\n", fs::path(path).lexically_relative(tmp).generic_string(), digest.bytes,
+                        digest.xxh64);
+  }
+  const auto reports = p_.comm->exchange(mine);
+  failure.clear();
+  if (out) {
+    try {
+      std::map<std::string, FileDigest> known;
+      for (const auto& report : reports) {
+        std::istringstream lines(report);
+        std::string name;
+        FileDigest d;
+        while (std::getline(lines, name, '\t') && lines >> d.bytes >> d.xxh64 && lines.ignore())
+          known[name] = d;
+      }
+      write_manifest(tmp, build_manifest(tmp, checkpoint_id_,
+                                         {{"world_size", std::to_string(p_.world_size)},
+                                          {"backend", p_.backend},
+                                          {"completed_steps", std::to_string(counters.completed_steps)}},
+                                         known));
+      out->commit();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  throw_first_failure(*p_.comm, failure, [&](std::size_t, const std::string& what) {
+    return fmt::format(
+        "save_state into '{}' failed on rank 0 while committing: {}; the previous checkpoint is "
+        "intact",
+        dir, what);
+  });
 }
 
 namespace {
@@ -266,8 +305,8 @@ void StateIO::write_layer_files(const std::string& tmp_dir) {
   for (const auto& [name, t] : state)
     layers[layer_of(name)].emplace_back(name, t);
   for (const auto& [layer, tensors] : layers) {
-    write_tensors((tmp / layer_file(layer)).string(), tensors,
-                  {{"format", "pt"}, {"layer", std::to_string(layer)}});
+    const auto path = (tmp / layer_file(layer)).string();
+    written_[path] = write_tensors(path, tensors, {{"format", "pt"}, {"layer", std::to_string(layer)}});
   }
   for (std::size_t o = 0; o < optimizer_states.size(); ++o) {
     NamedTensors groups;  // "param_groups/<g>/lr": in every layer's file
@@ -281,8 +320,9 @@ void StateIO::write_layer_files(const std::string& tmp_dir) {
     }
     for (auto& [layer, tensors] : per_layer) {
       tensors.insert(tensors.end(), groups.begin(), groups.end());
-      write_tensors((tmp / optimizer_layer_file(o, layer)).string(), tensors,
-                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[o])}});
+      const auto path = (tmp / optimizer_layer_file(o, layer)).string();
+      written_[path] = write_tensors(
+          path, tensors, {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[o])}});
     }
   }
 }
@@ -438,14 +478,16 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
     write_main_files(tmp_dir, model_states, counters);
     for (std::size_t i = 0; i < optimizer_states.size(); ++i) {
       if (!optimizer_states[i]) continue;
-      write_tensors((tmp / indexed("optimizer", i, "_full.safetensors")).string(), *optimizer_states[i],
-                    {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[i])}});
+      const auto path = (tmp / indexed("optimizer", i, "_full.safetensors")).string();
+      written_[path] =
+          write_tensors(path, *optimizer_states[i],
+                        {{"format", "pt"}, {"optimizer", optimizer_kind(*p_.prepared->optimizers[i])}});
     }
   }
   if (p_.shards_optimizer_state && !tensor_parallel) {
     for (std::size_t i = 0; i < p_.prepared->optimizers.size(); ++i) {
-      write_optimizer(*p_.prepared->optimizers[i],
-                      (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string());
+      const auto path = (tmp / indexed("optimizer", i, fmt::format("_rank{}.pt", p_.rank))).string();
+      written_[path] = write_optimizer(*p_.prepared->optimizers[i], path);
     }
   }
   write_random_states(tmp_dir);
@@ -459,12 +501,14 @@ void StateIO::write_random_states(const std::string& tmp_dir) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng.emplace_back(d.str(), gen.get_state());
   }
-  write_tensors((tmp / fmt::format("random_states_{}.safetensors", p_.rank)).string(), rng);
+  const auto path = (tmp / fmt::format("random_states_{}.safetensors", p_.rank)).string();
+  written_[path] = write_tensors(path, rng);
   if (p_.rank == 0) {
     for (std::size_t i = 0; i < p_.objects->size(); ++i) {
       torch::serialize::OutputArchive archive;
       (*p_.objects)[i].save(archive);
-      write_archive(archive, (tmp / fmt::format("custom_checkpoint_{}.pt", i)).string());
+      const auto object_path = (tmp / fmt::format("custom_checkpoint_{}.pt", i)).string();
+      written_[object_path] = write_archive(archive, object_path);
     }
   }
 }
@@ -473,14 +517,19 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
                                const TrainingCounters& counters) {
   const fs::path tmp = tmp_dir;
   for (std::size_t i = 0; i < model_states.size(); ++i) {
-    write_tensors((tmp / indexed("model", i, ".safetensors")).string(), model_states[i], {{"format", "pt"}});
-    for (const auto& [stem, tensors] : p_.prepared->models[i].engine->extra_model_files(model_states[i]))
-      write_tensors((tmp / indexed(stem, i, ".safetensors")).string(), tensors, {{"format", "pt"}});
+    const auto path = (tmp / indexed("model", i, ".safetensors")).string();
+    written_[path] = write_tensors(path, model_states[i], {{"format", "pt"}});
+    for (const auto& [stem, tensors] : p_.prepared->models[i].engine->extra_model_files(model_states[i])) {
+      const auto extra = (tmp / indexed(stem, i, ".safetensors")).string();
+      written_[extra] = write_tensors(extra, tensors, {{"format", "pt"}});
+    }
   }
   for (std::size_t i = 0; i < p_.prepared->optimizers.size() && !p_.shards_optimizer_state && !p_.pipeline &&
                           p_.tensor_parallel_size == 1;
-       ++i)
-    write_optimizer(*p_.prepared->optimizers[i], (tmp / indexed("optimizer", i, ".pt")).string());
+       ++i) {
+    const auto path = (tmp / indexed("optimizer", i, ".pt")).string();
+    written_[path] = write_optimizer(*p_.prepared->optimizers[i], path);
+  }
 
   NamedTensors state{{"micro_steps", scalar(counters.micro_steps)},
                      {"cycle_position", scalar(counters.cycle_position)},
@@ -518,10 +567,12 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
                                           {"optimizers", std::to_string(p_.prepared->optimizers.size())},
                                           {"schedulers", std::to_string(p_.prepared->schedulers.size())},
                                           {"loaders", std::to_string(p_.prepared->loaders.size())},
-                                          {"custom_objects", std::to_string(p_.objects->size())}};
+                                          {"custom_objects", std::to_string(p_.objects->size())},
+                                          {"checkpoint_id", checkpoint_id_}};
   if (p_.pipeline) meta["pipeline_stages"] = std::to_string(p_.pipeline->stages);
   if (p_.tensor_parallel_size > 1) meta["tensor_parallel_size"] = std::to_string(p_.tensor_parallel_size);
-  write_tensors((tmp / kStateFile).string(), state, meta);
+  const auto state_path = (tmp / kStateFile).string();
+  written_[state_path] = write_tensors(state_path, state, meta);
 }
 
 void StateIO::load_converted(std::size_t o, const std::string& path) {
@@ -561,7 +612,13 @@ void check_format(const safetensors::File& state_file) {
 }
 
 std::int64_t read_int(const safetensors::File& state_file, const std::string& name) {
-  return read_tensor(state_file, name).item<std::int64_t>();
+  const auto t = read_tensor(state_file, name);
+  if (t.numel() != 1 || t.scalar_type() != torch::kInt64) {
+    throw CheckpointError(
+        fmt::format("{}: '{}' is a {} tensor of {} elements, not one int64: the file is damaged",
+                    state_file.path(), name, c10::toString(t.scalar_type()), t.numel()));
+  }
+  return t.item<std::int64_t>();
 }
 
 TrainingCounters read_counters(const safetensors::File& state_file) {
@@ -574,6 +631,165 @@ TrainingCounters read_counters(const safetensors::File& state_file) {
 
 }  // namespace
 
+namespace {
+
+// What load_state changes besides the models' weights, copied before it starts and put back when it fails
+// (load is all or nothing). The weights are loaded last, each model checked whole before its first tensor is
+// copied.
+class LoadRollback {
+ public:
+  LoadRollback(const PreparedObjects& prepared, GradScaler* scaler) : prepared_(prepared), scaler_(scaler) {
+    for (auto* o : prepared.optimizers) {
+      torch::serialize::OutputArchive archive;
+      o->save(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      optimizers_.push_back(bytes.str());
+    }
+    for (auto* s : prepared.schedulers) {
+      const auto* schedule = dynamic_cast<const sched::Preparable*>(s);
+      schedulers_.emplace_back(SchedulerAccess::step_count(*s),
+                               schedule ? schedule->schedule_state() : std::vector<double>{});
+    }
+    for (const auto& l : prepared.loaders)
+      loaders_.push_back(*l);
+    if (scaler_) {
+      for (const auto& [k, v] : scaler_->state_dict())
+        scaler_state_.emplace(k, v.clone());
+    }
+    for (const auto& d : rng_devices()) {
+      auto gen = at::globalContext().defaultGenerator(d);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_.emplace_back(d, gen.get_state());
+    }
+  }
+
+  /// Puts everything back (best effort: a failure here is reported with the original one).
+  std::string restore() noexcept {
+    try {
+      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+        std::istringstream bytes(optimizers_[i]);
+        torch::serialize::InputArchive archive;
+        archive.load_from(bytes);
+        prepared_.optimizers[i]->load(archive);
+      }
+      for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+        SchedulerAccess::step_count(*prepared_.schedulers[i]) = schedulers_[i].first;
+        if (auto* schedule = dynamic_cast<sched::Preparable*>(prepared_.schedulers[i]);
+            schedule && !schedulers_[i].second.empty())
+          schedule->load_schedule_state(schedulers_[i].second);
+      }
+      for (std::size_t i = 0; i < loaders_.size(); ++i)
+        *prepared_.loaders[i] = loaders_[i];
+      if (scaler_) scaler_->load_state_dict(scaler_state_);
+      for (auto& [d, state] : rng_) {
+        auto gen = at::globalContext().defaultGenerator(d);
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(state);
+      }
+      return {};
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+ private:
+  const PreparedObjects& prepared_;
+  GradScaler* scaler_;
+  std::vector<std::string> optimizers_;
+  std::vector<std::pair<unsigned, std::vector<double>>> schedulers_;
+  std::vector<LoaderState> loaders_;
+  std::map<std::string, torch::Tensor> scaler_state_;
+  std::vector<std::pair<torch::Device, torch::Tensor>> rng_;
+};
+
+}  // namespace
+
+std::optional<std::string> StateIO::verify(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::exists(root / Manifest::kFile, ec)) return std::nullopt;
+  std::string problem, id;
+  try {
+    const auto manifest = read_manifest(dir);
+    id = manifest.checkpoint_id;
+    const bool lists_state = std::any_of(manifest.files.begin(), manifest.files.end(),
+                                         [](const ManifestEntry& e) { return e.name == kStateFile; });
+    if (!lists_state) {
+      problem = fmt::format("{} does not list {}: it is not the manifest save_state wrote",
+                            (root / Manifest::kFile).string(), kStateFile);
+    }
+    // Each rank verifies a share of the files, so the checkpoint is read about once more in all.
+    for (std::size_t i = static_cast<std::size_t>(p_.rank); problem.empty() && i < manifest.files.size();
+         i += static_cast<std::size_t>(p_.world_size))
+      problem = verify_entry(dir, manifest, manifest.files[i]);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  throw_first_failure(*p_.comm, problem, [&](std::size_t r, const std::string& what) {
+    return fmt::format("load_state('{}'): {} (found by rank {}); nothing was loaded", dir, what, r);
+  });
+  return id;
+}
+
+void StateIO::check_identity(const safetensors::File& state_file, const std::optional<std::string>& verified,
+                             const std::string& dir) const {
+  const auto id = state_file.metadata().find("checkpoint_id");
+  const auto manifest = (fs::path(dir) / Manifest::kFile).string();
+  if (verified) {
+    if (id == state_file.metadata().end() || id->second != *verified) {
+      throw CheckpointError(fmt::format(
+          "load_state('{}'): {} belongs to checkpoint {} but {} to checkpoint {}: files of two checkpoints "
+          "are "
+          "mixed; resume from a directory save_state wrote; nothing was loaded",
+          dir, state_file.path(), id == state_file.metadata().end() ? "(none)" : id->second.substr(0, 12),
+          manifest, verified->substr(0, 12)));
+    }
+  } else if (id != state_file.metadata().end()) {
+    throw CheckpointError(fmt::format(
+        "load_state('{}'): {} is missing, so the checkpoint's files cannot be verified (every save_state "
+        "writes it last): the directory is damaged or was copied partly; resume from another checkpoint; "
+        "nothing was loaded",
+        dir, manifest));
+  } else if (p_.notice) {
+    p_.notice(
+        fmt::format("load_state: '{}' was saved by an accelerate-cpp without checkpoint manifests; its "
+                    "files are loaded unverified (save_state again to get a verified checkpoint)",
+                    dir));
+  }
+}
+
+void StateIO::check_ranges(const safetensors::File& state_file, const std::string& dir) const {
+  auto check = [&](const std::string& key, std::int64_t low, std::int64_t high) {
+    if (!state_file.contains(key)) return;
+    const auto v = read_int(state_file, key);
+    if (v < low || v > high) {
+      throw CheckpointError(fmt::format(
+          "load_state('{}'): {} holds {} = {}, outside [{}, {}]: the file is damaged or was edited; nothing "
+          "was loaded",
+          dir, state_file.path(), key, v, low, high));
+    }
+  };
+  constexpr std::int64_t kMax = std::int64_t{1} << 48;
+  check("micro_steps", 0, kMax);
+  check("cycle_position", 0, kMax);
+  check("completed_steps", 0, kMax);
+  for (std::size_t i = 0; i < p_.prepared->schedulers.size(); ++i)
+    check(fmt::format("scheduler.{}.step_count", i), 0, std::numeric_limits<std::uint32_t>::max());
+  for (std::size_t i = 0; i < p_.prepared->loaders.size(); ++i) {
+    check(fmt::format("loader.{}.epoch", i), 0, std::numeric_limits<std::uint32_t>::max());
+    check(fmt::format("loader.{}.next_batch", i), 0, kMax);
+    check(fmt::format("loader.{}.samples_per_step", i), 0, kMax);
+  }
+  const auto cycle = read_int(state_file, "cycle_position"), micro = read_int(state_file, "micro_steps");
+  if (cycle > micro) {
+    throw CheckpointError(fmt::format(
+        "load_state('{}'): {} holds cycle_position {} > micro_steps {}: the file is damaged or was edited; "
+        "nothing was loaded",
+        dir, state_file.path(), cycle, micro));
+  }
+}
+
 TrainingCounters StateIO::load(const std::string& dir,
                                const std::vector<std::function<void(const std::string&)>>& hooks) {
   if (p_.rank == 0) recover_interrupted(dir);
@@ -583,29 +799,44 @@ TrainingCounters StateIO::load(const std::string& dir,
     throw CheckpointError(
         fmt::format("load_state: '{}' is not a directory; pass the directory save_state wrote", dir));
   }
-  for (const auto& hook : hooks)
-    hook(dir);
+  // Nothing is touched before every file is verified and every count and position checked.
+  const auto verified = verify(dir);
   const auto state_file = safetensors::File::open((root / kStateFile).string());
   check_format(state_file);
+  check_identity(state_file, verified, dir);
   const auto saved_world = require(state_file, "world_size");
   const auto saved_backend = require(state_file, "backend");
   const bool saved_pipeline = state_file.metadata().find("pipeline_stages") != state_file.metadata().end();
   const bool convert = needs_conversion(state_file, saved_pipeline, saved_world, saved_backend);
   check_counts(state_file, dir);
-
-  const bool by_layer = saved_pipeline || p_.pipeline;
-  if (by_layer) {
-    load_layer_files(dir, /*per_layer=*/saved_pipeline);
-  } else {
-    load_models(dir);
-    load_optimizers(dir, convert, saved_world, saved_backend);
-  }
+  check_ranges(state_file, dir);
   const auto counters = read_counters(state_file);
-  load_schedulers(state_file);
-  load_loaders(state_file, dir);
-  load_scaler(state_file, dir);
-  load_custom_objects(dir);
-  load_random_states(dir, convert);
+  for (const auto& hook : hooks)
+    hook(dir);
+
+  // Then the objects, the weights last: a failure puts every other object back as it was.
+  LoadRollback rollback(*p_.prepared, p_.scaler);
+  try {
+    const bool by_layer = saved_pipeline || p_.pipeline;
+    if (!by_layer) load_optimizers(dir, convert, saved_world, saved_backend);
+    load_schedulers(state_file);
+    load_loaders(state_file, dir);
+    load_scaler(state_file, dir);
+    load_random_states(dir, convert);
+    load_custom_objects(dir);
+    if (by_layer) {
+      load_layer_files(dir, /*per_layer=*/saved_pipeline);
+    } else {
+      load_models(dir);
+    }
+  } catch (const std::exception& e) {
+    const auto problem = rollback.restore();
+    throw CheckpointError(fmt::format(
+        "{}; {}", e.what(),
+        problem.empty()
+            ? "the optimizers, schedulers, loaders, loss scaler and random states are as they were"
+            : "putting the objects back failed too (" + problem + "): restart from a checkpoint"));
+  }
   return counters;
 }
 

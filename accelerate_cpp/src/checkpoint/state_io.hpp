@@ -15,6 +15,9 @@
 //   accelerator_state.safetensors                 counters, scaler, schedulers, loader positions + metadata
 //   random_states_<rank>.safetensors              RNG states of each rank
 //   custom_checkpoint_<i>.pt                      objects registered with register_for_checkpointing
+//   manifest.json                                 written last: every other file's size and XXH64 and the
+//                                                  checkpoint id accelerator_state.safetensors repeats
+//                                                  (manifest.hpp); load verifies it before touching anything
 //
 // With tensor parallelism the files are those of the unsplit model (the split parameters and their optimizer
 // state gathered over each tensor-parallel group; no LibTorch optimizer archives, which hold one rank's
@@ -36,6 +39,8 @@
 #include <accel/distributed/communicator.hpp>
 #include <accel/optim/grad_scaler.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
+
+#include "checkpoint/xxh64.hpp"
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -78,6 +83,8 @@ struct StateParts {
   int tensor_parallel_size = 1;
   int tensor_parallel_rank = 0;
   std::vector<std::map<std::string, tp::SplitParameter>> tensor_parallel_splits;
+  /// Says something once to the user (the accelerator's notices); may be empty.
+  std::function<void(std::string)> notice;
 };
 
 class StateIO {
@@ -149,7 +156,20 @@ class StateIO {
   static torch::Tensor tensor_parallel_slice(const std::map<std::string, tp::SplitParameter>& splits,
                                              const std::string& key, torch::Tensor t);
 
+  /// load: verifies every file the checkpoint's manifest lists (each rank a share) before anything is
+  /// touched; returns the manifest's checkpoint id, or nullopt when there is no manifest. Collective.
+  std::optional<std::string> verify(const std::string& dir);
+  /// load: the state file belongs to the verified manifest; without a manifest, the checkpoint predates
+  /// manifests (a notice) or is damaged (an error).
+  void check_identity(const safetensors::File& state_file, const std::optional<std::string>& verified,
+                      const std::string& dir) const;
+  /// load, before anything is touched: counters and positions within their ranges.
+  void check_ranges(const safetensors::File& state_file, const std::string& dir) const;
+
   StateParts p_;
+  /// save: the files this rank wrote (path -> size and XXH64, computed while writing), for the manifest.
+  std::map<std::string, FileDigest> written_;
+  std::string checkpoint_id_;  ///< save on rank 0: the new checkpoint's id
 };
 
 }  // namespace accel::detail

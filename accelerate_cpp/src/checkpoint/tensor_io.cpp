@@ -2,6 +2,8 @@
 
 #include <accel/errors.hpp>
 
+#include "checkpoint/safetensors_write.hpp"
+
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
@@ -16,13 +18,14 @@
 
 namespace accel::detail {
 
-void write_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
+FileDigest write_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) {
     throw CheckpointError(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
   }
   std::uint64_t written = 0;
   int error = 0;
+  Xxh64 hash;
   try {
     // Never a short count: LibTorch's zip writer would throw, and then abort from its destructor. The first
     // failure is remembered, the rest of the archive is dropped, and the error is raised below.
@@ -31,6 +34,7 @@ void write_archive(torch::serialize::OutputArchive& archive, const std::string& 
         errno = 0;
         if (std::fwrite(data, 1, n, file) == n) {
           written += n;
+          hash.update(data, n);
         } else {
           error = errno != 0 ? errno : EIO;
         }
@@ -53,12 +57,13 @@ void write_archive(torch::serialize::OutputArchive& archive, const std::string& 
                           "again: the previous checkpoint is untouched)"
                         : ""));
   }
+  return {hash.size(), hash.digest()};
 }
 
-void write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path) {
+FileDigest write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path) {
   torch::serialize::OutputArchive archive;
   archive << optimizer;
-  write_archive(archive, path);
+  return write_archive(archive, path);
 }
 
 namespace {
@@ -122,8 +127,8 @@ torch::ScalarType to_scalar_type(safetensors::DType d, const std::string& name) 
 
 }  // namespace
 
-void write_tensors(const std::string& path, const NamedTensors& tensors,
-                   const std::map<std::string, std::string>& metadata) {
+FileDigest write_tensors(const std::string& path, const NamedTensors& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   std::vector<torch::Tensor> keep;  // contiguous CPU copies must outlive the views
   std::vector<safetensors::TensorView> views;
   keep.reserve(tensors.size());
@@ -138,7 +143,7 @@ void write_tensors(const std::string& path, const NamedTensors& tensors,
     v.nbytes = c.nbytes();
     views.push_back(std::move(v));
   }
-  safetensors::write_file(path, views, metadata);
+  return write_safetensors(path, views, metadata);
 }
 
 torch::Tensor read_tensor(const safetensors::File& file, const std::string& name) {

@@ -4,6 +4,8 @@
 #include <accel/backend/backend.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 
+#include "checkpoint/xxh64.hpp"
+
 #include <map>
 #include <string>
 
@@ -16,16 +18,17 @@ class Optimizer;
 
 namespace accel::detail {
 
-/// Writes named tensors (any device, any layout) to a safetensors file.
-void write_tensors(const std::string& path, const NamedTensors& tensors,
-                   const std::map<std::string, std::string>& metadata = {});
+/// Writes named tensors (any device, any layout) to a safetensors file; returns its size and XXH64
+/// (computed while writing, for the checkpoint manifest). The writers below do the same.
+FileDigest write_tensors(const std::string& path, const NamedTensors& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
 /// Writes a LibTorch archive (a .pt file) through a checked stream: a failed write (a full disk, a file-size
 /// limit) is a CheckpointError naming the file, the bytes written and the reason, never an abort. LibTorch's
 /// own `save_to(path)` aborts the process there: its zip writer throws again from its destructor ("unexpected
 /// pos"). A partly written file is removed.
-void write_archive(torch::serialize::OutputArchive& archive, const std::string& path);
+FileDigest write_archive(torch::serialize::OutputArchive& archive, const std::string& path);
 /// `torch::save(optimizer, path)` through write_archive.
-void write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path);
+FileDigest write_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path);
 
 /// Reads every tensor of a safetensors file into CPU tensors that own their memory.
 std::map<std::string, torch::Tensor> read_tensors(const safetensors::File& file);
