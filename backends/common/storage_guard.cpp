@@ -48,6 +48,13 @@ void release_storage(const torch::Tensor& p, const std::string& message) {
   poison_storage(p, message);
 }
 
+void mark_memoryless(const torch::Tensor& p, const std::string& message) {
+  auto* s = storage_of(p);
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, p.device()));
+  s->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
+  poison_storage(p, message);
+}
+
 void point_storage_into(const torch::Tensor& p, const torch::Tensor& buffer, std::int64_t offset) {
   auto* s = storage_of(p);
   auto* base = static_cast<char*>(buffer.data_ptr()) + offset * static_cast<std::int64_t>(p.element_size());

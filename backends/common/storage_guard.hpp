@@ -13,6 +13,9 @@ namespace accel::backends::detail {
 
 /// Frees `p`'s memory (its storage keeps no data, 0 bytes) and makes data access throw `message`.
 void release_storage(const torch::Tensor& p, const std::string& message);
+/// Gives `p`'s storage the size `p` needs but no memory (a null data pointer: memory reports count it as 0
+/// bytes) and makes data access throw `message`; views of `p` still work.
+void mark_memoryless(const torch::Tensor& p, const std::string& message);
 /// Makes `p`'s storage point at `numel(p)` elements of `buffer` starting at element `offset` (the buffer is
 /// kept alive by the storage) and lifts the access error.
 void point_storage_into(const torch::Tensor& p, const torch::Tensor& buffer, std::int64_t offset);

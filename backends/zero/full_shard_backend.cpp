@@ -5,6 +5,7 @@
 #include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/flat_shards.hpp"
 #include "../common/grad_reduce.hpp"
+#include "../common/grad_sentinel.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
 #include "../common/storage_guard.hpp"
@@ -67,6 +68,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
 
   ~FullShardBackend() override {
     trigger_.stop();
+    sentinels_.clear(params_);  // the model goes back to plain LibTorch
     // Leave the whole model behind for code after the accelerator (torch::save at the end of main): every
     // rank destroys its accelerator at the same point, so gathering is collective as usual. Not during
     // unwinding, where another rank may never arrive; the parameters then stay released (and throw on use).
@@ -178,6 +180,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
           options_.name));
     }
     std::lock_guard lock(mu_);
+    sentinels_.clear(params_);  // autograd would add this backward's gradients into them
     // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order).
     release_all();
     recording_ = false;
@@ -229,6 +232,11 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         params_, [&](std::size_t index) { return !slot_.empty() && slot_[index].has_value(); });
     if (!took_part && !detail::any_grad(loose)) return;
     detail::end_sync_step(comm_, *model_, *ctx_.config, loose);
+    // LibTorch's clip_grad_norm_ on the model's parameters must not find "no gradient" and do nothing.
+    if (took_part) {
+      sentinels_.plant(params_, names_, options_.name,
+                       [&](std::size_t i) { return !slot_.empty() && slot_[i].has_value(); });
+    }
   }
 
   std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
@@ -555,6 +563,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   torch::nn::Module* model_ = nullptr;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
+  detail::GradSentinels sentinels_;  // .grad of the managed parameters after a synchronising backward
   std::vector<Unit> units_;
   std::vector<Flat> flats_;
   std::vector<std::optional<ParamSlot>> slot_;

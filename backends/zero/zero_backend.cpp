@@ -7,6 +7,7 @@
 #include "../common/chunk_pipeline.hpp"
 #include "../common/flat_shards.hpp"
 #include "../common/grad_reduce.hpp"
+#include "../common/grad_sentinel.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
 #include "../common/storage_guard.hpp"
@@ -73,6 +74,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   ~ZeroBackend() override {
     trigger_.stop();
+    sentinels_.clear(params_);  // the model goes back to plain LibTorch
     // Leave a whole, current model behind for code after the accelerator (torch::save at the end of main):
     // every rank destroys its accelerator at the same point of the program, so the refresh is collective as
     // usual. Not during unwinding, where another rank may never arrive; the parameters then stay poisoned.
@@ -149,7 +151,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   }
 
   void before_backward(bool sync) override {
-    sync_parameters();  // a backward whose forward read no parameter (nothing else refreshed them)
+    sentinels_.clear(params_);  // autograd would add this backward's gradients into them
+    sync_parameters();          // a backward whose forward read no parameter (nothing else refreshed them)
     syncing_ = sync;
     if (!sync) return;
     seen_.assign(params_.size(), false);
@@ -192,6 +195,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     for (auto& g : groups_)
       master_grad(g);
     detail::end_sync_step(comm_, *model_, *ctx_.config, loose);
+    // LibTorch's clip_grad_norm_ on the model's parameters must not find "no gradient" and do nothing.
+    sentinels_.plant(params_, names_, options_.name, [&](std::size_t i) { return ref_.count(i) != 0; });
   }
 
   std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
@@ -578,6 +583,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   std::vector<torch::Tensor> params_;
   std::vector<Group> groups_;
   std::map<std::size_t, ParamRef> ref_;
+  detail::GradSentinels sentinels_;  // .grad of the managed parameters after a synchronising backward
   std::vector<Bucket> buckets_;
   detail::BucketClock clock_;
   std::vector<bool> seen_;

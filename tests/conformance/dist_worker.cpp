@@ -147,8 +147,12 @@ void sharding() {
     acc.communicator().reset_counters();
     opt.zero_grad();
     acc.backward(torch::mse_loss(model(b.data), b.target));
-    for (const auto& p : model->parameters())
-      CHECK_MSG(!p.grad().defined(), "full gradients must be freed");
+    // Full gradients are freed: .grad is at most a placeholder without memory (that throws on access).
+    for (const auto& p : model->parameters()) {
+      CHECK_MSG(!p.grad().defined() ||
+                    p.grad().storage().unsafeGetStorageImpl()->_mutable_data_ptr_no_checks().get() == nullptr,
+                "full gradients must be freed");
+    }
     std::int64_t held = 0, held_grad = 0;
     for (const auto& master : opt.param_groups()[0].params()) {
       held += master.numel();
@@ -549,9 +553,10 @@ std::vector<torch::Tensor> train_distributed(Accelerator& acc, int steps, std::s
       }
     }
     if (acc.sync_gradients()) {
-      // After the sync every rank holds the same gradients (sharded backends free the model's gradients).
+      // After the sync every rank holds the same gradients (sharded backends hold them in the optimizer's
+      // shards: the model's .grad is a placeholder that throws on access).
       for (const auto& p : model->parameters()) {
-        if (!p.grad().defined()) continue;
+        if (!p.grad().defined() || acc.capabilities().shards_optimizer_state) continue;
         const auto all = acc.gather(p.grad().unsqueeze(0));
         for (int r = 1; r < acc.num_processes(); ++r) {
           CHECK_MSG(torch::equal(all[r], all[0]), "gradients differ across ranks after sync");

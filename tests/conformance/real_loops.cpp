@@ -271,6 +271,49 @@ void plain_backward() {
   if (acc.is_main_process()) std::cout << backend_variant << " plain backward: refused" << std::endl;
 }
 
+// LibTorch's own torch::nn::utils::clip_grad_norm_ on the prepared model's parameters, kept from a DDP loop:
+// where the gradients are in .grad after a synchronising backward (one process, DDP, NO_SHARD) it clips them
+// and the run equals one process clipping the same way; where a sharded backend keeps them in the
+// optimizer's shards it throws at once, naming accelerator.clip_grad_norm_ (it found no gradient and clipped
+// nothing, silently: issue 29, item 8), and the accelerator's clip then gives one process's numbers.
+void libtorch_clip() {
+  double largest = 0.0;
+  against_one_process("LibTorch's clip_grad_norm_", [&](Accelerator* acc, int world) {
+    torch::manual_seed(4);
+    Mlp model;
+    auto opt = sgd(model->parameters());
+    const bool sharded =
+        acc != nullptr && (acc->prepare(model, *opt), acc->capabilities().shards_optimizer_state);
+    Regression data(kBatch * world * kSteps);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const auto x = rows(data.x, s, acc, world), y = rows(data.y, s, acc, world);
+      opt->zero_grad();
+      backward(acc, torch::mse_loss(model(x), y));
+      if (sharded) {
+        std::string error;
+        try {
+          torch::nn::utils::clip_grad_norm_(model->parameters(), 0.05);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        CHECK_MSG(error.find("Clip with accelerator.clip_grad_norm_(max)") != std::string::npos &&
+                      error.find("would find no gradient here and clip nothing") != std::string::npos,
+                  "LibTorch's clip_grad_norm_ on "
+                      << acc->backend_name() << ": want an error naming accelerator.clip_grad_norm_, got '"
+                      << error.substr(0, 300) << "'");
+        acc->clip_grad_norm_(model->parameters(), 0.05);
+      } else {
+        const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), 0.05);
+        if (acc == nullptr) largest = std::max(largest, norm);
+      }
+      opt->step();
+    }
+    return weights(acc, model);
+  });
+  CHECK_MSG(largest > 0.05,
+            "the gradient norms (at most " << largest << ") never exceed the bound: nothing clipped");
+}
+
 // Distillation: a frozen teacher without optimizer prepared beside the student.
 void frozen_teacher() {
   against_one_process("frozen teacher", [](Accelerator* acc, int world) {
@@ -1073,6 +1116,7 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"frozen_teacher", frozen_teacher},
           {"gan_accumulation", gan_accumulation},
           {"plain_backward", plain_backward},
+          {"libtorch_clip", libtorch_clip},
           {"free_memory", free_memory},
           {"hand_accumulation", hand_accumulation},
           {"no_sync", no_sync},

@@ -15,6 +15,9 @@ class Counter {
     if (!t.defined() || !t.has_storage()) return 0;
     const void* key = t.storage().unsafeGetStorageImpl();
     if (!seen_.insert(key).second) return 0;
+    // A storage without memory (a sharded engine's released parameter or .grad placeholder) holds 0 bytes,
+    // whatever size it claims.
+    if (t.storage().unsafeGetStorageImpl()->_mutable_data_ptr_no_checks().get() == nullptr) return 0;
     return t.storage().nbytes();
   }
 
