@@ -25,6 +25,15 @@
 namespace accel {
 namespace {
 
+// With a pipeline cut from a whole Sequential: the layers other stages trained, given their current values
+// on this rank (`whole_model` is the whole model's state; collective over the stages), so that torch::save
+// of the Sequential writes the trained model and reading it no longer throws.
+void restore_whole_model(detail::PipelineRunner& pipeline, const std::function<NamedTensors()>& whole_model) {
+  if (!pipeline.stage || !pipeline.engine || !pipeline.stage->cut_from_model()) return;
+  const auto whole = whole_model();
+  pipeline.stage->restore_foreign(std::map<std::string, torch::Tensor>(whole.begin(), whole.end()));
+}
+
 Config resolve_config(const AcceleratorOptions& o) {
   Config config;
   if (o.config()) {
@@ -186,6 +195,14 @@ Accelerator::~Accelerator() {
   // SyncBatchNorm layers outlive the communicator: back to this process's statistics.
   for (auto& m : prepared_.models)
     connect_sync_batchnorm(*m.module, nullptr);
+  // The whole pipeline model current on every rank, for torch::save at the end of main (collective, as the
+  // sharded engines' gathers on the way out). Not during unwinding, where another rank may never arrive.
+  if (std::uncaught_exceptions() == 0) {
+    try {
+      restore_whole_model(pipeline_, [this] { return model_state(pipeline_.model); });
+    } catch (...) {  // the other layers then stay poisoned: reading them says why
+    }
+  }
   if (autocast_.on) {
     at::autocast::set_autocast_enabled(device_.type(), autocast_.prev_enabled);
     if (autocast_.prev_dtype != c10::ScalarType::Undefined) {
@@ -202,6 +219,7 @@ void Accelerator::free_memory() {
     l->on_advance = nullptr;
   for (auto& m : prepared_.models)
     connect_sync_batchnorm(*m.module, nullptr);
+  restore_whole_model(pipeline_, [this] { return model_state(pipeline_.model); });
   pipeline_ = detail::PipelineRunner{};
   // The engines go in prepare order; sharded ones gather their model whole on the way out (collective).
   while (!prepared_.models.empty())

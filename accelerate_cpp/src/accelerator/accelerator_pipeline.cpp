@@ -117,6 +117,16 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   const int micro_batches = pc.micro_batches > 0 ? pc.micro_batches : config_.gradient_accumulation_steps;
   pipeline_.engine = std::make_unique<pipeline::PipelineEngine>(*pipeline_.stage, groups_.pipeline,
                                                                 pc.schedule, micro_batches);
+  // The whole model's other layers stay at their initial values on this rank: reading them (torch::save of
+  // the whole Sequential, a forward through it) throws until free_memory() makes every rank's model current.
+  pipeline_.stage->poison_foreign([stage](const std::string& name) {
+    return fmt::format(
+        "accelerate-cpp: '{}' of the whole model is trained by another pipeline stage (this rank runs stage "
+        "{}), so this rank's copy is not current; to save or use the whole model, call "
+        "accelerator.free_memory() on every rank first (it makes every rank's model whole and current), or "
+        "use accelerator.get_state_dict(stage.module()), save_model or save_state",
+        name, stage);
+  });
   pipeline::PipelineEngine::BackwardHooks hooks;
   hooks.before = [this](bool last) { prepared_.models[pipeline_.model].engine->before_backward(last); };
   hooks.after = [this](bool last) { prepared_.models[pipeline_.model].engine->after_backward(last); };

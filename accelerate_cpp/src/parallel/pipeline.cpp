@@ -13,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 
 namespace accel::pipeline {
 namespace {
@@ -123,6 +124,42 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, int stage, int 
   }
   for (const void* key : order) {
     if (shared[key].stages.size() > 1) ties_.push_back(std::move(shared[key]));
+  }
+  // What the other stages train: every tensor of the whole model that none of this stage's layers uses.
+  cut_from_model_ = true;
+  std::set<const void*> seen;
+  for (const auto& t : layers_->parameters())
+    seen.insert(t.unsafeGetTensorImpl());
+  for (const auto& t : layers_->buffers())
+    seen.insert(t.unsafeGetTensorImpl());
+  for (int i = 0; i < static_cast<int>(model->size()); ++i) {
+    auto layer = (begin + i)->ptr();
+    auto add = [&](const std::string& name, const torch::Tensor& t) {
+      if (t.defined() && seen.insert(t.unsafeGetTensorImpl()).second)
+        foreign_.emplace_back(fmt::format("{}.{}", i, name), t);
+    };
+    for (const auto& item : layer->named_parameters())
+      add(item.key(), item.value());
+    for (const auto& item : layer->named_buffers())
+      add(item.key(), item.value());
+  }
+}
+
+void PipelineStage::poison_foreign(const std::function<std::string(const std::string& name)>& message) {
+  for (const auto& [name, t] : foreign_) {
+    if (t.has_storage())
+      t.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(message(name));
+  }
+}
+
+void PipelineStage::restore_foreign(const std::map<std::string, torch::Tensor>& whole) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : foreign_) {
+    const auto it = whole.find(name);
+    if (it == whole.end() || it->second.sizes() != t.sizes()) continue;
+    // Fresh memory for the tensor object (its autograd metadata and every handle to it stay): the poisoned
+    // storage goes with its last user.
+    t.set_data(it->second.detach().to(t.device(), t.scalar_type()).clone());
   }
 }
 

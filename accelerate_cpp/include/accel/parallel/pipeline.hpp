@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,11 +98,29 @@ class PipelineStage {
   /// This stage's copy of `tie`'s parameter; undefined when the stage holds none.
   torch::Tensor tied_parameter(const Tie& tie) const;
 
+  /// The whole model's parameters and buffers that no layer of this stage uses, named by global layer
+  /// ("5.weight"): other stages train them, so this rank's values go stale (empty for a stage built from
+  /// layer factories).
+  const std::vector<std::pair<std::string, torch::Tensor>>& foreign_tensors() const noexcept {
+    return foreign_;
+  }
+  /// Whether the stage was cut from a whole model (the Sequential constructor), whose other layers then
+  /// exist on this rank too: the same on every rank of a pipeline.
+  bool cut_from_model() const noexcept { return cut_from_model_; }
+  /// Makes reading those tensors' memory (torch::save of the whole model, a forward through it) throw
+  /// `message(name)` instead of giving stale values.
+  void poison_foreign(const std::function<std::string(const std::string& name)>& message);
+  /// Gives those tensors the values of `whole` (the whole current model, named by global layer) in fresh
+  /// memory, which lifts the error; a name `whole` lacks stays poisoned.
+  void restore_foreign(const std::map<std::string, torch::Tensor>& whole);
+
  private:
   int stage_;
   std::vector<int> boundaries_;
   torch::nn::Sequential layers_;
   std::vector<Tie> ties_;
+  std::vector<std::pair<std::string, torch::Tensor>> foreign_;
+  bool cut_from_model_ = false;
 };
 
 /// Runs this rank's stage through a pipeline step. Every rank of the communicator is one stage, rank r
