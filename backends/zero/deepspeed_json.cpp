@@ -115,7 +115,13 @@ bool boolean_value(const JsonFile& f, const Json& v, const std::string& path, co
 
 // A JSON value as a YAML node (JSON is YAML), for the unsupported-keys table's rules.
 YAML::Node as_yaml(const Json& value) {
-  return YAML::Load(value.dump());
+  try {
+    return YAML::Load(value.dump());
+  } catch (const YAML::Exception&) {
+    // JSON that yaml-cpp does not read as YAML (control characters in keys, odd escapes): the rules then see
+    // it as one non-empty scalar, which asks for something.
+    return YAML::Node(value.dump());
+  }
 }
 
 // The keys of `object` (at `path`, "" for the top level) that the unsupported-keys table refuses: an error
@@ -188,15 +194,19 @@ Json parse(const std::string& path, const std::string& text) {
   Json root;
   try {
     root = Json::parse(text, on_event, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const Json::parse_error& e) {
-    const auto upto = std::min<std::size_t>(e.byte, text.size());
-    const int line =
-        static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(upto), '\n')) +
-        1;
+  } catch (const Json::exception& e) {
+    // A syntax error has a position; a number too large for a double (1e400) does not.
+    const auto* syntax = dynamic_cast<const Json::parse_error*>(&e);
+    const auto upto = syntax != nullptr ? std::min<std::size_t>(syntax->byte, text.size()) : 0;
+    const int line = syntax == nullptr
+                         ? 0
+                         : static_cast<int>(std::count(
+                               text.begin(), text.begin() + static_cast<std::ptrdiff_t>(upto), '\n')) +
+                               1;
     throw ConfigError(
-        fmt::format("{}:{}: not valid JSON ({}); DeepSpeed configs are JSON objects (comments are "
+        fmt::format("{}{}: not valid JSON ({}); DeepSpeed configs are JSON objects (comments are "
                     "allowed)",
-                    path, line, e.what()),
+                    path, line > 0 ? ":" + std::to_string(line) : std::string(), e.what()),
         path, line);
   }
   if (!duplicate.empty()) {

@@ -1,5 +1,7 @@
 #include "checkpoint/manifest.hpp"
 
+#include "config/message_text.hpp"
+
 #include <accel/errors.hpp>
 
 #include <fmt/format.h>
@@ -106,10 +108,10 @@ Manifest read_manifest(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   auto bad = [&](const std::string& why) {
-    return CheckpointError(fmt::format(
+    return CheckpointError(bounded_message(fmt::format(
         "the checkpoint manifest {} is damaged ({}); the checkpoint cannot be verified, so it is not loaded: "
         "resume from another checkpoint",
-        path, why));
+        path, why)));
   };
   Json root;
   try {

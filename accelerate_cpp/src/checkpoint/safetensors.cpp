@@ -1,6 +1,7 @@
 #include "accel/checkpoint/safetensors.hpp"
 
 #include "checkpoint/safetensors_write.hpp"
+#include "config/message_text.hpp"
 #include "config/text_distance.hpp"
 
 #include <algorithm>
@@ -186,7 +187,14 @@ Json parse_header(const std::string& header, const std::string& prefix) {
   std::vector<std::set<std::string>> open_objects;
   std::string top_level_key;
   std::string duplicate_message;
-  auto on_event = [&](int, Json::parse_event_t event, Json& value) {
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& value) {
+    // A header is three levels deep (tensor, entry, shape list); a hostile one nested 100,000 deep must not
+    // exhaust the stack.
+    if (depth > 16) {
+      throw CheckpointError(
+          prefix + "the header is nested " + std::to_string(depth) +
+          " levels deep, a safetensors header is 3; the file is corrupt or not a safetensors file");
+    }
     if (event == Json::parse_event_t::object_start) {
       open_objects.emplace_back();
     } else if (event == Json::parse_event_t::object_end) {
@@ -206,9 +214,13 @@ Json parse_header(const std::string& header, const std::string& prefix) {
   Json root;
   try {
     root = Json::parse(header, on_event);
-  } catch (const Json::parse_error& error) {
-    throw CheckpointError(prefix + "the header is not valid JSON (error at byte " +
-                          std::to_string(error.byte) + " of " + std::to_string(header_size) +
+  } catch (const Json::exception& error) {
+    // A syntax error has a position; a number too large for a double (1e400) does not.
+    const auto* syntax = dynamic_cast<const Json::parse_error*>(&error);
+    throw CheckpointError(prefix + "the header is not valid JSON (" +
+                          (syntax != nullptr ? "error at byte " + std::to_string(syntax->byte) + " of " +
+                                                   std::to_string(header_size)
+                                             : std::string(error.what())) +
                           "); the file is corrupt or not a safetensors file");
   }
   if (!root.is_object()) {
@@ -510,38 +522,47 @@ namespace accel::safetensors {
 // Reading
 
 File File::open(const std::string& path) {
-  const std::string prefix = "safetensors file '" + path + "': ";
+  // A lambda of a member function: it may build a File (private constructor).
+  const auto read = [&]() -> File {
+    const std::string prefix = "safetensors file '" + path + "': ";
 
-  std::FILE* raw = open_for_reading(path);
-  FileCloser closer(raw);
-  std::error_code ec;
-  const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) throw CheckpointError("cannot read safetensors file '" + path + "': " + ec.message());
+    std::FILE* raw = open_for_reading(path);
+    FileCloser closer(raw);
+    std::error_code ec;
+    const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
+    if (ec) throw CheckpointError("cannot read safetensors file '" + path + "': " + ec.message());
 
-  const std::string header = read_header(raw, path, prefix, file_size);
-  const auto buffer_size = static_cast<std::size_t>(file_size - 8 - header.size());
-  const Json root = parse_header(header, prefix);
+    const std::string header = read_header(raw, path, prefix, file_size);
+    const auto buffer_size = static_cast<std::size_t>(file_size - 8 - header.size());
+    const Json root = parse_header(header, prefix);
 
-  File file;
-  file.path_ = path;
-  file.data_size_ = buffer_size;
-  std::vector<Span> spans;
-  for (const auto& [name, entry] : root.items()) {
-    if (name == "__metadata__") {
-      file.metadata_ = parse_metadata(entry, prefix);
-      continue;
+    File file;
+    file.path_ = path;
+    file.data_size_ = buffer_size;
+    std::vector<Span> spans;
+    for (const auto& [name, entry] : root.items()) {
+      if (name == "__metadata__") {
+        file.metadata_ = parse_metadata(entry, prefix);
+        continue;
+      }
+      TensorInfo info = parse_tensor_entry(entry, prefix + "tensor '" + name + "'", buffer_size);
+      const std::size_t begin = info.offset;
+      const std::size_t end = info.offset + info.nbytes;
+      auto inserted = file.tensors_.emplace(name, std::move(info));
+      spans.push_back({begin, end, &inserted.first->first});
     }
-    TensorInfo info = parse_tensor_entry(entry, prefix + "tensor '" + name + "'", buffer_size);
-    const std::size_t begin = info.offset;
-    const std::size_t end = info.offset + info.nbytes;
-    auto inserted = file.tensors_.emplace(name, std::move(info));
-    spans.push_back({begin, end, &inserted.first->first});
-  }
-  check_tiling(std::move(spans), buffer_size, prefix);
+    check_tiling(std::move(spans), buffer_size, prefix);
 
-  file.buffer_.reset(new std::uint64_t[(buffer_size + 7) / 8]);
-  read_exact(raw, path, file.buffer_.get(), buffer_size);
-  return file;
+    file.buffer_.reset(new std::uint64_t[(buffer_size + 7) / 8]);
+    read_exact(raw, path, file.buffer_.get(), buffer_size);
+    return file;
+  };
+  try {
+    return read();
+  } catch (const CheckpointError& e) {
+    // Names and values come from the file: keep the message short and printable whatever they hold.
+    throw CheckpointError(accel::detail::bounded_message(e.what()));
+  }
 }
 
 std::vector<std::string> File::names() const {

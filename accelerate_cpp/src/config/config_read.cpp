@@ -1,6 +1,7 @@
 // Reading accel::Config from YAML: the file, its single document, the config version, then every key through
 // the schema's rows, the values that depend on each other, and validation.
 #include "config/config_detail.hpp"
+#include "config/message_text.hpp"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/parser.h>
@@ -192,6 +193,16 @@ Config load_yaml(const std::string& text, const std::string& source) {
 }
 
 }  // namespace
+
+// load_yaml with every message bounded and printable, whatever value it quotes.
+Config load_yaml_bounded(const std::string& text, const std::string& source) {
+  try {
+    return load_yaml(text, source);
+  } catch (const ConfigError& e) {
+    throw ConfigError(detail::bounded_message(e.what()), e.file(), e.line(), e.key());
+  }
+}
+
 }  // namespace config_detail
 
 Config Config::load_file(const std::string& path) {
@@ -226,11 +237,11 @@ Config Config::load_file(const std::string& path) {
                     path),
         path);
   }
-  return config_detail::load_yaml(text, path);
+  return config_detail::load_yaml_bounded(text, path);
 }
 
 Config Config::load_string(const std::string& yaml, const std::string& source_name) {
-  return config_detail::load_yaml(yaml, source_name);
+  return config_detail::load_yaml_bounded(yaml, source_name);
 }
 
 }  // namespace accel
