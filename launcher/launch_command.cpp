@@ -184,6 +184,7 @@ Config resolve_launch_config(const LaunchOptions& options, std::vector<std::stri
             "them",
         file, 0, "main_process_port");
   }
+  config.source = file;  // for the ranks' messages (ACCEL_CONFIG_SOURCE); not part of the resolved YAML
   return config;
 }
 
@@ -299,6 +300,11 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
     add(env::kMasterAddr, config.main_process_ip);
     add(env::kMasterPort, std::to_string(config.main_process_port));
     add(env::kConfigFile, config_path);
+    if (!config.source.empty()) {
+      std::error_code ec;
+      const auto absolute = std::filesystem::absolute(config.source, ec);
+      add(env::kConfigSource, ec ? config.source : absolute.string());
+    }
     add(env::kLaunched, "1");
     add(env::kRestartCount, "0");
     add(env::kMaxRestarts, std::to_string(options.max_restarts));

@@ -43,6 +43,31 @@ TEST_CASE("accelerator: defaults on CPU are one local process") {
   REQUIRE(torch::equal(acc.gather(t), t));
 }
 
+TEST_CASE(
+    "accelerator: a config error under accel-launch names the user's file, not only the resolved copy") {
+  test::TempDir dir;
+  const auto resolved = (dir.path / "accel-launch-config-abc123.yaml").string();
+  std::ofstream(resolved) << "distributed_type: NO\nnum_processes: many\n";
+  const std::string user_file = "/home/someone/configs/train.yaml";
+  ::setenv("ACCEL_CONFIG_FILE", resolved.c_str(), 1);
+  ::setenv("ACCEL_CONFIG_SOURCE", user_file.c_str(), 1);
+  std::string message;
+  try {
+    Accelerator acc;
+  } catch (const ConfigError& e) {
+    message = e.what();
+    CHECK(e.file() == user_file);
+  }
+  ::unsetenv("ACCEL_CONFIG_FILE");
+  ::unsetenv("ACCEL_CONFIG_SOURCE");
+  INFO(message);
+  CHECK(message.find("num_processes") != std::string::npos);
+  CHECK(message.find("accel-launch's resolved copy of " + user_file +
+                     " with its command-line options applied: "
+                     "fix " +
+                     user_file) != std::string::npos);
+}
+
 TEST_CASE("accelerator: accumulating 4 micro-batches equals one step on the big batch") {
   Regression data(8);
   const auto expected = big_batch_step(data.x, data.y);

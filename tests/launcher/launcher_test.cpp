@@ -562,6 +562,8 @@ TEST_CASE("launcher: a config file is read and flags override it") {
   CHECK(config.debug);
   CHECK(config.use_cpu);
   CHECK(config.main_process_port == std::stoi(value_of(r.out, 1, "MASTER_PORT")));
+  // The ranks learn the user's file, which their messages name beside the resolved copy.
+  CHECK(values(r.out, "ACCEL_CONFIG_SOURCE") == std::multiset<std::string>{path, path});
 }
 
 TEST_CASE("launcher: two launchers with --num_machines 2 form one world") {

@@ -41,7 +41,18 @@ Config resolve_config(const AcceleratorOptions& o) {
   } else if (o.config_file()) {
     config = Config::load_file(*o.config_file());
   } else if (const char* path = std::getenv(env::kConfigFile); path != nullptr && *path != '\0') {
-    config = Config::load_file(path);
+    // Under accel-launch the file is the launcher's resolved copy; messages name the user's file too.
+    const char* source = std::getenv(env::kConfigSource);
+    try {
+      config = Config::load_file(path);
+    } catch (const ConfigError& e) {
+      if (source == nullptr || *source == '\0') throw;
+      throw ConfigError(fmt::format("{} (in {}, accel-launch's resolved copy of {} with its command-line "
+                                    "options applied: fix {} or the options)",
+                                    e.what(), path, source, source),
+                        source, 0, e.key());
+    }
+    if (source != nullptr && *source != '\0') config.source = source;
   }
   if (o.mixed_precision()) config.mixed_precision = *o.mixed_precision();
   if (o.gradient_accumulation_steps()) config.gradient_accumulation_steps = *o.gradient_accumulation_steps();

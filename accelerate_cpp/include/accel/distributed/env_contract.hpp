@@ -17,7 +17,9 @@ inline constexpr const char* kGroupRank = "GROUP_RANK";             ///< machine
 inline constexpr const char* kMasterAddr = "MASTER_ADDR";           ///< rendezvous host (rank 0's machine)
 inline constexpr const char* kMasterPort = "MASTER_PORT";           ///< rendezvous port (TCPStore)
 inline constexpr const char* kConfigFile = "ACCEL_CONFIG_FILE";     ///< the resolved YAML config
-inline constexpr const char* kLaunched = "ACCEL_LAUNCHED";          ///< "1" under accel-launch
+inline constexpr const char* kConfigSource =
+    "ACCEL_CONFIG_SOURCE";  ///< the user's YAML that ACCEL_CONFIG_FILE was resolved from (named in messages)
+inline constexpr const char* kLaunched = "ACCEL_LAUNCHED";  ///< "1" under accel-launch
 inline constexpr const char* kRestartCount =
     "TORCHELASTIC_RESTART_COUNT";  ///< restarts so far (--max_restarts)
 inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";  ///< --max_restarts
@@ -29,9 +31,9 @@ inline constexpr const char* kDebug = "ACCEL_DEBUG";  ///< shape checks before c
 inline constexpr const char* kCpuCollectives = "ACCEL_CPU_COLLECTIVES";  ///< auto | builtin | p2p
 
 /// Every variable accel-launch sets for each rank (and removes from its own environment first), in order.
-inline constexpr std::array<const char*, 12> kLaunchVariables = {
-    kRank,       kLocalRank,  kWorldSize, kLocalWorldSize, kGroupRank,   kMasterAddr,
-    kMasterPort, kConfigFile, kLaunched,  kRestartCount,   kMaxRestarts, kConsoleTty};
+inline constexpr std::array<const char*, 13> kLaunchVariables = {
+    kRank,       kLocalRank,    kWorldSize, kLocalWorldSize, kGroupRank,   kMasterAddr, kMasterPort,
+    kConfigFile, kConfigSource, kLaunched,  kRestartCount,   kMaxRestarts, kConsoleTty};
 
 /// Whether `name` is one of kLaunchVariables.
 constexpr bool set_by_launcher(std::string_view name) {
