@@ -26,6 +26,7 @@
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/parallel/parallel_attention.hpp>
 #include <accel/parallel/pipeline.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
 
@@ -232,6 +233,68 @@ void mlp() {
                                  "bias=true, input_is_parallel=true, columns [{}, {}) on rank {} of {})",
                                  kHidden, kOut, r * k, (r + 1) * k, r, n)),
             "printed " << printed.str());
+}
+
+// ParallelMultiheadAttention cut from a torch::nn::MultiheadAttention (8 heads over the group): the same
+// output as the unsplit layer, with a causal float mask and with a boolean key-padding mask, the same input
+// gradient, and each rank's projection gradients equal to its heads' rows (q, k, v) and columns (out) of the
+// unsplit layer's; an SGD step keeps them equal. A number of heads the group cannot divide is refused.
+void attention() {
+  auto comm = communicator();
+  const std::int64_t E = 24, H = 6, L = 5, B = 3;
+  torch::manual_seed(11);
+  torch::nn::MultiheadAttention full(torch::nn::MultiheadAttentionOptions(E, H));
+  ParallelMultiheadAttention split(full, comm);
+  const auto n = comm->world_size(), r = comm->rank();
+  CHECK_MSG(split->local_heads() == H / n && split->first_head() == r * (H / n), "heads of rank " << r);
+  torch::manual_seed(12);
+  const auto x = torch::randn({L, B, E}), kv = torch::randn({L + 2, B, E});
+  const auto causal = torch::triu(torch::full({L, L + 2}, -INFINITY), 3);
+  auto padding = torch::zeros({B, L + 2}, torch::kBool);
+  padding[1][L + 1] = true;
+  const auto per_rows = E / n;
+  for (int variant = 0; variant < 2; ++variant) {
+    full->zero_grad();
+    split->zero_grad();
+    auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+    const auto mask = variant == 0 ? causal : torch::Tensor();
+    const auto pad = variant == 1 ? padding : torch::Tensor();
+    const auto want = std::get<0>(full(xa, kv, kv, pad, /*need_weights=*/false, mask));
+    const auto got = split(xb, kv, kv, pad, mask);
+    CHECK_MSG(close(got, want, kTol), "attention output (variant "
+                                          << variant << ") differs by "
+                                          << (got - want).abs().max().item<double>());
+    const auto target = torch::randn_like(want);
+    (want * target).sum().backward();
+    (got * target).sum().backward();
+    CHECK_MSG(close(xb.grad(), xa.grad(), kTol), "attention input gradient (variant " << variant << ")");
+    const auto& g = full->in_proj_weight.grad();
+    const std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs{
+        {split->q_proj->weight.grad(), g.narrow(0, r * per_rows, per_rows)},
+        {split->k_proj->weight.grad(), g.narrow(0, E + r * per_rows, per_rows)},
+        {split->v_proj->weight.grad(), g.narrow(0, 2 * E + r * per_rows, per_rows)},
+        {split->q_proj->bias.grad(), full->in_proj_bias.grad().narrow(0, r * per_rows, per_rows)},
+        {split->out_proj->weight.grad(), full->out_proj->weight.grad().narrow(1, r * per_rows, per_rows)},
+        {split->out_proj->bias.grad(), full->out_proj->bias.grad()}};
+    for (std::size_t k = 0; k < pairs.size(); ++k)
+      CHECK_MSG(close(pairs[k].first, pairs[k].second, kTol),
+                "attention gradient " << k << " (variant " << variant << ")");
+  }
+  // The split parameters are found for get_state_dict / save_model / save_state.
+  const auto splits = split_parameters(*split);
+  CHECK_MSG(splits.count("q_proj.weight") == 1 && splits.count("out_proj.weight") == 1 &&
+                splits.count("out_proj.bias") == 0,
+            "split parameters of the attention: " << splits.size());
+  if (n > 1) {
+    torch::nn::MultiheadAttention odd(torch::nn::MultiheadAttentionOptions(E, n + 1));
+    std::string error;
+    try {
+      ParallelMultiheadAttention bad(odd, comm);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.find("cannot be split evenly") != std::string::npos, "odd heads: '" << error << "'");
+  }
 }
 
 void embedding() {
@@ -806,6 +869,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios{
       {"mlp", mlp},
       {"embedding", embedding},
+      {"attention", attention},
       {"count", count},
       {"bad_size", bad_size},
       {"tp_dp", tp_dp},
