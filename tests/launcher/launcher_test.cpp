@@ -38,6 +38,7 @@
 #endif
 
 namespace fs = std::filesystem;
+using accel::test::bound_loopback_socket;
 using accel::test::free_port;
 
 namespace {
@@ -434,16 +435,8 @@ TEST_CASE("launcher: ranks that ignore SIGTERM are killed with their process gro
 
 TEST_CASE("launcher: a busy port is reported before any rank starts") {
   TempDir dir;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
-  socklen_t length = sizeof(address);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  const std::string port = std::to_string(ntohs(address.sin_port));
+  const auto [fd, listening_port] = bound_loopback_socket(/*listen=*/true);  // another program's server
+  const std::string port = std::to_string(listening_port);
 
   const RunResult r =
       run({"launch", "--num_processes", "2", "--main_process_port", port, script("print_env.sh")},
