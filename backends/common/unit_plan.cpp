@@ -1,5 +1,9 @@
 #include "unit_plan.hpp"
 
+#include <accel/errors.hpp>
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 
@@ -14,6 +18,7 @@ class Planner {
       numel_.push_back(item.value().numel());
     }
     assigned_.assign(numel_.size(), false);
+    if (options_.policy == UnitPolicy::ClassBased) check_classes_exist(model);
     auto rest = walk(model, "", true);
     if (!rest.empty()) add("<root>", std::move(rest));
   }
@@ -55,20 +60,50 @@ class Planner {
           total += numel_[i];
         return total >= options_.min_num_params;
       }
-      case UnitPolicy::ClassBased: {
-        const auto full = child.name();
-        const auto colon = full.rfind(':');
-        const auto bare = full.substr(colon == std::string::npos ? 0 : colon + 1);
-        const auto without_impl = bare.size() > 4 && bare.compare(bare.size() - 4, 4, "Impl") == 0
-                                      ? bare.substr(0, bare.size() - 4)
-                                      : bare;
+      case UnitPolicy::ClassBased:
         return std::any_of(options_.wrap_classes.begin(), options_.wrap_classes.end(),
-                           [&](const std::string& c) { return c == full || c == bare || c == without_impl; });
-      }
+                           [&](const std::string& c) { return is_class(child, c); });
       case UnitPolicy::Whole:
         return false;
     }
     return false;
+  }
+
+  // `c` names `m`'s class: its name() ("torch::nn::LinearImpl"), without the namespace, or without "Impl".
+  static bool is_class(const torch::nn::Module& m, const std::string& c) {
+    const auto full = m.name();
+    const auto colon = full.rfind(':');
+    const auto bare = full.substr(colon == std::string::npos ? 0 : colon + 1);
+    const auto without_impl = bare.size() > 4 && bare.compare(bare.size() - 4, 4, "Impl") == 0
+                                  ? bare.substr(0, bare.size() - 4)
+                                  : bare;
+    return c == full || c == bare || c == without_impl;
+  }
+
+  // As Accelerate's set_auto_wrap_policy ("Could not find the transformer layer class to wrap in the
+  // model"): a listed class the model does not use would silently leave its layers in the root unit.
+  void check_classes_exist(const torch::nn::Module& model) const {
+    std::vector<std::string> seen;
+    const auto modules = model.modules(/*include_self=*/true);
+    for (const auto& m : modules) {
+      if (std::find(seen.begin(), seen.end(), m->name()) == seen.end()) seen.push_back(m->name());
+    }
+    for (const auto& c : options_.wrap_classes) {
+      const bool found =
+          std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return is_class(*m, c); });
+      if (!found) {
+        std::string classes;
+        for (std::size_t i = 0; i < seen.size() && i < 12; ++i)
+          classes += (i > 0 ? ", " : "") + seen[i];
+        throw UsageError(fmt::format(
+            "fsdp_transformer_layer_cls_to_wrap names '{}', but the model has no module of that class (its "
+            "classes: {}{}); Accelerate refuses this too (\"Could not find the transformer layer class to "
+            "wrap "
+            "in the model\"). Name the class of the model's repeated block as Module::name() gives it (with "
+            "or without namespace and Impl)",
+            c, classes, seen.size() > 12 ? ", ..." : ""));
+      }
+    }
   }
 
   void add(const std::string& name, std::vector<std::size_t> params) {

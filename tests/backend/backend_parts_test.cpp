@@ -159,6 +159,14 @@ TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") 
     o.wrap_classes = {"torch::nn::LinearImpl"};
     REQUIRE(names_of(plan_units(*net, o)) ==
             std::vector<std::string>{"first.a", "first.b", "second.a", "second.b", "head", "<root>"});
+    // A class the model does not use is refused, as Accelerate does (it used to make the whole model one
+    // unit, silently).
+    o.wrap_classes = {"Block", "LlamaDecoderLayer"};
+    REQUIRE_THROWS_WITH(
+        plan_units(*net, o),
+        Catch::Contains("fsdp_transformer_layer_cls_to_wrap names 'LlamaDecoderLayer', but the "
+                        "model has no module of that class") &&
+            Catch::Contains("BlockImpl"));
   }
   SECTION("whole model") {
     o.policy = UnitPolicy::Whole;
