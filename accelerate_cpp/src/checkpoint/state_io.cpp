@@ -759,7 +759,8 @@ void StateIO::check_identity(const safetensors::File& state_file, const std::opt
   }
 }
 
-void StateIO::check_ranges(const safetensors::File& state_file, const std::string& dir) const {
+void StateIO::check_ranges(const safetensors::File& state_file, const TrainingCounters& counters,
+                           const std::string& dir) const {
   auto check = [&](const std::string& key, std::int64_t low, std::int64_t high) {
     if (!state_file.contains(key)) return;
     const auto v = read_int(state_file, key);
@@ -781,7 +782,7 @@ void StateIO::check_ranges(const safetensors::File& state_file, const std::strin
     check(fmt::format("loader.{}.next_batch", i), 0, kMax);
     check(fmt::format("loader.{}.samples_per_step", i), 0, kMax);
   }
-  const auto cycle = read_int(state_file, "cycle_position"), micro = read_int(state_file, "micro_steps");
+  const auto cycle = counters.cycle_position, micro = counters.micro_steps;
   if (cycle > micro) {
     throw CheckpointError(fmt::format(
         "load_state('{}'): {} holds cycle_position {} > micro_steps {}: the file is damaged or was edited; "
@@ -809,8 +810,8 @@ TrainingCounters StateIO::load(const std::string& dir,
   const bool saved_pipeline = state_file.metadata().find("pipeline_stages") != state_file.metadata().end();
   const bool convert = needs_conversion(state_file, saved_pipeline, saved_world, saved_backend);
   check_counts(state_file, dir);
-  check_ranges(state_file, dir);
   const auto counters = read_counters(state_file);
+  check_ranges(state_file, counters, dir);
   for (const auto& hook : hooks)
     hook(dir);
 

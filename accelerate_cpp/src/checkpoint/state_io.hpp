@@ -164,7 +164,8 @@ class StateIO {
   void check_identity(const safetensors::File& state_file, const std::optional<std::string>& verified,
                       const std::string& dir) const;
   /// load, before anything is touched: counters and positions within their ranges.
-  void check_ranges(const safetensors::File& state_file, const std::string& dir) const;
+  void check_ranges(const safetensors::File& state_file, const TrainingCounters& counters,
+                    const std::string& dir) const;
 
   StateParts p_;
   /// save: the files this rank wrote (path -> size and XXH64, computed while writing), for the manifest.
