@@ -1,0 +1,141 @@
+// accel::TrainingArguments: HF's names and defaults, HF's training_args.json loaded as is, command-line
+// overrides, and errors that name the file, line, key and value.
+#include <accel/errors.hpp>
+#include <accel/trainer/training_arguments.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+using accel::ConfigError;
+using accel::TrainingArguments;
+using Catch::Matchers::Contains;
+
+TEST_CASE("TrainingArguments: HF's defaults") {
+  TrainingArguments a;
+  a.validate();
+  CHECK(a.output_dir == "trainer_output");
+  CHECK(a.num_train_epochs == 3.0);
+  CHECK(a.max_steps == -1);
+  CHECK(a.per_device_train_batch_size == 8);
+  CHECK(a.learning_rate == 5e-5);
+  CHECK(a.adam_epsilon == 1e-8);
+  CHECK(a.optim == "adamw_torch");
+  CHECK(a.lr_scheduler_type == "linear");
+  CHECK(a.max_grad_norm == 1.0);
+  CHECK(a.logging_steps == 500);
+  CHECK(a.save_steps == 500);
+  CHECK(a.eval_steps == 500);  // defaults to logging_steps
+  CHECK(a.seed == 42);
+  CHECK(a.logging_dir == "trainer_output/runs");
+  CHECK_FALSE(a.metric_for_best_model);
+}
+
+TEST_CASE("TrainingArguments: a training_args.json written by HF's TrainingArguments loads as is") {
+  // Every key of transformers 4.46's TrainingArguments.to_json_string(), with non-default values where
+  // accel::Trainer implements the key.
+  auto a = TrainingArguments::load_file(ACCEL_TEST_DATA_DIR "/trainer/hf_training_args.json");
+  a.validate();
+  CHECK(a.output_dir == "out/fashion");
+  CHECK(a.eval_strategy == "steps");
+  CHECK(a.per_device_train_batch_size == 16);
+  CHECK(a.per_device_eval_batch_size == 32);
+  CHECK(a.gradient_accumulation_steps == 2);
+  CHECK(a.learning_rate == 3e-4);
+  CHECK(a.weight_decay == 0.01);
+  CHECK(a.lr_scheduler_type == "cosine");
+  CHECK(a.warmup_ratio == 0.1);
+  CHECK(a.logging_steps == 50);
+  CHECK(a.save_steps == 200);
+  CHECK(a.save_total_limit == 2);
+  CHECK(a.eval_steps == 100);
+  CHECK(a.load_best_model_at_end);
+  CHECK(a.metric_for_best_model == "accuracy");
+  CHECK(a.greater_is_better == true);
+  CHECK(a.report_to == std::vector<std::string>{"tensorboard"});
+  CHECK(a.is_explicit("gradient_accumulation_steps"));
+  CHECK_FALSE(a.is_explicit("nonfinite_loss"));
+  // The non-empty accelerator_config and fsdp_config mappings are ignored with a notice.
+  CHECK(a.notices.size() == 2);
+  // Round trip through our YAML and JSON.
+  auto b = TrainingArguments::load_string(a.to_yaml(), "yaml");
+  CHECK(b.to_yaml() == a.to_yaml());
+  auto c = TrainingArguments::load_string(a.to_json(), "json");
+  CHECK(c.to_yaml() == a.to_yaml());
+}
+
+TEST_CASE("TrainingArguments: unknown and unsupported keys are errors naming file, line, key") {
+  try {
+    TrainingArguments::load_string("output_dir: x\nlearnig_rate: 1e-3\n", "run.yaml");
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("run.yaml:2") && Contains("learnig_rate") && Contains("learning_rate"));
+    CHECK(e.line() == 2);
+    CHECK(e.key() == "learnig_rate");
+  }
+  // An HF key we do not implement: fine at HF's default, refused otherwise, saying what to do.
+  CHECK_NOTHROW(TrainingArguments::load_string("label_smoothing_factor: 0.0\n", "run.yaml"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("label_smoothing_factor: 0.1\n", "run.yaml"),
+                    Contains("run.yaml:1") && Contains("label_smoothing_factor") && Contains("compute_loss"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("deepspeed: ds.json\n", "run.yaml"),
+                    Contains("deepspeed_config_file"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("optim: adafactor\n", "run.yaml"),
+                    Contains("'adafactor' is not one of") && Contains("TrainerOptions::optimizer"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("learning_rate: fast\n", "run.yaml"),
+                    Contains("learning_rate") && Contains("expected a number, got 'fast'"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("- a\n- b\n", "run.yaml"), Contains("a mapping"));
+  // Hub keys never change a run: accepted, noted.
+  auto a = TrainingArguments::load_string("hub_model_id: me/model\n", "run.yaml");
+  CHECK(a.notices.size() == 1);
+  // Old HF name of eval_strategy.
+  CHECK(TrainingArguments::load_string("evaluation_strategy: epoch\n").eval_strategy == "epoch");
+}
+
+TEST_CASE("TrainingArguments: HF's __post_init__ rules") {
+  auto invalid = [](const std::string& yaml) {
+    auto a = TrainingArguments::load_string(yaml, "run.yaml");
+    a.validate();
+  };
+  CHECK_THROWS_WITH(invalid("fp16: true\nbf16: true\n"), Contains("choose one"));
+  CHECK_THROWS_WITH(invalid("load_best_model_at_end: true\n"), Contains("eval_strategy"));
+  CHECK_THROWS_WITH(invalid("load_best_model_at_end: true\neval_strategy: steps\nsave_strategy: epoch\n"),
+                    Contains("save_strategy to match eval_strategy"));
+  CHECK_THROWS_WITH(
+      invalid("load_best_model_at_end: true\neval_strategy: steps\neval_steps: 30\nsave_steps: 50\n"),
+      Contains("round multiple of eval_steps"));
+  CHECK_THROWS_WITH(invalid("per_device_train_batch_size: 0\n"), Contains("must be positive"));
+  CHECK_THROWS_WITH(invalid("warmup_ratio: 1.5\n"), Contains("[0, 1]"));
+  CHECK_THROWS_WITH(invalid("report_to: wandb\n"), Contains("wandb") && Contains("tensorboard"));
+  auto a = TrainingArguments::load_string(
+      "load_best_model_at_end: true\neval_strategy: steps\neval_steps: 10\nsave_steps: 20\n", "run.yaml");
+  a.validate();
+  CHECK(a.metric_for_best_model == "loss");  // HF's default with load_best_model_at_end
+  CHECK(a.greater_is_better == false);
+  auto w = TrainingArguments::load_string("warmup_steps: 0.25\n");
+  CHECK(w.warmup_ratio == 0.25);  // HF 5: warmup_steps below 1 is a ratio
+  CHECK(w.warmup_steps == 0);
+}
+
+TEST_CASE("TrainingArguments: the command line overrides the file") {
+  const std::string file = ACCEL_TEST_DATA_DIR "/trainer/hf_training_args.json";
+  std::vector<const char*> argv = {"prog",  "--learning_rate", "1e-3",    "--training_args", file.c_str(),
+                                   "--bf16", "--seed=7",       "--data-dir", "/data"};
+  std::vector<std::string> rest;
+  auto a = TrainingArguments::from_command_line(static_cast<int>(argv.size()), argv.data(), &rest);
+  CHECK(a.learning_rate == 1e-3);
+  CHECK(a.bf16);
+  CHECK(a.seed == 7);
+  CHECK(a.per_device_train_batch_size == 16);  // from the file
+  CHECK(rest == std::vector<std::string>{"--data-dir", "/data"});
+  // One typo away from a key is an error even with `remaining`.
+  std::vector<const char*> typo = {"prog", "--learning_rat", "1e-3"};
+  CHECK_THROWS_WITH(TrainingArguments::from_command_line(3, typo.data(), &rest),
+                    Contains("--learning_rat") && Contains("--learning_rate"));
+  std::vector<const char*> bad = {"prog", "--max_steps", "ten"};
+  CHECK_THROWS_WITH(TrainingArguments::from_command_line(3, bad.data()),
+                    Contains("max_steps") && Contains("'ten'"));
+  std::vector<const char*> list = {"prog", "--report_to", "tensorboard,jsonl"};
+  CHECK(TrainingArguments::from_command_line(3, list.data()).report_to ==
+        std::vector<std::string>{"tensorboard", "jsonl"});
+}
