@@ -30,6 +30,8 @@ accel::Config cpu_config(accel::MixedPrecision mp = accel::MixedPrecision::No, i
 bool close(const torch::Tensor& a, const torch::Tensor& b, double tol);
 /// Scenarios from real training loops (several models, frozen teacher, hand-written accumulation, ...).
 std::map<std::string, std::function<void()>> real_loop_scenarios();
+/// accel::Trainer on the row: equal to the hand-written loop, resume, best/rotation, early stop, NaN losses.
+std::map<std::string, std::function<void()>> trainer_scenarios();
 
 }  // namespace dist
 

@@ -119,8 +119,9 @@ TEST_CASE("TrainingArguments: HF's __post_init__ rules") {
 
 TEST_CASE("TrainingArguments: the command line overrides the file") {
   const std::string file = ACCEL_TEST_DATA_DIR "/trainer/hf_training_args.json";
-  std::vector<const char*> argv = {"prog",  "--learning_rate", "1e-3",    "--training_args", file.c_str(),
-                                   "--bf16", "--seed=7",       "--data-dir", "/data"};
+  std::vector<const char*> argv = {"prog",       "--learning_rate", "1e-3",     "--training_args",
+                                   file.c_str(), "--bf16",          "--seed=7", "--data-dir",
+                                   "/data"};
   std::vector<std::string> rest;
   auto a = TrainingArguments::from_command_line(static_cast<int>(argv.size()), argv.data(), &rest);
   CHECK(a.learning_rate == 1e-3);

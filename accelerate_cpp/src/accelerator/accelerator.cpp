@@ -1,4 +1,5 @@
 #include <accel/accelerator/accelerator.hpp>
+#include <accel/accelerator/resolved_config.hpp>
 #include <accel/backend/grad_ready_hooks.hpp>
 #include <accel/distributed/cuda_device.hpp>
 #include <accel/distributed/env_contract.hpp>
@@ -90,6 +91,10 @@ std::shared_ptr<const BackendRegistry> builtin_registry() {
 }
 
 }  // namespace
+
+Config resolved_config(const AcceleratorOptions& options) {
+  return resolve_config(options);
+}
 
 void Accelerator::setup_tensor_parallel(int size) {
   if (size < 1 || state_.world_size % size != 0) {

@@ -41,15 +41,15 @@ struct Where {
 
 [[noreturn]] void fail(const Where& w, const std::string& key, const std::string& message) {
   const std::string at = w.line > 0 ? fmt::format("{}:{}", w.source, w.line) : w.source;
-  throw ConfigError(detail::bounded_message(fmt::format("{}: TrainingArguments key '{}': {}", at, key, message)),
-                    w.source, w.line, key);
+  throw ConfigError(
+      detail::bounded_message(fmt::format("{}: TrainingArguments key '{}': {}", at, key, message)), w.source,
+      w.line, key);
 }
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
 }
-
 
 bool to_bool(const Where& w, const std::string& key, const Value& v) {
   const std::string t = lower(v.text);
@@ -111,7 +111,8 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
       {{"output_dir", "trainer_output", "where checkpoints (checkpoint-<step>) and trainer_state.json go"},
        [](A& a, const W& w, const S& k, const V& v) { a.output_dir = to_string(w, k, v); }},
-      {{"overwrite_output_dir", "false", "accepted; checkpoints in output_dir are never deleted by a new run"},
+      {{"overwrite_output_dir", "false",
+        "accepted; checkpoints in output_dir are never deleted by a new run"},
        [](A& a, const W& w, const S& k, const V& v) { a.overwrite_output_dir = to_bool(w, k, v); }},
       {{"num_train_epochs", "3.0", "epochs (fractional allowed) when max_steps <= 0"},
        [](A& a, const W& w, const S& k, const V& v) { a.num_train_epochs = to_double(w, k, v); }},
@@ -133,8 +134,9 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) { a.adam_epsilon = to_double(w, k, v); }},
       {{"optim", "adamw_torch", "adamw_torch | adamw_torch_fused | sgd | lamb"},
        [](A& a, const W& w, const S& k, const V& v) {
-         a.optim = one_of(w, k, v, {"adamw_torch", "adamw_torch_fused", "sgd", "lamb"},
-                          "other optimizers: build one and pass it to the Trainer (TrainerOptions::optimizer)");
+         a.optim =
+             one_of(w, k, v, {"adamw_torch", "adamw_torch_fused", "sgd", "lamb"},
+                    "other optimizers: build one and pass it to the Trainer (TrainerOptions::optimizer)");
        }},
       {{"lr_scheduler_type", "linear", "linear | cosine | constant | constant_with_warmup | polynomial"},
        [](A& a, const W& w, const S& k, const V& v) {
@@ -186,8 +188,9 @@ const std::vector<Field>& fields() {
        }},
       {{"save_strategy", "steps", "no | steps | epoch"},
        [](A& a, const W& w, const S& k, const V& v) {
-         a.save_strategy = one_of(w, k, v, {"no", "steps", "epoch"},
-                                  "\"best\" is not supported: use load_best_model_at_end with save_total_limit");
+         a.save_strategy =
+             one_of(w, k, v, {"no", "steps", "epoch"},
+                    "\"best\" is not supported: use load_best_model_at_end with save_total_limit");
        }},
       {{"save_steps", "500", "save a checkpoint every this many optimizer steps"},
        [](A& a, const W& w, const S& k, const V& v) { a.save_steps = to_double(w, k, v); }},
@@ -235,8 +238,7 @@ const std::vector<Field>& fields() {
        }},
       {{"resume_from_checkpoint", "null", "a checkpoint directory, or latest (the newest in output_dir)"},
        [](A& a, const W& w, const S& k, const V& v) {
-         a.resume_from_checkpoint =
-             v.is_null ? std::nullopt : std::optional<std::string>(to_string(w, k, v));
+         a.resume_from_checkpoint = v.is_null ? std::nullopt : std::optional<std::string>(to_string(w, k, v));
        }},
       {{"dataloader_num_workers", "0", "background threads building batches"},
        [](A& a, const W& w, const S& k, const V& v) { a.dataloader_num_workers = to_int32(w, k, v); }},
@@ -245,7 +247,9 @@ const std::vector<Field>& fields() {
       {{"disable_tqdm", "false", "no progress bar"},
        [](A& a, const W& w, const S& k, const V& v) { a.disable_tqdm = to_bool(w, k, v); }},
       {{"nonfinite_loss", "skip", "accelerate-cpp: skip (drop that step's update) or stop on a NaN/Inf loss"},
-       [](A& a, const W& w, const S& k, const V& v) { a.nonfinite_loss = one_of(w, k, v, {"skip", "stop"}); }},
+       [](A& a, const W& w, const S& k, const V& v) {
+         a.nonfinite_loss = one_of(w, k, v, {"skip", "stop"});
+       }},
   };
   return table;
 }
@@ -274,8 +278,10 @@ const UnsupportedTrainingKey* find_unsupported(const std::string& key) {
 
 std::vector<std::string> all_names() {
   std::vector<std::string> names;
-  for (const Field& f : fields()) names.push_back(f.key.name);
-  for (const auto& u : unsupported_training_keys()) names.push_back(u.name);
+  for (const Field& f : fields())
+    names.push_back(f.key.name);
+  for (const auto& u : unsupported_training_keys())
+    names.push_back(u.name);
   return names;
 }
 
@@ -307,8 +313,8 @@ void apply(TrainingArguments& a, const std::string& key, const Value& v, const W
   if (const UnsupportedTrainingKey* u = find_unsupported(key)) {
     if (u->ignored) {
       if (!accepted_value(v, u->accepted_when))
-        a.notices.push_back(fmt::format("{}: TrainingArguments key '{}' is ignored ({})", w.source, key,
-                                        u->instead));
+        a.notices.push_back(
+            fmt::format("{}: TrainingArguments key '{}' is ignored ({})", w.source, key, u->instead));
       return;
     }
     if (accepted_value(v, u->accepted_when)) return;
@@ -335,7 +341,8 @@ Value value_of(const YAML::Node& node) {
       v.is_null = true;
   } else if (node.IsSequence()) {
     v.is_sequence = true;
-    for (const auto& item : node) v.items.push_back(item.IsScalar() ? item.Scalar() : "");
+    for (const auto& item : node)
+      v.items.push_back(item.IsScalar() ? item.Scalar() : "");
   } else if (node.IsMap()) {
     v.is_map = true;
     v.map_empty = node.size() == 0;
@@ -362,9 +369,13 @@ Value value_of_text(const std::string& key, const std::string& text) {
   return v;
 }
 
-bool positive_steps(double x) { return x > 0; }
+bool positive_steps(double x) {
+  return x > 0;
+}
 
-std::string yaml_scalar(double x) { return fmt::format("{}", x); }
+std::string yaml_scalar(double x) {
+  return fmt::format("{}", x);
+}
 
 }  // namespace
 
@@ -375,7 +386,8 @@ bool TrainingArguments::is_explicit(const std::string& key) const {
 const std::vector<TrainingKey>& TrainingArguments::keys() {
   static const std::vector<TrainingKey> out = [] {
     std::vector<TrainingKey> k;
-    for (const Field& f : fields()) k.push_back(f.key);
+    for (const Field& f : fields())
+      k.push_back(f.key);
     return k;
   }();
   return out;
@@ -386,8 +398,8 @@ TrainingArguments TrainingArguments::load_string(const std::string& text, const 
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(detail::bounded_message(fmt::format("{}:{}: not valid YAML or JSON: {}", source,
-                                                          e.mark.line + 1, e.msg)),
+    throw ConfigError(detail::bounded_message(
+                          fmt::format("{}:{}: not valid YAML or JSON: {}", source, e.mark.line + 1, e.msg)),
                       source, e.mark.line + 1);
   }
   TrainingArguments a;
@@ -423,9 +435,9 @@ TrainingArguments TrainingArguments::load_file(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (text.size() > kMaxBytes)
-    throw ConfigError(fmt::format("training arguments '{}' are larger than 4 MiB: not a TrainingArguments file",
-                                  path),
-                      path);
+    throw ConfigError(
+        fmt::format("training arguments '{}' are larger than 4 MiB: not a TrainingArguments file", path),
+        path);
   return load_string(text, path);
 }
 
@@ -444,7 +456,8 @@ TrainingArguments TrainingArguments::from_command_line(int argc, const char* con
       if (i + 1 >= args.size())
         throw ConfigError("command line: --training_args needs a file (YAML or HF's training_args.json)");
       file = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                 args.begin() + static_cast<std::ptrdiff_t>(i + 2));
     } else if (args[i].rfind("--training_args=", 0) == 0) {
       file = args[i].substr(16);
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
@@ -505,55 +518,66 @@ void TrainingArguments::validate() {
   const Where w{source.empty() ? "TrainingArguments" : source, 0};
   if (output_dir.empty()) fail(w, "output_dir", "must not be empty");
   if (per_device_train_batch_size <= 0)
-    fail(w, "per_device_train_batch_size", fmt::format("must be positive, got {}", per_device_train_batch_size));
+    fail(w, "per_device_train_batch_size",
+         fmt::format("must be positive, got {}", per_device_train_batch_size));
   if (per_device_eval_batch_size <= 0)
-    fail(w, "per_device_eval_batch_size", fmt::format("must be positive, got {}", per_device_eval_batch_size));
+    fail(w, "per_device_eval_batch_size",
+         fmt::format("must be positive, got {}", per_device_eval_batch_size));
   if (gradient_accumulation_steps < 1)
-    fail(w, "gradient_accumulation_steps", fmt::format("must be at least 1, got {}", gradient_accumulation_steps));
+    fail(w, "gradient_accumulation_steps",
+         fmt::format("must be at least 1, got {}", gradient_accumulation_steps));
   if (max_steps <= 0 && !(num_train_epochs > 0))
     fail(w, "num_train_epochs",
          fmt::format("must be positive when max_steps is not set, got {}", yaml_scalar(num_train_epochs)));
   if (learning_rate < 0) fail(w, "learning_rate", fmt::format("must not be negative, got {}", learning_rate));
   if (weight_decay < 0) fail(w, "weight_decay", fmt::format("must not be negative, got {}", weight_decay));
   if (max_grad_norm < 0)
-    fail(w, "max_grad_norm", fmt::format("must not be negative (0 disables clipping), got {}", max_grad_norm));
-  if (adam_beta1 < 0 || adam_beta1 >= 1) fail(w, "adam_beta1", fmt::format("must be in [0, 1), got {}", adam_beta1));
-  if (adam_beta2 < 0 || adam_beta2 >= 1) fail(w, "adam_beta2", fmt::format("must be in [0, 1), got {}", adam_beta2));
+    fail(w, "max_grad_norm",
+         fmt::format("must not be negative (0 disables clipping), got {}", max_grad_norm));
+  if (adam_beta1 < 0 || adam_beta1 >= 1)
+    fail(w, "adam_beta1", fmt::format("must be in [0, 1), got {}", adam_beta1));
+  if (adam_beta2 < 0 || adam_beta2 >= 1)
+    fail(w, "adam_beta2", fmt::format("must be in [0, 1), got {}", adam_beta2));
   if (!(adam_epsilon > 0)) fail(w, "adam_epsilon", fmt::format("must be positive, got {}", adam_epsilon));
   if (warmup_ratio < 0 || warmup_ratio > 1)
     fail(w, "warmup_ratio", fmt::format("must be in [0, 1], got {}", warmup_ratio));
   if (warmup_steps < 0) fail(w, "warmup_steps", fmt::format("must not be negative, got {}", warmup_steps));
   if (bf16 && fp16) fail(w, "fp16", "fp16 and bf16 are both true: choose one");
   if (logging_strategy == "steps" && !positive_steps(logging_steps))
-    fail(w, "logging_steps", fmt::format("must be positive with logging_strategy steps, got {}", logging_steps));
+    fail(w, "logging_steps",
+         fmt::format("must be positive with logging_strategy steps, got {}", logging_steps));
   if (!eval_steps) eval_steps = logging_steps;  // HF: eval_steps defaults to logging_steps
   if (eval_strategy == "steps" && !positive_steps(*eval_steps))
     fail(w, "eval_steps", fmt::format("must be positive with eval_strategy steps, got {}", *eval_steps));
   if (save_strategy == "steps" && !positive_steps(save_steps))
     fail(w, "save_steps", fmt::format("must be positive with save_strategy steps, got {}", save_steps));
   if (save_total_limit && *save_total_limit < 0)
-    fail(w, "save_total_limit", fmt::format("must not be negative (null keeps all), got {}", *save_total_limit));
+    fail(w, "save_total_limit",
+         fmt::format("must not be negative (null keeps all), got {}", *save_total_limit));
   if (dataloader_num_workers < 0)
     fail(w, "dataloader_num_workers", fmt::format("must not be negative, got {}", dataloader_num_workers));
   if (load_best_model_at_end) {
     if (eval_strategy == "no")
       fail(w, "load_best_model_at_end", "needs evaluation: set eval_strategy to steps or epoch");
     if (save_strategy != eval_strategy)
-      fail(w, "load_best_model_at_end",
-           fmt::format("needs save_strategy to match eval_strategy, got save_strategy {} and eval_strategy {}",
-                       save_strategy, eval_strategy));
+      fail(
+          w, "load_best_model_at_end",
+          fmt::format("needs save_strategy to match eval_strategy, got save_strategy {} and eval_strategy {}",
+                      save_strategy, eval_strategy));
     if (eval_strategy == "steps") {
       const bool ratios = *eval_steps < 1 && save_steps < 1;
       const double q = save_steps / *eval_steps;
       if ((!ratios && (save_steps < 1) != (*eval_steps < 1)) || std::fabs(q - std::round(q)) > 1e-9)
         fail(w, "save_steps",
-             fmt::format("must be a round multiple of eval_steps with load_best_model_at_end, got save_steps {} "
-                         "and eval_steps {}",
-                         save_steps, *eval_steps));
+             fmt::format(
+                 "must be a round multiple of eval_steps with load_best_model_at_end, got save_steps {} "
+                 "and eval_steps {}",
+                 save_steps, *eval_steps));
     }
     if (save_only_model)
-      fail(w, "save_only_model", "cannot be combined with load_best_model_at_end in accel::Trainer (the best "
-                                 "checkpoint is loaded with load_state); set one of them to false");
+      fail(w, "save_only_model",
+           "cannot be combined with load_best_model_at_end in accel::Trainer (the best "
+           "checkpoint is loaded with load_state); set one of them to false");
     if (!metric_for_best_model) metric_for_best_model = "loss";
   }
   if (metric_for_best_model && !greater_is_better) {
@@ -691,10 +715,12 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"save_on_each_node", "false", false, "checkpoints are written to one shared directory; remove it"},
       {"ddp_timeout", "1800", true, "set collective_timeout_seconds in the Accelerate config"},
       {"ddp_backend", "null", false, "the backend comes from the Accelerate config; remove it"},
-      {"ddp_find_unused_parameters", "null", false, "set ddp_find_unused_parameters in the Accelerate config"},
+      {"ddp_find_unused_parameters", "null", false,
+       "set ddp_find_unused_parameters in the Accelerate config"},
       {"ddp_bucket_cap_mb", "null", false, "set ddp_bucket_cap_mb in the Accelerate config"},
       {"ddp_broadcast_buffers", "null", false, "set ddp_broadcast_buffers in the Accelerate config"},
-      {"deepspeed", "null", false, "give the DeepSpeed JSON as deepspeed_config_file in the Accelerate config"},
+      {"deepspeed", "null", false,
+       "give the DeepSpeed JSON as deepspeed_config_file in the Accelerate config"},
       {"fsdp", "empty", false, "choose FSDP in the Accelerate config (backend: fsdp)"},
       {"fsdp_config", "empty", true, "FSDP settings come from the Accelerate config"},
       {"fsdp_min_num_params", "0", false, "set fsdp_min_num_params in the Accelerate config"},
@@ -716,7 +742,8 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"torch_compile_backend", "null", false, "torch.compile is Python-only; remove it"},
       {"torch_compile_mode", "null", false, "torch.compile is Python-only; remove it"},
       {"torchdynamo", "null", false, "torch.compile is Python-only; remove it"},
-      {"torch_empty_cache_steps", "null", false, "not available; call Accelerator::free_memory in a callback"},
+      {"torch_empty_cache_steps", "null", false,
+       "not available; call Accelerator::free_memory in a callback"},
       {"tpu_num_cores", "null", false, "TPUs are not available"},
       {"tpu_metrics_debug", "false", false, "TPUs are not available"},
       {"debug", "empty", false, "not available; remove it"},
@@ -724,7 +751,8 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"adafactor", "false", false, "Adafactor is not available: optim adamw_torch, sgd or lamb"},
       {"optim_args", "null|empty", false, "build the optimizer yourself and pass TrainerOptions::optimizer"},
       {"optim_target_modules", "null", false, "GaLore is not available"},
-      {"lr_scheduler_kwargs", "empty", false, "build the schedule yourself and pass TrainerOptions::scheduler"},
+      {"lr_scheduler_kwargs", "empty", false,
+       "build the schedule yourself and pass TrainerOptions::scheduler"},
       {"gradient_checkpointing_kwargs", "null|empty", false, "not available; remove it"},
       {"group_by_length", "false", false, "not available; order the dataset yourself"},
       {"label_smoothing_factor", "0.0", false, "apply label smoothing in compute_loss"},
@@ -740,8 +768,10 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"prediction_loss_only", "false", false, "give no eval_step to get only the loss"},
       {"include_inputs_for_metrics", "false", false, "not available"},
       {"include_for_metrics", "empty", false, "not available"},
-      {"include_num_input_tokens_seen", "false|no", true, "tokens are counted when TrainerOptions::count_tokens is given"},
-      {"include_tokens_per_second", "false", true, "tokens/s are logged when TrainerOptions::count_tokens is given"},
+      {"include_num_input_tokens_seen", "false|no", true,
+       "tokens are counted when TrainerOptions::count_tokens is given"},
+      {"include_tokens_per_second", "false", true,
+       "tokens/s are logged when TrainerOptions::count_tokens is given"},
       {"ignore_data_skip", "false", false, "resuming always continues at the saved batch"},
       {"restore_callback_states_from_checkpoint", "false", false, "callback states are always restored"},
       {"split_batches", "null", false, "set split_batches in the Accelerate config"},

@@ -1,16 +1,16 @@
 #pragma once
 /// \file training_arguments.hpp
-/// `accel::TrainingArguments`: the Trainer's settings, with Hugging Face's `TrainingArguments` names, defaults
-/// and rules. Read from a YAML or JSON file (the `training_args.json` HF writes loads as is) and overridden
-/// from the command line (`--learning_rate 3e-4`, `--bf16`), validated with errors that name the file, line,
-/// key and value. Torch-free.
+/// `accel::TrainingArguments`: the Trainer's settings, with Hugging Face's `TrainingArguments` names,
+/// defaults and rules. Read from a YAML or JSON file (the `training_args.json` HF writes loads as is) and
+/// overridden from the command line (`--learning_rate 3e-4`, `--bf16`), validated with errors that name the
+/// file, line, key and value. Torch-free.
 ///
-///   auto args = accel::TrainingArguments::from_command_line(argc, argv);  // --training_args run.yaml --seed 1
-///   accel::Trainer trainer(args, model, train_set, compute_loss);
+///   auto args = accel::TrainingArguments::from_command_line(argc, argv);  // --training_args run.yaml --seed
+///   1 accel::Trainer trainer(args, model, train_set, compute_loss);
 ///
 /// Keys of HF's TrainingArguments that this Trainer does not implement are accepted while they hold HF's
-/// default (or null), ignored when they only concern the Hugging Face Hub or Python, and otherwise refused with
-/// an error that says what to do (see unsupported_training_keys()).
+/// default (or null), ignored when they only concern the Hugging Face Hub or Python, and otherwise refused
+/// with an error that says what to do (see unsupported_training_keys()).
 
 #include <cstdint>
 #include <optional>
@@ -51,14 +51,14 @@ struct TrainingArguments {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
-  std::string logging_dir;               ///< where trackers write; default output_dir/runs
+  std::string logging_dir;                 ///< where trackers write; default output_dir/runs
   std::string logging_strategy = "steps";  ///< no | steps | epoch
   double logging_steps = 500;
   bool logging_first_step = false;
-  bool logging_nan_inf_filter = true;  ///< a non-finite loss is left out of the logged mean
-  std::string eval_strategy = "no";      ///< no | steps | epoch
-  std::optional<double> eval_steps;      ///< default: logging_steps
-  std::string save_strategy = "steps";   ///< no | steps | epoch
+  bool logging_nan_inf_filter = true;   ///< a non-finite loss is left out of the logged mean
+  std::string eval_strategy = "no";     ///< no | steps | epoch
+  std::optional<double> eval_steps;     ///< default: logging_steps
+  std::string save_strategy = "steps";  ///< no | steps | epoch
   double save_steps = 500;
   std::optional<int> save_total_limit;  ///< keep this many newest checkpoints (plus the best); null keeps all
   bool save_only_model = false;         ///< checkpoints hold the model only (no resume from them)
@@ -68,7 +68,7 @@ struct TrainingArguments {
   std::vector<std::string> report_to{"none"};        ///< tensorboard | jsonl | csv | all | none
   std::optional<std::string> run_name;
   std::uint64_t seed = 42;
-  std::optional<std::uint64_t> data_seed;  ///< shuffling seed; default seed
+  std::optional<std::uint64_t> data_seed;             ///< shuffling seed; default seed
   std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint directory, or "latest"
   int dataloader_num_workers = 0;
   bool dataloader_drop_last = false;

@@ -1,0 +1,317 @@
+#pragma once
+/// \file trainer.hpp
+/// `accel::Trainer`: the training loop every user otherwise writes by hand (epochs, accumulation, clipping,
+/// evaluation, logging, checkpoint rotation, early stopping, resume, preemption), configured by
+/// `accel::TrainingArguments` with Hugging Face's names, on any backend the Accelerate config chooses. It
+/// uses only the Accelerator's public API, so a Trainer run is the hand-written accelerated loop of the same
+/// program, step for step (tests/trainer/trainer_scenarios.cpp checks it bit for bit on every backend row).
+///
+/// \code
+///   auto args = accel::TrainingArguments::from_command_line(argc, argv);
+///   Net model;
+///   accel::Trainer trainer(args, model, train_set, [&](auto& batch) {
+///     return torch::cross_entropy_loss(model(batch.data), batch.target);
+///   });
+///   trainer.set_eval(test_set, eval_step, compute_metrics);  // optional
+///   trainer.train();                                          // or train("latest") to resume
+/// \endcode
+///
+/// The Accelerate config (ACCEL_CONFIG_FILE from accel-launch, or AcceleratorOptions) picks the backend;
+/// where both files set precision, gradient accumulation, clipping, the seed or the trackers, a value set in
+/// only one of them wins and two different values are a ConfigError naming both (docs/trainer.md).
+
+#include <accel/accelerator/accelerator.hpp>
+#include <accel/trainer/callbacks.hpp>
+#include <accel/trainer/training_arguments.hpp>
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel {
+
+using Metrics = std::map<std::string, double>;
+
+/// What an evaluation step returns for one batch; each part is optional. `loss`: the batch's mean loss
+/// (scalar); `predictions` and `labels`: one row per sample, gathered over ranks with gather_for_metrics.
+struct EvalOutput {
+  torch::Tensor loss;
+  torch::Tensor predictions;
+  torch::Tensor labels;
+};
+
+/// All ranks' predictions and labels of one evaluation, every sample once (HF's EvalPrediction).
+struct EvalPrediction {
+  torch::Tensor predictions;
+  torch::Tensor label_ids;
+};
+
+/// What train() returns.
+struct TrainOutput {
+  std::int64_t global_step = 0;
+  double training_loss = 0;  ///< mean loss over the run's steps (this run's, after a resume)
+  bool interrupted = false;  ///< SIGTERM/SIGUSR1 saved a checkpoint and stopped training
+  Metrics metrics;           ///< train_runtime, train_samples_per_second, train_steps_per_second, train_loss
+};
+
+namespace detail {
+
+/// Rows of a batch (its samples): the first dimension of its tensor, its data, or its first element.
+inline std::int64_t batch_rows(const torch::Tensor& t) {
+  return t.dim() > 0 ? t.size(0) : 1;
+}
+template <class D, class T>
+std::int64_t batch_rows(const torch::data::Example<D, T>& e) {
+  return batch_rows(e.data);
+}
+template <class T>
+std::int64_t batch_rows(const std::vector<T>& v) {
+  return v.empty() ? 0 : batch_rows(v.front());
+}
+
+/// The parts of the Trainer that do not depend on the dataset types (trainer.cpp).
+class TrainerBase {
+ public:
+  TrainerBase(TrainingArguments args, AcceleratorOptions options);
+  virtual ~TrainerBase();
+  TrainerBase(const TrainerBase&) = delete;
+  TrainerBase& operator=(const TrainerBase&) = delete;
+
+  Accelerator& accelerator() noexcept { return *accelerator_; }
+  const TrainingArguments& args() const noexcept { return args_; }
+  const TrainerState& state() const noexcept { return state_; }
+  TrainerControl& control() noexcept { return control_; }
+  void add_callback(std::shared_ptr<TrainerCallback> callback);
+  /// Use these instead of the optimizer and schedule the arguments describe (HF's `optimizers=`). The
+  /// optimizer must hold the model's parameters; the schedule steps once per optimizer step.
+  void set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                     std::shared_ptr<torch::optim::LRScheduler> scheduler = nullptr);
+  torch::optim::Optimizer* optimizer() noexcept { return optimizer_.get(); }
+  /// The checkpoint directory train("latest") would resume from; "" when output_dir holds none.
+  std::string latest_checkpoint() const;
+
+ protected:
+  void set_model(std::shared_ptr<torch::nn::Module> model);
+  /// Plans the run from the batches per epoch, builds the optimizer and schedule, prepares them with the
+  /// model (once), and resumes from `resume` ("" none, "latest", or a directory).
+  void begin_train(std::size_t batches_per_epoch, const std::string& resume);
+  bool finished_epochs(std::uint64_t loader_epoch) const;
+  void epoch_begin();
+  /// One micro-batch: callbacks, backward, counters. Call inside accelerator().accumulate(model).
+  void micro_step(const torch::Tensor& loss, std::int64_t rows, std::int64_t tokens);
+  /// After micro_step, still inside the accumulate scope: the optimizer step when the window ends.
+  void window_end();
+  /// Logs, evaluates and saves as the control says; true when training must stop.
+  bool after_step(const std::function<Metrics()>& evaluate);
+  void epoch_end(const std::function<Metrics()>& evaluate);
+  TrainOutput end_train();
+  /// Logs the metrics of an evaluation (prefixed eval_), runs on_evaluate, tracks the best metric.
+  Metrics finish_evaluation(Metrics metrics);
+  std::shared_ptr<torch::nn::Module>& model() noexcept { return model_; }
+  bool has_eval_ = false;
+
+ private:
+  struct Signals;
+  void build_optimizer();
+  void build_scheduler();
+  void resume_from(const std::string& dir);
+  void log_training();
+  void record_log(LogEntry logs);
+  void maybe_log_save_evaluate(const std::function<Metrics()>& evaluate);
+  void save_checkpoint();
+  void rotate_checkpoints();
+  void write_state(const std::string& dir);
+  template <class F>
+  void each_callback(F&& f) {
+    for (auto& c : callbacks_)
+      f(*c);
+  }
+
+  TrainingArguments args_;
+  std::unique_ptr<Accelerator> accelerator_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<torch::optim::LRScheduler> scheduler_;
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks_;
+  TrainerState state_;
+  TrainerControl control_;
+  bool prepared_ = false;
+  bool user_scheduler_ = false;
+  std::int64_t epochs_ = 0;
+  std::int64_t warmup_ = 0;
+  std::unique_ptr<Signals> signals_;
+  // The current accumulation window and logging interval (this rank).
+  torch::Tensor window_loss_;       // sum of the window's micro-batch losses
+  torch::Tensor window_nonfinite_;  // whether one of them was NaN/Inf
+  std::int64_t window_micro_ = 0;
+  std::int64_t window_rows_ = 0, window_tokens_ = 0;
+  torch::Tensor interval_loss_;  // sum of the interval's losses (finite windows)
+  std::int64_t interval_micro_ = 0;
+  torch::Tensor run_loss_;  // sum of the run's losses (finite windows), for TrainOutput
+  std::int64_t run_micro_ = 0;
+  std::int64_t steps_per_epoch_ = 1;
+  bool step_ended_ = false;
+  bool trackers_open_ = false;
+  std::int64_t last_logged_step_ = 0;
+  double last_grad_norm_ = -1;
+  double start_time_ = 0;
+  std::int64_t start_step_ = 0, start_samples_ = 0;
+  bool interrupted_ = false;
+  bool new_best_ = false;
+  std::optional<ProgressBar> bar_;
+};
+
+}  // namespace detail
+
+/// The Trainer over a torch::data batch dataset (anything prepare_data_loader takes) for training, and
+/// optionally another for evaluation.
+template <class TrainDataset, class EvalDataset = TrainDataset>
+class Trainer : public detail::TrainerBase {
+ public:
+  using Batch = typename DataLoader<TrainDataset>::Batch;
+  using EvalBatch = typename DataLoader<EvalDataset>::Batch;
+  using LossFunction = std::function<torch::Tensor(Batch&)>;
+  using EvalStep = std::function<EvalOutput(EvalBatch&)>;
+  using ComputeMetrics = std::function<Metrics(const EvalPrediction&)>;
+
+  /// `compute_loss(batch)` runs the model on a batch and returns the (mean) loss to minimise. The model is
+  /// prepared by the Trainer; build it (same seed on every rank) before. `options` are the Accelerator's.
+  template <class Model>
+  Trainer(TrainingArguments args, Model& model, TrainDataset train, LossFunction compute_loss,
+          AcceleratorOptions options = {})
+      : TrainerBase(std::move(args), std::move(options)),
+        train_(std::move(train)),
+        compute_loss_(std::move(compute_loss)) {
+    if (!compute_loss_) throw UsageError("Trainer: compute_loss is empty");
+    set_model(as_module(model));
+  }
+
+  /// Evaluation data and how to evaluate: `eval_step(batch)` returns the batch's loss and/or predictions
+  /// and labels (default: compute_loss's value); `compute_metrics` turns all ranks' predictions and labels
+  /// into named metrics (reported as eval_<name>).
+  void set_eval(EvalDataset eval, EvalStep eval_step = {}, ComputeMetrics compute_metrics = {}) {
+    eval_.emplace(std::move(eval));
+    eval_step_ = std::move(eval_step);
+    compute_metrics_ = std::move(compute_metrics);
+    has_eval_ = true;
+  }
+  /// Tokens in a batch (for num_input_tokens_seen and tokens/s).
+  void set_count_tokens(std::function<std::int64_t(const Batch&)> count) { count_tokens_ = std::move(count); }
+
+  /// Trains per the arguments. `resume`: "" (args.resume_from_checkpoint, else none), "latest" (the newest
+  /// checkpoint in output_dir; none there starts from scratch) or a checkpoint directory.
+  TrainOutput train(const std::string& resume = "") {
+    auto& acc = accelerator();
+    if (!train_loader_) {
+      train_loader_ = acc.prepare_data_loader(
+          train_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_train_batch_size))
+                      .shuffle(true)
+                      .seed(args().data_seed.value_or(args().seed))
+                      .drop_last(args().dataloader_drop_last)
+                      .workers(static_cast<std::size_t>(args().dataloader_num_workers)));
+    }
+    if (eval_ && !eval_loader_) {
+      eval_loader_ = acc.prepare_data_loader(
+          *eval_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_eval_batch_size)));
+    }
+    begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
+    auto evaluate_fn = [this] { return evaluate(); };
+    while (!finished_epochs(train_loader_->epoch())) {
+      epoch_begin();
+      bool stop = false;
+      std::size_t batches = 0;
+      for (auto& batch : *train_loader_) {
+        ++batches;
+        {
+          auto window = acc.accumulate(model());
+          model()->train();
+          const torch::Tensor loss = compute_loss_(batch);
+          micro_step(loss, detail::batch_rows(batch), count_tokens_ ? count_tokens_(batch) : 0);
+          window_end();
+        }
+        if (after_step(evaluate_fn)) {
+          stop = true;
+          break;
+        }
+      }
+      if (stop) break;
+      if (batches == 0) continue;  // resumed after an epoch's last batch: that epoch already ended
+      epoch_end(evaluate_fn);
+      if (control().should_training_stop) break;
+    }
+    return end_train();
+  }
+
+  /// Evaluates on the evaluation data: eval_loss (mean over samples) and compute_metrics' values, the same
+  /// on every rank. Collective.
+  Metrics evaluate() {
+    if (!eval_loader_) throw UsageError("Trainer::evaluate: no evaluation data (call set_eval first)");
+    auto& acc = accelerator();
+    const bool was_training = model()->is_training();
+    model()->eval();
+    Metrics metrics;
+    {
+      torch::NoGradGuard no_grad;
+      double loss_sum = 0;
+      std::int64_t loss_rows = 0;
+      std::vector<torch::Tensor> predictions, labels;
+      for (auto& batch : *eval_loader_) {
+        EvalOutput out = eval_step_ ? eval_step_(batch) : EvalOutput{compute_loss_for_eval(batch), {}, {}};
+        if (out.loss.defined()) {
+          const auto rows = detail::batch_rows(batch);
+          auto losses = acc.gather_for_metrics(
+              out.loss.detach().to(torch::kFloat64).reshape({1}).expand({rows}).contiguous());
+          loss_sum += losses.sum().template item<double>();
+          loss_rows += losses.size(0);
+        }
+        if (out.predictions.defined()) predictions.push_back(acc.gather_for_metrics(out.predictions).cpu());
+        if (out.labels.defined()) labels.push_back(acc.gather_for_metrics(out.labels).cpu());
+      }
+      if (loss_rows > 0) metrics["loss"] = loss_sum / static_cast<double>(loss_rows);
+      if (compute_metrics_) {
+        EvalPrediction p;
+        if (!predictions.empty()) p.predictions = torch::cat(predictions);
+        if (!labels.empty()) p.label_ids = torch::cat(labels);
+        for (const auto& [k, v] : compute_metrics_(p))
+          metrics[k] = v;
+      }
+    }
+    if (was_training) model()->train();
+    return finish_evaluation(std::move(metrics));
+  }
+
+ private:
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module(torch::nn::ModuleHolder<M>& m) {
+    return m.ptr();
+  }
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module(std::shared_ptr<M>& m) {
+    return m;
+  }
+  torch::Tensor compute_loss_for_eval(EvalBatch& batch) {
+    if constexpr (std::is_same_v<EvalBatch, Batch>) {
+      return compute_loss_(batch);
+    } else {
+      throw UsageError(
+          "Trainer::evaluate: the evaluation batches differ from the training batches; give "
+          "set_eval an eval_step");
+    }
+  }
+
+  TrainDataset train_;
+  std::optional<EvalDataset> eval_;
+  LossFunction compute_loss_;
+  EvalStep eval_step_;
+  ComputeMetrics compute_metrics_;
+  std::function<std::int64_t(const Batch&)> count_tokens_;
+  std::unique_ptr<DataLoader<TrainDataset>> train_loader_;
+  std::unique_ptr<DataLoader<EvalDataset>> eval_loader_;
+};
+
+}  // namespace accel

@@ -1,0 +1,670 @@
+// The dataset-independent part of accel::Trainer: merging TrainingArguments into the Accelerate config, the
+// optimizer and schedule the arguments name, the optimizer step with its rank-agreed checks, logging,
+// evaluation bookkeeping, checkpoints (save, rotate, resume) and preemption. Only the Accelerator's public
+// API.
+#include <accel/accelerator/resolved_config.hpp>
+#include <accel/optim/optim.hpp>
+#include <accel/optim/schedulers.hpp>
+#include <accel/trainer/trainer.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace accel {
+namespace detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<int> g_preempt_signal{0};
+
+extern "C" void on_preempt_signal(int signal_number) {
+  g_preempt_signal.store(signal_number);
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void conflict(const TrainingArguments& a, const std::string& key, const std::string& ours,
+                           const Config& c, const std::string& their_key, const std::string& theirs) {
+  throw ConfigError(fmt::format("TrainingArguments {} is {} ({}) but the Accelerate config sets {} to {} "
+                                "({}): a setting given in both "
+                                "files must agree; remove it from one of them or make them equal",
+                                key, ours, a.source.empty() ? "defaults" : a.source, their_key, theirs,
+                                c.source.empty() ? "AcceleratorOptions" : c.source),
+                    a.source, 0, key);
+}
+
+// A value set in only one of the two files wins; set in both, they must agree.
+void merge(TrainingArguments& a, Config& c) {
+  const MixedPrecision want =
+      a.bf16 ? MixedPrecision::Bf16 : (a.fp16 ? MixedPrecision::Fp16 : MixedPrecision::No);
+  if (want != MixedPrecision::No) {
+    if (c.mixed_precision != MixedPrecision::No && c.mixed_precision != want)
+      conflict(a, a.bf16 ? "bf16" : "fp16", "true", c, "mixed_precision", to_string(c.mixed_precision));
+    c.mixed_precision = want;
+  }
+  if (a.is_explicit("gradient_accumulation_steps") || a.gradient_accumulation_steps != 1) {
+    if (c.gradient_accumulation_steps != 1 && c.gradient_accumulation_steps != a.gradient_accumulation_steps)
+      conflict(a, "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps), c,
+               "gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps));
+    c.gradient_accumulation_steps = a.gradient_accumulation_steps;
+  } else {
+    a.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  }
+  if (c.zero.gradient_clipping > 0 && a.max_grad_norm > 0 && c.zero.gradient_clipping != a.max_grad_norm)
+    conflict(a, "max_grad_norm", fmt::format("{}", a.max_grad_norm), c, "gradient_clipping",
+             fmt::format("{}", c.zero.gradient_clipping));
+  if (c.seed) {
+    if (a.is_explicit("seed") && *c.seed != a.seed)
+      conflict(a, "seed", std::to_string(a.seed), c, "seed", std::to_string(*c.seed));
+    a.seed = *c.seed;
+  }
+  std::vector<std::string> trackers;
+  for (const auto& t : a.report_to)
+    if (t != "none") trackers.push_back(t);
+  const std::string wanted = fmt::format("{}", fmt::join(trackers, ","));
+  if (!wanted.empty()) {
+    if (!c.log_with.empty() && parse_log_with(c.log_with) != parse_log_with(wanted))
+      conflict(a, "report_to", wanted, c, "log_with", c.log_with);
+    c.log_with = wanted;
+  }
+}
+
+// HF's get_decay_parameter_names: no weight decay for biases and normalisation weights.
+bool decays(const std::string& name, const torch::nn::Module* owner) {
+  if (owner != nullptr && (dynamic_cast<const torch::nn::LayerNormImpl*>(owner) != nullptr)) return false;
+  std::string lower = name;
+  for (auto& ch : lower)
+    ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  static const std::regex no_decay(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");
+  return !std::regex_search(lower, no_decay);
+}
+
+std::int64_t resolve_steps(double x, std::int64_t max_steps) {
+  if (x < 1)
+    return std::max<std::int64_t>(1,
+                                  static_cast<std::int64_t>(std::ceil(x * static_cast<double>(max_steps))));
+  return static_cast<std::int64_t>(x);
+}
+
+// "checkpoint-<n>" directories of the Trainer (with trainer_state.json), oldest first.
+std::vector<std::pair<std::int64_t, std::string>> trainer_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return out;
+  static const std::regex name("checkpoint-([0-9]{1,18})");
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (!entry.is_directory(ec) || !std::regex_match(file, m, name)) continue;
+    if (!fs::exists(entry.path() / "trainer_state.json", ec)) continue;
+    out.emplace_back(std::stoll(m[1].str()), entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string tracker_name(const std::string& key) {
+  if (key.find('/') != std::string::npos) return key;
+  if (key.rfind("eval_", 0) == 0) return "eval/" + key.substr(5);
+  return "train/" + key;
+}
+
+std::string format_logs(const LogEntry& logs) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : logs)
+    parts.push_back(fmt::format("'{}': {:.6g}", k, v));
+  return fmt::format("{{{}}}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+// SIGTERM and SIGUSR1 (Slurm's --signal, schedulers' preemption) set a flag while train() runs; the
+// previous handlers come back after it.
+struct TrainerBase::Signals {
+  struct sigaction old_term {
+  }, old_usr1{};
+  Signals() {
+    g_preempt_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_preempt_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    ::sigaction(SIGUSR1, &sa, &old_usr1);
+  }
+  ~Signals() {
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1, nullptr);
+  }
+};
+
+TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : args_(std::move(args)) {
+  args_.validate();
+  if (args_.gradient_checkpointing) {
+    throw ConfigError(
+        "TrainingArguments gradient_checkpointing: true is not supported by accel::Trainer yet; wrap the "
+        "model's blocks with accel::checkpoint (nn/activation_checkpoint.hpp) or set "
+        "fsdp_activation_checkpointing "
+        "in the Accelerate config",
+        args_.source, 0, "gradient_checkpointing");
+  }
+  Config config = resolved_config(options);
+  merge(args_, config);
+  options.config(config).mixed_precision(std::nullopt).gradient_accumulation_steps(std::nullopt);
+  if (options.log_with() && !config.log_with.empty()) options.log_with(config.log_with);
+  if (options.project_config().project_dir.empty()) options.project_dir(args_.logging_dir);
+  accelerator_ = std::make_unique<Accelerator>(std::move(options));
+  accelerator_->set_seed(args_.seed);
+  state_.is_world_process_zero = accelerator_->is_main_process();
+  state_.is_local_process_zero = accelerator_->is_local_main_process();
+  for (const auto& n : args_.notices)
+    accelerator_->print("notice: ", n, "\n");
+  // trainer_state.json goes into the checkpoint's temporary directory, so it is part of the atomic unit and
+  // of its manifest.
+  accelerator_->register_save_state_pre_hook([this](const std::string& dir) {
+    if (accelerator_->is_main_process()) write_state(dir);
+  });
+}
+
+TrainerBase::~TrainerBase() = default;
+
+void TrainerBase::add_callback(std::shared_ptr<TrainerCallback> callback) {
+  if (!callback) throw UsageError("Trainer::add_callback: null callback");
+  callbacks_.push_back(std::move(callback));
+}
+
+void TrainerBase::set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                std::shared_ptr<torch::optim::LRScheduler> scheduler) {
+  if (prepared_) throw UsageError("Trainer::set_optimizer: call it before train()");
+  if (!optimizer) throw UsageError("Trainer::set_optimizer: null optimizer");
+  optimizer_ = std::move(optimizer);
+  scheduler_ = std::move(scheduler);
+  user_scheduler_ = scheduler_ != nullptr;
+}
+
+void TrainerBase::set_model(std::shared_ptr<torch::nn::Module> model) {
+  if (!model) throw UsageError("Trainer: the model is empty");
+  model_ = std::move(model);
+}
+
+void TrainerBase::build_optimizer() {
+  std::vector<torch::Tensor> decay, no_decay;
+  const std::function<void(const torch::nn::Module&, const std::string&)> walk =
+      [&](const torch::nn::Module& m, const std::string& prefix) {
+        for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+          if (!p.value().requires_grad()) continue;
+          (decays(prefix + p.key(), &m) ? decay : no_decay).push_back(p.value());
+        }
+        for (const auto& child : m.named_children())
+          walk(*child.value(), prefix + child.key() + ".");
+      };
+  walk(*model_, "");
+  if (decay.empty() && no_decay.empty())
+    throw UsageError("Trainer: the model has no trainable parameters (all have requires_grad false)");
+  const auto& a = args_;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto add = [&](std::vector<torch::Tensor>& params, double wd, auto options) {
+    if (params.empty()) return;
+    options.weight_decay(wd);
+    groups.emplace_back(params, std::make_unique<decltype(options)>(options));
+  };
+  if (a.optim == "adamw_torch" || a.optim == "adamw_torch_fused") {
+    torch::optim::AdamWOptions o(a.learning_rate);
+    o.betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon);
+    add(decay, a.weight_decay, o);
+    add(no_decay, 0.0, o);
+    if (a.optim == "adamw_torch") {
+      optimizer_ = std::make_shared<torch::optim::AdamW>(groups, o);
+    } else {
+      optimizer_ = std::make_shared<optim::AdamW>(groups, o);
+    }
+  } else if (a.optim == "sgd") {
+    torch::optim::SGDOptions o(a.learning_rate);
+    add(decay, a.weight_decay, o);
+    add(no_decay, 0.0, o);
+    optimizer_ = std::make_shared<torch::optim::SGD>(groups, o);
+  } else if (a.optim == "lamb") {
+    optim::LambOptions o(a.learning_rate);
+    o.betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon);
+    add(decay, a.weight_decay, o);
+    add(no_decay, 0.0, o);
+    optimizer_ = std::make_shared<optim::Lamb>(groups, o);
+  } else {
+    throw ConfigError(fmt::format("TrainingArguments optim '{}' is not supported", a.optim), a.source, 0,
+                      "optim");
+  }
+}
+
+void TrainerBase::build_scheduler() {
+  const auto total = state_.max_steps;
+  const auto& type = args_.lr_scheduler_type;
+  std::unique_ptr<sched::Schedule> s;
+  if (type == "linear") {
+    s = sched::linear_with_warmup(*optimizer_, warmup_, total);
+  } else if (type == "cosine") {
+    s = sched::cosine_with_warmup(*optimizer_, warmup_, total);
+  } else if (type == "constant") {
+    s = sched::constant_with_warmup(*optimizer_, 0);
+  } else if (type == "constant_with_warmup") {
+    s = sched::constant_with_warmup(*optimizer_, warmup_);
+  } else if (type == "polynomial") {
+    s = sched::polynomial_with_warmup(*optimizer_, warmup_, total);
+  } else {
+    throw ConfigError(fmt::format("TrainingArguments lr_scheduler_type '{}' is not supported", type),
+                      args_.source, 0, "lr_scheduler_type");
+  }
+  scheduler_ = std::shared_ptr<torch::optim::LRScheduler>(std::move(s));
+}
+
+std::string TrainerBase::latest_checkpoint() const {
+  const auto all = trainer_checkpoints(args_.output_dir);
+  return all.empty() ? std::string() : all.back().second;
+}
+
+void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& resume) {
+  auto& acc = *accelerator_;
+  if (args_.eval_strategy != "no" && !has_eval_) {
+    throw ConfigError(
+        fmt::format("TrainingArguments eval_strategy is {} but the Trainer has no evaluation data; "
+                    "call set_eval(dataset, ...) or set eval_strategy: no",
+                    args_.eval_strategy),
+        args_.source, 0, "eval_strategy");
+  }
+  if (batches_per_epoch == 0) throw UsageError("Trainer: the training data loader yields no batch");
+  const auto ga = static_cast<std::int64_t>(acc.gradient_accumulation_steps());
+  const auto batches = static_cast<std::int64_t>(batches_per_epoch);
+  steps_per_epoch_ = std::max<std::int64_t>(1, (batches + ga - 1) / ga);
+  if (args_.max_steps > 0) {
+    state_.max_steps = args_.max_steps;
+    epochs_ = (args_.max_steps + steps_per_epoch_ - 1) / steps_per_epoch_;
+  } else {
+    state_.max_steps =
+        static_cast<std::int64_t>(std::ceil(args_.num_train_epochs * static_cast<double>(steps_per_epoch_)));
+    epochs_ = static_cast<std::int64_t>(std::ceil(args_.num_train_epochs));
+  }
+  warmup_ =
+      args_.warmup_steps > 0
+          ? args_.warmup_steps
+          : static_cast<std::int64_t>(std::ceil(args_.warmup_ratio * static_cast<double>(state_.max_steps)));
+  state_.logging_steps = resolve_steps(args_.logging_steps, state_.max_steps);
+  state_.eval_steps = resolve_steps(args_.eval_steps.value_or(args_.logging_steps), state_.max_steps);
+  state_.save_steps = resolve_steps(args_.save_steps, state_.max_steps);
+  state_.train_batch_size = args_.per_device_train_batch_size;
+  state_.num_train_epochs = static_cast<double>(epochs_);
+  if (!prepared_) {
+    if (!optimizer_) build_optimizer();
+    if (!scheduler_) build_scheduler();
+    acc.prepare(model_, *optimizer_, *scheduler_);
+    prepared_ = true;
+  }
+  std::string dir = resume;
+  if (resume == "latest") {
+    std::vector<std::string> chosen{acc.is_main_process() ? latest_checkpoint() : std::string()};
+    acc.broadcast_object_list(chosen);
+    dir = chosen.front();
+    if (dir.empty()) acc.print("Trainer: no checkpoint in ", args_.output_dir, "; training from the start\n");
+  }
+  if (!dir.empty()) resume_from(dir);
+  if (!trackers_open_) {
+    acc.init_trackers(args_.run_name.value_or("trainer"),
+                      {{"learning_rate", args_.learning_rate},
+                       {"per_device_train_batch_size", args_.per_device_train_batch_size},
+                       {"gradient_accumulation_steps", args_.gradient_accumulation_steps},
+                       {"num_train_epochs", args_.num_train_epochs},
+                       {"max_steps", state_.max_steps},
+                       {"optim", args_.optim},
+                       {"lr_scheduler_type", args_.lr_scheduler_type},
+                       {"weight_decay", args_.weight_decay},
+                       {"seed", static_cast<std::int64_t>(args_.seed)},
+                       {"num_processes", acc.num_processes()},
+                       {"backend", acc.backend_name()}});
+    trackers_open_ = true;
+  }
+  control_ = TrainerControl{};
+  interrupted_ = false;
+  last_logged_step_ = state_.global_step;
+  start_step_ = state_.global_step;
+  start_samples_ = state_.num_samples_seen;
+  start_time_ = now_seconds();
+  run_loss_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(acc.device()));
+  interval_loss_ = run_loss_.clone();
+  interval_micro_ = run_micro_ = 0;
+  window_micro_ = 0;
+  if (!args_.disable_tqdm) {
+    ProgressOptions o;
+    o.description = "train";
+    o.unit = "steps";
+    o.rank = acc.process_index();
+    bar_.emplace(static_cast<std::size_t>(state_.max_steps), o);
+    if (state_.global_step > 0) bar_->update(static_cast<std::size_t>(state_.global_step));
+  }
+  signals_ = std::make_unique<Signals>();
+  each_callback([&](TrainerCallback& c) { c.on_train_begin(args_, state_, control_); });
+}
+
+bool TrainerBase::finished_epochs(std::uint64_t loader_epoch) const {
+  return static_cast<std::int64_t>(loader_epoch) >= epochs_ || state_.global_step >= state_.max_steps ||
+         control_.should_training_stop;
+}
+
+void TrainerBase::epoch_begin() {
+  control_.should_epoch_stop = false;
+  each_callback([&](TrainerCallback& c) { c.on_epoch_begin(args_, state_, control_); });
+}
+
+void TrainerBase::micro_step(const torch::Tensor& loss, std::int64_t rows, std::int64_t tokens) {
+  if (!loss.defined() || loss.numel() != 1) {
+    throw UsageError(
+        fmt::format("Trainer: compute_loss must return one value (the batch's mean loss), got {}",
+                    loss.defined() ? fmt::format("a tensor of {} elements", loss.numel())
+                                   : std::string("an undefined tensor")));
+  }
+  if (window_micro_ == 0) {
+    each_callback([&](TrainerCallback& c) { c.on_step_begin(args_, state_, control_); });
+    window_loss_ = torch::zeros({}, run_loss_.options());
+    window_nonfinite_ = torch::zeros({}, run_loss_.options());
+    window_rows_ = window_tokens_ = 0;
+  }
+  const auto value = loss.detach().reshape({}).to(torch::kFloat64);
+  window_loss_ += value;
+  window_nonfinite_ += torch::logical_not(torch::isfinite(value)).to(torch::kFloat64);
+  accelerator_->backward(loss);
+  ++window_micro_;
+  window_rows_ += rows;
+  window_tokens_ += tokens;
+}
+
+void TrainerBase::window_end() {
+  auto& acc = *accelerator_;
+  if (!acc.sync_gradients()) {
+    each_callback([&](TrainerCallback& c) { c.on_substep_end(args_, state_, control_); });
+    return;
+  }
+  // One all-reduce agrees on everything a rank alone knows: which ranks saw a non-finite loss, whether one
+  // was asked to stop (SIGTERM/SIGUSR1), and the samples and tokens of the window.
+  const int world = acc.num_processes();
+  auto flags = torch::zeros({world + 3}, run_loss_.options());
+  flags[acc.process_index()] = window_nonfinite_;
+  flags[world] = g_preempt_signal.load() != 0 ? 1.0 : 0.0;
+  flags[world + 1] = static_cast<double>(window_rows_);
+  flags[world + 2] = static_cast<double>(window_tokens_);
+  const auto agreed = acc.reduce(flags, ReduceOp::Sum).cpu();
+  const auto* f = agreed.data_ptr<double>();
+  std::vector<int> bad;
+  for (int r = 0; r < world; ++r)
+    if (f[r] > 0) bad.push_back(r);
+  state_.num_samples_seen += static_cast<std::int64_t>(f[world + 1]);
+  state_.num_input_tokens_seen += static_cast<std::int64_t>(f[world + 2]);
+  if (!bad.empty()) {
+    if (args_.nonfinite_loss == "stop") {
+      throw Error(
+          fmt::format("Trainer: the loss was NaN or Inf at step {} on rank(s) {} (nonfinite_loss: stop); "
+                      "check the data and the learning rate, or set nonfinite_loss: skip to drop such steps",
+                      state_.global_step + 1, fmt::join(bad, ", ")));
+    }
+    optimizer_->zero_grad();
+    ++state_.skipped_steps;
+    acc.print("Trainer: step ", state_.global_step + 1, " skipped: the loss was NaN or Inf on rank(s) ",
+              fmt::format("{}", fmt::join(bad, ", ")), " (nonfinite_loss: skip)\n");
+    if (!args_.logging_nan_inf_filter) {
+      interval_loss_ += window_loss_;
+      interval_micro_ += window_micro_;
+    }
+  } else {
+    if (args_.max_grad_norm > 0) last_grad_norm_ = acc.clip_grad_norm_(args_.max_grad_norm);
+    each_callback([&](TrainerCallback& c) { c.on_pre_optimizer_step(args_, state_, control_); });
+    optimizer_->step();
+    each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });
+    if (!acc.optimizer_step_was_skipped()) scheduler_->step();
+    optimizer_->zero_grad();
+    interval_loss_ += window_loss_;
+    interval_micro_ += window_micro_;
+    run_loss_ += window_loss_;
+    run_micro_ += window_micro_;
+  }
+  window_micro_ = 0;
+  ++state_.global_step;
+  state_.epoch = static_cast<double>(state_.global_step) / static_cast<double>(steps_per_epoch_);
+  if (bar_) bar_->update();
+  // HF's DefaultFlowCallback.on_step_end.
+  const auto step = state_.global_step;
+  if (step == 1 && args_.logging_first_step) control_.should_log = true;
+  if (args_.logging_strategy == "steps" && step % state_.logging_steps == 0) control_.should_log = true;
+  if (args_.eval_strategy == "steps" && step % state_.eval_steps == 0) control_.should_evaluate = true;
+  if (args_.save_strategy == "steps" && step % state_.save_steps == 0) control_.should_save = true;
+  if (step >= state_.max_steps) {
+    control_.should_training_stop = true;
+    if (args_.save_strategy != "no") control_.should_save = true;
+  }
+  if (f[world] > 0) {  // preemption: save now and stop, on every rank
+    control_.should_save = true;
+    control_.should_training_stop = true;
+    interrupted_ = true;
+  }
+  each_callback([&](TrainerCallback& c) { c.on_step_end(args_, state_, control_); });
+  step_ended_ = true;
+}
+
+void TrainerBase::maybe_log_save_evaluate(const std::function<Metrics()>& evaluate) {
+  if (control_.should_log) {
+    control_.should_log = false;
+    if (state_.global_step > last_logged_step_) log_training();
+  }
+  if (control_.should_evaluate) {
+    control_.should_evaluate = false;
+    evaluate();
+  }
+  if (control_.should_save) {
+    control_.should_save = false;
+    save_checkpoint();
+  }
+}
+
+bool TrainerBase::after_step(const std::function<Metrics()>& evaluate) {
+  if (!step_ended_) return false;
+  step_ended_ = false;
+  maybe_log_save_evaluate(evaluate);
+  return control_.should_training_stop || control_.should_epoch_stop;
+}
+
+void TrainerBase::epoch_end(const std::function<Metrics()>& evaluate) {
+  each_callback([&](TrainerCallback& c) { c.on_epoch_end(args_, state_, control_); });
+  if (args_.logging_strategy == "epoch") control_.should_log = true;
+  if (args_.eval_strategy == "epoch") control_.should_evaluate = true;
+  if (args_.save_strategy == "epoch") control_.should_save = true;
+  maybe_log_save_evaluate(evaluate);
+}
+
+void TrainerBase::log_training() {
+  auto& acc = *accelerator_;
+  auto both = torch::stack(
+      {interval_loss_, torch::full({}, static_cast<double>(interval_micro_), run_loss_.options())});
+  both = acc.reduce(both, ReduceOp::Sum).cpu();
+  const double count = both[1].item<double>();
+  LogEntry logs;
+  logs["loss"] = count > 0 ? both[0].item<double>() / count : std::nan("");
+  if (last_grad_norm_ >= 0) logs["grad_norm"] = last_grad_norm_;
+  logs["learning_rate"] = optimizer_->param_groups().front().options().get_lr();
+  logs["epoch"] = state_.epoch;
+  if (state_.num_input_tokens_seen > 0)
+    logs["num_input_tokens_seen"] = static_cast<double>(state_.num_input_tokens_seen);
+  interval_loss_.zero_();
+  interval_micro_ = 0;
+  last_logged_step_ = state_.global_step;
+  record_log(logs);
+  if (bar_) bar_->set_postfix(fmt::format("loss {:.4g}", logs["loss"]));
+}
+
+void TrainerBase::record_log(LogEntry logs) {
+  each_callback([&](TrainerCallback& c) { c.on_log(args_, state_, control_, logs); });
+  TrackerValues values;
+  for (const auto& [k, v] : logs)
+    values.emplace_back(tracker_name(k), v);
+  if (trackers_open_) accelerator_->log(values, state_.global_step);
+  logs["step"] = static_cast<double>(state_.global_step);
+  if (!bar_ || bar_->mode() == ProgressMode::Off) accelerator_->print(format_logs(logs), "\n");
+  state_.log_history.push_back(std::move(logs));
+}
+
+Metrics TrainerBase::finish_evaluation(Metrics raw) {
+  Metrics metrics;
+  for (const auto& [k, v] : raw)
+    metrics[k.rfind("eval_", 0) == 0 ? k : "eval_" + k] = v;
+  LogEntry logs(metrics.begin(), metrics.end());
+  logs["epoch"] = state_.epoch;
+  record_log(logs);
+  each_callback([&](TrainerCallback& c) { c.on_evaluate(args_, state_, control_, metrics); });
+  if (args_.metric_for_best_model) {
+    std::string key = *args_.metric_for_best_model;
+    if (key.rfind("eval_", 0) != 0) key = "eval_" + key;
+    const auto it = metrics.find(key);
+    if (it == metrics.end()) {
+      std::vector<std::string> names;
+      for (const auto& m : metrics)
+        names.push_back(m.first);
+      throw ConfigError(
+          fmt::format("TrainingArguments metric_for_best_model '{}': the evaluation gave no '{}' (it "
+                      "gave {}); return it from compute_metrics or choose one of those",
+                      *args_.metric_for_best_model, key, fmt::join(names, ", ")),
+          args_.source, 0, "metric_for_best_model");
+    }
+    const bool greater = args_.greater_is_better.value_or(true);
+    if (!state_.best_metric ||
+        (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
+      state_.best_metric = it->second;
+      state_.best_global_step = state_.global_step;
+    }
+  }
+  return metrics;
+}
+
+void TrainerBase::write_state(const std::string& dir) {
+  state_.stateful_callbacks.clear();
+  for (const auto& c : callbacks_) {
+    auto a = c->attributes();
+    if (!a.empty()) state_.stateful_callbacks[c->name()] = std::move(a);
+  }
+  const fs::path path = fs::path(dir) / "trainer_state.json";
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << state_.to_json();
+  out.close();
+  if (!out) throw CheckpointError(fmt::format("Trainer: could not write '{}'", path.string()));
+}
+
+void TrainerBase::save_checkpoint() {
+  auto& acc = *accelerator_;
+  const std::string dir =
+      (fs::path(args_.output_dir) / fmt::format("checkpoint-{}", state_.global_step)).string();
+  if (state_.best_global_step && *state_.best_global_step == state_.global_step)
+    state_.best_model_checkpoint = dir;
+  if (args_.save_only_model) {
+    acc.save_model(model_, dir);
+    // Beside the export, not in an atomic unit: save_only_model checkpoints are exports, not resumable.
+    if (acc.is_main_process()) write_state(dir);
+    acc.wait_for_everyone();
+  } else {
+    acc.save_state(dir);
+  }
+  each_callback([&](TrainerCallback& c) { c.on_save(args_, state_, control_); });
+  if (args_.save_total_limit && acc.is_main_process()) rotate_checkpoints();
+  acc.wait_for_everyone();
+}
+
+void TrainerBase::rotate_checkpoints() {
+  std::vector<std::string> sorted;
+  for (const auto& [step, path] : trainer_checkpoints(args_.output_dir))
+    sorted.push_back(path);
+  for (const auto& path :
+       checkpoints_to_delete(sorted, *args_.save_total_limit, state_.best_model_checkpoint)) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) accelerator_->print("Trainer: could not delete old checkpoint ", path, ": ", ec.message(), "\n");
+  }
+}
+
+void TrainerBase::resume_from(const std::string& dir) {
+  auto& acc = *accelerator_;
+  const fs::path state_file = fs::path(dir) / "trainer_state.json";
+  std::error_code ec;
+  if (!fs::exists(state_file, ec)) {
+    throw CheckpointError(
+        fmt::format("Trainer: cannot resume from '{}': it holds no trainer_state.json (not a "
+                    "checkpoint the Trainer wrote); pass a checkpoint-<step> directory of "
+                    "output_dir, or \"latest\"",
+                    dir));
+  }
+  acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
+  std::ifstream in(state_file, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const TrainerState s = TrainerState::from_json(text, state_file.string());
+  state_.global_step = s.global_step;
+  state_.epoch = s.epoch;
+  state_.log_history = s.log_history;
+  state_.best_metric = s.best_metric;
+  state_.best_global_step = s.best_global_step;
+  state_.best_model_checkpoint = s.best_model_checkpoint;
+  state_.num_samples_seen = s.num_samples_seen;
+  state_.num_input_tokens_seen = s.num_input_tokens_seen;
+  state_.skipped_steps = s.skipped_steps;
+  for (auto& c : callbacks_) {
+    const auto it = s.stateful_callbacks.find(c->name());
+    if (it != s.stateful_callbacks.end()) c->load_attributes(it->second);
+  }
+  acc.print("Trainer: resumed from ", dir, " at step ", state_.global_step, "\n");
+}
+
+TrainOutput TrainerBase::end_train() {
+  auto& acc = *accelerator_;
+  signals_.reset();
+  if (bar_) {
+    bar_->close();
+    bar_.reset();
+  }
+  const double runtime = std::max(now_seconds() - start_time_, 1e-9);
+  auto both =
+      torch::stack({run_loss_, torch::full({}, static_cast<double>(run_micro_), run_loss_.options())});
+  both = acc.reduce(both, ReduceOp::Sum).cpu();
+  TrainOutput out;
+  out.global_step = state_.global_step;
+  out.interrupted = interrupted_;
+  out.training_loss = both[1].item<double>() > 0 ? both[0].item<double>() / both[1].item<double>() : 0.0;
+  out.metrics = {
+      {"train_runtime", runtime},
+      {"train_samples_per_second", static_cast<double>(state_.num_samples_seen - start_samples_) / runtime},
+      {"train_steps_per_second", static_cast<double>(state_.global_step - start_step_) / runtime},
+      {"train_loss", out.training_loss}};
+  LogEntry summary(out.metrics.begin(), out.metrics.end());
+  summary["epoch"] = state_.epoch;
+  summary["step"] = static_cast<double>(state_.global_step);
+  state_.log_history.push_back(summary);
+  if (args_.load_best_model_at_end && state_.best_model_checkpoint && !interrupted_) {
+    std::error_code ec;
+    if (fs::exists(*state_.best_model_checkpoint, ec)) {
+      acc.print("Trainer: loading the best checkpoint ", *state_.best_model_checkpoint, " (",
+                *args_.metric_for_best_model, " ", *state_.best_metric, ")\n");
+      acc.load_state(*state_.best_model_checkpoint);
+    }
+  }
+  each_callback([&](TrainerCallback& c) { c.on_train_end(args_, state_, control_); });
+  if (trackers_open_) {
+    acc.end_training();
+    trackers_open_ = false;
+  }
+  if (interrupted_)
+    acc.print("Trainer: stopped by a signal; saved checkpoint-", state_.global_step, " in ", args_.output_dir,
+              "; train(\"latest\") continues from it\n");
+  return out;
+}
+
+}  // namespace detail
+}  // namespace accel

@@ -1,0 +1,402 @@
+// accel::Trainer on every backend row (run by dist_worker, column `trainer` of the conformance table):
+// - trainer_equals_loop: a Trainer run is the hand-written accelerated loop of the same program, bit for bit
+//   (accumulation with a short last window, clipping, warmup + linear decay, weight-decay groups, dropout);
+// - trainer_resume: one rank gets SIGUSR1 mid-run; every rank saves at the same step and stops; a fresh
+//   Trainer with train("latest") ends with the uninterrupted run's weights, bit for bit, and its state;
+// - trainer_best: save_total_limit 2 with load_best_model_at_end leaves exactly the best and the latest
+//   checkpoints, and the model ends as the best one;
+// - trainer_early_stop: EarlyStoppingCallback stops every rank at the same step;
+// - trainer_nonfinite: a NaN loss on one rank drops that step's update on every rank (skip), or stops every
+//   rank with an error naming the rank (stop).
+#include <accel/optim/schedulers.hpp>
+#include <accel/trainer/trainer.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "dist_common.hpp"
+
+namespace dist {
+namespace {
+
+using namespace accel;
+using test::Mlp;
+using test::Regression;
+namespace fs = std::filesystem;
+
+using Data = decltype(Regression(1).map(torch::data::transforms::Stack<>()));
+using Batch = torch::data::Example<>;
+
+Data data(std::int64_t n = 40) {
+  return Regression(n).map(torch::data::transforms::Stack<>());
+}
+
+// The same directory on every rank (rank 0 creates and announces it).
+std::string shared_dir(Accelerator& acc, const std::string& tag) {
+  std::vector<std::string> dir{
+      acc.is_main_process()
+          ? (fs::temp_directory_path() / ("accel_trainer_" + tag + "_" + std::to_string(::getpid()))).string()
+          : std::string()};
+  acc.broadcast_object_list(dir);
+  if (acc.is_main_process()) {
+    fs::remove_all(dir[0]);
+    fs::create_directories(dir[0]);
+  }
+  acc.wait_for_everyone();
+  return dir[0];
+}
+
+TrainingArguments base_args(const std::string& out) {
+  TrainingArguments a;
+  a.output_dir = out;
+  a.num_train_epochs = 2;
+  a.per_device_train_batch_size = 4;
+  a.per_device_eval_batch_size = 4;
+  a.gradient_accumulation_steps = 2;
+  a.explicit_keys.push_back("gradient_accumulation_steps");
+  a.learning_rate = 2e-2;
+  a.weight_decay = 0.01;
+  a.warmup_steps = 2;
+  a.max_grad_norm = 0.5;
+  a.logging_steps = 1;
+  a.save_strategy = "no";
+  a.disable_tqdm = true;
+  a.seed = 42;
+  return a;
+}
+
+AcceleratorOptions row_options() {
+  return AcceleratorOptions().config(cpu_config());
+}
+
+std::vector<torch::Tensor> whole(Accelerator& acc, Mlp& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : acc.get_state_dict(model))
+    out.push_back(t.cpu().clone());
+  return out;
+}
+
+// Rank 0 removes a shared directory (the others may still be reading it until the next collective).
+void remove_shared(const std::string& dir) {
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr || std::string(rank) == "0") fs::remove_all(dir);
+}
+
+bool identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  return d;
+}
+
+// The loop a user writes by hand for the same arguments (HF's: accumulate, clip, step, schedule, zero_grad).
+std::vector<torch::Tensor> hand_written(const TrainingArguments& a) {
+  Config config = cpu_config();
+  config.gradient_accumulation_steps = a.gradient_accumulation_steps;
+  torch::manual_seed(3);
+  Mlp model(6, 0.1);
+  Accelerator acc(AcceleratorOptions().config(config));
+  acc.set_seed(a.seed);
+  auto loader = acc.prepare_data_loader(
+      data(),
+      DataLoaderOptions(static_cast<std::size_t>(a.per_device_train_batch_size)).shuffle(true).seed(a.seed));
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : model->named_parameters())
+    (p.key().find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+  torch::optim::AdamWOptions o(a.learning_rate);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(a.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(0.0)));
+  torch::optim::AdamW opt(groups, o);
+  const std::int64_t per_epoch =
+      (static_cast<std::int64_t>(loader->size()) + a.gradient_accumulation_steps - 1) /
+      a.gradient_accumulation_steps;
+  auto schedule = sched::linear_with_warmup(opt, a.warmup_steps, per_epoch * 2);
+  acc.prepare(model, opt, *schedule);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : *loader) {
+      auto window = acc.accumulate(model);
+      model->train();
+      auto loss = torch::mse_loss(model(batch.data), batch.target);
+      acc.backward(loss);
+      if (acc.sync_gradients()) {
+        acc.clip_grad_norm_(a.max_grad_norm);
+        opt.step();
+        schedule->step();
+        opt.zero_grad();
+      }
+    }
+  }
+  return whole(acc, model);
+}
+
+struct Run {
+  std::vector<torch::Tensor> weights;
+  TrainerState state;
+  TrainOutput output;
+};
+
+// A Trainer run of the same program; `setup` adds callbacks or evaluation.
+Run trainer_run(TrainingArguments a, const std::string& resume = "",
+                const std::function<void(Trainer<Data>&)>& setup = {}, std::uint64_t init_seed = 3) {
+  torch::manual_seed(init_seed);
+  Mlp model(6, 0.1);
+  Trainer<Data> trainer(
+      std::move(a), model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); },
+      row_options());
+  if (setup) setup(trainer);
+  Run r;
+  r.output = trainer.train(resume);
+  r.state = trainer.state();
+  r.weights = whole(trainer.accelerator(), model);
+  return r;
+}
+
+void trainer_equals_loop() {
+  std::string out;
+  {
+    Accelerator probe(row_options());
+    out = shared_dir(probe, "equal");
+  }
+  const auto a = base_args(out);
+  const auto want = hand_written(a);
+  const auto got = trainer_run(a);
+  CHECK_MSG(identical(got.weights, want), backend_variant
+                                              << ": the Trainer's weights differ from the hand-written "
+                                              << "loop's by up to " << max_diff(got.weights, want));
+  CHECK_MSG(got.state.global_step == got.state.max_steps,
+            "global_step " << got.state.global_step << ", max_steps " << got.state.max_steps);
+  // logging_steps 1: one training log per step, with the loss averaged over ranks, then the summary.
+  CHECK_MSG(static_cast<std::int64_t>(got.state.log_history.size()) == got.state.max_steps + 1,
+            got.state.log_history.size() << " log entries for " << got.state.max_steps << " steps");
+  CHECK_MSG(got.state.log_history.front().count("grad_norm") == 1, "no grad_norm logged");
+  CHECK_MSG(got.output.training_loss > 0 && std::isfinite(got.output.training_loss),
+            "training_loss " << got.output.training_loss);
+  remove_shared(out);
+}
+
+void trainer_resume() {
+  std::string straight_dir, cut_dir;
+  {
+    Accelerator probe(row_options());
+    straight_dir = shared_dir(probe, "straight");
+    cut_dir = shared_dir(probe, "cut");
+  }
+  auto a = base_args(straight_dir);
+  a.save_strategy = "steps";
+  a.save_steps = 2;
+  const auto straight = trainer_run(a);
+  // The same run, where the last rank alone is sent SIGUSR1 (as a scheduler's preemption) during step
+  // `stop`: mid-epoch (step 4 on 1 and 2 ranks), and at the last step of the first epoch (the resumed loader
+  // then starts the next epoch).
+  const std::int64_t per_epoch = straight.state.max_steps / 2;
+  for (const std::int64_t stop : {std::int64_t{4}, per_epoch}) {
+    a.output_dir = cut_dir;
+    const auto cut = trainer_run(a, "", [stop](Trainer<Data>& t) {
+      struct Preempt : TrainerCallback {
+        Accelerator* acc;
+        std::int64_t at;
+        Preempt(Accelerator* a, std::int64_t s) : acc(a), at(s) {}
+        std::string name() const override { return "Preempt"; }
+        void on_step_begin(const TrainingArguments&, TrainerState& s, TrainerControl&) override {
+          if (s.global_step == at - 1 && acc->process_index() == acc->num_processes() - 1)
+            std::raise(SIGUSR1);
+        }
+      };
+      t.add_callback(std::make_shared<Preempt>(&t.accelerator(), stop));
+    });
+    CHECK_MSG(cut.output.interrupted, "SIGUSR1 did not stop the run");
+    CHECK_MSG(cut.state.global_step == stop,
+              "stopped at step " << cut.state.global_step << ", want " << stop << " on every rank");
+    const auto saved = fs::path(cut_dir) / ("checkpoint-" + std::to_string(stop));
+    CHECK_MSG(fs::exists(saved / "trainer_state.json"), "no " << saved.string());
+    // A fresh model (another init) resumed from the newest checkpoint.
+    const auto resumed = trainer_run(a, "latest", {}, /*init_seed=*/99);
+    CHECK_MSG(identical(resumed.weights, straight.weights),
+              backend_variant << ": resumed at step " << stop
+                              << ", the weights differ from the uninterrupted run's by up to "
+                              << max_diff(resumed.weights, straight.weights));
+    CHECK_MSG(resumed.state.global_step == straight.state.global_step,
+              "resumed to step " << resumed.state.global_step << ", straight " << straight.state.global_step);
+    // The log history continues from the checkpoint: one entry per step, then the summary, as straight.
+    CHECK_MSG(resumed.state.log_history.size() == straight.state.log_history.size(),
+              resumed.state.log_history.size()
+                  << " entries after resume, " << straight.state.log_history.size() << " straight");
+    for (std::size_t i = 0;
+         i + 1 < straight.state.log_history.size() && i + 1 < resumed.state.log_history.size(); ++i) {
+      CHECK_MSG(resumed.state.log_history[i].at("loss") == straight.state.log_history[i].at("loss"),
+                "resumed at " << stop << ": logged loss of step " << i + 1 << " differs");
+    }
+    if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0")
+      fs::remove_all(cut_dir);
+    std::vector<std::string> sync{""};
+    Accelerator(row_options()).broadcast_object_list(sync);  // rank 0 removed it before the next cut runs
+  }
+  remove_shared(straight_dir);
+  remove_shared(cut_dir);
+}
+
+void trainer_best() {
+  std::string out;
+  {
+    Accelerator probe(row_options());
+    out = shared_dir(probe, "best");
+  }
+  auto a = base_args(out);
+  a.max_steps = 8;
+  a.eval_strategy = "steps";
+  a.eval_steps = 2;
+  a.save_strategy = "steps";
+  a.save_steps = 2;
+  a.save_total_limit = 2;
+  a.load_best_model_at_end = true;
+  a.metric_for_best_model = "loss";
+  a.greater_is_better = true;  // the highest eval loss (an early step) is "best": not the latest
+  a.validate();
+  torch::manual_seed(3);
+  Mlp model(6, 0.1);
+  Trainer<Data> trainer(
+      a, model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); }, row_options());
+  trainer.set_eval(data(22));  // 22 samples: the last round is uneven on 2 and 3 ranks
+  trainer.train();
+  const auto& state = trainer.state();
+  const auto best_step = state.best_global_step.value_or(-1);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  std::vector<std::string> want = {"checkpoint-" + std::to_string(best_step), "checkpoint-8"};
+  std::sort(want.begin(), want.end());
+  CHECK_MSG(best_step != 8 && best_step > 0,
+            "the best step is " << best_step << "; the test needs an earlier one");
+  CHECK_MSG(left == want, "left " << left.size() << " checkpoints: " << (left.empty() ? "" : left.front())
+                                  << " ... " << (left.empty() ? "" : left.back()) << "; want checkpoint-"
+                                  << best_step << " and checkpoint-8");
+  CHECK_MSG(
+      state.best_model_checkpoint == (fs::path(out) / ("checkpoint-" + std::to_string(best_step))).string(),
+      "best_model_checkpoint " << state.best_model_checkpoint.value_or("none"));
+  // Evaluation entries (gathered with gather_for_metrics) are the same on every rank.
+  std::vector<double> evals;
+  for (const auto& e : state.log_history)
+    if (e.count("eval_loss")) evals.push_back(e.at("eval_loss"));
+  CHECK_MSG(evals.size() == 4, evals.size() << " evaluations, want 4");
+  const auto all = trainer.accelerator().gather_object(evals);  // every rank's list, one after the other
+  CHECK_MSG(all.size() == evals.size() * static_cast<std::size_t>(trainer.accelerator().num_processes()),
+            "gathered " << all.size() << " values");
+  for (std::size_t i = 0; i < all.size(); ++i)
+    CHECK_MSG(all[i] == evals[i % evals.size()],
+              "eval_loss " << i % evals.size() << " differs between ranks");
+  // The model ends as the best checkpoint's: evaluating it again gives the best metric exactly.
+  const auto metrics = trainer.evaluate();
+  CHECK_MSG(metrics.at("eval_loss") == state.best_metric.value_or(-1),
+            "after load_best_model_at_end eval_loss is " << metrics.at("eval_loss") << ", the best was "
+                                                         << state.best_metric.value_or(-1));
+  remove_shared(out);
+}
+
+void trainer_early_stop() {
+  std::string out;
+  {
+    Accelerator probe(row_options());
+    out = shared_dir(probe, "early");
+  }
+  auto a = base_args(out);
+  a.max_steps = 20;
+  a.eval_strategy = "steps";
+  a.eval_steps = 1;
+  a.save_strategy = "steps";
+  a.save_steps = 1;
+  a.load_best_model_at_end = true;
+  a.metric_for_best_model = "loss";
+  a.greater_is_better = true;  // the loss falls: no evaluation after the first improves
+  a.save_total_limit = 1;
+  a.validate();
+  std::vector<std::int64_t> steps;
+  auto run = trainer_run(a, "", [&](Trainer<Data>& t) {
+    t.set_eval(data(22));
+    t.add_callback(std::make_shared<EarlyStoppingCallback>(2));
+  });
+  {
+    Accelerator acc(row_options());
+    steps = acc.gather_object(run.state.global_step);
+  }
+  for (const auto s : steps)
+    CHECK_MSG(s == steps.front(), "ranks stopped at different steps");
+  CHECK_MSG(run.state.global_step < 20, "early stopping did not stop (step " << run.state.global_step << ")");
+  remove_shared(out);
+}
+
+void trainer_nonfinite() {
+  std::string out;
+  {
+    Accelerator probe(row_options());
+    out = shared_dir(probe, "nan");
+  }
+  auto a = base_args(out);
+  a.max_steps = 4;
+  for (const std::string policy : {"skip", "stop"}) {
+    a.nonfinite_loss = policy;
+    torch::manual_seed(3);
+    Mlp model(6, 0.1);
+    Trainer<Data>* self = nullptr;
+    int calls = 0;
+    // The last rank's loss is NaN on the first micro-batch of step 2.
+    Trainer<Data> trainer(
+        a, model, data(),
+        [&](Batch& b) {
+          auto loss = torch::mse_loss(model(b.data), b.target);
+          auto& acc = self->accelerator();
+          if (calls++ == 2 && acc.process_index() == acc.num_processes() - 1) loss = loss * std::nan("");
+          return loss;
+        },
+        row_options());
+    self = &trainer;
+    const std::string last = std::to_string(trainer.accelerator().num_processes() - 1);
+    if (policy == "stop") {
+      try {
+        trainer.train();
+        CHECK_MSG(false, "nonfinite_loss stop: training went on after a NaN loss");
+      } catch (const Error& e) {
+        CHECK_MSG(std::string(e.what()).find("rank(s) " + last) != std::string::npos &&
+                      std::string(e.what()).find("step 2") != std::string::npos,
+                  "the error does not name step 2 and rank " << last << ": " << e.what());
+      }
+      continue;
+    }
+    trainer.train();
+    const auto& state = trainer.state();
+    CHECK_MSG(state.skipped_steps == 1, "skipped " << state.skipped_steps << " steps, want 1 on every rank");
+    CHECK_MSG(state.global_step == 4, "global_step " << state.global_step);
+    auto w = whole(trainer.accelerator(), model);
+    double sum = 0;
+    for (const auto& t : w) {
+      CHECK_MSG(torch::isfinite(t).all().item<bool>(), "a weight is NaN after the skipped step");
+      sum += t.sum().item<double>();
+    }
+    // Every replica took the same steps (DDP replicas would diverge if one rank stepped alone).
+    for (const auto v : trainer.accelerator().gather_object(sum))
+      CHECK_MSG(v == sum, "replicas differ");
+  }
+  remove_shared(out);
+}
+
+}  // namespace
+
+std::map<std::string, std::function<void()>> trainer_scenarios() {
+  return {{"trainer_equals_loop", trainer_equals_loop},
+          {"trainer_resume", trainer_resume},
+          {"trainer_best", trainer_best},
+          {"trainer_early_stop", trainer_early_stop},
+          {"trainer_nonfinite", trainer_nonfinite}};
+}
+
+}  // namespace dist
