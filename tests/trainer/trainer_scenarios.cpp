@@ -8,6 +8,7 @@
 // - trainer_early_stop: EarlyStoppingCallback stops every rank at the same step;
 // - trainer_nonfinite: a NaN loss on one rank drops that step's update on every rank (skip), or stops every
 //   rank with an error naming the rank (stop).
+#include <accel/distributed/env_contract.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/trainer/trainer.hpp>
 
@@ -389,6 +390,100 @@ void trainer_nonfinite() {
   remove_shared(out);
 }
 
+// Where TrainingArguments and the Accelerate config both speak (precision, accumulation, clipping, seed,
+// trackers), a value set in one of them wins and two different values are a ConfigError naming both.
+void trainer_config_merge() {
+  auto make = [](TrainingArguments a, Config c) {
+    torch::manual_seed(3);
+    Mlp model(6, 0.1);
+    Trainer<Data> t(
+        std::move(a), model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); },
+        AcceleratorOptions().config(c));
+    return t.accelerator().config();
+  };
+  Config c = cpu_config();
+  c.source = "accelerate.yaml";
+  TrainingArguments a;
+  a.output_dir = "unused";
+  a.source = "run.yaml";
+  a.bf16 = true;
+  c.mixed_precision = MixedPrecision::Fp16;
+  try {
+    make(a, c);
+    CHECK_MSG(false, "bf16 in TrainingArguments and fp16 in the Accelerate config were accepted");
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    CHECK_MSG(m.find("bf16") != std::string::npos && m.find("fp16") != std::string::npos &&
+                  m.find("run.yaml") != std::string::npos && m.find("accelerate.yaml") != std::string::npos,
+              "the conflict message does not name both keys and files: " << m);
+  }
+  c.mixed_precision = MixedPrecision::No;
+  CHECK_MSG(make(a, c).mixed_precision == MixedPrecision::Bf16,
+            "bf16 from TrainingArguments was not applied");
+  a.bf16 = false;
+  c.mixed_precision = MixedPrecision::Bf16;
+  CHECK_MSG(make(a, c).mixed_precision == MixedPrecision::Bf16, "the Accelerate config's bf16 was dropped");
+  c.mixed_precision = MixedPrecision::No;
+  // Accumulation: the config's 4 with the arguments' default 1 -> 4; an explicit 2 against 4 -> error.
+  c.gradient_accumulation_steps = 4;
+  CHECK_MSG(make(a, c).gradient_accumulation_steps == 4, "the Accelerate config's accumulation was dropped");
+  a.gradient_accumulation_steps = 2;
+  a.explicit_keys.push_back("gradient_accumulation_steps");
+  CHECK_THROWS_WITH(make(a, c), Catch::Matchers::Contains("gradient_accumulation_steps"));
+  c.gradient_accumulation_steps = 1;
+  CHECK_MSG(make(a, c).gradient_accumulation_steps == 2, "TrainingArguments' accumulation was not applied");
+  // Clipping: DeepSpeed's gradient_clipping 1.0 against max_grad_norm 0.5.
+  c.zero.gradient_clipping = 1.0;
+  a.max_grad_norm = 0.5;
+  CHECK_THROWS_WITH(make(a, c), Catch::Matchers::Contains("gradient_clipping"));
+  c.zero.gradient_clipping = 0;
+  // Seed and trackers.
+  c.seed = 7;
+  a.explicit_keys.push_back("seed");
+  CHECK_THROWS_WITH(make(a, c), Catch::Matchers::Contains("seed"));
+  c.seed.reset();
+  c.log_with = "csv";
+  a.report_to = {"tensorboard"};
+  CHECK_THROWS_WITH(make(a, c),
+                    Catch::Matchers::Contains("report_to") && Catch::Matchers::Contains("log_with"));
+  a.report_to = {"none"};
+  CHECK_MSG(make(a, c).log_with == "csv", "the Accelerate config's log_with was dropped");
+}
+
+// Under `accel-launch launch --max_restarts 1` (tests/launcher/restart_resume.sh): on the first attempt rank
+// 1 is killed (SIGKILL) while checkpoint-4 is being written; the restarted ranks train("latest"), which
+// resumes from checkpoint-3, the newest complete one, and end with the uninterrupted run's weights, bit for
+// bit.
+void trainer_restart() {
+  const char* dir = std::getenv("ACCEL_TEST_SAVE_DIR");
+  REQUIRE(dir != nullptr);
+  const int attempt = std::atoi(std::getenv(env::kRestartCount) ? std::getenv(env::kRestartCount) : "0");
+  auto a = base_args((fs::path(dir) / ("straight_" + std::to_string(attempt))).string());
+  a.save_strategy = "steps";
+  a.save_steps = 1;
+  a.save_total_limit = 2;
+  const auto straight = trainer_run(a);
+  a.output_dir = (fs::path(dir) / "cut").string();
+  const auto resumed = trainer_run(
+      a, "latest",
+      [attempt](Trainer<Data>& t) {
+        auto& acc = t.accelerator();
+        acc.register_save_state_pre_hook([attempt, &acc](const std::string& tmp) {
+          if (attempt == 0 && acc.process_index() == 1 && acc.completed_steps() == 4) ::raise(SIGKILL);
+          (void)tmp;
+        });
+      },
+      /*init_seed=*/attempt == 0 ? 3 : 99);  // the restarted attempt starts from another init: all is loaded
+  CHECK_MSG(identical(resumed.weights, straight.weights),
+            backend_variant << ": after the restart the weights differ from the uninterrupted run's by up to "
+                            << max_diff(resumed.weights, straight.weights));
+  if (std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+    std::cout << "trainer_restart: attempt " << attempt << " ended at step " << resumed.state.global_step
+              << " with the uninterrupted run's weights: "
+              << (identical(resumed.weights, straight.weights) ? "yes" : "no") << std::endl;
+  }
+}
+
 }  // namespace
 
 std::map<std::string, std::function<void()>> trainer_scenarios() {
@@ -396,7 +491,9 @@ std::map<std::string, std::function<void()>> trainer_scenarios() {
           {"trainer_resume", trainer_resume},
           {"trainer_best", trainer_best},
           {"trainer_early_stop", trainer_early_stop},
-          {"trainer_nonfinite", trainer_nonfinite}};
+          {"trainer_nonfinite", trainer_nonfinite},
+          {"trainer_config_merge", trainer_config_merge},
+          {"trainer_restart", trainer_restart}};
 }
 
 }  // namespace dist

@@ -168,7 +168,7 @@ TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : a
   state_.is_world_process_zero = accelerator_->is_main_process();
   state_.is_local_process_zero = accelerator_->is_local_main_process();
   for (const auto& n : args_.notices)
-    accelerator_->print("notice: ", n, "\n");
+    accelerator_->print("notice: ", n);
   // trainer_state.json goes into the checkpoint's temporary directory, so it is part of the atomic unit and
   // of its manifest.
   accelerator_->register_save_state_pre_hook([this](const std::string& dir) {
@@ -312,7 +312,7 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     std::vector<std::string> chosen{acc.is_main_process() ? latest_checkpoint() : std::string()};
     acc.broadcast_object_list(chosen);
     dir = chosen.front();
-    if (dir.empty()) acc.print("Trainer: no checkpoint in ", args_.output_dir, "; training from the start\n");
+    if (dir.empty()) acc.print("Trainer: no checkpoint in ", args_.output_dir, "; training from the start");
   }
   if (!dir.empty()) resume_from(dir);
   if (!trackers_open_) {
@@ -415,7 +415,7 @@ void TrainerBase::window_end() {
     optimizer_->zero_grad();
     ++state_.skipped_steps;
     acc.print("Trainer: step ", state_.global_step + 1, " skipped: the loss was NaN or Inf on rank(s) ",
-              fmt::format("{}", fmt::join(bad, ", ")), " (nonfinite_loss: skip)\n");
+              fmt::format("{}", fmt::join(bad, ", ")), " (nonfinite_loss: skip)");
     if (!args_.logging_nan_inf_filter) {
       interval_loss_ += window_loss_;
       interval_micro_ += window_micro_;
@@ -512,7 +512,7 @@ void TrainerBase::record_log(LogEntry logs) {
     values.emplace_back(tracker_name(k), v);
   if (trackers_open_) accelerator_->log(values, state_.global_step);
   logs["step"] = static_cast<double>(state_.global_step);
-  if (!bar_ || bar_->mode() == ProgressMode::Off) accelerator_->print(format_logs(logs), "\n");
+  if (!bar_ || bar_->mode() == ProgressMode::Off) accelerator_->print(format_logs(logs));
   state_.log_history.push_back(std::move(logs));
 }
 
@@ -588,7 +588,7 @@ void TrainerBase::rotate_checkpoints() {
        checkpoints_to_delete(sorted, *args_.save_total_limit, state_.best_model_checkpoint)) {
     std::error_code ec;
     fs::remove_all(path, ec);
-    if (ec) accelerator_->print("Trainer: could not delete old checkpoint ", path, ": ", ec.message(), "\n");
+    if (ec) accelerator_->print("Trainer: could not delete old checkpoint ", path, ": ", ec.message());
   }
 }
 
@@ -620,7 +620,7 @@ void TrainerBase::resume_from(const std::string& dir) {
     const auto it = s.stateful_callbacks.find(c->name());
     if (it != s.stateful_callbacks.end()) c->load_attributes(it->second);
   }
-  acc.print("Trainer: resumed from ", dir, " at step ", state_.global_step, "\n");
+  acc.print("Trainer: resumed from ", dir, " at step ", state_.global_step);
 }
 
 TrainOutput TrainerBase::end_train() {
@@ -651,7 +651,7 @@ TrainOutput TrainerBase::end_train() {
     std::error_code ec;
     if (fs::exists(*state_.best_model_checkpoint, ec)) {
       acc.print("Trainer: loading the best checkpoint ", *state_.best_model_checkpoint, " (",
-                *args_.metric_for_best_model, " ", *state_.best_metric, ")\n");
+                *args_.metric_for_best_model, " ", *state_.best_metric, ")");
       acc.load_state(*state_.best_model_checkpoint);
     }
   }
@@ -662,7 +662,7 @@ TrainOutput TrainerBase::end_train() {
   }
   if (interrupted_)
     acc.print("Trainer: stopped by a signal; saved checkpoint-", state_.global_step, " in ", args_.output_dir,
-              "; train(\"latest\") continues from it\n");
+              "; train(\"latest\") continues from it");
   return out;
 }
 

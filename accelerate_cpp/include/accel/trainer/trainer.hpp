@@ -113,6 +113,7 @@ class TrainerBase {
   /// Logs the metrics of an evaluation (prefixed eval_), runs on_evaluate, tracks the best metric.
   Metrics finish_evaluation(Metrics metrics);
   std::shared_ptr<torch::nn::Module>& model() noexcept { return model_; }
+  bool interrupted() const noexcept { return interrupted_; }
   bool has_eval_ = false;
 
  private:
@@ -239,10 +240,11 @@ class Trainer : public detail::TrainerBase {
           break;
         }
       }
-      if (stop) break;
-      if (batches == 0) continue;  // resumed after an epoch's last batch: that epoch already ended
-      epoch_end(evaluate_fn);
-      if (control().should_training_stop) break;
+      if (batches == 0 && !stop) continue;  // resumed after an epoch's last batch: that epoch already ended
+      // As HF: the epoch ends (its evaluation and save) also when max_steps or a callback stopped training
+      // inside it; not after a preemption signal, whose checkpoint is already written.
+      if (!interrupted()) epoch_end(evaluate_fn);
+      if (stop || control().should_training_stop) break;
     }
     return end_train();
   }
