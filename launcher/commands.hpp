@@ -20,6 +20,8 @@ void setup_config_command(CLI::App& app);
 void setup_env_command(CLI::App& app);
 /// `accel-launch estimate-memory`: predicted per-rank memory of a training setup.
 void setup_estimate_memory_command(CLI::App& app);
+/// `accel-launch train -t TYPE PROGRAM [ARGS...]`: launch with a named pair of config_templates/trainer/.
+void setup_train_command(CLI::App& app);
 /// `accel-launch test`: runs accel-test-check on the configured ranks and says passed or FAILED.
 void setup_test_command(CLI::App& app);
 

@@ -402,12 +402,7 @@ void run_launch(const LaunchOptions& options) {
   supervise_with_restarts(supervisor, config, options, local_ranks, pick_port);
 }
 
-void setup_launch_command(CLI::App& app) {
-  auto options = std::make_shared<LaunchOptions>();
-  CLI::App* sub = app.add_subcommand("launch",
-                                     "Run PROGRAM as num_processes / num_machines ranks on this machine, "
-                                     "with RANK, WORLD_SIZE, MASTER_ADDR, "
-                                     "MASTER_PORT, ... set; stops all ranks when one fails");
+void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options) {
   sub->add_option(both_spellings("config_file"), options->config_file,
                   "YAML config (default: " + default_config_path() + " if it exists)");
   sub->add_option_function<int>(
@@ -462,6 +457,15 @@ void setup_launch_command(CLI::App& app) {
       ->type_name("[ARGS...]");
   // Everything from PROGRAM on is the program's, even arguments that look like our options.
   sub->positionals_at_end();
+}
+
+void setup_launch_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  CLI::App* sub = app.add_subcommand("launch",
+                                     "Run PROGRAM as num_processes / num_machines ranks on this machine, "
+                                     "with RANK, WORLD_SIZE, MASTER_ADDR, "
+                                     "MASTER_PORT, ... set; stops all ranks when one fails");
+  add_launch_options(sub, options);
   sub->callback([options] { run_launch(*options); });
 }
 

@@ -4,12 +4,17 @@
 /// program and the rendezvous port before anything starts, then runs this machine's ranks under the
 /// supervisor.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "accel/config/config.hpp"
 #include "accel/errors.hpp"
+
+namespace CLI {
+class App;
+}
 
 namespace accel::launcher {
 
@@ -82,5 +87,7 @@ Config resolve_launch_config(const LaunchOptions& options, std::vector<std::stri
 /// Throws ConfigError/UsageError (nothing started), LaunchError (nothing started, or the supervisor failed),
 /// or RanksFailed (the ranks ran and did not all exit 0).
 void run_launch(const LaunchOptions& options);
+/// Registers launch's options and its PROGRAM [ARGS...] positional on `sub` (launch and train share them).
+void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options);
 
 }  // namespace accel::launcher

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("accel-launch ") + ACCEL_LAUNCH_VERSION);
   app.require_subcommand(1);
   accel::launcher::setup_launch_command(app);
+  accel::launcher::setup_train_command(app);
   accel::launcher::setup_config_command(app);
   accel::launcher::setup_env_command(app);
   accel::launcher::setup_estimate_memory_command(app);

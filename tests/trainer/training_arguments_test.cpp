@@ -1,10 +1,12 @@
 // accel::TrainingArguments: HF's names and defaults, HF's training_args.json loaded as is, command-line
 // overrides, and errors that name the file, line, key and value.
+#include <accel/config/config.hpp>
 #include <accel/errors.hpp>
 #include <accel/trainer/training_arguments.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -139,4 +141,23 @@ TEST_CASE("TrainingArguments: the command line overrides the file") {
   std::vector<const char*> list = {"prog", "--report_to", "tensorboard,jsonl"};
   CHECK(TrainingArguments::from_command_line(3, list.data()).report_to ==
         std::vector<std::string>{"tensorboard", "jsonl"});
+}
+
+TEST_CASE("TrainingArguments: every training type of config_templates/trainer loads and validates") {
+  namespace fs = std::filesystem;
+  int types = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(ACCEL_CONFIG_TEMPLATE_DIR) / "trainer")) {
+    const std::string name = e.path().filename().string();
+    const std::string suffix = ".accelerate.yaml";
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    INFO(name);
+    CHECK_NOTHROW(accel::Config::load_file(e.path().string()));
+    const auto args_file = e.path().parent_path() / (name.substr(0, name.size() - suffix.size()) + ".yaml");
+    REQUIRE(fs::exists(args_file));
+    auto a = TrainingArguments::load_file(args_file.string());
+    CHECK_NOTHROW(a.validate());
+    ++types;
+  }
+  CHECK(types >= 3);  // full, zero2_offload, zero3
 }

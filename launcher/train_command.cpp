@@ -1,0 +1,98 @@
+/// \file train_command.cpp
+/// `accel-launch train -t TYPE [launch options] PROGRAM [ARGS...]`: the training types of the users' material
+/// (full, zero2_offload, zero3, ...) as named pairs of files in config_templates/trainer/:
+/// `<type>.accelerate.yaml` (the Accelerate config: backend, precision, offload) and `<type>.yaml` (Hugging
+/// Face TrainingArguments). It is `launch --config_file <type>.accelerate.yaml PROGRAM --training_args
+/// <type>.yaml ARGS...`: a Trainer program (examples/trainer) reads both; options given here or after PROGRAM
+/// override the files.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
+
+#include <accel/errors.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "commands.hpp"
+#include "launch_command.hpp"
+
+namespace accel::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --templates, else ACCEL_TEMPLATES_DIR, else the source tree's config_templates (the build tree's launcher).
+std::string templates_dir(const std::string& given) {
+  if (!given.empty()) return given;
+  if (const char* env = std::getenv("ACCEL_TEMPLATES_DIR"); env != nullptr && *env != '\0') return env;
+#ifdef ACCEL_CONFIG_TEMPLATE_DIR
+  return ACCEL_CONFIG_TEMPLATE_DIR;
+#else
+  return "config_templates";
+#endif
+}
+
+std::vector<std::string> training_types(const fs::path& dir) {
+  std::vector<std::string> types;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string suffix = ".accelerate.yaml";
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string type = name.substr(0, name.size() - suffix.size());
+      if (fs::exists(dir / (type + ".yaml"), ec)) types.push_back(type);
+    }
+  }
+  std::sort(types.begin(), types.end());
+  return types;
+}
+
+}  // namespace
+
+void setup_train_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  auto type = std::make_shared<std::string>();
+  auto templates = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("train",
+                                     "Launch a Trainer program with a training type: the pair "
+                                     "<type>.accelerate.yaml (Accelerate config) and "
+                                     "<type>.yaml (TrainingArguments) of config_templates/trainer/");
+  sub->add_option("-t,--type", *type, "Training type (full, zero2_offload, zero3, ...)")->required();
+  sub->add_option("--templates", *templates,
+                  "Directory holding trainer/<type>.* (default: $ACCEL_TEMPLATES_DIR, else the source tree's "
+                  "config_templates)");
+  add_launch_options(sub, options);
+  sub->callback([options, type, templates] {
+    const fs::path dir = fs::path(templates_dir(*templates)) / "trainer";
+    const auto types = training_types(dir);
+    if (std::find(types.begin(), types.end(), *type) == types.end()) {
+      throw UsageError(
+          fmt::format("train: unknown training type '{}'; {} has {} (each a <type>.accelerate.yaml and "
+                      "<type>.yaml pair); "
+                      "pass --templates DIR or set ACCEL_TEMPLATES_DIR for another directory",
+                      *type, dir.string(),
+                      types.empty() ? std::string("none") : fmt::format("{}", fmt::join(types, ", "))));
+    }
+    if (options->command.empty())
+      throw UsageError(
+          "train: give the Trainer program to run (for example "
+          "build/examples/trainer/fashion_mnist_trainer)");
+    LaunchOptions launch = *options;
+    if (launch.config_file.empty()) launch.config_file = (dir / (*type + ".accelerate.yaml")).string();
+    // The program's own --training_args (after PROGRAM) wins; otherwise the type's file comes first, so that
+    // the options after it override its keys.
+    const bool own = std::find_if(launch.command.begin() + 1, launch.command.end(), [](const std::string& a) {
+                       return a == "--training_args" || a.rfind("--training_args=", 0) == 0;
+                     }) != launch.command.end();
+    if (!own) {
+      launch.command.insert(launch.command.begin() + 1,
+                            {"--training_args", (dir / (*type + ".yaml")).string()});
+    }
+    run_launch(launch);
+  });
+}
+
+}  // namespace accel::launcher
