@@ -1,0 +1,98 @@
+#pragma once
+/// \file lora.hpp
+/// LoRA adapters (Hu et al. 2021; Hugging Face PEFT's `LoraConfig` / `get_peft_model`) for LibTorch models,
+/// without touching the model's code: `get_peft_model(model, config)` freezes the model and gives each
+/// matching `torch::nn::Linear` two small trainable children, `lora_A` (r x in, Kaiming-uniform as PEFT) and
+/// `lora_B` (out x r, zeros), so that the layer computes `W x + b + (alpha / r) * B A dropout(x)`.
+///
+///   accel::peft::LoraConfig lora;
+///   lora.r = 8; lora.lora_alpha = 16; lora.target_modules = {"q_proj", "v_proj"};
+///   auto peft = accel::peft::get_peft_model(model, lora);   // 2 lines; the forward code is unchanged
+///   torch::optim::AdamW opt(model->parameters(), ...);     // frozen parameters get no gradient
+///
+/// How, since a LibTorch Linear's forward is not virtual: the adapted layer's weight is watched by an ATen
+/// operator observer (RecordFunction), which adds the adapter term in place to the output of the operator
+/// that applies the weight (`aten::linear`, or `aten::addmm` / `aten::matmul` with the weight's transpose, as
+/// `torch::nn::functional::linear` calls them). The in-place add is recorded by autograd, so gradients reach
+/// A and B exactly; backward and other uses of the weight are untouched. Every backend sees the adapters as
+/// ordinary parameters (prepared, sharded and checkpointed like any other).
+///
+/// Limits: the term is added where the weight goes through those three operators (the module's forward,
+/// `F::linear`, `torch::linear`); `W.mm(...)` written by hand is not adapted. Needs RecordFunction enabled
+/// (the default) and a Release build of this library (ATen keeps observer inputs only with NDEBUG, as the
+/// ZeRO-3 engine's trigger does).
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace accel::peft {
+
+/// PEFT's LoraConfig (the fields that change what is trained).
+struct LoraConfig {
+  int r = 8;
+  double lora_alpha = 8;
+  double lora_dropout = 0.0;
+  /// Module names: a Linear whose dotted path equals one or ends with "." + one is adapted (PEFT's list
+  /// form).
+  std::vector<std::string> target_modules;
+  /// Or a regular expression matched against the whole dotted path (PEFT's string form).
+  std::string target_modules_regex;
+  /// "none": every bias frozen; "all": every bias trained; "lora_only": the adapted layers' biases trained.
+  std::string bias = "none";
+  /// Modules (by name, as target_modules) trained in full besides the adapters.
+  std::vector<std::string> modules_to_save;
+};
+
+/// The adapters put on one model: what get_peft_model returns. The adapters live in the model (its
+/// children); this handle only names them and offers PEFT's operations. Dropping it changes nothing.
+class LoraModel {
+ public:
+  struct Layer;
+  LoraModel(std::shared_ptr<torch::nn::Module> model, LoraConfig config,
+            std::vector<std::shared_ptr<Layer>> layers);
+  ~LoraModel();
+
+  const LoraConfig& config() const noexcept { return config_; }
+  /// Dotted paths of the adapted Linear layers, in module order.
+  std::vector<std::string> adapted_modules() const;
+  /// (trainable, all) parameter element counts.
+  std::pair<std::int64_t, std::int64_t> trainable_parameters() const;
+  /// PEFT's line: "trainable params: 1,536 || all params: 110,914 || trainable%: 1.3848"; printed and
+  /// returned.
+  std::string print_trainable_parameters() const;
+  /// W += (alpha / r) B A in every adapted layer and stop adding the term (outputs unchanged). On an
+  /// unprepared model (before prepare, or after free_memory): sharded backends hold only a slice of W.
+  void merge();
+  /// The inverse of merge: W -= (alpha / r) B A, the term added again.
+  void unmerge();
+  /// merge(), then remove the adapters: the model is a plain model again, with the merged weights.
+  void merge_and_unload();
+  /// PEFT's files: `dir/adapter_model.safetensors` (keys `base_model.model.<path>.lora_A.weight`, ...) and
+  /// `dir/adapter_config.json`, loadable by Python's `PeftModel.from_pretrained`. `state`: the model's whole
+  /// state when it is prepared on a sharded backend (`accelerator.get_state_dict(model)`); empty: the model's
+  /// own tensors.
+  void save_adapter(const std::string& dir,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& state = {}) const;
+  /// Reads PEFT adapter files (written by save_adapter or by Python's PEFT) into the adapters: keys, shapes
+  /// and lora_alpha / r must match this config.
+  void load_adapter(const std::string& dir);
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  LoraConfig config_;
+  std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+/// Adapts `model` in place (see the file comment) and returns the handle. Throws UsageError when no Linear
+/// matches the targets, when a target names a module that is not a Linear, or on an invalid config.
+std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Module>& model,
+                                          const LoraConfig& config);
+template <class M>
+std::shared_ptr<LoraModel> get_peft_model(torch::nn::ModuleHolder<M>& model, const LoraConfig& config) {
+  return get_peft_model(std::static_pointer_cast<torch::nn::Module>(model.ptr()), config);
+}
+
+}  // namespace accel::peft

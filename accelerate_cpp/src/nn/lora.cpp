@@ -1,0 +1,490 @@
+// LoRA adapters on unmodified LibTorch models: the adapters are children of the adapted Linear layers, and an
+// ATen operator observer adds their term to the output of the operator that applies an adapted weight.
+#include <accel/errors.hpp>
+#include <accel/nn/lora.hpp>
+
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/tensor_io.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <regex>
+#include <shared_mutex>
+
+namespace accel::peft {
+
+// One adapted Linear: its module (weakly: the model owns it), the adapters and the scale.
+struct LoraModel::Layer {
+  std::weak_ptr<torch::nn::Module> module;
+  torch::nn::LinearImpl* linear = nullptr;
+  std::string path;
+  torch::nn::Linear lora_A{nullptr};
+  torch::nn::Linear lora_B{nullptr};
+  double scale = 1;
+  double dropout = 0;
+  std::atomic<bool> merged{false};
+};
+
+namespace {
+
+namespace fs = std::filesystem;
+using Layer = LoraModel::Layer;
+using Json = nlohmann::json;
+
+thread_local bool tl_inside = false;  // our own operators
+thread_local int tl_active = 0;       // inside an operator we adapt: its inner operators are not ours
+
+struct Registry {
+  std::shared_mutex mu;
+  std::vector<std::weak_ptr<Layer>> layers;
+  at::CallbackHandle handle = 0;
+  bool started = false;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // never destroyed: callbacks may run during static destruction
+  return *r;
+}
+
+const c10::StorageImpl* storage_of(const c10::IValue& v) {
+  if (!v.isTensor()) return nullptr;
+  const auto& t = v.toTensor();
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  return t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+}
+
+struct Pending final : at::ObserverContext {
+  torch::Tensor x;
+  std::shared_ptr<Layer> layer;
+};
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (tl_inside || tl_active > 0) return nullptr;
+  const std::string_view name = fn.name();
+  // Where the input and the weight are: aten::linear(x, W, b); F::linear's aten::addmm(b, x, W.t()) and
+  // aten::matmul(x, W.t()).
+  std::size_t x_at = 0, w_at = 1;
+  bool transposed = true;
+  if (name == "aten::linear") {
+    transposed = false;
+  } else if (name == "aten::addmm") {
+    x_at = 1;
+    w_at = 2;
+  } else if (name != "aten::matmul") {
+    return nullptr;
+  }
+  const auto inputs = fn.inputs();
+  if (inputs.size() <= w_at) return nullptr;
+  const auto* storage = storage_of(inputs[w_at]);
+  if (storage == nullptr) return nullptr;
+  std::shared_ptr<Layer> match;
+  {
+    auto& r = registry();
+    std::shared_lock lock(r.mu);
+    for (const auto& weak : r.layers) {
+      auto layer = weak.lock();
+      if (!layer || layer->module.expired() || layer->merged.load()) continue;
+      const auto& w = layer->linear->weight;
+      if (!w.defined() || !w.has_storage() ||
+          w.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() != storage)
+        continue;
+      const auto& arg = inputs[w_at].toTensor();
+      if (arg.dim() != 2) continue;
+      const bool shape_ok = transposed ? (arg.size(0) == w.size(1) && arg.size(1) == w.size(0))
+                                       : (arg.size(0) == w.size(0) && arg.size(1) == w.size(1));
+      if (!shape_ok) continue;
+      match = std::move(layer);
+      break;
+    }
+  }
+  if (!match || !inputs[x_at].isTensor()) return nullptr;
+  auto pending = std::make_unique<Pending>();
+  pending->x = inputs[x_at].toTensor();
+  pending->layer = std::move(match);
+  ++tl_active;
+  return pending;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (ctx == nullptr) return;
+  --tl_active;
+  auto* pending = static_cast<Pending*>(ctx);
+  const auto outputs = fn.outputs();
+  Layer& l = *pending->layer;
+  tl_inside = true;
+  try {
+    if (outputs.empty() || !outputs[0].isTensor())
+      throw std::runtime_error("the operator returned no tensor");
+    auto y = outputs[0].toTensor();
+    auto x = pending->x;
+    if (l.dropout > 0 && l.linear->is_training()) x = torch::dropout(x, l.dropout, /*train=*/true);
+    auto delta = l.lora_B(l.lora_A(x)) * l.scale;
+    y.add_(delta.to(y.scalar_type()));
+  } catch (const std::exception& e) {
+    // An exception here would be swallowed by ATen and the layer would silently lack its adapter: stop.
+    std::cerr << "accelerate-cpp LoRA: could not apply the adapter of '" << l.path << "': " << e.what()
+              << std::endl;
+    std::abort();
+  }
+  tl_inside = false;
+}
+
+void add_layers(const std::vector<std::shared_ptr<Layer>>& layers) {
+  auto& r = registry();
+  std::unique_lock lock(r.mu);
+  r.layers.erase(std::remove_if(r.layers.begin(), r.layers.end(),
+                                [](const std::weak_ptr<Layer>& w) {
+                                  auto l = w.lock();
+                                  return !l || l->module.expired();
+                                }),
+                 r.layers.end());
+  for (const auto& l : layers)
+    r.layers.push_back(l);
+  if (!r.started) {
+    r.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                         .needsInputs(true)
+                                         .needsOutputs(true)
+                                         .scopes({at::RecordScope::FUNCTION}));
+    r.started = true;
+  }
+}
+
+void remove_layers(const std::vector<std::shared_ptr<Layer>>& layers) {
+  auto& r = registry();
+  std::unique_lock lock(r.mu);
+  r.layers.erase(std::remove_if(r.layers.begin(), r.layers.end(),
+                                [&](const std::weak_ptr<Layer>& w) {
+                                  auto l = w.lock();
+                                  return !l || l->module.expired() ||
+                                         std::find(layers.begin(), layers.end(), l) != layers.end();
+                                }),
+                 r.layers.end());
+  if (r.layers.empty() && r.started) {
+    at::removeCallback(r.handle);
+    r.started = false;
+  }
+}
+
+bool name_matches(const std::string& path, const std::string& name) {
+  return path == name ||
+         (path.size() > name.size() && path.compare(path.size() - name.size(), name.size(), name) == 0 &&
+          path[path.size() - name.size() - 1] == '.');
+}
+
+std::string with_commas(std::int64_t n) {
+  std::string s = std::to_string(n), out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+const std::string kPrefix = "base_model.model.";
+
+}  // namespace
+
+LoraModel::LoraModel(std::shared_ptr<torch::nn::Module> model, LoraConfig config,
+                     std::vector<std::shared_ptr<Layer>> layers)
+    : model_(std::move(model)), config_(std::move(config)), layers_(std::move(layers)) {}
+
+LoraModel::~LoraModel() = default;
+
+std::vector<std::string> LoraModel::adapted_modules() const {
+  std::vector<std::string> out;
+  for (const auto& l : layers_)
+    out.push_back(l->path);
+  return out;
+}
+
+std::pair<std::int64_t, std::int64_t> LoraModel::trainable_parameters() const {
+  std::int64_t trainable = 0, all = 0;
+  for (const auto& p : model_->parameters()) {
+    all += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  return {trainable, all};
+}
+
+std::string LoraModel::print_trainable_parameters() const {
+  const auto [trainable, all] = trainable_parameters();
+  const std::string line = fmt::format(
+      "trainable params: {} || all params: {} || trainable%: {:.4f}", with_commas(trainable),
+      with_commas(all), all > 0 ? 100.0 * static_cast<double>(trainable) / static_cast<double>(all) : 0.0);
+  std::cout << line << std::endl;
+  return line;
+}
+
+void LoraModel::merge() {
+  torch::NoGradGuard no_grad;
+  for (auto& l : layers_) {
+    if (l->merged.load()) continue;
+    auto& w = l->linear->weight;
+    w.add_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
+    l->merged = true;
+  }
+}
+
+void LoraModel::unmerge() {
+  torch::NoGradGuard no_grad;
+  for (auto& l : layers_) {
+    if (!l->merged.load()) continue;
+    auto& w = l->linear->weight;
+    w.sub_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
+    l->merged = false;
+  }
+}
+
+void LoraModel::merge_and_unload() {
+  merge();
+  remove_layers(layers_);
+  for (auto& l : layers_) {
+    l->linear->unregister_module("lora_A");
+    l->linear->unregister_module("lora_B");
+  }
+  layers_.clear();
+}
+
+void LoraModel::save_adapter(const std::string& dir,
+                             const std::vector<std::pair<std::string, torch::Tensor>>& state) const {
+  if (!config_.modules_to_save.empty()) {
+    throw UnsupportedOperation(
+        "save_adapter: modules_to_save are not written to PEFT adapter files by accelerate-cpp yet; save the "
+        "whole model with Accelerator::save_model (or save_state) instead");
+  }
+  std::map<std::string, torch::Tensor> given(state.begin(), state.end());
+  const auto own = model_->named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto take = [&](const std::string& name) {
+    torch::Tensor t;
+    if (!state.empty()) {
+      const auto it = given.find(name);
+      if (it == given.end())
+        throw UsageError(
+            fmt::format("save_adapter: the state passed has no '{}' (pass "
+                        "accelerator.get_state_dict(model) of the adapted model)",
+                        name));
+      t = it->second;
+    } else {
+      t = own[name];
+    }
+    const auto& mine = own[name];
+    if (!t.defined() || t.sizes() != mine.sizes() || (t.numel() > 0 && t.data_ptr() == nullptr)) {
+      throw UsageError(
+          fmt::format("save_adapter: '{}' is not whole here (the model is prepared on a backend that "
+                      "shards it); pass accelerator.get_state_dict(model) as the state",
+                      name));
+    }
+    out.emplace_back(kPrefix + name, t.detach().cpu().contiguous());
+  };
+  for (const auto& l : layers_) {
+    if (l->merged.load())
+      throw UsageError("save_adapter: the adapters are merged into the weights; unmerge() first");
+    take(l->path + ".lora_A.weight");
+    take(l->path + ".lora_B.weight");
+  }
+  if (config_.bias == "all") {
+    for (const auto& p : own)
+      if (p.key() == "bias" || (p.key().size() > 5 && p.key().substr(p.key().size() - 5) == ".bias"))
+        take(p.key());
+  } else if (config_.bias == "lora_only") {
+    for (const auto& l : layers_)
+      if (l->linear->bias.defined()) take(l->path + ".bias");
+  }
+  fs::create_directories(dir);
+  const std::string tensors = (fs::path(dir) / "adapter_model.safetensors").string();
+  detail::write_tensors(tensors + ".tmp", out, {{"format", "pt"}});
+  Json targets = Json::array();
+  for (const auto& t : config_.target_modules)
+    targets.push_back(t);
+  const Json config = {
+      {"peft_type", "LORA"},
+      {"task_type", nullptr},
+      {"base_model_name_or_path", nullptr},
+      {"revision", nullptr},
+      {"inference_mode", true},
+      {"r", config_.r},
+      {"lora_alpha", config_.lora_alpha},
+      {"lora_dropout", config_.lora_dropout},
+      {"target_modules", config_.target_modules_regex.empty() ? targets : Json(config_.target_modules_regex)},
+      {"bias", config_.bias},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", Json::object()},
+      {"alpha_pattern", Json::object()},
+      {"use_rslora", false},
+      {"use_dora", false}};
+  const std::string json = (fs::path(dir) / "adapter_config.json").string();
+  {
+    std::ofstream f(json + ".tmp", std::ios::binary | std::ios::trunc);
+    f << config.dump(2) << "\n";
+    f.close();
+    if (!f) throw CheckpointError(fmt::format("save_adapter: could not write '{}'", json));
+  }
+  fs::rename(tensors + ".tmp", tensors);
+  fs::rename(json + ".tmp", json);
+}
+
+void LoraModel::load_adapter(const std::string& dir) {
+  const std::string json_path = (fs::path(dir) / "adapter_config.json").string();
+  std::ifstream in(json_path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("load_adapter: cannot open '{}'", json_path));
+  Json config;
+  try {
+    config = Json::parse(in);
+  } catch (const Json::exception& e) {
+    throw CheckpointError(fmt::format("load_adapter: '{}' is not valid JSON: {}", json_path, e.what()));
+  }
+  auto number = [&](const char* key) -> double {
+    if (!config.contains(key) || !config.at(key).is_number())
+      throw CheckpointError(fmt::format("load_adapter: '{}' has no number '{}'", json_path, key));
+    return config.at(key).get<double>();
+  };
+  if (config.value("peft_type", std::string()) != "LORA")
+    throw CheckpointError(fmt::format("load_adapter: '{}' is not a LoRA adapter (peft_type)", json_path));
+  if (number("r") != config_.r || number("lora_alpha") != config_.lora_alpha) {
+    throw CheckpointError(
+        fmt::format("load_adapter: '{}' has r {} and lora_alpha {}, this model's LoraConfig r {} "
+                    "and lora_alpha {}; adapt the model with the adapter's values",
+                    json_path, number("r"), number("lora_alpha"), config_.r, config_.lora_alpha));
+  }
+  const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  const auto tensors = detail::read_tensors(safetensors::File::open(path));
+  auto params = model_->named_parameters();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  for (const auto& [key, t] : tensors) {
+    if (key.rfind(kPrefix, 0) != 0)
+      throw CheckpointError(
+          fmt::format("load_adapter: '{}' holds '{}', not a PEFT key (base_model.model.<path>)", path, key));
+    std::string name = key.substr(kPrefix.size());
+    // PEFT in memory names the adapter ("lora_A.default.weight"); its files do not. Accept both.
+    for (const char* part : {".lora_A.default.", ".lora_B.default."}) {
+      const auto at = name.find(part);
+      if (at != std::string::npos)
+        name = name.substr(0, at) + std::string(part).substr(0, 7) + "." + name.substr(at + 16);
+    }
+    auto* p = params.find(name);
+    if (p == nullptr)
+      throw CheckpointError(fmt::format(
+          "load_adapter: '{}' holds '{}', which this adapted model has no parameter for", path, key));
+    if (p->sizes() != t.sizes())
+      throw CheckpointError(fmt::format("load_adapter: '{}' in '{}' has shape {}, the model's is {}", key,
+                                        path, fmt::join(t.sizes().vec(), "x"),
+                                        fmt::join(p->sizes().vec(), "x")));
+    copies.emplace_back(*p, t);
+  }
+  for (const auto& l : layers_) {
+    for (const std::string suffix : {".lora_A.weight", ".lora_B.weight"}) {
+      if (tensors.count(kPrefix + l->path + suffix) == 0)
+        throw CheckpointError(
+            fmt::format("load_adapter: '{}' has no '{}'", path, kPrefix + l->path + suffix));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [dst, src] : copies)
+    dst.copy_(src);
+}
+
+std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Module>& model,
+                                          const LoraConfig& config) {
+  if (!model) throw UsageError("get_peft_model: the model is empty");
+  if (config.r < 1) throw UsageError(fmt::format("LoraConfig: r must be at least 1, got {}", config.r));
+  if (!(config.lora_alpha > 0))
+    throw UsageError(fmt::format("LoraConfig: lora_alpha must be positive, got {}", config.lora_alpha));
+  if (config.lora_dropout < 0 || config.lora_dropout >= 1)
+    throw UsageError(fmt::format("LoraConfig: lora_dropout must be in [0, 1), got {}", config.lora_dropout));
+  if (config.bias != "none" && config.bias != "all" && config.bias != "lora_only")
+    throw UsageError(fmt::format("LoraConfig: bias must be none, all or lora_only, got '{}'", config.bias));
+  if (config.target_modules.empty() == config.target_modules_regex.empty())
+    throw UsageError("LoraConfig: give target_modules (names) or target_modules_regex, one of them");
+  std::optional<std::regex> pattern;
+  if (!config.target_modules_regex.empty()) {
+    try {
+      pattern.emplace(config.target_modules_regex);
+    } catch (const std::regex_error& e) {
+      throw UsageError(fmt::format("LoraConfig: target_modules_regex '{}' is not a regular expression: {}",
+                                   config.target_modules_regex, e.what()));
+    }
+  }
+  auto targeted = [&](const std::string& path) {
+    if (pattern) return std::regex_match(path, *pattern);
+    for (const auto& n : config.target_modules)
+      if (name_matches(path, n)) return true;
+    return false;
+  };
+  std::vector<std::shared_ptr<Layer>> layers;
+  std::vector<std::string> linears;
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    const std::string& path = item.key();
+    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+    if (linear != nullptr) linears.push_back(path);
+    if (path.find(".lora_A") != std::string::npos || path.find(".lora_B") != std::string::npos) continue;
+    if (!targeted(path)) continue;
+    if (linear == nullptr) {
+      throw UsageError(
+          fmt::format("get_peft_model: target '{}' is a {}, not a torch::nn::Linear; LoRA adapts "
+                      "Linear layers only",
+                      path, item.value()->name()));
+    }
+    if (linear->named_children().contains("lora_A"))
+      throw UsageError(fmt::format("get_peft_model: '{}' already has LoRA adapters", path));
+    auto layer = std::make_shared<Layer>();
+    layer->module = item.value();
+    layer->linear = linear;
+    layer->path = path;
+    const auto& w = linear->weight;
+    layer->lora_A = torch::nn::Linear(torch::nn::LinearOptions(w.size(1), config.r).bias(false));
+    layer->lora_B = torch::nn::Linear(torch::nn::LinearOptions(config.r, w.size(0)).bias(false));
+    layer->lora_A->to(w.device(), w.scalar_type());
+    layer->lora_B->to(w.device(), w.scalar_type());
+    {
+      torch::NoGradGuard no_grad;
+      layer->lora_B->weight.zero_();
+    }
+    layer->scale = config.lora_alpha / config.r;
+    layer->dropout = config.lora_dropout;
+    layers.push_back(std::move(layer));
+  }
+  if (layers.empty()) {
+    throw UsageError(
+        fmt::format("get_peft_model: no Linear layer matches target_modules {}; the model's Linear "
+                    "layers are: {}",
+                    pattern ? "'" + config.target_modules_regex + "'"
+                            : fmt::format("[{}]", fmt::join(config.target_modules, ", ")),
+                    linears.empty() ? std::string("none") : fmt::format("{}", fmt::join(linears, ", "))));
+  }
+  // Freeze everything, then open the adapters, the biases the config names and the modules to save.
+  for (auto& p : model->parameters())
+    p.set_requires_grad(false);
+  for (auto& l : layers) {
+    l->linear->register_module("lora_A", l->lora_A);
+    l->linear->register_module("lora_B", l->lora_B);
+    if (config.bias == "lora_only" && l->linear->bias.defined()) l->linear->bias.set_requires_grad(true);
+  }
+  if (config.bias == "all") {
+    for (auto& p : model->named_parameters())
+      if (p.key() == "bias" || (p.key().size() > 5 && p.key().substr(p.key().size() - 5) == ".bias"))
+        p.value().set_requires_grad(true);
+  }
+  for (const auto& item : model->named_modules("", false)) {
+    for (const auto& n : config.modules_to_save)
+      if (name_matches(item.key(), n))
+        for (auto& p : item.value()->parameters())
+          p.set_requires_grad(true);
+  }
+  add_layers(layers);
+  return std::make_shared<LoraModel>(model, config, std::move(layers));
+}
+
+}  // namespace accel::peft

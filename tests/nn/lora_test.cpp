@@ -1,0 +1,171 @@
+// accel::peft LoRA on an unmodified model: the term PEFT computes, gradients to the adapters only, merge,
+// PEFT's adapter files, and the errors.
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/errors.hpp>
+#include <accel/nn/lora.hpp>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_support.hpp"
+
+using namespace accel;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : q_proj(register_module("q_proj", torch::nn::Linear(6, 6))),
+        v_proj(register_module("v_proj", torch::nn::Linear(6, 6))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({6})))),
+        out(register_module("out", torch::nn::Linear(6, 2))) {}
+  // Unmodified user code: the Linear members are called directly.
+  torch::Tensor forward(torch::Tensor x) { return out(norm(torch::relu(q_proj(x)) + v_proj(x))); }
+  torch::nn::Linear q_proj, v_proj;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear out;
+};
+TORCH_MODULE(Block);
+
+// What PEFT's LoRA layer computes for `linear` with adapters (A, B) and scale s.
+torch::Tensor reference(const torch::Tensor& x, const torch::nn::Linear& base, const torch::Tensor& w,
+                        const torch::Tensor& A, const torch::Tensor& B, double s) {
+  return torch::linear(x, w, base->bias) + s * torch::linear(torch::linear(x, A), B);
+}
+
+}  // namespace
+
+TEST_CASE("LoRA: get_peft_model adapts the named Linear layers of an unmodified model, as PEFT computes") {
+  torch::manual_seed(0);
+  Block model;
+  peft::LoraConfig config;
+  config.r = 2;
+  config.lora_alpha = 4;
+  config.target_modules = {"q_proj", "v_proj"};
+  auto lora = peft::get_peft_model(model, config);
+  CHECK(lora->adapted_modules() == std::vector<std::string>{"q_proj", "v_proj"});
+  // Only the adapters train: 2 layers x (2x6 + 6x2).
+  const auto [trainable, all] = lora->trainable_parameters();
+  CHECK(trainable == 2 * (12 + 12));
+  CHECK_THAT(lora->print_trainable_parameters(), Contains("trainable params: 48 || all params: "));
+  // B starts at zero: the output is the base model's.
+  auto x = torch::randn({5, 6});
+  auto q = model->q_proj->named_children()["lora_A"];
+  REQUIRE(q != nullptr);
+  // Give B values so the term shows, then compare with PEFT's formula, 2-D (addmm) and 3-D (matmul) inputs.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
+  }
+  auto named = model->named_parameters();
+  const auto Aq = named["q_proj.lora_A.weight"], Bq = named["q_proj.lora_B.weight"];
+  const auto Av = named["v_proj.lora_A.weight"], Bv = named["v_proj.lora_B.weight"];
+  const auto wq = model->q_proj->weight.detach().clone(), wv = model->v_proj->weight.detach().clone();
+  for (const auto& input : {x, torch::randn({3, 4, 6})}) {
+    auto got = model(input);
+    torch::Tensor want;
+    {
+      auto h = torch::relu(reference(input, model->q_proj, wq, Aq, Bq, 2.0)) +
+               reference(input, model->v_proj, wv, Av, Bv, 2.0);
+      want = model->out(model->norm(h));
+    }
+    CHECK(torch::allclose(got, want, 1e-5, 1e-6));
+  }
+  // Gradients reach the adapters, exactly as through the formula, and no frozen parameter.
+  model->zero_grad();
+  model(x).pow(2).sum().backward();
+  auto A2 = Aq.detach().clone().requires_grad_(), B2 = Bq.detach().clone().requires_grad_();
+  auto h = torch::relu(reference(x, model->q_proj, wq, A2, B2, 2.0)) +
+           reference(x, model->v_proj, wv, Av.detach(), Bv.detach(), 2.0);
+  model->out(model->norm(h)).pow(2).sum().backward();
+  CHECK(torch::allclose(Aq.grad(), A2.grad(), 1e-5, 1e-6));
+  CHECK(torch::allclose(Bq.grad(), B2.grad(), 1e-5, 1e-6));
+  CHECK_FALSE(model->q_proj->weight.grad().defined());
+  CHECK_FALSE(model->out->weight.grad().defined());
+  // merge: the weights absorb the term and the outputs stay; unmerge gives the adapters back.
+  torch::NoGradGuard no_grad;
+  const auto before = model(x);
+  lora->merge();
+  CHECK(torch::allclose(model(x), before, 1e-5, 1e-6));
+  CHECK_FALSE(torch::allclose(model->q_proj->weight, wq));
+  lora->unmerge();
+  CHECK(torch::allclose(model->q_proj->weight, wq, 1e-6, 1e-6));
+  CHECK(torch::allclose(model(x), before, 1e-5, 1e-6));
+  lora->merge_and_unload();
+  CHECK(torch::allclose(model(x), before, 1e-5, 1e-6));
+  CHECK(model->q_proj->named_children().is_empty());
+}
+
+TEST_CASE("LoRA: adapter files in PEFT's format, written and read back") {
+  test::TempDir dir;
+  torch::manual_seed(1);
+  Block model;
+  peft::LoraConfig config;
+  config.r = 3;
+  config.lora_alpha = 6;
+  config.target_modules = {"q_proj"};
+  config.bias = "lora_only";
+  auto lora = peft::get_peft_model(model, config);
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["q_proj.lora_B.weight"].normal_();
+  }
+  CHECK(model->q_proj->bias.requires_grad());
+  CHECK_FALSE(model->v_proj->bias.requires_grad());
+  const auto path = (dir.path / "adapter").string();
+  lora->save_adapter(path);
+  std::ifstream json(path + "/adapter_config.json");
+  const auto cfg = nlohmann::json::parse(json);
+  CHECK(cfg.at("peft_type") == "LORA");
+  CHECK(cfg.at("r") == 3);
+  CHECK(cfg.at("lora_alpha") == 6.0);
+  CHECK(cfg.at("target_modules") == nlohmann::json::array({"q_proj"}));
+  CHECK(cfg.at("bias") == "lora_only");
+  const auto file = safetensors::File::open(path + "/adapter_model.safetensors");
+  const auto keys = file.names();  // sorted
+  CHECK(keys == std::vector<std::string>{"base_model.model.q_proj.bias",
+                                         "base_model.model.q_proj.lora_A.weight",
+                                         "base_model.model.q_proj.lora_B.weight"});
+  // A fresh model of the same architecture, adapted the same way, reads them and computes the same.
+  torch::manual_seed(1);
+  Block again;
+  auto lora2 = peft::get_peft_model(again, config);
+  auto x = torch::randn({4, 6});
+  {
+    torch::NoGradGuard no_grad;
+    CHECK_FALSE(torch::allclose(again(x), model(x)));
+  }
+  lora2->load_adapter(path);
+  torch::NoGradGuard no_grad;
+  CHECK(torch::equal(again(x), model(x)));
+  // Another rank is refused, naming both.
+  torch::manual_seed(1);
+  Block other;
+  auto wrong = config;
+  wrong.r = 4;
+  auto lora3 = peft::get_peft_model(other, wrong);
+  CHECK_THROWS_WITH(lora3->load_adapter(path), Contains("r 3") && Contains("r 4"));
+}
+
+TEST_CASE("LoRA: errors name the targets and the model's Linear layers") {
+  Block model;
+  peft::LoraConfig config;
+  config.target_modules = {"k_proj"};
+  CHECK_THROWS_WITH(peft::get_peft_model(model, config),
+                    Contains("k_proj") && Contains("q_proj, v_proj, out"));
+  config.target_modules = {"norm"};
+  CHECK_THROWS_WITH(peft::get_peft_model(model, config), Contains("not a torch::nn::Linear"));
+  config.target_modules = {};
+  config.target_modules_regex = "(q|v)_proj";
+  config.r = 0;
+  CHECK_THROWS_WITH(peft::get_peft_model(model, config), Contains("r must be at least 1"));
+  config.r = 4;
+  auto lora = peft::get_peft_model(model, config);
+  CHECK(lora->adapted_modules().size() == 2);
+  CHECK_THROWS_WITH(peft::get_peft_model(model, config), Contains("already has LoRA adapters"));
+}
