@@ -169,3 +169,76 @@ TEST_CASE("LoRA: errors name the targets and the model's Linear layers") {
   CHECK(lora->adapted_modules().size() == 2);
   CHECK_THROWS_WITH(peft::get_peft_model(model, config), Contains("already has LoRA adapters"));
 }
+
+// Writes, into $ACCEL_PEFT_EXPORT_DIR, a base model's weights, its LoRA adapter in PEFT's format, an input
+// and the adapted model's output, for tests/python/check_peft_adapter.py (Python's PEFT loads the adapter
+// onto the same architecture and must give the same output). Hidden: run by that CTest entry only.
+TEST_CASE("LoRA: export for Python's PEFT", "[.peft_export]") {
+  const char* out = std::getenv("ACCEL_PEFT_EXPORT_DIR");
+  REQUIRE(out != nullptr);
+  torch::manual_seed(3);
+  Block model;
+  std::vector<std::pair<std::string, torch::Tensor>> base;
+  for (const auto& p : model->named_parameters())
+    base.emplace_back(p.key(), p.value().detach().clone());
+  for (const auto& b : model->named_buffers())
+    base.emplace_back(b.key(), b.value().detach().clone());
+  peft::LoraConfig config;
+  config.r = 4;
+  config.lora_alpha = 8;
+  config.target_modules = {"q_proj", "v_proj"};
+  auto lora = peft::get_peft_model(model, config);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.5);
+  }
+  lora->save_adapter(std::string(out) + "/adapter");
+  model->eval();
+  auto x = torch::randn({5, 6});
+  torch::NoGradGuard no_grad;
+  auto y = model(x);
+  base.emplace_back("__input__", x);
+  base.emplace_back("__output__", y);
+  // The base weights (and the probe) as safetensors through the library's writer.
+  std::vector<safetensors::TensorView> views;
+  for (auto& [name, t] : base) {
+    t = t.contiguous();
+    views.push_back({name, safetensors::DType::F32, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                     t.data_ptr(), static_cast<std::size_t>(t.nbytes())});
+  }
+  safetensors::write_file(std::string(out) + "/base.safetensors", views);
+}
+
+// Reads the adapter Python's PEFT wrote (check_peft_adapter.py, into $ACCEL_PEFT_EXPORT_DIR/from_peft) onto
+// the same base model and must give PEFT's output.
+TEST_CASE("LoRA: import of Python PEFT's adapter", "[.peft_import]") {
+  const char* dir = std::getenv("ACCEL_PEFT_EXPORT_DIR");
+  REQUIRE(dir != nullptr);
+  const auto base = safetensors::File::open(std::string(dir) + "/base.safetensors");
+  const auto probe = safetensors::File::open(std::string(dir) + "/peft_probe.safetensors");
+  auto tensor = [](const safetensors::File& f, const std::string& name) {
+    const auto& info = f.info(name);
+    return torch::from_blob(const_cast<std::uint8_t*>(f.data(name)), info.shape, torch::kFloat32).clone();
+  };
+  Block model;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      p.value().copy_(tensor(base, p.key()));
+  }
+  peft::LoraConfig config;
+  config.r = 4;
+  config.lora_alpha = 8;
+  config.target_modules = {"q_proj", "v_proj"};
+  auto lora = peft::get_peft_model(model, config);
+  lora->load_adapter(std::string(dir) + "/from_peft");
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto got = model(tensor(probe, "__input__"));
+  const auto want = tensor(probe, "__output__");
+  const double err = (got - want).abs().max().item<double>();
+  CHECK(err < 1e-5);
+  std::cout << "peft_import: the adapter PEFT wrote gives PEFT's output here, max difference " << err
+            << std::endl;
+}
