@@ -1,13 +1,22 @@
 #pragma once
 // Flag parsing shared by the benchmark programs: `--name value` pairs bound to variables.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace bench {
+
+/// The median of timings (the mean of the two middle ones for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n == 0 ? 0.0 : (n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
 
 /// Binds each flag to a setter; `parse` applies `--flag value` pairs and rejects anything else with the list.
 class Flags {

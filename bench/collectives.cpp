@@ -18,10 +18,7 @@
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 double time_ms(accel::Communicator& comm, const std::function<void()>& op) {
   comm.barrier();

@@ -17,10 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Train = torch::data::datasets::MapDataset<fashion::Dataset, torch::data::transforms::Stack<>>;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 

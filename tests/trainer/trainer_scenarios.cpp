@@ -48,6 +48,16 @@ std::string shared_dir(Accelerator& acc, const std::string& tag) {
   return dir[0];
 }
 
+AcceleratorOptions row_options() {
+  return AcceleratorOptions().config(cpu_config());
+}
+
+// A fresh shared directory, through a short-lived Accelerator of the row.
+std::string fresh_dir(const std::string& tag) {
+  Accelerator probe(row_options());
+  return shared_dir(probe, tag);
+}
+
 TrainingArguments base_args(const std::string& out) {
   TrainingArguments a;
   a.output_dir = out;
@@ -65,10 +75,6 @@ TrainingArguments base_args(const std::string& out) {
   a.disable_tqdm = true;
   a.seed = 42;
   return a;
-}
-
-AcceleratorOptions row_options() {
-  return AcceleratorOptions().config(cpu_config());
 }
 
 std::vector<torch::Tensor> whole(Accelerator& acc, Mlp& model) {
@@ -162,11 +168,7 @@ Run trainer_run(TrainingArguments a, const std::string& resume = "",
 }
 
 void trainer_equals_loop() {
-  std::string out;
-  {
-    Accelerator probe(row_options());
-    out = shared_dir(probe, "equal");
-  }
+  const std::string out = fresh_dir("equal");
   const auto a = base_args(out);
   const auto want = hand_written(a);
   const auto got = trainer_run(a);
@@ -185,12 +187,7 @@ void trainer_equals_loop() {
 }
 
 void trainer_resume() {
-  std::string straight_dir, cut_dir;
-  {
-    Accelerator probe(row_options());
-    straight_dir = shared_dir(probe, "straight");
-    cut_dir = shared_dir(probe, "cut");
-  }
+  const std::string straight_dir = fresh_dir("straight"), cut_dir = fresh_dir("cut");
   auto a = base_args(straight_dir);
   a.save_strategy = "steps";
   a.save_steps = 2;
@@ -246,11 +243,7 @@ void trainer_resume() {
 }
 
 void trainer_best() {
-  std::string out;
-  {
-    Accelerator probe(row_options());
-    out = shared_dir(probe, "best");
-  }
+  const std::string out = fresh_dir("best");
   auto a = base_args(out);
   a.max_steps = 8;
   a.eval_strategy = "steps";
@@ -305,11 +298,7 @@ void trainer_best() {
 }
 
 void trainer_early_stop() {
-  std::string out;
-  {
-    Accelerator probe(row_options());
-    out = shared_dir(probe, "early");
-  }
+  const std::string out = fresh_dir("early");
   auto a = base_args(out);
   a.max_steps = 20;
   a.eval_strategy = "steps";
@@ -337,11 +326,7 @@ void trainer_early_stop() {
 }
 
 void trainer_nonfinite() {
-  std::string out;
-  {
-    Accelerator probe(row_options());
-    out = shared_dir(probe, "nan");
-  }
+  const std::string out = fresh_dir("nan");
   auto a = base_args(out);
   a.max_steps = 4;
   for (const std::string policy : {"skip", "stop"}) {

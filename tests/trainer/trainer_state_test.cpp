@@ -75,3 +75,25 @@ TEST_CASE("EarlyStoppingCallback: HF's rule, its counter saved") {
   TrainingArguments no_best;
   CHECK_THROWS_WITH(cb.on_train_begin(no_best, state, control), Contains("load_best_model_at_end"));
 }
+
+TEST_CASE("ThroughputMonitor: samples/s, tokens/s and MFU against the peak given") {
+  TrainingArguments args;
+  TrainerState state;
+  TrainerControl control;
+  ThroughputMonitor monitor(/*flops_per_sample=*/6e6, /*peak_flops_per_device=*/1e9, /*world_size=*/2);
+  monitor.on_train_begin(args, state, control);
+  state.num_samples_seen = 1000;
+  state.num_input_tokens_seen = 5000;
+  LogEntry logs{{"loss", 0.5}};
+  monitor.on_log(args, state, control, logs);
+  REQUIRE(logs.count("throughput/samples_per_sec") == 1);
+  const double samples = logs.at("throughput/samples_per_sec");
+  CHECK(samples > 0);
+  CHECK(logs.at("throughput/tokens_per_sec") == Approx(5 * samples));
+  CHECK(logs.at("throughput/flops_per_sec") == Approx(6e6 * samples));
+  CHECK(logs.at("throughput/mfu") == Approx(6e6 * samples / 2e9));
+  LogEntry eval{{"eval_loss", 0.4}};  // evaluation logs are left alone
+  monitor.on_log(args, state, control, eval);
+  CHECK(eval.size() == 1);
+  CHECK_THROWS_WITH(ThroughputMonitor(1, 0, 1), Contains("peak_flops_per_device"));
+}
