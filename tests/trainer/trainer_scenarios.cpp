@@ -433,6 +433,19 @@ void trainer_config_merge() {
                     Catch::Matchers::Contains("report_to") && Catch::Matchers::Contains("log_with"));
   a.report_to = {"none"};
   CHECK_MSG(make(a, c).log_with == "csv", "the Accelerate config's log_with was dropped");
+  // AcceleratorOptions().log_with counts as the Accelerate side too.
+  c.log_with.clear();
+  a.report_to = {"tensorboard"};
+  try {
+    torch::manual_seed(3);
+    Mlp model(6, 0.1);
+    Trainer<Data> t(
+        a, model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); },
+        AcceleratorOptions().config(c).log_with("csv"));
+    CHECK_MSG(false, "report_to tensorboard and AcceleratorOptions().log_with(\"csv\") were both accepted");
+  } catch (const ConfigError& e) {
+    CHECK_MSG(std::string(e.what()).find("report_to") != std::string::npos, e.what());
+  }
 }
 
 // Under `accel-launch launch --max_restarts 1` (tests/launcher/restart_resume.sh): on the first attempt rank

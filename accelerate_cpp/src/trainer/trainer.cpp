@@ -159,9 +159,11 @@ TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : a
         args_.source, 0, "gradient_checkpointing");
   }
   Config config = resolved_config(options);
+  // AcceleratorOptions().log_with(...) is the Accelerator's tracker setting: it takes part in the merge.
+  if (options.log_with()) config.log_with = *options.log_with();
   merge(args_, config);
   options.config(config).mixed_precision(std::nullopt).gradient_accumulation_steps(std::nullopt);
-  if (options.log_with() && !config.log_with.empty()) options.log_with(config.log_with);
+  if (options.log_with()) options.log_with(config.log_with);
   if (options.project_config().project_dir.empty()) options.project_dir(args_.logging_dir);
   accelerator_ = std::make_unique<Accelerator>(std::move(options));
   accelerator_->set_seed(args_.seed);
