@@ -3,7 +3,7 @@
 include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/accelerate_cpp/include/accel DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS accel_trainer accelerate_cpp accel_backends accel_runtime accel_core EXPORT accelerate_cppTargets
+install(TARGETS accel_trainer accelerate_cpp accel_backends accel_runtime accel_core accel_torch EXPORT accelerate_cppTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
