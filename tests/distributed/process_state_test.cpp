@@ -120,17 +120,22 @@ TEST_CASE("process: each rank's CUDA device, and ranks that would share a GPU") 
   }
   // accel-launch and torchrun give every rank the same devices: 2 processes on a 1-GPU machine would share
   // cuda:0, which NCCL refuses; the error names the counts and the fix.
+  // Every rank refuses, local rank 0 too: a rank left running would wait for the others at the first
+  // collective until the timeout (seen on the H200 machine with torchrun-style variables set by hand).
   s.world_size = s.local_world_size = 2;
-  s.rank = s.local_rank = 1;
   for (const char* launcher : {"accel-launch", "torchrun"}) {
-    s.launcher = launcher;
-    CHECK_THROWS_WITH(
-        accel::cuda_device_for(s, 1),
-        std::string("rank 1: ") + launcher +
-            " starts 2 processes on this machine, but it has 1 CUDA device(s), so local ranks 0 "
-            "and 1 would share cuda:0 (NCCL refuses that); set num_processes to at most 1 "
-            "(--num_processes 1), or use_cpu: true (--cpu) to train on CPU ranks");
+    for (int r = 0; r < 2; ++r) {
+      s.launcher = launcher;
+      s.rank = s.local_rank = r;
+      CHECK_THROWS_WITH(
+          accel::cuda_device_for(s, 1),
+          "rank " + std::to_string(r) + ": " + launcher +
+              " starts 2 processes on this machine, but it has 1 CUDA device(s), so local ranks 0 "
+              "and 1 would share cuda:0 (NCCL refuses that); set num_processes to at most 1 "
+              "(--num_processes 1), or use_cpu: true (--cpu) to train on CPU ranks");
+    }
   }
+  s.rank = s.local_rank = 1;
   // Two machines of 4 processes each with 2 GPUs apiece: the limit is per machine.
   s.launcher = "accel-launch";
   s.world_size = 8;

@@ -184,17 +184,22 @@ ProcessState ProcessState::from_environment(const Getenv& getenv_in) {
 namespace accel {
 
 int cuda_device_for(const ProcessState& state, int device_count) {
-  if (state.local_rank < device_count) return state.local_rank;
-  if (state.launcher == "accel-launch" || state.launcher == "torchrun") {
+  const bool shared_devices = state.launcher == "accel-launch" || state.launcher == "torchrun";
+  // Every local rank refuses, not only those past the device count: a rank left running would wait for the
+  // others at the first collective until the timeout (seen with torchrun-style variables set by hand).
+  if (shared_devices && std::max(state.local_world_size, state.local_rank + 1) > device_count) {
     const int nodes = state.world_size / std::max(state.local_world_size, 1);
+    const int device = state.local_rank % device_count;
+    const int other = state.local_rank < device_count ? state.local_rank + device_count : state.local_rank;
+    const int first = state.local_rank < device_count ? state.local_rank : device;
     throw UsageError(fmt::format(
         "rank {}: {} starts {} processes on this machine, but it has {} CUDA device(s), so local ranks {} "
         "and {} "
         "would share cuda:{} (NCCL refuses that); set num_processes to at most {} (--num_processes {}{}), or "
         "use_cpu: true (--cpu) to train on CPU ranks",
-        state.rank, state.launcher, state.local_world_size, device_count, state.local_rank % device_count,
-        state.local_rank, state.local_rank % device_count, device_count * std::max(nodes, 1),
-        device_count * std::max(nodes, 1), nodes > 1 ? fmt::format(", {} per machine", device_count) : ""));
+        state.rank, state.launcher, state.local_world_size, device_count, first, other, device,
+        device_count * std::max(nodes, 1), device_count * std::max(nodes, 1),
+        nodes > 1 ? fmt::format(", {} per machine", device_count) : ""));
   }
   return state.local_rank % device_count;
 }
