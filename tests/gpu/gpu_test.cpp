@@ -16,6 +16,7 @@
 
 #include "distributed/one_process_collectives.hpp"
 #include "free_port.hpp"
+#include "gpu_device.hpp"
 #include "test_support.hpp"
 
 #include <accel/distributed/open_communicator.hpp>
@@ -41,7 +42,7 @@ using accel::test::Regression;
 namespace {
 
 // cuda:0; gpu_main.cpp's --on-cpu dry run (the tests' own logic checked where there is no GPU) sets the CPU.
-torch::Device kGpu(torch::kCUDA, 0);
+torch::Device& kGpu = accel::test::gpu_device();
 
 Config gpu_config(MixedPrecision mp = MixedPrecision::No) {
   Config c = accel::test::make_config(mp);
