@@ -32,6 +32,9 @@ TEST_CASE("TrainingArguments: HF's defaults") {
   CHECK(a.seed == 42);
   CHECK(a.logging_dir == "trainer_output/runs");
   CHECK_FALSE(a.metric_for_best_model);
+  CHECK(a.dataloader_pin_memory);  // HF pins batches on a GPU by default
+  CHECK_FALSE(
+      TrainingArguments::load_string("dataloader_pin_memory: false\n", "run.yaml").dataloader_pin_memory);
 }
 
 TEST_CASE("TrainingArguments: a training_args.json written by HF's TrainingArguments loads as is") {

@@ -338,8 +338,7 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
   start_step_ = state_.global_step;
   start_samples_ = state_.num_samples_seen;
   start_time_ = now_seconds();
-  run_loss_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(acc.device()));
-  interval_loss_ = run_loss_.clone();
+  run_loss_ = interval_loss_ = 0;
   interval_micro_ = run_micro_ = 0;
   window_micro_ = 0;
   if (!args_.disable_tqdm) {
@@ -373,13 +372,11 @@ void TrainerBase::micro_step(const torch::Tensor& loss, std::int64_t rows, std::
   }
   if (window_micro_ == 0) {
     each_callback([&](TrainerCallback& c) { c.on_step_begin(args_, state_, control_); });
-    window_loss_ = torch::zeros({}, run_loss_.options());
-    window_nonfinite_ = torch::zeros({}, run_loss_.options());
+    window_loss_ = loss.detach().reshape({}).to(torch::kFloat64);
     window_rows_ = window_tokens_ = 0;
+  } else {
+    window_loss_.add_(loss.detach().reshape({}));
   }
-  const auto value = loss.detach().reshape({}).to(torch::kFloat64);
-  window_loss_ += value;
-  window_nonfinite_ += torch::logical_not(torch::isfinite(value)).to(torch::kFloat64);
   accelerator_->backward(loss);
   ++window_micro_;
   window_rows_ += rows;
@@ -394,13 +391,17 @@ void TrainerBase::window_end() {
   }
   // One all-reduce agrees on everything a rank alone knows: which ranks saw a non-finite loss, whether one
   // was asked to stop (SIGTERM/SIGUSR1), and the samples and tokens of the window.
+  // The flags are a CPU tensor (Gloo also where the model trains on a GPU): the window's loss is the one
+  // value read from the device, once per optimizer step.
+  const double window_loss = window_loss_.item<double>();
   const int world = acc.num_processes();
-  auto flags = torch::zeros({world + 3}, run_loss_.options());
-  flags[acc.process_index()] = window_nonfinite_;
-  flags[world] = g_preempt_signal.load() != 0 ? 1.0 : 0.0;
-  flags[world + 1] = static_cast<double>(window_rows_);
-  flags[world + 2] = static_cast<double>(window_tokens_);
-  const auto agreed = acc.reduce(flags, ReduceOp::Sum).cpu();
+  auto flags = torch::zeros({world + 3}, torch::kFloat64);
+  auto* mine = flags.data_ptr<double>();
+  mine[acc.process_index()] = std::isfinite(window_loss) ? 0.0 : 1.0;
+  mine[world] = g_preempt_signal.load() != 0 ? 1.0 : 0.0;
+  mine[world + 1] = static_cast<double>(window_rows_);
+  mine[world + 2] = static_cast<double>(window_tokens_);
+  const auto agreed = world > 1 ? acc.reduce(flags, ReduceOp::Sum).cpu() : flags;
   const auto* f = agreed.data_ptr<double>();
   std::vector<int> bad;
   for (int r = 0; r < world; ++r)
@@ -419,7 +420,7 @@ void TrainerBase::window_end() {
     acc.print("Trainer: step ", state_.global_step + 1, " skipped: the loss was NaN or Inf on rank(s) ",
               fmt::format("{}", fmt::join(bad, ", ")), " (nonfinite_loss: skip)");
     if (!args_.logging_nan_inf_filter) {
-      interval_loss_ += window_loss_;
+      interval_loss_ += window_loss;
       interval_micro_ += window_micro_;
     }
   } else {
@@ -429,9 +430,9 @@ void TrainerBase::window_end() {
     each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });
     if (!acc.optimizer_step_was_skipped()) scheduler_->step();
     optimizer_->zero_grad();
-    interval_loss_ += window_loss_;
+    interval_loss_ += window_loss;
     interval_micro_ += window_micro_;
-    run_loss_ += window_loss_;
+    run_loss_ += window_loss;
     run_micro_ += window_micro_;
   }
   window_micro_ = 0;
@@ -489,8 +490,7 @@ void TrainerBase::epoch_end(const std::function<Metrics()>& evaluate) {
 
 void TrainerBase::log_training() {
   auto& acc = *accelerator_;
-  auto both = torch::stack(
-      {interval_loss_, torch::full({}, static_cast<double>(interval_micro_), run_loss_.options())});
+  auto both = torch::tensor({interval_loss_, static_cast<double>(interval_micro_)}, torch::kFloat64);
   both = acc.reduce(both, ReduceOp::Sum).cpu();
   const double count = both[1].item<double>();
   LogEntry logs;
@@ -500,7 +500,7 @@ void TrainerBase::log_training() {
   logs["epoch"] = state_.epoch;
   if (state_.num_input_tokens_seen > 0)
     logs["num_input_tokens_seen"] = static_cast<double>(state_.num_input_tokens_seen);
-  interval_loss_.zero_();
+  interval_loss_ = 0;
   interval_micro_ = 0;
   last_logged_step_ = state_.global_step;
   record_log(logs);
@@ -633,8 +633,7 @@ TrainOutput TrainerBase::end_train() {
     bar_.reset();
   }
   const double runtime = std::max(now_seconds() - start_time_, 1e-9);
-  auto both =
-      torch::stack({run_loss_, torch::full({}, static_cast<double>(run_micro_), run_loss_.options())});
+  auto both = torch::tensor({run_loss_, static_cast<double>(run_micro_)}, torch::kFloat64);
   both = acc.reduce(both, ReduceOp::Sum).cpu();
   TrainOutput out;
   out.global_step = state_.global_step;

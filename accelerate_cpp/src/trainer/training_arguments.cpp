@@ -244,6 +244,8 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) { a.dataloader_num_workers = to_int32(w, k, v); }},
       {{"dataloader_drop_last", "false", "drop the last incomplete batch"},
        [](A& a, const W& w, const S& k, const V& v) { a.dataloader_drop_last = to_bool(w, k, v); }},
+      {{"dataloader_pin_memory", "true", "batches in page-locked memory on a GPU (no effect on the CPU)"},
+       [](A& a, const W& w, const S& k, const V& v) { a.dataloader_pin_memory = to_bool(w, k, v); }},
       {{"disable_tqdm", "false", "no progress bar"},
        [](A& a, const W& w, const S& k, const V& v) { a.disable_tqdm = to_bool(w, k, v); }},
       {{"nonfinite_loss", "skip", "accelerate-cpp: skip (drop that step's update) or stop on a NaN/Inf loss"},
@@ -667,6 +669,7 @@ std::string TrainingArguments::to_yaml() const {
   opt_str("resume_from_checkpoint", resume_from_checkpoint);
   out << YAML::Key << "dataloader_num_workers" << YAML::Value << dataloader_num_workers;
   out << YAML::Key << "dataloader_drop_last" << YAML::Value << dataloader_drop_last;
+  out << YAML::Key << "dataloader_pin_memory" << YAML::Value << dataloader_pin_memory;
   out << YAML::Key << "disable_tqdm" << YAML::Value << disable_tqdm;
   out << YAML::Key << "nonfinite_loss" << YAML::Value << nonfinite_loss;
   out << YAML::EndMap;
@@ -708,7 +711,6 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"remove_unused_columns", "true", true, "Python datasets only"},
       {"label_names", "null", true, "Python datasets only: compute_loss reads the batch"},
       {"length_column_name", "length", true, "Python datasets only"},
-      {"dataloader_pin_memory", "true|false", true, "pinning follows the device"},
       {"dataloader_persistent_workers", "false|true", true, "loader threads persist"},
       {"dataloader_prefetch_factor", "null", true, "workers build dataloader_num_workers batches ahead"},
       {"save_safetensors", "true", true, "checkpoints are accelerate-cpp's format; export with save_model"},

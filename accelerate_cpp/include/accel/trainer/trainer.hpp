@@ -147,13 +147,14 @@ class TrainerBase {
   std::int64_t warmup_ = 0;
   std::unique_ptr<Signals> signals_;
   // The current accumulation window and logging interval (this rank).
-  torch::Tensor window_loss_;       // sum of the window's micro-batch losses
-  torch::Tensor window_nonfinite_;  // whether one of them was NaN/Inf
+  // The window's loss sum stays on the device until the window ends (one kernel per micro-batch, one copy
+  // to the host per optimizer step); a NaN/Inf micro-batch loss makes the sum NaN/Inf.
+  torch::Tensor window_loss_;  // sum of the window's micro-batch losses (float64, on the device)
   std::int64_t window_micro_ = 0;
   std::int64_t window_rows_ = 0, window_tokens_ = 0;
-  torch::Tensor interval_loss_;  // sum of the interval's losses (finite windows)
+  double interval_loss_ = 0;  // sum of the interval's losses (finite windows)
   std::int64_t interval_micro_ = 0;
-  torch::Tensor run_loss_;  // sum of the run's losses (finite windows), for TrainOutput
+  double run_loss_ = 0;  // sum of the run's losses (finite windows), for TrainOutput
   std::int64_t run_micro_ = 0;
   std::int64_t steps_per_epoch_ = 1;
   bool step_ended_ = false;
@@ -214,11 +215,13 @@ class Trainer : public detail::TrainerBase {
                       .shuffle(true)
                       .seed(args().data_seed.value_or(args().seed))
                       .drop_last(args().dataloader_drop_last)
+                      .pin_memory(args().dataloader_pin_memory)
                       .workers(static_cast<std::size_t>(args().dataloader_num_workers)));
     }
     if (eval_ && !eval_loader_) {
       eval_loader_ = acc.prepare_data_loader(
-          *eval_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_eval_batch_size)));
+          *eval_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_eval_batch_size))
+                      .pin_memory(args().dataloader_pin_memory));
     }
     begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
     auto evaluate_fn = [this] { return evaluate(); };

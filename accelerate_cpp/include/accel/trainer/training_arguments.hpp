@@ -72,6 +72,7 @@ struct TrainingArguments {
   std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint directory, or "latest"
   int dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
+  bool dataloader_pin_memory = true;  ///< batches built in page-locked memory when training on a GPU
   bool disable_tqdm = false;
   /// accelerate-cpp: what a non-finite loss does, decided alike on every rank: "skip" drops the update of
   /// that accumulation window (the step still counts), "stop" ends training with an error naming the ranks.
