@@ -4,12 +4,15 @@
 //   cnn          the Fashion-MNIST CNN of examples/fashion_mnist on the real training images
 //   transformer  a small transformer encoder classifier (d_model 256, 4 heads, FF 1024, 4 layers, 128 tokens)
 //                on random tokens
-// bench/peers/gpu_train.py runs the same models and loop in PyTorch and in HF Accelerate; bench/gpu_bench.sh
-// runs all of them side by side and prints the ratios.
-//   bench_gpu_train --model cnn|transformer [--batch 256] [--steps 300] [--warmup 30] [--optim fused|torch]
-//                   [--precision bf16|no] [--limit 20000]
+// With --impl trainer the same training goes through accel::Trainer (HF's defaults: constant schedule here,
+// clipping at 1.0, AdamW), timed by a callback from the end of step `warmup` to the end of the last step.
+// bench/peers/gpu_train.py runs the same models and loop in PyTorch, in HF Accelerate and through HF's
+// Trainer; bench/gpu_bench.sh runs all of them side by side and prints the ratios.
+//   bench_gpu_train --model cnn|transformer [--impl loop|trainer] [--batch 256] [--steps 300] [--warmup 30]
+//                   [--optim fused|torch] [--precision bf16|no] [--limit 20000]
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/optim/optim.hpp>
+#include <accel/trainer/trainer.hpp>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -98,13 +101,59 @@ void run(Model& model, Dataset dataset, const std::string& name, const std::stri
       batch, steps, acc.device().str().c_str(), steps * static_cast<double>(batch) / s, loss_sum);
 }
 
+// The end of step `from` and of step `to`, after a device synchronisation.
+struct StepClock : accel::TrainerCallback {
+  StepClock(std::int64_t f, std::int64_t t, bool cuda) : from(f), to(t), on_cuda(cuda) {}
+  std::string name() const override { return "StepClock"; }
+  void on_step_end(const accel::TrainingArguments&, accel::TrainerState& s, accel::TrainerControl&) override {
+    if (s.global_step != from && s.global_step != to) return;
+    if (on_cuda) torch::cuda::synchronize();
+    (s.global_step == from ? start : stop) = std::chrono::steady_clock::now();
+  }
+  std::int64_t from, to;
+  bool on_cuda;
+  std::chrono::steady_clock::time_point start, stop;
+};
+
+template <class Model, class Dataset>
+void run_trainer(Model& model, Dataset dataset, const std::string& name, const std::string& optim,
+                 const std::string& precision, int batch, int steps, int warmup) {
+  accel::TrainingArguments args;
+  args.output_dir = "/tmp/accel_bench_gpu_trainer";
+  args.per_device_train_batch_size = batch;
+  args.max_steps = warmup + steps;
+  args.learning_rate = 1e-3;
+  args.lr_scheduler_type = "constant";
+  args.optim = optim == "fused" ? "adamw_torch_fused" : "adamw_torch";
+  args.bf16 = precision == "bf16";
+  args.save_strategy = "no";
+  args.disable_tqdm = true;
+  args.seed = 0;
+  args.validate();
+  accel::Trainer trainer(
+      args, model, std::move(dataset).map(torch::data::transforms::Stack<>()),
+      [&](auto& b) { return torch::cross_entropy_loss(model->forward(b.data), b.target); });
+  const bool cuda = trainer.accelerator().device().is_cuda();
+  auto clock = std::make_shared<StepClock>(warmup, warmup + steps, cuda);
+  trainer.add_callback(clock);
+  const auto out = trainer.train();
+  const double s = std::chrono::duration<double>(clock->stop - clock->start).count();
+  std::printf(
+      "gpu_train impl=accelerate-cpp-trainer(%s) model=%s precision=%s batch=%d steps=%d device=%s "
+      "samples/s=%.1f training_loss=%.4f\n",
+      args.optim.c_str(), name.c_str(), precision.c_str(), batch, steps,
+      trainer.accelerator().device().str().c_str(), steps * static_cast<double>(batch) / s,
+      out.training_loss);
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::string model = "cnn", optim = "fused", precision = "bf16";
+int main(int argc, char** argv) try {
+  std::string model = "cnn", optim = "fused", precision = "bf16", impl = "loop";
   int batch = 256, steps = 300, warmup = 30;
   std::int64_t limit = 20000;
   bench::Flags()
+      .add("--impl", impl)
       .add("--model", model)
       .add("--optim", optim)
       .add("--precision", precision)
@@ -113,17 +162,32 @@ int main(int argc, char** argv) {
       .add("--warmup", warmup)
       .add("--limit", limit)
       .parse(argc, argv);
+  if (impl != "loop" && impl != "trainer") {
+    std::fprintf(stderr, "bench_gpu_train: --impl must be loop or trainer, not '%s'\n", impl.c_str());
+    return 2;
+  }
   torch::manual_seed(0);
   if (model == "cnn") {
     fashion::Net net;
-    run(net, fashion::Dataset(fashion::default_data_dir(), /*train=*/true, limit), model, optim, precision,
-        batch, steps, warmup);
+    fashion::Dataset data(fashion::default_data_dir(), /*train=*/true, limit);
+    if (impl == "trainer") {
+      run_trainer(net, std::move(data), model, optim, precision, batch, steps, warmup);
+    } else {
+      run(net, std::move(data), model, optim, precision, batch, steps, warmup);
+    }
   } else if (model == "transformer") {
     TinyTransformer net;
-    run(net, Tokens(limit), model, optim, precision, batch, steps, warmup);
+    if (impl == "trainer") {
+      run_trainer(net, Tokens(limit), model, optim, precision, batch, steps, warmup);
+    } else {
+      run(net, Tokens(limit), model, optim, precision, batch, steps, warmup);
+    }
   } else {
     std::fprintf(stderr, "bench_gpu_train: --model must be cnn or transformer, not '%s'\n", model.c_str());
     return 2;
   }
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
+  return 1;
 }

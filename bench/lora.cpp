@@ -4,9 +4,12 @@
 // adapters of an unmodified model (it sees every operator while adapters exist).
 //
 //   build/bench/bench_lora [--rounds 7] [--steps 50] [--width 512] [--layers 4] [--batch 64] [--r 8]
+//                          [--device cpu|cuda]
 #include <accel/nn/lora.hpp>
 
 #include "bench_args.hpp"
+
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,7 +48,9 @@ using bench::median;
 
 int main(int argc, char** argv) try {
   int rounds = 7, steps = 50, width = 512, layers = 4, batch = 64, r = 8;
+  std::string device_name = "cpu";
   bench::Flags()
+      .add("--device", device_name)
       .add("--rounds", rounds)
       .add("--steps", steps)
       .add("--width", width)
@@ -53,21 +58,28 @@ int main(int argc, char** argv) try {
       .add("--batch", batch)
       .add("--r", r)
       .parse(argc, argv);
+  const torch::Device device(device_name);
   torch::manual_seed(0);
   Mlp hand(width, layers, r, true);
+  hand->to(device);
   for (auto& f : hand->fc)
     for (auto& p : f->parameters())
       p.set_requires_grad(false);
   Mlp peft_model(width, layers, r, false);
   torch::optim::SGD hand_opt(std::vector<torch::Tensor>{hand->A[0]}, torch::optim::SGDOptions(1e-3));
-  const auto x = torch::randn({batch, width});
+  const auto x = torch::randn({batch, width}, device);
+  const auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
   auto run = [&](Mlp& m, torch::optim::Optimizer& opt) {
+    sync();
     const auto t0 = Clock::now();
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
       m(x).pow(2).mean().backward();
       opt.step();
     }
+    sync();
     return std::chrono::duration<double>(Clock::now() - t0).count() / steps;
   };
   // The hand-written adapters before any adapter exists (no observer installed).
@@ -80,6 +92,7 @@ int main(int argc, char** argv) try {
   config.lora_alpha = 2.0 * r;
   config.target_modules_regex = "fc[0-9]+";
   auto adapters = accel::peft::get_peft_model(peft_model, config);
+  peft_model->to(device);
   auto trainable = [](Mlp& m) {
     std::vector<torch::Tensor> out;
     for (auto& p : m->parameters())
@@ -96,10 +109,10 @@ int main(int argc, char** argv) try {
     p.push_back(run(peft_model, peft_opt));
   }
   const double mb = median(bare), mh = median(h), mp = median(p);
-  std::cout << "lora (" << layers << " x Linear(" << width << ", " << width << "), r " << r << ", batch "
-            << batch << ", " << steps << " steps x " << rounds << " rounds): adapters written in the forward "
-            << mb * 1e3 << " ms/step without the observer, " << mh * 1e3
-            << " ms/step with it installed; get_peft_model on "
+  std::cout << "lora on " << device << " (" << layers << " x Linear(" << width << ", " << width << "), r "
+            << r << ", batch " << batch << ", " << steps << " steps x " << rounds
+            << " rounds): adapters written in the forward " << mb * 1e3 << " ms/step without the observer, "
+            << mh * 1e3 << " ms/step with it installed; get_peft_model on "
             << "the unmodified model " << mp * 1e3 << " ms/step: " << mp / mb << "x the hand-written forward"
             << std::endl;
 } catch (const std::exception& e) {

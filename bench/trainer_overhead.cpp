@@ -4,11 +4,13 @@
 // machine noise hits both alike. Each run includes building its Accelerator, preparing and the epoch. Prints
 // the median and the fastest wall time of each and their ratios.
 //
-//   build/bench/bench_trainer_overhead [--rounds 7] [--steps 60] [--batch-size 64]
+//   build/bench/bench_trainer_overhead [--rounds 7] [--steps 60] [--batch-size 64] [--device cpu|cuda]
 #include <accel/optim/schedulers.hpp>
 #include <accel/trainer/trainer.hpp>
 
 #include "bench_args.hpp"
+
+#include <torch/cuda.h>
 
 #include "../examples/fashion_mnist/fashion_mnist.hpp"
 
@@ -30,7 +32,9 @@ double seconds_since(Clock::time_point t0) {
 int main(int argc, char** argv) try {
   int rounds = 7, steps = 60;
   std::size_t batch_size = 64;
+  std::string device = "cpu";
   bench::Flags()
+      .add("--device", device)
       .add("--rounds", rounds)
       .add("--steps", steps)
       .add("--batch-size", batch_size)
@@ -39,7 +43,12 @@ int main(int argc, char** argv) try {
   const auto dir = fashion::default_data_dir();
   const auto train_set = fashion::Dataset(dir, true, limit).map(torch::data::transforms::Stack<>());
   accel::Config config;
-  config.use_cpu = true;
+  config.use_cpu = device == "cpu";
+  if (device != "cpu" && device != "cuda")
+    throw std::invalid_argument("--device " + device + ": use cpu or cuda");
+  const auto sync = [&] {
+    if (!config.use_cpu) torch::cuda::synchronize();
+  };
 
   accel::TrainingArguments args;
   args.output_dir = "/tmp/accel_bench_trainer";
@@ -63,7 +72,7 @@ int main(int argc, char** argv) try {
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0));
     auto sched = accel::sched::linear_with_warmup(opt, 5, static_cast<std::int64_t>(loader->size()));
     acc.prepare(model, opt, *sched);
-    torch::Tensor logged = torch::zeros({});
+    torch::Tensor logged = torch::zeros({}, acc.device());
     int step = 0;
     for (auto& batch : *loader) {
       auto window = acc.accumulate(model);
@@ -79,6 +88,7 @@ int main(int argc, char** argv) try {
         logged.zero_();
       }
     }
+    sync();
     return seconds_since(t0);
   };
   auto trainer = [&] {
@@ -90,6 +100,7 @@ int main(int argc, char** argv) try {
         [&](auto& batch) { return torch::cross_entropy_loss(model(batch.data), batch.target); },
         accel::AcceleratorOptions().config(config));
     t.train();
+    sync();
     return seconds_since(t0);
   };
   // Warm-up (allocator, thread pools), then interleaved rounds.
@@ -102,11 +113,11 @@ int main(int argc, char** argv) try {
   }
   const double mh = median(h), mt = median(t);
   const double bh = *std::min_element(h.begin(), h.end()), bt = *std::min_element(t.begin(), t.end());
-  std::cout << "trainer overhead (" << rounds << " rounds, " << steps << " steps of batch " << batch_size
-            << ", 1 process): hand-written loop " << mh * 1000 / steps << " ms/step, Trainer "
-            << mt * 1000 / steps << " ms/step, Trainer/hand " << mt / mh << " (median); fastest runs "
-            << bh * 1000 / steps << " vs " << bt * 1000 / steps << " ms/step, Trainer/hand " << bt / bh
-            << std::endl;
+  std::cout << "trainer overhead on " << device << " (" << rounds << " rounds, " << steps
+            << " steps of batch " << batch_size << ", 1 process): hand-written loop " << mh * 1000 / steps
+            << " ms/step, Trainer " << mt * 1000 / steps << " ms/step, Trainer/hand " << mt / mh
+            << " (median); fastest runs " << bh * 1000 / steps << " vs " << bt * 1000 / steps
+            << " ms/step, Trainer/hand " << bt / bh << std::endl;
 } catch (const std::exception& e) {
   std::cerr << "error: " << e.what() << std::endl;
   return 1;
