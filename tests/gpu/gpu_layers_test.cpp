@@ -14,6 +14,7 @@
 
 #include "gpu_device.hpp"
 #include "test_support.hpp"
+#include "trainer/trainer_fixture.hpp"
 
 #include <accel/nn/lora.hpp>
 #include <accel/trainer/trainer.hpp>
@@ -29,17 +30,12 @@ using accel::Accelerator;
 using accel::AcceleratorOptions;
 using accel::Config;
 using accel::MixedPrecision;
+using accel::test::gpu_config;
 using accel::test::gpu_device;
 using accel::test::Mlp;
 using accel::test::Regression;
 
 namespace {
-
-Config on_gpu(MixedPrecision mp = MixedPrecision::No) {
-  Config c = accel::test::make_config(mp);
-  c.use_cpu = !gpu_device().is_cuda();
-  return c;
-}
 
 std::vector<torch::Tensor> on_cpu(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
   std::vector<torch::Tensor> out;
@@ -57,24 +53,6 @@ double max_difference(const std::vector<torch::Tensor>& a, const std::vector<tor
 }
 
 using Data = decltype(Regression(1).map(torch::data::transforms::Stack<>()));
-
-accel::TrainingArguments trainer_args(const std::string& out) {
-  accel::TrainingArguments a;
-  a.output_dir = out;
-  a.num_train_epochs = 2;
-  a.per_device_train_batch_size = 4;
-  a.gradient_accumulation_steps = 2;
-  a.explicit_keys.push_back("gradient_accumulation_steps");
-  a.learning_rate = 2e-2;
-  a.weight_decay = 0.01;
-  a.warmup_steps = 2;
-  a.max_grad_norm = 0.5;
-  a.logging_steps = 1;
-  a.save_strategy = "no";
-  a.disable_tqdm = true;
-  a.seed = 42;
-  return a;
-}
 
 struct TrainerRun {
   std::vector<torch::Tensor> weights;
@@ -107,19 +85,19 @@ TEST_CASE(
     "bit for bit") {
   accel::test::TempDir dir;
   const auto out = (dir.path / "run").string();
-  const TrainerRun cpu = run_trainer(trainer_args(out), accel::test::make_config(), 0.0);
+  const TrainerRun cpu = run_trainer(accel::test::small_trainer_args(out), accel::test::make_config(), 0.0);
   REQUIRE(cpu.device == torch::Device(torch::kCPU));
   REQUIRE(cpu.steps == 10);
 
-  const TrainerRun fp32 = run_trainer(trainer_args(out), on_gpu(), 0.0);
+  const TrainerRun fp32 = run_trainer(accel::test::small_trainer_args(out), gpu_config(), 0.0);
   CHECK(fp32.device == gpu_device());
   CHECK(fp32.steps == cpu.steps);
   INFO("fp32: max difference to the CPU run " << max_difference(cpu.weights, fp32.weights));
   CHECK(max_difference(cpu.weights, fp32.weights) <= 1e-5 + 1e-4);
 
-  auto bf16_args = trainer_args(out);
+  auto bf16_args = accel::test::small_trainer_args(out);
   bf16_args.bf16 = true;
-  const TrainerRun bf16 = run_trainer(bf16_args, on_gpu(), 0.0);
+  const TrainerRun bf16 = run_trainer(bf16_args, gpu_config(), 0.0);
   INFO("bf16: max difference to the CPU fp32 run " << max_difference(cpu.weights, bf16.weights));
   CHECK(max_difference(cpu.weights, bf16.weights) <= 5e-2);
   CHECK(std::isfinite(bf16.loss));
@@ -127,13 +105,13 @@ TEST_CASE(
 
   // Dropout on the GPU draws from the CUDA generator: a run cut at step 4 and resumed by a fresh Trainer
   // (another initialisation) ends where the uninterrupted run ends.
-  auto saving = trainer_args(out);
+  auto saving = accel::test::small_trainer_args(out);
   saving.save_strategy = "steps";
   saving.save_steps = 2;
-  const TrainerRun straight = run_trainer(saving, on_gpu(), 0.3);
+  const TrainerRun straight = run_trainer(saving, gpu_config(), 0.3);
   REQUIRE(std::filesystem::exists(std::filesystem::path(out) / "checkpoint-4" / "trainer_state.json"));
   const TrainerRun resumed =
-      run_trainer(saving, on_gpu(), 0.3, (std::filesystem::path(out) / "checkpoint-4").string(),
+      run_trainer(saving, gpu_config(), 0.3, (std::filesystem::path(out) / "checkpoint-4").string(),
                   /*init_seed=*/99);
   CHECK(resumed.steps == straight.steps);
   INFO("resumed at step 4: max difference to the uninterrupted run "
@@ -141,7 +119,7 @@ TEST_CASE(
   CHECK(max_difference(straight.weights, resumed.weights) == 0.0);
   // The uninterrupted run repeated gives the same weights: the GPU kernels are deterministic here, so the
   // bitwise check above tests the checkpoint, not luck.
-  const TrainerRun fresh = run_trainer(saving, on_gpu(), 0.3, "", /*init_seed=*/3);
+  const TrainerRun fresh = run_trainer(saving, gpu_config(), 0.3, "", /*init_seed=*/3);
   CHECK(max_difference(straight.weights, fresh.weights) == 0.0);  // determinism of the straight run itself
 }
 
@@ -192,7 +170,7 @@ TEST_CASE(
   auto [model, lora] = adapted_block();
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   {
-    Accelerator acc(AcceleratorOptions().config(on_gpu()));
+    Accelerator acc(AcceleratorOptions().config(gpu_config()));
     acc.prepare(model, opt);
     REQUIRE(model->q_proj->named_children()["lora_A"]->parameters()[0].device() == gpu_device());
     const auto got = model(x.to(acc.device())).cpu();
@@ -228,7 +206,7 @@ TEST_CASE(
   // bf16 autocast on the GPU: the adapters' term is added to the bf16 output.
   auto [half, half_lora] = adapted_block();
   torch::optim::SGD sgd(half->parameters(), 0.0);
-  Accelerator acc(AcceleratorOptions().config(on_gpu(MixedPrecision::Bf16)));
+  Accelerator acc(AcceleratorOptions().config(gpu_config(MixedPrecision::Bf16)));
   acc.prepare(half, sgd);
   const auto got = half(x.to(acc.device()));
   CHECK(got.scalar_type() == torch::kBFloat16);

@@ -36,6 +36,7 @@ using accel::Accelerator;
 using accel::AcceleratorOptions;
 using accel::Config;
 using accel::MixedPrecision;
+using accel::test::gpu_config;
 using accel::test::Mlp;
 using accel::test::Regression;
 
@@ -43,12 +44,6 @@ namespace {
 
 // cuda:0; gpu_main.cpp's --on-cpu dry run (the tests' own logic checked where there is no GPU) sets the CPU.
 torch::Device& kGpu = accel::test::gpu_device();
-
-Config gpu_config(MixedPrecision mp = MixedPrecision::No) {
-  Config c = accel::test::make_config(mp);
-  c.use_cpu = !kGpu.is_cuda();
-  return c;
-}
 
 // Every parameter on the CPU, detached.
 std::vector<torch::Tensor> cpu_snapshot(const torch::nn::Module& m) {

@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "dist_common.hpp"
+#include "trainer/trainer_fixture.hpp"
 
 namespace dist {
 namespace {
@@ -59,22 +60,7 @@ std::string fresh_dir(const std::string& tag) {
 }
 
 TrainingArguments base_args(const std::string& out) {
-  TrainingArguments a;
-  a.output_dir = out;
-  a.num_train_epochs = 2;
-  a.per_device_train_batch_size = 4;
-  a.per_device_eval_batch_size = 4;
-  a.gradient_accumulation_steps = 2;
-  a.explicit_keys.push_back("gradient_accumulation_steps");
-  a.learning_rate = 2e-2;
-  a.weight_decay = 0.01;
-  a.warmup_steps = 2;
-  a.max_grad_norm = 0.5;
-  a.logging_steps = 1;
-  a.save_strategy = "no";
-  a.disable_tqdm = true;
-  a.seed = 42;
-  return a;
+  return test::small_trainer_args(out);
 }
 
 std::vector<torch::Tensor> whole(Accelerator& acc, Mlp& model) {
