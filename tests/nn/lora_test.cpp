@@ -2,6 +2,7 @@
 // PEFT's adapter files, and the errors.
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/errors.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/lora.hpp>
 
 #include <catch2/catch.hpp>
@@ -150,6 +151,45 @@ TEST_CASE("LoRA: adapter files in PEFT's format, written and read back") {
   wrong.r = 4;
   auto lora3 = peft::get_peft_model(other, wrong);
   CHECK_THROWS_WITH(lora3->load_adapter(path), Contains("r 3") && Contains("r 4"));
+}
+
+TEST_CASE("LoRA: under activation checkpointing the adapters get the gradients of the plain run") {
+  // The recomputation in backward runs the adapted layers again: the observer must add the term there too,
+  // and LoRA's dropout must draw the masks of the first forward (checkpoint restores the RNG state).
+  for (const double dropout : {0.0, 0.3}) {
+    INFO("lora_dropout " << dropout);
+    auto run = [dropout](bool checkpointed) {
+      torch::manual_seed(4);
+      Block model;
+      peft::LoraConfig config;
+      config.r = 2;
+      config.lora_alpha = 4;
+      config.lora_dropout = dropout;
+      config.target_modules = {"q_proj", "v_proj"};
+      auto lora = peft::get_peft_model(model, config);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->named_parameters())
+          if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
+      }
+      torch::manual_seed(9);
+      const auto x = torch::randn({5, 6}).requires_grad_(true);
+      auto out = checkpointed ? checkpoint([&](const torch::Tensor& t) { return model(t); }, x) : model(x);
+      out.pow(2).sum().backward();
+      std::vector<torch::Tensor> g{out.detach(), x.grad()};
+      for (auto& p : model->named_parameters())
+        if (p.value().requires_grad()) g.push_back(p.value().grad());
+      return g;
+    };
+    const auto plain = run(false), ckpt = run(true);
+    REQUIRE(plain.size() == 6);  // output, input gradient, 2 x (A, B)
+    REQUIRE(ckpt.size() == plain.size());
+    for (std::size_t k = 0; k < plain.size(); ++k) {
+      INFO("tensor " << k);
+      REQUIRE(ckpt[k].defined());
+      CHECK(torch::allclose(plain[k], ckpt[k], 1e-6, 1e-7));
+    }
+  }
 }
 
 TEST_CASE("LoRA: errors name the targets and the model's Linear layers") {
