@@ -18,7 +18,11 @@ class Planner {
       numel_.push_back(item.value().numel());
     }
     assigned_.assign(numel_.size(), false);
-    if (options_.policy == UnitPolicy::ClassBased) check_classes_exist(model);
+    if (options_.policy == UnitPolicy::ClassBased) {
+      classes_ = options_.wrap_classes;
+      if (classes_.empty()) classes_.push_back(repeated_block_class(model));
+      check_classes_exist(model);
+    }
     auto rest = walk(model, "", true);
     if (!rest.empty()) add("<root>", std::move(rest));
   }
@@ -61,7 +65,7 @@ class Planner {
         return total >= options_.min_num_params;
       }
       case UnitPolicy::ClassBased:
-        return std::any_of(options_.wrap_classes.begin(), options_.wrap_classes.end(),
+        return std::any_of(classes_.begin(), classes_.end(),
                            [&](const std::string& c) { return is_class(child, c); });
       case UnitPolicy::Whole:
         return false;
@@ -88,7 +92,7 @@ class Planner {
     for (const auto& m : modules) {
       if (std::find(seen.begin(), seen.end(), m->name()) == seen.end()) seen.push_back(m->name());
     }
-    for (const auto& c : options_.wrap_classes) {
+    for (const auto& c : classes_) {
       const bool found =
           std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return is_class(*m, c); });
       if (!found) {
@@ -112,6 +116,7 @@ class Planner {
   }
 
   const UnitPlanOptions& options_;
+  std::vector<std::string> classes_;  // ClassBased: the options' list, or the model's repeated block class
   std::map<std::string, std::size_t> index_by_name_;
   std::vector<std::int64_t> numel_;
   std::vector<bool> assigned_;
@@ -121,6 +126,49 @@ class Planner {
 
 std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOptions& options) {
   return Planner(model, options).units;
+}
+
+std::string repeated_block_class(const torch::nn::Module& model) {
+  std::string best;
+  std::int64_t best_params = -1;
+  std::vector<std::string> types;  // every module type, first seen first, for the error
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    const auto container = m->name();
+    if (std::find(types.begin(), types.end(), container) == types.end()) types.push_back(container);
+    static const std::vector<std::string> kContainers = {
+        "torch::nn::ModuleListImpl", "torch::nn::SequentialImpl", "torch::nn::ModuleDictImpl"};
+    if (std::find(kContainers.begin(), kContainers.end(), container) == kContainers.end()) continue;
+    std::vector<std::string> order;
+    std::map<std::string, std::pair<int, std::int64_t>> by_type;  // instances, parameters
+    for (const auto& child : m->children()) {
+      auto [it, fresh] = by_type.try_emplace(child->name(), 0, 0);
+      if (fresh) order.push_back(child->name());
+      it->second.first += 1;
+      for (const auto& p : child->parameters())
+        it->second.second += p.numel();
+    }
+    for (const auto& type : order) {
+      const auto& [instances, params] = by_type.at(type);
+      if (instances >= 2 && params > best_params) {
+        best = type;
+        best_params = params;
+      }
+    }
+  }
+  if (best.empty()) {
+    std::string listed;
+    for (std::size_t i = 0; i < types.size() && i < 12; ++i)
+      listed += (i > 0 ? ", " : "") + types[i];
+    throw UsageError(fmt::format(
+        "fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP without "
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap wraps the module type repeated in a ModuleList or "
+        "Sequential (Accelerate takes a Hugging Face model's _no_split_modules, which LibTorch modules do "
+        "not "
+        "have), but this model repeats none (its types: {}{}); name the class to wrap in "
+        "fsdp_transformer_layer_cls_to_wrap, or use SIZE_BASED_WRAP or PER_CHILD_WRAP",
+        listed, types.size() > 12 ? ", ..." : ""));
+  }
+  return best;
 }
 
 }  // namespace accel::backends::detail

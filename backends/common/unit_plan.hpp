@@ -23,7 +23,7 @@ struct UnitPlanOptions {
   UnitPolicy policy = UnitPolicy::PerModule;
   std::int64_t min_num_params = 100000000;  ///< SizeBased threshold
   std::vector<std::string> wrap_classes;    ///< ClassBased names (`name()` of the module, with or without
-                                            ///< namespace and `Impl`)
+                                            ///< namespace and `Impl`); empty: repeated_block_class(model)
 };
 
 namespace detail {
@@ -37,6 +37,12 @@ struct PlannedUnit {
 /// parent, the root's leftovers last). Every parameter of `model.named_parameters()` lands in exactly one
 /// unit; a parameter reachable under two names (shared module) goes to the first unit that reaches it.
 std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOptions& options);
+
+/// The class a TRANSFORMER_BASED_WRAP without `fsdp_transformer_layer_cls_to_wrap` wraps, where Accelerate
+/// takes a Hugging Face model's `_no_split_modules` (LibTorch modules have none): the module type repeated
+/// (at least twice) among the children of a ModuleList, Sequential or ModuleDict whose instances there hold
+/// the most parameters; its `name()`. A UsageError naming the model's types when no type repeats so.
+std::string repeated_block_class(const torch::nn::Module& model);
 
 }  // namespace detail
 /// The model's hidden size, as Accelerate reads a Hugging Face model's `config.hidden_size` to resolve

@@ -111,7 +111,8 @@ std::vector<KeyRow> fsdp_rows() {
       write_int, "1000"));
   rows.push_back(setting(
       "fsdp_transformer_layer_cls_to_wrap", kSection,
-      "comma-separated module names (Module::name()) for TRANSFORMER_BASED_WRAP",
+      "comma-separated module names (Module::name()) for TRANSFORMER_BASED_WRAP; empty: the model's repeated "
+      "block type, found at prepare",
       [](auto& c) -> auto& { return c.fsdp.transformer_layer_cls_to_wrap; }, text(),
       [](const std::string& s) { return s.empty() ? std::string("null") : yaml_string(s); },
       "'Block, it''s'"));
@@ -208,13 +209,10 @@ void validate_fsdp(const Config& c, const FailKey& fail_key) {
     fail_key("fsdp_config.fsdp_version",
              fmt::format("fsdp_config.fsdp_version ({}) must be 1 or 2", f.version));
   }
-  if (c.backend == "fsdp" && f.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap &&
-      f.transformer_layer_cls_to_wrap.empty()) {
-    fail_key("fsdp_config.fsdp_auto_wrap_policy",
-             "fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
-             "fsdp_config.fsdp_transformer_layer_cls_to_wrap (comma-separated module names as returned by "
-             "Module::name()); set it, or use PER_CHILD_WRAP");
-  }
+  // TRANSFORMER_BASED_WRAP without fsdp_transformer_layer_cls_to_wrap is valid (what `accelerate config`
+  // writes when a Hugging Face model's _no_split_modules should decide): the config cannot see the model;
+  // FULL_SHARD wraps the model's repeated block type at prepare (backends/common/unit_plan.hpp,
+  // repeated_block_class), or stops naming the model's types.
 }
 
 void ask_fsdp(Questions& q, Config& config) {

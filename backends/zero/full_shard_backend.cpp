@@ -106,7 +106,14 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     plan.policy = options_.policy;
     plan.min_num_params = options_.min_num_params;
     plan.wrap_classes = options_.wrap_classes;
-    for (const auto& unit : detail::plan_units(model, plan))
+    const auto units = detail::plan_units(model, plan);
+    if (plan.policy == UnitPolicy::ClassBased && plan.wrap_classes.empty() && comm_.rank() == 0) {
+      std::cerr << "accelerate-cpp: note: fsdp_config.fsdp_transformer_layer_cls_to_wrap is empty: each "
+                << detail::repeated_block_class(model) << " is a unit (" << units.size() - 1
+                << " of them, the rest in the root unit): the module type repeated in a ModuleList or "
+                   "Sequential with the most parameters; name the class there to choose another\n";
+    }
+    for (const auto& unit : units)
       add_unit(unit.name, unit.params);
   }
 

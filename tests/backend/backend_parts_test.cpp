@@ -168,6 +168,30 @@ TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") 
                         "model has no module of that class") &&
             Catch::Contains("BlockImpl"));
   }
+  SECTION("by class with an empty list (TRANSFORMER_BASED_WRAP alone): the model's repeated block type") {
+    o.policy = UnitPolicy::ClassBased;
+    // Net holds its blocks as plain members, in no ModuleList or Sequential: nothing repeats there, and the
+    // error names the model's types instead of making the whole model one unit.
+    REQUIRE_THROWS_WITH(plan_units(*net, o), Catch::Contains("TRANSFORMER_BASED_WRAP without") &&
+                                                 Catch::Contains("repeats none") &&
+                                                 Catch::Contains("BlockImpl"));
+    // Blocks in a ModuleList (a transformer's layers) beside a Sequential of two Linear(2, 2): the blocks
+    // hold more parameters, so each block is a unit; the rest is the root's.
+    struct StackImpl : torch::nn::Module {
+      StackImpl() {
+        layers = register_module("layers", torch::nn::ModuleList(Block(), Block(), Block()));
+        head =
+            register_module("head", torch::nn::Sequential(torch::nn::Linear(4, 2), torch::nn::Linear(2, 2)));
+      }
+      torch::nn::ModuleList layers{nullptr};
+      torch::nn::Sequential head{nullptr};
+    };
+    auto stack = std::make_shared<StackImpl>();
+    CHECK(accel::backends::detail::repeated_block_class(*stack) == BlockImpl().name());
+    const auto units = plan_units(*stack, o);
+    REQUIRE(names_of(units) == std::vector<std::string>{"layers.0", "layers.1", "layers.2", "<root>"});
+    REQUIRE(units.back().params.size() == 4);  // the head's two Linear layers
+  }
   SECTION("whole model") {
     o.policy = UnitPolicy::Whole;
     const auto units = plan_units(*net, o);

@@ -615,6 +615,97 @@ void equivalence_case(const char* name, MixedPrecision mp, int accumulation, dou
   }
 }
 
+// fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP without fsdp_transformer_layer_cls_to_wrap (what `accelerate
+// config` writes for a Hugging Face model): FULL_SHARD wraps the block type repeated in the model's
+// ModuleList, and N ranks with batch B equal one process with batch N*B. A model that repeats no block type
+// is refused on every rank (no rank is left waiting), naming its types.
+struct StackBlockImpl : torch::nn::Module {
+  StackBlockImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 8))),
+        fc2(register_module("fc2", torch::nn::Linear(8, 6))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(StackBlock);
+
+struct StackImpl : torch::nn::Module {
+  StackImpl()
+      : layers(register_module("layers", torch::nn::ModuleList(StackBlock(), StackBlock(), StackBlock()))),
+        head(register_module("head", torch::nn::Linear(6, 1))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& layer : *layers)
+      x = layer->as<StackBlockImpl>()->forward(x);
+    return head(x);
+  }
+  torch::nn::ModuleList layers;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Stack);
+
+void auto_wrap_blocks() {
+  Config c = cpu_config();
+  c.fsdp.auto_wrap_policy = AutoWrapPolicy::TransformerBasedWrap;
+  c.fsdp.transformer_layer_cls_to_wrap.clear();
+  constexpr int kSteps = 4;
+  constexpr std::int64_t kBatch = 4;
+  std::map<std::string, torch::Tensor> got;
+  int world = 0;
+  {
+    Accelerator acc(AcceleratorOptions().config(c));
+    world = acc.num_processes();
+    torch::manual_seed(0);
+    Stack model;
+    torch::optim::SGD opt(model->parameters(), 0.05);
+    acc.prepare(model, opt);
+    Regression data(kBatch * world * kSteps);
+    const auto r = acc.process_index();
+    for (int s = 0; s < kSteps; ++s) {
+      const auto at = (s * world + r) * kBatch;
+      opt.zero_grad();
+      acc.backward(
+          torch::mse_loss(model(data.x.slice(0, at, at + kBatch)), data.y.slice(0, at, at + kBatch)));
+      opt.step();
+    }
+    for (const auto& [name, t] : acc.get_state_dict(model))
+      got[name] = t.clone();
+  }
+  {
+    // No repeated block: every rank refuses at prepare, naming the model's types.
+    Accelerator acc(AcceleratorOptions().config(c));
+    Mlp flat;
+    torch::optim::SGD flat_opt(flat->parameters(), 0.05);
+    std::string message;
+    try {
+      acc.prepare(flat, flat_opt);
+    } catch (const UsageError& e) {
+      message = e.what();
+    }
+    CHECK_MSG(
+        message.find("repeats none") != std::string::npos && message.find("LinearImpl") != std::string::npos,
+        "a model without a repeated block: '" << message << "'");
+  }
+  torch::manual_seed(0);
+  Stack ref;
+  torch::optim::SGD ref_opt(ref->parameters(), 0.05);
+  Regression data(kBatch * world * kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    const auto big = kBatch * world;
+    ref_opt.zero_grad();
+    torch::mse_loss(ref(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
+        .backward();
+    ref_opt.step();
+  }
+  CHECK_MSG(got.size() == ref->named_parameters().size(), got.size() << " tensors in get_state_dict");
+  for (const auto& p : ref->named_parameters()) {
+    const auto it = got.find(p.key());
+    CHECK_MSG(it != got.end(), "get_state_dict has no '" << p.key() << "'");
+    if (it == got.end()) continue;
+    const double diff = (p.value() - it->second).abs().max().item<double>();
+    CHECK_MSG(diff <= 2e-5,
+              backend_variant << ": auto-wrapped '" << p.key() << "' differs from one process by " << diff);
+  }
+}
+
 // deepspeed_config.gradient_clipping: backward clips each model's gradients to it on sync steps, as
 // DeepSpeed's engine does before its step. N ranks with accumulation 2 must equal one process with the whole
 // batch that clips with LibTorch's clip_grad_norm_ before each step (the norms exceed the bound, so clipping
@@ -1374,6 +1465,7 @@ int main(int argc, char** argv) {
          micro_step_grads_differ();
        }},
       {"config_clipping", config_clipping},
+      {"auto_wrap_blocks", auto_wrap_blocks},
       {"debug_mismatch", debug_mismatch},
       {"debug_missing", debug_missing},
       {"unused", unused},
