@@ -235,9 +235,18 @@ void ask_fsdp(Questions& q, Config& config) {
            {"PER_CHILD_WRAP", "one unit per direct child module"}},
           3)];
   if (fsdp.auto_wrap_policy == AutoWrapPolicy::TransformerBasedWrap) {
-    fsdp.transformer_layer_cls_to_wrap = q.ask_text(
-        "Which modules should be wrapped (comma-separated Module::name() values, e.g. TransformerBlock)?",
-        std::nullopt);
+    // Accelerate asks "Do you want to use the model's `_no_split_modules` to wrap" first; LibTorch modules
+    // have none, so the empty list means the model's repeated block type, found at prepare.
+    const bool from_model = q.ask_bool(
+        "Do you want to wrap the block type the model repeats in a ModuleList or Sequential, found at "
+        "prepare "
+        "(Accelerate's question about the model's _no_split_modules)?",
+        false);
+    if (!from_model) {
+      fsdp.transformer_layer_cls_to_wrap = q.ask_text(
+          "Which modules should be wrapped (comma-separated Module::name() values, e.g. TransformerBlock)?",
+          std::nullopt);
+    }
   }
   if (fsdp.auto_wrap_policy == AutoWrapPolicy::SizeBasedWrap) {
     fsdp.min_num_params = q.ask_int64("What should be the minimum number of parameters of an FSDP unit?",

@@ -178,8 +178,8 @@ TEST_CASE("config command: FSDP with SHARD_GRAD_OP", "[config_command]") {
   CHECK(session.config == expected);
   require_round_trip(session.config);
 
-  SECTION("transformer-based wrap asks for the module names") {
-    const Session transformer = answer("\nfsdp\n\n\n\n0\nBlock,Attention\n\nyes\n\n\n\n");
+  SECTION("transformer-based wrap asks for the module names unless the model's block type is to decide") {
+    const Session transformer = answer("\nfsdp\n\n\n\n0\nno\nBlock,Attention\n\nyes\n\n\n\n");
     CHECK(transformer.config.fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap);
     CHECK(transformer.config.fsdp.transformer_layer_cls_to_wrap == "Block,Attention");
     CHECK(transformer.config.fsdp.activation_checkpointing);
@@ -390,6 +390,11 @@ TEST_CASE("config command: stdin ending before a question without a default is a
                      "machine that will host the main process?' was answered; give one "
                      "answer per line (an empty line takes the default)"));
   REQUIRE_THROWS_AS(answer("\nfsdp\n\n\n\nTRANSFORMER_BASED_WRAP\n"), accel::UsageError);
+  // Answering yes to the block-type question (Accelerate's _no_split_modules one) leaves the class list
+  // empty: the model's repeated block type is wrapped at prepare.
+  const auto from_model = answer("\nfsdp\n\n\n\nTRANSFORMER_BASED_WRAP\nyes\n\n\n\n\n\n\n\n\n\n\n\n").config;
+  CHECK(from_model.fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap);
+  CHECK(from_model.fsdp.transformer_layer_cls_to_wrap.empty());
 }
 
 TEST_CASE("config command: choices accept the number or the name", "[config_command]") {
