@@ -177,14 +177,19 @@ void trainer_resume() {
   auto a = base_args(straight_dir);
   a.save_strategy = "steps";
   a.save_steps = 2;
-  const auto straight = trainer_run(a);
+  // An evaluation at each epoch's end: a run cut at an epoch's last step must still evaluate that epoch
+  // once, as the uninterrupted run does (it was skipped when the checkpoint came before the epoch's end).
+  a.eval_strategy = "epoch";
+  const auto with_eval = [](Trainer<Data>& t) { t.set_eval(data(12)); };
+  const auto straight = trainer_run(a, "", with_eval);
   // The same run, where the last rank alone is sent SIGUSR1 (as a scheduler's preemption) during step
   // `stop`: mid-epoch (step 4 on 1 and 2 ranks), and at the last step of the first epoch (the resumed loader
   // then starts the next epoch).
   const std::int64_t per_epoch = straight.state.max_steps / 2;
   for (const std::int64_t stop : {std::int64_t{4}, per_epoch}) {
     a.output_dir = cut_dir;
-    const auto cut = trainer_run(a, "", [stop](Trainer<Data>& t) {
+    const auto cut = trainer_run(a, "", [stop, with_eval](Trainer<Data>& t) {
+      with_eval(t);
       struct Preempt : TrainerCallback {
         Accelerator* acc;
         std::int64_t at;
@@ -203,7 +208,7 @@ void trainer_resume() {
     const auto saved = fs::path(cut_dir) / ("checkpoint-" + std::to_string(stop));
     CHECK_MSG(fs::exists(saved / "trainer_state.json"), "no " << saved.string());
     // A fresh model (another init) resumed from the newest checkpoint.
-    const auto resumed = trainer_run(a, "latest", {}, /*init_seed=*/99);
+    const auto resumed = trainer_run(a, "latest", with_eval, /*init_seed=*/99);
     CHECK_MSG(identical(resumed.weights, straight.weights),
               backend_variant << ": resumed at step " << stop
                               << ", the weights differ from the uninterrupted run's by up to "
@@ -216,8 +221,16 @@ void trainer_resume() {
                   << " entries after resume, " << straight.state.log_history.size() << " straight");
     for (std::size_t i = 0;
          i + 1 < straight.state.log_history.size() && i + 1 < resumed.state.log_history.size(); ++i) {
-      CHECK_MSG(resumed.state.log_history[i].at("loss") == straight.state.log_history[i].at("loss"),
-                "resumed at " << stop << ": logged loss of step " << i + 1 << " differs");
+      const auto& want = straight.state.log_history[i];
+      const auto& got = resumed.state.log_history[i];
+      for (const char* key : {"loss", "eval_loss"}) {
+        CHECK_MSG(want.count(key) == got.count(key) && (want.count(key) == 0 || want.at(key) == got.at(key)),
+                  "resumed at " << stop << ": log entry " << i << " differs in " << key << " (straight "
+                                << (want.count(key) ? std::to_string(want.at(key)) : std::string("none"))
+                                << ", resumed "
+                                << (got.count(key) ? std::to_string(got.at(key)) : std::string("none"))
+                                << ")");
+      }
     }
     if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0")
       fs::remove_all(cut_dir);

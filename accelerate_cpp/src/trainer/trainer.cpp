@@ -22,6 +22,9 @@ namespace accel {
 namespace detail {
 namespace {
 
+// stateful_callbacks entry of a checkpoint written after an epoch's last step but before that epoch's end.
+constexpr const char* kEpochEndKey = "accelerate-cpp:EpochEndPending";
+
 namespace fs = std::filesystem;
 
 std::atomic<int> g_preempt_signal{0};
@@ -274,6 +277,7 @@ std::string TrainerBase::latest_checkpoint() const {
 }
 
 void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& resume) {
+  epoch_end_pending_ = false;  // a resumed checkpoint may set it again
   auto& acc = *accelerator_;
   if (args_.eval_strategy != "no" && !has_eval_) {
     throw ConfigError(
@@ -437,6 +441,7 @@ void TrainerBase::window_end() {
   }
   window_micro_ = 0;
   ++state_.global_step;
+  epoch_end_pending_ = state_.global_step % steps_per_epoch_ == 0;
   state_.epoch = static_cast<double>(state_.global_step) / static_cast<double>(steps_per_epoch_);
   if (bar_) bar_->update();
   // HF's DefaultFlowCallback.on_step_end.
@@ -481,6 +486,7 @@ bool TrainerBase::after_step(const std::function<Metrics()>& evaluate) {
 }
 
 void TrainerBase::epoch_end(const std::function<Metrics()>& evaluate) {
+  epoch_end_pending_ = false;  // a save inside (save_strategy: epoch) records the epoch as ended
   each_callback([&](TrainerCallback& c) { c.on_epoch_end(args_, state_, control_); });
   if (args_.logging_strategy == "epoch") control_.should_log = true;
   if (args_.eval_strategy == "epoch") control_.should_evaluate = true;
@@ -556,6 +562,9 @@ void TrainerBase::write_state(const std::string& dir) {
     auto a = c->attributes();
     if (!a.empty()) state_.stateful_callbacks[c->name()] = std::move(a);
   }
+  // Whether the epoch that this step ended has had its end yet (kept beside the callbacks' state, as HF
+  // keeps its TrainerControl there): a resumed run runs it once if not.
+  if (epoch_end_pending_) state_.stateful_callbacks[kEpochEndKey] = {{"pending", 1.0}};
   const fs::path path = fs::path(dir) / "trainer_state.json";
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << state_.to_json();
@@ -622,6 +631,7 @@ void TrainerBase::resume_from(const std::string& dir) {
     const auto it = s.stateful_callbacks.find(c->name());
     if (it != s.stateful_callbacks.end()) c->load_attributes(it->second);
   }
+  epoch_end_pending_ = s.stateful_callbacks.count(kEpochEndKey) > 0;
   acc.print("Trainer: resumed from ", dir, " at step ", state_.global_step);
 }
 

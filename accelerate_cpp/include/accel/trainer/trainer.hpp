@@ -114,6 +114,8 @@ class TrainerBase {
   Metrics finish_evaluation(Metrics metrics);
   std::shared_ptr<torch::nn::Module>& model() noexcept { return model_; }
   bool interrupted() const noexcept { return interrupted_; }
+  /// The last step ended an epoch whose end (epoch_end) has not run yet; saved in checkpoints.
+  bool epoch_end_pending() const noexcept { return epoch_end_pending_; }
   bool has_eval_ = false;
 
  private:
@@ -164,6 +166,7 @@ class TrainerBase {
   double start_time_ = 0;
   std::int64_t start_step_ = 0, start_samples_ = 0;
   bool interrupted_ = false;
+  bool epoch_end_pending_ = false;
   bool new_best_ = false;
   std::optional<ProgressBar> bar_;
 };
@@ -243,7 +246,13 @@ class Trainer : public detail::TrainerBase {
           break;
         }
       }
-      if (batches == 0 && !stop) continue;  // resumed after an epoch's last batch: that epoch already ended
+      if (batches == 0 && !stop) {
+        // Resumed after an epoch's last batch. Its end (evaluation, epoch save, on_epoch_end) ran before the
+        // checkpoint was written, or is still due: a checkpoint from that last step's save or a preemption.
+        if (epoch_end_pending()) epoch_end(evaluate_fn);
+        if (control().should_training_stop) break;
+        continue;
+      }
       // As HF: the epoch ends (its evaluation and save) also when max_steps or a callback stopped training
       // inside it; not after a preemption signal, whose checkpoint is already written.
       if (!interrupted()) epoch_end(evaluate_fn);
