@@ -10,6 +10,17 @@
 namespace accel::backends::detail {
 namespace {
 
+// The model's module types (Module::name()), first seen first, the first 12 of them, for error messages.
+std::string module_types(const torch::nn::Module& model) {
+  std::vector<std::string> seen;
+  for (const auto& m : model.modules(/*include_self=*/true))
+    if (std::find(seen.begin(), seen.end(), m->name()) == seen.end()) seen.push_back(m->name());
+  std::string out;
+  for (std::size_t i = 0; i < seen.size() && i < 12; ++i)
+    out += (i > 0 ? ", " : "") + seen[i];
+  return seen.size() > 12 ? out + ", ..." : out;
+}
+
 class Planner {
  public:
   Planner(torch::nn::Module& model, const UnitPlanOptions& options) : options_(options) {
@@ -87,25 +98,17 @@ class Planner {
   // As Accelerate's set_auto_wrap_policy ("Could not find the transformer layer class to wrap in the
   // model"): a listed class the model does not use would silently leave its layers in the root unit.
   void check_classes_exist(const torch::nn::Module& model) const {
-    std::vector<std::string> seen;
     const auto modules = model.modules(/*include_self=*/true);
-    for (const auto& m : modules) {
-      if (std::find(seen.begin(), seen.end(), m->name()) == seen.end()) seen.push_back(m->name());
-    }
     for (const auto& c : classes_) {
       const bool found =
           std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return is_class(*m, c); });
       if (!found) {
-        std::string classes;
-        for (std::size_t i = 0; i < seen.size() && i < 12; ++i)
-          classes += (i > 0 ? ", " : "") + seen[i];
         throw UsageError(fmt::format(
             "fsdp_transformer_layer_cls_to_wrap names '{}', but the model has no module of that class (its "
-            "classes: {}{}); Accelerate refuses this too (\"Could not find the transformer layer class to "
-            "wrap "
-            "in the model\"). Name the class of the model's repeated block as Module::name() gives it (with "
-            "or without namespace and Impl)",
-            c, classes, seen.size() > 12 ? ", ..." : ""));
+            "classes: {}); Accelerate refuses this too (\"Could not find the transformer layer class to "
+            "wrap in the model\"). Name the class of the model's repeated block as Module::name() gives it "
+            "(with or without namespace and Impl)",
+            c, module_types(model)));
       }
     }
   }
@@ -131,10 +134,8 @@ std::vector<PlannedUnit> plan_units(torch::nn::Module& model, const UnitPlanOpti
 std::string repeated_block_class(const torch::nn::Module& model) {
   std::string best;
   std::int64_t best_params = -1;
-  std::vector<std::string> types;  // every module type, first seen first, for the error
   for (const auto& m : model.modules(/*include_self=*/true)) {
     const auto container = m->name();
-    if (std::find(types.begin(), types.end(), container) == types.end()) types.push_back(container);
     static const std::vector<std::string> kContainers = {
         "torch::nn::ModuleListImpl", "torch::nn::SequentialImpl", "torch::nn::ModuleDictImpl"};
     if (std::find(kContainers.begin(), kContainers.end(), container) == kContainers.end()) continue;
@@ -156,17 +157,14 @@ std::string repeated_block_class(const torch::nn::Module& model) {
     }
   }
   if (best.empty()) {
-    std::string listed;
-    for (std::size_t i = 0; i < types.size() && i < 12; ++i)
-      listed += (i > 0 ? ", " : "") + types[i];
     throw UsageError(fmt::format(
         "fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP without "
         "fsdp_config.fsdp_transformer_layer_cls_to_wrap wraps the module type repeated in a ModuleList or "
         "Sequential (Accelerate takes a Hugging Face model's _no_split_modules, which LibTorch modules do "
         "not "
-        "have), but this model repeats none (its types: {}{}); name the class to wrap in "
+        "have), but this model repeats none (its types: {}); name the class to wrap in "
         "fsdp_transformer_layer_cls_to_wrap, or use SIZE_BASED_WRAP or PER_CHILD_WRAP",
-        listed, types.size() > 12 ? ", ..." : ""));
+        module_types(model)));
   }
   return best;
 }
