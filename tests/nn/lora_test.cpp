@@ -192,6 +192,45 @@ TEST_CASE("LoRA: under activation checkpointing the adapters get the gradients o
   }
 }
 
+TEST_CASE("LoRA: modules_to_save are trained in full and written to the adapter file under their own names") {
+  test::TempDir dir;
+  peft::LoraConfig config;
+  config.r = 2;
+  config.lora_alpha = 4;
+  config.target_modules = {"q_proj"};
+  config.modules_to_save = {"norm"};
+  config.bias = "all";  // norm.bias is both a bias and in a module to save: written once
+  torch::manual_seed(2);
+  Block model;
+  auto lora = peft::get_peft_model(model, config);
+  CHECK(model->norm->weight.requires_grad());
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["q_proj.lora_B.weight"].normal_();
+    model->norm->weight.normal_();
+    model->norm->bias.normal_();
+  }
+  const auto path = (dir.path / "adapter").string();
+  lora->save_adapter(path);
+  const auto keys = safetensors::File::open(path + "/adapter_model.safetensors").names();
+  for (const char* key : {"base_model.model.norm.weight", "base_model.model.norm.bias",
+                          "base_model.model.q_proj.lora_A.weight"}) {
+    INFO(key);
+    CHECK(std::find(keys.begin(), keys.end(), key) != keys.end());
+  }
+  std::ifstream json(path + "/adapter_config.json");
+  CHECK(nlohmann::json::parse(json).at("modules_to_save") == nlohmann::json::array({"norm"}));
+  // A fresh model of the same architecture gets the saved LayerNorm back with the adapters.
+  torch::manual_seed(2);
+  Block again;
+  auto lora2 = peft::get_peft_model(again, config);
+  lora2->load_adapter(path);
+  auto x = torch::randn({3, 6});
+  torch::NoGradGuard no_grad;
+  CHECK(torch::equal(again->norm->weight, model->norm->weight));
+  CHECK(torch::equal(again(x), model(x)));
+}
+
 TEST_CASE("LoRA: errors name the targets and the model's Linear layers") {
   Block model;
   peft::LoraConfig config;
@@ -227,11 +266,14 @@ TEST_CASE("LoRA: export for Python's PEFT", "[.peft_export]") {
   config.r = 4;
   config.lora_alpha = 8;
   config.target_modules = {"q_proj", "v_proj"};
+  config.modules_to_save = {"norm"};  // trained in full; PEFT loads it into its copy of the module
   auto lora = peft::get_peft_model(model, config);
   {
     torch::NoGradGuard no_grad;
     for (auto& p : model->named_parameters())
       if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.5);
+    model->norm->weight.normal_(1, 0.5);
+    model->norm->bias.normal_(0, 0.5);
   }
   lora->save_adapter(std::string(out) + "/adapter");
   model->eval();
@@ -271,6 +313,7 @@ TEST_CASE("LoRA: import of Python PEFT's adapter", "[.peft_import]") {
   config.r = 4;
   config.lora_alpha = 8;
   config.target_modules = {"q_proj", "v_proj"};
+  config.modules_to_save = {"norm"};
   auto lora = peft::get_peft_model(model, config);
   lora->load_adapter(std::string(dir) + "/from_peft");
   model->eval();

@@ -39,13 +39,13 @@ with torch.no_grad():
     got = model(x)
 err = (got - want).abs().max().item()
 assert err < 1e-5, err
-names = sorted(n for n, _ in model.named_parameters() if "lora_" in n)
+names = sorted(n for n, _ in model.named_parameters() if "lora_" in n or "modules_to_save" in n)
 print(f"check_peft_adapter: peft {peft.__version__} loaded {len(names)} adapter tensors "
       f"({names[0]} ...); max |PEFT - accelerate-cpp| = {err:.2e}")
 # The other way: PEFT writes changed adapters and the output they give, for the C++ side to load.
 with torch.no_grad():
     for n, p in model.named_parameters():
-        if "lora_" in n:
+        if "lora_" in n or "modules_to_save" in n:  # the adapters and PEFT's trained copy of norm
             p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(d + "/from_peft")
     y2 = model(x)

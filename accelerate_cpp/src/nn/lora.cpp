@@ -10,6 +10,7 @@
 
 #include "checkpoint/tensor_io.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <iostream>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <shared_mutex>
 
 namespace accel::peft {
@@ -255,15 +257,12 @@ void LoraModel::merge_and_unload() {
 
 void LoraModel::save_adapter(const std::string& dir,
                              const std::vector<std::pair<std::string, torch::Tensor>>& state) const {
-  if (!config_.modules_to_save.empty()) {
-    throw UnsupportedOperation(
-        "save_adapter: modules_to_save are not written to PEFT adapter files by accelerate-cpp yet; save the "
-        "whole model with Accelerator::save_model (or save_state) instead");
-  }
   std::map<std::string, torch::Tensor> given(state.begin(), state.end());
   const auto own = model_->named_parameters();
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::set<std::string> taken;
   auto take = [&](const std::string& name) {
+    if (!taken.insert(name).second) return;  // a bias both trained ("all") and in a module to save
     torch::Tensor t;
     if (!state.empty()) {
       const auto it = given.find(name);
@@ -299,6 +298,27 @@ void LoraModel::save_adapter(const std::string& dir,
     for (const auto& l : layers_)
       if (l->linear->bias.defined()) take(l->path + ".bias");
   }
+  // modules_to_save: trained in full; PEFT's files hold them under their own names
+  // ("base_model.model.head.weight"), which PeftModel.from_pretrained loads into its trained copy.
+  Json to_save = nullptr;
+  if (!config_.modules_to_save.empty()) {
+    to_save = Json::array();
+    for (const auto& n : config_.modules_to_save)
+      to_save.push_back(n);
+    for (const auto& item : model_->named_modules("", false)) {
+      if (std::none_of(config_.modules_to_save.begin(), config_.modules_to_save.end(),
+                       [&](const std::string& n) { return name_matches(item.key(), n); }))
+        continue;
+      if (!item.value()->named_buffers().is_empty()) {
+        throw UnsupportedOperation(fmt::format(
+            "save_adapter: module to save '{}' has buffers (e.g. BatchNorm statistics), which accelerate-cpp "
+            "does not write to adapter files yet; save the whole model with Accelerator::save_model instead",
+            item.key()));
+      }
+      for (const auto& p : item.value()->named_parameters())
+        take(item.key() + "." + p.key());
+    }
+  }
   fs::create_directories(dir);
   const std::string tensors = (fs::path(dir) / "adapter_model.safetensors").string();
   detail::write_tensors(tensors + ".tmp", out, {{"format", "pt"}});
@@ -318,7 +338,7 @@ void LoraModel::save_adapter(const std::string& dir,
       {"bias", config_.bias},
       {"fan_in_fan_out", false},
       {"init_lora_weights", true},
-      {"modules_to_save", nullptr},
+      {"modules_to_save", to_save},
       {"layers_to_transform", nullptr},
       {"layers_pattern", nullptr},
       {"rank_pattern", Json::object()},

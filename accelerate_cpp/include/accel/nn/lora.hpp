@@ -71,7 +71,8 @@ class LoraModel {
   /// merge(), then remove the adapters: the model is a plain model again, with the merged weights.
   void merge_and_unload();
   /// PEFT's files: `dir/adapter_model.safetensors` (keys `base_model.model.<path>.lora_A.weight`, ...) and
-  /// `dir/adapter_config.json`, loadable by Python's `PeftModel.from_pretrained`. `state`: the model's whole
+  /// `dir/adapter_config.json`, loadable by Python's `PeftModel.from_pretrained`; modules_to_save go in under
+  /// their own names (`base_model.model.<path>.weight`), as PEFT writes them. `state`: the model's whole
   /// state when it is prepared on a sharded backend (`accelerator.get_state_dict(model)`); empty: the model's
   /// own tensors.
   void save_adapter(const std::string& dir,
