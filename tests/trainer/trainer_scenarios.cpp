@@ -180,14 +180,31 @@ void trainer_resume() {
   // An evaluation at each epoch's end: a run cut at an epoch's last step must still evaluate that epoch
   // once, as the uninterrupted run does (it was skipped when the checkpoint came before the epoch's end).
   a.eval_strategy = "epoch";
-  const auto with_eval = [](Trainer<Data>& t) { t.set_eval(data(12)); };
+  // on_epoch_begin / on_epoch_end calls: a run cut at an epoch's last step and resumed makes as many as the
+  // uninterrupted run (as HF's, which resumes at the next epoch); cut mid-epoch, the resumed run begins the
+  // interrupted epoch once more (as HF's).
+  struct EpochCounter : TrainerCallback {
+    int* begins;
+    int* ends;
+    EpochCounter(int* b, int* e) : begins(b), ends(e) {}
+    std::string name() const override { return "EpochCounter"; }
+    void on_epoch_begin(const TrainingArguments&, TrainerState&, TrainerControl&) override { ++*begins; }
+    void on_epoch_end(const TrainingArguments&, TrainerState&, TrainerControl&) override { ++*ends; }
+  };
+  int begins = 0, ends = 0;
+  const auto with_eval = [&begins, &ends](Trainer<Data>& t) {
+    t.set_eval(data(12));
+    t.add_callback(std::make_shared<EpochCounter>(&begins, &ends));
+  };
   const auto straight = trainer_run(a, "", with_eval);
+  const int straight_begins = begins, straight_ends = ends;
   // The same run, where the last rank alone is sent SIGUSR1 (as a scheduler's preemption) during step
   // `stop`: mid-epoch (step 4 on 1 and 2 ranks), and at the last step of the first epoch (the resumed loader
   // then starts the next epoch).
   const std::int64_t per_epoch = straight.state.max_steps / 2;
   for (const std::int64_t stop : {std::int64_t{4}, per_epoch}) {
     a.output_dir = cut_dir;
+    begins = ends = 0;
     const auto cut = trainer_run(a, "", [stop, with_eval](Trainer<Data>& t) {
       with_eval(t);
       struct Preempt : TrainerCallback {
@@ -209,6 +226,11 @@ void trainer_resume() {
     CHECK_MSG(fs::exists(saved / "trainer_state.json"), "no " << saved.string());
     // A fresh model (another init) resumed from the newest checkpoint.
     const auto resumed = trainer_run(a, "latest", with_eval, /*init_seed=*/99);
+    const bool at_epoch_end = stop % per_epoch == 0;
+    CHECK_MSG(begins == straight_begins + (at_epoch_end ? 0 : 1) && ends == straight_ends,
+              "cut at " << stop << " and resumed: " << begins << " on_epoch_begin and " << ends
+                        << " on_epoch_end calls, the uninterrupted run " << straight_begins << " and "
+                        << straight_ends);
     CHECK_MSG(identical(resumed.weights, straight.weights),
               backend_variant << ": resumed at step " << stop
                               << ", the weights differ from the uninterrupted run's by up to "

@@ -229,11 +229,12 @@ class Trainer : public detail::TrainerBase {
     begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
     auto evaluate_fn = [this] { return evaluate(); };
     while (!finished_epochs(train_loader_->epoch())) {
-      epoch_begin();
       bool stop = false;
       std::size_t batches = 0;
       for (auto& batch : *train_loader_) {
-        ++batches;
+        // The epoch begins at its first batch: a run resumed after an epoch's last batch does not begin that
+        // epoch again (HF resumes at the next epoch).
+        if (batches++ == 0) epoch_begin();
         {
           auto window = acc.accumulate(model());
           model()->train();
