@@ -10,10 +10,12 @@
 #include "../../accelerate_cpp/src/checkpoint/tensor_io.hpp"
 
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -189,6 +191,121 @@ TEST_CASE(
   const auto loaded = test::snapshot(*model);
   for (std::size_t k = 0; k < loaded.size(); ++k)
     CHECK(torch::equal(loaded[k], before[k]));
+}
+
+namespace {
+
+// Bytes a new file can still take on the file system of `dir`.
+std::uint64_t free_bytes(const std::filesystem::path& dir) {
+  struct statvfs fs {};
+  REQUIRE(::statvfs(dir.c_str(), &fs) == 0);
+  return static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+// Fills the file system of `dir` until about `keep` bytes are free (a file of zeros); returns its path.
+std::filesystem::path fill_until(const std::filesystem::path& dir, std::uint64_t keep) {
+  const auto filler = dir / "filler.bin";
+  std::filesystem::remove(filler);
+  const std::uint64_t available = free_bytes(dir);
+  if (available > keep) {
+    std::ofstream out(filler, std::ios::binary);
+    const std::string block(4096, '\0');
+    for (std::uint64_t left = available - keep; left > 0;) {
+      const auto n = std::min<std::uint64_t>(left, block.size());
+      out.write(block.data(), static_cast<std::streamsize>(n));
+      left -= n;
+    }
+  }
+  return filler;
+}
+
+std::uint64_t tree_bytes(const std::filesystem::path& dir) {
+  std::uint64_t total = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) total += e.file_size();
+  return total;
+}
+
+std::vector<std::string> entries_of(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+// Run by tests/fault/disk_full.sh on a small tmpfs it mounts (ACCEL_DISK_FULL_DIR), so the disk is really
+// full (ENOSPC from the kernel, not the RLIMIT_FSIZE emulation above), at several points of each file format:
+// the model's safetensors, the optimizer's LibTorch .pt (whose zip writer aborted the process on a short
+// write), the small state files, the manifest; and save_model's shards and index.
+TEST_CASE("checkpoint: a really full disk fails save_state and save_model cleanly, at every point",
+          "[.disk_full]") {
+  const char* root_env = std::getenv("ACCEL_DISK_FULL_DIR");
+  REQUIRE(root_env != nullptr);  // set by tests/fault/disk_full.sh
+  const std::filesystem::path root(root_env);
+  torch::manual_seed(0);
+  torch::nn::Linear model(96, 96);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt);
+  auto step = [&] {
+    opt.zero_grad();
+    acc.backward(model(torch::randn({4, 96})).pow(2).mean());
+    opt.step();
+  };
+  step();
+  const auto ckpt = root / "ckpt";
+  const auto exported = root / "export";
+  acc.save_state(ckpt.string());
+  acc.save_model(model, exported.string(), "20KB");  // 37 kB of weights: two shards and an index
+  const std::uint64_t state_bytes = tree_bytes(ckpt);
+  const std::uint64_t export_bytes = tree_bytes(exported);
+  const auto saved = test::snapshot(*model);
+  const auto ckpt_files = entries_of(ckpt);
+  const auto export_files = entries_of(exported);
+  INFO("checkpoint " << state_bytes << " bytes, export " << export_bytes << " bytes");
+  step();
+  int failures = 0;
+  for (const double fraction : {0.02, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.97}) {
+    for (const bool is_export : {false, true}) {
+      const std::uint64_t need = is_export ? export_bytes : state_bytes;
+      const auto filler = fill_until(root, static_cast<std::uint64_t>(fraction * static_cast<double>(need)));
+      INFO((is_export ? "save_model" : "save_state") << " with " << free_bytes(root) << " bytes free");
+      try {
+        if (is_export) {
+          acc.save_model(model, exported.string(), "20KB");
+        } else {
+          acc.save_state(ckpt.string());
+        }
+        FAIL("the save succeeded on a full disk");
+      } catch (const CheckpointError& e) {
+        ++failures;
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find(root.string()) != std::string::npos);  // names the file
+        CHECK(what.find("No space left on device") != std::string::npos);
+      }
+      std::filesystem::remove(filler);
+      // Nothing temporary is left, and the earlier checkpoint and export are whole and load.
+      CHECK(entries_of(root) == std::vector<std::string>{"ckpt", "export"});
+      CHECK(entries_of(ckpt) == ckpt_files);
+      CHECK(entries_of(exported) == export_files);
+    }
+  }
+  CHECK(failures == 16);
+  acc.load_state(ckpt.string());
+  const auto loaded = test::snapshot(*model);
+  for (std::size_t k = 0; k < loaded.size(); ++k)
+    CHECK(torch::equal(loaded[k], saved[k]));
+  const auto weights = accel::detail::read_model_export(exported);
+  CHECK(torch::equal(weights.at("weight"), saved[0]));
+  // With the space back, both saves succeed in place.
+  step();
+  acc.save_state(ckpt.string());
+  acc.save_model(model, exported.string(), "20KB");
+  CHECK(torch::equal(accel::detail::read_model_export(exported).at("weight"), test::snapshot(*model)[0]));
 }
 
 TEST_CASE("checkpoint: save_state never deletes what it did not write (a log directory, a file)") {
@@ -542,7 +659,7 @@ TEST_CASE("export: shards are cut as huggingface_hub cuts them, and a failed exp
   std::size_t files = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(out))
     ++files;
-  CHECK(files == 4);
+  CHECK(files == 5);  // 3 shards, the index, the manifest
   {
     accel::detail::ShardedExportWriter writer(out, 1000);
     writer.add("x", f32(3));
@@ -550,6 +667,9 @@ TEST_CASE("export: shards are cut as huggingface_hub cuts them, and a failed exp
   }
   CHECK(accel::detail::read_model_export(out).size() == 1);  // the earlier shards and index are gone
   std::filesystem::remove(out / "model.safetensors");
+  CHECK_THROWS_WITH(accel::detail::read_model_export(out),  // the export's manifest lists it
+                    Catch::Contains("model.safetensors is missing") && Catch::Contains("nothing was loaded"));
+  std::filesystem::remove(out / "model.safetensors.manifest.json");
   CHECK_THROWS_WITH(accel::detail::read_model_export(out),
                     Catch::Contains("has neither model.safetensors nor"));
 }
@@ -574,8 +694,10 @@ TEST_CASE("export: save_model then load_model on one process, and a missing shar
   std::filesystem::remove(std::filesystem::path(out) / "model-00002-of-00003.safetensors");
   CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("model-00002-of-00003.safetensors"));
   CHECK_THROWS_WITH(acc.save_model(model, out, "lots"), Catch::Contains("max_shard_size 'lots'"));
-  // An index may only name shards inside the export, and is bounded.
+  // An index may only name shards inside the export, and is bounded (checked without a manifest, as an
+  // export transformers wrote has none).
   acc.save_model(model, out, "100");
+  std::filesystem::remove(std::filesystem::path(out) / "model.safetensors.manifest.json");
   const auto index = std::filesystem::path(out) / "model.safetensors.index.json";
   std::stringstream text;
   text << std::ifstream(index).rdbuf();
@@ -595,6 +717,64 @@ TEST_CASE("export: save_model then load_model on one process, and a missing shar
   std::filesystem::remove(index);
   std::ofstream(index) << std::string(100000, '[');
   CHECK_THROWS_WITH(acc.load_model(other, out), Catch::Contains("nested deeper than an index is"));
+}
+
+TEST_CASE(
+    "export: the manifest save_model writes catches a damaged, missing or foreign file before loading") {
+  test::TempDir dir;
+  const auto out = dir.path / "m";
+  const auto other_out = dir.path / "other";
+  torch::manual_seed(1);
+  Mlp model, other;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config()));
+  acc.prepare(model, opt, other);
+  acc.save_model(model, out.string(), "100");
+  acc.save_model(other, other_out.string(), "100");  // another export with the same file names
+  const auto manifest = out / "model.safetensors.manifest.json";
+  REQUIRE(std::filesystem::exists(manifest));
+  const auto before = test::snapshot(*other);
+  auto refused = [&](const std::string& expect) {
+    try {
+      acc.load_model(other, out.string());
+      FAIL("load_model accepted a damaged export");
+    } catch (const CheckpointError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(expect) && Catch::Contains("nothing was loaded"));
+    }
+    const auto after = test::snapshot(*other);  // nothing was loaded
+    for (std::size_t k = 0; k < after.size(); ++k)
+      CHECK(torch::equal(after[k], before[k]));
+  };
+  const auto shard = out / "model-00002-of-00003.safetensors";
+  std::stringstream original;
+  original << std::ifstream(shard, std::ios::binary).rdbuf();
+  const std::string bytes = original.str();
+  // One flipped bit in the tensor data (the header still parses: without the manifest it would load).
+  std::string flipped = bytes;
+  flipped[flipped.size() - 1] = static_cast<char>(flipped.back() ^ 0x01);
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << flipped;
+  refused(shard.string() + " does not hold what export");
+  // The same shard from another export.
+  std::filesystem::copy_file(other_out / shard.filename(), shard,
+                             std::filesystem::copy_options::overwrite_existing);
+  refused("does not hold what export");
+  // Truncated, then missing.
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 4);
+  refused("the file was truncated, extended or replaced");
+  std::filesystem::remove(shard);
+  refused(shard.string() + " is missing");
+  // The original bytes back: it loads, and equals the model.
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  acc.load_model(other, out.string());
+  const auto got = acc.get_state_dict(other);
+  const auto want = acc.get_state_dict(model);
+  for (std::size_t k = 0; k < got.size(); ++k)
+    CHECK(torch::equal(got[k].second, want[k].second));
+  // A damaged manifest is named.
+  std::ofstream(manifest, std::ios::trunc) << "{\"checkpoint_id\": 3}";
+  CHECK_THROWS_WITH(acc.load_model(other, out.string()),
+                    Catch::Contains("the export manifest " + manifest.string() + " is damaged") &&
+                        Catch::Contains("so it is not loaded"));
 }
 
 namespace {

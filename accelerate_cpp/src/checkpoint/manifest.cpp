@@ -24,8 +24,12 @@ using Json = nlohmann::json;
 
 constexpr std::uintmax_t kMaxManifestBytes = 64ull << 20;  // ~250,000 files
 
+const char* kind_name(ManifestKind kind) {
+  return kind == ManifestKind::Export ? "export" : "checkpoint";
+}
+
 std::string describe(const Manifest& m) {
-  std::string out = "checkpoint " + m.checkpoint_id.substr(0, 12);
+  std::string out = std::string(kind_name(m.kind)) + " " + m.checkpoint_id.substr(0, 12);
   const auto step = m.facts.find("completed_steps");
   if (step != m.facts.end()) out += " (saved after " + step->second + " optimizer steps)";
   return out;
@@ -80,7 +84,7 @@ void write_manifest(const std::string& dir, const Manifest& manifest) {
                      {"checkpoint_id", manifest.checkpoint_id},
                      {"facts", manifest.facts},
                      {"files", files}};
-  const std::string path = (fs::path(dir) / Manifest::kFile).string();
+  const std::string path = (fs::path(dir) / manifest_file(manifest.kind)).string();
   const std::string text = root.dump(1) + "\n";
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) throw CheckpointError(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
@@ -92,26 +96,30 @@ void write_manifest(const std::string& dir, const Manifest& manifest) {
   }
 }
 
-Manifest read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / Manifest::kFile).string();
+const char* manifest_file(ManifestKind kind) {
+  return kind == ManifestKind::Export ? Manifest::kExportFile : Manifest::kFile;
+}
+
+Manifest read_manifest(const std::string& dir, ManifestKind kind) {
+  const std::string path = (fs::path(dir) / manifest_file(kind)).string();
+  const std::string what = kind_name(kind);
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
-  if (ec)
-    throw CheckpointError(fmt::format("cannot read the checkpoint manifest {}: {}", path, ec.message()));
+  if (ec) throw CheckpointError(fmt::format("cannot read the {} manifest {}: {}", what, path, ec.message()));
   if (size > kMaxManifestBytes) {
-    throw CheckpointError(
-        fmt::format("the checkpoint manifest {} is {} bytes, more than a manifest can be ({}); "
-                    "the file is not the one save_state wrote",
-                    path, size, kMaxManifestBytes));
+    throw CheckpointError(fmt::format(
+        "the {} manifest {} is {} bytes, more than a manifest can be ({}); "
+        "the file is not the one {} wrote",
+        what, path, size, kMaxManifestBytes, kind == ManifestKind::Export ? "save_model" : "save_state"));
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   auto bad = [&](const std::string& why) {
     return CheckpointError(bounded_message(fmt::format(
-        "the checkpoint manifest {} is damaged ({}); the checkpoint cannot be verified, so it is not loaded: "
-        "resume from another checkpoint",
-        path, why)));
+        "the {0} manifest {1} is damaged ({2}); the {0} cannot be verified, so it is not loaded: {3}", what,
+        path, why,
+        kind == ManifestKind::Export ? "export the model again" : "resume from another checkpoint")));
   };
   Json root;
   try {
@@ -121,6 +129,7 @@ Manifest read_manifest(const std::string& dir) {
       return true;
     });
     Manifest m;
+    m.kind = kind;
     m.checkpoint_id = root.at("checkpoint_id").get<std::string>();
     for (const auto& [k, v] : root.at("facts").items())
       m.facts[k] = v.get<std::string>();
@@ -128,8 +137,8 @@ Manifest read_manifest(const std::string& dir) {
       ManifestEntry e;
       e.name = f.at("name").get<std::string>();
       if (!inside_directory(e.name)) {
-        throw bad(fmt::format("it lists '{}', which is not a file inside the checkpoint directory",
-                              e.name.substr(0, 200)));
+        throw bad(fmt::format("it lists '{}', which is not a file inside the {} directory",
+                              e.name.substr(0, 200), what));
       }
       e.digest.bytes = f.at("bytes").get<std::uint64_t>();
       const auto h = f.at("xxh64").get<std::string>();
@@ -151,8 +160,8 @@ std::string verify_entry(const std::string& dir, const Manifest& manifest, const
   const std::string path = (fs::path(dir) / entry.name).string();
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
-    return fmt::format("{} is missing; {} lists it ({} bytes): the checkpoint is incomplete", path,
-                       describe(manifest), entry.digest.bytes);
+    return fmt::format("{} is missing; {} lists it ({} bytes): the {} is incomplete", path,
+                       describe(manifest), entry.digest.bytes, kind_name(manifest.kind));
   }
   const auto size = fs::file_size(path, ec);
   if (!ec && size != entry.digest.bytes) {

@@ -19,8 +19,14 @@ struct ManifestEntry {
   FileDigest digest;
 };
 
+/// What a manifest describes: a save_state checkpoint (`manifest.json`) or a save_model export
+/// (`model.safetensors.manifest.json`, beside Hugging Face's files, which transformers ignores).
+enum class ManifestKind { Checkpoint, Export };
+
 struct Manifest {
   static constexpr const char* kFile = "manifest.json";
+  static constexpr const char* kExportFile = "model.safetensors.manifest.json";
+  ManifestKind kind = ManifestKind::Checkpoint;
   std::string checkpoint_id;                 ///< 32 hex digits, unique per save
   std::map<std::string, std::string> facts;  ///< world_size, backend, step ...: shown in messages
   std::vector<ManifestEntry> files;          ///< sorted by name; never manifest.json itself
@@ -39,12 +45,16 @@ Manifest build_manifest(const std::string& dir, std::string checkpoint_id,
                         std::map<std::string, std::string> facts,
                         const std::map<std::string, FileDigest>& known);
 
-/// Writes `manifest` to `<dir>/manifest.json`. Throws CheckpointError naming the file.
+/// The manifest's file name for `kind`.
+const char* manifest_file(ManifestKind kind);
+
+/// Writes `manifest` to `<dir>/manifest.json` (an export's to its own name). Throws CheckpointError naming
+/// the file.
 void write_manifest(const std::string& dir, const Manifest& manifest);
 
 /// Reads `<dir>/manifest.json`; throws CheckpointError naming the file and the problem (too large, not
 /// JSON, a missing field, a name that is absolute or leaves the directory).
-Manifest read_manifest(const std::string& dir);
+Manifest read_manifest(const std::string& dir, ManifestKind kind = ManifestKind::Checkpoint);
 
 /// Compares one listed file with what is on disk: empty when it matches, else the problem (missing, another
 /// size, another checksum), naming the file and the checkpoint.

@@ -5,10 +5,12 @@
 #include <accel/errors.hpp>
 #include "checkpoint/atomic_dir.hpp"
 #include "checkpoint/manifest.hpp"
+#include "config/message_text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <regex>
@@ -29,7 +31,7 @@ std::string shard_name(std::size_t k, std::size_t n) {
 
 bool is_export_weight(const std::string& name) {
   static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
-  return name == kSingle || name == kIndex || std::regex_match(name, kShard);
+  return name == kSingle || name == kIndex || name == Manifest::kExportFile || std::regex_match(name, kShard);
 }
 
 }  // namespace
@@ -101,11 +103,11 @@ void ShardedExportWriter::add(const std::string& name, const torch::Tensor& tens
 void ShardedExportWriter::flush(std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
   const fs::path temp = dir_ / fmt::format(".model-export-{:05d}.safetensors.tmp", temp_files_.size() + 1);
   NamedTensors named(tensors.begin(), tensors.end());
-  write_tensors(temp.string(), named, {{"format", "pt"}});
+  temp_files_.push_back(temp);  // first: the destructor removes it whatever happens while writing
+  digests_.push_back(write_tensors(temp.string(), named, {{"format", "pt"}}));
   std::vector<std::string> names;
   for (const auto& [name, t] : tensors)
     names.push_back(name);
-  temp_files_.push_back(temp);
   shard_names_.push_back(std::move(names));
   if (&tensors == &current_) held_ = 0;
   tensors.clear();
@@ -116,16 +118,24 @@ ModelExport ShardedExportWriter::finish() {
   const std::size_t n = temp_files_.size();
   ModelExport out;
   out.total_bytes = total_;
-  // Remove the weights of an earlier export, then move the new files into place (the index last).
+  // Remove the weights of an earlier export (its manifest first: files without their manifest are read
+  // unverified, never verified against another export's list), then move the new files into place, the
+  // index and the manifest last.
   std::error_code ec;
+  fs::remove(dir_ / Manifest::kExportFile, ec);
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     if (entry.is_regular_file() && is_export_weight(entry.path().filename().string())) {
       fs::remove(entry.path(), ec);
     }
   }
+  Manifest manifest;
+  manifest.kind = ManifestKind::Export;
+  manifest.checkpoint_id = new_checkpoint_id();
+  manifest.facts = {{"total_bytes", std::to_string(total_)}, {"tensors", std::to_string(seen_.size())}};
   if (n == 1) {
     fs::rename(temp_files_[0], dir_ / kSingle);
     out.files.push_back(kSingle);
+    manifest.files.push_back({kSingle, digests_[0]});
   } else {
     nlohmann::ordered_json index;
     index["metadata"]["total_size"] = total_;
@@ -134,29 +144,84 @@ ModelExport ShardedExportWriter::finish() {
       const std::string file = shard_name(k + 1, n);
       fs::rename(temp_files_[k], dir_ / file);
       out.files.push_back(file);
+      manifest.files.push_back({file, digests_[k]});
       for (const auto& name : shard_names_[k])
         weight_map[name] = file;
     }
     index["weight_map"] = weight_map;
-    write_file_atomic((dir_ / kIndex).string(), index.dump(2) + "\n");
+    const std::string text = index.dump(2) + "\n";
+    write_file_atomic((dir_ / kIndex).string(), text);
     out.files.push_back(kIndex);
+    Xxh64 hash;
+    hash.update(text.data(), text.size());
+    manifest.files.push_back({kIndex, {hash.size(), hash.digest()}});
   }
+  std::sort(manifest.files.begin(), manifest.files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  write_manifest(dir_.string(), manifest);
   finished_ = true;
   return out;
 }
 
+namespace {
+
+// An export save_model wrote carries its manifest: every file it lists must be there, whole and unchanged,
+// before anything is read. Exports without one (transformers', or ours from before manifests) are read as
+// they are. Returns the names the manifest lists (empty without one).
+std::vector<std::string> verify_export(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir / Manifest::kExportFile, ec)) return {};
+  const Manifest manifest = read_manifest(dir.string(), ManifestKind::Export);
+  std::vector<std::string> names;
+  for (const ManifestEntry& entry : manifest.files) {
+    const std::string problem = verify_entry(dir.string(), manifest, entry);
+    if (!problem.empty()) {
+      throw CheckpointError(
+          fmt::format("load_model: {}; nothing was loaded: export the model again", problem));
+    }
+    names.push_back(entry.name);
+  }
+  return names;
+}
+
+// A file the export reads that its manifest does not list is from another export (or was added later).
+void require_listed(const fs::path& dir, const std::vector<std::string>& listed, const std::string& file) {
+  if (listed.empty() || std::find(listed.begin(), listed.end(), file) != listed.end()) return;
+  throw CheckpointError(fmt::format(
+      "load_model: {} is not listed in {}, which save_model wrote with this export: it belongs to another "
+      "export; nothing was loaded: export the model again",
+      (dir / file).string(), (dir / Manifest::kExportFile).string()));
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir);
+
 std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
+  try {
+    return read_model_export_unbounded(dir);
+  } catch (const CheckpointError& e) {
+    // Names from a hostile index (a 100,000-character tensor name) are quoted short and printable.
+    throw CheckpointError(bounded_message(e.what()));
+  }
+}
+
+std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir) {
   const fs::path index_path = dir / kIndex;
   std::map<std::string, torch::Tensor> out;
-  if (!fs::exists(index_path)) {
-    if (!fs::exists(dir / kSingle)) {
+  const std::vector<std::string> listed = verify_export(dir);
+  std::error_code exists_ec;
+  if (!fs::exists(index_path, exists_ec)) {
+    if (!fs::exists(dir / kSingle, exists_ec)) {
       throw CheckpointError(
           fmt::format("load_model: '{}' has neither {} nor {}; pass the directory that "
                       "accelerator.save_model(model, dir) wrote",
                       dir.string(), kSingle, kIndex));
     }
+    require_listed(dir, listed, kSingle);
     return read_tensors(safetensors::File::open((dir / kSingle).string()));
   }
+  require_listed(dir, listed, kIndex);
   std::error_code ec;
   const auto size = fs::is_regular_file(index_path, ec) ? fs::file_size(index_path, ec) : 0;
   if (ec || !fs::is_regular_file(index_path, ec) || size > kMaxIndexBytes) {
@@ -206,12 +271,15 @@ std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
     by_file[file.get<std::string>()].push_back(name);
   }
   for (const auto& [file, names] : by_file) {
+    require_listed(dir, listed, file);
     const fs::path path = dir / file;
-    if (!fs::exists(path)) {
+    std::error_code ec;  // never the throwing overloads: a hostile index may name anything
+    if (!fs::is_regular_file(path, ec)) {
       throw CheckpointError(
-          fmt::format("load_model: {} lists {} (for '{}'), which is missing; copy the whole "
+          fmt::format("load_model: {} lists {} (for '{}'), which is missing{}; copy the whole "
                       "export directory",
-                      index_path.string(), file, names.front()));
+                      index_path.string(), file.substr(0, 200), names.front().substr(0, 200),
+                      ec ? " (" + ec.message() + ")" : std::string()));
     }
     const safetensors::File shard = safetensors::File::open(path.string());
     for (const auto& name : names)

@@ -7,6 +7,8 @@
 #include <accel/checkpoint/model_export.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
 
+#include "checkpoint/xxh64.hpp"
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -49,8 +51,9 @@ std::uint64_t parse_shard_size(const std::string& text);
 /// Writes tensors as they come into shards of at most `max_shard_bytes` (a tensor larger than that gets a
 /// shard of its own), as `huggingface_hub.split_torch_state_dict_into_shards` cuts a state dict. Shards go to
 /// hidden temporary files first; `finish` then removes the weights of an earlier export (`model.safetensors`,
-/// `model-*-of-*.safetensors`, the index) and renames the new files into place, so an interrupted export
-/// leaves the earlier one readable.
+/// `model-*-of-*.safetensors`, the index, the manifest) and renames the new files into place, then writes
+/// `model.safetensors.manifest.json` (each file's size and XXH64), which read_model_export verifies first: a
+/// damaged, truncated, missing or foreign file is named and nothing is read.
 class ShardedExportWriter {
  public:
   ShardedExportWriter(std::filesystem::path dir, std::uint64_t max_shard_bytes);
@@ -75,6 +78,7 @@ class ShardedExportWriter {
   std::uint64_t total_ = 0;
   std::vector<std::filesystem::path> temp_files_;      // in shard order
   std::vector<std::vector<std::string>> shard_names_;  // tensor names of each shard
+  std::vector<FileDigest> digests_;                    // of each shard, computed while writing
   std::map<std::string, bool> seen_;
   bool finished_ = false;
 };

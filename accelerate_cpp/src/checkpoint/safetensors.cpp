@@ -476,20 +476,26 @@ accel::detail::FileDigest write_contents(const std::string& path, const std::str
   if (raw == nullptr) {
     throw CheckpointError(prefix + errno_text() + "; check that the directory exists and is writable");
   }
-  FileCloser file(raw);
   accel::detail::Xxh64 hash;  // of every byte written: the checkpoint manifest's checksum, without a re-read
-  auto put = [&](const void* bytes, std::size_t size) {
-    hash.update(bytes, size);
-    if (size > 0 && std::fwrite(bytes, 1, size, raw) != size) {
-      throw CheckpointError(prefix + "write failed: " + errno_text() + "; check free disk space");
+  try {
+    FileCloser file(raw);
+    auto put = [&](const void* bytes, std::size_t size) {
+      hash.update(bytes, size);
+      if (size > 0 && std::fwrite(bytes, 1, size, raw) != size) {
+        throw CheckpointError(prefix + "write failed after " + std::to_string(hash.size() - size) +
+                              " bytes: " + errno_text() + "; check free disk space");
+      }
+    };
+    put(length, sizeof length);
+    put(header.data(), header.size());
+    for (const TensorView* tensor : order)
+      put(tensor->data, tensor->nbytes);
+    if (!file.close()) {
+      throw CheckpointError(prefix + "closing the file failed: " + errno_text() + "; check free disk space");
     }
-  };
-  put(length, sizeof length);
-  put(header.data(), header.size());
-  for (const TensorView* tensor : order)
-    put(tensor->data, tensor->nbytes);
-  if (!file.close()) {
-    throw CheckpointError(prefix + "closing the file failed: " + errno_text() + "; check free disk space");
+  } catch (...) {
+    std::remove(path.c_str());  // a partial file is never left behind (a full disk would keep it full)
+    throw;
   }
   return {hash.size(), hash.digest()};
 }

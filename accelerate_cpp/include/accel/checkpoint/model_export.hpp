@@ -17,8 +17,9 @@ enum class StateDictOn {
 
 /// What `Accelerator::save_model` wrote.
 struct ModelExport {
-  /// File names inside the directory: `model.safetensors`, or the shards in order then the index. Empty on
-  /// ranks other than the main process.
+  /// The weight files inside the directory: `model.safetensors`, or the shards in order then the index. Empty
+  /// on ranks other than the main process. Beside them, `model.safetensors.manifest.json` lists each file's
+  /// size and XXH64; load_model verifies it before reading (transformers ignores it).
   std::vector<std::string> files;
   /// Sum of the tensors' sizes in bytes (the index's `metadata.total_size`).
   std::uint64_t total_bytes = 0;
