@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -1432,6 +1433,29 @@ void peak() {
   }
 }
 
+// A rank that stops (here rank 0 leaves at once, as a crash or an error would make it) makes the others' next
+// collective fail at once with a message that says so and points at that rank's own error, never with
+// Gloo's bare "Connection reset by peer".
+void peer_gone() {
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  acc.wait_for_everyone();
+  if (acc.process_index() == 0) {
+    std::cout << std::flush;
+    std::_Exit(0);  // no destructor: the sockets close as a crashed process's do
+  }
+  try {
+    for (int i = 0; i < 50; ++i)  // the first may still complete in flight; the peer is gone by the next ones
+      acc.reduce(torch::ones({1024}), ReduceOp::Sum);
+    CHECK_MSG(false, "collectives succeeded although rank 0 was gone");
+  } catch (const DistributedError& e) {
+    const std::string message = e.what();
+    CHECK_MSG(message.find("closed its connection") != std::string::npos &&
+                  message.find("its own message, printed before this one, is the cause") != std::string::npos,
+              "the message does not say that a peer stopped: " << message);
+    std::cout << "peer_gone: rank " << acc.process_index() << " got: " << message << std::endl;
+  }
+}
+
 void process() {
   Accelerator acc;  // from the environment and $ACCEL_CONFIG_FILE, as a user's program would
   std::cout << "rank " << acc.process_index() << " of " << acc.num_processes() << ", local "
@@ -1471,6 +1495,7 @@ int main(int argc, char** argv) {
       {"unused", unused},
       {"checkpoint", checkpoint},
       {"process", process},
+      {"peer_gone", peer_gone},
       {"sharding", sharding},
       {"memory", memory},
       {"peak", peak},

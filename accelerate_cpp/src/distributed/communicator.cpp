@@ -176,7 +176,7 @@ class WorkHandle final : public CollectiveHandle {
     try {
       work_->wait(timeout_);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{} failed: {}", what_, e.what()));
+      throw DistributedError(fmt::format("{} failed: {}", what_, detail::c10d_failure(e)));
     }
   }
 
@@ -280,7 +280,7 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(tensors.front())->allreduce(tensors, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{}: all_reduce failed: {}", me(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: all_reduce failed: {}", me(), detail::c10d_failure(e)));
     }
     count(Collective::AllReduce, bytes, ring_all_reduce(bytes));
     return std::make_unique<WorkHandle>(std::move(work), std::move(tensors), options_.timeout,
@@ -302,7 +302,7 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(tensor)->reduce(ts, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{}: reduce failed: {}", me(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: reduce failed: {}", me(), detail::c10d_failure(e)));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout,
                                         fmt::format("{}: reduce", me()));
@@ -377,7 +377,7 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(in)->_allgather_base(out, in, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{}: all_gather failed: {}", me(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: all_gather failed: {}", me(), detail::c10d_failure(e)));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
                                         options_.timeout, fmt::format("{}: all_gather", me()));
@@ -400,7 +400,7 @@ class C10dCommunicator final : public Communicator {
     try {
       work = backend_for(in)->_reduce_scatter_base(out, in, o);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{}: reduce_scatter failed: {}", me(), first_line(e.what())));
+      throw DistributedError(fmt::format("{}: reduce_scatter failed: {}", me(), detail::c10d_failure(e)));
     }
     return std::make_unique<WorkHandle>(std::move(work), std::vector<torch::Tensor>{in, out},
                                         options_.timeout, fmt::format("{}: reduce_scatter", me()));
@@ -507,7 +507,7 @@ class C10dCommunicator final : public Communicator {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{} failed: {}", what, first_line(e.what())));
+      throw DistributedError(fmt::format("{} failed: {}", what, detail::c10d_failure(e)));
     }
     count(Collective::PointToPoint, tensor.nbytes(), send ? tensor.nbytes() : 0);
     return std::make_unique<WorkHandle>(std::move(work), std::move(ts), options_.timeout, what);
@@ -547,7 +547,7 @@ class C10dCommunicator final : public Communicator {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("{}: {} failed: {}", me(), what, first_line(e.what())));
+      throw DistributedError(fmt::format("{}: {} failed: {}", me(), what, detail::c10d_failure(e)));
     }
   }
 

@@ -10,6 +10,22 @@
 #include <vector>
 
 namespace accel::detail {
+
+std::string c10d_failure(const std::exception& e) {
+  const std::string message = e.what();
+  const std::string first = message.substr(0, message.find('\n'));
+  for (const char* gone : {"Connection reset by peer", "Connection closed by peer", "Broken pipe"}) {
+    if (message.find(gone) == std::string::npos) continue;
+    return fmt::format(
+        "another rank of the group closed its connection ({}): that rank stopped first (an error, a crash or "
+        "a "
+        "kill), and its own message, printed before this one, is the cause; this failure is only its "
+        "consequence",
+        gone);
+  }
+  return first;
+}
+
 namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
@@ -48,8 +64,7 @@ class P2PHandle final : public CollectiveHandle {
     try {
       work->wait(timeout_);
     } catch (const std::exception& e) {
-      const std::string message = e.what();
-      throw DistributedError(fmt::format("{} failed: {}", what_, message.substr(0, message.find('\n'))));
+      throw DistributedError(fmt::format("{} failed: {}", what_, c10d_failure(e)));
     }
   }
 

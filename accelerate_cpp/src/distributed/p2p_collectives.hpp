@@ -17,9 +17,16 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <string>
 
 namespace accel::detail {
+
+/// The first line of a c10d failure, for a DistributedError. When it means that a peer went away (Gloo's
+/// "Connection reset by peer" or "Connection closed by peer", a broken pipe), it says so: that rank stopped
+/// first, and its own error, printed before this one, is the cause; this one is only its consequence.
+std::string c10d_failure(const std::exception& e);
 
 /// Tags of point-to-point collectives: `tag_base` distinguishes concurrent collectives (all ranks must pass
 /// the same value for the same call) and leaves room for chunk numbers below it.
