@@ -629,21 +629,28 @@ struct StackBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(StackBlock);
 
+// With `embed`, the parameters outside the blocks (the root unit's) are used both before and after them, as
+// a transformer's embedding and head are: accel-launch test's check model found FULL_SHARD wrong there.
 struct StackImpl : torch::nn::Module {
-  StackImpl()
-      : layers(register_module("layers", torch::nn::ModuleList(StackBlock(), StackBlock(), StackBlock()))),
-        head(register_module("head", torch::nn::Linear(6, 1))) {}
+  explicit StackImpl(bool with_embed = false) {
+    if (with_embed) embed = register_module("embed", torch::nn::Linear(6, 6));
+    layers = register_module("layers", torch::nn::ModuleList(StackBlock(), StackBlock(), StackBlock()));
+    head = register_module("head", torch::nn::Linear(6, 1));
+  }
   torch::Tensor forward(torch::Tensor x) {
+    if (embed) x = torch::tanh(embed(x));
     for (const auto& layer : *layers)
       x = layer->as<StackBlockImpl>()->forward(x);
     return head(x);
   }
-  torch::nn::ModuleList layers;
-  torch::nn::Linear head;
+  torch::nn::Linear embed{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(Stack);
 
-void auto_wrap_blocks() {
+void auto_wrap_blocks_case(bool with_embed) {
+  const std::string what = with_embed ? "blocks between an embedding and a head" : "blocks then a head";
   Config c = cpu_config();
   c.fsdp.auto_wrap_policy = AutoWrapPolicy::TransformerBasedWrap;
   c.fsdp.transformer_layer_cls_to_wrap.clear();
@@ -655,7 +662,7 @@ void auto_wrap_blocks() {
     Accelerator acc(AcceleratorOptions().config(c));
     world = acc.num_processes();
     torch::manual_seed(0);
-    Stack model;
+    Stack model(with_embed);
     torch::optim::SGD opt(model->parameters(), 0.05);
     acc.prepare(model, opt);
     Regression data(kBatch * world * kSteps);
@@ -667,8 +674,23 @@ void auto_wrap_blocks() {
           torch::mse_loss(model(data.x.slice(0, at, at + kBatch)), data.y.slice(0, at, at + kBatch)));
       opt.step();
     }
-    for (const auto& [name, t] : acc.get_state_dict(model))
+    std::vector<std::string> order, want_order;
+    for (const auto& [name, t] : acc.get_state_dict(model)) {
       got[name] = t.clone();
+      order.push_back(name);
+    }
+    // In the model's own order (named_parameters), as one process lists it: never unit by unit.
+    for (const auto& p : model->named_parameters())
+      want_order.push_back(p.key());
+    auto joined = [](const std::vector<std::string>& names) {
+      std::string out;
+      for (const auto& n : names)
+        out += (out.empty() ? "" : ", ") + n;
+      return out;
+    };
+    CHECK_MSG(order == want_order, backend_variant << " (" << what << "): get_state_dict lists "
+                                                   << joined(order) << " instead of the model's order "
+                                                   << joined(want_order));
   }
   {
     // No repeated block: every rank refuses at prepare, naming the model's types.
@@ -686,7 +708,7 @@ void auto_wrap_blocks() {
         "a model without a repeated block: '" << message << "'");
   }
   torch::manual_seed(0);
-  Stack ref;
+  Stack ref(with_embed);
   torch::optim::SGD ref_opt(ref->parameters(), 0.05);
   Regression data(kBatch * world * kSteps);
   for (int s = 0; s < kSteps; ++s) {
@@ -702,9 +724,14 @@ void auto_wrap_blocks() {
     CHECK_MSG(it != got.end(), "get_state_dict has no '" << p.key() << "'");
     if (it == got.end()) continue;
     const double diff = (p.value() - it->second).abs().max().item<double>();
-    CHECK_MSG(diff <= 2e-5,
-              backend_variant << ": auto-wrapped '" << p.key() << "' differs from one process by " << diff);
+    CHECK_MSG(diff <= 2e-5, backend_variant << " (" << what << "): auto-wrapped '" << p.key()
+                                            << "' differs from one process by " << diff);
   }
+}
+
+void auto_wrap_blocks() {
+  auto_wrap_blocks_case(false);
+  auto_wrap_blocks_case(true);
 }
 
 // deepspeed_config.gradient_clipping: backward clips each model's gradients to it on sync steps, as

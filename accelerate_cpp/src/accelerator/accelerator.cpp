@@ -267,6 +267,7 @@ NamedTensors Accelerator::model_state(std::size_t index) {
                               for (auto& [name, t] : piece)
                                 state.emplace_back(name, t.detach().clone());
                             });
+  detail::in_model_order(state, *prepared_.models.at(index).module);
   return state;
 }
 

@@ -116,6 +116,7 @@ NamedTensors Accelerator::main_process_state(std::size_t index) {
         for (auto& [name, t] : piece)
           out.emplace_back(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
       });
+  detail::in_model_order(out, *prepared_.models.at(index).module);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <unordered_map>
 
 namespace accel::detail {
 namespace fs = std::filesystem;
@@ -35,6 +36,19 @@ bool is_export_weight(const std::string& name) {
 }
 
 }  // namespace
+
+void in_model_order(NamedTensors& state, const torch::nn::Module& module) {
+  std::unordered_map<std::string, std::size_t> position;
+  for (const auto& p : module.named_parameters())
+    position.emplace(p.key(), position.size());
+  for (const auto& b : module.named_buffers())
+    position.emplace(b.key(), position.size());
+  // A pipeline stage cut from the model lists only its own layers: the stages' order is the model's there.
+  for (const auto& entry : state)
+    if (position.count(entry.first) == 0) return;
+  std::stable_sort(state.begin(), state.end(),
+                   [&](const auto& a, const auto& b) { return position.at(a.first) < position.at(b.first); });
+}
 
 std::uint64_t parse_shard_size(const std::string& text) {
   // As transformers' convert_file_size_to_int: decimal units for KB/MB/GB, binary ones for KiB/MiB/GiB.

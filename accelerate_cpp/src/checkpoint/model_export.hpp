@@ -39,6 +39,12 @@ void visit_whole_model(Backend& engine, const std::map<std::string, tp::SplitPar
                        Communicator* pipe, bool share_stages, torch::Device device,
                        const std::function<void(NamedTensors)>& sink);
 
+/// Puts `state` in the model's own order (`named_parameters()`, then `named_buffers()`), as one process's
+/// model lists it, whatever order the engine handed it over in (ZeRO-3 and FULL_SHARD go unit by unit).
+/// Unchanged when the module does not list every name (a pipeline stage cut from the model lists its own
+/// layers only; the stages hand theirs over in the model's order).
+void in_model_order(NamedTensors& state, const torch::nn::Module& module);
+
 /// This rank's slices of the whole split parameters in `state`; CheckpointError starting with `where` and
 /// naming the entry when a whole parameter has another size than its layer.
 void slice_tensor_parallel(std::map<std::string, torch::Tensor>& state,
