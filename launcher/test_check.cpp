@@ -4,9 +4,11 @@
 /// the config's backend, precision and accumulation, compared with the same steps computed by one process
 /// on the whole batch. Prints one line per check and exits non-zero on the first that fails.
 #include <accel/accelerator/accelerator.hpp>
+#include <accel/accelerator/resolved_config.hpp>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -14,6 +16,8 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -38,17 +42,46 @@ struct Rows : torch::data::datasets::Dataset<Rows> {
   std::int64_t n;
 };
 
+// A block repeated in a ModuleList, as a transformer's layers are: FSDP's TRANSFORMER_BASED_WRAP (and its
+// automatic choice of the block type) finds something to wrap in the check model too.
+struct CheckBlockImpl : torch::nn::Module {
+  CheckBlockImpl() { fc = register_module("fc", torch::nn::Linear(16, 16)); }
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(x)); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(CheckBlock);
+
 struct Net : torch::nn::Module {
   Net() {
     a = register_module("a", torch::nn::Linear(8, 16));
+    blocks = register_module("blocks", torch::nn::ModuleList(CheckBlock(), CheckBlock()));
     b = register_module("b", torch::nn::Linear(16, 1));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     // Column 0 holds the row index (for the sharding check): the model reads the other columns.
-    return b(torch::tanh(a(torch::cat({torch::zeros_like(x.narrow(1, 0, 1)), x.narrow(1, 1, 7)}, 1))));
+    auto h = torch::tanh(a(torch::cat({torch::zeros_like(x.narrow(1, 0, 1)), x.narrow(1, 1, 7)}, 1)));
+    for (const auto& block : *blocks)
+      h = block->as<CheckBlock>()->forward(h);
+    return b(h);
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
 };
+
+// The config as the user's program would get it, except that a TRANSFORMER_BASED_WRAP class list names the
+// user's model's classes (LlamaDecoderLayer, ...): the check model's block stands in for them.
+accel::Config check_config() {
+  accel::Config config = accel::resolved_config(accel::AcceleratorOptions());
+  auto& fsdp = config.fsdp;
+  if (fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap &&
+      !fsdp.transformer_layer_cls_to_wrap.empty()) {
+    config.notices.push_back(
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap: " + fsdp.transformer_layer_cls_to_wrap +
+        " (your model's) is replaced by the check model's block CheckBlockImpl");
+    fsdp.transformer_layer_cls_to_wrap = CheckBlock()->name();
+  }
+  return config;
+}
 
 torch::Tensor flat_weights(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
@@ -100,9 +133,13 @@ auto check_data_loader(accel::Accelerator& acc, int world) {
 
 // The reference of check 4: `steps` optimizer steps of one process on the whole batch of 4 x `world` rows,
 // clipped to `clip` before each step when the config clips (deepspeed_config.gradient_clipping).
-void train_reference(Net& reference, const Rows& data, int world, int steps, int gas, double clip) {
+// One process on the whole batch; a step the prepared run skipped (fp16 overflow: the loss scaler's first
+// scales may be too high) is skipped here too, so the comparison checks the distribution, not the scaler.
+void train_reference(Net& reference, const Rows& data, int world, int steps, int gas, double clip,
+                     const std::vector<bool>& skipped) {
   torch::optim::SGD ref_opt(reference.parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < steps; ++s) {
+    if (skipped[static_cast<std::size_t>(s)]) continue;
     ref_opt.zero_grad();
     for (int m = 0; m < gas; ++m) {
       const auto start = (s * gas + m) * 4 * world;
@@ -116,9 +153,11 @@ void train_reference(Net& reference, const Rows& data, int world, int steps, int
   }
 }
 
-// The same steps through the accelerator: batch 4 per rank, `model` and `opt` prepared.
-void train_prepared(accel::Accelerator& acc, std::shared_ptr<Net>& model, torch::optim::SGD& opt,
-                    const Rows& data, int rank, int world, int steps, int gas) {
+// The same steps through the accelerator: batch 4 per rank, `model` and `opt` prepared. Returns which
+// optimizer steps the fp16 loss scaler skipped.
+std::vector<bool> train_prepared(accel::Accelerator& acc, std::shared_ptr<Net>& model, torch::optim::SGD& opt,
+                                 const Rows& data, int rank, int world, int steps, int gas) {
+  std::vector<bool> skipped(static_cast<std::size_t>(steps), false);
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < gas; ++m) {
       auto scope = acc.accumulate(model);
@@ -127,9 +166,12 @@ void train_prepared(accel::Accelerator& acc, std::shared_ptr<Net>& model, torch:
       const auto y = data.y.narrow(0, start, 4).to(acc.device());
       acc.backward(torch::mse_loss(model->forward(x).to(torch::kFloat32), y));
       opt.step();
+      if (acc.sync_gradients() && acc.optimizer_step_was_skipped())
+        skipped[static_cast<std::size_t>(s)] = true;
       opt.zero_grad();
     }
   }
+  return skipped;
 }
 
 // The prepared model's floating-point state, flattened in state-dict order.
@@ -162,7 +204,7 @@ void compare_weights(accel::Accelerator& acc, const torch::Tensor& trained, Net&
 }  // namespace
 
 int main() try {
-  accel::Accelerator acc;
+  accel::Accelerator acc(accel::AcceleratorOptions().config(check_config()));
   const int rank = acc.process_index();
   const int world = acc.num_processes();
   const auto& config = acc.config();
@@ -183,10 +225,19 @@ int main() try {
   auto reference = std::make_shared<Net>();
   torch::manual_seed(99);
   auto model = std::make_shared<Net>();
-  train_reference(*reference, data, world, steps, gas, accel::automatic_gradient_clipping(config));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   acc.prepare(model, opt);
-  train_prepared(acc, model, opt, data, rank, world, steps, gas);
+  const std::vector<bool> skipped = train_prepared(acc, model, opt, data, rank, world, steps, gas);
+  const auto n_skipped = std::count(skipped.begin(), skipped.end(), true);
+  if (n_skipped > 0) {
+    acc.print("  note: the fp16 loss scaler skipped ", n_skipped, " of ", steps,
+              " steps (gradients overflowed at its scale); the reference skips them too");
+  }
+  // On a thread of its own: prepare() switched mixed-precision autocast on for this thread, and the
+  // reference is one plain fp32 process.
+  std::thread([&] {
+    train_reference(*reference, data, world, steps, gas, accel::automatic_gradient_clipping(config), skipped);
+  }).join();
   compare_weights(acc, trained_weights(acc, model), *reference, world, steps);
   acc.wait_for_everyone();
   acc.print("accel-test-check: all checks passed");

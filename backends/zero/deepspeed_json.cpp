@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -308,9 +309,18 @@ std::optional<MixedPrecision> requested_precision(const JsonFile& f, const Json&
   return wanted;
 }
 
+// Whether the fp16 / bf16 block `block` is in effect: enabled true, or "auto" resolved to it by
+// mixed_precision, as Accelerate's set_mixed_precision fills it (absent: DeepSpeed's default, disabled).
+bool block_in_effect(const Json& b, const PrecisionBlock& block, const Config& c) {
+  if (!b.contains("enabled")) return false;
+  if (is_auto(b.at("enabled"))) return c.mixed_precision == block.mode;
+  return b.at("enabled").is_boolean() && b.at("enabled").get<bool>();
+}
+
 // One setting of DeepSpeed's fp16 or bf16 block (precision_config.py: DeepSpeedFP16Config,
-// DeepSpeedBF16Config; the loss scaler in fp16/loss_scaler.py) that accelerate-cpp does not take from the
-// file, with DeepSpeed's default and the value that behaves as accelerate-cpp does.
+// DeepSpeedBF16Config) that accelerate-cpp does not take from the file, with DeepSpeed's default and the
+// value that behaves as accelerate-cpp does. The loss scaler's settings are not here: they are followed
+// (read_loss_scaler).
 struct PrecisionSetting {
   const char* block;  // "fp16" or "bf16" (the latter also for "bfloat16")
   const char* key;
@@ -323,16 +333,6 @@ struct PrecisionSetting {
 
 const std::vector<PrecisionSetting>& precision_settings() {
   static const std::vector<PrecisionSetting> kSettings = {
-      // Ours: accelerate-cpp's GradScaler (optim/grad_scaler.hpp), dynamic, init 65536, growth x2 after
-      // 2000 clean steps, backoff x0.5 on every overflow, no minimum. DeepSpeed's DynamicLossScaler grows
-      // and backs off by 2 too, but after loss_scale_window steps, with `hysteresis` overflows tolerated
-      // first, and not below min_loss_scale.
-      {"fp16", "loss_scale", 0, "", 0, "0, dynamic"},
-      {"fp16", "initial_scale_power", 16, "", 16, "16, a first scale of 65536"},
-      {"fp16", "loss_scale_window", 1000, "", 2000, "2000"},
-      {"fp16", "hysteresis", 2, "", 1, "1, no overflow is tolerated before the scale halves"},
-      {"fp16", "consecutive_hysteresis", false, "", false, "false"},
-      {"fp16", "min_loss_scale", 1, "", nullptr, "no minimum"},
       {"fp16", "auto_cast", false, "", false,
        "false, inputs are not cast: autocast runs each op in fp16 from fp32 parameters"},
       {"fp16", "fp16_master_weights_and_grads", false, "", false, "false, fp32 master weights"},
@@ -347,18 +347,89 @@ const std::vector<PrecisionSetting>& precision_settings() {
   return kSettings;
 }
 
-// For each fp16 / bf16 block in effect (enabled true, or "auto" resolved to it by mixed_precision, as
-// Accelerate's set_mixed_precision fills it), a notice naming every setting whose value (the file's, or
+// The keys of DeepSpeed's fp16 block that set its loss scaler (DeepSpeedFP16Config), all followed.
+const std::vector<std::string>& loss_scaler_keys() {
+  static const std::vector<std::string> kKeys = {"loss_scale", "initial_scale_power",    "loss_scale_window",
+                                                 "hysteresis", "consecutive_hysteresis", "min_loss_scale"};
+  return kKeys;
+}
+
+// An integer of the fp16 block, as DeepSpeed's pydantic model takes it (an integral float such as 2.0 too; a
+// bool, a fraction or text refused), within [min, max].
+std::int64_t fp16_integer(const JsonFile& f, const Json& v, const std::string& key, std::int64_t min,
+                          std::int64_t max, const char* expected) {
+  const std::string path = "fp16." + key;
+  double d = 0;
+  const bool number = v.is_number() && !v.is_boolean();
+  if (number) d = v.get<double>();
+  if (!number || !std::isfinite(d) || std::floor(d) != d || d < static_cast<double>(min) ||
+      d > static_cast<double>(max)) {
+    f.fail(path, key,
+           fmt::format("{}: expected {}, got {} (DeepSpeed refuses it too)", path, expected, v.dump()));
+  }
+  return static_cast<std::int64_t>(d);
+}
+
+// DeepSpeed's fp16 loss scaler settings, followed when the fp16 block is in effect (DeepSpeed's defaults
+// fill what it leaves out, as ZeroConfig's defaults are), validated as DeepSpeed validates them.
+void read_loss_scaler(const JsonFile& f, const Json& root, Config& c) {
+  if (!root.contains("fp16")) return;
+  const Json& b = root.at("fp16");
+  if (!block_in_effect(b, {"fp16", MixedPrecision::Fp16}, c)) return;
+  ZeroConfig& z = c.zero;
+  if (b.contains("loss_scale")) {
+    const Json& v = b.at("loss_scale");
+    const bool number = v.is_number() && !v.is_boolean();
+    if (!number || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+      f.fail(
+          "fp16.loss_scale", "loss_scale",
+          fmt::format("fp16.loss_scale: expected 0 (dynamic loss scaling) or a positive, finite scale, got "
+                      "{} (DeepSpeed refuses it too)",
+                      v.dump()));
+    }
+    z.fp16_loss_scale = v.get<double>();
+  }
+  const bool dynamic = z.fp16_loss_scale == 0;
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  if (b.contains("initial_scale_power")) {
+    z.fp16_initial_scale_power = static_cast<int>(
+        fp16_integer(f, b.at("initial_scale_power"), "initial_scale_power", -126, 127,
+                     "an integer from -126 to 127 (the first scale 2^power is a float32 here)"));
+  }
+  // DeepSpeed checks window and minimum only for dynamic scaling; a static scale never reads them.
+  if (b.contains("loss_scale_window")) {
+    z.fp16_loss_scale_window =
+        fp16_integer(f, b.at("loss_scale_window"), "loss_scale_window",
+                     dynamic ? 1 : std::numeric_limits<std::int64_t>::min(), kMax,
+                     dynamic ? "a positive integer with dynamic loss scaling" : "an integer");
+    if (!dynamic) z.fp16_loss_scale_window = std::max<std::int64_t>(z.fp16_loss_scale_window, 1);
+  }
+  if (b.contains("hysteresis")) {
+    z.fp16_hysteresis = fp16_integer(f, b.at("hysteresis"), "hysteresis", 1, kMax, "a positive integer");
+  }
+  if (b.contains("consecutive_hysteresis")) {
+    z.fp16_consecutive_hysteresis = boolean_value(f, b.at("consecutive_hysteresis"),
+                                                  "fp16.consecutive_hysteresis", "consecutive_hysteresis");
+  }
+  if (b.contains("min_loss_scale")) {
+    const std::int64_t min = fp16_integer(
+        f, b.at("min_loss_scale"), "min_loss_scale", dynamic ? 1 : std::numeric_limits<std::int64_t>::min(),
+        kMax, dynamic ? "a positive integer with dynamic loss scaling" : "an integer");
+    z.fp16_min_loss_scale = static_cast<double>(std::max<std::int64_t>(min, 1));
+  }
+}
+
+// For each fp16 / bf16 block in effect, a notice naming every setting whose value (the file's, or
 // DeepSpeed's default) differs from what accelerate-cpp does, with the file's value and ours.
 void report_precision_settings(const JsonFile& f, const Json& root, Config& c) {
   for (const PrecisionBlock& block : precision_blocks(root)) {
     const Json& b = root.at(block.name);
-    if (!b.contains("enabled")) continue;  // DeepSpeed's default: disabled
+    if (!block_in_effect(b, block, c)) continue;
     const bool is_auto_enabled = is_auto(b.at("enabled"));
-    if (is_auto_enabled ? c.mixed_precision != block.mode : !b.at("enabled").get<bool>()) continue;
     const std::string kind = block.mode == MixedPrecision::Fp16 ? "fp16" : "bf16";
     std::vector<std::string> items;
     std::vector<std::string> known;
+    if (block.mode == MixedPrecision::Fp16) known = loss_scaler_keys();
     for (const PrecisionSetting& s : precision_settings()) {
       if (kind != s.block) continue;
       known.emplace_back(s.key);
@@ -382,8 +453,8 @@ void report_precision_settings(const JsonFile& f, const Json& root, Config& c) {
                                             : fmt::format("{}.enabled true", block.name);
     const std::string what =
         block.mode == MixedPrecision::Fp16
-            ? "DeepSpeed's loss scaler differ from accelerate-cpp's, which is not configurable from the file "
-              "(dynamic: init 65536, x2 after 2000 clean steps, x0.5 on every overflow)"
+            ? "DeepSpeed's fp16 differ from accelerate-cpp's (fp16 autocast over fp32 parameters, with "
+              "DeepSpeed's loss scaler as the block sets it)"
             : "DeepSpeed's bf16 differ from accelerate-cpp's (bf16 autocast, parameters, gradients and "
               "optimizer state in fp32)";
     c.notices.push_back(fmt::format("{}: {} is in effect ({}) and these settings of {}: {}", f.path(), kind,
@@ -744,6 +815,7 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   check_batch_sizes(f, root, c);
   apply_gradient_clipping(f, root, c);
   apply_zero_optimization(f, root, c);
+  read_loss_scaler(f, root, c);  // into the zero settings apply_zero_optimization made
 }
 
 }  // namespace accel::config_detail

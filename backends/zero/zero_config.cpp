@@ -3,6 +3,7 @@
 // (deepspeed_json.cpp), its checks and its questions.
 #include "deepspeed_json.hpp"
 
+#include <cmath>
 #include <filesystem>
 
 namespace accel {
@@ -35,21 +36,33 @@ std::vector<KeyRow> zero_rows() {
     KeyRow r;
     r.name = "gradient_accumulation_steps";
     r.section = kSection;
-    r.doc = "must agree with the top-level gradient_accumulation_steps";
+    r.doc =
+        "must agree with the top-level gradient_accumulation_steps; auto: follows it (as Accelerate fills "
+        "it)";
     r.read = [](Reader& rd, const Entry& e, Config&, Pending&) {
-      rd.integer(e, 1, std::numeric_limits<int>::max(), kPositiveInt);  // see resolve
+      if (rd.scalar(e, "a positive integer or auto") == "auto") return;  // see resolve
+      rd.integer(e, 1, std::numeric_limits<int>::max(), "a positive integer or auto");
     };
     rows.push_back(r);
   }
-  rows.push_back(setting(
-      "gradient_clipping", kSection,
-      "max global gradient norm: backward clips each model to it on sync steps, as DeepSpeed's engine does; "
-      "0 disables; absent from a YAML deepspeed_config: 1.0 (what Accelerate fills in)",
-      [](auto& c) -> auto& { return c.zero.gradient_clipping; },
-      [](const Reader& r, const Entry& e) {
-        return r.number(e, 0, true, "a non-negative number (0 disables)");
-      },
-      write_number, "0.5"));
+  {
+    KeyRow r = setting(
+        "gradient_clipping", kSection,
+        "max global gradient norm: backward clips each model to it on sync steps, as DeepSpeed's engine "
+        "does; "
+        "0 disables; absent or auto in a YAML deepspeed_config: 1.0 (what Accelerate fills in)",
+        [](auto& c) -> auto& { return c.zero.gradient_clipping; },
+        [](const Reader& r, const Entry& e) {
+          return r.number(e, 0, true, "a non-negative number (0 disables) or auto");
+        },
+        write_number, "0.5");
+    auto read_number = r.read;
+    r.read = [read_number](Reader& rd, const Entry& e, Config& c, Pending& p) {
+      if (e.value.IsScalar() && e.value.Scalar() == "auto") return;  // filled in resolve, as when absent
+      read_number(rd, e, c, p);
+    };
+    rows.push_back(r);
+  }
   rows.push_back(setting(
       "zero3_init_flag", kSection, "construct parameters already partitioned (no effect in LibTorch)",
       [](auto& c) -> auto& { return c.zero.zero3_init_flag; }, boolean(), write_bool, "true"));
@@ -87,6 +100,45 @@ std::vector<KeyRow> zero_rows() {
   rows.push_back(setting(
       "activation_checkpointing", kSection, "(accelerate-cpp) recompute activations in backward",
       [](auto& c) -> auto& { return c.zero.activation_checkpointing; }, boolean(), write_bool, "true"));
+  // DeepSpeed's fp16 loss scaler (a DeepSpeed JSON's fp16 block, which DeepSpeed's defaults fill).
+  rows.push_back(setting(
+      "fp16_loss_scale", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.loss_scale: 0 dynamic loss scaling, > 0 a static scale",
+      [](auto& c) -> auto& { return c.zero.fp16_loss_scale; },
+      [](const Reader& r, const Entry& e) { return r.number(e, 0, true, "0 (dynamic) or a positive scale"); },
+      write_number, "128"));
+  rows.push_back(setting(
+      "fp16_initial_scale_power", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.initial_scale_power: the first dynamic scale is 2^this",
+      [](auto& c) -> auto& { return c.zero.fp16_initial_scale_power; },
+      int_in(-126, 127, "an integer from -126 to 127 (the scale is a float32)"), write_int, "12"));
+  rows.push_back(setting(
+      "fp16_loss_scale_window", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.loss_scale_window: clean steps between growths of the scale",
+      [](auto& c) -> auto& { return c.zero.fp16_loss_scale_window; },
+      [](const Reader& r, const Entry& e) {
+        return r.integer(e, 1, std::numeric_limits<std::int64_t>::max(), kPositiveInt);
+      },
+      write_int, "500"));
+  rows.push_back(setting(
+      "fp16_hysteresis", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.hysteresis: overflows (skipped steps) before the scale halves",
+      [](auto& c) -> auto& { return c.zero.fp16_hysteresis; },
+      [](const Reader& r, const Entry& e) {
+        return r.integer(e, 1, std::numeric_limits<std::int64_t>::max(), kPositiveInt);
+      },
+      write_int, "4"));
+  rows.push_back(setting(
+      "fp16_consecutive_hysteresis", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.consecutive_hysteresis: refill the hysteresis at every clean step",
+      [](auto& c) -> auto& { return c.zero.fp16_consecutive_hysteresis; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "fp16_min_loss_scale", kSection,
+      "(accelerate-cpp) DeepSpeed's fp16.min_loss_scale: the floor of the dynamic scale; an overflow at it "
+      "stops the run",
+      [](auto& c) -> auto& { return c.zero.fp16_min_loss_scale; },
+      [](const Reader& r, const Entry& e) { return r.number(e, 0, false, "a positive number"); },
+      write_number, "0.25"));
   rows.push_back(ignored("deepspeed_multinode_launcher", kSection,
                          "accepted, ignored (accel-launch starts every rank)"));
   {
@@ -100,9 +152,22 @@ std::vector<KeyRow> zero_rows() {
   return rows;
 }
 
+// DeepSpeed offloads parameters in stage 3 only: stages 0-2 build their optimizer without the offload_param
+// config (engine.py), so a file's offload_param there has no effect, in DeepSpeed and here.
+void settle_offload_param(Config& c, const std::string& key) {
+  if (c.zero.stage == 3 || c.zero.offload_param_device == OffloadDevice::None) return;
+  c.notices.push_back(
+      fmt::format("{} cpu has no effect at zero_stage {}: DeepSpeed offloads parameters in stage "
+                  "3 only and ignores it too; set zero_stage: 3 to offload them",
+                  key, c.zero.stage));
+  c.zero.offload_param_device = OffloadDevice::None;
+}
+
 void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   const Entry* gas = p.find("gradient_accumulation_steps");
-  if (const Entry* ds = p.find(kSection + ".gradient_accumulation_steps")) {
+  const Entry* ds_gas = p.find(kSection + ".gradient_accumulation_steps");
+  if (ds_gas != nullptr && ds_gas->value.IsScalar() && ds_gas->value.Scalar() == "auto") ds_gas = nullptr;
+  if (const Entry* ds = ds_gas) {
     const int ds_value = static_cast<int>(r.integer(*ds, 1, std::numeric_limits<int>::max(), kPositiveInt));
     if (gas && ds_value != c.gradient_accumulation_steps) {
       r.fail_at(*ds, fmt::format("{}: {} disagrees with gradient_accumulation_steps {} (line {}); make them "
@@ -117,21 +182,29 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
     // Accelerate's DeepSpeedPlugin leaves an absent gradient_clipping "auto" and fills it with 1.0 at
     // prepare: a YAML DeepSpeed section clips at 1.0 unless it says otherwise (a JSON file keeps DeepSpeed's
     // own default, 0). Said once, since the file does not say it.
-    if (c.backend == "zero" && p.find(kSection + ".gradient_clipping") == nullptr) {
+    const Entry* clipping = p.find(kSection + ".gradient_clipping");
+    const bool clipping_auto =
+        clipping != nullptr && clipping->value.IsScalar() && clipping->value.Scalar() == "auto";
+    if (c.backend == "zero" && (clipping == nullptr || clipping_auto)) {
       c.zero.gradient_clipping = 1.0;
-      c.notices.push_back(
-          "deepspeed_config.gradient_clipping is not set: gradients are clipped to a global norm of 1.0 on "
-          "sync "
-          "steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off");
+      c.notices.push_back(fmt::format(
+          "deepspeed_config.gradient_clipping is {}: gradients are clipped to a global norm of 1.0 "
+          "on sync steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off",
+          clipping_auto ? "auto" : "not set"));
     }
-    if (c.backend == "zero") settle_stage1_reduce_bucket(c, kSection + ".reduce_bucket_size");
+    if (c.backend == "zero") {
+      settle_stage1_reduce_bucket(c, kSection + ".reduce_bucket_size");
+      settle_offload_param(c, kSection + ".offload_param_device");
+    }
     return;
   }
   if (c.backend != "zero") {
-    r.fail_at(*file, fmt::format(
-                         "{}: a DeepSpeed config file needs distributed_type: DEEPSPEED (backend: zero), but "
-                         "the backend is {}",
-                         file->path, c.backend));
+    // Accelerate reads deepspeed_config only for DEEPSPEED; its launcher ignores the section otherwise.
+    c.notices.push_back(
+        fmt::format("{}{}: ignored, as Accelerate ignores it: the backend is {}, not zero "
+                    "(distributed_type: DEEPSPEED)",
+                    location(r.source(), file->line), file->path, c.backend));
+    return;
   }
   // Settings of the section besides the file (which decides them).
   std::vector<std::string> yaml_keys;
@@ -164,6 +237,7 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   context.mixed_precision_set = p.find("mixed_precision") != nullptr;
   context.gradient_accumulation_set = gas != nullptr;
   apply_deepspeed_json(path, context, c);
+  settle_offload_param(c, path + ": zero_optimization.offload_param.device");
 }
 
 void validate_zero(const Config& c, const FailKey& fail_key) {
@@ -172,7 +246,7 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
     fail_key("deepspeed_config.zero_stage",
              fmt::format("deepspeed_config.zero_stage ({}) must be 0, 1, 2 or 3", z.stage));
   }
-  if (z.offload_param_device == OffloadDevice::Cpu && z.stage != 3) {
+  if (z.offload_param_device == OffloadDevice::Cpu && z.stage != 3 && c.backend == "zero") {
     fail_key("deepspeed_config.offload_param_device",
              fmt::format(
                  "deepspeed_config.offload_param_device: cpu needs zero_stage 3, but zero_stage is {}; set "
@@ -192,6 +266,51 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
   }
   // Bucket sizes and sub_group_size may be 0, as DeepSpeed's schema allows (ge=0); ZeroConfig says what 0
   // means for each.
+  // The loss scaler, as DeepSpeed's DeepSpeedFP16Config and loss_scaler.py validate it.
+  if (!(z.fp16_loss_scale >= 0) || !std::isfinite(z.fp16_loss_scale)) {
+    fail_key(
+        "deepspeed_config.fp16_loss_scale",
+        fmt::format("deepspeed_config.fp16_loss_scale ({}) must be 0 (dynamic) or a positive, finite scale",
+                    z.fp16_loss_scale));
+  }
+  if (z.fp16_initial_scale_power < -126 || z.fp16_initial_scale_power > 127) {
+    fail_key("deepspeed_config.fp16_initial_scale_power",
+             fmt::format("deepspeed_config.fp16_initial_scale_power ({}) must be from -126 to 127: the scale "
+                         "2^power is a float32",
+                         z.fp16_initial_scale_power));
+  }
+  if (z.fp16_loss_scale_window < 1 || z.fp16_hysteresis < 1) {
+    const bool window = z.fp16_loss_scale_window < 1;
+    fail_key(window ? "deepspeed_config.fp16_loss_scale_window" : "deepspeed_config.fp16_hysteresis",
+             fmt::format("deepspeed_config.{} ({}) must be a positive integer",
+                         window ? "fp16_loss_scale_window" : "fp16_hysteresis",
+                         window ? z.fp16_loss_scale_window : z.fp16_hysteresis));
+  }
+  if (!(z.fp16_min_loss_scale > 0) || !std::isfinite(z.fp16_min_loss_scale)) {
+    fail_key("deepspeed_config.fp16_min_loss_scale",
+             fmt::format("deepspeed_config.fp16_min_loss_scale ({}) must be a positive number",
+                         z.fp16_min_loss_scale));
+  }
+}
+
+// DeepSpeed's fp16 loss scaler (CreateLossScaler in fp16/loss_scaler.py) from the zero settings.
+LossScaling deepspeed_loss_scaling(const Config& c) {
+  const ZeroConfig& z = c.zero;
+  LossScaling s;
+  if (z.fp16_loss_scale > 0) {  // LossScaler: static
+    s.dynamic = false;
+    s.init_scale = z.fp16_loss_scale;
+    return s;
+  }
+  s.init_scale = std::ldexp(1.0, z.fp16_initial_scale_power);
+  s.growth_factor = 2.0;  // DynamicLossScaler's scale_factor, fixed
+  s.backoff_factor = 0.5;
+  s.growth_interval = z.fp16_loss_scale_window;
+  s.deepspeed_schedule = true;
+  s.hysteresis = z.fp16_hysteresis;
+  s.consecutive_hysteresis = z.fp16_consecutive_hysteresis;
+  s.min_scale = z.fp16_min_loss_scale;
+  return s;
 }
 
 void ask_zero(Questions& q, Config& config) {
@@ -273,6 +392,7 @@ BackendPart zero_config_part() {
     part.unsupported.push_back(std::move(row));
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.info.gradient_clipping = [](const Config& c) { return c.zero.gradient_clipping; };
+  part.info.loss_scaling = deepspeed_loss_scaling;
   part.resolve = resolve_zero;
   part.validate = validate_zero;
   part.estimate_config = [](const MemoryEstimateInput& in, Config& c) {

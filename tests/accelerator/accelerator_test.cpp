@@ -586,6 +586,49 @@ TEST_CASE(
   CHECK(!torch::equal(w32, torch::zeros_like(w32)));
 }
 
+TEST_CASE("accelerator: fp16 under zero runs DeepSpeed's loss scaler: hysteresis, window, minimum, state") {
+  // DeepSpeed's defaults as a YAML DEEPSPEED config gets them (hysteresis 2), one process, stage 2.
+  Config c = test::make_config(MixedPrecision::Fp16);
+  c.backend = "zero";
+  c.zero.fp16_initial_scale_power = 10;
+  c.zero.fp16_loss_scale_window = 2;
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(c));
+  acc.prepare(model, opt);
+  REQUIRE(acc.scaler() != nullptr);
+  CHECK(acc.scaler()->get_scale() == 1024.0);
+  Regression data(8);
+  bool poison = false;
+  model->fc1->weight.register_hook([&](torch::Tensor g) {
+    return poison ? torch::full_like(g, std::numeric_limits<float>::infinity()) : g;
+  });
+  auto step = [&](bool overflow) {
+    opt.zero_grad();
+    poison = overflow;
+    acc.backward(torch::mse_loss(model(data.x).to(torch::kFloat32), data.y));
+    poison = false;
+    const auto before = test::snapshot(*model);
+    opt.step();
+    const bool moved = !torch::equal(test::snapshot(*model)[0], before[0]);
+    CHECK(acc.optimizer_step_was_skipped() == overflow);
+    CHECK(moved != overflow);
+    return acc.scaler()->get_scale();
+  };
+  CHECK(step(true) == 1024.0);  // absorbed by the hysteresis: skipped, the scale kept
+  test::TempDir dir;
+  acc.save_state(dir.path.string());  // the hysteresis left (1) is in the checkpoint
+  CHECK(step(true) == 512.0);         // the second overflow halves it
+  acc.load_state(dir.path.string());
+  CHECK(acc.scaler()->hysteresis_left() == 1);
+  CHECK(step(true) == 512.0);  // as after the second overflow of the uninterrupted run
+  CHECK(step(false) == 512.0);
+  CHECK(step(false) == 512.0);
+  CHECK(step(false) == 1024.0);                 // window 2: the first growth after window + 1 clean steps
+  CHECK(acc.scaler()->hysteresis_left() == 2);  // refilled by the growth
+}
+
 TEST_CASE("accelerator: stage 3 refuses tied parameters with a clear message") {
   struct TiedImpl : torch::nn::Module {
     TiedImpl() {

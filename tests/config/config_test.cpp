@@ -617,9 +617,6 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
   CHECK(bad_file_message("accumulation_conflict.yaml") ==
         "accumulation_conflict.yaml:5: deepspeed_config.gradient_accumulation_steps: 4 disagrees with "
         "gradient_accumulation_steps 2 (line 1); make them agree or remove one of them");
-  CHECK(bad_file_message("offload_param_stage2.yaml") ==
-        "offload_param_stage2.yaml:5: deepspeed_config.offload_param_device: cpu needs zero_stage 3, but "
-        "zero_stage is 2; set zero_stage: 3 or offload_param_device: none");
   CHECK(bad_file_message("section_not_mapping.yaml") ==
         "section_not_mapping.yaml:1: fsdp_config: expected a mapping of fsdp_* keys (or {}), got 'yes'");
   CHECK(
@@ -639,11 +636,14 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
       "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
       "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
       "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, stage3_prefetch_bucket_size, "
-      "activation_checkpointing, deepspeed_multinode_launcher, deepspeed_config_file");
-  CHECK(
-      bad_file_message("sagemaker.yaml") ==
-      "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp; allowed "
-      "values: LOCAL_MACHINE");
+      "activation_checkpointing, fp16_loss_scale, fp16_initial_scale_power, fp16_loss_scale_window, "
+      "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_multinode_launcher, "
+      "deepspeed_config_file");
+  CHECK(bad_file_message("sagemaker.yaml") ==
+        "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp (it "
+        "starts "
+        "the ranks on this machine and its peers, not on a cloud service such as SageMaker); allowed values: "
+        "LOCAL_MACHINE");
   CHECK(bad_file_message("bad_bucket_size.yaml") ==
         "bad_bucket_size.yaml:3: deepspeed_config.reduce_bucket_size: expected a non-negative number of "
         "bytes (such as 500000000 or 5e8) or auto, got '5.5e-3'");
@@ -683,10 +683,6 @@ TEST_CASE("config: inline errors", "[config]") {
   CHECK_THAT(std::string(string_error("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n").what()),
              Catch::StartsWith("inline.yaml:1: megatron_lm_config is not supported by accelerate-cpp: "
                                "Accelerate's Megatron-LM plugin"));
-  CHECK(std::string(string_error("deepspeed_config:\n  deepspeed_config_file: ds.json\n").what()) ==
-        "inline.yaml:2: deepspeed_config.deepspeed_config_file: a DeepSpeed config file needs "
-        "distributed_type: "
-        "DEEPSPEED (backend: zero), but the backend is local");
   CHECK(std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
         "inline.yaml:1: gpu_ids: expected a string, got a sequence");
 }
@@ -749,8 +745,7 @@ TEST_CASE("config: every key of the schema set to a non-default value survives s
   CHECK(back.to_yaml() == saved);
   // Equality is derived from the same rows: the file without any one key gives a config that differs. Keys
   // that others depend on make the rest invalid when removed (each such error is expected).
-  const std::vector<std::string> needed_by_others = {"backend", "num_processes", "num_machines",
-                                                     "deepspeed_config.zero_stage"};
+  const std::vector<std::string> needed_by_others = {"backend", "num_processes", "num_machines"};
   for (const auto& key : settings) {
     INFO("without " << key.path);
     const auto dot = key.path.find('.');
@@ -859,45 +854,77 @@ TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and un
   CHECK_THAT(message, Catch::StartsWith(fixture("zero3_offload.json") + ":"));
 }
 
-TEST_CASE("config: fp16 scaler settings of a DeepSpeed JSON are compared with ours when fp16 is in effect",
+TEST_CASE("config: a DeepSpeed JSON's fp16 loss-scaler settings are followed when fp16 is in effect",
           "[config]") {
   DeepSpeedFiles files;
   // Hugging Face's ZeRO-2 example: fp16.enabled "auto" follows mixed_precision (Accelerate's
-  // set_mixed_precision fills it); its scaler settings then reach DeepSpeed, whose loss scaler differs from
-  // ours: each difference is named with the file's value and ours.
+  // set_mixed_precision fills it); its scaler settings then reach DeepSpeed's loss scaler, and ours.
   const auto fp16 =
       accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: fp16\n"));
   CHECK(fp16.mixed_precision == accel::MixedPrecision::Fp16);
-  const std::string expected =
-      "hf_zero2_auto.json: fp16 is in effect (fp16.enabled \"auto\" follows mixed_precision: fp16) and these "
-      "settings of DeepSpeed's loss scaler differ from accelerate-cpp's, which is not configurable from the "
-      "file (dynamic: init 65536, x2 after 2000 clean steps, x0.5 on every overflow): fp16.loss_scale_window "
-      "1000 (ours: 2000), fp16.hysteresis 2 (ours: 1, no overflow is tolerated before the scale halves), "
-      "fp16.min_loss_scale 1 (ours: no minimum)";
-  CHECK(has_notice(fp16, expected));
-  // loss_scale 0 (dynamic) and initial_scale_power 16 (65536) are ours: not listed.
-  CHECK_FALSE(has_notice(fp16, "fp16.loss_scale 0"));
-  CHECK_FALSE(has_notice(fp16, "initial_scale_power"));
-  // bf16 resolves the same file's fp16 block to disabled (as DeepSpeed gets it): nothing to say about it.
-  const auto bf16 =
-      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\n"));
-  CHECK_FALSE(has_notice(bf16, "fp16."));
-  // fp16.enabled true: the same comparison, with DeepSpeed's defaults for what the block leaves out.
+  CHECK_FALSE(has_notice(fp16, "fp16."));  // every setting of its fp16 block is followed
+  const accel::LossScaling hf = accel::loss_scaling_of(fp16);
+  CHECK(hf.dynamic);
+  CHECK(hf.deepspeed_schedule);
+  CHECK(hf.init_scale == 65536.0);
+  CHECK(hf.growth_interval == 1000);
+  CHECK(hf.hysteresis == 2);
+  CHECK_FALSE(hf.consecutive_hysteresis);
+  CHECK(hf.min_scale == 1.0);
+  // fp16.enabled true: the file's values, DeepSpeed's defaults for what the block leaves out; a static scale.
   const auto explicit_fp16 = accel::Config::load_file(files.yaml(
       files.write("ds.json",
                   "{\"fp16\": {\"enabled\": true, \"loss_scale\": 128, \"initial_scale_power\": 12, "
-                  "\"auto_cast\": true}, \"zero_optimization\": {\"stage\": 2}}")));
+                  "\"hysteresis\": 4, \"consecutive_hysteresis\": true, \"auto_cast\": true}, "
+                  "\"zero_optimization\": {\"stage\": 2}}")));
+  CHECK(explicit_fp16.zero.fp16_loss_scale == 128);
+  CHECK(explicit_fp16.zero.fp16_initial_scale_power == 12);
+  CHECK(explicit_fp16.zero.fp16_hysteresis == 4);
+  CHECK(explicit_fp16.zero.fp16_consecutive_hysteresis);
+  CHECK(explicit_fp16.zero.fp16_loss_scale_window == 1000);  // DeepSpeed's default
+  const accel::LossScaling fixed = accel::loss_scaling_of(explicit_fp16);
+  CHECK_FALSE(fixed.dynamic);
+  CHECK(fixed.init_scale == 128);
+  // What is still not followed is named, with the reason.
   CHECK(has_notice(
       explicit_fp16,
-      "ds.json: fp16 is in effect (fp16.enabled true) and these settings of DeepSpeed's loss scaler "
-      "differ from accelerate-cpp's"));
-  CHECK(has_notice(explicit_fp16, "fp16.loss_scale 128 (ours: 0, dynamic)"));
-  CHECK(has_notice(explicit_fp16, "fp16.initial_scale_power 12 (ours: 16, a first scale of 65536)"));
-  CHECK(has_notice(explicit_fp16, "fp16.loss_scale_window 1000 (DeepSpeed's default; ours: 2000)"));
-  CHECK(
-      has_notice(explicit_fp16,
-                 "fp16.auto_cast true (ours: false, inputs are not cast: autocast runs each op in fp16 from "
-                 "fp32 parameters)"));
+      "ds.json: fp16 is in effect (fp16.enabled true) and these settings of DeepSpeed's fp16 differ "
+      "from accelerate-cpp's (fp16 autocast over fp32 parameters, with DeepSpeed's loss scaler as "
+      "the block sets it): fp16.auto_cast true (ours: false, inputs are not cast: autocast runs "
+      "each op in fp16 from fp32 parameters)"));
+  CHECK_FALSE(has_notice(explicit_fp16, "loss_scale"));
+  // The settings survive to_yaml (accel-launch hands ranks the config as YAML).
+  const auto back = accel::Config::load_string(explicit_fp16.to_yaml());
+  CHECK(back.zero == explicit_fp16.zero);
+  // A YAML DeepSpeed section in fp16 runs DeepSpeed's defaults, as Accelerate's plugin does; DDP keeps
+  // PyTorch's GradScaler.
+  const auto yaml_zero = accel::Config::load_string(
+      "distributed_type: DEEPSPEED\nmixed_precision: fp16\ndeepspeed_config:\n  zero_stage: 2\n");
+  CHECK(accel::loss_scaling_of(yaml_zero).hysteresis == 2);
+  CHECK(accel::loss_scaling_of(yaml_zero).growth_interval == 1000);
+  const auto ddp =
+      accel::Config::load_string("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp16\n");
+  CHECK_FALSE(accel::loss_scaling_of(ddp).deepspeed_schedule);
+  CHECK(accel::loss_scaling_of(ddp).growth_interval == 2000);
+  CHECK(accel::loss_scaling_of(ddp).hysteresis == 1);
+  // bf16 resolves the same file's fp16 block to disabled (as DeepSpeed gets it): its settings are not read.
+  const auto bf16 =
+      accel::Config::load_file(files.yaml(fixture("hf_zero2_auto.json"), "mixed_precision: bf16\n"));
+  CHECK_FALSE(has_notice(bf16, "fp16."));
+  // Values DeepSpeed refuses are refused, naming file and key.
+  auto refused = [&](const std::string& block) {
+    return std::string(
+        load_error(files.yaml(files.write("bad.json", "{\"fp16\": {\"enabled\": true, " + block +
+                                                          "}, \"zero_optimization\": {\"stage\": 2}}")))
+            .what());
+  };
+  CHECK_THAT(refused("\"loss_scale\": -1"),
+             Catch::Contains("bad.json") && Catch::Contains("fp16.loss_scale"));
+  CHECK_THAT(refused("\"loss_scale\": true"), Catch::Contains("fp16.loss_scale"));
+  CHECK_THAT(refused("\"hysteresis\": 0"), Catch::Contains("fp16.hysteresis: expected a positive integer"));
+  CHECK_THAT(refused("\"loss_scale_window\": 2.5"), Catch::Contains("fp16.loss_scale_window"));
+  CHECK_THAT(refused("\"min_loss_scale\": 0"), Catch::Contains("fp16.min_loss_scale"));
+  CHECK_THAT(refused("\"initial_scale_power\": \"auto\""), Catch::Contains("fp16.initial_scale_power"));
   // bf16 settings get their own reasons (not the fp16 scaler's); check_grad_overflow is DeepSpeed's default
   // true since 0.19.3.
   const auto bf16_block = accel::Config::load_file(
@@ -917,6 +944,49 @@ TEST_CASE("config: fp16 scaler settings of a DeepSpeed JSON are compared with ou
       files.write("ds.json", "{\"bfloat16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}")));
   CHECK(old_name.mixed_precision == accel::MixedPrecision::Bf16);
   CHECK_FALSE(has_notice(old_name, "unknown top-level key"));
+}
+
+TEST_CASE("config: what Accelerate and DeepSpeed ignore in real files loads, with a notice saying so",
+          "[config]") {
+  // offload_param at zero_stage 2: DeepSpeed builds stages 0-2 without it (engine.py), so it has no effect.
+  const auto stage2 =
+      accel::Config::load_file(std::string(ACCEL_TEST_DATA_DIR) + "/config/offload_param_stage2.yaml");
+  CHECK(stage2.zero.offload_param_device == accel::OffloadDevice::None);
+  CHECK(has_notice(stage2,
+                   "deepspeed_config.offload_param_device cpu has no effect at zero_stage 2: DeepSpeed "
+                   "offloads parameters in stage 3 only"));
+  // distributed_type: NO with num_processes 8 (trl's single_gpu.yaml): accelerate launch runs one process.
+  const auto single = accel::Config::load_string(
+      "distributed_type: 'NO'\nnum_processes: 8\nmixed_precision: bf16\n", "single_gpu.yaml");
+  CHECK(single.num_processes == 1);
+  CHECK(single.backend == "local");
+  CHECK(has_notice(single,
+                   "single_gpu.yaml:2: num_processes: 8 has no effect with distributed_type: NO (line 1)"));
+  // Without distributed_type the count is ours to read: a local backend on 2 processes is still an error.
+  CHECK_THROWS_WITH(accel::Config::load_string("num_processes: 2\n"),
+                    Catch::Contains("num_processes (2) needs a distributed backend"));
+  // deepspeed_config.gradient_accumulation_steps: auto (rhymes-ai/Aria's files) follows the top-level value.
+  const auto gas = accel::Config::load_string(
+      "distributed_type: DEEPSPEED\ngradient_accumulation_steps: 4\ndeepspeed_config:\n"
+      "  gradient_accumulation_steps: auto\n  zero_stage: 2\n");
+  CHECK(gas.gradient_accumulation_steps == 4);
+  CHECK(gas.zero.gradient_clipping == 1.0);  // absent: Accelerate's 1.0
+  const auto clip_auto = accel::Config::load_string(
+      "distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: auto\n  zero_stage: 2\n");
+  CHECK(clip_auto.zero.gradient_clipping == 1.0);  // auto: filled as Accelerate fills it
+  CHECK(has_notice(clip_auto,
+                   "deepspeed_config.gradient_clipping is auto: gradients are clipped to a global norm "
+                   "of 1.0"));
+  CHECK(accel::Config::load_string(
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_accumulation_steps: "
+            "auto\n")
+            .gradient_accumulation_steps == 1);
+  // A SageMaker file is refused for its compute environment first, before its duplicate key.
+  CHECK_THROWS_WITH(
+      accel::Config::load_string("compute_environment: AMAZON_SAGEMAKER\ndebug: false\ndebug: false\n",
+                                 "sm.yaml"),
+      Catch::StartsWith(
+          "sm.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp"));
 }
 
 TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said to be not supported",
@@ -1071,10 +1141,16 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
              Catch::Contains("the DeepSpeed config '/dev/zero' is larger than 16 MiB"));
   CHECK_THAT(std::string(load_error(files.yaml(files.write("x", "") + ".missing")).what()),
              Catch::Contains("cannot open the DeepSpeed config"));
-  const auto ddp = files.write("ddp.yaml",
-                               "distributed_type: MULTI_GPU\nnum_processes: 2\ndeepspeed_config:\n"
-                               "  deepspeed_config_file: ds.json\n");
-  CHECK_THAT(std::string(load_error(ddp).what()), Catch::Contains("needs distributed_type: DEEPSPEED"));
+  // A DeepSpeed file under another distributed_type is ignored, as Accelerate ignores deepspeed_config then
+  // (its own test config validate_launch_cmd.yaml has one with distributed_type: NO).
+  const auto ddp = accel::Config::load_file(
+      files.write("ddp.yaml",
+                  "distributed_type: MULTI_GPU\nnum_processes: 2\ndeepspeed_config:\n"
+                  "  deepspeed_config_file: path/to/be/ignored\n"));
+  CHECK(ddp.backend == "ddp");
+  CHECK(has_notice(ddp,
+                   "ddp.yaml:4: deepspeed_config.deepspeed_config_file: ignored, as Accelerate ignores it: "
+                   "the backend is ddp, not zero"));
   // Comments are fine; unknown top-level keys are a notice, not an error.
   CHECK_NOTHROW(accel::Config::load_file(files.yaml(files.write("ok.json", "// a comment\n{\"x\": 1}"))));
 }

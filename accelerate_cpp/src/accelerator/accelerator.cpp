@@ -176,7 +176,19 @@ Accelerator::Accelerator(AcceleratorOptions options)
   backend_.context.world_size = groups_.replicas->world_size();
   backend_.context.comm = groups_.replicas.get();
   if (config_.mixed_precision == MixedPrecision::Fp16) {
-    scaler_ = std::make_unique<GradScaler>(GradScalerOptions(), device_);
+    // The backend's peer decides the policy: PyTorch's GradScaler, or DeepSpeed's loss scaler under zero.
+    const LossScaling policy = loss_scaling_of(config_);
+    scaler_ = std::make_unique<GradScaler>(GradScalerOptions()
+                                               .dynamic(policy.dynamic)
+                                               .init_scale(policy.init_scale)
+                                               .growth_factor(policy.growth_factor)
+                                               .backoff_factor(policy.backoff_factor)
+                                               .growth_interval(policy.growth_interval)
+                                               .deepspeed_schedule(policy.deepspeed_schedule)
+                                               .hysteresis(policy.hysteresis)
+                                               .consecutive_hysteresis(policy.consecutive_hysteresis)
+                                               .min_scale(policy.min_scale),
+                                           device_);
   }
   if (config_.pipeline.stages > 1) refuse_sharding_with_pipeline();
   notices_ = config_.notices;  // settings read without effect (a DeepSpeed JSON's optimizer block, ...)

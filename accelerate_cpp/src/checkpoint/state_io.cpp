@@ -970,8 +970,13 @@ void StateIO::load_scaler(const safetensors::File& state_file, const std::string
                     "mixed_precision: {}), but this run uses fp16",
                     dir, require(state_file, "mixed_precision")));
   }
-  p_.scaler->load_state_dict({{"scale", read_tensor(state_file, "scaler.scale")},
-                              {"growth_tracker", read_tensor(state_file, "scaler.growth_tracker")}});
+  std::map<std::string, torch::Tensor> state{
+      {"scale", read_tensor(state_file, "scaler.scale")},
+      {"growth_tracker", read_tensor(state_file, "scaler.growth_tracker")}};
+  // DeepSpeed's hysteresis left (checkpoints written before it existed have none: a full hysteresis).
+  if (state_file.contains("scaler.hysteresis"))
+    state.emplace("hysteresis", read_tensor(state_file, "scaler.hysteresis"));
+  p_.scaler->load_state_dict(state);
 }
 
 void StateIO::load_custom_objects(const std::string& dir) {

@@ -23,6 +23,12 @@ double automatic_gradient_clipping(const Config& config) {
   return backend->gradient_clipping(config);
 }
 
+LossScaling loss_scaling_of(const Config& config) {
+  const BackendInfo* backend = find_backend(config.backend);
+  if (backend == nullptr || !backend->loss_scaling) return {};
+  return backend->loss_scaling(config);
+}
+
 std::string describe_layout(const Config& config) {
   const BackendInfo* backend = find_backend(config.backend);
   const std::string setting =

@@ -345,6 +345,9 @@ void dispatch(Reader& reader, const std::vector<Entry>& entries, const Section& 
 void resolve(const Reader& r, Config& c, const Pending& p);
 /// Cross-field validation; messages name the line of the offending key when `lines` knows it.
 void validate_config(const Config& c, const LineMap& lines);
+/// The refusal of a compute_environment other than LOCAL_MACHINE (checked before anything else in a file:
+/// the decisive reason comes first).
+std::string compute_environment_message(const std::string& value);
 
 inline const char* kPositiveInt = "a positive integer";
 inline const char* kNonNegativeInt = "a non-negative integer";
@@ -444,10 +447,10 @@ inline const char* kDeepSpeedJson = "DeepSpeed JSON";
 /// The values of an unsupported key that ask for nothing, accepted without a word.
 enum class AsksNothingWhen {
   Never,
-  Null,            ///< null (a present {} already turns the feature on: DeepSpeed's zenflow)
-  Empty,           ///< null, {}, [] or ""
-  AllFalse,        ///< empty, or a mapping whose values are all false
-  Disabled,        ///< empty, or a mapping with `enabled: false`
+  Null,      ///< null (a present {} already turns the feature on: DeepSpeed's zenflow)
+  Empty,     ///< null, {}, [] or ""
+  AllFalse,  ///< empty, or a mapping whose values are all false
+  Disabled,  ///< empty, or a mapping whose `enabled` is false or absent (DeepSpeed's blocks default off)
   SizesAtMostOne,  ///< empty, or a mapping whose `*_size` / `*_degree` values are all 0 or 1
   Value            ///< the scalar `neutral_value` (case-insensitive)
 };

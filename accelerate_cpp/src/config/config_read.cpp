@@ -65,6 +65,18 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
   } else if (backend) {
     c.backend = r.choice(*backend, backend_choices());
   }
+  // distributed_type: NO with num_processes > 1 (a "single GPU" file with a leftover count): accelerate
+  // launch starts one process for it (it starts several only for the multi-process types), and so does
+  // accel-launch.
+  if (distributed_type && !backend && c.backend == "local" && c.num_processes > 1) {
+    if (const Entry* n = p.find("num_processes")) {
+      c.notices.push_back(fmt::format(
+          "{}num_processes: {} has no effect with distributed_type: NO (line {}): one process runs, as "
+          "accelerate launch runs one for this file; set distributed_type: MULTI_GPU or MULTI_CPU to run {}",
+          location(r.source(), n->line), c.num_processes, distributed_type->line, c.num_processes));
+      c.num_processes = 1;
+    }
+  }
   if (const Entry* fp16 = p.find("fp16"); fp16 && !p.find("mixed_precision") && r.boolean(*fp16)) {
     c.mixed_precision = MixedPrecision::Fp16;
   }
@@ -172,6 +184,16 @@ Config load_yaml(const std::string& text, const std::string& source) {
                      describe(root)));
   }
 
+  // The decisive reason first, before a duplicate or unknown key: a file for another compute environment
+  // (SageMaker) cannot run here, whatever else it says.
+  for (const auto& pair : root) {
+    const YAML::Node key = pair.first;
+    const YAML::Node value = pair.second;
+    if (key.IsScalar() && key.Scalar() == "compute_environment" && value.IsScalar() &&
+        value.Scalar() != "LOCAL_MACHINE") {
+      fail(source, line_of(key), "compute_environment", compute_environment_message(value.Scalar()));
+    }
+  }
   const std::vector<Entry> entries = reader.entries(root, "");
   // The schema version decides how everything else is read, so it is checked first.
   for (const Entry& e : entries) {

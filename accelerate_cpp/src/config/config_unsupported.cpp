@@ -107,7 +107,14 @@ bool asks_nothing(const UnsupportedKey& key, const YAML::Node& value) {
       }
       return true;
     case AsksNothingWhen::Disabled:
-      return is_empty(value) || (value.IsMap() && is_false(value["enabled"]));
+      if (is_empty(value)) return true;
+      if (!value.IsMap()) return false;
+      // DeepSpeed's blocks (amp, elasticity, quantize_training, ...) are off unless `enabled` says true. A
+      // missing key is looked up without yaml-cpp's throwing accessors.
+      for (const auto& item : value) {
+        if (item.first.IsScalar() && item.first.Scalar() == "enabled") return is_false(item.second);
+      }
+      return true;
     case AsksNothingWhen::SizesAtMostOne:
       if (is_empty(value)) return true;
       if (!value.IsMap()) return false;
@@ -147,7 +154,7 @@ std::vector<UnsupportedKeyInfo> unsupported_config_keys() {
         when = "empty, or every value false";
         break;
       case config_detail::AsksNothingWhen::Disabled:
-        when = "empty, or enabled: false";
+        when = "empty, or enabled false or absent";
         break;
       case config_detail::AsksNothingWhen::SizesAtMostOne:
         when = "empty, or every *_size 0 or 1";

@@ -7,6 +7,13 @@
 namespace accel {
 namespace config_detail {
 
+std::string compute_environment_message(const std::string& value) {
+  return fmt::format(
+      "compute_environment: '{}' is not supported by accelerate-cpp (it starts the ranks on this machine and "
+      "its peers, not on a cloud service such as SageMaker); allowed values: LOCAL_MACHINE",
+      value);
+}
+
 namespace {
 
 // config_version, compute_environment and log_with.
@@ -18,11 +25,7 @@ void check_version_environment_and_trackers(const Config& c, const FailKey& fail
                          c.config_version));
   }
   if (c.compute_environment != "LOCAL_MACHINE") {
-    fail_key(
-        "compute_environment",
-        fmt::format(
-            "compute_environment: '{}' is not supported by accelerate-cpp; allowed values: LOCAL_MACHINE",
-            c.compute_environment));
+    fail_key("compute_environment", compute_environment_message(c.compute_environment));
   }
   try {
     parse_log_with(c.log_with);

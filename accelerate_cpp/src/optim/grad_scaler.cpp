@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
 namespace accel {
 
 GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : options_(options) {
@@ -21,6 +25,14 @@ GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : option
     throw UsageError(
         fmt::format("GradScaler: growth_interval must be >= 1, got {}", options_.growth_interval()));
   }
+  if (options_.hysteresis() < 1) {
+    throw UsageError(fmt::format("GradScaler: hysteresis must be >= 1, got {}", options_.hysteresis()));
+  }
+  if (!(options_.min_scale() >= 0) || !std::isfinite(options_.min_scale())) {
+    throw UsageError(
+        fmt::format("GradScaler: min_scale must be >= 0 (0: none), got {}", options_.min_scale()));
+  }
+  hysteresis_left_ = options_.hysteresis();
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   scale_ = torch::full({1}, options_.init_scale(), f32);
   growth_tracker_ = torch::zeros({1}, f32.dtype(torch::kInt32));
@@ -45,9 +57,50 @@ bool GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
 }
 
 void GradScaler::update(bool found_inf) {
+  if (!options_.dynamic()) return;  // a static scale (DeepSpeed's LossScaler) never changes
+  const bool pytorch_rule = !options_.deepspeed_schedule() && options_.hysteresis() == 1 &&
+                            !options_.consecutive_hysteresis() && options_.min_scale() == 0;
+  if (!pytorch_rule) {
+    update_deepspeed(found_inf);
+    return;
+  }
   found_inf_.fill_(found_inf ? 1.0f : 0.0f);
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor(),
                          options_.backoff_factor(), options_.growth_interval());
+}
+
+// DeepSpeed's DynamicLossScaler.update_scale, with the clean steps since the last overflow as the tracker
+// (DeepSpeed's cur_iter - last_overflow_iter). On the host: the flag is already there, and the scale is a
+// power of two times the initial one, exact in float32.
+void GradScaler::update_deepspeed(bool found_inf) {
+  double scale = get_scale();
+  std::int64_t clean = growth_tracker();
+  if (found_inf) {
+    if (hysteresis_left_ <= 1) {
+      if (options_.min_scale() > 0 && scale == options_.min_scale()) {  // DeepSpeed compares exactly
+        throw UsageError(fmt::format(
+            "fp16: the gradients overflowed (inf/NaN) while the loss scale is already at its minimum {} "
+            "(DeepSpeed stops here too: \"Current loss scale already at minimum\"); the loss or a gradient "
+            "is not finite even unscaled: check the model and data, lower the learning rate, lower "
+            "min_loss_scale, or train in bf16",
+            options_.min_scale()));
+      }
+      scale = std::max(scale * options_.backoff_factor(), options_.min_scale());
+    } else {
+      --hysteresis_left_;
+    }
+    clean = 0;
+  } else {
+    if (options_.consecutive_hysteresis()) hysteresis_left_ = options_.hysteresis();
+    ++clean;
+    const std::int64_t stable = options_.deepspeed_schedule() ? clean - 1 : clean;
+    if (stable > 0 && stable % options_.growth_interval() == 0) {
+      hysteresis_left_ = options_.hysteresis();
+      scale *= options_.growth_factor();
+    }
+  }
+  scale_.fill_(scale);
+  growth_tracker_.fill_(static_cast<std::int32_t>(std::min<std::int64_t>(clean, INT32_MAX)));
 }
 
 double GradScaler::get_scale() const {
@@ -59,7 +112,9 @@ std::int64_t GradScaler::growth_tracker() const {
 }
 
 std::map<std::string, torch::Tensor> GradScaler::state_dict() const {
-  return {{"scale", scale_.cpu().clone()}, {"growth_tracker", growth_tracker_.cpu().clone()}};
+  return {{"scale", scale_.cpu().clone()},
+          {"growth_tracker", growth_tracker_.cpu().clone()},
+          {"hysteresis", torch::tensor({hysteresis_left_}, torch::kInt64)}};
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, torch::Tensor>& state) {
@@ -72,6 +127,13 @@ void GradScaler::load_state_dict(const std::map<std::string, torch::Tensor>& sta
   }
   scale_.copy_(state.at("scale"));
   growth_tracker_.copy_(state.at("growth_tracker"));
+  auto h = state.find("hysteresis");
+  const std::int64_t left = h == state.end() ? options_.hysteresis() : h->second.item<std::int64_t>();
+  if (left < 1) {
+    throw CheckpointError(
+        fmt::format("GradScaler state: hysteresis {} is below 1; the checkpoint is damaged", left));
+  }
+  hysteresis_left_ = std::min(left, options_.hysteresis());  // a run resumed with a smaller hysteresis
 }
 
 }  // namespace accel

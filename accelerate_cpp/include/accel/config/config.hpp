@@ -163,6 +163,24 @@ struct ZeroConfig {
   std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
   /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
   bool activation_checkpointing = false;
+  /// DeepSpeed's fp16 loss scaler (a DeepSpeed JSON's `fp16` block; YAML keys `fp16_<name>`), in effect under
+  /// `mixed_precision: fp16`. The defaults are DeepSpeed's, which Accelerate's DeepSpeed plugin runs too.
+  /// `fp16_loss_scale` (`fp16.loss_scale`): 0 scales dynamically; > 0 is a static scale (overflowing steps
+  /// are still skipped, the scale never changes).
+  double fp16_loss_scale = 0;
+  /// `fp16_initial_scale_power` (`fp16.initial_scale_power`): the first dynamic scale is 2^this.
+  int fp16_initial_scale_power = 16;
+  /// `fp16_loss_scale_window` (`fp16.loss_scale_window`): the scale doubles when the clean steps since the
+  /// last overflow, less one, are a positive multiple of this (the first growth after window + 1 steps).
+  std::int64_t fp16_loss_scale_window = 1000;
+  /// `fp16_hysteresis` (`fp16.hysteresis`): overflows (each a skipped step) before the scale halves.
+  std::int64_t fp16_hysteresis = 2;
+  /// `fp16_consecutive_hysteresis` (`fp16.consecutive_hysteresis`): refill the hysteresis at every clean
+  /// step (false: only when the scale grows).
+  bool fp16_consecutive_hysteresis = false;
+  /// `fp16_min_loss_scale` (`fp16.min_loss_scale`): the scale never halves below this; an overflow at it
+  /// stops the run with an error, as DeepSpeed's does.
+  double fp16_min_loss_scale = 1;
   /// `deepspeed_config_file`: the DeepSpeed JSON these settings were read from ("" when from the YAML).
   /// Informational: not compared, and to_yaml writes the settings themselves.
   std::string config_file;
@@ -303,6 +321,28 @@ struct UnsupportedKeyInfo {
 /// same table decides what loading them does.
 std::vector<UnsupportedKeyInfo> unsupported_config_keys();
 
+/// The fp16 loss-scaling policy a backend runs (BackendInfo::loss_scaling), torch-free; the Accelerator's
+/// GradScaler follows it. The defaults are PyTorch's `torch.amp.GradScaler`, which Accelerate uses for DDP
+/// and FSDP; the zero backend runs DeepSpeed's DynamicLossScaler (fp16/loss_scaler.py) with its file's
+/// settings.
+struct LossScaling {
+  /// false: the scale stays `init_scale`; a step whose gradients overflow is still skipped.
+  bool dynamic = true;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  /// PyTorch: grow after this many clean steps in a row. DeepSpeed (`deepspeed_schedule`): grow when the
+  /// clean steps since the last overflow, less one, are a positive multiple of it.
+  std::int64_t growth_interval = 2000;
+  bool deepspeed_schedule = false;
+  /// Overflows before the scale backs off (1: every overflow); refilled when the scale grows, or at every
+  /// clean step with `consecutive_hysteresis`.
+  std::int64_t hysteresis = 1;
+  bool consecutive_hysteresis = false;
+  /// 0: none. Else the scale never backs off below it, and an overflow at it is an error.
+  double min_scale = 0;
+};
+
 /// What a backend does with the three kinds of training state; the one answer to "is it sharded?".
 struct BackendCapabilities {
   /// Each rank's optimizers hold only this rank's 1/N of the state (re-pointed at flat shards), saved per
@@ -356,6 +396,9 @@ struct BackendInfo {
   /// The global gradient norm `backward` clips each prepared model to on sync steps under `config`, as
   /// DeepSpeed's engine clips before its step (`deepspeed_config.gradient_clipping`); 0 or empty: none.
   std::function<double(const Config&)> gradient_clipping;
+  /// The fp16 loss scaler this backend runs under `config`, as its peer does (DeepSpeed's for zero). Empty:
+  /// PyTorch's GradScaler defaults (LossScaling{}).
+  std::function<LossScaling(const Config&)> loss_scaling;
 };
 
 /// The backends the config knows, in the order `accel-launch config` lists them.
@@ -368,6 +411,8 @@ std::string backend_for_processes(const std::string& backend, int num_processes)
 BackendCapabilities sharding_of(const Config& config);
 /// The norm `backward` clips each model's gradients to on sync steps for `config`'s backend (0: none).
 double automatic_gradient_clipping(const Config& config);
+/// The fp16 loss-scaling policy of `config`'s backend (PyTorch's defaults for local, ddp, fsdp).
+LossScaling loss_scaling_of(const Config& config);
 /// The backend with the setting that decides its layout: "zero (zero_stage 2)", "fsdp (FULL_SHARD)", "ddp".
 std::string describe_layout(const Config& config);
 /// Every layout of every multi-process backend whose sharding `keep` accepts, as advice: with
