@@ -81,11 +81,14 @@ def run(cmd, cwd, timeout):
 
 
 def error_line(output, work):
-    """The decisive line of a refusal, without the temporary directory."""
-    for line in output.splitlines():
-        if "error" in line.lower() or ":" in line:
-            return first_line(line.replace(work + "/", ""))
-    return first_line(output.replace(work + "/", ""))
+    """The decisive line of a refusal (an error or a failed check, not a notice), without the temporary
+    directory."""
+    lines = [line.replace(work + "/", "").strip() for line in output.splitlines() if line.strip()]
+    for marker in ("error:", "FAILED:", "error"):
+        for line in lines:
+            if marker in line and "note:" not in line:
+                return line
+    return lines[0] if lines else ""
 
 
 def main():
