@@ -17,6 +17,7 @@
 #include "trainer/trainer_fixture.hpp"
 
 #include <accel/nn/lora.hpp>
+#include <accel/optim/optim.hpp>
 #include <accel/trainer/trainer.hpp>
 
 #include <torch/torch.h>
@@ -213,4 +214,71 @@ TEST_CASE(
   const double err = (got.to(torch::kFloat32).cpu() - want).abs().max().item<double>();
   INFO("bf16: max difference " << err << " (output scale " << scale << ")");
   CHECK(err <= 3e-2 * scale);
+}
+
+TEST_CASE("gpu: the Trainer in fp16 on cuda:0 scales the loss (PyTorch's scaler; DeepSpeed's under zero)") {
+  accel::test::TempDir dir;
+  const auto out = (dir.path / "run").string();
+  const TrainerRun cpu = run_trainer(accel::test::small_trainer_args(out), accel::test::make_config(), 0.0);
+  auto args = accel::test::small_trainer_args(out);
+  args.fp16 = true;
+  for (const char* backend : {"local", "zero"}) {
+    INFO(backend);
+    Config c = gpu_config();
+    c.backend = backend;
+    c.zero.stage = 2;
+    c.zero.fp16_initial_scale_power = 10;
+    torch::manual_seed(3);
+    Mlp model(6, 0.0);
+    torch::ScalarType output_dtype = torch::kFloat32;
+    accel::Trainer<Data> trainer(
+        args, model, Regression(40).map(torch::data::transforms::Stack<>()),
+        [&](torch::data::Example<>& b) {
+          auto y = model(b.data);
+          output_dtype = y.scalar_type();
+          return torch::mse_loss(y.to(torch::kFloat32), b.target);
+        },
+        AcceleratorOptions().config(c));
+    const auto output = trainer.train();
+    CHECK(output_dtype == torch::kHalf);  // the forward ran under CUDA fp16 autocast
+    REQUIRE(trainer.accelerator().scaler() != nullptr);
+    const auto& scaler = *trainer.accelerator().scaler();
+    CHECK(scaler.options().deepspeed_schedule() == (std::string(backend) == "zero"));
+    // PyTorch's scaler starts at 65536, DeepSpeed's here at 2^10; neither grows within 10 steps.
+    CHECK(scaler.get_scale() <= (std::string(backend) == "zero" ? 1024.0 : 65536.0));
+    CHECK(trainer.state().global_step == cpu.steps);
+    CHECK(std::isfinite(output.training_loss));
+    // The loss over the run is the fp32 CPU run's within 10%: fp16 rounding plus a skipped overflow step or
+    // two at the first scales (AdamW moves each weight by at most about lr = 2e-2 per step).
+    INFO("training loss " << output.training_loss << " vs the CPU's " << cpu.loss);
+    CHECK(std::abs(output.training_loss - cpu.loss) <= 0.1 * cpu.loss);
+  }
+}
+
+TEST_CASE(
+    "gpu: LoRA adapters train with the fused accel::optim::AdamW on cuda:0 as with LibTorch's on the CPU") {
+  const auto x = torch::randn({8, 16});
+  const auto y = torch::randn({8, 4});
+  auto [model, lora] = adapted_block();
+  const auto frozen = model->v_proj->weight.detach().clone();
+  accel::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  Accelerator acc(AcceleratorOptions().config(gpu_config()));
+  acc.prepare(model, opt);
+  auto [cpu_model, cpu_lora] = adapted_block();
+  torch::optim::AdamW cpu_opt(cpu_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  for (int s = 0; s < 5; ++s) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(x.to(acc.device())), y.to(acc.device())));
+    opt.step();
+    cpu_opt.zero_grad();
+    torch::mse_loss(cpu_model(x), y).backward();
+    cpu_opt.step();
+  }
+  CHECK(torch::equal(model->v_proj->weight.detach().cpu(), frozen));  // frozen base: no grad, no decay
+  const auto trained = model(x.to(acc.device())).detach().cpu();
+  const auto want = cpu_model(x).detach();
+  INFO("max difference to the CPU " << (trained - want).abs().max().item<double>());
+  CHECK(torch::allclose(trained, want, 1e-4, 1e-5));
+  auto [untrained, untrained_lora] = adapted_block();
+  CHECK_FALSE(torch::allclose(untrained(x), want, 1e-3, 1e-3));  // the steps moved the adapters
 }

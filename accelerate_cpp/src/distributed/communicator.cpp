@@ -225,6 +225,19 @@ class C10dCommunicator final : public Communicator {
     create_process_groups();
   }
 
+  // A communicator that is destroyed (open_communicator's; the job's communicators live until exit) shuts
+  // its NCCL group down as torch.distributed.destroy_process_group does. Without it ProcessGroupNCCL's
+  // destructor warns "destroy_process_group() was not called before program exit" (seen on the H200).
+  ~C10dCommunicator() override {
+    if (!nccl_) return;
+    try {
+      nccl_->shutdown();
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): nothing to do at teardown
+    }
+  }
+  C10dCommunicator(const C10dCommunicator&) = delete;
+  C10dCommunicator& operator=(const C10dCommunicator&) = delete;
+
   std::shared_ptr<Communicator> split(const std::vector<std::vector<int>>& groups) override {
     const auto mine = check_groups(groups);
     // Every rank must pass the same lists: compared through the store, so a mismatch is an error, not a
