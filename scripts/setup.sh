@@ -55,6 +55,9 @@ export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_fi
 # Paths inside the checkout are hashed relative to it, so another clone of the project (CI clones into a new
 # folder each time) reuses the objects this machine's earlier builds cached.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
+# A build's four precompiled headers alone are 2.8 GB before compression; with ccache's default 5 GB a few builds
+# evicted each other's objects before the next clone (CI) could reuse them.
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-16G}
 # Every LibTorch translation unit needs >1 GiB: two jobs fit the 2-core, 24 GiB machines we target.
 cmake --build "$build_dir" -j "${ACCEL_JOBS:-2}" | { grep -v -x 'ninja: no work to do.' || true; }
 exit "${PIPESTATUS[0]}"

@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include "test_support.hpp"
 
@@ -763,7 +764,7 @@ TEST_CASE("profile: a scope writes this rank's Chrome trace with the operators a
   CHECK(text.find("\"traceEvents\"") != std::string::npos);
   CHECK(text.find("aten::mm") != std::string::npos);
   CHECK(text.find("my_training_step") != std::string::npos);
-  const std::string python = ACCEL_PYTHON;
+  const std::string python = accel::test::python();
   if (!python.empty()) {
     // Valid JSON whose events include the matrix product with its input shapes.
     const std::string command = python +

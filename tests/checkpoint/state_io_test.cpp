@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include "test_support.hpp"
 
@@ -580,7 +581,7 @@ TEST_CASE("checkpoint: a checkpoint saved before manifests still loads, with a n
 }
 
 TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
-  const std::string python = ACCEL_PYTHON;
+  const std::string python = accel::test::python();
   if (python.empty())
     FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python> (scripts/setup.sh does)");
   test::TempDir dir;
@@ -588,8 +589,8 @@ TEST_CASE("checkpoint: Python's safetensors reads the model weights") {
   Run run(MixedPrecision::No, 1);
   run.train(1, 2);
   run.acc.save_state(ckpt);
-  const auto out = run_command(python + " " + ACCEL_TESTS_DIR + "/python/read_safetensors.py " + ckpt +
-                               "/model.safetensors");
+  const auto out = run_command(python + " " + accel::test::tests_dir() + "/python/read_safetensors.py " +
+                               ckpt + "/model.safetensors");
   std::map<std::string, std::pair<std::string, double>> seen;
   std::istringstream lines(out);
   std::string name, dtype, shape;

@@ -2,6 +2,7 @@
 
 #include "accel/config/config.hpp"
 #include "accel/monitor/memory.hpp"
+#include "build_paths.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -17,21 +18,14 @@
 
 #include <unistd.h>
 
-#ifndef ACCEL_TEST_DATA_DIR
-#error "compile with -DACCEL_TEST_DATA_DIR=\"<path to tests/fixtures>\""
-#endif
-#ifndef ACCEL_CONFIG_TEMPLATE_DIR
-#define ACCEL_CONFIG_TEMPLATE_DIR ACCEL_TEST_DATA_DIR "/../../config_templates"
-#endif
-
 namespace {
 
 std::string data_file(const std::string& name) {
-  return std::string(ACCEL_TEST_DATA_DIR) + "/config/" + name;
+  return accel::test::test_data_dir() + "/config/" + name;
 }
 
 std::string template_file(const std::string& name) {
-  return std::string(ACCEL_CONFIG_TEMPLATE_DIR) + "/" + name;
+  return accel::test::config_template_dir() + "/" + name;
 }
 
 // The ConfigError thrown by loading `path`; fails the test when nothing is thrown.
@@ -950,7 +944,7 @@ TEST_CASE("config: what Accelerate and DeepSpeed ignore in real files loads, wit
           "[config]") {
   // offload_param at zero_stage 2: DeepSpeed builds stages 0-2 without it (engine.py), so it has no effect.
   const auto stage2 =
-      accel::Config::load_file(std::string(ACCEL_TEST_DATA_DIR) + "/config/offload_param_stage2.yaml");
+      accel::Config::load_file(accel::test::test_data_dir() + "/config/offload_param_stage2.yaml");
   CHECK(stage2.zero.offload_param_device == accel::OffloadDevice::None);
   CHECK(has_notice(stage2,
                    "deepspeed_config.offload_param_device cpu has no effect at zero_stage 2: DeepSpeed "

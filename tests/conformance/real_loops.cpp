@@ -7,6 +7,7 @@
 //
 // Each loop is written once: with an Accelerator (acc != nullptr) it runs on this rank's rows, without one it
 // is the plain single-process reference on all rows.
+#include "build_paths.hpp"
 #include "dist_common.hpp"
 
 #include <accel/checkpoint/safetensors.hpp>
@@ -882,11 +883,11 @@ void hf_export() {
   if (main) {
     const std::string reference_file = dir + ".reference.safetensors";
     write_reference(reference, reference_file);
-    const std::string python = ACCEL_PYTHON;
+    const std::string python = accel::test::python();
     CHECK_MSG(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
     if (!python.empty()) {
-      const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/check_hf_export.py " + dir + " " +
-                                  reference_file + " " + std::to_string(max_shard);
+      const std::string command = python + " " + accel::test::tests_dir() + "/python/check_hf_export.py " +
+                                  dir + " " + reference_file + " " + std::to_string(max_shard);
       CHECK_MSG(std::system(command.c_str()) == 0, "the Python check failed: " << command);
     }
     fs::remove(reference_file);
@@ -1109,9 +1110,9 @@ void tracking() {
   if (!acc.is_main_process()) return;
   const fs::path expected_file = fs::path(out) / "expected.txt";
   std::ofstream(expected_file) << expected.str();
-  const std::string python = ACCEL_PYTHON;
+  const std::string python = accel::test::python();
   CHECK_MSG(!python.empty(), "ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
-  const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/check_tracking.py " +
+  const std::string command = python + " " + accel::test::tests_dir() + "/python/check_tracking.py " +
                               (fs::path(out) / "run").string() + " " + expected_file.string() + " " +
                               backend_variant;
   CHECK_MSG(std::system(command.c_str()) == 0, "the Python check failed: " << command);

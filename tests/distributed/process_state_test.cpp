@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include <accel/config/config.hpp>
 #include <accel/distributed/cuda_device.hpp>
@@ -101,7 +102,7 @@ TEST_CASE("process: Open MPI variables") {
 
 TEST_CASE("config: every file in config_templates/ loads") {
   int count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(ACCEL_CONFIG_TEMPLATE_DIR)) {
+  for (const auto& entry : std::filesystem::directory_iterator(accel::test::config_template_dir())) {
     if (entry.path().extension() != ".yaml") continue;
     INFO(entry.path().string());
     REQUIRE_NOTHROW(accel::Config::load_file(entry.path().string()));

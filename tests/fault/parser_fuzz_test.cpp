@@ -9,6 +9,7 @@
 // ACCEL_FUZZ_ITERATIONS (mutants per seed; default about 2,400 per parser) and ACCEL_FUZZ_SEED (default 1)
 // make longer or other runs.
 #include "../../accelerate_cpp/src/checkpoint/manifest.hpp"
+#include "build_paths.hpp"
 #include "fuzz_support.hpp"
 
 #include "accel/checkpoint/safetensors.hpp"
@@ -17,8 +18,8 @@
 using namespace accel_fuzz;
 
 TEST_CASE("fuzz: Accelerate YAML configs parse or are refused with a ConfigError") {
-  auto seeds = files_in(ACCEL_CONFIG_TEMPLATE_DIR, ".yaml");
-  for (auto& s : files_in(fs::path(ACCEL_TEST_DATA_DIR) / "config", ".yaml"))
+  auto seeds = files_in(accel::test::config_template_dir(), ".yaml");
+  for (auto& s : files_in(fs::path(accel::test::test_data_dir()) / "config", ".yaml"))
     seeds.push_back(std::move(s));
   REQUIRE(seeds.size() > 20);
   fuzz("yaml", seeds, [](const std::string& text) { accel::Config::load_string(text, "fuzz.yaml"); });
@@ -30,7 +31,7 @@ TEST_CASE("fuzz: DeepSpeed JSON files parse or are refused with a ConfigError") 
   const std::string yaml =
       "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: " +
       json.string() + "\n";
-  const auto seeds = files_in(fs::path(ACCEL_TEST_DATA_DIR) / "config" / "deepspeed", ".json");
+  const auto seeds = files_in(fs::path(accel::test::test_data_dir()) / "config" / "deepspeed", ".json");
   REQUIRE(!seeds.empty());
   fuzz("deepspeed_json", seeds, [&](const std::string& text) {
     write(json, text);

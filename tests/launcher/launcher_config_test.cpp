@@ -2,6 +2,7 @@
 // CLI11 app, and (tag [binary]) the real accel-launch binary with answers piped on stdin.
 
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -96,16 +97,10 @@ int run_shell(const std::string& command, std::string& output) {
 }
 
 std::string launcher_binary() {
-#ifdef ACCEL_LAUNCH_BIN
-  const std::string bin = ACCEL_LAUNCH_BIN;
-  INFO("ACCEL_LAUNCH_BIN = " << bin);
+  const std::string& bin = accel::test::launch_bin();
+  INFO("accel-launch of this build: " << bin);
   REQUIRE(std::filesystem::exists(bin));
   return bin;
-#else
-  FAIL(
-      "ACCEL_LAUNCH_BIN is not defined: compile this test with -DACCEL_LAUNCH_BIN=\"/path/to/accel-launch\"");
-  return {};
-#endif
 }
 
 }  // namespace
@@ -527,7 +522,7 @@ TEST_CASE("config command: the binary fails on bad piped input and on overwritin
 TEST_CASE("config keys: docs/config_keys.md is what `accel-launch config keys` prints", "[config_command]") {
   std::string output;
   REQUIRE(run_shell(launcher_binary() + " config keys", output) == 0);
-  const std::string doc_path = std::string(ACCEL_TESTS_DIR) + "/../docs/config_keys.md";
+  const std::string doc_path = accel::test::tests_dir() + "/../docs/config_keys.md";
   std::ifstream in(doc_path);
   REQUIRE(in.good());
   std::stringstream doc;

@@ -1,6 +1,6 @@
 /// \file launcher_test.cpp
-/// End-to-end tests of `accel-launch launch`: the real binary (ACCEL_LAUNCH_BIN) runs the fake rank programs
-/// in tests/launcher/ (ACCEL_TESTS_DIR), each run under a time limit.
+/// End-to-end tests of `accel-launch launch`: the real binary (launch_bin()) runs the fake rank programs
+/// in tests/launcher/ (tests_dir()), each run under a time limit.
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -30,13 +31,6 @@
 #include "accel/errors.hpp"
 #include "free_port.hpp"
 
-#ifndef ACCEL_LAUNCH_BIN
-#error "ACCEL_LAUNCH_BIN must be defined as the path of the accel-launch binary"
-#endif
-#ifndef ACCEL_TESTS_DIR
-#error "ACCEL_TESTS_DIR must be defined as the path of the tests directory"
-#endif
-
 namespace fs = std::filesystem;
 using accel::test::bound_loopback_socket;
 using accel::test::free_port;
@@ -46,7 +40,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string script(const std::string& name) {
-  return std::string(ACCEL_TESTS_DIR) + "/launcher/" + name;
+  return accel::test::tests_dir() + "/launcher/" + name;
 }
 
 // A fresh directory for marker files, removed at the end of the test.
@@ -88,7 +82,7 @@ class Launcher {
     int err[2];
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
-    std::vector<std::string> argv_strings = {ACCEL_LAUNCH_BIN};
+    std::vector<std::string> argv_strings = {accel::test::launch_bin()};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& arg : argv_strings)

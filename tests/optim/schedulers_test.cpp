@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include "build_paths.hpp"
 
 #include "test_support.hpp"
 
@@ -17,9 +18,9 @@ namespace {
 // PyTorch's rates for every case, from tests/python/schedules.py run by the venv's Python.
 const std::map<std::string, std::vector<double>>& pytorch_rates() {
   static const std::map<std::string, std::vector<double>> kRates = [] {
-    const std::string python = ACCEL_PYTHON;
+    const std::string python = accel::test::python();
     if (python.empty()) FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
-    const std::string command = python + " " + ACCEL_TESTS_DIR + "/python/schedules.py";
+    const std::string command = python + " " + accel::test::tests_dir() + "/python/schedules.py";
     FILE* pipe = ::popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
     std::string out;

@@ -3,6 +3,7 @@
 #include <accel/config/config.hpp>
 #include <accel/errors.hpp>
 #include <accel/trainer/training_arguments.hpp>
+#include "build_paths.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -40,7 +41,7 @@ TEST_CASE("TrainingArguments: HF's defaults") {
 TEST_CASE("TrainingArguments: a training_args.json written by HF's TrainingArguments loads as is") {
   // Every key of transformers 4.46's TrainingArguments.to_json_string(), with non-default values where
   // accel::Trainer implements the key.
-  auto a = TrainingArguments::load_file(ACCEL_TEST_DATA_DIR "/trainer/hf_training_args.json");
+  auto a = TrainingArguments::load_file(accel::test::test_data_dir() + "/trainer/hf_training_args.json");
   a.validate();
   CHECK(a.output_dir == "out/fashion");
   CHECK(a.eval_strategy == "steps");
@@ -123,7 +124,7 @@ TEST_CASE("TrainingArguments: HF's __post_init__ rules") {
 }
 
 TEST_CASE("TrainingArguments: the command line overrides the file") {
-  const std::string file = ACCEL_TEST_DATA_DIR "/trainer/hf_training_args.json";
+  const std::string file = accel::test::test_data_dir() + "/trainer/hf_training_args.json";
   std::vector<const char*> argv = {"prog",       "--learning_rate", "1e-3",     "--training_args",
                                    file.c_str(), "--bf16",          "--seed=7", "--data-dir",
                                    "/data"};
@@ -149,7 +150,7 @@ TEST_CASE("TrainingArguments: the command line overrides the file") {
 TEST_CASE("TrainingArguments: every training type of config_templates/trainer loads and validates") {
   namespace fs = std::filesystem;
   int types = 0;
-  for (const auto& e : fs::directory_iterator(fs::path(ACCEL_CONFIG_TEMPLATE_DIR) / "trainer")) {
+  for (const auto& e : fs::directory_iterator(fs::path(accel::test::config_template_dir()) / "trainer")) {
     const std::string name = e.path().filename().string();
     const std::string suffix = ".accelerate.yaml";
     if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
