@@ -988,10 +988,6 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
   const std::string ddp = "distributed_type: MULTI_GPU\nnum_processes: 2\n";
   auto message = [](const std::string& yaml) { return std::string(string_error(yaml).what()); };
   // Accelerate's newer (or removed) sections: "not supported", what they do there, what to use instead.
-  CHECK_THAT(message(ddp + "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n"),
-             Catch::StartsWith("inline.yaml:3: parallelism_config is not supported by accelerate-cpp: "
-                               "Accelerate's ParallelismConfig") &&
-                 Catch::Contains("; remove it") && !Catch::Contains("did you mean"));
   CHECK(accel::Config::load_string(ddp + "parallelism_config: {}\n").notices.empty());  // asks for nothing
   CHECK_THAT(
       message(ddp + "ipex_config:\n  ipex: true\n"),
@@ -1073,13 +1069,72 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
     listed.push_back(key.file + " " + key.path);
   }
   for (const char* expected :
-       {"Accelerate YAML parallelism_config", "Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
+       {"Accelerate YAML megatron_lm_config", "Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
         "Accelerate YAML fsdp_config.fsdp_ignored_modules",
         "Accelerate YAML deepspeed_config.seq_parallel_communication_data_type",
         "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON optimizer"}) {
     INFO(expected);
     CHECK(std::find(listed.begin(), listed.end(), expected) != listed.end());
   }
+}
+
+TEST_CASE("config: parallelism_config is checked against the layout the file describes, as Accelerate does",
+          "[config]") {
+  auto message = [](const std::string& yaml) { return std::string(string_error(yaml).what()); };
+  auto mesh = [](const std::string& sizes) { return "parallelism_config:\n" + sizes; };
+  const std::string fsdp = "distributed_type: FSDP\nnum_processes: 2\n";
+  const std::string zero =
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n";
+  const std::string ddp = "distributed_type: MULTI_CPU\nnum_processes: 2\n";
+  // Every rank one shard (TRL's fsdp2_sharding_2gpus.yaml) or one replica: what the file says without it, so
+  // the config equals the file without the section.
+  const std::string shard_all = mesh(
+      "  parallelism_config_dp_replicate_size: 1\n  parallelism_config_dp_shard_size: 2\n"
+      "  parallelism_config_tp_size: 1\n  parallelism_config_cp_size: 1\n"
+      "  parallelism_config_cp_backend: torch\n");
+  CHECK(accel::Config::load_string(fsdp + shard_all) == accel::Config::load_string(fsdp));
+  CHECK(accel::Config::load_string(zero + shard_all) == accel::Config::load_string(zero));
+  CHECK(accel::Config::load_string(ddp + mesh("  parallelism_config_dp_replicate_size: 2\n")) ==
+        accel::Config::load_string(ddp));
+  CHECK(accel::Config::load_string(fsdp + mesh("  parallelism_config_dp_shard_size: 1\n")) ==
+        accel::Config::load_string(fsdp));  // total 1: Accelerate replicates over every process
+  // What accelerate-cpp does not run from a config file: refused, naming the key and what to set.
+  CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 1\n  parallelism_config_tp_size: 2\n")) ==
+        "inline.yaml:5: parallelism_config.parallelism_config_tp_size: 2 asks for tensor parallelism, which "
+        "is not supported from a config file by accelerate-cpp: the program asks for it with "
+        "AcceleratorOptions().tensor_parallel_size(n) and accel::tp layers; set it to 1");
+  CHECK_THAT(message(fsdp + mesh("  parallelism_config_cp_size: 2\n")),
+             Catch::StartsWith("inline.yaml:4: parallelism_config.parallelism_config_cp_size: 2 asks for "
+                               "context parallelism, which is not supported by accelerate-cpp; set it to 1"));
+  CHECK_THAT(
+      message(zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n")),
+      Catch::StartsWith("inline.yaml:6: parallelism_config.parallelism_config_sp_size: 2 asks for "
+                        "sequence parallelism (DeepSpeed Ulysses), which is not supported"));
+  CHECK_THAT(message(fsdp + mesh("  parallelism_config_cp_size: 2\n  parallelism_config_sp_size: 2\n")),
+             Catch::Contains("mutually exclusive"));
+  CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 4\n")) ==
+        "inline.yaml:4: parallelism_config: dp_replicate_size 1 x dp_shard_size 4 x tp_size 1 x cp_size 1 x "
+        "sp_size 1 = 4 does not match num_processes 2 (Accelerate refuses this too); adjust the sizes");
+  const std::string four = "distributed_type: FSDP\nnum_processes: 4\n";
+  CHECK(message(four +
+                mesh("  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n")) ==
+        "inline.yaml:4: parallelism_config.parallelism_config_dp_replicate_size: 2 with dp_shard_size 2 asks "
+        "for hybrid sharding (HSDP), which is not supported by accelerate-cpp; set dp_replicate_size: 1 and "
+        "dp_shard_size: 4 to shard over every rank");
+  CHECK(message(ddp + mesh("  parallelism_config_dp_shard_size: 2\n")) ==
+        "inline.yaml:4: parallelism_config.parallelism_config_dp_shard_size: 2 asks for sharded data "
+        "parallelism: set distributed_type: FSDP or DEEPSPEED, or dp_shard_size: 1");
+  CHECK_THAT(
+      message(fsdp + mesh("  parallelism_config_dp_replicate_size: 2\n")),
+      Catch::Contains("keeps a whole replica on every rank, which is fsdp_sharding_strategy: NO_SHARD"));
+  CHECK_THAT(message(zero + mesh("  parallelism_config_dp_replicate_size: 2\n")),
+             Catch::Contains("which is zero_stage: 0"));
+  CHECK(
+      message(fsdp + mesh("  parallelism_config_dp_shard_size: 0\n")) ==
+      "inline.yaml:4: parallelism_config.parallelism_config_dp_shard_size: expected a positive integer, got "
+      "'0'");
+  CHECK_THAT(message(fsdp + mesh("  parallelism_config_dp_shard_sise: 2\n")),
+             Catch::Contains("did you mean"));
 }
 
 TEST_CASE("config: DeepSpeed JSON defaults, a relative path, and the missing batch size derived",

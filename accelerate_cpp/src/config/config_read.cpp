@@ -39,6 +39,80 @@ std::string backend_of_distributed_type(const std::string& type) {
   return "local";
 }
 
+// parallelism_config (Accelerate 1.10+'s ParallelismConfig, parallelism_config.py): the mesh sizes must
+// multiply to the number of processes (Accelerate's _validate_accelerator), and describe a layout this
+// library runs from the rest of the file: every rank one replica (DDP) or every rank one shard (FSDP, ZeRO).
+// Anything else is refused, naming what to set.
+void resolve_parallelism(const Reader& r, const Config& c, const Pending& p) {
+  struct Size {
+    const char* name;
+    const Entry* entry = nullptr;
+    std::int64_t value = 1;
+  };
+  Size replicate{"dp_replicate_size"}, shard{"dp_shard_size"}, tp{"tp_size"}, cp{"cp_size"}, sp{"sp_size"};
+  const Entry* first = nullptr;
+  for (Size* s : {&replicate, &shard, &tp, &cp, &sp}) {
+    s->entry = p.find(fmt::format("parallelism_config.parallelism_config_{}", s->name));
+    if (s->entry == nullptr) continue;
+    s->value = r.integer(*s->entry, 1, std::numeric_limits<int>::max(), kPositiveInt);
+    if (first == nullptr || s->entry->line < first->line) first = s->entry;
+  }
+  if (first == nullptr) return;
+  const auto refuse = [&r](const Size& s, const std::string& why) {
+    r.fail_at(*s.entry, fmt::format("{}: {} {}", s.entry->path, s.value, why));
+  };
+  if (cp.value > 1 && sp.value > 1) {
+    refuse(cp, fmt::format("with sp_size {}: context and sequence parallelism are mutually exclusive (as in "
+                           "Accelerate); set one of them to 1",
+                           sp.value));
+  }
+  if (cp.value > 1) {
+    refuse(cp,
+           "asks for context parallelism, which is not supported by accelerate-cpp; set it to 1 (to fit "
+           "long sequences, use activation checkpointing or ZeRO-3)");
+  }
+  if (sp.value > 1) {
+    refuse(sp,
+           "asks for sequence parallelism (DeepSpeed Ulysses), which is not supported by accelerate-cpp; "
+           "set it to 1");
+  }
+  if (tp.value > 1) {
+    refuse(tp,
+           "asks for tensor parallelism, which is not supported from a config file by accelerate-cpp: the "
+           "program asks for it with AcceleratorOptions().tensor_parallel_size(n) and accel::tp layers; "
+           "set it to 1");
+  }
+  const std::int64_t total = replicate.value * shard.value;
+  if (total == 1) return;  // Accelerate then replicates over every process: what the file says without it
+  if (total != c.num_processes) {
+    r.fail_at(*first, fmt::format("parallelism_config: dp_replicate_size {} x dp_shard_size {} x tp_size 1 x "
+                                  "cp_size 1 x sp_size 1 = {} does not match num_processes {} (Accelerate "
+                                  "refuses this too); adjust the sizes",
+                                  replicate.value, shard.value, total, c.num_processes));
+  }
+  const bool sharded_backend = c.backend == "fsdp" || c.backend == "zero";
+  if (replicate.value > 1 && shard.value > 1) {
+    refuse(
+        replicate,
+        fmt::format("with dp_shard_size {} asks for hybrid sharding (HSDP), which is not supported by "
+                    "accelerate-cpp; set dp_replicate_size: 1 and dp_shard_size: {} to shard over every rank",
+                    shard.value, c.num_processes));
+  }
+  if (shard.value > 1 && !sharded_backend) {
+    refuse(shard,
+           "asks for sharded data parallelism: set distributed_type: FSDP or DEEPSPEED, or "
+           "dp_shard_size: 1");
+  }
+  if (replicate.value > 1 && sharded_backend) {
+    refuse(replicate,
+           fmt::format("with dp_shard_size 1 keeps a whole replica on every rank, which is {}; set that and "
+                       "remove parallelism_config, or shard over every rank with dp_replicate_size: 1 and "
+                       "dp_shard_size: {}",
+                       c.backend == "fsdp" ? "fsdp_sharding_strategy: NO_SHARD" : "zero_stage: 0",
+                       c.num_processes));
+  }
+}
+
 }  // namespace
 
 void resolve(const Reader& r, Config& c, const Pending& p) {
@@ -83,6 +157,7 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
   for (const BackendPart& part : backend_parts()) {
     if (part.resolve) part.resolve(r, c, p);
   }
+  resolve_parallelism(r, c, p);
 }
 
 namespace {

@@ -66,6 +66,7 @@ namespace {
 
 const Section kDynamo = "dynamo_config";
 const Section kPipeline = "pipeline_config";
+const Section kParallelism = "parallelism_config";
 
 // dynamo_config: LibTorch has no torch.compile, so only "no dynamo" is accepted.
 void check_dynamo_backend(const Reader& r, const Entry& e) {
@@ -261,6 +262,37 @@ std::vector<KeyRow> make_schema() {
         return text;
       },
       [](const std::string& v) { return yaml_string(v); }, "uniform"));
+  {
+    // Accelerate 1.10+'s ParallelismConfig (parallelism_config.py): checked against the layout it describes
+    // (resolve_parallelism in config_read.cpp), never written: the layouts accelerate-cpp runs from it are
+    // those the file says without it.
+    KeyRow r = section_row(kParallelism, "parallelism settings",
+                           "Accelerate's device mesh, checked against the layout (keys below)");
+    r.opens.reset();
+    add(r);
+  }
+  for (const auto& [name, doc] : std::vector<std::pair<const char*, const char*>>{
+           {"parallelism_config_dp_replicate_size",
+            "model replicas: num_processes under MULTI_CPU/MULTI_GPU (DDP); with dp_shard_size > 1 hybrid "
+            "sharding, not supported"},
+           {"parallelism_config_dp_shard_size",
+            "ranks a model is sharded over: num_processes under FSDP or DEEPSPEED"},
+           {"parallelism_config_tp_size",
+            "1 only: tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp "
+            "layers"},
+           {"parallelism_config_cp_size", "1 only: context parallelism is not supported"},
+           {"parallelism_config_sp_size",
+            "1 only: sequence parallelism (DeepSpeed Ulysses) is not supported"}}) {
+    KeyRow r = ignored(name, kParallelism, doc);
+    r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { positive_int()(rd, e); };  // see resolve
+    add(r);
+  }
+  for (const char* name :
+       {"parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
+        "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
+        "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation"}) {
+    add(ignored(name, kParallelism, "settings of cp_size/sp_size > 1 (not supported); ignored at size 1"));
+  }
   {
     KeyRow r = section_row(kDynamo, "dynamo_*", "only dynamo_backend: 'NO' (LibTorch has no torch.compile)");
     r.opens.reset();  // nothing of it is written

@@ -25,14 +25,6 @@ std::vector<UnsupportedKey> core_rows() {
     rows.push_back({kAccelerateYaml, path, false, when, "", what, instead});
   };
   refused(
-      "parallelism_config", AsksNothingWhen::Empty,
-      "Accelerate's ParallelismConfig (1.10+, FSDP2 or DeepSpeed) lays the processes out as a device mesh of "
-      "data-parallel replicate and shard sizes, tensor-, context- and sequence-parallel sizes "
-      "(parallelism_config_dp_replicate_size, _dp_shard_size, _tp_size, _cp_size, _sp_size)",
-      "remove it: a file that only sets dp_shard_size to num_processes is plain FSDP (distributed_type: "
-      "FSDP); tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp layers, "
-      "pipelines are pipeline_config");
-  refused(
       "megatron_lm_config", AsksNothingWhen::Empty,
       "Accelerate's Megatron-LM plugin trains with Megatron-LM's tensor, pipeline and sequence parallelism "
       "(megatron_lm_tp_degree, _pp_degree, _num_micro_batches, ...)",
