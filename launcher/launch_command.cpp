@@ -501,9 +501,20 @@ void setup_test_command(CLI::App& app) {
   sub->add_option_function<std::string>(
       both_spellings("backend"), [options](const std::string& v) { options->backend = v; },
       "Training backend");
+  // A config for several machines is tested as `accelerate test` tests it: on every machine, each launcher
+  // given its machine_rank (and machine 0's address and an explicit port).
+  sub->add_option_function<int>(
+      both_spellings("num_machines"), [options](const int& v) { options->num_machines = v; },
+      "Number of machines");
+  sub->add_option_function<int>(
+      both_spellings("machine_rank"), [options](const int& v) { options->machine_rank = v; },
+      "Index of this machine, 0..num_machines-1");
+  sub->add_option_function<std::string>(
+      both_spellings("main_process_ip"), [options](const std::string& v) { options->main_process_ip = v; },
+      "Address of machine 0");
   sub->add_option_function<int>(
       both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
-      "Rendezvous port (0 picks a free port)");
+      "Rendezvous port (0 picks a free port, single machine only)");
   sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present");
   sub->callback([options] {
     LaunchOptions launch = *options;

@@ -42,8 +42,9 @@ struct Rows : torch::data::datasets::Dataset<Rows> {
   std::int64_t n;
 };
 
-// A block repeated in a ModuleList, as a transformer's layers are: FSDP's TRANSFORMER_BASED_WRAP (and its
-// automatic choice of the block type) finds something to wrap in the check model too.
+// A block repeated in a Sequential, as a transformer's layers are: FSDP's TRANSFORMER_BASED_WRAP (and its
+// automatic choice of the block type) finds something to wrap in the check model too, and activation
+// checkpointing (which checkpoints a model's Sequential children) something to checkpoint.
 struct CheckBlockImpl : torch::nn::Module {
   CheckBlockImpl() { fc = register_module("fc", torch::nn::Linear(16, 16)); }
   torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(x)); }
@@ -54,18 +55,16 @@ TORCH_MODULE(CheckBlock);
 struct Net : torch::nn::Module {
   Net() {
     a = register_module("a", torch::nn::Linear(8, 16));
-    blocks = register_module("blocks", torch::nn::ModuleList(CheckBlock(), CheckBlock()));
+    blocks = register_module("blocks", torch::nn::Sequential(CheckBlock(), CheckBlock()));
     b = register_module("b", torch::nn::Linear(16, 1));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     // Column 0 holds the row index (for the sharding check): the model reads the other columns.
     auto h = torch::tanh(a(torch::cat({torch::zeros_like(x.narrow(1, 0, 1)), x.narrow(1, 1, 7)}, 1)));
-    for (const auto& block : *blocks)
-      h = block->as<CheckBlock>()->forward(h);
-    return b(h);
+    return b(blocks->forward(h));
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
-  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Sequential blocks{nullptr};
 };
 
 // The config as the user's program would get it, except that a TRANSFORMER_BASED_WRAP class list names the

@@ -11,13 +11,15 @@ through accel-launch as a user migrating from Python would, each outcome compare
 - Every refusal must say "not supported" or name the limit behind it (a GPU, a TPU, another launcher, batch
   sizes that fit another number of GPUs, a file missing from the corpus): never a bare parse error.
 - `accel-launch test --cpu --num_processes 2` on the files expected.tsv marks `sample` (or the first N files
-  that load, or all of them): each must pass, or fail as expected.tsv says.
+  that load, or all of them): each must pass, or fail as expected.tsv says. A file for several machines runs
+  as those machines on localhost (one launcher per machine_rank, one rank per machine).
 - --update rewrites expected.tsv from this run (review the diff: it is the corpus's contract).
 """
 import csv
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,6 +80,45 @@ def run(cmd, cwd, timeout):
     except subprocess.TimeoutExpired:
         return "timeout", f"no answer within {timeout} s"
     return ("ok" if p.returncode == 0 else "refused"), (p.stderr + p.stdout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_test(launch, config, work, timeout=300):
+    """`accel-launch test` on 2 CPU ranks. A file for several machines is tested as `accelerate test` tests it,
+    once per machine, here with every machine on localhost: one launcher per machine_rank, one rank per
+    machine (at least 2 ranks in all), machine 0 at 127.0.0.1 on a free port."""
+    with open(config, encoding="utf-8", errors="replace") as f:
+        m = re.search(r"^num_machines:\s*(\d+)\s*(#.*)?$", f.read(), re.MULTILINE)
+    machines = int(m.group(1)) if m else 1
+    base = [launch, "test", "--config_file", config, "--cpu"]
+    if machines <= 1:
+        return run(base + ["--num_processes", "2", "--main_process_port", "0"], work, timeout)
+    ranks = machines * max(1, -(-2 // machines))
+    port = str(free_port())
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("ACCEL_CONFIG_FILE", None)
+    procs = [subprocess.Popen(base + ["--num_processes", str(ranks), "--num_machines", str(machines),
+                                      "--machine_rank", str(i), "--main_process_ip", "127.0.0.1",
+                                      "--main_process_port", port],
+                              cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(machines)]
+    outputs, outcome = [], "ok"
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            return "timeout", f"machine {i}: no answer within {timeout} s"
+        outputs.append(f"[machine {i}]\n{out}")
+        if p.returncode != 0:
+            outcome = "refused"
+    return outcome, "\n".join(outputs)
 
 
 def error_line(output, work):
@@ -148,8 +189,7 @@ def main():
     for name in to_test:
         with tempfile.TemporaryDirectory() as work:
             config = stage(corpus, sources, name, work)
-            outcome, output = run([launch, "test", "--config_file", config, "--cpu", "--num_processes", "2",
-                                   "--main_process_port", "0"], work, 300)
+            outcome, output = run_test(launch, config, work)
             line = "" if outcome == "ok" else error_line(output, work)
         results[name]["test"] = outcome
         results[name]["test_reason"] = line
