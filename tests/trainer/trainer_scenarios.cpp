@@ -3,8 +3,9 @@
 //   (accumulation with a short last window, clipping, warmup + linear decay, weight-decay groups, dropout);
 // - trainer_resume: one rank gets SIGUSR1 mid-run; every rank saves at the same step and stops; a fresh
 //   Trainer with train("latest") ends with the uninterrupted run's weights, bit for bit, and its state;
+// - trainer_equals_loop also: gradient_checkpointing gives the same weights bit for bit;
 // - trainer_best: save_total_limit 2 with load_best_model_at_end leaves exactly the best and the latest
-//   checkpoints, and the model ends as the best one;
+//   checkpoints, and the model ends as the best one; save_strategy best saves at new bests only;
 // - trainer_early_stop: EarlyStoppingCallback stops every rank at the same step;
 // - trainer_nonfinite: a NaN loss on one rank drops that step's update on every rank (skip), or stops every
 //   rank with an error naming the rank (stop).
@@ -15,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "dist_common.hpp"
 #include "trainer/trainer_fixture.hpp"
@@ -33,6 +35,19 @@ using Batch = torch::data::Example<>;
 Data data(std::int64_t n = 40) {
   return Regression(n).map(torch::data::transforms::Stack<>());
 }
+
+// A model whose blocks are a Sequential child (what gradient_checkpointing checkpoints), with dropout inside.
+struct SeqNetImpl : torch::nn::Module {
+  SeqNetImpl()
+      : body(register_module("body",
+                             torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
+                                                   torch::nn::Dropout(0.2), torch::nn::Linear(16, 16)))),
+        head(register_module("head", torch::nn::Linear(16, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(x)); }
+  torch::nn::Sequential body;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(SeqNet);
 
 // The same directory on every rank (rank 0 creates and announces it).
 std::string shared_dir(Accelerator& acc, const std::string& tag) {
@@ -169,6 +184,58 @@ void trainer_equals_loop() {
   CHECK_MSG(got.state.log_history.front().count("grad_norm") == 1, "no grad_norm logged");
   CHECK_MSG(got.output.training_loss > 0 && std::isfinite(got.output.training_loss),
             "training_loss " << got.output.training_loss);
+  // gradient_checkpointing: the model's Sequential child is recomputed in backward (its dropout replayed);
+  // the weights are the run's without it, bit for bit. A model with no Sequential is refused.
+  auto checkpointed = [&](bool on) {
+    auto args = base_args(out);
+    args.gradient_checkpointing = on;
+    torch::manual_seed(3);
+    SeqNet net;
+    Trainer<Data> t(
+        args, net, data(), [&](Batch& b) { return torch::mse_loss(net(b.data), b.target); }, row_options());
+    t.train();
+    std::vector<torch::Tensor> w;
+    for (const auto& [name, v] : t.accelerator().get_state_dict(net))
+      w.push_back(v.cpu().clone());
+    return std::make_pair(w, net->body[0]->name());
+  };
+  const auto [plain, plain_first] = checkpointed(false);
+  const auto [ckpt, ckpt_first] = checkpointed(true);
+  CHECK_MSG(ckpt_first.find("Checkpointed") != std::string::npos,
+            "gradient_checkpointing left the block as " << ckpt_first);
+  CHECK_MSG(identical(ckpt, plain),
+            "gradient_checkpointing changed the weights by up to " << max_diff(ckpt, plain));
+  auto no_blocks = base_args(out);
+  no_blocks.gradient_checkpointing = true;
+  torch::manual_seed(3);
+  Mlp mlp(6, 0.0);
+  Trainer<Data> refused(
+      no_blocks, mlp, data(), [&](Batch& b) { return torch::mse_loss(mlp(b.data), b.target); },
+      row_options());
+  std::string error;
+  try {
+    refused.train();
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  // With FSDP's own activation checkpointing on too: refused, as HF's Trainer refuses the pair.
+  Config with_fsdp_ac = cpu_config();
+  with_fsdp_ac.backend = "fsdp";
+  with_fsdp_ac.fsdp.activation_checkpointing = true;
+  std::string pair_error;
+  try {
+    Trainer<Data> both(
+        no_blocks, mlp, data(), [&](Batch& b) { return torch::mse_loss(mlp(b.data), b.target); },
+        AcceleratorOptions().config(with_fsdp_ac));
+  } catch (const ConfigError& e) {
+    pair_error = e.what();
+  }
+  CHECK_MSG(pair_error.find("cannot both be set; use FSDP's activation_checkpointing") != std::string::npos,
+            "gradient_checkpointing with fsdp_activation_checkpointing gave: "
+                << (pair_error.empty() ? "no error" : pair_error));
+  CHECK_MSG(error.find("TrainingArguments gradient_checkpointing is on, but the model is not a "
+                       "torch::nn::Sequential") != std::string::npos,
+            "a model without Sequential blocks gave: " << (error.empty() ? "no error" : error));
   remove_shared(out);
 }
 
@@ -263,6 +330,8 @@ void trainer_resume() {
   remove_shared(cut_dir);
 }
 
+void trainer_save_best();
+
 void trainer_best() {
   const std::string out = fresh_dir("best");
   auto a = base_args(out);
@@ -315,6 +384,47 @@ void trainer_best() {
   CHECK_MSG(metrics.at("eval_loss") == state.best_metric.value_or(-1),
             "after load_best_model_at_end eval_loss is " << metrics.at("eval_loss") << ", the best was "
                                                          << state.best_metric.value_or(-1));
+  remove_shared(out);
+  trainer_save_best();
+}
+
+// save_strategy best (HF 4.46+): a checkpoint at each evaluation that sets a new best, none at the end.
+void trainer_save_best() {
+  const std::string out = fresh_dir("save_best");
+  auto a = base_args(out);
+  a.max_steps = 8;
+  a.eval_strategy = "steps";
+  a.eval_steps = 2;
+  a.save_strategy = "best";
+  a.metric_for_best_model = "loss";
+  a.greater_is_better = true;  // the loss falls: only the first evaluation is a new best
+  a.validate();
+  torch::manual_seed(3);
+  Mlp model(6, 0.1);
+  Trainer<Data> trainer(
+      a, model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); }, row_options());
+  trainer.set_eval(data(22));
+  trainer.train();
+  std::vector<std::string> want;
+  std::optional<double> best;
+  for (const auto& e : trainer.state().log_history) {
+    if (!e.count("eval_loss")) continue;
+    if (!best || e.at("eval_loss") > *best) {
+      best = e.at("eval_loss");
+      want.push_back("checkpoint-" + std::to_string(static_cast<std::int64_t>(e.at("step"))));
+    }
+  }
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  std::sort(want.begin(), want.end());
+  CHECK_MSG(!want.empty() && want.size() < 4,
+            want.size() << " of 4 evaluations set a new best; the test needs some that do not");
+  CHECK_MSG(left == want, "save_strategy best left " << left.size() << " checkpoints, want " << want.size()
+                                                     << " (" << (want.empty() ? "" : want.front()) << ")");
+  CHECK_MSG(trainer.state().best_model_checkpoint.has_value(), "no best_model_checkpoint recorded");
   remove_shared(out);
 }
 

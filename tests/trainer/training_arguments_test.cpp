@@ -121,6 +121,24 @@ TEST_CASE("TrainingArguments: HF's __post_init__ rules") {
   auto w = TrainingArguments::load_string("warmup_steps: 0.25\n");
   CHECK(w.warmup_ratio == 0.25);  // HF 5: warmup_steps below 1 is a ratio
   CHECK(w.warmup_steps == 0);
+  // save_strategy best (HF 4.46+): needs metric_for_best_model and an evaluation, and frees
+  // load_best_model_at_end from matching the strategies.
+  CHECK_THROWS_WITH(invalid("save_strategy: best\neval_strategy: steps\n"),
+                    Contains("metric_for_best_model") && Contains("save_strategy best"));
+  CHECK_THROWS_WITH(invalid("save_strategy: best\nmetric_for_best_model: accuracy\n"),
+                    Contains("set eval_strategy to steps or epoch"));
+  auto best = TrainingArguments::load_string(
+      "save_strategy: best\neval_strategy: steps\neval_steps: 3\nload_best_model_at_end: true\n"
+      "metric_for_best_model: accuracy\n",
+      "run.yaml");
+  CHECK_NOTHROW(best.validate());
+  CHECK(best.greater_is_better == true);
+  // HF: greater_is_better defaults to false for every metric whose name ends with "loss".
+  auto val = TrainingArguments::load_string(
+      "save_strategy: best\neval_strategy: epoch\nmetric_for_best_model: val_loss\n", "run.yaml");
+  val.validate();
+  CHECK(val.greater_is_better == false);
+  CHECK_THROWS_WITH(invalid("save_strategy: sometimes\n"), Contains("'sometimes' is not one of"));
 }
 
 TEST_CASE("TrainingArguments: the command line overrides the file") {

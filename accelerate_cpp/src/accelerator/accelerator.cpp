@@ -348,28 +348,7 @@ std::shared_ptr<void> Accelerator::watch_backward(const torch::nn::Module& model
 void Accelerator::enable_activation_checkpointing(torch::nn::Module& model) {
   // Without code changes this works where the blocks are Sequentials: the model itself, or its direct
   // children. Parameter names and tensors stay the same (see activation_checkpoint.hpp).
-  int wrapped = 0;
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&model)) {
-    torch::nn::Sequential holder(
-        std::static_pointer_cast<torch::nn::SequentialImpl>(seq->shared_from_this()));
-    checkpoint_sequential(holder);
-    wrapped = 1;
-  } else {
-    for (const auto& child : model.children()) {
-      if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(child)) {
-        torch::nn::Sequential holder(seq);
-        checkpoint_sequential(holder);
-        ++wrapped;
-      }
-    }
-  }
-  if (wrapped == 0) {
-    throw UsageError(
-        "activation_checkpointing is on, but the model is not a torch::nn::Sequential and has no Sequential "
-        "children to checkpoint; wrap its blocks explicitly with accel::Checkpointed "
-        "(accel/activation_checkpoint.hpp) or "
-        "turn the option off");
-  }
+  checkpoint_model_blocks(model, "activation_checkpointing");
 }
 
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {

@@ -380,4 +380,29 @@ void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& 
   }
 }
 
+int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting) {
+  int wrapped = 0;
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&model)) {
+    torch::nn::Sequential holder(
+        std::static_pointer_cast<torch::nn::SequentialImpl>(seq->shared_from_this()));
+    checkpoint_sequential(holder);
+    wrapped = 1;
+  } else {
+    for (const auto& child : model.children()) {
+      if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(child)) {
+        torch::nn::Sequential holder(seq);
+        checkpoint_sequential(holder);
+        ++wrapped;
+      }
+    }
+  }
+  if (wrapped == 0) {
+    throw UsageError(setting +
+                     " is on, but the model is not a torch::nn::Sequential and has no Sequential children to "
+                     "checkpoint; wrap its blocks explicitly with accel::Checkpointed "
+                     "(accel/activation_checkpoint.hpp) or turn the option off");
+  }
+  return wrapped;
+}
+
 }  // namespace accel

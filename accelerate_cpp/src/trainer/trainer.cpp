@@ -3,6 +3,7 @@
 // evaluation bookkeeping, checkpoints (save, rotate, resume) and preemption. Only the Accelerator's public
 // API.
 #include <accel/accelerator/resolved_config.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/trainer/trainer.hpp>
@@ -153,15 +154,14 @@ struct TrainerBase::Signals {
 
 TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : args_(std::move(args)) {
   args_.validate();
-  if (args_.gradient_checkpointing) {
-    throw ConfigError(
-        "TrainingArguments gradient_checkpointing: true is not supported by accel::Trainer yet; wrap the "
-        "model's blocks with accel::checkpoint (nn/activation_checkpoint.hpp) or set "
-        "fsdp_activation_checkpointing "
-        "in the Accelerate config",
+  Config config = resolved_config(options);
+  if (args_.gradient_checkpointing && config.backend == "fsdp" && config.fsdp.activation_checkpointing) {
+    throw ConfigError(  // HF's Trainer refuses the pair with this advice
+        "TrainingArguments gradient_checkpointing: true and the Accelerate config's "
+        "fsdp_activation_checkpointing: true cannot both be set; use FSDP's activation_checkpointing when "
+        "using FSDP (set gradient_checkpointing: false)",
         args_.source, 0, "gradient_checkpointing");
   }
-  Config config = resolved_config(options);
   // AcceleratorOptions().log_with(...) is the Accelerator's tracker setting: it takes part in the merge.
   if (options.log_with()) config.log_with = *options.log_with();
   merge(args_, config);
@@ -308,6 +308,10 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
   state_.train_batch_size = args_.per_device_train_batch_size;
   state_.num_train_epochs = static_cast<double>(epochs_);
   if (!prepared_) {
+    // HF's gradient_checkpointing_enable(): here the model's Sequential blocks are checkpointed (the same
+    // rule as fsdp_activation_checkpointing), before the optimizer sees the parameters (names unchanged).
+    if (args_.gradient_checkpointing)
+      checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing");
     if (!optimizer_) build_optimizer();
     if (!scheduler_) build_scheduler();
     acc.prepare(model_, *optimizer_, *scheduler_);
@@ -452,7 +456,8 @@ void TrainerBase::window_end() {
   if (args_.save_strategy == "steps" && step % state_.save_steps == 0) control_.should_save = true;
   if (step >= state_.max_steps) {
     control_.should_training_stop = true;
-    if (args_.save_strategy != "no") control_.should_save = true;
+    // HF: the end saves under every strategy but no and best (best saves at evaluations only).
+    if (args_.save_strategy != "no" && args_.save_strategy != "best") control_.should_save = true;
   }
   if (f[world] > 0) {  // preemption: save now and stop, on every rank
     control_.should_save = true;
@@ -470,7 +475,11 @@ void TrainerBase::maybe_log_save_evaluate(const std::function<Metrics()>& evalua
   }
   if (control_.should_evaluate) {
     control_.should_evaluate = false;
+    new_best_ = false;
     evaluate();
+    // HF's _maybe_log_save_evaluate: save_strategy best saves exactly when this evaluation set a new best
+    // (a preemption's save still happens).
+    if (args_.save_strategy == "best" && !interrupted_) control_.should_save = new_best_;
   }
   if (control_.should_save) {
     control_.should_save = false;
@@ -551,6 +560,7 @@ Metrics TrainerBase::finish_evaluation(Metrics raw) {
         (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
       state_.best_metric = it->second;
       state_.best_global_step = state_.global_step;
+      new_best_ = true;
     }
   }
   return metrics;

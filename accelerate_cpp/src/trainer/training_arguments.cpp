@@ -186,11 +186,9 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) {
          a.eval_steps = v.is_null ? std::nullopt : std::optional<double>(to_double(w, k, v));
        }},
-      {{"save_strategy", "steps", "no | steps | epoch"},
+      {{"save_strategy", "steps", "no | steps | epoch | best (at each evaluation that sets a new best)"},
        [](A& a, const W& w, const S& k, const V& v) {
-         a.save_strategy =
-             one_of(w, k, v, {"no", "steps", "epoch"},
-                    "\"best\" is not supported: use load_best_model_at_end with save_total_limit");
+         a.save_strategy = one_of(w, k, v, {"no", "steps", "epoch", "best"}, "");
        }},
       {{"save_steps", "500", "save a checkpoint every this many optimizer steps"},
        [](A& a, const W& w, const S& k, const V& v) { a.save_steps = to_double(w, k, v); }},
@@ -561,12 +559,13 @@ void TrainingArguments::validate() {
   if (load_best_model_at_end) {
     if (eval_strategy == "no")
       fail(w, "load_best_model_at_end", "needs evaluation: set eval_strategy to steps or epoch");
-    if (save_strategy != eval_strategy)
+    // HF: save_strategy best saves at evaluations, whatever eval_strategy is.
+    if (save_strategy != "best" && save_strategy != eval_strategy)
       fail(
           w, "load_best_model_at_end",
           fmt::format("needs save_strategy to match eval_strategy, got save_strategy {} and eval_strategy {}",
                       save_strategy, eval_strategy));
-    if (eval_strategy == "steps") {
+    if (eval_strategy == "steps" && save_strategy != "best") {
       const bool ratios = *eval_steps < 1 && save_steps < 1;
       const double q = save_steps / *eval_steps;
       if ((!ratios && (save_steps < 1) != (*eval_steps < 1)) || std::fabs(q - std::round(q)) > 1e-9)
@@ -582,9 +581,17 @@ void TrainingArguments::validate() {
            "checkpoint is loaded with load_state); set one of them to false");
     if (!metric_for_best_model) metric_for_best_model = "loss";
   }
-  if (metric_for_best_model && !greater_is_better) {
-    const std::string m = *metric_for_best_model;
-    greater_is_better = !(m == "loss" || m == "eval_loss");
+  if (save_strategy == "best") {
+    if (!metric_for_best_model)
+      fail(w, "metric_for_best_model",
+           "must be set with save_strategy best (a checkpoint is saved when this evaluation metric reaches a "
+           "new best), as HF's Trainer requires");
+    if (eval_strategy == "no")
+      fail(w, "save_strategy", "best saves at evaluations: set eval_strategy to steps or epoch");
+  }
+  if (metric_for_best_model && !greater_is_better) {  // HF: greater unless the name ends with "loss"
+    const std::string& m = *metric_for_best_model;
+    greater_is_better = !(m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0);
   }
   if (logging_dir.empty()) logging_dir = (std::filesystem::path(output_dir) / "runs").string();
   for (const auto& name : report_to) {

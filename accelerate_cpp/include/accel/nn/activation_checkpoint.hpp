@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -162,5 +163,12 @@ TORCH_MODULE(Checkpointed);
 /// forward). Call it before creating data-parallel or sharding wrappers that look at module types. Throws
 /// UsageError when `seq` is empty (no module). Local (no collective), but call it on every rank alike.
 void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& options = {});
+
+/// Activation checkpointing of an unmodified model, as the configs' `fsdp_activation_checkpointing` /
+/// `activation_checkpointing` and the Trainer's `gradient_checkpointing` turn it on: checkpoint_sequential on
+/// `model` when it is a Sequential, else on each of its direct Sequential children (a transformer's block
+/// list). Returns how many Sequentials it wrapped (again a no-op for those already wrapped). Throws
+/// UsageError naming `setting` (what asked for it) when the model has no Sequential to checkpoint.
+int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting);
 
 }  // namespace accel
