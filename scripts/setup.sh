@@ -30,9 +30,9 @@ fi
 # 2. Project-local venv with the pinned torch wheel (its LibTorch is what we link) and the Python
 #    peers used by tests and benchmarks.
 venv="$root/.venv"
-py_pkgs=("torch==$torch_version" safetensors numpy tensorboard "peft==0.21.2")
+py_pkgs=("torch==$torch_version" safetensors numpy tensorboard "peft==0.21.2" "bitsandbytes==0.50.2")
 if [[ -z ${ACCEL_TORCH_PREFIX:-} ]]; then
-  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft; assert torch.__version__.split('+')[0] == '$torch_version'" \
+  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft, bitsandbytes; assert torch.__version__.split('+')[0] == '$torch_version'" \
       2>/dev/null; then
     log "creating $venv with ${py_pkgs[*]} (first time: ~2 min and ~5 GB, mostly CUDA libraries)"
     [[ -x $venv/bin/python ]] || python3 -m venv "$venv"

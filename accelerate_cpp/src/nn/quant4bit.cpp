@@ -1,0 +1,271 @@
+// 4-bit NF4/FP4 storage with double quantisation, as bitsandbytes 0.50 computes it on the CPU
+// (bitsandbytes/backends/default/ops.py quantize_4bit and _dequantize_4bit_compute, functional.py
+// quantize_4bit / dequantize_4bit / create_dynamic_map / get_4bit_type). The same LibTorch operators in the
+// same order, so the 4-bit codes are bit for bit bitsandbytes'. One difference, measured by
+// tests/python/bnb_4bit.py: bitsandbytes' native CPU search for the 8-bit absmax codes (double quantisation)
+// sometimes returns the neighbour of the nearest code; here it is always the nearest (ties to the lower
+// code), so a dequantised absmax is never further from the true one than bitsandbytes'.
+#include <accel/errors.hpp>
+#include <accel/nn/quant4bit.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace accel::quant {
+namespace {
+
+constexpr std::int64_t kAbsmaxBlock = 256;  // bitsandbytes quantises the absmax values in blocks of 256
+
+torch::Tensor make_code(QuantType type) {
+  std::vector<float> data;
+  if (type == QuantType::NF4) {
+    data = {-1.0F,
+            -0.6961928009986877F,
+            -0.5250730514526367F,
+            -0.39491748809814453F,
+            -0.28444138169288635F,
+            -0.18477343022823334F,
+            -0.09105003625154495F,
+            0.0F,
+            0.07958029955625534F,
+            0.16093020141124725F,
+            0.24611230194568634F,
+            0.33791524171829224F,
+            0.44070982933044434F,
+            0.5626170039176941F,
+            0.7229568362236023F,
+            1.0F};
+  } else {
+    // Bit-pattern order: 1 sign, 2 exponent, 1 mantissa bit (Python's -0 is the integer 0).
+    data = {0, 0.0625F, 8, 12, 4, 6, 2, 3, 0, -0.0625F, -8, -12, -4, -6, -2, -3};
+  }
+  auto code = torch::tensor(data, torch::kFloat32);
+  code.div_(code.abs().max());
+  return code;
+}
+
+void check_blocksize(std::int64_t blocksize) {
+  static const std::vector<std::int64_t> ok = {32, 64, 128, 256, 512, 1024, 2048, 4096};
+  if (std::find(ok.begin(), ok.end(), blocksize) == ok.end()) {
+    throw UsageError("accel::quant: blocksize " + std::to_string(blocksize) +
+                     " is not one bitsandbytes offers (32, 64, 128, 256, 512, 1024, 2048 or 4096)");
+  }
+}
+
+// Per-block absmax of a flat float32 tensor (the last block may be short) and the values scaled to [-1, 1]:
+// for the 4-bit codes multiplied by the reciprocal in full blocks and divided in the short one (bitsandbytes'
+// Python kernel); for the 8-bit absmax codes divided everywhere (its native CPU kernel).
+std::pair<torch::Tensor, torch::Tensor> blockwise_scale(const torch::Tensor& flat, std::int64_t blocksize,
+                                                        bool divide = false) {
+  const auto n = flat.numel();
+  const auto rem = n % blocksize;
+  const auto full = n - rem;
+  const auto blocks = full / blocksize;
+  auto com = flat.narrow(0, 0, full).reshape({blocks, blocksize});
+  auto absmax = std::get<0>(com.abs().max(-1));
+  auto scaled = divide
+                    ? torch::clamp(com / absmax.view({-1, 1}), -1, 1).reshape({-1})
+                    : torch::clamp(com * (1.0 / absmax.clamp_min(1e-38).view({-1, 1})), -1, 1).reshape({-1});
+  if (rem != 0) {
+    auto tail = flat.narrow(0, full, rem);
+    auto am = divide ? tail.abs().max() : tail.abs().max().clamp_min(1e-38);
+    absmax = torch::cat({absmax, am.unsqueeze(0)});
+    scaled = torch::cat({scaled, torch::clamp(tail / am, -1, 1)});
+  }
+  return {absmax, scaled};
+}
+
+// Index of the nearest code value (ties to the lower), for codes sorted ascending.
+torch::Tensor nearest(const torch::Tensor& scaled, const torch::Tensor& sorted_code) {
+  const auto n = sorted_code.numel();
+  auto mid = (sorted_code.narrow(0, 0, n - 1) + sorted_code.narrow(0, 1, n - 1)) / 2;
+  return torch::bucketize(scaled, mid, /*out_int32=*/true);
+}
+
+}  // namespace
+
+std::int64_t Quantized4bit::bytes() const {
+  auto size = [](const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; };
+  return size(packed) + size(absmax) + size(absmax_scale);
+}
+
+torch::Tensor code_4bit(QuantType type) {
+  static const torch::Tensor nf4 = make_code(QuantType::NF4);
+  static const torch::Tensor fp4 = make_code(QuantType::FP4);
+  return type == QuantType::NF4 ? nf4 : fp4;
+}
+
+torch::Tensor dynamic_map_8bit() {
+  static const torch::Tensor map = [] {
+    // create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8)
+    const int max_exponent_bits = 7, non_sign_bits = 7;
+    std::vector<float> data;
+    for (int i = 0; i < max_exponent_bits; ++i) {
+      const auto items = static_cast<std::int64_t>(std::pow(2.0, i + non_sign_bits - max_exponent_bits) + 1);
+      auto b = torch::linspace(0.1, 1, items, torch::kFloat32);
+      auto means = (b.narrow(0, 0, items - 1) + b.narrow(0, 1, items - 1)) / 2.0;
+      const double scale = std::pow(10.0, -(max_exponent_bits - 1) + i);
+      auto pos = (means * scale).contiguous();
+      auto neg = (means * -scale).contiguous();
+      data.insert(data.end(), pos.data_ptr<float>(), pos.data_ptr<float>() + pos.numel());
+      data.insert(data.end(), neg.data_ptr<float>(), neg.data_ptr<float>() + neg.numel());
+    }
+    // additional_items = 2^(7 - 7) - 1 = 0: none.
+    data.push_back(0.0F);
+    data.push_back(1.0F);
+    while (data.size() < 256)
+      data.push_back(0.0F);
+    std::sort(data.begin(), data.end());
+    return torch::tensor(data, torch::kFloat32);
+  }();
+  return map;
+}
+
+Quantized4bit quantize_4bit(const torch::Tensor& tensor, const Quant4bitOptions& options) {
+  check_blocksize(options.blocksize);
+  const auto type = tensor.scalar_type();
+  if (type != torch::kFloat32 && type != torch::kBFloat16 && type != torch::kHalf) {
+    throw UsageError(
+        std::string("accel::quant::quantize_4bit: 4-bit storage is made from float32, bfloat16 or "
+                    "float16 weights, got ") +
+        c10::toString(type));
+  }
+  torch::NoGradGuard no_grad;
+  Quantized4bit q;
+  q.options = options;
+  q.dtype = type;
+  q.shape = tensor.sizes().vec();
+  const auto flat = tensor.detach().to(torch::kCPU, torch::kFloat32).reshape({-1});
+  auto [absmax, scaled] = blockwise_scale(flat, options.blocksize);
+  if (scaled.numel() % 2 != 0) scaled = torch::constant_pad_nd(scaled, {0, 1});
+  const auto code = code_4bit(options.type);
+  const auto order = torch::argsort(code);
+  auto idx = nearest(scaled, code.index_select(0, order));
+  if (options.type != QuantType::NF4) idx = order.index_select(0, idx.to(torch::kLong));
+  const auto q8 = idx.to(torch::kUInt8);
+  q.packed = torch::bitwise_or(torch::bitwise_left_shift(q8.slice(0, 0, c10::nullopt, 2), 4),
+                               q8.slice(0, 1, c10::nullopt, 2))
+                 .contiguous();
+  if (!options.double_quant) {
+    q.absmax = absmax.contiguous();
+    return q;
+  }
+  // Double quantisation: the absmax values less their mean, in 8-bit dynamic-map codes per block of 256.
+  const auto offset = absmax.mean();
+  q.absmax_offset = offset.item<float>();
+  auto [scale2, scaled2] = blockwise_scale(absmax - offset, kAbsmaxBlock, /*divide=*/true);
+  auto map = dynamic_map_8bit().clone();
+  map[0] = -1.0F;  // bitsandbytes' CPU search sets the first code to -1 (its range is [-0.993, 1])
+  q.absmax = nearest(scaled2, map).to(torch::kUInt8).contiguous();
+  q.absmax_scale = scale2.contiguous();
+  return q;
+}
+
+torch::Tensor dequantize_4bit(const Quantized4bit& q) {
+  return dequantize_4bit(q, q.dtype);
+}
+
+torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  const auto device = q.packed.device();
+  torch::Tensor absmax = q.absmax;
+  if (q.options.double_quant) {
+    auto map = dynamic_map_8bit().to(device);
+    map[0] = -1.0F;
+    const auto codes = map.index_select(0, q.absmax.to(torch::kLong));
+    const auto n = codes.numel();
+    const auto blocks = (n + kAbsmaxBlock - 1) / kAbsmaxBlock;
+    auto padded = torch::constant_pad_nd(codes, {0, blocks * kAbsmaxBlock - n});
+    absmax =
+        (padded.view({blocks, kAbsmaxBlock}) * q.absmax_scale.view({-1, 1})).reshape({-1}).narrow(0, 0, n) +
+        q.absmax_offset;
+  }
+  std::int64_t numel = 1;
+  for (auto s : q.shape)
+    numel *= s;
+  const auto hi = torch::bitwise_right_shift(q.packed, 4);
+  const auto lo = torch::bitwise_and(q.packed, 0xF);
+  const auto idx = torch::stack({hi, lo}, 1).reshape({-1}).narrow(0, 0, numel).to(torch::kLong);
+  const auto values = code_4bit(q.options.type).to(device).index_select(0, idx);
+  const auto bs = q.options.blocksize;
+  const auto blocks = (numel + bs - 1) / bs;
+  auto padded = torch::constant_pad_nd(values, {0, blocks * bs - numel});
+  auto out = (padded.view({blocks, bs}) * absmax.view({-1, 1})).reshape({-1}).narrow(0, 0, numel);
+  return out.to(dtype).view(q.shape);
+}
+
+Linear4bitImpl::Linear4bitImpl(const torch::nn::Linear& linear, const Quant4bitOptions& options) {
+  weight_ = quantize_4bit(linear->weight.detach().cpu(), options);
+  if (linear->bias.defined()) bias = linear->bias.detach().clone();
+  reset();
+  to(linear->weight.device());
+}
+
+void Linear4bitImpl::reset() {
+  packed_ = register_buffer("weight_packed", weight_.packed);
+  absmax_ = register_buffer("weight_absmax", weight_.absmax);
+  if (weight_.absmax_scale.defined())
+    absmax_scale_ = register_buffer("weight_absmax_scale", weight_.absmax_scale);
+  if (bias.defined()) bias = register_parameter("bias", bias);
+}
+
+torch::Tensor Linear4bitImpl::dequantized_weight(torch::ScalarType dtype) const {
+  Quantized4bit q = weight_;
+  q.packed = packed_;  // the buffers follow to(device)
+  q.absmax = absmax_;
+  q.absmax_scale = absmax_scale_;
+  return dequantize_4bit(q, dtype);
+}
+
+torch::Tensor Linear4bitImpl::forward(const torch::Tensor& input) {
+  // The compute dtype: the input's floating type (bf16 under autocast arrives as the autocast casts it).
+  const auto dtype = at::autocast::is_autocast_enabled(input.device().type())
+                         ? at::autocast::get_autocast_dtype(input.device().type())
+                         : input.scalar_type();
+  const auto w = dequantized_weight(dtype);
+  const auto b = bias.defined() ? bias.to(dtype) : torch::Tensor();
+  return torch::nn::functional::linear(input.to(dtype), w, b);
+}
+
+std::vector<std::string> quantize_linears(torch::nn::Module& model, const Quant4bitOptions& options,
+                                          const std::vector<std::string>& keep_out) {
+  std::vector<std::regex> keep;
+  for (const auto& k : keep_out)
+    keep.emplace_back(k);
+  std::vector<std::string> replaced;
+  // Parents first, then their children by name: replace_module on the parent keeps every path. A Sequential
+  // or ModuleList parent runs its own list of modules, not the registry: that entry is replaced too (as
+  // checkpoint_sequential does).
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    auto& parent = *item.value();
+    for (const auto& child : parent.named_children()) {
+      if (dynamic_cast<torch::nn::LinearImpl*>(child.value().get()) == nullptr) continue;
+      const std::string path = item.key().empty() ? child.key() : item.key() + "." + child.key();
+      if (std::any_of(keep.begin(), keep.end(),
+                      [&](const std::regex& r) { return std::regex_search(path, r); }))
+        continue;
+      Linear4bit q(torch::nn::Linear(std::static_pointer_cast<torch::nn::LinearImpl>(child.value())),
+                   options);
+      if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&parent)) {
+        for (auto it = seq->begin(); it != seq->end(); ++it)
+          if (it->ptr().get() == child.value().get()) *it = torch::nn::AnyModule(q);
+      } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&parent)) {
+        for (auto it = list->begin(); it != list->end(); ++it)
+          if (it->get() == child.value().get()) *it = q.ptr();
+      }
+      parent.replace_module(child.key(), q);
+      replaced.push_back(path);
+    }
+  }
+  return replaced;
+}
+
+}  // namespace accel::quant
