@@ -7,6 +7,7 @@
 //  - against bitsandbytes itself: the hidden case [.bnb], run by tests/python/bnb_4bit.sh.
 #include <catch2/catch.hpp>
 
+#include <accel/nn/lora.hpp>
 #include <accel/nn/quant4bit.hpp>
 
 #include <ATen/autocast_mode.h>
@@ -224,4 +225,65 @@ TEST_CASE("quant: the same codes as bitsandbytes", "[.bnb]") {
   CHECK(count >= 4);
   std::cout << "bnb: " << count << " cases; 4-bit codes equal; 8-bit absmax codes differ in " << absmax_differ
             << " of " << absmax_codes << " (ours the nearer each time)\n";
+}
+
+TEST_CASE("quant: QLoRA trains LoRA adapters over 4-bit Linears like LoRA over the dequantised weights") {
+  // Two copies of one model: one quantised (4-bit base), one whose Linear weights are those 4-bit weights
+  // dequantised. The same adapters (same seed) trained the same steps give the same outputs: the 4-bit
+  // layer adds PEFT's term exactly as the full-precision observer does, and only the adapters train.
+  auto build = [] {
+    torch::manual_seed(7);
+    return Net();
+  };
+  Net q = build();
+  accel::quant::quantize_linears(*q, {}, {"^head$"});
+  Net plain = build();
+  {
+    torch::NoGradGuard no_grad;
+    auto qc = q->named_children();
+    auto pc = plain->named_children();
+    pc["a"]->as<torch::nn::Linear>()->weight.copy_(
+        qc["a"]->as<accel::quant::Linear4bit>()->dequantized_weight());
+    auto q_inner = qc["inner"]->as<torch::nn::Sequential>()->ptr(0);
+    auto p_inner = pc["inner"]->as<torch::nn::Sequential>()->ptr(0);
+    std::dynamic_pointer_cast<torch::nn::LinearImpl>(p_inner)->weight.copy_(
+        std::dynamic_pointer_cast<accel::quant::Linear4bitImpl>(q_inner)->dequantized_weight());
+  }
+  accel::peft::LoraConfig config;
+  config.r = 4;
+  config.lora_alpha = 8;
+  config.target_modules = {"a", "0"};
+  torch::manual_seed(11);
+  auto q_lora = accel::peft::get_peft_model(q.ptr(), config);
+  torch::manual_seed(11);
+  auto p_lora = accel::peft::get_peft_model(plain.ptr(), config);
+  const auto packed_before = q->named_buffers()["a.weight_packed"].clone();
+  std::vector<torch::Tensor> q_params, p_params;
+  for (auto& p : q->parameters())
+    if (p.requires_grad()) q_params.push_back(p);
+  for (auto& p : plain->parameters())
+    if (p.requires_grad()) p_params.push_back(p);
+  REQUIRE(q_params.size() == 4);  // lora_A and lora_B of two layers
+  REQUIRE(p_params.size() == 4);
+  torch::optim::AdamW q_opt(q_params, torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW p_opt(p_params, torch::optim::AdamWOptions(1e-2));
+  torch::manual_seed(3);
+  const auto x = torch::randn({16, 16}), y = torch::randn({16, 4});
+  for (int s = 0; s < 5; ++s) {
+    q_opt.zero_grad();
+    torch::mse_loss(q->forward(x), y).backward();
+    q_opt.step();
+    p_opt.zero_grad();
+    torch::mse_loss(plain->forward(x), y).backward();
+    p_opt.step();
+  }
+  const auto got = q->forward(x).detach(), want = plain->forward(x).detach();
+  INFO("max difference " << (got - want).abs().max().item<double>());
+  CHECK(torch::allclose(got, want, 1e-5, 1e-5));
+  CHECK(torch::equal(q->named_buffers()["a.weight_packed"], packed_before));  // the 4-bit base is frozen
+  CHECK(q->named_parameters().contains("a.lora_A.weight"));                   // PEFT's names
+  CHECK(q->named_parameters().contains("inner.0.lora_B.weight"));
+  // PEFT counts a 4-bit base's elements in "all params".
+  CHECK(q_lora->trainable_parameters() == p_lora->trainable_parameters());
+  CHECK_THROWS_WITH(q_lora->merge(), Catch::Contains("4-bit Linear4bit (QLoRA)"));
 }

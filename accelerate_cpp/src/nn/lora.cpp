@@ -2,6 +2,7 @@
 // ATen operator observer adds their term to the output of the operator that applies an adapted weight.
 #include <accel/errors.hpp>
 #include <accel/nn/lora.hpp>
+#include <accel/nn/quant4bit.hpp>
 
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -26,7 +27,12 @@ namespace accel::peft {
 // One adapted Linear: its module (weakly: the model owns it), the adapters and the scale.
 struct LoraModel::Layer {
   std::weak_ptr<torch::nn::Module> module;
-  torch::nn::LinearImpl* linear = nullptr;
+  torch::nn::LinearImpl* linear = nullptr;  // a full-precision base (the observer adds the term)
+  quant::Linear4bitImpl* base4 = nullptr;   // or a 4-bit base (QLoRA: its output_hook adds the term)
+  torch::nn::Module* base() const {
+    return linear != nullptr ? static_cast<torch::nn::Module*>(linear) : base4;
+  }
+  torch::Tensor& bias() const { return linear != nullptr ? linear->bias : base4->bias; }
   std::string path;
   torch::nn::Linear lora_A{nullptr};
   torch::nn::Linear lora_B{nullptr};
@@ -93,7 +99,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     std::shared_lock lock(r.mu);
     for (const auto& weak : r.layers) {
       auto layer = weak.lock();
-      if (!layer || layer->module.expired() || layer->merged.load()) continue;
+      if (!layer || layer->module.expired() || layer->merged.load() || layer->linear == nullptr) continue;
       const auto& w = layer->linear->weight;
       if (!w.defined() || !w.has_storage() ||
           w.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() != storage)
@@ -213,6 +219,10 @@ std::pair<std::int64_t, std::int64_t> LoraModel::trainable_parameters() const {
     all += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
+  // A 4-bit base weight is buffers here; PEFT counts its elements (Params4bit x 2), and so do we.
+  for (const auto& m : model_->modules(/*include_self=*/true))
+    if (const auto* q = dynamic_cast<const quant::Linear4bitImpl*>(m.get()))
+      all += q->in_features() * q->out_features();
   return {trainable, all};
 }
 
@@ -225,8 +235,20 @@ std::string LoraModel::print_trainable_parameters() const {
   return line;
 }
 
+namespace {
+void refuse_4bit_merge(const Layer& l, const char* what) {
+  if (l.base4 == nullptr) return;
+  throw UsageError(fmt::format(
+      "{}: '{}' is a 4-bit Linear4bit (QLoRA); merging into 4-bit weights is not supported yet (it would "
+      "re-quantise them): load the full-precision model, load_adapter onto it, then merge",
+      what, l.path));
+}
+}  // namespace
+
 void LoraModel::merge() {
   torch::NoGradGuard no_grad;
+  for (auto& l : layers_)
+    refuse_4bit_merge(*l, "merge");
   for (auto& l : layers_) {
     if (l->merged.load()) continue;
     auto& w = l->linear->weight;
@@ -249,8 +271,8 @@ void LoraModel::merge_and_unload() {
   merge();
   remove_layers(layers_);
   for (auto& l : layers_) {
-    l->linear->unregister_module("lora_A");
-    l->linear->unregister_module("lora_B");
+    l->base()->unregister_module("lora_A");
+    l->base()->unregister_module("lora_B");
   }
   layers_.clear();
 }
@@ -296,7 +318,7 @@ void LoraModel::save_adapter(const std::string& dir,
         take(p.key());
   } else if (config_.bias == "lora_only") {
     for (const auto& l : layers_)
-      if (l->linear->bias.defined()) take(l->path + ".bias");
+      if (l->bias().defined()) take(l->path + ".bias");
   }
   // modules_to_save: trained in full; PEFT's files hold them under their own names
   // ("base_model.model.head.weight"), which PeftModel.from_pretrained loads into its trained copy.
@@ -448,26 +470,32 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
   for (const auto& item : model->named_modules("", /*include_self=*/false)) {
     const std::string& path = item.key();
     auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-    if (linear != nullptr) linears.push_back(path);
+    auto* base4 = dynamic_cast<quant::Linear4bitImpl*>(item.value().get());
+    if (linear != nullptr || base4 != nullptr) linears.push_back(path);
     if (path.find(".lora_A") != std::string::npos || path.find(".lora_B") != std::string::npos) continue;
     if (!targeted(path)) continue;
-    if (linear == nullptr) {
+    if (linear == nullptr && base4 == nullptr) {
       throw UsageError(
           fmt::format("get_peft_model: target '{}' is a {}, not a torch::nn::Linear; LoRA adapts "
-                      "Linear layers only",
+                      "Linear layers only (and their 4-bit accel::quant::Linear4bit form)",
                       path, item.value()->name()));
     }
-    if (linear->named_children().contains("lora_A"))
+    if (item.value()->named_children().contains("lora_A"))
       throw UsageError(fmt::format("get_peft_model: '{}' already has LoRA adapters", path));
     auto layer = std::make_shared<Layer>();
     layer->module = item.value();
     layer->linear = linear;
+    layer->base4 = base4;
     layer->path = path;
-    const auto& w = linear->weight;
-    layer->lora_A = torch::nn::Linear(torch::nn::LinearOptions(w.size(1), config.r).bias(false));
-    layer->lora_B = torch::nn::Linear(torch::nn::LinearOptions(config.r, w.size(0)).bias(false));
-    layer->lora_A->to(w.device(), w.scalar_type());
-    layer->lora_B->to(w.device(), w.scalar_type());
+    // The adapters' shape, device and type: the base weight's (a 4-bit base: its compute-side fp32).
+    const std::int64_t in = linear != nullptr ? linear->weight.size(1) : base4->in_features();
+    const std::int64_t out = linear != nullptr ? linear->weight.size(0) : base4->out_features();
+    const auto device = linear != nullptr ? linear->weight.device() : base4->quantized().packed.device();
+    const auto dtype = linear != nullptr ? linear->weight.scalar_type() : torch::kFloat32;
+    layer->lora_A = torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));
+    layer->lora_B = torch::nn::Linear(torch::nn::LinearOptions(config.r, out).bias(false));
+    layer->lora_A->to(device, dtype);
+    layer->lora_B->to(device, dtype);
     {
       torch::NoGradGuard no_grad;
       layer->lora_B->weight.zero_();
@@ -488,9 +516,21 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
   for (auto& p : model->parameters())
     p.set_requires_grad(false);
   for (auto& l : layers) {
-    l->linear->register_module("lora_A", l->lora_A);
-    l->linear->register_module("lora_B", l->lora_B);
-    if (config.bias == "lora_only" && l->linear->bias.defined()) l->linear->bias.set_requires_grad(true);
+    l->base()->register_module("lora_A", l->lora_A);
+    l->base()->register_module("lora_B", l->lora_B);
+    if (config.bias == "lora_only" && l->bias().defined()) l->bias().set_requires_grad(true);
+    if (l->base4 != nullptr) {
+      // PEFT's bnb.Linear4bit.forward: result + lora_B(lora_A(dropout(x))) * scaling, in the result's type.
+      std::weak_ptr<Layer> weak = l;
+      l->base4->output_hook = [weak](const torch::Tensor& x, const torch::Tensor& y) {
+        auto layer = weak.lock();
+        if (!layer) return y;
+        auto in = x.to(layer->lora_A->weight.scalar_type());
+        if (layer->dropout > 0 && layer->base4->is_training())
+          in = torch::dropout(in, layer->dropout, /*train=*/true);
+        return y + (layer->lora_B(layer->lora_A(in)) * layer->scale).to(y.scalar_type());
+      };
+    }
   }
   if (config.bias == "all") {
     for (auto& p : model->named_parameters())

@@ -232,7 +232,8 @@ torch::Tensor Linear4bitImpl::forward(const torch::Tensor& input) {
                          : input.scalar_type();
   const auto w = dequantized_weight(dtype);
   const auto b = bias.defined() ? bias.to(dtype) : torch::Tensor();
-  return torch::nn::functional::linear(input.to(dtype), w, b);
+  auto y = torch::nn::functional::linear(input.to(dtype), w, b);
+  return output_hook ? output_hook(input, y) : y;
 }
 
 std::vector<std::string> quantize_linears(torch::nn::Module& model, const Quant4bitOptions& options,

@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <string>
@@ -82,6 +83,9 @@ class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
   std::int64_t in_features() const noexcept { return weight_.shape.at(1); }
   std::int64_t out_features() const noexcept { return weight_.shape.at(0); }
   torch::Tensor bias;  ///< undefined without a bias
+  /// Called with the input and the layer's output when set; its result is the forward's result. LoRA
+  /// (`peft::get_peft_model` on a quantised model, QLoRA) adds its adapters' term here.
+  std::function<torch::Tensor(const torch::Tensor& input, const torch::Tensor& output)> output_hook;
 
  private:
   Quantized4bit weight_;
