@@ -191,10 +191,14 @@ torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype) {
   std::int64_t numel = 1;
   for (auto s : q.shape)
     numel *= s;
-  const auto hi = torch::bitwise_right_shift(q.packed, 4);
-  const auto lo = torch::bitwise_and(q.packed, 0xF);
-  const auto idx = torch::stack({hi, lo}, 1).reshape({-1}).narrow(0, 0, numel).to(torch::kLong);
-  const auto values = code_4bit(q.options.type).to(device).index_select(0, idx);
+  // One lookup per byte: a 256 x 2 table of (code[high nibble], code[low nibble]).
+  const auto code = code_4bit(q.options.type);
+  const auto bytes = torch::arange(256, torch::kLong);
+  const auto pairs =
+      torch::stack({code.index_select(0, bytes.div(16, "floor")), code.index_select(0, bytes.remainder(16))},
+                   1)
+          .to(device);
+  const auto values = pairs.index_select(0, q.packed.to(torch::kLong)).reshape({-1}).narrow(0, 0, numel);
   const auto bs = q.options.blocksize;
   const auto blocks = (numel + bs - 1) / bs;
   auto padded = torch::constant_pad_nd(values, {0, blocks * bs - numel});
