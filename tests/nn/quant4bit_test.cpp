@@ -158,6 +158,17 @@ TEST_CASE("quant: Linear4bit computes the layer with the dequantised weight, and
         "accel::quant::Linear4bitImpl");
   const auto after = model->forward(in).detach();
   CHECK(((after - before).abs().max() / before.abs().max()).item<double>() < 0.1);
+  // A model that calls its layers through member handles (the usual LibTorch style) would keep running the
+  // full-precision layers after a registry swap: refused, naming the layer and what to do.
+  struct MemberNetImpl : torch::nn::Module {
+    MemberNetImpl() : fc(register_module("fc", torch::nn::Linear(8, 8))) {}
+    torch::Tensor forward(const torch::Tensor& x) { return fc(x); }
+    torch::nn::Linear fc;
+  };
+  auto member = std::make_shared<MemberNetImpl>();
+  CHECK_THROWS_WITH(accel::quant::quantize_linears(*member),
+                    Catch::Contains("'fc' is also held outside the module registry"));
+  CHECK(member->named_children()["fc"]->as<torch::nn::Linear>() != nullptr);  // left as it was
 }
 
 // Run by tests/python/bnb_4bit.sh after bnb_4bit.py wrote bitsandbytes' results into ACCEL_BNB_DIR.

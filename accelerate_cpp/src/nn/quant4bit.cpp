@@ -249,14 +249,30 @@ std::vector<std::string> quantize_linears(torch::nn::Module& model, const Quant4
   // Parents first, then their children by name: replace_module on the parent keeps every path. A Sequential
   // or ModuleList parent runs its own list of modules, not the registry: that entry is replaced too (as
   // checkpoint_sequential does).
-  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+  const auto modules = model.named_modules("", /*include_self=*/true);
+  for (const auto& item : modules) {
     auto& parent = *item.value();
+    const bool listed = dynamic_cast<torch::nn::SequentialImpl*>(&parent) != nullptr ||
+                        dynamic_cast<torch::nn::ModuleListImpl*>(&parent) != nullptr;
     for (const auto& child : parent.named_children()) {
       if (dynamic_cast<torch::nn::LinearImpl*>(child.value().get()) == nullptr) continue;
       const std::string path = item.key().empty() ? child.key() : item.key() + "." + child.key();
       if (std::any_of(keep.begin(), keep.end(),
                       [&](const std::regex& r) { return std::regex_search(path, r); }))
         continue;
+      // The references we know of: the parent's registry, `modules`, this loop's copy of the children and a
+      // Sequential's or ModuleList's own list. One more is a handle the model keeps (`torch::nn::Linear fc1`
+      // as a member its forward calls): the forward would go on using the full-precision layer, so refuse.
+      const long known = 3 + (listed ? 1 : 0);
+      if (child.value().use_count() > known) {
+        throw UsageError(
+            "accel::quant::quantize_linears: '" + path +
+            "' is also held outside the module registry (a member " + "handle such as `torch::nn::Linear " +
+            child.key() + "` that the forward calls), so the forward " +
+            "would keep using the full-precision layer. Build the model with the 4-bit layers instead " +
+            "(accel::quant::Linear4bit(torch::nn::Linear(...)) as the member), or call the layers through " +
+            "named_children()/a Sequential, or keep this layer out with keep_out");
+      }
       Linear4bit q(torch::nn::Linear(std::static_pointer_cast<torch::nn::LinearImpl>(child.value())),
                    options);
       if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&parent)) {

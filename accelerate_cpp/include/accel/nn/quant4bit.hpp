@@ -96,7 +96,9 @@ TORCH_MODULE(Linear4bit);
 /// Replaces, in place, every `torch::nn::Linear` inside `model` whose path (as in named_modules, e.g.
 /// "blocks.0.q_proj") matches `keep_out` for none of its patterns by a Linear4bit of it. Returns the paths
 /// replaced. The replaced weights are freed with the old modules (an optimizer made before holds them: make
-/// it after). QLoRA keeps the output layer in full precision: pass it in `keep_out` ("^head$").
+/// it after). QLoRA keeps the output layer in full precision: pass it in `keep_out` ("^head$"). A Linear the
+/// model also holds as a member handle (`torch::nn::Linear fc1;` called by its forward) cannot be swapped
+/// from outside: UsageError naming it (build such a model with Linear4bit members instead).
 std::vector<std::string> quantize_linears(torch::nn::Module& model, const Quant4bitOptions& options = {},
                                           const std::vector<std::string>& keep_out = {});
 
