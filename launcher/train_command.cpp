@@ -60,7 +60,8 @@ void setup_train_command(CLI::App& app) {
                                      "Launch a Trainer program with a training type: the pair "
                                      "<type>.accelerate.yaml (Accelerate config) and "
                                      "<type>.yaml (TrainingArguments) of config_templates/trainer/");
-  sub->add_option("-t,--type", *type, "Training type (full, zero2_offload, zero3, ...)")->required();
+  sub->add_option("-t,--type", *type, "Training type (full, lora, qlora, zero2_offload, zero3, ...)")
+      ->required();
   sub->add_option("--templates", *templates,
                   "Directory holding trainer/<type>.* (default: $ACCEL_TEMPLATES_DIR, else the source tree's "
                   "config_templates)");
@@ -91,6 +92,15 @@ void setup_train_command(CLI::App& app) {
       launch.command.insert(launch.command.begin() + 1,
                             {"--training_args", (dir / (*type + ".yaml")).string()});
     }
+    // A type that fine-tunes through adapters also has <type>.model.yaml (TRL's ModelConfig keys), passed as
+    // --model_config unless the program was given its own.
+    const fs::path model_config = dir / (*type + ".model.yaml");
+    const bool own_model =
+        std::find_if(launch.command.begin() + 1, launch.command.end(), [](const std::string& a) {
+          return a == "--model_config" || a.rfind("--model_config=", 0) == 0;
+        }) != launch.command.end();
+    if (!own_model && fs::exists(model_config))
+      launch.command.insert(launch.command.begin() + 1, {"--model_config", model_config.string()});
     run_launch(launch);
   });
 }
