@@ -17,6 +17,7 @@
 #include "trainer/trainer_fixture.hpp"
 
 #include <accel/nn/lora.hpp>
+#include <accel/nn/quant4bit.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/trainer/trainer.hpp>
 
@@ -281,4 +282,73 @@ TEST_CASE(
   CHECK(torch::allclose(trained, want, 1e-4, 1e-5));
   auto [untrained, untrained_lora] = adapted_block();
   CHECK_FALSE(torch::allclose(untrained(x), want, 1e-3, 1e-3));  // the steps moved the adapters
+}
+
+namespace {
+
+// Block's layers called through the registry (what quantize_linears can swap; Block's member handles cannot).
+struct QBlockImpl : torch::nn::Module {
+  QBlockImpl() {
+    register_module("q_proj", torch::nn::Linear(16, 32));
+    register_module("v_proj", torch::nn::Linear(16, 32));
+    register_module("out", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor layer(const std::string& name, const torch::Tensor& x) {
+    auto m = named_children()[name];
+    if (auto q = m->as<accel::quant::Linear4bit>()) return q->forward(x);
+    return m->as<torch::nn::Linear>()->forward(x);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return layer("out", torch::relu(layer("q_proj", x)) + layer("v_proj", x));
+  }
+};
+TORCH_MODULE(QBlock);
+
+}  // namespace
+
+TEST_CASE("gpu: QLoRA on cuda:0: a 4-bit base dequantised on the GPU, adapters trained like on the CPU") {
+  // The same quantised block and adapters on the CPU and, through prepare, on cuda:0: the 4-bit buffers
+  // move with the module and are dequantised there; five AdamW steps give the CPU's outputs.
+  auto build = [] {
+    torch::manual_seed(5);
+    QBlock model;
+    accel::quant::quantize_linears(*model, {}, {"^out$"});
+    accel::peft::LoraConfig config;
+    config.r = 4;
+    config.lora_alpha = 8;
+    config.target_modules = {"q_proj", "v_proj"};
+    auto lora = accel::peft::get_peft_model(model.ptr(), config);
+    return std::make_pair(model, lora);
+  };
+  const auto x = torch::randn({8, 16});
+  const auto y = torch::randn({8, 4});
+  auto [cpu_model, cpu_lora] = build();
+  auto [gpu_model, gpu_lora] = build();
+  torch::optim::AdamW cpu_opt(cpu_model->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW gpu_opt(gpu_model->parameters(), torch::optim::AdamWOptions(1e-2));
+  Accelerator acc(AcceleratorOptions().config(gpu_config()));
+  acc.prepare(gpu_model, gpu_opt);
+  REQUIRE(gpu_model->named_buffers()["q_proj.weight_packed"].device() == gpu_device());
+  for (int s = 0; s < 5; ++s) {
+    cpu_opt.zero_grad();
+    torch::mse_loss(cpu_model(x), y).backward();
+    cpu_opt.step();
+    gpu_opt.zero_grad();
+    acc.backward(torch::mse_loss(gpu_model(x.to(acc.device())), y.to(acc.device())));
+    gpu_opt.step();
+  }
+  const auto want = cpu_model(x).detach();
+  const auto got = gpu_model(x.to(acc.device())).detach().cpu();
+  INFO("max difference to the CPU " << (got - want).abs().max().item<double>());
+  CHECK(torch::allclose(got, want, 1e-4, 1e-5));
+  // bf16 autocast on the GPU: the 4-bit weight is dequantised straight to bf16.
+  Accelerator half(AcceleratorOptions().config(gpu_config(MixedPrecision::Bf16)));
+  auto [bf_model, bf_lora] = build();
+  torch::optim::SGD sgd(bf_model->parameters(), 0.0);
+  half.prepare(bf_model, sgd);
+  const auto out = bf_model(x.to(half.device()));
+  CHECK(out.scalar_type() == torch::kBFloat16);
+  const double scale = want.abs().max().item<double>();
+  const auto fresh = build().first(x).detach();
+  CHECK((out.to(torch::kFloat32).cpu() - fresh).abs().max().item<double>() <= 3e-2 * std::max(scale, 1.0));
 }
