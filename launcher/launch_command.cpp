@@ -402,12 +402,10 @@ void run_launch(const LaunchOptions& options) {
   supervise_with_restarts(supervisor, config, options, local_ranks, pick_port);
 }
 
-void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options) {
-  sub->add_option(both_spellings("config_file"), options->config_file,
-                  "YAML config (default: " + default_config_path() + " if it exists)");
-  sub->add_option_function<int>(
-      both_spellings("num_processes"), [options](const int& v) { options->num_processes = v; },
-      "Total number of ranks over all machines");
+namespace {
+
+// Where this machine is in the job: shared by launch (and train) and test.
+void add_machine_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options) {
   sub->add_option_function<int>(
       both_spellings("num_machines"), [options](const int& v) { options->num_machines = v; },
       "Number of machines");
@@ -420,6 +418,17 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
   sub->add_option_function<int>(
       both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
       "Rendezvous port on machine 0 (default 29500; 0 picks a free port, single machine only)");
+}
+
+}  // namespace
+
+void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options) {
+  sub->add_option(both_spellings("config_file"), options->config_file,
+                  "YAML config (default: " + default_config_path() + " if it exists)");
+  sub->add_option_function<int>(
+      both_spellings("num_processes"), [options](const int& v) { options->num_processes = v; },
+      "Total number of ranks over all machines");
+  add_machine_options(sub, options);
   sub->add_option_function<std::string>(
          both_spellings("mixed_precision"), [options](const std::string& v) { options->mixed_precision = v; },
          "Mixed precision")
@@ -503,18 +512,7 @@ void setup_test_command(CLI::App& app) {
       "Training backend");
   // A config for several machines is tested as `accelerate test` tests it: on every machine, each launcher
   // given its machine_rank (and machine 0's address and an explicit port).
-  sub->add_option_function<int>(
-      both_spellings("num_machines"), [options](const int& v) { options->num_machines = v; },
-      "Number of machines");
-  sub->add_option_function<int>(
-      both_spellings("machine_rank"), [options](const int& v) { options->machine_rank = v; },
-      "Index of this machine, 0..num_machines-1");
-  sub->add_option_function<std::string>(
-      both_spellings("main_process_ip"), [options](const std::string& v) { options->main_process_ip = v; },
-      "Address of machine 0");
-  sub->add_option_function<int>(
-      both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
-      "Rendezvous port (0 picks a free port, single machine only)");
+  add_machine_options(sub, options);
   sub->add_flag("--cpu", options->cpu, "Run on CPU even if a GPU is present");
   sub->callback([options] {
     LaunchOptions launch = *options;

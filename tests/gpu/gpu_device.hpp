@@ -5,6 +5,12 @@
 
 #include "test_support.hpp"
 
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace accel::test {
 
 inline c10::Device& gpu_device() {
@@ -17,6 +23,24 @@ inline Config gpu_config(MixedPrecision mp = MixedPrecision::No) {
   Config c = make_config(mp);
   c.use_cpu = !gpu_device().is_cuda();
   return c;
+}
+
+/// A state dict's tensors on the CPU in fp32, in its order.
+inline std::vector<torch::Tensor> on_cpu(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : state)
+    out.push_back(t.detach().to(torch::kCPU, torch::kFloat32).clone());
+  return out;
+}
+
+/// The largest elementwise difference between two lists of tensors (infinity when the lists differ in
+/// length).
+inline double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double d = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    d = std::max(d, (a[k] - b[k]).abs().max().item<double>());
+  return d;
 }
 
 }  // namespace accel::test

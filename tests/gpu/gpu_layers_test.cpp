@@ -34,25 +34,12 @@ using accel::Config;
 using accel::MixedPrecision;
 using accel::test::gpu_config;
 using accel::test::gpu_device;
+using accel::test::max_difference;
 using accel::test::Mlp;
+using accel::test::on_cpu;
 using accel::test::Regression;
 
 namespace {
-
-std::vector<torch::Tensor> on_cpu(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
-  std::vector<torch::Tensor> out;
-  for (const auto& [name, t] : state)
-    out.push_back(t.detach().to(torch::kCPU, torch::kFloat32).clone());
-  return out;
-}
-
-double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double d = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    d = std::max(d, (a[k] - b[k]).abs().max().item<double>());
-  return d;
-}
 
 using Data = decltype(Regression(1).map(torch::data::transforms::Stack<>()));
 

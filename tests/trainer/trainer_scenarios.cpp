@@ -85,6 +85,16 @@ std::vector<torch::Tensor> whole(Accelerator& acc, Mlp& model) {
   return out;
 }
 
+// The checkpoint-N folders in `out`, sorted by name.
+std::vector<std::string> checkpoint_dirs(const std::string& out) {
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  return left;
+}
+
 // Rank 0 removes a shared directory (the others may still be reading it until the next collective).
 void remove_shared(const std::string& dir) {
   const char* rank = std::getenv("RANK");
@@ -353,11 +363,7 @@ void trainer_best() {
   trainer.train();
   const auto& state = trainer.state();
   const auto best_step = state.best_global_step.value_or(-1);
-  std::vector<std::string> left;
-  for (const auto& e : fs::directory_iterator(out))
-    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
-      left.push_back(e.path().filename().string());
-  std::sort(left.begin(), left.end());
+  const auto left = checkpoint_dirs(out);
   std::vector<std::string> want = {"checkpoint-" + std::to_string(best_step), "checkpoint-8"};
   std::sort(want.begin(), want.end());
   CHECK_MSG(best_step != 8 && best_step > 0,
@@ -414,11 +420,7 @@ void trainer_save_best() {
       want.push_back("checkpoint-" + std::to_string(static_cast<std::int64_t>(e.at("step"))));
     }
   }
-  std::vector<std::string> left;
-  for (const auto& e : fs::directory_iterator(out))
-    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
-      left.push_back(e.path().filename().string());
-  std::sort(left.begin(), left.end());
+  const auto left = checkpoint_dirs(out);
   std::sort(want.begin(), want.end());
   CHECK_MSG(!want.empty() && want.size() < 4,
             want.size() << " of 4 evaluations set a new best; the test needs some that do not");
