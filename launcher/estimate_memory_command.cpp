@@ -66,8 +66,11 @@ void run_estimate(const MemoryEstimateInput& in) {
   for (const auto& e : stages)
     parameters += e.num_parameters;
   std::cout << fmt::format(
-      "Per-rank memory for {} parameters on {} process(es), backend {}, optimizer {}, mixed precision {}:\n",
-      parameters, in.num_processes, describe_backend(in), in.optimizer, in.mixed_precision);
+      "Per-rank memory for {} parameters on {} process(es), backend {}, optimizer {}, mixed precision "
+      "{}{}:\n",
+      parameters, in.num_processes, describe_backend(in), in.optimizer, in.mixed_precision,
+      in.frozen_parameters > 0 ? fmt::format(", and {} frozen in {}", in.frozen_parameters, in.frozen_dtype)
+                               : std::string());
   if (in.pipeline_stages > 1) print_pipeline(in, stages);
   std::cout << r.to_string() << "\n"
             << "bytes: " << bytes_line(r) << "\n";
@@ -108,6 +111,13 @@ void setup_estimate_memory_command(CLI::App& app) {
   cmd->add_option("--layer_parameters,--layer-parameters", in->layer_parameters,
                   "Trainable parameters of each layer of the Sequential, in order (comma-separated)")
       ->delimiter(',');
+  cmd->add_option("--frozen_parameters,--frozen-parameters", in->frozen_parameters,
+                  "Frozen elements beside the trainable ones (the base of LoRA/QLoRA: then --num_parameters "
+                  "is the adapters'), held whole on every rank");
+  cmd->add_option(
+         "--frozen_dtype,--frozen-dtype", in->frozen_dtype,
+         "fp32 | bf16 | fp16 | 4bit (QLoRA: NF4/FP4 with double quantisation, 0.516 B) | 4bit_single")
+      ->capture_default_str();
   cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
                   "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")
       ->default_val(0);

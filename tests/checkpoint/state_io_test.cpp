@@ -340,7 +340,29 @@ TEST_CASE("checkpoint: save_state never deletes what it did not write (a log dir
   run.train(1, 2);
   run.acc.save_state(empty.string());
   CHECK(std::filesystem::exists(empty / "accelerator_state.safetensors"));
-  int stray = 0;  // nothing left beside the directories
+  // An earlier checkpoint that a user added files to (the fault campaign's case: notes, a log directory, a
+  // backup copy): refused, naming them, and kept.
+  std::ofstream(empty / "mine.txt") << "precious";
+  std::filesystem::create_directories(empty / "tb" / "logs");
+  std::ofstream(empty / "tb" / "logs" / "events") << "x";
+  std::ofstream(empty / "model.safetensors.bak") << "backup";
+  std::string added;
+  try {
+    run.acc.save_state(empty.string());
+  } catch (const CheckpointError& e) {
+    added = e.what();
+  }
+  CHECK_THAT(added, Catch::Contains("mine.txt") && Catch::Contains("tb") &&
+                        Catch::Contains("model.safetensors.bak") && Catch::Contains("did not write") &&
+                        Catch::Contains("nothing was written"));
+  CHECK(std::filesystem::exists(empty / "mine.txt"));
+  CHECK(std::filesystem::exists(empty / "tb" / "logs" / "events"));
+  CHECK(std::filesystem::exists(empty / "model.safetensors.bak"));
+  std::filesystem::remove_all(empty / "tb");
+  std::filesystem::remove(empty / "mine.txt");
+  std::filesystem::remove(empty / "model.safetensors.bak");
+  run.acc.save_state(empty.string());  // only its own files: written over
+  int stray = 0;                       // nothing left beside the directories
   for (const auto& e : std::filesystem::directory_iterator(dir.path))
     stray += e.path().filename().string().find(".tmp-") != std::string::npos ? 1 : 0;
   CHECK(stray == 0);

@@ -1204,6 +1204,23 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_NOTHROW(accel::Config::load_file(files.yaml(files.write("ok.json", "// a comment\n{\"x\": 1}"))));
 }
 
+TEST_CASE("estimate_memory: a frozen LoRA or QLoRA base adds its bytes only", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 8388608;  // LoRA r 16 on q and v of a 7B Llama: 32 x 2 x (16 x 4096 x 2)
+  in.frozen_parameters = 7000000000;
+  const auto adapters = 16ULL * 8388608;  // fp32 weights, gradients, two Adam moments
+  CHECK(accel::estimate_memory(in).total() == 2ULL * 7000000000 + adapters);  // bf16 base (the default)
+  in.frozen_dtype = "4bit";  // QLoRA: measured 0.5159 bytes per base parameter (quant4bit_test)
+  CHECK(accel::estimate_memory(in).total() == 3611300000ULL + adapters);
+  CHECK(accel::estimate_memory(in).gradients == 4ULL * 8388608);  // the frozen base has none
+  // examples/trainer/finetune's qlora base: 266,240 weights in 4 bits, measured 137,348 bytes.
+  in.num_parameters = 0;
+  in.frozen_parameters = 266240;
+  CHECK(accel::estimate_memory(in).parameters == Approx(137348).epsilon(0.001));
+  in.frozen_dtype = "int8";
+  CHECK_THROWS_WITH(accel::estimate_memory(in), Catch::Contains("frozen_dtype 'int8' is not one of"));
+}
+
 TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {
   accel::MemoryEstimateInput in;
   in.num_parameters = 1000;

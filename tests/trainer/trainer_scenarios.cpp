@@ -18,6 +18,7 @@
 #include <fstream>
 #include <optional>
 
+#include "checkpoint/manifest.hpp"
 #include "dist_common.hpp"
 #include "trainer/trainer_fixture.hpp"
 
@@ -249,6 +250,50 @@ void trainer_equals_loop() {
   remove_shared(out);
 }
 
+// A checkpoint whose trainer_state.json was edited, with its manifest rewritten to agree (so the checksums
+// pass): refused before training, naming the counters (the fault campaign's silent wrong loads: a resumed run
+// trained 21, 30 or 0 steps). global_step -1 is out of range; N - 1 disagrees with the accelerator state's N.
+void trainer_edited_state(const std::string& cut_dir, const TrainingArguments& a) {
+  Accelerator probe(row_options());
+  const auto saved = checkpoint_dirs(cut_dir);
+  REQUIRE(!saved.empty());
+  const auto source = fs::path(cut_dir) / saved.back();
+  const std::int64_t step = std::stoll(saved.back().substr(std::string("checkpoint-").size()));
+  const auto edited = fs::path(cut_dir) / "edited";
+  for (const auto& [value, want] : std::vector<std::pair<std::string, std::string>>{
+           {"-1", "global_step -1 and epoch"},
+           {std::to_string(step - 1),
+            "says global_step " + std::to_string(step - 1) + ", but the accelerator"}}) {
+    if (probe.is_main_process()) {
+      fs::remove_all(edited);
+      fs::copy(source, edited, fs::copy_options::recursive);
+      const auto file = edited / "trainer_state.json";
+      std::ifstream in(file);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      in.close();
+      const std::string field = "\"global_step\": " + std::to_string(step) + ",";
+      const auto at = text.find(field);
+      REQUIRE(at != std::string::npos);
+      text.replace(at, field.size(), "\"global_step\": " + value + ",");
+      std::ofstream(file, std::ios::trunc) << text;
+      const auto m = accel::detail::read_manifest(edited.string());
+      accel::detail::write_manifest(
+          edited.string(), accel::detail::build_manifest(edited.string(), m.checkpoint_id, m.facts, {}));
+    }
+    probe.wait_for_everyone();
+    std::string error;
+    try {
+      trainer_run(
+          a, edited.string(), [](Trainer<Data>& t) { t.set_eval(data(12)); }, /*init_seed=*/99);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.find(want) != std::string::npos,
+              "resuming with global_step " << value << " gave: " << (error.empty() ? "no error" : error));
+    probe.wait_for_everyone();
+  }
+}
+
 void trainer_resume() {
   const std::string straight_dir = fresh_dir("straight"), cut_dir = fresh_dir("cut");
   auto a = base_args(straight_dir);
@@ -331,6 +376,7 @@ void trainer_resume() {
                                 << ")");
       }
     }
+    if (stop == 4) trainer_edited_state(cut_dir, a);
     if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0")
       fs::remove_all(cut_dir);
     std::vector<std::string> sync{""};

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 
 namespace accel::detail {
@@ -142,6 +143,52 @@ std::string StateIO::fingerprints() const {
   return out;
 }
 
+namespace {
+
+// An earlier checkpoint is written over only when it holds nothing but its own files: the entries its
+// manifest lists (and the manifest), or directories holding listed files. Anything else (a user's notes, a
+// log directory, a backup copy) is named, and save_state refuses. Without a readable manifest (a checkpoint
+// from before manifests, or a damaged one) it is written over as before.
+std::string added_to_checkpoint(const std::string& dir) {
+  std::set<std::string> listed;
+  try {
+    for (const auto& f : read_manifest(dir).files)
+      listed.insert(f.name);
+  } catch (const std::exception&) {
+    return {};
+  }
+  listed.insert(Manifest::kFile);
+  auto holds_listed = [&](const std::string& prefix) {
+    const auto it = listed.lower_bound(prefix + "/");
+    return it != listed.end() && it->rfind(prefix + "/", 0) == 0;
+  };
+  std::vector<std::string> foreign;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string rel = fs::relative(it->path(), dir, ec).generic_string();
+    if (it->is_directory(ec) && !it->is_symlink(ec)) {
+      if (!holds_listed(rel)) {
+        foreign.push_back(rel + "/");
+        it.disable_recursion_pending();
+      }
+    } else if (listed.count(rel) == 0) {
+      foreign.push_back(rel);
+    }
+  }
+  if (foreign.empty()) return {};
+  const std::size_t shown = std::min<std::size_t>(foreign.size(), 5);
+  std::vector<std::string> names(foreign.begin(), foreign.begin() + static_cast<std::ptrdiff_t>(shown));
+  return fmt::format(
+      "save_state: '{}' is an earlier checkpoint, but it also holds {} entr{} that save_state did not write "
+      "({}{}); writing over the checkpoint would delete them. Move them out of the checkpoint, or save to "
+      "another directory; nothing was written",
+      dir, foreign.size(), foreign.size() == 1 ? "y" : "ies", fmt::join(names, ", "),
+      foreign.size() > shown ? ", ..." : "");
+}
+
+}  // namespace
+
 std::string StateIO::foreign_content(const std::string& dir) {
   // save_state replaces the whole directory (atomically): refuse when that would delete what it did not
   // write. A checkpoint is recognised by the file every save writes; an empty directory is fine.
@@ -154,7 +201,7 @@ std::string StateIO::foreign_content(const std::string& dir) {
         "the checkpoint to another path, or remove it first; nothing was written",
         dir);
   }
-  if (fs::exists(fs::path(dir) / kStateFile, ec)) return {};
+  if (fs::exists(fs::path(dir) / kStateFile, ec)) return added_to_checkpoint(dir);
   std::vector<std::string> names;
   std::size_t count = 0;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

@@ -624,10 +624,28 @@ void TrainerBase::resume_from(const std::string& dir) {
                     "output_dir, or \"latest\"",
                     dir));
   }
-  acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
   std::ifstream in(state_file, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const TrainerState s = TrainerState::from_json(text, state_file.string());
+  // Counters out of range are refused before anything loads (a manifest rewritten to agree with an edited
+  // file passes the checksums: found by the fault campaign, a resumed run then trained 21, 30 or 0 steps).
+  constexpr std::int64_t kMaxStep = std::int64_t{1} << 53;  // exact in trainer_state.json's doubles
+  if (s.global_step < 0 || s.global_step > kMaxStep || !std::isfinite(s.epoch) || s.epoch < 0) {
+    throw CheckpointError(fmt::format(
+        "Trainer: cannot resume from '{}': its trainer_state.json holds global_step {} and epoch {}, outside "
+        "[0, 2^53] and [0, inf); the file is damaged or edited. Resume from another checkpoint; nothing was "
+        "loaded",
+        dir, s.global_step, s.epoch));
+  }
+  acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
+  // Both counters of optimizer steps were written by the same save: they agree, else one was edited.
+  if (s.global_step != acc.completed_steps()) {
+    throw CheckpointError(fmt::format(
+        "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
+        "state in the same checkpoint completed {} optimizer steps; the checkpoint is damaged or was edited. "
+        "Resume from another checkpoint",
+        dir, s.global_step, acc.completed_steps()));
+  }
   state_.global_step = s.global_step;
   state_.epoch = s.epoch;
   state_.log_history = s.log_history;

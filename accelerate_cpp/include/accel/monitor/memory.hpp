@@ -59,6 +59,11 @@ struct MemoryEstimateInput {
   /// Bytes autograd keeps for backward for one micro-batch through the whole model (optional; 0: unknown),
   /// spread evenly over the layers (over the stages without layer_parameters).
   std::uint64_t activation_bytes = 0;
+  /// Frozen elements beside the trainable ones (a LoRA or QLoRA base): no gradient, no optimizer state,
+  /// held whole on every rank in `frozen_dtype`.
+  std::uint64_t frozen_parameters = 0;
+  /// fp32 | bf16 | fp16 | 4bit (NF4/FP4 with double quantisation: 0.516 bytes) | 4bit_single (0.5625 bytes).
+  std::string frozen_dtype = "bf16";
 };
 
 /// One pipeline stage's share of training memory, per rank of that stage (estimate_pipeline_memory).
