@@ -30,7 +30,7 @@ namespace {
 
 // Tag of the parameter trigger for operators on a master (the optimizer stepping it); units are tagged by
 // their index.
-constexpr std::size_t kMasterTag = static_cast<std::size_t>(-1);
+constexpr std::size_t kUnitMasterTag = static_cast<std::size_t>(-1);
 
 /// The parameters of one unit that belong to one optimizer group, laid out flat and sharded.
 struct Flat {
@@ -157,7 +157,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         if (f.params.empty()) continue;
         f.shard = detail::shard_size(f.numel, n);
         f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, options_.offload);
-        trigger_.watch(f.master, kMasterTag);
+        trigger_.watch(f.master, kUnitMasterTag);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
         flats_.push_back(std::move(f));
@@ -334,7 +334,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   // --- called by the trigger ---
 
   void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
-    if (std::find(tags.begin(), tags.end(), kMasterTag) != tags.end()) {
+    if (std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) {
       // The user's optimizer.step() is updating the shards: units gathered before it hold old values.
       // (LibTorch's SGD writes through .data(), which version counters do not see; the storage is the same.)
       std::lock_guard lock(mu_);
@@ -345,7 +345,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   }
 
   void on_operator_end(const std::vector<std::size_t>& tags) noexcept override {
-    if (std::find(tags.begin(), tags.end(), kMasterTag) != tags.end()) return;
+    if (std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) return;
     std::lock_guard lock(mu_);
     for (auto u : tags)
       units_[u].pins -= 1;

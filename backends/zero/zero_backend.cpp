@@ -52,7 +52,7 @@ bool sole_owner(const torch::Tensor& t) {
 }
 
 /// Stage-2 bucket: a contiguous flat range [begin, end) of one group.
-struct Bucket {
+struct StageBucket {
   std::size_t group = 0;
   std::vector<std::size_t> members;  // indices into Group::params
   std::int64_t begin = 0, end = 0;
@@ -64,8 +64,8 @@ struct ParamRef {
 };
 
 // Tags of the parameter trigger: operators on a master (the optimizer stepping it) and on a model parameter.
-constexpr std::size_t kMasterTag = 0;
-constexpr std::size_t kParamTag = 1;
+constexpr std::size_t kZeroMasterTag = 0;
+constexpr std::size_t kZeroParamTag = 1;
 
 class ZeroBackend final : public Backend, private detail::TriggerClient {
  public:
@@ -106,7 +106,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
       names_.push_back(name);
       params_.push_back(p);
-      trigger_.watch(p, kParamTag);
+      trigger_.watch(p, kZeroParamTag);
     }
   }
 
@@ -299,8 +299,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
     try {
-      const bool master = std::find(tags.begin(), tags.end(), kMasterTag) != tags.end();
-      const bool param = std::find(tags.begin(), tags.end(), kParamTag) != tags.end();
+      const bool master = std::find(tags.begin(), tags.end(), kZeroMasterTag) != tags.end();
+      const bool param = std::find(tags.begin(), tags.end(), kZeroParamTag) != tags.end();
       if (master && !dirty_) {
         // The user's optimizer.step() (LibTorch's SGD writes through .data(), which version counters do not
         // see; the storage is the same): the model is stale until refreshed. Reading it without an operator
@@ -361,7 +361,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       g.master = g.master.to(torch::kCPU);
     }
     // The optimizer stepping a master is what makes the model stale: watch it.
-    trigger_.watch(g.master, kMasterTag);
+    trigger_.watch(g.master, kZeroMasterTag);
     groups_.push_back(std::move(g));
     return groups_.back().master;
   }
@@ -481,7 +481,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
         bytes.push_back(static_cast<std::uint64_t>(params_[index].numel()) * params_[index].element_size());
       for (auto& members : detail::plan_buckets(bytes, options_.bucket_bytes, options_.bucket_bytes)) {
         sizes.push_back(members.size());
-        Bucket b;
+        StageBucket b;
         b.group = gi;
         b.members = std::move(members);
         close_bucket(b);
@@ -490,7 +490,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     clock_ = detail::BucketClock(sizes);
   }
 
-  void close_bucket(Bucket& b) {
+  void close_bucket(StageBucket& b) {
     const auto& g = groups_[b.group];
     const auto first = b.members.back(), last = b.members.front();  // members are in reverse order
     b.begin = g.offset[first];
@@ -584,7 +584,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   std::vector<Group> groups_;
   std::map<std::size_t, ParamRef> ref_;
   detail::GradSentinels sentinels_;  // .grad of the managed parameters after a synchronising backward
-  std::vector<Bucket> buckets_;
+  std::vector<StageBucket> buckets_;
   detail::BucketClock clock_;
   std::vector<bool> seen_;
   bool any_seen_ = false;

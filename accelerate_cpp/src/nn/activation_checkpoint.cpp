@@ -21,15 +21,15 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 /// The autocast thread-local state that decides how a segment computes.
-struct AutocastState {
+struct AutocastSnapshot {
   bool cpu_enabled = false;
   at::ScalarType cpu_dtype = at::kBFloat16;
   bool cuda_enabled = false;
   at::ScalarType cuda_dtype = at::kHalf;
   bool cache_enabled = true;
 
-  static AutocastState current() {
-    AutocastState s;
+  static AutocastSnapshot current() {
+    AutocastSnapshot s;
     s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
     s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
     s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
@@ -54,7 +54,7 @@ struct AutocastState {
 /// deterministic, so results stay bitwise identical; the cost is one cast per parameter use in the segment.
 class AutocastScope {
  public:
-  explicit AutocastScope(AutocastState target) : saved_(AutocastState::current()) {
+  explicit AutocastScope(AutocastSnapshot target) : saved_(AutocastSnapshot::current()) {
     target.cache_enabled = false;
     target.apply();
   }
@@ -63,7 +63,7 @@ class AutocastScope {
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  AutocastState saved_;
+  AutocastSnapshot saved_;
 };
 
 /// RNG states of the CPU generator and of the CUDA generators of some devices.
@@ -123,7 +123,7 @@ class RngFork {
 struct CheckpointState : torch::CustomClassHolder {
   CheckpointSegmentList segment;
   std::optional<RngStates> rng;
-  AutocastState autocast;
+  AutocastSnapshot autocast;
   std::size_t num_user_inputs = 0;  // inputs after these are the private grad-carrying dummy
   std::size_t num_outputs = 0;
 };
@@ -240,7 +240,7 @@ std::vector<torch::Tensor> checkpoint(const CheckpointSegmentList& segment,
 
   auto state = c10::make_intrusive<detail::CheckpointState>();
   state->segment = segment;
-  state->autocast = detail::AutocastState::current();
+  state->autocast = detail::AutocastSnapshot::current();
   state->num_user_inputs = inputs.size();
   if (options.preserve_rng_state()) state->rng = detail::RngStates::capture(cuda_devices);
 

@@ -16,6 +16,11 @@
 #include <set>
 
 namespace accel::pipeline {
+namespace wire {
+/// Which step the stages run; part of every header, so that stages calling different methods fail at once.
+enum Mode : std::int64_t { kTrain = 0, kEvaluate = 1, kEvaluateLoss = 2 };
+}  // namespace wire
+using namespace wire;
 namespace {
 
 // The header before every message: one int64 tensor of kHeaderLength elements. An abort header carries the
@@ -26,9 +31,6 @@ constexpr int kHeaderLength = kDims + kMaxDims;
 constexpr int kAbortStage = kDtype, kAbortLength = kNdim;
 constexpr std::int64_t kTensorMessage = 1, kAbortMessage = 2;
 constexpr std::size_t kMaxAbortText = 4096;
-
-// Which step the stages run; part of every header, so that stages calling different methods fail at once.
-enum Mode : std::int64_t { kTrain = 0, kEvaluate = 1, kEvaluateLoss = 2 };
 
 const char* mode_name(std::int64_t mode) {
   switch (mode) {

@@ -5,6 +5,7 @@
 /// no .grad), removed again when the owner goes away. Hooks of one parameter run in the order they were
 /// added.
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
