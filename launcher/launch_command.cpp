@@ -310,6 +310,14 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
     add(env::kMaxRestarts, std::to_string(options.max_restarts));
     add(env::kConsoleTty, supervisor.console && ::isatty(STDERR_FILENO) ? "1" : "0");
     if (omp.set) add("OMP_NUM_THREADS", std::to_string(omp.threads));
+    // Accelerate's gpu_ids: the GPUs this machine's ranks see (rank k uses the k-th of them).
+    if (config.gpu_ids != "all" && !config.use_cpu) {
+      auto& e = rank.environment;
+      e.erase(std::remove_if(e.begin(), e.end(),
+                             [](const std::string& v) { return v.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0; }),
+              e.end());
+      add("CUDA_VISIBLE_DEVICES", config.gpu_ids);
+    }
     supervisor.ranks.push_back(std::move(rank));
   }
   return supervisor;

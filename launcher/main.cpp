@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "accel/errors.hpp"
 #include "commands.hpp"
@@ -21,6 +22,20 @@ int report_error(const char* message, int exit_code) {
   return exit_code;
 }
 
+// A command-line error as one line: what was wrong, which option, and where its valid values are listed.
+std::string usage_message(const CLI::App& app, const CLI::ParseError& e) {
+  std::string what = e.what();
+  std::string where = "accel-launch";
+  for (const auto* sub : app.get_subcommands())
+    where += " " + sub->get_name();
+  if (e.get_name() == "ConversionError") {
+    what +=
+        " (not of the option's type, or outside its range: counts and ranks are whole numbers up to "
+        "2147483647)";
+  }
+  return what + "; see `" + where + " --help`";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -35,8 +50,11 @@ int main(int argc, char** argv) {
   accel::launcher::setup_test_command(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11's own text ("Could not convert: --num_processes = 99999999999") in our form, with the way on.
+    return report_error(usage_message(app, e).c_str(), 2);
   } catch (const accel::launcher::RanksFailed& e) {
     std::cerr << e.what() << std::flush;
     return e.exit_code();

@@ -238,6 +238,30 @@ TEST_CASE("atomic_dir: recover_interrupted removes an old directory left after t
   CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt", "ckpt.old-notapid", "other.old-1"});
 }
 
+TEST_CASE("atomic_dir: a save removes another checkpoint's temporary directory left by a killed run") {
+  // A run killed while saving checkpoint-500 resumes from checkpoint-400 and saves checkpoint-600 next: the
+  // unfinished checkpoint-500.tmp-<pid>-<hex> (as large as a checkpoint) goes with that save. Lookalikes that
+  // are not ours stay: a file, a live process's directory, a name whose suffix is not 8 hex digits.
+  ScratchDir scratch;
+  const pid_t dead = dead_pid();
+  const fs::path stale = scratch.path() / ("checkpoint-500.tmp-" + std::to_string(dead) + "-0badcafe");
+  fs::create_directory(stale);
+  write_checkpoint(stale, 5.0f);
+  const std::string live = "checkpoint-700.tmp-" + std::to_string(::getpid()) + "-12345678";
+  fs::create_directory(scratch.path() / live);
+  const std::string user_file = "notes.tmp-" + std::to_string(dead) + "-deadbeef";
+  write_text(scratch.path() / user_file, "the user's");
+  const std::string odd = "data.tmp-" + std::to_string(dead) + "-backup";
+  fs::create_directory(scratch.path() / odd);
+  {
+    AtomicDirectory out((scratch.path() / "checkpoint-600").string());
+    write_checkpoint(out.path(), 6.0f);
+    out.commit();
+  }
+  CHECK(entries(scratch.path()) == std::set<std::string>{"checkpoint-600", live, user_file, odd});
+  CHECK(read_checkpoint(scratch.path() / "checkpoint-600") == 6.0f);
+}
+
 TEST_CASE("atomic_dir: recover_interrupted leaves temporary directories of live processes alone") {
   ScratchDir scratch;
   const fs::path dir = scratch.path() / "ckpt";

@@ -678,7 +678,7 @@ TEST_CASE("config: inline errors", "[config]") {
              Catch::StartsWith("inline.yaml:1: megatron_lm_config is not supported by accelerate-cpp: "
                                "Accelerate's Megatron-LM plugin"));
   CHECK(std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
-        "inline.yaml:1: gpu_ids: expected a string, got a sequence");
+        "inline.yaml:1: gpu_ids: expected all, or GPU indices separated by commas such as 0,1, got a sequence");
 }
 
 TEST_CASE("config: every key of the schema set to a non-default value survives save and load", "[config]") {

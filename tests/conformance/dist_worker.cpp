@@ -1020,6 +1020,10 @@ void checkpoint() {
         if (save && acc.completed_steps() == 3) acc.save_state(dir.string());
       }
     }
+    if (load) {  // every rank has read it: the next launch on this port must not meet a stale checkpoint
+      acc.wait_for_everyone();
+      if (acc.is_main_process()) std::filesystem::remove_all(dir);
+    }
     return test::snapshot(*model);
   };
   const auto full = run(true, false);

@@ -7,6 +7,10 @@
 #include "free_port.hpp"
 
 #include <accel/distributed/open_communicator.hpp>
+#include <accel/errors.hpp>
+
+#include <chrono>
+#include <string>
 
 TEST_CASE("communicator: every collective of a one-process c10d group is the identity (Gloo)") {
   for (const auto algorithm : {accel::CpuCollectives::PointToPoint, accel::CpuCollectives::Builtin}) {
@@ -19,5 +23,39 @@ TEST_CASE("communicator: every collective of a one-process c10d group is the ide
     accel::test::check_one_process_collectives(*comm, torch::kCPU);
     // The bytes were counted as the collectives ran.
     CHECK(comm->bytes(accel::Collective::ReduceScatter).calls == 2);
+  }
+}
+
+TEST_CASE("communicator: a failed rendezvous says whether the port or a missing rank is to blame") {
+  accel::ProcessState state;  // rank 0 of 2: its store waits for rank 1
+  state.world_size = 2;
+  state.local_world_size = 2;
+  accel::CommunicatorOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  SECTION("rank 1 never connects: no word about the port") {
+    state.master_port = accel::test::free_port();
+    try {
+      accel::open_communicator(state, torch::kCPU, options);
+      FAIL("the rendezvous succeeded without rank 1");
+    } catch (const accel::DistributedError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("not every one of the 2 ranks connected") != std::string::npos);
+      CHECK(what.find("port is already in use") == std::string::npos);
+    }
+  }
+  SECTION("the port is taken: said at once") {
+    const auto [fd, port] = accel::test::bound_loopback_socket(/*listen=*/true);
+    state.master_port = port;
+    try {
+      accel::open_communicator(state, torch::kCPU, options);
+      FAIL("the rendezvous succeeded on a taken port");
+    } catch (const accel::DistributedError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("the port is already in use: choose another with --main_process_port") !=
+            std::string::npos);
+    }
+    ::close(fd);
   }
 }

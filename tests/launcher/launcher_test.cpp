@@ -506,8 +506,16 @@ TEST_CASE("launcher: configuration and usage errors exit 2 before any rank start
   }
   SECTION("no subcommand") {
     const RunResult r = run({}, env);
-    CHECK(r.exit_code != 0);
-    CHECK(contains(r.err, "A subcommand is required"));
+    CHECK(r.exit_code == 2);
+    CHECK(r.err == "accel-launch: error: A subcommand is required; see `accel-launch --help`\n");
+  }
+  SECTION("a number no option takes") {
+    const RunResult r = run({"launch", "--num_processes", "99999999999", script("print_env.sh")}, env);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err ==
+          "accel-launch: error: Could not convert: --num_processes = 99999999999 (not of the option's type, "
+          "or outside its range: counts and ranks are whole numbers up to 2147483647); see `accel-launch "
+          "launch --help`\n");
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir.path(), ec)) {
@@ -527,6 +535,30 @@ TEST_CASE("launcher: dash and underscore spellings both work, and port 0 picks a
     CHECK(port > 0);
     CHECK(value_of(r.out, 1, "MASTER_PORT") == std::to_string(port));
   }
+}
+
+TEST_CASE("launcher: gpu_ids become the ranks' CUDA_VISIBLE_DEVICES, as Accelerate's launcher does") {
+  TempDir dir;
+  const std::string gpu = write_file(dir, "gpu.yaml",
+                                     "distributed_type: MULTI_GPU\nnum_processes: 2\nmain_process_port: 0\n"
+                                     "gpu_ids: '2, 0'\n");
+  const RunResult r =
+      run({"launch", "--config_file", gpu, script("print_env.sh")}, {"CUDA_VISIBLE_DEVICES=7"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(values(r.out, "CUDA_VISIBLE_DEVICES") == std::multiset<std::string>{"2,0", "2,0"});
+  // On the CPU (and with the default, all) the variable is left as it was.
+  const RunResult cpu = run({"launch", "--config_file", gpu, "--cpu", script("print_env.sh")});
+  REQUIRE(cpu.exit_code == 0);
+  CHECK(values(cpu.out, "CUDA_VISIBLE_DEVICES") == std::multiset<std::string>{"unset", "unset"});
+  // Not a list of indices: refused, naming the key, before any rank starts.
+  const std::string bad =
+      write_file(dir, "bad.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\ngpu_ids: 1.5\n");
+  const RunResult refused = run({"launch", "--config_file", bad, script("print_env.sh")});
+  CHECK(refused.exit_code == 2);
+  CHECK(contains(refused.err,
+                 "bad.yaml:3: gpu_ids: expected all, or GPU indices separated by commas such as "
+                 "0,1, got '1.5'"));
 }
 
 TEST_CASE("launcher: a config file is read and flags override it") {

@@ -118,6 +118,36 @@ Siblings find_siblings(const fs::path& dir) {
   return out;
 }
 
+// `<name>.tmp-<pid>-<8 hex digits>` (the temporary names AtomicDirectory and write_file_atomic make): the
+// pid, or -1 for any other name.
+long temporary_owner(const std::string& name) {
+  const auto at = name.rfind(".tmp-");
+  if (at == std::string::npos || at == 0) return -1;
+  const std::string rest = name.substr(at + 5);
+  const auto dash = rest.find('-');
+  if (dash == std::string::npos || dash == 0 || dash > 9 || !all_digits(rest.substr(0, dash))) return -1;
+  const std::string hex = rest.substr(dash + 1);
+  if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) return -1;
+  return std::stol(rest.substr(0, dash));
+}
+
+// Temporary directories of dead processes beside `dir`, whatever checkpoint they were for: a run killed while
+// saving `checkpoint-500` that resumes and never saves that name again would otherwise keep the unfinished
+// copy (as large as a checkpoint) for ever. Only directories named exactly as AtomicDirectory names them.
+void remove_dead_temporaries(const fs::path& parent) {
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return;
+  std::vector<fs::path> dead;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const long pid = temporary_owner(it->path().filename().string());
+    std::error_code type_ec;
+    if (pid > 0 && fs::is_directory(it->symlink_status(type_ec)) && !type_ec && !process_alive(pid))
+      dead.push_back(it->path());
+  }
+  for (const auto& d : dead)
+    fs::remove_all(d, ec);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -127,10 +157,12 @@ void recover_interrupted(const std::string& dir) {
   const Siblings siblings = find_siblings(final_path);
   std::error_code ec;
 
-  // Temporary directories of dead processes are unfinished checkpoints: never read, safe to delete.
+  // Temporary directories of dead processes are unfinished checkpoints: never read, safe to delete (this
+  // checkpoint's and, beside it, those of other checkpoints a killed run left).
   for (const auto& [temp, pid] : siblings.temp) {
     if (!process_alive(pid)) fs::remove_all(temp, ec);
   }
+  remove_dead_temporaries(parent_of(final_path));
 
   const bool final_exists = fs::exists(fs::symlink_status(final_path, ec));
   if (final_exists) {

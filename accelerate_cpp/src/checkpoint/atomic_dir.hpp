@@ -62,7 +62,9 @@ class AtomicDirectory {
 /// `dir`;
 ///   several of them: throws `CheckpointError` listing them (pick one by hand);
 /// - `dir` present and `<dir>.old-*` present (crash before the old one was removed): removes those;
-/// - `<dir>.tmp-<pid>-*` of processes no longer running on this host: removes them (others are left alone).
+/// - `<dir>.tmp-<pid>-*` of processes no longer running on this host: removes them (others are left alone),
+///   and likewise any `<name>.tmp-<pid>-<8 hex>` directory beside `dir` (another checkpoint's, from a killed
+///   run that never saved under that name again).
 /// Does nothing when there is nothing to repair; throws `CheckpointError` if a rename or removal fails.
 void recover_interrupted(const std::string& dir);
 

@@ -366,6 +366,28 @@ inline auto positive_int() {
 inline auto text() {
   return [](const Reader& r, const Entry& e) { return r.string(e); };
 }
+// `all`, or the indices of the GPUs this machine's ranks may use, comma-separated (Accelerate's gpu_ids,
+// which its launcher passes on as CUDA_VISIBLE_DEVICES): `0`, `0,1`, `'0, 2'`.
+inline auto gpu_id_list() {
+  return [](const Reader& r, const Entry& e) {
+    static const char* kExpected = "all, or GPU indices separated by commas such as 0,1";
+    std::string value = r.scalar(e, kExpected);
+    if (value == "all") return value;
+    std::string tidy;
+    std::size_t start = 0;
+    while (start <= value.size()) {
+      const auto comma = std::min(value.find(',', start), value.size());
+      auto token = value.substr(start, comma - start);
+      token.erase(0, token.find_first_not_of(' '));
+      token.erase(token.find_last_not_of(' ') + 1);
+      if (token.empty() || token.size() > 4 || token.find_first_not_of("0123456789") != std::string::npos)
+        r.fail_at(e, fmt::format("{}: expected {}, got '{}'", e.path, kExpected, value));
+      tidy += (tidy.empty() ? "" : ",") + token;
+      start = comma + 1;
+    }
+    return tidy;
+  };
+}
 inline auto positive_number(const char* expected) {
   return [=](const Reader& r, const Entry& e) { return r.number(e, 0, false, expected); };
 }

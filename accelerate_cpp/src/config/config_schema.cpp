@@ -143,7 +143,7 @@ std::vector<KeyRow> make_schema() {
       "tensorboard,csv"));
   add(setting(
       "gpu_ids", kTop, "all, or a comma-separated list such as 0,1",
-      [](auto& c) -> auto& { return c.gpu_ids; }, text(), yaml_string, "'0,1,2,3'"));
+      [](auto& c) -> auto& { return c.gpu_ids; }, gpu_id_list(), yaml_string, "'0,1,2,3'"));
   add(setting(
       "num_processes", kTop, "total number of ranks across all machines",
       [](auto& c) -> auto& { return c.num_processes; }, positive_int(), write_int, "8"));

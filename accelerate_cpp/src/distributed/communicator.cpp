@@ -187,6 +187,22 @@ class WorkHandle final : public CollectiveHandle {
   std::string what_;
 };
 
+// What to do about a failed rendezvous. Rank 0 fails at once when its port is taken, and after the timeout
+// when a rank never connected (it exited early, or runs elsewhere): the port is to blame only in the first.
+std::string rendezvous_hint(const ProcessState& st, const std::string& error) {
+  if (st.rank != 0) return "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it";
+  if (error.find("EADDRINUSE") != std::string::npos || error.find("already in use") != std::string::npos)
+    return "; the port is already in use: choose another with --main_process_port (0 picks a free one)";
+  if (error.find("waiting for clients") != std::string::npos) {
+    return fmt::format(
+        "; not every one of the {} ranks connected: check that each started and is still running "
+        "(accel-launch "
+        "names a rank that exited) and that all use this MASTER_ADDR/MASTER_PORT",
+        st.world_size);
+  }
+  return "; check that the port is free (--main_process_port) and every rank started";
+}
+
 class C10dCommunicator final : public Communicator {
  public:
   // The job's communicator: rendezvous through rank 0's TCPStore.
@@ -205,11 +221,10 @@ class C10dCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       // The time actually waited: a refused or taken port fails at once, long before the timeout.
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      throw DistributedError(fmt::format(
-          "rank {}: rendezvous with {}:{} failed after {:.1f} s (timeout {} s): {}{}", st.rank,
-          st.master_addr, st.master_port, waited, options_.timeout.count() / 1000.0, first_line(e.what()),
-          st.rank == 0 ? "; is the port already in use? choose another with --main_process_port"
-                       : "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it"));
+      throw DistributedError(
+          fmt::format("rank {}: rendezvous with {}:{} failed after {:.1f} s (timeout {} s): {}{}", st.rank,
+                      st.master_addr, st.master_port, waited, options_.timeout.count() / 1000.0,
+                      first_line(e.what()), rendezvous_hint(st, e.what())));
     }
     me_ = fmt::format("rank {}", st.rank);
     create_process_groups();
