@@ -18,8 +18,9 @@ namespace accel::launcher {
 namespace {
 
 std::string bytes_line(const MemoryReport& r) {
-  return fmt::format("parameters={} gradients={} optimizer_state={} total={}", r.parameters, r.gradients,
-                     r.optimizer_state, r.total());
+  return fmt::format("parameters={} gradients={} optimizer_state={} total={}{}", r.parameters, r.gradients,
+                     r.optimizer_state, r.total(),
+                     r.nvme > 0 ? fmt::format(" nvme={}", r.nvme) : std::string());
 }
 
 // One line per stage, then the heaviest stage's report.
@@ -117,6 +118,16 @@ void setup_estimate_memory_command(CLI::App& app) {
   cmd->add_option(
          "--frozen_dtype,--frozen-dtype", in->frozen_dtype,
          "fp32 | bf16 | fp16 | 4bit (QLoRA: NF4/FP4 with double quantisation, 0.516 B) | 4bit_single")
+      ->capture_default_str();
+  cmd->add_option("--offload_optimizer,--offload-optimizer", in->offload_optimizer,
+                  "none | cpu | nvme (zero stages 1-3: the optimizer state in files, memory keeps "
+                  "--nvme_buffer_count sub-group buffers)")
+      ->capture_default_str();
+  cmd->add_option("--sub_group_size,--sub-group-size", in->sub_group_size,
+                  "Elements per optimizer sub-group (deepspeed_config sub_group_size)")
+      ->capture_default_str();
+  cmd->add_option("--nvme_buffer_count,--nvme-buffer-count", in->nvme_buffer_count,
+                  "offload_optimizer.buffer_count: sub-group buffers in memory with nvme")
       ->capture_default_str();
   cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
                   "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")

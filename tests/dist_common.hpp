@@ -25,6 +25,11 @@ namespace dist {
 extern std::string backend_variant;
 /// Whether the row shards parameters at rest (stage 3, FULL_SHARD).
 bool params_sharded();
+/// The row without its "_nvme" suffix (the zero rows with offload_optimizer_device: nvme): "zero3_nvme" ->
+/// "zero3".
+std::string base_variant();
+/// Whether the row offloads the optimizer state to NVMe (its files under the temporary directory).
+bool nvme_variant();
 /// The config of the row, as a user's YAML would give it.
 accel::Config cpu_config(accel::MixedPrecision mp = accel::MixedPrecision::No, int accumulation = 1);
 bool close(const torch::Tensor& a, const torch::Tensor& b, double tol);

@@ -88,6 +88,16 @@ void ParameterTrigger::watch(const torch::Tensor& t, std::size_t tag) {
   tags_[t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()] = tag;
 }
 
+void ParameterTrigger::watch_live(const torch::Tensor& t, std::size_t tag) {
+  std::unique_lock lock(registry().mu);  // tags_of reads tags_ under the shared lock
+  watch(t, tag);
+}
+
+void ParameterTrigger::unwatch_live(const torch::Tensor& t) {
+  std::unique_lock lock(registry().mu);
+  tags_.erase(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+}
+
 void ParameterTrigger::start() {
   if (started_) return;
   auto& r = registry();

@@ -61,6 +61,11 @@ class ParameterTrigger {
 
   /// Reports operators on `t`'s storage with `tag`. Only before start(), or while stopped.
   void watch(const torch::Tensor& t, std::size_t tag);
+  /// The same while started (also from a client's callback, which holds no lock): tensors an engine learns
+  /// of later, such as the optimizer state it offloads. The caller keeps `t` alive while it is watched.
+  void watch_live(const torch::Tensor& t, std::size_t tag);
+  /// Stops reporting operators on `t`'s storage (watched with watch_live).
+  void unwatch_live(const torch::Tensor& t);
   /// Starts (registers with the process-wide callback); idempotent.
   void start();
   /// Stops reporting; idempotent.

@@ -150,7 +150,7 @@ void check_keys(const JsonFile& f, const Json& object, const std::string& path,
   }
 }
 
-OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::string& path) {
+OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::string& path, bool nvme_ok) {
   if (!block.is_object())
     f.fail(path, path.substr(path.rfind('.') + 1), fmt::format("{}: expected an object", path));
   if (!block.contains("device")) return OffloadDevice::None;
@@ -161,13 +161,51 @@ OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::st
   // it (which it refuses next to a JSON file): utils/dataclasses.py, plugin_to_config_mapping and fill_match.
   if (lower(text) == "none" || is_auto(d)) return OffloadDevice::None;
   if (lower(text) == "nvme") {
+    if (nvme_ok) return OffloadDevice::Nvme;
     f.fail(path + ".device", "device",
-           fmt::format("{}.device: 'nvme' (DeepSpeed's NVMe offload) is not supported by accelerate-cpp; use "
-                       "\"cpu\" or \"none\"",
+           fmt::format("{}.device: 'nvme' (DeepSpeed's NVMe offload of parameters) is not supported by "
+                       "accelerate-cpp: use \"cpu\" or \"none\" here; the optimizer state can go to NVMe "
+                       "(zero_optimization.offload_optimizer.device: \"nvme\")",
                        path));
   }
   f.fail(path + ".device", "device",
-         fmt::format("{}.device: invalid value {}; allowed values: none, cpu", path, d.dump()));
+         fmt::format("{}.device: invalid value {}; allowed values: none, cpu{}", path, d.dump(),
+                     nvme_ok ? ", nvme" : ""));
+}
+
+// zero_optimization.offload_optimizer: the device, and with nvme its files' directory and buffers
+// (DeepSpeed's defaults: buffer_count 4, pipeline_read and pipeline_write false).
+void read_offload_optimizer(const JsonFile& f, const Json& v, const std::string& p, ZeroConfig& z,
+                            std::vector<std::string>& no_effect) {
+  z.offload_optimizer_device = offload_device(f, v, p, /*nvme_ok=*/true);
+  if (z.offload_optimizer_device != OffloadDevice::Nvme) return;
+  const Json* path = v.contains("nvme_path") ? &v.at("nvme_path") : nullptr;
+  if (path == nullptr || !path->is_string() || path->get<std::string>().empty()) {
+    f.fail(p + ".nvme_path", "nvme_path",
+           fmt::format(
+               "{}.nvme_path: device \"nvme\" needs the directory for the optimizer state's files (a fast "
+               "local disk), got {}",
+               p, path == nullptr ? std::string("nothing") : path->dump()));
+  }
+  z.offload_optimizer_nvme_path = path->get<std::string>();
+  z.offload_optimizer_buffer_count = 4;
+  if (v.contains("buffer_count")) {
+    const auto n = count_or_auto(f, v.at("buffer_count"), p + ".buffer_count", "buffer_count");
+    if (n && (*n < 2 || *n > 1024)) {
+      f.fail(p + ".buffer_count", "buffer_count",
+             fmt::format("{}.buffer_count: expected 2 to 1024 sub-group buffers, got {}", p, *n));
+    }
+    if (n) z.offload_optimizer_buffer_count = static_cast<int>(*n);
+  }
+  z.offload_optimizer_pipeline_read =
+      v.contains("pipeline_read") &&
+      boolean_value(f, v.at("pipeline_read"), p + ".pipeline_read", "pipeline_read");
+  z.offload_optimizer_pipeline_write =
+      v.contains("pipeline_write") &&
+      boolean_value(f, v.at("pipeline_write"), p + ".pipeline_write", "pipeline_write");
+  for (const char* key : {"pin_memory", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc"}) {
+    if (v.contains(key)) no_effect.push_back(std::string("offload_optimizer.") + key);
+  }
 }
 
 Json parse(const std::string& path, const std::string& text) {
@@ -619,9 +657,9 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
     if (!s || *s > 3) f.fail(p, key, fmt::format("{}: expected 0, 1, 2 or 3, got {}", p, v.dump()));
     z.stage = static_cast<int>(*s);
   } else if (key == "offload_optimizer") {
-    z.offload_optimizer_device = offload_device(f, v, p);
+    read_offload_optimizer(f, v, p, z, notes.no_effect);
   } else if (key == "offload_param") {
-    z.offload_param_device = offload_device(f, v, p);
+    z.offload_param_device = offload_device(f, v, p, /*nvme_ok=*/false);
   } else if (key == "overlap_comm") {
     z.overlap_comm = boolean_value(f, v, p, key);
   } else if (key == "sub_group_size") {
@@ -759,7 +797,9 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
           "every LibTorch optimizer can be sharded");
   noticed("zero_force_ds_cpu_optimizer", "requires DeepSpeed's CPU Adam with optimizer offload",
           "CPU offload steps your own optimizer on the CPU shard");
-  noticed("aio", "asynchronous I/O settings of NVMe offload", "NVMe offload is not supported");
+  noticed("aio", "asynchronous I/O settings of NVMe offload (block size, queue depth, threads)",
+          "NVMe offload runs one I/O thread per rank with O_DIRECT reads and writes of whole sub-groups; "
+          "offload_optimizer.buffer_count, pipeline_read and pipeline_write are read");
   noticed("activation_checkpointing",
           "how deepspeed.checkpointing partitions, offloads and checks the activations of a model that "
           "checkpoints through it",

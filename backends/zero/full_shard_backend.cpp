@@ -31,6 +31,8 @@ namespace {
 // Tag of the parameter trigger for operators on a master (the optimizer stepping it); units are tagged by
 // their index.
 constexpr std::size_t kUnitMasterTag = static_cast<std::size_t>(-1);
+// With NVMe offload each master (and its optimizer state) has its own tag, from this one up (above any unit).
+constexpr std::size_t kNvmeTagBase = std::size_t{1} << 40;
 
 /// The parameters of one unit that belong to one optimizer group, laid out flat and sharded.
 struct Flat {
@@ -69,6 +71,12 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   ~FullShardBackend() override {
     trigger_.stop();
     sentinels_.clear(params_);  // the model goes back to plain LibTorch
+    if (nvme_) {
+      try {
+        nvme_->restore_all();  // an optimizer that outlives the accelerator gets its state back in memory
+      } catch (const std::exception&) {
+      }
+    }
     // Leave the whole model behind for code after the accelerator (torch::save at the end of main): every
     // rank destroys its accelerator at the same point, so gathering is collective as usual. Not during
     // unwinding, where another rank may never arrive; the parameters then stay released (and throw on use).
@@ -119,6 +127,12 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
     detail::check_shardable_optimizer(model_, optimizer, options_.name);
+    if (options_.nvme && !nvme_) {
+      nvme_ = detail::make_optimizer_offload(*options_.nvme, options_.name, comm_.rank(), optimizer, trigger_,
+                                             kNvmeTagBase);
+    } else if (options_.nvme) {
+      detail::make_optimizer_offload_check(optimizer, options_.name);
+    }
     const auto n = comm_.world_size();
     if (slot_.empty()) slot_.assign(params_.size(), std::nullopt);
     const auto first_new_flat = flats_.size();
@@ -156,8 +170,11 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         }
         if (f.params.empty()) continue;
         f.shard = detail::shard_size(f.numel, n);
-        f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, options_.offload);
-        trigger_.watch(f.master, kUnitMasterTag);
+        // NVMe offload: the shards stay in CPU memory, their optimizer state goes to the files.
+        f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_,
+                                      options_.offload || options_.nvme.has_value());
+        if (nvme_) nvme_->add_group(flats_.size(), f.master, &optimizer);
+        trigger_.watch(f.master, nvme_ ? nvme_->tag(flats_.size()) : kUnitMasterTag);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
         flats_.push_back(std::move(f));
@@ -334,18 +351,44 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   // --- called by the trigger ---
 
   void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
-    if (std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) {
+    // NVMe offload: the sub-group the optimizer is about to step comes in (the one before goes out); when a
+    // unit is used again, the step is over and its last sub-group goes out.
+    bool nvme_master = false;
+    const bool nvme_tag = std::find_if(tags.begin(), tags.end(), [](std::size_t t) {
+                            return t >= kNvmeTagBase && t != kUnitMasterTag;
+                          }) != tags.end();
+    if (nvme_) {
+      try {
+        nvme_master = nvme_->on_operator(tags);
+        if (!nvme_master && !nvme_tag) nvme_->end_step();
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format(
+                         "[accelerate-cpp] rank {}: {}: NVMe offload of the optimizer state failed: "
+                         "{}\n[accelerate-cpp] an error cannot leave LibTorch's operator callback: "
+                         "aborting this rank",
+                         comm_.rank(), options_.name, e.what())
+                  << std::endl;
+        std::abort();
+      }
+    }
+    if (nvme_master || std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) {
       // The user's optimizer.step() is updating the shards: units gathered before it hold old values.
       // (LibTorch's SGD writes through .data(), which version counters do not see; the storage is the same.)
       std::lock_guard lock(mu_);
       release_all();
       return;
     }
+    if (nvme_tag) return;  // the offloaded state read outside a step (save_state holds it in memory)
     touch(tags);
   }
 
+  void hold_optimizer_state(bool hold) override {
+    if (nvme_) nvme_->hold(hold);
+  }
+
   void on_operator_end(const std::vector<std::size_t>& tags) noexcept override {
-    if (std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) return;
+    if (std::find_if(tags.begin(), tags.end(), [](std::size_t t) { return t >= kNvmeTagBase; }) != tags.end())
+      return;
     std::lock_guard lock(mu_);
     for (auto u : tags)
       units_[u].pins -= 1;
@@ -583,6 +626,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
   detail::ParameterTrigger trigger_;
+  std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 

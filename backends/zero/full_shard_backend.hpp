@@ -17,6 +17,7 @@
 
 #include <accel/backend/backend.hpp>
 
+#include "../common/nvme_tier.hpp"
 #include "../common/unit_plan.hpp"
 
 #include <memory>
@@ -36,6 +37,8 @@ struct FullShardOptions {
   bool forward_prefetch = true;             ///< gather the next unit while the current one computes (forward)
   bool backward_prefetch = true;            ///< the same in backward
   bool offload = false;                     ///< shards (and so optimizer state) live in CPU memory
+  /// Optimizer state on NVMe between steps (offload_optimizer_device: nvme; the shards stay in CPU memory).
+  std::optional<detail::NvmeOptions> nvme;
   /// Reduce-scatter gradients on accumulation micro-steps too (DeepSpeed), instead of accumulating the
   /// unsharded gradient locally until the sync step (FSDP's no_sync).
   bool reduce_every_micro_step = false;

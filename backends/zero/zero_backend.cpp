@@ -66,6 +66,8 @@ struct ParamRef {
 // Tags of the parameter trigger: operators on a master (the optimizer stepping it) and on a model parameter.
 constexpr std::size_t kZeroMasterTag = 0;
 constexpr std::size_t kZeroParamTag = 1;
+// With NVMe offload each sub-group's master (and its optimizer state) has its own tag, from this one up.
+constexpr std::size_t kZeroGroupTagBase = 2;
 
 class ZeroBackend final : public Backend, private detail::TriggerClient {
  public:
@@ -74,6 +76,14 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   ~ZeroBackend() override {
     trigger_.stop();
+    // The optimizer may be destroyed already (declared after the accelerator): the NVMe tier must not ask it
+    // for its state from here on; an optimizer that is still alive gets its state back in memory.
+    if (nvme_) {
+      try {
+        nvme_->restore_all();
+      } catch (const std::exception&) {
+      }
+    }
     sentinels_.clear(params_);  // the model goes back to plain LibTorch
     // Leave a whole, current model behind for code after the accelerator (torch::save at the end of main):
     // every rank destroys its accelerator at the same point of the program, so the refresh is collective as
@@ -112,6 +122,13 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
     detail::check_shardable_optimizer(model_, optimizer, options_.name);
+    if (options_.nvme && !nvme_) {
+      nvme_ = detail::make_optimizer_offload(*options_.nvme, options_.name, comm_.rank(), optimizer, trigger_,
+                                             kZeroGroupTagBase);
+    } else if (options_.nvme) {
+      detail::make_optimizer_offload_check(optimizer, options_.name);
+    }
+    const std::size_t first_group = groups_.size();
     detail::Quiet quiet;
     trigger_.stop();
     for (auto& pg : optimizer.param_groups()) {
@@ -144,10 +161,18 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       if (!g.params.empty()) masters.push_back(close_group(std::move(g)));
       if (!masters.empty()) pg.params() = masters;
     }
+    if (nvme_) {
+      for (std::size_t gi = first_group; gi < groups_.size(); ++gi)
+        nvme_->add_group(gi, groups_[gi].master, &optimizer);
+    }
     buckets_.clear();
     build_buckets();
     install_hooks();
     trigger_.start();
+  }
+
+  void hold_optimizer_state(bool hold) override {
+    if (nvme_) nvme_->hold(hold);
   }
 
   void before_backward(bool sync) override {
@@ -222,6 +247,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   void sync_parameters() override {
     if (!dirty_) return;
     detail::Quiet quiet;
+    if (nvme_) nvme_->end_step();  // the step is over: its last sub-group's state goes out
     torch::NoGradGuard no_grad;
     for (auto index : owned_)
       detail::unpoison_storage(params_[index]);
@@ -299,8 +325,11 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
 
   void on_operator_start(const std::vector<std::size_t>& tags) noexcept override {
     try {
-      const bool master = std::find(tags.begin(), tags.end(), kZeroMasterTag) != tags.end();
       const bool param = std::find(tags.begin(), tags.end(), kZeroParamTag) != tags.end();
+      // With NVMe offload the sub-group the optimizer is about to step comes in (and the one before goes
+      // out).
+      const bool master = std::find(tags.begin(), tags.end(), kZeroMasterTag) != tags.end() ||
+                          (nvme_ && nvme_->on_operator(tags));
       if (master && !dirty_) {
         // The user's optimizer.step() (LibTorch's SGD writes through .data(), which version counters do not
         // see; the storage is the same): the model is stale until refreshed. Reading it without an operator
@@ -354,14 +383,15 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     // page-locked when the model is on a GPU, so that the copy to the device after each step runs at the
     // bus's speed.
     g.master = g.flat.narrow(0, comm_.rank() * g.shard, g.shard).clone();
-    if (options_.offload_optimizer && !g.master.is_cpu()) {
+    const bool offload = options_.offload_optimizer || options_.nvme;  // NVMe: the masters stay in CPU memory
+    if (offload && !g.master.is_cpu()) {
       auto host = torch::empty({g.shard}, g.master.options().device(torch::kCPU).pinned_memory(true));
       g.master = host.copy_(g.master);
-    } else if (options_.offload_optimizer) {
+    } else if (offload) {
       g.master = g.master.to(torch::kCPU);
     }
     // The optimizer stepping a master is what makes the model stale: watch it.
-    trigger_.watch(g.master, kZeroMasterTag);
+    trigger_.watch(g.master, nvme_ ? nvme_->tag(groups_.size()) : kZeroMasterTag);
     groups_.push_back(std::move(g));
     return groups_.back().master;
   }
@@ -594,6 +624,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   std::set<std::size_t> hooked_;
   std::vector<Pending> pending_;
   detail::ParameterTrigger trigger_;
+  std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 
@@ -619,6 +650,16 @@ std::optional<c10::ScalarType> save_16bit(const Config& config) {
   return config.mixed_precision == MixedPrecision::Bf16 ? torch::kBFloat16 : torch::kFloat16;
 }
 
+std::optional<detail::NvmeOptions> nvme_options(const ZeroConfig& z) {
+  if (z.offload_optimizer_device != OffloadDevice::Nvme) return std::nullopt;
+  detail::NvmeOptions o;
+  o.path = z.offload_optimizer_nvme_path;
+  o.buffer_count = z.offload_optimizer_buffer_count;
+  o.read_ahead = z.offload_optimizer_pipeline_read;
+  o.write_behind = z.offload_optimizer_pipeline_write;
+  return o;
+}
+
 std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   const auto& z = context.config->zero;
   if (z.stage == 0) return make_ddp_backend(context);
@@ -631,6 +672,7 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
     o.forward_prefetch = o.backward_prefetch = z.stage3_prefetch_bucket_size.value_or(1) > 0;
     o.offload =
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
+    o.nvme = nvme_options(z);
     o.save_16bit = save_16bit(*context.config);
     return make_full_shard_backend(context, o);
   }
@@ -642,6 +684,7 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
   o.sub_group_numel = static_cast<std::int64_t>(
       std::min<std::uint64_t>(z.sub_group_size, std::numeric_limits<std::int64_t>::max()));
   o.offload_optimizer = z.offload_optimizer_device == OffloadDevice::Cpu;
+  o.nvme = nvme_options(z);
   o.save_16bit = save_16bit(*context.config);
   return make_zero_backend(context, o);
 }

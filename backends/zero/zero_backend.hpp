@@ -17,6 +17,8 @@
 
 #include <accel/backend/backend.hpp>
 
+#include "../common/nvme_tier.hpp"
+
 #include <memory>
 #include <optional>
 
@@ -35,7 +37,9 @@ struct ZeroOptions {
   std::int64_t sub_group_numel = static_cast<std::int64_t>(ZeroConfig{}.sub_group_size);
   bool overlap_comm = true;  ///< stage 2: reduce a bucket while the next fills (else one bucket at most)
   bool offload_optimizer = false;  ///< keep master slices and optimizer state in CPU memory
-  std::string name = "zero";       ///< reported by name() ("zero" or "fsdp")
+  /// Optimizer state on NVMe between steps (offload_optimizer_device: nvme; the masters stay in CPU memory).
+  std::optional<detail::NvmeOptions> nvme;
+  std::string name = "zero";  ///< reported by name() ("zero" or "fsdp")
   /// When set, save_state also writes `model_16bit.safetensors` in this floating type.
   std::optional<c10::ScalarType> save_16bit;
 };

@@ -13,6 +13,14 @@ namespace {
 const Section kSection = "deepspeed_config";
 
 const ChoiceSet<OffloadDevice>& offload_choices() {
+  static const ChoiceSet<OffloadDevice> kSet{{{"none", OffloadDevice::None, true},
+                                              {"cpu", OffloadDevice::Cpu, true},
+                                              {"nvme", OffloadDevice::Nvme, true}},
+                                             {}};
+  return kSet;
+}
+// Parameters stay in memory (CPU at most): nvme is DeepSpeed's, but not supported here for them.
+const ChoiceSet<OffloadDevice>& param_offload_choices() {
   static const ChoiceSet<OffloadDevice> kSet{
       {{"none", OffloadDevice::None, true}, {"cpu", OffloadDevice::Cpu, true}}, {"nvme"}};
   return kSet;
@@ -25,12 +33,24 @@ std::vector<KeyRow> zero_rows() {
       "zero_stage", kSection, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)",
       [](auto& c) -> auto& { return c.zero.stage; }, int_in(0, 3, "0, 1, 2 or 3"), write_int, "3"));
   rows.push_back(setting(
-      "offload_optimizer_device", kSection, "none | cpu (needs stage >= 1)",
+      "offload_optimizer_device", kSection,
+      "none | cpu | nvme (needs stage >= 1; nvme: each sub-group's optimizer state in a file under "
+      "offload_optimizer_nvme_path between steps)",
       [](auto& c) -> auto& { return c.zero.offload_optimizer_device; }, choice(offload_choices),
       write_enum<OffloadDevice>, "cpu"));
   rows.push_back(setting(
+      "offload_optimizer_nvme_path", kSection,
+      "directory for NVMe offload's files (offload_optimizer_device: nvme)",
+      [](auto& c) -> auto& { return c.zero.offload_optimizer_nvme_path; },
+      [](const Reader& r, const Entry& e) {
+        // Accelerate writes `none` when there is no path (its default).
+        const std::string v = r.string(e);
+        return lower(v) == "none" ? std::string() : v;
+      },
+      [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
+  rows.push_back(setting(
       "offload_param_device", kSection, "none | cpu (needs stage 3)",
-      [](auto& c) -> auto& { return c.zero.offload_param_device; }, choice(offload_choices),
+      [](auto& c) -> auto& { return c.zero.offload_param_device; }, choice(param_offload_choices),
       write_enum<OffloadDevice>, "cpu"));
   {
     KeyRow r;
@@ -253,11 +273,26 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
                  "zero_stage: 3 or offload_param_device: none",
                  z.stage));
   }
-  if (z.offload_optimizer_device == OffloadDevice::Cpu && z.stage == 0) {
+  if (z.offload_optimizer_device != OffloadDevice::None && z.stage == 0) {
+    fail_key("deepspeed_config.offload_optimizer_device",
+             fmt::format(
+                 "deepspeed_config.offload_optimizer_device: {} needs zero_stage 1, 2 or 3, but zero_stage "
+                 "is 0; set zero_stage or offload_optimizer_device: none",
+                 to_string(z.offload_optimizer_device)));
+  }
+  if (z.offload_optimizer_device == OffloadDevice::Nvme && z.offload_optimizer_nvme_path.empty()) {
     fail_key(
         "deepspeed_config.offload_optimizer_device",
-        "deepspeed_config.offload_optimizer_device: cpu needs zero_stage 1, 2 or 3, but zero_stage is 0; set "
-        "zero_stage or offload_optimizer_device: none");
+        "deepspeed_config.offload_optimizer_device: nvme needs offload_optimizer_nvme_path (in a DeepSpeed "
+        "JSON file: offload_optimizer.nvme_path), a directory on a fast local disk for the optimizer "
+        "state's files");
+  }
+  if (z.offload_optimizer_buffer_count < 2) {
+    fail_key(
+        "deepspeed_config.offload_optimizer_device",
+        fmt::format("offload_optimizer.buffer_count ({}) must be at least 2: the sub-group being stepped and "
+                    "the one read ahead",
+                    z.offload_optimizer_buffer_count));
   }
   if (!(z.gradient_clipping >= 0) || !std::isfinite(z.gradient_clipping)) {
     fail_key("deepspeed_config.gradient_clipping",
@@ -325,8 +360,18 @@ void ask_zero(Questions& q, Config& config) {
                                                {"cpu", "CPU memory"}};
   const std::vector<OffloadDevice> device_kinds = {OffloadDevice::None, OffloadDevice::Cpu};
   if (zero.stage >= 1) {
+    const std::vector<QuestionChoice> optimizer_devices = {
+        {"none", "keep it on the training device"},
+        {"cpu", "CPU memory"},
+        {"nvme", "files on a fast local disk (ZeRO-Infinity), for state larger than memory"}};
+    const std::vector<OffloadDevice> optimizer_kinds = {OffloadDevice::None, OffloadDevice::Cpu,
+                                                        OffloadDevice::Nvme};
     zero.offload_optimizer_device =
-        device_kinds[q.ask_choice("Where should the optimizer state be offloaded?", devices, 0)];
+        optimizer_kinds[q.ask_choice("Where should the optimizer state be offloaded?", optimizer_devices, 0)];
+    if (zero.offload_optimizer_device == OffloadDevice::Nvme) {
+      zero.offload_optimizer_nvme_path = q.ask_text(
+          "Which directory should hold the optimizer state's files (a fast local disk)?", "/local_nvme");
+    }
   }
   if (zero.stage == 3) {
     zero.offload_param_device =
@@ -380,10 +425,9 @@ BackendPart zero_config_part() {
   noticed("deepspeed_moe_layer_cls_names", AsksNothingWhen::Empty, "",
           "ZeRO-3 gathers the named MoE blocks whole (DeepSpeed's set_z3_leaf_modules)",
           "ignored: it decides how ZeRO-3 gathers those blocks, not what is computed");
-  for (const char* nvme : {"offload_optimizer_nvme_path", "offload_param_nvme_path"}) {
-    noticed(nvme, AsksNothingWhen::Value, "none", "where NVMe offload keeps its files",
-            "ignored: used only with an nvme offload device, which accelerate-cpp refuses");
-  }
+  noticed("offload_param_nvme_path", AsksNothingWhen::Value, "none", "where NVMe offload keeps parameters",
+          "ignored: used only with offload_param_device: nvme, which accelerate-cpp refuses (NVMe offload "
+          "covers the optimizer state: offload_optimizer_device: nvme)");
   noticed("seq_parallel_communication_data_type", AsksNothingWhen::Empty, "",
           "a DeepSpeed JSON key (the dtype of Ulysses sequence parallelism's all-to-alls) that Accelerate's "
           "launcher does not read from the YAML either",

@@ -4,11 +4,18 @@
 
 #include "../../backends/common/buckets.hpp"
 #include "../../backends/common/chunk_pipeline.hpp"
+#include "../../backends/common/nvme_tier.hpp"
 #include "../../backends/common/param_trigger.hpp"
 #include "../../backends/common/unit_plan.hpp"
 
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -261,4 +268,126 @@ TEST_CASE("auto bucket sizes: hidden size is the most common input width of the 
         static_cast<std::uint64_t>(0.9 * 1024 * 1024) * 2u);
   CHECK(accel::backends::auto_bucket_bytes(*block, 1.0, 4) == 1u << 20);  // 64² x 4 B = 16 KiB: the floor
   CHECK(accel::backends::auto_bucket_bytes(*no_matrix, 1.0, 4) == 500000000u);  // DeepSpeed's default
+}
+
+// --- the NVMe tier of ZeRO-Infinity (backends/common/nvme_tier.hpp) ---
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "accel_nvme_test_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path path;
+};
+
+std::size_t count_entries(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "nvme tier: a sub-group's state goes to its file and comes back bit for bit, memory freed between") {
+  TempDir root;
+  std::string dir;
+  {
+    namespace d = accel::backends::detail;
+    d::NvmeOptions options;
+    options.path = root.path.string();
+    options.buffer_count = 2;
+    d::NvmeTier tier(options, "test");
+    dir = tier.directory();
+    CHECK(fs::is_directory(dir));
+    torch::manual_seed(0);
+    // Three sub-groups of odd sizes and two dtypes (offsets aligned per tensor).
+    std::vector<std::vector<torch::Tensor>> groups = {
+        {torch::randn({1000}), torch::randn({1000})},
+        {torch::randn({7}), torch::randn({3, 5}).to(torch::kFloat64)},
+        {torch::randn({4097})}};
+    std::vector<std::vector<torch::Tensor>> copies;
+    for (const auto& g : groups) {
+      copies.emplace_back();
+      for (const auto& t : g)
+        copies.back().push_back(t.clone());
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      tier.evict(g, groups[g]);
+    tier.drain();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      CHECK(tier.evicted(g));
+      for (const auto& t : groups[g]) {
+        CHECK(t.storage().nbytes() == 0);  // no memory held
+        CHECK_THROWS_WITH(t.data_ptr(), Catch::Contains("lives on NVMe between steps"));
+      }
+    }
+    CHECK(count_entries(dir) == 3);
+    // Read ahead, then load: every value as it was; an update then survives another round trip.
+    tier.prefetch(1);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      tier.load(g);
+      for (std::size_t k = 0; k < groups[g].size(); ++k)
+        CHECK(torch::equal(groups[g][k], copies[g][k]));
+      groups[g][0].add_(1.0);
+      tier.evict(g, groups[g]);
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      tier.load(g);
+      CHECK(torch::equal(groups[g][0], copies[g][0] + 1.0));
+    }
+    CHECK(tier.bytes_written() >= 6u * 4096u);
+    CHECK(tier.bytes_read() > 0);
+    // Two buffers: the one loaded and one more; never the whole state at once while it moves.
+    CHECK(tier.slab_bytes_peak() < 3u * (8192u + 4096u + 20480u));
+  }
+  CHECK_FALSE(fs::exists(dir));          // the files are scratch space: gone with the tier
+  CHECK(count_entries(root.path) == 0);  // and the process's directory, which it was the last tier of
+}
+
+TEST_CASE("nvme tier: the swap directory of a killed process is removed, a live one's is kept") {
+  TempDir root;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string h = host;
+  for (auto& c : h) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '-';
+  }
+  const fs::path stale = root.path / ("accel_nvme_" + h + "_" + std::to_string(child));
+  fs::create_directories(stale);
+  std::ofstream(stale / "group_0.swp") << std::string(5000, 'x');
+  const fs::path live = root.path / ("accel_nvme_" + h + "_1");  // init: alive
+  fs::create_directories(live);
+  const fs::path other_host = root.path / ("accel_nvme_elsewhere_" + std::to_string(child));
+  fs::create_directories(other_host);
+  accel::backends::detail::NvmeOptions options;
+  options.path = root.path.string();
+  accel::backends::detail::NvmeTier tier(options, "test");
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other_host));
+  CHECK_THAT(tier.notice(), Catch::Contains("removed 1 swap directory of killed runs"));
+}
+
+TEST_CASE("nvme tier: an nvme_path that cannot be a directory is a clear error naming it") {
+  TempDir root;
+  const auto file = root.path / "a_file";
+  std::ofstream(file) << "x";
+  accel::backends::detail::NvmeOptions options;
+  options.path = (file / "sub").string();
+  CHECK_THROWS_WITH(accel::backends::detail::NvmeTier(options, "zero rank 0"),
+                    Catch::Contains("zero rank 0: cannot use nvme_path '" + options.path + "'"));
 }

@@ -583,9 +583,11 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "no torch.compile); set dynamo_backend: 'NO' or remove it");
   CHECK(bad_file_message("wrong_type.yaml") ==
         "wrong_type.yaml:1: num_processes: expected a positive integer, got a mapping");
-  CHECK(bad_file_message("nvme.yaml") ==
-        "nvme.yaml:5: deepspeed_config.offload_optimizer_device: 'nvme' is not supported by accelerate-cpp; "
-        "allowed values: none, cpu");
+  CHECK(
+      bad_file_message("nvme.yaml") ==
+      "nvme.yaml:5: deepspeed_config.offload_optimizer_device: nvme needs offload_optimizer_nvme_path (in a "
+      "DeepSpeed JSON file: offload_optimizer.nvme_path), a directory on a fast local disk for the optimizer "
+      "state's files");
   CHECK(
       bad_file_message("config_version.yaml") ==
       "config_version.yaml:1: config_version: this build of accelerate-cpp reads config_version 1 only, got "
@@ -627,7 +629,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
   CHECK(
       bad_file_message("deepspeed_unknown_key.yaml") ==
       "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
-      "deepspeed_config: zero_stage, offload_optimizer_device, offload_param_device, "
+      "deepspeed_config: zero_stage, offload_optimizer_device, offload_optimizer_nvme_path, "
+      "offload_param_device, "
       "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
       "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, stage3_prefetch_bucket_size, "
       "activation_checkpointing, fp16_loss_scale, fp16_initial_scale_power, fp16_loss_scale_window, "
@@ -677,8 +680,9 @@ TEST_CASE("config: inline errors", "[config]") {
   CHECK_THAT(std::string(string_error("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n").what()),
              Catch::StartsWith("inline.yaml:1: megatron_lm_config is not supported by accelerate-cpp: "
                                "Accelerate's Megatron-LM plugin"));
-  CHECK(std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
-        "inline.yaml:1: gpu_ids: expected all, or GPU indices separated by commas such as 0,1, got a sequence");
+  CHECK(
+      std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
+      "inline.yaml:1: gpu_ids: expected all, or GPU indices separated by commas such as 0,1, got a sequence");
 }
 
 TEST_CASE("config: every key of the schema set to a non-default value survives save and load", "[config]") {
@@ -818,6 +822,39 @@ TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's Ze
   const auto back = accel::Config::load_string(c.to_yaml());
   CHECK(back == c);
   CHECK(back.to_yaml().find("deepspeed_config_file") == std::string::npos);
+}
+
+TEST_CASE("config: NVMe offload of the optimizer state, from the YAML and from a DeepSpeed JSON file",
+          "[config]") {
+  const auto yaml = accel::Config::load_string(
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+      "  offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: /local_nvme\n");
+  CHECK(yaml.zero.offload_optimizer_device == accel::OffloadDevice::Nvme);
+  CHECK(yaml.zero.offload_optimizer_nvme_path == "/local_nvme");
+  CHECK(yaml.zero.offload_optimizer_pipeline_read);  // ours: on (results are the same either way)
+  // Written back and read again: the same settings.
+  CHECK(accel::Config::load_string(yaml.to_yaml()) == yaml);
+  // DeepSpeed's keys and defaults (buffer_count 4, no pipelining unless asked).
+  DeepSpeedFiles files;
+  const auto path = files.write("nvme.json",
+                                "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": "
+                                "\"nvme\", \"nvme_path\": \"/local_nvme\", \"buffer_count\": 6, "
+                                "\"pipeline_read\": true, \"pin_memory\": true}}}");
+  const auto json = accel::Config::load_file(files.yaml(path));
+  CHECK(json.zero.offload_optimizer_device == accel::OffloadDevice::Nvme);
+  CHECK(json.zero.offload_optimizer_nvme_path == "/local_nvme");
+  CHECK(json.zero.offload_optimizer_buffer_count == 6);
+  CHECK(json.zero.offload_optimizer_pipeline_read);
+  CHECK_FALSE(json.zero.offload_optimizer_pipeline_write);
+  std::string notices;
+  for (const auto& n : json.notices)
+    notices += n + "\n";
+  CHECK_THAT(notices, Catch::Contains("offload_optimizer.pin_memory"));
+  // Parameters stay in memory: refused with the way on.
+  CHECK_THROWS_WITH(
+      accel::Config::load_string("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"
+                                 "  offload_param_device: nvme\n"),
+      Catch::Contains("offload_param_device: 'nvme' is not supported"));
 }
 
 TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and unknown keys", "[config]") {
@@ -1167,7 +1204,13 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(error_of("{\"zero_optimization\": {\"offload_param\": {\"devic\": \"cpu\"}}}"),
              Catch::Contains("(did you mean 'device'?)"));
   CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}"),
-             Catch::Contains("'nvme' (DeepSpeed's NVMe offload) is not supported"));
+             Catch::Contains("'nvme' (DeepSpeed's NVMe offload of parameters) is not supported"));
+  CHECK_THAT(
+      error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}"),
+      Catch::Contains("offload_optimizer.nvme_path: device \"nvme\" needs the directory"));
+  CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
+                      "\"nvme_path\": \"/x\", \"buffer_count\": 1}}}"),
+             Catch::Contains("offload_optimizer.buffer_count: expected 2 to 1024 sub-group buffers, got 1"));
   CHECK_THAT(error_of("{\"bf16\": {\"enabled\": true}}", "mixed_precision: fp16\n"),
              Catch::Contains("enables bf16 but the config's mixed_precision is 'fp16'"));
   CHECK_THAT(error_of("{\"gradient_accumulation_steps\": 4}", "gradient_accumulation_steps: 2\n"),
@@ -1219,6 +1262,27 @@ TEST_CASE("estimate_memory: a frozen LoRA or QLoRA base adds its bytes only", "[
   CHECK(accel::estimate_memory(in).parameters == Approx(137348).epsilon(0.001));
   in.frozen_dtype = "int8";
   CHECK_THROWS_WITH(accel::estimate_memory(in), Catch::Contains("frozen_dtype 'int8' is not one of"));
+}
+
+TEST_CASE("estimate_memory: NVMe offload moves the optimizer state to disk but its sub-group buffers",
+          "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 100663296;
+  in.num_processes = 2;
+  in.backend = "zero";
+  in.zero_stage = 3;
+  const auto memory = accel::estimate_memory(in);
+  in.offload_optimizer = "nvme";
+  in.sub_group_size = 4194304;
+  const auto nvme = accel::estimate_memory(in);
+  CHECK(nvme.nvme == memory.optimizer_state);  // Adam's two moments of this rank's shard, on disk
+  CHECK(nvme.optimizer_state == 4ULL * 2 * 4 * (4194304 / 2));  // 4 buffers of one sub-group's slice
+  CHECK(nvme.parameters == memory.parameters);
+  CHECK(nvme.gradients == memory.gradients);
+  CHECK(nvme.total() == memory.total() - memory.optimizer_state + nvme.optimizer_state);
+  in.zero_stage = 0;
+  CHECK_THROWS_WITH(accel::estimate_memory(in),
+                    Catch::Contains("needs --backend zero with --zero_stage 1, 2 or 3"));
 }
 
 TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {

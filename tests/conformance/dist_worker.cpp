@@ -27,6 +27,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "dist_common.hpp"
 #include "scenario_main.hpp"
 
@@ -36,8 +38,18 @@ namespace dist {
 
 std::string backend_variant = "ddp";
 
+bool nvme_variant() {
+  const std::string suffix = "_nvme";
+  return backend_variant.size() > suffix.size() &&
+         backend_variant.compare(backend_variant.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string base_variant() {
+  return nvme_variant() ? backend_variant.substr(0, backend_variant.size() - 5) : backend_variant;
+}
+
 bool params_sharded() {
-  return backend_variant == "zero3" || backend_variant == "fsdp_full_shard";
+  return base_variant() == "zero3" || backend_variant == "fsdp_full_shard";
 }
 
 accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
@@ -47,18 +59,26 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
   c.collective_timeout_seconds = 60;
   const bool peak =
       std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak";
-  if (backend_variant == "zero1" || backend_variant == "zero2" || backend_variant == "zero3" ||
-      backend_variant == "zero2_no_overlap" || backend_variant == "zero2_auto") {
+  const std::string variant = base_variant();
+  if (variant == "zero1" || variant == "zero2" || variant == "zero3" || variant == "zero2_no_overlap" ||
+      variant == "zero2_auto") {
     c.backend = "zero";
-    c.zero.stage = backend_variant[4] - '0';
-    c.zero.overlap_comm = backend_variant != "zero2_no_overlap";
+    c.zero.stage = variant[4] - '0';
+    c.zero.overlap_comm = variant != "zero2_no_overlap";
+    if (nvme_variant()) {
+      // ZeRO-Infinity: every sub-group's optimizer state in a file between steps (the files under this
+      // process's own directory there, removed at exit); few buffers, so that most of it is out at any time.
+      c.zero.offload_optimizer_device = OffloadDevice::Nvme;
+      c.zero.offload_optimizer_nvme_path = std::filesystem::temp_directory_path().string();
+      c.zero.offload_optimizer_buffer_count = 2;
+    }
     // Several buckets and optimizer sub-groups (each its own flat buffer, master slice and all-gather) even
     // for the small test model; the `peak` scenario's model (8.4 MB) gets ~30 of each. reduce_bucket_size
     // counts elements, as DeepSpeed's (75000 fp32 values: 300 kB).
     c.zero.reduce_bucket_size = peak ? 75000 : 150;
     c.zero.sub_group_size = peak ? 75000 : 100;
     // DeepSpeed's "auto": hidden_size² elements from the model at prepare (several buckets here too).
-    if (backend_variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
+    if (variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
   } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
              backend_variant == "fsdp_full_shard") {
     c.backend = "fsdp";
@@ -545,7 +565,7 @@ std::vector<torch::Tensor> train_distributed(Accelerator& acc, int steps, std::s
       std::uint64_t shards = 0;
       for (const auto& master : opt->param_groups()[0].params())
         shards += static_cast<std::uint64_t>(master.numel()) * 4;
-      if (backend_variant == "zero3") {
+      if (base_variant() == "zero3") {
         CHECK_MSG(held <= shards,
                   "zero3 holds " << held << " gradient bytes between micro-steps, shards are " << shards);
       } else {
@@ -1030,6 +1050,96 @@ void checkpoint() {
   const auto resumed = run(false, true);
   for (std::size_t k = 0; k < full.size(); ++k)
     CHECK_MSG(torch::equal(full[k], resumed[k]), "resume differs");
+}
+
+// ZeRO-Infinity (offload_optimizer_device: nvme) on the *_nvme rows: the run equals, bit for bit, the same
+// stage and ranks with the state in memory (weights every step, and the optimizer state at the end); between
+// steps no optimizer state tensor holds memory and this process's swap directory holds the files; when the
+// accelerator ends, the files are gone and an optimizer that outlives it holds its state in memory again.
+std::filesystem::path nvme_swap_dir() {
+  std::filesystem::path found;
+  const std::string suffix = "_" + std::to_string(::getpid());
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path())) {
+    const auto name = e.path().filename().string();
+    if (name.rfind("accel_nvme_", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      found = e.path();
+  }
+  return found;
+}
+
+void nvme() {
+  if (!nvme_variant()) throw std::invalid_argument("nvme runs on the *_nvme rows, not " + backend_variant);
+  struct Run {
+    std::vector<std::vector<torch::Tensor>> weights;  // after every step
+    std::vector<torch::Tensor> state;                 // the optimizer's, at the end
+  };
+  auto run = [](bool offload) {
+    Run out;
+    torch::manual_seed(0);
+    Mlp model(6, 0.0);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+    {
+      Config c = cpu_config();
+      if (!offload) c.zero.offload_optimizer_device = OffloadDevice::None;
+      Accelerator acc(AcceleratorOptions().config(c));
+      acc.set_seed(5);
+      acc.prepare(model, opt);
+      auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+          Regression(48).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        for (auto& b : *loader) {
+          opt.zero_grad();
+          acc.backward(torch::mse_loss(model(b.data), b.target));
+          opt.step();
+          acc.wait_for_everyone();  // a step boundary: the model is refreshed, the last sub-group written
+          out.weights.push_back(test::snapshot(*model));
+          if (!offload) continue;
+          std::size_t held = 0, tensors = 0;
+          for (const auto& [key, st] : opt.state()) {
+            const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
+            for (const auto& t : {a.exp_avg(), a.exp_avg_sq()}) {
+              ++tensors;
+              held += t.storage().nbytes();
+            }
+          }
+          CHECK_MSG(tensors > 2 && held == 0,
+                    held << " bytes of " << tensors << " optimizer state tensors in memory between steps");
+          const auto dir = nvme_swap_dir();
+          std::size_t files = 0;
+          if (!dir.empty()) {
+            for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
+              files += f.is_regular_file() ? 1 : 0;
+          }
+          CHECK_MSG(files == tensors / 2, "swap directory '" << dir.string() << "' holds " << files
+                                                             << " files for " << tensors / 2
+                                                             << " sub-groups");
+        }
+      }
+    }
+    if (offload) CHECK_MSG(nvme_swap_dir().empty(), "the swap directory outlived the accelerator");
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& p : group.params()) {
+        const auto it = opt.state().find(p.unsafeGetTensorImpl());
+        if (it == opt.state().end()) continue;
+        const auto& a = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        out.state.push_back(a.exp_avg().clone());  // throws if it was left on disk
+        out.state.push_back(a.exp_avg_sq().clone());
+      }
+    }
+    return out;
+  };
+  const Run memory = run(false), offloaded = run(true);
+  REQUIRE(memory.weights.size() == offloaded.weights.size());
+  for (std::size_t s = 0; s < memory.weights.size(); ++s) {
+    for (std::size_t k = 0; k < memory.weights[s].size(); ++k)
+      CHECK_MSG(torch::equal(memory.weights[s][k], offloaded.weights[s][k]),
+                "step " << s + 1 << ": weight " << k << " differs with the optimizer state on NVMe");
+  }
+  REQUIRE(memory.state.size() == offloaded.state.size());
+  for (std::size_t k = 0; k < memory.state.size(); ++k)
+    CHECK_MSG(torch::equal(memory.state[k], offloaded.state[k]),
+              "optimizer state tensor " << k << " differs");
 }
 
 // Resharded checkpoints of a GAN-shaped loop (two models, two optimizers, the first model also receiving
@@ -1525,6 +1635,7 @@ int main(int argc, char** argv) {
       {"debug_missing", debug_missing},
       {"unused", unused},
       {"checkpoint", checkpoint},
+      {"nvme", nvme},
       {"process", process},
       {"peer_gone", peer_gone},
       {"sharding", sharding},

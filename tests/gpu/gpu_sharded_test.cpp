@@ -118,7 +118,8 @@ TEST_CASE("gpu: ZeRO 1-3 and FSDP at world size 1 on cuda:0 train like the local
 }
 
 TEST_CASE(
-    "gpu: ZeRO-3 and FSDP offload parameters to the CPU from a GPU run and train like the GPU-only run") {
+    "gpu: ZeRO and FSDP offload to the CPU (and ZeRO the optimizer state to NVMe) from a GPU run and train "
+    "like the GPU-only run") {
   const Trained gpu_only = adam_steps(gpu_config());
   const std::vector<Row> offloads = {
       {"zero stage 3, offload_param_device and offload_optimizer_device cpu",
@@ -136,6 +137,20 @@ TEST_CASE(
        [](Config& c) {
          c.backend = "zero", c.zero.stage = 1;
          c.zero.offload_optimizer_device = accel::OffloadDevice::Cpu;
+       }},
+      {"zero stage 3, offload_optimizer_device nvme (the state in files between steps)",
+       [](Config& c) {
+         c.backend = "zero", c.zero.stage = 3;
+         c.zero.offload_optimizer_device = accel::OffloadDevice::Nvme;
+         c.zero.offload_optimizer_nvme_path = std::filesystem::temp_directory_path().string();
+       }},
+      {"zero stage 2, offload_optimizer_device nvme, small sub-groups",
+       [](Config& c) {
+         c.backend = "zero", c.zero.stage = 2;
+         c.zero.sub_group_size = 100;
+         c.zero.offload_optimizer_device = accel::OffloadDevice::Nvme;
+         c.zero.offload_optimizer_nvme_path = std::filesystem::temp_directory_path().string();
+         c.zero.offload_optimizer_buffer_count = 2;
        }},
       {"fsdp FULL_SHARD, fsdp_offload_params",
        [](Config& c) { c.backend = "fsdp", c.fsdp.offload_params = true; }},

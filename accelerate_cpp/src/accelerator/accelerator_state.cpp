@@ -17,6 +17,36 @@ namespace accel {
 namespace {
 namespace fs = std::filesystem;
 
+// Optimizer state an engine keeps out of memory between steps (NVMe offload) is in memory while a checkpoint
+// reads or replaces it, and goes out again after (an error doing so is reported, except while unwinding).
+class HeldOptimizerState {
+ public:
+  explicit HeldOptimizerState(std::vector<detail::PreparedModel>& models) : models_(models) {
+    for (auto& m : models_)
+      m.engine->hold_optimizer_state(true);
+  }
+  ~HeldOptimizerState() {
+    if (released_) return;
+    for (auto& m : models_) {
+      try {
+        m.engine->hold_optimizer_state(false);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  void release() {
+    released_ = true;
+    for (auto& m : models_)
+      m.engine->hold_optimizer_state(false);
+  }
+  HeldOptimizerState(const HeldOptimizerState&) = delete;
+  HeldOptimizerState& operator=(const HeldOptimizerState&) = delete;
+
+ private:
+  std::vector<detail::PreparedModel>& models_;
+  bool released_ = false;
+};
+
 // The complete automatic checkpoints under `root` (`checkpoint_<n>` with its state file; temporary and
 // interrupted ones never match), oldest first.
 std::vector<std::pair<long long, fs::path>> automatic_checkpoints(const fs::path& root) {
@@ -75,11 +105,15 @@ detail::StateParts Accelerator::state_parts() {
 
 void Accelerator::save_state(const std::string& dir) {
   sync_parameters();  // collective: the models must be current before rank 0 writes them
+  HeldOptimizerState held(prepared_.models);
   detail::StateIO(state_parts()).save(dir, clock_.counters(), checkpointing_.save_hooks);
+  held.release();
 }
 
 void Accelerator::load_state(const std::string& dir) {
+  HeldOptimizerState held(prepared_.models);
   clock_.restore(detail::StateIO(state_parts()).load(dir, checkpointing_.load_hooks));
+  held.release();
   prepared_.stashed_grads.clear();
   if (autocast_.on) at::autocast::clear_cache();
 }

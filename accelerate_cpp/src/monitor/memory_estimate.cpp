@@ -61,8 +61,10 @@ Config estimate_config(const MemoryEstimateInput& in) {
 std::string MemoryReport::to_string() const {
   auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   return fmt::format(
-      "parameters: {:.3f} MiB\ngradients: {:.3f} MiB\noptimizer state: {:.3f} MiB\ntotal: {:.3f} MiB",
-      mib(parameters), mib(gradients), mib(optimizer_state), mib(total()));
+      "parameters: {:.3f} MiB\ngradients: {:.3f} MiB\noptimizer state: {:.3f} MiB\ntotal: {:.3f} MiB{}",
+      mib(parameters), mib(gradients), mib(optimizer_state), mib(total()),
+      nvme > 0 ? fmt::format("\noptimizer state on NVMe (files, not memory): {:.3f} MiB", mib(nvme))
+               : std::string());
 }
 
 namespace {
@@ -247,6 +249,26 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
              return a.state.total() < b.state.total();
            })->state;
   r.parameters += frozen_bytes(in);
+  if (in.offload_optimizer == "nvme") {
+    if (in.backend != "zero" || in.zero_stage < 1) {
+      throw field_error("offload_optimizer",
+                        "offload_optimizer nvme needs --backend zero with --zero_stage 1, 2 "
+                        "or 3");
+    }
+    if (in.nvme_buffer_count < 2)
+      throw field_error("nvme_buffer_count", "nvme_buffer_count must be at least 2");
+    // The state moves to the files; memory keeps the buffers of a few sub-groups (the one stepped, one read
+    // ahead, the rest written behind), each a sub-group's slice of every state tensor.
+    const auto states = static_cast<std::uint64_t>(optimizer_states(in));
+    const auto n = static_cast<std::uint64_t>(in.num_processes);
+    const std::uint64_t slice = (std::max<std::uint64_t>(in.sub_group_size, 1) + n - 1) / n;
+    const std::uint64_t buffers = static_cast<std::uint64_t>(in.nvme_buffer_count) * states * slice * 4;
+    r.nvme = r.optimizer_state;
+    r.optimizer_state = std::min(r.optimizer_state, buffers);
+  } else if (in.offload_optimizer != "none" && in.offload_optimizer != "cpu") {
+    throw field_error("offload_optimizer", fmt::format("offload_optimizer '{}' is not one of none, cpu, nvme",
+                                                       in.offload_optimizer));
+  }
   return r;
 }
 

@@ -94,6 +94,10 @@ class Backend {
   /// backends also do it by themselves before the next operator reads a parameter. Cheap when nothing
   /// changed. Collective.
   virtual void sync_parameters() {}
+  /// While `hold` is true, optimizer state the engine keeps out of memory between steps (ZeRO's NVMe offload)
+  /// is in memory, in the optimizer's own tensors: save_state and load_state read and replace it whole. When
+  /// it turns false, the engine takes the (possibly replaced) state out again. Default: nothing to do.
+  virtual void hold_optimizer_state(bool /*hold*/) {}
   /// Communication buffers that hold gradients (DDP buckets ...), counted by memory_report.
   virtual std::vector<torch::Tensor> gradient_buffers() const { return {}; }
   /// Buffers that hold parameters but are no parameter's storage yet (a unit being gathered), counted by

@@ -65,8 +65,9 @@ enum class StateDictType {
   ShardedStateDict  ///< one shard per rank
 };
 
-/// Where ZeRO offloads optimizer state or parameters (`offload_*_device:`; `nvme` is not supported).
-enum class OffloadDevice { None, Cpu };
+/// Where ZeRO offloads optimizer state or parameters (`offload_*_device:`). `nvme` (DeepSpeed's
+/// ZeRO-Infinity) is taken for the optimizer state; parameters on NVMe are not supported.
+enum class OffloadDevice { None, Cpu, Nvme };
 
 /// Settings of the `fsdp` backend (YAML section `fsdp_config:`, keys prefixed `fsdp_`).
 /// `pipeline_config:` section: pipeline parallelism (`<accel/parallel/pipeline.hpp>`,
@@ -128,8 +129,20 @@ struct FsdpConfig {
 struct ZeroConfig {
   /// `zero_stage`: 0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
   int stage = 2;
-  /// `offload_optimizer_device`: `none` or `cpu` (needs stage >= 1).
+  /// `offload_optimizer_device`: `none`, `cpu` or `nvme` (needs stage >= 1). With `nvme` the fp32 master
+  /// slices stay in CPU memory and the optimizer's state of each sub-group lives in a file under
+  /// `offload_optimizer_nvme_path` between the optimizer's visits.
   OffloadDevice offload_optimizer_device = OffloadDevice::None;
+  /// `offload_optimizer_nvme_path`: the directory for NVMe offload's files (a fast local disk).
+  std::string offload_optimizer_nvme_path;
+  /// DeepSpeed JSON `offload_optimizer.buffer_count`: sub-group buffers alive at once (at least 2: the one
+  /// stepped, the one read ahead; the rest are writes in flight).
+  int offload_optimizer_buffer_count = 4;
+  /// DeepSpeed JSON `offload_optimizer.pipeline_read` / `pipeline_write`: read the next sub-group while one
+  /// is stepped / write the last while the next is stepped. Results are the same either way. Ours default to
+  /// true (DeepSpeed's to false: a JSON file that leaves them out gets DeepSpeed's synchronous swapping).
+  bool offload_optimizer_pipeline_read = true;
+  bool offload_optimizer_pipeline_write = true;
   /// `offload_param_device`: `none` or `cpu` (needs stage 3).
   OffloadDevice offload_param_device = OffloadDevice::None;
   /// `gradient_clipping`: max global gradient norm; 0 disables clipping.

@@ -15,6 +15,9 @@ struct MemoryReport {
   std::uint64_t gradients = 0;   ///< gradients of both, in bytes
   std::uint64_t optimizer_state =
       0;  ///< optimizer state tensors (Adam moments, momentum buffers ...), in bytes
+  /// Optimizer state kept in NVMe offload's files (offload_optimizer_device: nvme), not in memory; not part
+  /// of total().
+  std::uint64_t nvme = 0;
   std::uint64_t total() const noexcept { return parameters + gradients + optimizer_state; }
   /// One line per category, human-readable ("parameters: 12.3 MiB ...").
   std::string to_string() const;
@@ -64,6 +67,11 @@ struct MemoryEstimateInput {
   std::uint64_t frozen_parameters = 0;
   /// fp32 | bf16 | fp16 | 4bit (NF4/FP4 with double quantisation: 0.516 bytes) | 4bit_single (0.5625 bytes).
   std::string frozen_dtype = "bf16";
+  /// Where the zero backend keeps the optimizer state: none (or cpu: the same bytes, in CPU memory) | nvme
+  /// (in files; memory holds `nvme_buffer_count` sub-group buffers of it).
+  std::string offload_optimizer = "none";
+  std::uint64_t sub_group_size = 4000000;  ///< elements per optimizer sub-group (deepspeed_config)
+  int nvme_buffer_count = 4;               ///< offload_optimizer.buffer_count
 };
 
 /// One pipeline stage's share of training memory, per rank of that stage (estimate_pipeline_memory).
