@@ -391,3 +391,25 @@ TEST_CASE("nvme tier: an nvme_path that cannot be a directory is a clear error n
   CHECK_THROWS_WITH(accel::backends::detail::NvmeTier(options, "zero rank 0"),
                     Catch::Contains("zero rank 0: cannot use nvme_path '" + options.path + "'"));
 }
+
+// Run by tests/fault/disk_full.sh on the small tmpfs it mounts (ACCEL_DISK_FULL_DIR): a sub-group's state
+// that does not fit the disk is refused before anything is written or freed, naming the directory and the
+// bytes.
+TEST_CASE("nvme tier: a full disk is refused before the state leaves memory", "[.disk_full]") {
+  const char* root = std::getenv("ACCEL_DISK_FULL_DIR");
+  REQUIRE(root != nullptr);
+  accel::backends::detail::NvmeOptions options;
+  options.path = (fs::path(root) / "nvme").string();
+  {
+    accel::backends::detail::NvmeTier tier(options, "zero rank 0");
+    const auto state = torch::randn({1 << 20});  // 4 MiB on a 2 MiB disk
+    const auto copy = state.clone();
+    CHECK_THROWS_WITH(tier.evict(0, {state}),
+                      Catch::Contains("zero rank 0: NVMe offload needs 4194304 more bytes") &&
+                          Catch::Contains("under '" + options.path + "'") &&
+                          Catch::Contains("bytes are free there"));
+    CHECK(torch::equal(state, copy));  // still in memory, unchanged
+    CHECK_FALSE(tier.evicted(0));
+  }
+  fs::remove_all(options.path);
+}
