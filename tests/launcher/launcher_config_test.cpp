@@ -152,6 +152,13 @@ TEST_CASE("config command: ZeRO stage 3 with CPU offload", "[config_command]") {
     CHECK(stage0.config.zero.stage == 0);
     CHECK(stage0.output.find("offloaded") == std::string::npos);
   }
+  SECTION("nvme asks for the directory of the optimizer state's files") {
+    const Session nvme = answer("\nzero\n\n\n\nnvme\n/scratch/nvme\n\n\n\n\n");
+    CHECK(nvme.config.zero.offload_optimizer_device == accel::OffloadDevice::Nvme);
+    CHECK(nvme.config.zero.offload_optimizer_nvme_path == "/scratch/nvme");
+    CHECK(nvme.output.find("Which directory should hold the optimizer state's files") != std::string::npos);
+    require_round_trip(nvme.config);
+  }
   SECTION("stage 2 asks for optimizer offload only") {
     const Session stage2 = answer("\nzero\n\n\n\ncpu\n\n\n\n\n");
     CHECK(stage2.config.zero.stage == 2);
