@@ -168,9 +168,9 @@ NvmeTier::NvmeTier(NvmeOptions options, std::string who)
   fs::create_directories(root, ec);
   if (ec || !fs::is_directory(root)) {
     throw ConfigError(fmt::format(
-        "{}: cannot use nvme_path '{}' for NVMe offload: {}; give a directory on a local disk this process "
-        "can "
-        "write (offload_optimizer_nvme_path, or offload_optimizer.nvme_path in a DeepSpeed JSON file)",
+        "{}: cannot use nvme_path '{}' for NVMe offload: {}; give a directory on a local disk this "
+        "process can write (offload_optimizer_nvme_path, or offload_optimizer.nvme_path in a DeepSpeed JSON "
+        "file)",
         who_, options_.path, ec ? ec.message() : "not a directory"));
   }
   // Directories of processes of this host that no longer run: a killed run's swap files, never read again.
