@@ -21,6 +21,15 @@ function(accel_torch_pch target)
   endif()
 endfunction()
 
+# accel_reuse_torch_pch(<target> <provider>): compile <target> with <provider>'s precompiled LibTorch header
+# (REUSE_FROM; both must be compiled with the same flags): a program of one or a few sources then skips
+# parsing LibTorch's headers instead of paying a precompiled header of its own (~55-75 s here).
+function(accel_reuse_torch_pch target provider)
+  if(NOT ACCEL_NO_PCH AND TARGET ${provider})
+    target_precompile_headers(${target} REUSE_FROM ${provider})
+  endif()
+endfunction()
+
 # accel_unity_build(<target>...): compile each target's sources as units of ACCEL_UNITY_BATCH_SIZE sources,
 # one generated file per unit that #includes them. Unlike CMake 3.25's own unity build, whose generated files
 # include each source by absolute path (a clone at another path then misses the compiler cache for every
