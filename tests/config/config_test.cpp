@@ -683,6 +683,19 @@ TEST_CASE("config: inline errors", "[config]") {
   CHECK(
       std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
       "inline.yaml:1: gpu_ids: expected all, or GPU indices separated by commas such as 0,1, got a sequence");
+  // Explicit YAML tags: YAML's own scalar types read as usual, anything else (Accelerate's safe_load decodes
+  // !!binary as base64 bytes) is refused rather than read as its text.
+  CHECK(accel::Config::load_string(
+            "distributed_type: MULTI_CPU\nnum_processes: !!int 2\nmixed_precision: !!str bf16\n")
+            .num_processes == 2);
+  CHECK(
+      std::string(string_error("mixed_precision: !!binary bm8=\n").what()) ==
+      "inline.yaml:1: mixed_precision: the YAML tag '!!binary' is not supported by accelerate-cpp (a setting "
+      "is plain text, a number, true/false or null; Accelerate's loader would not read it as that text "
+      "either); write the value without the tag");
+  CHECK_THAT(std::string(string_error("fsdp_config:\n  fsdp_version: !custom 2\n").what()),
+             Catch::StartsWith("inline.yaml:2: fsdp_config.fsdp_version: the YAML tag '!custom' is not "
+                               "supported"));
 }
 
 TEST_CASE("config: every key of the schema set to a non-default value survives save and load", "[config]") {

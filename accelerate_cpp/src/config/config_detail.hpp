@@ -209,6 +209,20 @@ class Reader {
   std::string scalar(const Entry& e, const std::string& expected) const {
     if (!e.value.IsScalar())
       fail_at(e, fmt::format("{}: expected {}, got {}", e.path, expected, describe(e.value)));
+    // An explicit tag other than YAML's own scalar types (`!!binary`, which Accelerate's yaml.safe_load
+    // decodes as base64 bytes, `!!python/...`, a custom `!tag`) would otherwise be read as its text.
+    const std::string& tag = e.value.Tag();
+    const std::string core = "tag:yaml.org,2002:";
+    const bool plain = tag.empty() || tag == "?" || tag == "!" || tag == core + "str" ||
+                       tag == core + "int" || tag == core + "float" || tag == core + "bool" ||
+                       tag == core + "null";
+    if (!plain) {
+      const std::string shown = tag.rfind(core, 0) == 0 ? "!!" + tag.substr(core.size()) : tag;
+      fail_at(e, fmt::format("{}: the YAML tag '{}' is not supported by accelerate-cpp (a setting is plain "
+                             "text, a number, true/false or null; Accelerate's loader would not read it as "
+                             "that text either); write the value without the tag",
+                             e.path, shown));
+    }
     return e.value.Scalar();
   }
 
