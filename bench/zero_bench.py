@@ -57,7 +57,7 @@ def run(build: pathlib.Path, name: str, config: str, steps: int) -> dict:
         sys.exit(f"zero_bench: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     for line in proc.stdout.splitlines():
         line = line.removeprefix("[rank 0] ")
-        if line.startswith("{"):
+        if line.startswith("{") and not line.startswith('{"bytes"'):  # the bytes line: hybrid_bench.sh
             return json.loads(line)
     sys.exit(f"zero_bench: no result line from {config}:\n{proc.stdout}")
 

@@ -58,6 +58,7 @@ int main(int argc, char** argv) try {
     if (step == warmup) {
       accelerator.wait_for_everyone();
       accel::CpuMemoryCounter::reset_peak();
+      accelerator.communicator().reset_counters();  // bytes of the timed steps
       start = Clock::now();
       for (double& p : phase_ms)
         p = 0;
@@ -76,9 +77,22 @@ int main(int argc, char** argv) try {
     after_step = accelerator.memory_report();  // gradients and optimizer state both present
     ++step;
   }
+  const auto& comm = accelerator.communicator();
+  const double timed = step - warmup;
+  // Bytes this rank sent per step (the ring volume the Communicator counts), by collective kind.
+  const double all_reduce_wire = comm.bytes(accel::Collective::AllReduce).wire / timed;
+  const double reduce_wire =
+      (comm.bytes(accel::Collective::ReduceScatter).wire + comm.bytes(accel::Collective::Reduce).wire) /
+      timed;
+  const double gather_wire = comm.bytes(accel::Collective::AllGather).wire / timed;
   accelerator.wait_for_everyone();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (accelerator.is_main_process()) {
+    std::printf(
+        "{\"bytes\": true, \"backend\": \"%s\", \"world\": %d, \"all_reduce_wire\": %.0f, "
+        "\"reduce_wire\": %.0f, \"all_gather_wire\": %.0f}\n",
+        accelerator.backend_name().c_str(), accelerator.num_processes(), all_reduce_wire, reduce_wire,
+        gather_wire);
     std::printf(
         "{\"backend\": \"%s\", \"world\": %d, \"parameters\": %lld, \"step_ms\": %.2f, \"param_bytes\": "
         "%llu, "

@@ -88,11 +88,15 @@ void setup_estimate_memory_command(CLI::App& app) {
       ->default_val(0);
   cmd->add_option("--num_processes,--num-processes,-n", in->num_processes, "Processes (ranks)")
       ->default_val(1);
+  cmd->add_option("--num_machines,--num-machines", in->num_machines,
+                  "Machines the processes run on (HYBRID_* strategies shard over one machine's ranks)")
+      ->default_val(1);
   cmd->add_option("--backend", in->backend, backend_names_help())->default_val("ddp");
   cmd->add_option("--zero_stage,--zero-stage", in->zero_stage, "ZeRO stage for --backend zero: 0, 1, 2 or 3")
       ->default_val(2);
-  cmd->add_option("--fsdp_sharding_strategy,--fsdp-sharding-strategy", in->fsdp_sharding_strategy,
-                  "For --backend fsdp: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+  cmd->add_option(
+         "--fsdp_sharding_strategy,--fsdp-sharding-strategy", in->fsdp_sharding_strategy,
+         "For --backend fsdp: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2")
       ->default_val("SHARD_GRAD_OP");
   cmd->add_option("--optimizer", in->optimizer, "adam | adamw | sgd | sgd_momentum | rmsprop | adagrad")
       ->default_val("adam");

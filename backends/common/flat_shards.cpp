@@ -6,8 +6,43 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 namespace accel::backends::detail {
+
+ShardGroups shard_groups(Communicator& comm, bool hybrid, const std::string& who) {
+  ShardGroups g;
+  g.shard = &comm;
+  if (!hybrid || comm.world_size() == 1) return g;
+  const int per_machine = std::max(comm.state().local_world_size, 1);
+  std::map<int, std::vector<int>> machines;  // machine -> this group's ranks on it, in order
+  for (int r = 0; r < comm.world_size(); ++r)
+    machines[comm.job_ranks()[static_cast<std::size_t>(r)] / per_machine].push_back(r);
+  if (machines.size() == 1) return g;  // one machine: hybrid sharding is plain sharding over it
+  std::vector<std::vector<int>> shards;
+  for (auto& [machine, ranks] : machines) {
+    if (!shards.empty() && ranks.size() != shards.front().size()) {
+      throw UsageError(fmt::format(
+          "{}: hybrid sharding needs the same number of ranks on every machine; machine {} holds {} of them "
+          "and machine {} holds {} (num_processes must be num_machines x the processes per machine)",
+          who, machines.begin()->first, shards.front().size(), machine, ranks.size()));
+    }
+    shards.push_back(ranks);
+  }
+  std::vector<std::vector<int>> across(shards.front().size());
+  for (const auto& ranks : shards) {
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      across[i].push_back(ranks[i]);
+  }
+  g.shard_owner = comm.split(shards);
+  g.shard = g.shard_owner.get();
+  g.across = comm.split(across);
+  // The engine's traffic shows in `comm`'s counters as without hybrid sharding: the all-reduces there are
+  // then exactly what crosses machines.
+  g.shard_owner->count_into(&comm);
+  g.across->count_into(&comm);
+  return g;
+}
 
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,
                             const std::string& who) {

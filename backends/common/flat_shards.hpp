@@ -6,11 +6,29 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace accel::backends::detail {
+
+/// The communicators a sharding engine works over. `shard` splits parameters, gradients and optimizer state:
+/// every rank of the engine's group, or under hybrid sharding the ranks of one machine; `across` (hybrid
+/// only) joins the ranks of the other machines that hold the same shard, over which each reduced gradient
+/// shard is all-reduced. Shard groups are consecutive ranks, so gathering a flat vector over the whole group
+/// still yields it first (checkpoint consolidation relies on that).
+struct ShardGroups {
+  Communicator* shard = nullptr;
+  std::shared_ptr<Communicator> shard_owner;  ///< keeps a split-off `shard` alive (null: the engine's own)
+  std::shared_ptr<Communicator> across;       ///< null without hybrid sharding (or on one machine)
+  /// Ranks holding each shard: the machines under hybrid sharding, else 1.
+  int copies() const { return across ? across->world_size() : 1; }
+};
+/// `comm` itself, or with `hybrid` its ranks split by machine (ProcessState::local_world_size ranks each,
+/// node-major as every launcher numbers them) into shard groups and across groups (collective). UsageError
+/// naming `who` when the machines hold different numbers of the group's ranks.
+ShardGroups shard_groups(Communicator& comm, bool hybrid, const std::string& who);
 
 /// The position of `p` (the same tensor, not an equal one) in `params`; UsageError naming `who` if absent.
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,

@@ -110,10 +110,11 @@ void end_sync_step(Communicator& comm, torch::nn::Module& model, const Config& c
   if (config.ddp_broadcast_buffers) broadcast_buffers(comm, model);
 }
 
-GradientTensors sharded_gradients(std::vector<torch::Tensor> masters) {
+GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies) {
   GradientTensors out;
   out.tensors = std::move(masters);
   out.sharded = true;
+  out.copies = copies;
   return out;
 }
 

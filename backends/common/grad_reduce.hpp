@@ -49,7 +49,8 @@ void end_sync_step(Communicator& comm, torch::nn::Module& model, const Config& c
 /// received no gradient in a backward that gave gradients to others of the same model, unless `tolerate`
 /// (`ddp_find_unused_parameters: true`, then they are reduced as zeros).
 void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
-/// The gradients of a sharded engine: each rank's flat master slices (a norm sums over ranks).
-GradientTensors sharded_gradients(std::vector<torch::Tensor> masters);
+/// The gradients of a sharded engine: each rank's flat master slices (a norm sums over ranks), each held by
+/// `copies` ranks (the machines, under hybrid sharding).
+GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies = 1);
 
 }  // namespace accel::backends::detail

@@ -44,16 +44,20 @@ std::unique_ptr<Backend> make_fsdp_engine(const BackendContext& context) {
   switch (f.sharding_strategy) {
     case ShardingStrategy::NoShard:
       return make_ddp_backend(context);
-    case ShardingStrategy::ShardGradOp: {
+    case ShardingStrategy::ShardGradOp:
+    case ShardingStrategy::HybridShardZero2: {
       ZeroOptions o;
       o.stage = 2;
       o.bucket_bytes = static_cast<std::uint64_t>(context.config->ddp_bucket_cap_mb * 1024 * 1024);
       o.offload_optimizer = f.offload_params;
       o.name = "fsdp";
+      o.hybrid = f.hybrid();
       return make_zero_backend(context, o);
     }
-    case ShardingStrategy::FullShard: {
+    case ShardingStrategy::FullShard:
+    case ShardingStrategy::HybridShard: {
       FullShardOptions o;
+      o.hybrid = f.hybrid();
       o.name = "fsdp";
       o.policy = unit_policy(f.auto_wrap_policy);
       o.min_num_params = f.min_num_params;
@@ -74,6 +78,14 @@ std::vector<std::string> fsdp_notices(const BackendContext& context) {
     out.push_back(
         "fsdp_config.fsdp_offload_params: true has no effect: this run trains on the CPU, where that state "
         "lives already");
+  }
+  if (f.hybrid() && context.comm != nullptr && context.comm->world_size() > 1 &&
+      context.comm->state().local_world_size >= context.comm->world_size()) {
+    out.push_back(
+        fmt::format("fsdp_config.fsdp_sharding_strategy: {} on one machine shards over all of its {} ranks, "
+                    "as {} does (the replicas are the machines, and there is one)",
+                    to_string(f.sharding_strategy), context.comm->world_size(),
+                    f.reshard_after_forward() ? "FULL_SHARD" : "SHARD_GRAD_OP"));
   }
   if (f.state_dict_type == StateDictType::ShardedStateDict) {
     out.push_back(

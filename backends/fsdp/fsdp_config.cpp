@@ -13,10 +13,15 @@ const ChoiceSet<ShardingStrategy>& sharding_choices() {
       {{"FULL_SHARD", ShardingStrategy::FullShard, true},
        {"SHARD_GRAD_OP", ShardingStrategy::ShardGradOp, true},
        {"NO_SHARD", ShardingStrategy::NoShard, true},
+       {"HYBRID_SHARD", ShardingStrategy::HybridShard, true},
+       {"HYBRID_SHARD_ZERO2", ShardingStrategy::HybridShardZero2, true},
+       {"_HYBRID_SHARD_ZERO2", ShardingStrategy::HybridShardZero2, false},  // PyTorch's enum member name
        {"1", ShardingStrategy::FullShard, false},
        {"2", ShardingStrategy::ShardGradOp, false},
-       {"3", ShardingStrategy::NoShard, false}},
-      {"HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2", "4", "5"}};
+       {"3", ShardingStrategy::NoShard, false},
+       {"4", ShardingStrategy::HybridShard, false},
+       {"5", ShardingStrategy::HybridShardZero2, false}},
+      {}};
   return kSet;
 }
 
@@ -77,7 +82,9 @@ std::vector<KeyRow> fsdp_rows() {
   rows.push_back(section_row(kSection, "fsdp_*", "settings of the fsdp backend (keys below)"));
   {
     KeyRow r = setting(
-        "fsdp_sharding_strategy", kSection, "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD (or Accelerate's 1, 2, 3)",
+        "fsdp_sharding_strategy", kSection,
+        "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or Accelerate's 1-5); "
+        "the hybrid ones shard over each machine's ranks and replicate across machines",
         [](auto& c) -> auto& { return c.fsdp.sharding_strategy; }, choice(sharding_choices),
         write_enum<ShardingStrategy>, "NO_SHARD");
     rows.push_back(r);
@@ -169,7 +176,7 @@ void resolve_fsdp(const Reader& r, Config& c, const Pending& p) {
   const Entry* strategy = p.find(kSection + ".fsdp_sharding_strategy");
   if (strategy) {
     if (boolean && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
-        c.fsdp.sharding_strategy != implied) {
+        c.fsdp.reshard_after_forward() != (implied == ShardingStrategy::FullShard)) {
       r.fail_at(
           *reshard,
           fmt::format("{}: {} disagrees with fsdp_sharding_strategy '{}' (line {}); reshard_after_forward "
@@ -219,11 +226,14 @@ void ask_fsdp(Questions& q, Config& config) {
   FsdpConfig& fsdp = config.fsdp;
   fsdp.sharding_strategy =
       std::vector<ShardingStrategy>{ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                    ShardingStrategy::NoShard}[q.ask_choice(
+                                    ShardingStrategy::NoShard, ShardingStrategy::HybridShard,
+                                    ShardingStrategy::HybridShardZero2}[q.ask_choice(
           "What should be your FSDP sharding strategy?",
           {{"FULL_SHARD", "shard parameters, gradients and optimizer state (like ZeRO-3)"},
            {"SHARD_GRAD_OP", "shard gradients and optimizer state (like ZeRO-2)"},
-           {"NO_SHARD", "shard nothing (like DDP)"}},
+           {"NO_SHARD", "shard nothing (like DDP)"},
+           {"HYBRID_SHARD", "FULL_SHARD inside each machine, a replica per machine"},
+           {"HYBRID_SHARD_ZERO2", "SHARD_GRAD_OP inside each machine, a replica per machine"}},
           0)];
   fsdp.auto_wrap_policy =
       std::vector<AutoWrapPolicy>{AutoWrapPolicy::TransformerBasedWrap, AutoWrapPolicy::SizeBasedWrap,
@@ -270,12 +280,14 @@ BackendPart fsdp_config_part() {
   part.info.sharding = [](const Config& c) {
     BackendCapabilities s;
     s.shards_optimizer_state = s.shards_gradients = c.fsdp.sharding_strategy != ShardingStrategy::NoShard;
-    s.shards_parameters = c.fsdp.sharding_strategy == ShardingStrategy::FullShard;
+    s.shards_parameters = c.fsdp.reshard_after_forward();
+    s.shards_per_machine = c.fsdp.hybrid();
     return s;
   };
   part.info.layout_setting = [](const Config& c) { return to_string(c.fsdp.sharding_strategy); };
   for (const ShardingStrategy s :
-       {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp, ShardingStrategy::FullShard}) {
+       {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp, ShardingStrategy::FullShard,
+        ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2}) {
     part.info.layouts.push_back(
         {"fsdp_sharding_strategy", to_string(s), [s](Config& c) { c.fsdp.sharding_strategy = s; }});
   }
@@ -295,7 +307,7 @@ BackendPart fsdp_config_part() {
     if (!strategy) {
       throw ConfigError(
           fmt::format("estimate-memory: fsdp_sharding_strategy '{}' is not available (FULL_SHARD, "
-                      "SHARD_GRAD_OP, NO_SHARD)",
+                      "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2)",
                       in.fsdp_sharding_strategy),
           {}, 0, "fsdp_sharding_strategy");
     }

@@ -65,8 +65,13 @@ struct ParamSlot {
 
 class FullShardBackend final : public Backend, private detail::TriggerClient {
  public:
-  FullShardBackend(const BackendContext& context, FullShardOptions options)
-      : ctx_(context), comm_(*context.comm), options_(std::move(options)), trigger_(*this) {}
+  FullShardBackend(const BackendContext& context, FullShardOptions options, detail::ShardGroups shards)
+      : ctx_(context),
+        world_(*context.comm),
+        shards_(std::move(shards)),
+        comm_(*shards_.shard),
+        options_(std::move(options)),
+        trigger_(*this) {}
 
   ~FullShardBackend() override {
     trigger_.stop();
@@ -99,7 +104,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
     std::map<const c10::StorageImpl*, std::string> owner;
-    for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
+    for (auto& [name, p] : detail::take_over_model(world_, model, options_.name)) {
       const auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
       if (!owner.emplace(storage, name).second) {
         throw UnsupportedOperation(
@@ -255,7 +260,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     const auto loose = detail::loose_parameters(
         params_, [&](std::size_t index) { return !slot_.empty() && slot_[index].has_value(); });
     if (!took_part && !detail::any_grad(loose)) return;
-    detail::end_sync_step(comm_, *model_, *ctx_.config, loose);
+    detail::end_sync_step(world_, *model_, *ctx_.config, loose);
     // LibTorch's clip_grad_norm_ on the model's parameters must not find "no gradient" and do nothing.
     if (took_part) {
       sentinels_.plant(params_, names_, options_.name,
@@ -272,7 +277,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     std::vector<torch::Tensor> masters;
     for (const auto& f : flats_)
       masters.push_back(f.master);
-    return detail::sharded_gradients(std::move(masters));
+    return detail::sharded_gradients(std::move(masters), shards_.copies());
   }
 
   void sync_parameters() override {
@@ -599,7 +604,9 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     detail::Quiet quiet;
     pending_->work->wait();
     auto& f = flats_[pending_->flat];
-    pending_->out.div_(comm_.world_size());
+    // Hybrid sharding: the shard, summed over this machine, is summed over the machines holding it too.
+    if (shards_.across) shards_.across->all_reduce(pending_->out, ReduceOp::Sum);
+    pending_->out.div_(world_.world_size());
     // Accumulates, as autograd does: earlier micro-steps' slices (restored by the accelerator) add up.
     auto reduced = pending_->out.to(f.master.device());
     auto& grad = f.master.mutable_grad();
@@ -608,7 +615,9 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   }
 
   BackendContext ctx_;
-  Communicator& comm_;
+  Communicator& world_;         // every replica: the model's broadcast, buffers, loose gradients
+  detail::ShardGroups shards_;  // what the flat vectors are sharded over (and, hybrid, replicated across)
+  Communicator& comm_;          // *shards_.shard
   FullShardOptions options_;
   torch::nn::Module* model_ = nullptr;
   std::vector<std::string> names_;
@@ -636,7 +645,8 @@ std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, 
   if (context.comm == nullptr)
     throw UsageError(fmt::format("the {} backend needs a communicator", options.name));
   if (context.config != nullptr) detail::refuse_power_sgd(*context.config, options.name);
-  return std::make_unique<FullShardBackend>(context, std::move(options));
+  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.name);
+  return std::make_unique<FullShardBackend>(context, std::move(options), std::move(shards));
 }
 
 }  // namespace accel::backends

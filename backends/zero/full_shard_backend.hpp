@@ -45,6 +45,8 @@ struct FullShardOptions {
   /// When set, save_state also writes `model_16bit.safetensors` in this floating type (DeepSpeed's
   /// zero3_save_16bit_model).
   std::optional<c10::ScalarType> save_16bit;
+  /// Hybrid sharding (FSDP's HYBRID_SHARD): shard over each machine's ranks, replicate across machines.
+  bool hybrid = false;
 };
 
 /// Makes the ZeRO-3 / FULL_SHARD backend.

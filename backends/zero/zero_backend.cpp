@@ -71,8 +71,13 @@ constexpr std::size_t kZeroGroupTagBase = 2;
 
 class ZeroBackend final : public Backend, private detail::TriggerClient {
  public:
-  ZeroBackend(const BackendContext& context, ZeroOptions options)
-      : ctx_(context), comm_(*context.comm), options_(std::move(options)), trigger_(*this) {}
+  ZeroBackend(const BackendContext& context, ZeroOptions options, detail::ShardGroups shards)
+      : ctx_(context),
+        world_(*context.comm),
+        shards_(std::move(shards)),
+        comm_(*shards_.shard),
+        options_(std::move(options)),
+        trigger_(*this) {}
 
   ~ZeroBackend() override {
     trigger_.stop();
@@ -113,7 +118,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       const auto n = *options_.bucket_elements;
       options_.bucket_bytes = n > max / element_size ? max : n * element_size;
     }
-    for (auto& [name, p] : detail::take_over_model(comm_, model, options_.name)) {
+    for (auto& [name, p] : detail::take_over_model(world_, model, options_.name)) {
       names_.push_back(name);
       params_.push_back(p);
       trigger_.watch(p, kZeroParamTag);
@@ -219,7 +224,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     // steps (and holds state for) the same tensors.
     for (auto& g : groups_)
       master_grad(g);
-    detail::end_sync_step(comm_, *model_, *ctx_.config, loose);
+    detail::end_sync_step(world_, *model_, *ctx_.config, loose);
     // LibTorch's clip_grad_norm_ on the model's parameters must not find "no gradient" and do nothing.
     sentinels_.plant(params_, names_, options_.name, [&](std::size_t i) { return ref_.count(i) != 0; });
   }
@@ -233,7 +238,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     std::vector<torch::Tensor> masters;
     for (const auto& g : groups_)
       masters.push_back(g.master);
-    return detail::sharded_gradients(std::move(masters));
+    return detail::sharded_gradients(std::move(masters), shards_.copies());
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -441,7 +446,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   void set_master_grad(Group& g, const torch::Tensor& reduced_slice, std::int64_t at) {
     master_grad(g)
         .narrow(0, at, reduced_slice.numel())
-        .add_(on_master_device(g, reduced_slice, at), 1.0 / comm_.world_size());
+        .add_(on_master_device(g, reduced_slice, at), 1.0 / world_.world_size());
   }
 
   // A reduced slice (positions [at, at + numel) of the shard) on the master's device: itself, or offloaded
@@ -490,8 +495,9 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       });
       for (auto index : g.params)
         params_[index].mutable_grad() = torch::Tensor();
+      if (shards_.across) shards_.across->all_reduce(grad, ReduceOp::Sum);  // hybrid: the other machines
       if (direct) {
-        g.master.mutable_grad() = grad.mul_(1.0 / n);
+        g.master.mutable_grad() = grad.mul_(1.0 / world_.world_size());
       } else {
         set_master_grad(g, grad, 0);
       }
@@ -599,14 +605,19 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       auto& g = groups_[pending.group];
       for (auto& [owner, global, part, work] : pending.parts) {
         work->wait();
-        if (owner == comm_.rank()) set_master_grad(g, part, global - comm_.rank() * g.shard);
+        if (owner != comm_.rank()) continue;
+        // Hybrid sharding: the part, summed over this machine, is summed over the machines holding it too.
+        if (shards_.across) shards_.across->all_reduce(part, ReduceOp::Sum);
+        set_master_grad(g, part, global - comm_.rank() * g.shard);
       }
     }
     pending_.clear();
   }
 
   BackendContext ctx_;
-  Communicator& comm_;
+  Communicator& world_;         // every replica: the model's broadcast, buffers, loose gradients
+  detail::ShardGroups shards_;  // what the flat vectors are sharded over (and, hybrid, replicated across)
+  Communicator& comm_;          // *shards_.shard
   ZeroOptions options_;
   torch::nn::Module* model_ = nullptr;
   std::vector<std::string> names_;
@@ -639,7 +650,8 @@ std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOp
                     "make_full_shard_backend)",
                     options.stage));
   }
-  return std::make_unique<ZeroBackend>(context, std::move(options));
+  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.name);
+  return std::make_unique<ZeroBackend>(context, std::move(options), std::move(shards));
 }
 
 namespace {

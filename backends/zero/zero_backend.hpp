@@ -42,6 +42,8 @@ struct ZeroOptions {
   std::string name = "zero";  ///< reported by name() ("zero" or "fsdp")
   /// When set, save_state also writes `model_16bit.safetensors` in this floating type.
   std::optional<c10::ScalarType> save_16bit;
+  /// Hybrid sharding (FSDP's _HYBRID_SHARD_ZERO2): shard over each machine's ranks, replicate across them.
+  bool hybrid = false;
 };
 
 /// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is full_shard_backend.hpp).

@@ -75,7 +75,10 @@ TEST_CASE("backend facts: advice lists every layout that meets the condition, fr
   CHECK(accel::layouts_where([](const BackendCapabilities& c) { return !c.shards_optimizer_state; }) ==
         "backend: ddp, fsdp with fsdp_sharding_strategy: NO_SHARD, or zero with zero_stage: 0");
   CHECK(accel::layouts_where([](const BackendCapabilities& c) { return c.shards_parameters; }) ==
-        "backend: fsdp with fsdp_sharding_strategy: FULL_SHARD, or zero with zero_stage: 3");
+        "backend: fsdp with fsdp_sharding_strategy: FULL_SHARD or HYBRID_SHARD, or zero with zero_stage: 3");
+  // A new layout (the hybrid strategies) enters the advice from its fact sheet alone.
+  CHECK(accel::layouts_where([](const BackendCapabilities& c) { return c.shards_per_machine; }) ==
+        "backend: fsdp with fsdp_sharding_strategy: HYBRID_SHARD or HYBRID_SHARD_ZERO2");
   // Nothing qualifies: said so rather than an empty list.
   CHECK(accel::layouts_where([](const BackendCapabilities&) { return false; }) == "backend: (none)");
 }

@@ -187,14 +187,22 @@ TEST_CASE(
       error("  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: NO_SHARD\n") ==
       "fsdp.yaml:5: fsdp_config.fsdp_reshard_after_forward: 'NO_SHARD' disagrees with fsdp_sharding_strategy "
       "'FULL_SHARD' (line 4); both name the sharding strategy: make them agree or remove one");
-  // Hybrid strategies are Accelerate's too, but not supported here; a typo gets the nearest spelling.
-  CHECK(error("  fsdp_reshard_after_forward: HYBRID_SHARD\n") ==
-        "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: 'HYBRID_SHARD' is not supported by "
-        "accelerate-cpp; "
-        "allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+  // The hybrid strategies (sharded inside a machine, replicated across machines), by name or number; a typo
+  // gets the nearest spelling.
+  CHECK(load("  fsdp_reshard_after_forward: HYBRID_SHARD\n").fsdp.sharding_strategy ==
+        accel::ShardingStrategy::HybridShard);
+  for (const char* zero2 : {"HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2", "5"}) {
+    CHECK(load(std::string("  fsdp_sharding_strategy: ") + zero2 + "\n").fsdp.sharding_strategy ==
+          accel::ShardingStrategy::HybridShardZero2);
+  }
+  CHECK(load("  fsdp_sharding_strategy: 4\n").fsdp.reshard_after_forward());
+  CHECK(load("  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_reshard_after_forward: true\n").fsdp.hybrid());
+  CHECK_THAT(error("  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_reshard_after_forward: false\n"),
+             Catch::Contains("disagrees with fsdp_sharding_strategy 'HYBRID_SHARD'"));
   CHECK(error("  fsdp_reshard_after_forward: FULL_SHRD\n") ==
         "fsdp.yaml:4: fsdp_config.fsdp_reshard_after_forward: invalid value 'FULL_SHRD' (did you mean "
-        "'FULL_SHARD'?); allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
+        "'FULL_SHARD'?); allowed values: true, false, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, "
+        "HYBRID_SHARD_ZERO2");
   // Accelerate's launcher always passes fsdp_sharding_strategy (default FULL_SHARD), which FSDP1 prefers
   // (accelerator.py: `sharding_strategy or reshard_after_forward`): where that differs, a notice says so.
   const auto grad_op = load("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n");
@@ -648,9 +656,6 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "multi_cpu_use_cpu.yaml:2: use_cpu: false contradicts distributed_type 'MULTI_CPU' (line 1); set "
         "use_cpu: "
         "true, or distributed_type: MULTI_GPU to train on GPUs");
-  CHECK(bad_file_message("hybrid_shard.yaml") ==
-        "hybrid_shard.yaml:4: fsdp_config.fsdp_sharding_strategy: 'HYBRID_SHARD' is not supported by "
-        "accelerate-cpp; allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD");
   CHECK(bad_file_message("bad_timeout.yaml") ==
         "bad_timeout.yaml:1: collective_timeout_seconds: expected a positive number of seconds, got '-5'");
 }
@@ -1165,12 +1170,22 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
   CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 4\n")) ==
         "inline.yaml:4: parallelism_config: dp_replicate_size 1 x dp_shard_size 4 x tp_size 1 x cp_size 1 x "
         "sp_size 1 = 4 does not match num_processes 2 (Accelerate refuses this too); adjust the sizes");
+  // Hybrid sharding (HSDP): FSDP's HYBRID_SHARD, whose shard group is the machine.
   const std::string four = "distributed_type: FSDP\nnum_processes: 4\n";
-  CHECK(message(four +
-                mesh("  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n")) ==
-        "inline.yaml:4: parallelism_config.parallelism_config_dp_replicate_size: 2 with dp_shard_size 2 asks "
-        "for hybrid sharding (HSDP), which is not supported by accelerate-cpp; set dp_replicate_size: 1 and "
-        "dp_shard_size: 4 to shard over every rank");
+  const std::string two_by_two =
+      mesh("  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n");
+  const auto hsdp = [&](const std::string& text) { return accel::Config::load_string(text, "inline.yaml"); };
+  CHECK(hsdp(four + "num_machines: 2\n" + two_by_two).fsdp.sharding_strategy ==
+        accel::ShardingStrategy::HybridShard);
+  CHECK(hsdp(four + "num_machines: 2\nfsdp_config:\n  fsdp_reshard_after_forward: false\n" + two_by_two)
+            .fsdp.sharding_strategy == accel::ShardingStrategy::HybridShardZero2);
+  CHECK(
+      message(four + two_by_two) ==
+      "inline.yaml:5: parallelism_config.parallelism_config_dp_shard_size: 2 with dp_replicate_size 2 asks "
+      "for hybrid sharding over groups of 2 ranks; accelerate-cpp shards over the ranks of one machine (4 = "
+      "num_processes 4 / num_machines 1): set dp_shard_size: 4 and dp_replicate_size: 1");
+  CHECK_THAT(message("distributed_type: DEEPSPEED\nnum_processes: 4\nnum_machines: 2\n" + two_by_two),
+             Catch::Contains("which accelerate-cpp runs with distributed_type: FSDP"));
   CHECK(message(ddp + mesh("  parallelism_config_dp_shard_size: 2\n")) ==
         "inline.yaml:4: parallelism_config.parallelism_config_dp_shard_size: 2 asks for sharded data "
         "parallelism: set distributed_type: FSDP or DEEPSPEED, or dp_shard_size: 1");
@@ -1320,6 +1335,16 @@ TEST_CASE("estimate_memory: each backend's config part gives its layout", "[conf
   CHECK(total("fsdp") == 4 * 250 * 4);
   in.fsdp_sharding_strategy = "NO_SHARD";
   CHECK(total("fsdp") == whole);
+  // Hybrid sharding: sharded over one machine's ranks (4 processes on 2 machines: halves).
+  in.fsdp_sharding_strategy = "HYBRID_SHARD";
+  CHECK(total("fsdp") == 4 * 250 * 4);  // one machine
+  in.num_machines = 2;
+  CHECK(total("fsdp") == 4 * 500 * 4);
+  in.fsdp_sharding_strategy = "HYBRID_SHARD_ZERO2";
+  CHECK(total("fsdp") == 4 * (1000 + 500) + 4 * 500 + 4 * 500 * 2);
+  in.num_machines = 3;
+  CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("num_machines (3) must be at least 1 and divide"));
+  in.num_machines = 1;
   in.fsdp_sharding_strategy = "HYBRID";
   CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("fsdp_sharding_strategy 'HYBRID' is not available"));
   in.zero_stage = 4;

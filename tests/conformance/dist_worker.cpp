@@ -49,7 +49,8 @@ std::string base_variant() {
 }
 
 bool params_sharded() {
-  return base_variant() == "zero3" || backend_variant == "fsdp_full_shard";
+  return base_variant() == "zero3" || backend_variant == "fsdp_full_shard" ||
+         backend_variant == "fsdp_hybrid";
 }
 
 accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
@@ -79,12 +80,17 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     c.zero.sub_group_size = peak ? 75000 : 100;
     // DeepSpeed's "auto": hidden_size² elements from the model at prepare (several buckets here too).
     if (variant == "zero2_auto") c.zero.reduce_bucket_size = std::nullopt;
-  } else if (backend_variant == "fsdp_grad_op" || backend_variant == "fsdp_no_shard" ||
-             backend_variant == "fsdp_full_shard") {
+  } else if (backend_variant.rfind("fsdp_", 0) == 0) {
+    static const std::map<std::string, ShardingStrategy> kStrategies{
+        {"fsdp_grad_op", ShardingStrategy::ShardGradOp},
+        {"fsdp_full_shard", ShardingStrategy::FullShard},
+        {"fsdp_no_shard", ShardingStrategy::NoShard},
+        {"fsdp_hybrid", ShardingStrategy::HybridShard},  // on 2 machines x 2 ranks (two_machines.sh)
+        {"fsdp_hybrid_zero2", ShardingStrategy::HybridShardZero2}};
+    const auto found = kStrategies.find(backend_variant);
+    if (found == kStrategies.end()) throw std::invalid_argument("unknown backend variant " + backend_variant);
     c.backend = "fsdp";
-    c.fsdp.sharding_strategy = backend_variant == "fsdp_grad_op"      ? ShardingStrategy::ShardGradOp
-                               : backend_variant == "fsdp_full_shard" ? ShardingStrategy::FullShard
-                                                                      : ShardingStrategy::NoShard;
+    c.fsdp.sharding_strategy = found->second;
     c.fsdp.forward_prefetch = true;
     c.ddp_bucket_cap_mb = peak ? 0.3 : 0.001;
   } else if (backend_variant == "local") {
@@ -811,6 +817,80 @@ void config_clipping() {
   }
 }
 
+// Hybrid sharding (2 machines x 2 ranks): clip_grad_norm_ returns one process's norm and clips as it does
+// (each shard is held once per machine and must count once), and the gradient traffic across machines is one
+// all-reduce of this rank's shard per step: the machine's ranks together all-reduce one whole replica, as
+// DDP with one process per machine would.
+void hybrid() {
+  const auto state = ProcessState::from_environment();
+  REQUIRE(state.world_size == 4);
+  REQUIRE(state.local_world_size == 2);
+  const double max_norm = 0.05;
+  constexpr int kSteps = 3;
+  std::vector<torch::Tensor> got;
+  std::vector<double> got_norms;
+  {
+    Accelerator acc(AcceleratorOptions().config(cpu_config()));
+    torch::manual_seed(0);
+    Mlp model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    acc.prepare(model, opt);
+    std::int64_t shard_bytes = 0;  // this rank's master slices: the shard it holds
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& t : group.params())
+        shard_bytes += t.numel() * static_cast<std::int64_t>(t.element_size());
+    }
+    std::int64_t model_bytes = 0;
+    for (const auto& p : model->parameters())
+      model_bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
+    CHECK_MSG(2 * shard_bytes >= model_bytes && 2 * shard_bytes < model_bytes + 64 * 4,
+              "a rank holds " << shard_bytes << " bytes of a " << model_bytes
+                              << "-byte model: half of it (the machine's 2 ranks share it)");
+    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+        Regression(4 * 4 * kSteps).map(torch::data::transforms::Stack<>()),
+        torch::data::DataLoaderOptions(4));
+    for (auto& b : *loader) {
+      acc.communicator().reset_counters();
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      const auto across = acc.communicator().bytes(Collective::AllReduce);
+      // The shard, less the flat vectors' padding at its end under SHARD_GRAD_OP (whose buckets hold only
+      // the parameters' elements).
+      CHECK_MSG(across.payload <= static_cast<std::uint64_t>(shard_bytes) &&
+                    across.payload + 64 * 4 >= static_cast<std::uint64_t>(shard_bytes),
+                "all-reduce payload " << across.payload << " bytes in a step, want this rank's shard, "
+                                      << shard_bytes << " bytes (all-reduced across the 2 machines)");
+      CHECK_MSG(acc.communicator().bytes(Collective::ReduceScatter).calls +
+                        acc.communicator().bytes(Collective::Reduce).calls >
+                    0,
+                "the gradients must be reduce-scattered inside the machine");
+      got_norms.push_back(acc.clip_grad_norm_(max_norm));
+      opt.step();
+      opt.zero_grad();
+    }
+    got = test::snapshot(*model);
+  }
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Regression data(16 * kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    torch::mse_loss(model(data.x.slice(0, s * 16, (s + 1) * 16)), data.y.slice(0, s * 16, (s + 1) * 16))
+        .backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    CHECK_MSG(norm > 2 * max_norm, "the test must clip: step " << s << " norm " << norm);
+    CHECK_MSG(std::abs(norm - got_norms.at(static_cast<std::size_t>(s))) < 1e-5 * norm,
+              "step " << s << ": clip_grad_norm_ returned " << got_norms.at(static_cast<std::size_t>(s))
+                      << ", one process " << norm);
+    opt.step();
+    opt.zero_grad();
+  }
+  const auto want = test::snapshot(*model);
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from one process by "
+                                                         << (want[k] - got[k]).abs().max().item<double>());
+  }
+}
+
 void sync_pattern() {
   // Accumulation 2 over 5 batches per rank: syncs on 2, 4 and the last batch; micro-steps send nothing; the
   // gradients differ across ranks during a micro-step (each saw its own data).
@@ -1381,9 +1461,13 @@ void memory() {
   in.num_processes = acc.num_processes();
   in.backend = backend_variant == "ddp" ? "ddp" : backend_variant.rfind("zero", 0) == 0 ? "zero" : "fsdp";
   in.zero_stage = backend_variant == "zero1" ? 1 : backend_variant == "zero3" ? 3 : 2;
-  in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op"      ? "SHARD_GRAD_OP"
-                              : backend_variant == "fsdp_full_shard" ? "FULL_SHARD"
-                                                                     : "NO_SHARD";
+  in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op"        ? "SHARD_GRAD_OP"
+                              : backend_variant == "fsdp_full_shard"   ? "FULL_SHARD"
+                              : backend_variant == "fsdp_hybrid"       ? "HYBRID_SHARD"
+                              : backend_variant == "fsdp_hybrid_zero2" ? "HYBRID_SHARD_ZERO2"
+                                                                       : "NO_SHARD";
+  const auto state = ProcessState::from_environment();
+  in.num_machines = state.world_size / std::max(state.local_world_size, 1);
   in.optimizer = "adam";
   const auto predicted = estimate_memory(in);
   auto within = [](std::uint64_t m, std::uint64_t p) {
@@ -1630,6 +1714,7 @@ int main(int argc, char** argv) {
          micro_step_grads_differ();
        }},
       {"config_clipping", config_clipping},
+      {"hybrid", hybrid},
       {"auto_wrap_blocks", auto_wrap_blocks},
       {"debug_mismatch", debug_mismatch},
       {"debug_missing", debug_missing},
@@ -1658,6 +1743,6 @@ int main(int argc, char** argv) {
   return worker::run_named(argc, argv, scenarios,
                            "usage: dist_worker <scenario>[,<scenario>...] "
                            "[local|ddp|zero1|zero2|zero2_no_overlap|zero2_auto|zero3|"
-                           "fsdp_full_shard|fsdp_grad_op|fsdp_no_shard]",
+                           "fsdp_full_shard|fsdp_grad_op|fsdp_no_shard|fsdp_hybrid|fsdp_hybrid_zero2]",
                            argc == 3 ? backend_variant : "");
 }

@@ -361,10 +361,12 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
   std::vector<torch::Tensor> whole;   // every rank holds the same values
   std::vector<torch::Tensor> sliced;  // every rank holds disjoint slices
   const auto engines = engines_for(parameters, whole);
+  int copies = 1;  // ranks holding each slice (the machines under hybrid sharding): the same for every engine
   for (auto i : engines) {
     auto g = prepared_.models[i].engine->gradients();
     auto& into = g.sharded ? sliced : whole;
     into.insert(into.end(), g.tensors.begin(), g.tensors.end());
+    if (g.sharded) copies = std::max(copies, g.copies);
   }
   const bool inf = std::isinf(norm_type);
   const auto op = inf ? ReduceOp::Max : ReduceOp::Sum;
@@ -400,6 +402,7 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
                     ? torch::tensor({split.sliced[0], split.sliced[1]}, torch::kFloat64)
                     : torch::tensor({split.sliced[0]}, torch::kFloat64);
     if (groups_.data->world_size() > 1) groups_.data->all_reduce(part, op);
+    if (!inf) part.div_(copies);  // each slice was summed once per rank holding it
     add_norm_term(total, part[0].item<double>(), norm_type);
     if (part.numel() > 1) add_norm_term(replicated, part[1].item<double>(), norm_type);
   }

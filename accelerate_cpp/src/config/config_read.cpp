@@ -43,7 +43,7 @@ std::string backend_of_distributed_type(const std::string& type) {
 // multiply to the number of processes (Accelerate's _validate_accelerator), and describe a layout this
 // library runs from the rest of the file: every rank one replica (DDP) or every rank one shard (FSDP, ZeRO).
 // Anything else is refused, naming what to set.
-void resolve_parallelism(const Reader& r, const Config& c, const Pending& p) {
+void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
   struct Size {
     const char* name;
     const Entry* entry = nullptr;
@@ -92,11 +92,33 @@ void resolve_parallelism(const Reader& r, const Config& c, const Pending& p) {
   }
   const bool sharded_backend = c.backend == "fsdp" || c.backend == "zero";
   if (replicate.value > 1 && shard.value > 1) {
-    refuse(
-        replicate,
-        fmt::format("with dp_shard_size {} asks for hybrid sharding (HSDP), which is not supported by "
-                    "accelerate-cpp; set dp_replicate_size: 1 and dp_shard_size: {} to shard over every rank",
-                    shard.value, c.num_processes));
+    // Hybrid sharding (HSDP): what fsdp's HYBRID_SHARD / HYBRID_SHARD_ZERO2 run, whose shard group is the
+    // machine: dp_shard_size must be the processes per machine.
+    const std::int64_t per_machine = c.num_processes / std::max(c.num_machines, 1);
+    if (c.backend != "fsdp") {
+      refuse(
+          replicate,
+          fmt::format("with dp_shard_size {} asks for hybrid sharding (HSDP), which accelerate-cpp runs with "
+                      "distributed_type: FSDP (fsdp_sharding_strategy: HYBRID_SHARD); use that, or set "
+                      "dp_replicate_size: 1 and dp_shard_size: {} to shard over every rank",
+                      shard.value, c.num_processes));
+    } else if (shard.value != per_machine) {
+      refuse(shard,
+             fmt::format("with dp_replicate_size {} asks for hybrid sharding over groups of {} ranks; "
+                         "accelerate-cpp shards over the ranks of one machine ({} = num_processes {} / "
+                         "num_machines {}): set dp_shard_size: {} and dp_replicate_size: {}",
+                         replicate.value, shard.value, per_machine, c.num_processes, c.num_machines,
+                         per_machine, c.num_machines));
+    } else if (c.fsdp.sharding_strategy == ShardingStrategy::NoShard) {
+      refuse(shard,
+             "asks for hybrid sharding, but fsdp_sharding_strategy is NO_SHARD (nothing sharded); "
+             "set fsdp_sharding_strategy: HYBRID_SHARD, or dp_shard_size: 1");
+    } else if (!c.fsdp.hybrid()) {
+      // As Accelerate's FSDP2 runs it: a 2-D mesh, sharded as the strategy says inside each shard group.
+      c.fsdp.sharding_strategy =
+          c.fsdp.reshard_after_forward() ? ShardingStrategy::HybridShard : ShardingStrategy::HybridShardZero2;
+    }
+    return;
   }
   if (shard.value > 1 && !sharded_backend) {
     refuse(shard,

@@ -53,6 +53,7 @@ void Communicator::count(Collective c, std::uint64_t payload, std::uint64_t wire
   counter.calls += 1;
   counter.payload += payload;
   counter.wire += wire;
+  if (count_into_ != nullptr) count_into_->count(c, payload, wire);
 }
 
 std::size_t Communicator::check_groups(const std::vector<std::vector<int>>& groups) const {

@@ -180,7 +180,10 @@ StageMemoryEstimate estimate_stage(const MemoryEstimateInput& in, int s, const S
     e.num_parameters =
         std::accumulate(layers.begin() + e.first_layer, layers.begin() + e.end_layer, std::uint64_t{0});
   }
-  e.state = state_memory(e.num_parameters, ranks, states, layout);
+  // Hybrid sharding splits the state over one machine's ranks (checked to divide in
+  // estimate_pipeline_memory).
+  e.state = state_memory(e.num_parameters, layout.shards_per_machine ? ranks / in.num_machines : ranks,
+                         states, layout);
   const int m = in.micro_batches;
   e.live_micro_batches = schedule == pipeline::Schedule::GPipe ? m : m > 0 ? std::min(p - s, m) : p - s;
   if (p == 1) e.live_micro_batches = 1;  // no pipeline: each micro-batch's backward runs before the next
@@ -209,6 +212,13 @@ std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateIn
   const Config config = estimate_config(in);
   const BackendCapabilities layout = sharding_of(config);
   check_pipeline_fields(in, config, layout);
+  if (in.num_machines < 1 || (in.num_processes / in.pipeline_stages) % in.num_machines != 0) {
+    throw field_error(
+        "num_machines",
+        fmt::format("num_machines ({}) must be at least 1 and divide the data-parallel ranks ({}): "
+                    "every machine runs the same number of processes",
+                    in.num_machines, in.num_processes / in.pipeline_stages));
+  }
   const pipeline::Schedule schedule = estimate_schedule(in);
   const int p = in.pipeline_stages;
   const StageSplit split = split_stages(in, p);

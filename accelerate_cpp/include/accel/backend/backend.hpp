@@ -59,6 +59,9 @@ struct GradientTensors {
   std::vector<torch::Tensor> tensors;
   /// true: each rank holds disjoint slices (a norm sums over ranks); false: every rank holds the same values.
   bool sharded = false;
+  /// With `sharded`: how many ranks hold each slice (the machines under hybrid sharding; the norm's sum over
+  /// ranks counts every slice this many times).
+  int copies = 1;
 };
 
 /// The engine of one prepared model: how its gradients, parameters and optimizer state are laid out and

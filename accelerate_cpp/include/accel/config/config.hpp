@@ -41,11 +41,16 @@ enum class MixedPrecision { No, Fp16, Bf16 };
 /// warm start, after `ddp_comm_powersgd_start_iter` plain steps.
 enum class CommHook { No, Fp16, Bf16, PowerSgd };
 
-/// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1, 2, 3 are accepted too).
+/// FSDP sharding strategy (`fsdp_sharding_strategy:`; Accelerate's numeric forms 1-5 are accepted too).
 enum class ShardingStrategy {
   FullShard,  ///< parameters, gradients and optimizer state sharded; parameters freed after forward (ZeRO-3)
   ShardGradOp,  ///< gradients and optimizer state sharded; parameters kept after forward (ZeRO-2)
-  NoShard       ///< nothing sharded (DDP-like)
+  NoShard,      ///< nothing sharded (DDP-like)
+  /// FULL_SHARD over the ranks of each machine, every machine a replica (PyTorch FSDP's HYBRID_SHARD):
+  /// gradients are reduce-scattered inside the machine, then each shard all-reduced across machines.
+  HybridShard,
+  /// SHARD_GRAD_OP over the ranks of each machine, every machine a replica (FSDP's _HYBRID_SHARD_ZERO2).
+  HybridShardZero2
 };
 
 /// How the model is cut into FSDP units (`fsdp_auto_wrap_policy:`).
@@ -121,8 +126,16 @@ struct FsdpConfig {
   /// `fsdp_use_orig_params`: accepted for Accelerate compatibility; the user's parameters always stay usable.
   bool use_orig_params = true;
 
-  /// True when parameters are freed after forward (FULL_SHARD).
-  bool reshard_after_forward() const { return sharding_strategy == ShardingStrategy::FullShard; }
+  /// True when parameters are freed after forward (FULL_SHARD, HYBRID_SHARD).
+  bool reshard_after_forward() const {
+    return sharding_strategy == ShardingStrategy::FullShard ||
+           sharding_strategy == ShardingStrategy::HybridShard;
+  }
+  /// True for the hybrid strategies: sharded inside each machine, replicated across machines.
+  bool hybrid() const {
+    return sharding_strategy == ShardingStrategy::HybridShard ||
+           sharding_strategy == ShardingStrategy::HybridShardZero2;
+  }
 };
 
 /// Settings of the `zero` backend (YAML section `deepspeed_config:`, DeepSpeed/Accelerate names).
@@ -369,6 +382,9 @@ struct BackendCapabilities {
   /// Gradients are communicated on accumulation micro-steps too (ZeRO-3 reduce-scatters every micro-step),
   /// instead of only on sync steps.
   bool communicates_on_micro_steps = false;
+  /// What is sharded is split over the ranks of one machine and replicated across machines (FSDP's hybrid
+  /// strategies): 1/L of it per rank, L the processes per machine.
+  bool shards_per_machine = false;
 };
 
 /// One layout a backend offers, chosen by one key of its section (`zero_stage: 1`).

@@ -158,6 +158,9 @@ class Communicator {
   /// Sum of `wire` over all collective types.
   std::uint64_t total_wire_bytes() const;
   void reset_counters() { counters_ = {}; }
+  /// Counts this communicator's collectives on `parent` too (which must outlive it; null: stop): a group an
+  /// engine splits off for its own traffic (hybrid sharding) then shows in the accelerator's counters.
+  void count_into(Communicator* parent) noexcept { count_into_ = parent; }
 
  protected:
   Communicator(ProcessState state, CommunicatorOptions options, std::vector<int> job_ranks = {})
@@ -175,6 +178,7 @@ class Communicator {
   CommunicatorOptions options_;
   std::vector<int> job_ranks_;
   std::array<ByteCount, static_cast<std::size_t>(Collective::kCount)> counters_{};
+  Communicator* count_into_ = nullptr;
 };
 
 }  // namespace accel

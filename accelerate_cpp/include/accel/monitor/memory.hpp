@@ -40,11 +40,14 @@ class CpuMemoryCounter {
 
 /// What `estimate_memory` needs to know.
 struct MemoryEstimateInput {
-  std::uint64_t num_parameters = 0;                      ///< P, trainable elements of the model
-  int num_processes = 1;                                 ///< N
-  std::string backend = "ddp";                           ///< local | ddp | zero | fsdp
-  int zero_stage = 2;                                    ///< for zero: 0, 1, 2 or 3
-  std::string fsdp_sharding_strategy = "SHARD_GRAD_OP";  ///< for fsdp: NO_SHARD, SHARD_GRAD_OP or FULL_SHARD
+  std::uint64_t num_parameters = 0;  ///< P, trainable elements of the model
+  int num_processes = 1;             ///< N
+  /// Machines the processes are spread over (hybrid sharding shards over each machine's N / machines).
+  int num_machines = 1;
+  std::string backend = "ddp";  ///< local | ddp | zero | fsdp
+  int zero_stage = 2;           ///< for zero: 0, 1, 2 or 3
+  std::string fsdp_sharding_strategy =
+      "SHARD_GRAD_OP";                 ///< for fsdp: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_*
   std::string optimizer = "adam";      ///< adam | adamw | sgd | sgd_momentum | rmsprop | adagrad
   std::string mixed_precision = "no";  ///< no | bf16 | fp16 (weights stay fp32: autocast)
   /// Pipeline parallelism (`pipeline_config:`): p stages, each run by num_processes / p data-parallel ranks
