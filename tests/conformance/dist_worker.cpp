@@ -1185,11 +1185,18 @@ void nvme() {
           }
           CHECK_MSG(tensors > 2 && held == 0,
                     held << " bytes of " << tensors << " optimizer state tensors in memory between steps");
+          // The last sub-group's file is written behind the step by the tier's I/O thread (its memory is
+          // released once the write is queued): wait for it, bounded, rather than race it (a CI run here saw
+          // 1 of 2 files at this point).
           const auto dir = nvme_swap_dir();
           std::size_t files = 0;
-          if (!dir.empty()) {
-            for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
-              files += f.is_regular_file() ? 1 : 0;
+          for (int attempt = 0; attempt < 300 && files != tensors / 2; ++attempt) {
+            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            files = 0;
+            if (!dir.empty()) {
+              for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
+                files += f.is_regular_file() ? 1 : 0;
+            }
           }
           CHECK_MSG(files == tensors / 2, "swap directory '" << dir.string() << "' holds " << files
                                                              << " files for " << tensors / 2
