@@ -96,8 +96,10 @@ std::vector<std::string> checkpoint_dirs(const std::string& out) {
   return left;
 }
 
-// Rank 0 removes a shared directory (the others may still be reading it until the next collective).
+// Rank 0 removes a shared directory once every rank is done reading it (a barrier first: without it rank 0
+// removed a directory another rank was still listing, a race seen under load in CI).
 void remove_shared(const std::string& dir) {
+  Accelerator(row_options()).wait_for_everyone();
   const char* rank = std::getenv("RANK");
   if (rank == nullptr || std::string(rank) == "0") fs::remove_all(dir);
 }
@@ -377,10 +379,8 @@ void trainer_resume() {
       }
     }
     if (stop == 4) trainer_edited_state(cut_dir, a);
-    if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0")
-      fs::remove_all(cut_dir);
-    std::vector<std::string> sync{""};
-    Accelerator(row_options()).broadcast_object_list(sync);  // rank 0 removed it before the next cut runs
+    remove_shared(cut_dir);
+    Accelerator(row_options()).wait_for_everyone();  // rank 0 removed it before the next cut runs
   }
   remove_shared(straight_dir);
   remove_shared(cut_dir);
