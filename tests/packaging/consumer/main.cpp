@@ -3,7 +3,10 @@
 
 #include <torch/torch.h>
 
+int consumer_default_processes();  // core.cpp
+
 int main() {
+  if (consumer_default_processes() != 1) return 1;
   torch::manual_seed(0);
   torch::nn::Linear model(4, 1);
   torch::optim::SGD optimizer(model->parameters(), 0.1);
