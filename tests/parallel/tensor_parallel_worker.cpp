@@ -26,9 +26,11 @@
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/optim/schedulers.hpp>
 #include <accel/parallel/parallel_attention.hpp>
 #include <accel/parallel/pipeline.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
+#include <accel/trainer/trainer.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,6 +46,7 @@
 
 #include "dist_common.hpp"
 #include "scenario_main.hpp"
+#include "trainer/trainer_fixture.hpp"
 
 // <torch/torch.h> redefines CHECK as a fatal check that aborts the process: use CHECK_MSG (Catch2) here.
 
@@ -554,6 +557,115 @@ void accelerator() {
   CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
 }
 
+// accel::Trainer on a tensor-parallel model, 2-way tensor x 2-way data parallel: the layers need the
+// Accelerator's tensor-parallel group before the Trainer exists, so the program builds the Accelerator and
+// gives it to the Trainer. The run equals, bit for bit, the hand-written accelerated loop of the same
+// arguments (accumulation with an uneven last window, clipping over the split layers, warmup then decay),
+// which `accelerator` above checks against one process; the samples it reports are the dataset's, each
+// counted once although both ranks of a tensor-parallel group read it. Arguments that would change the given
+// Accelerator's config (here its precision) are refused.
+void trainer() {
+  REQUIRE(communicator()->world_size() == 4);
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = 4;
+  config.gradient_accumulation_steps = 2;
+  const auto options = accel::AcceleratorOptions().config(config).tensor_parallel_size(2);
+  torch::manual_seed(10);
+  const auto rows = torch::cat({torch::randn({24, kIn}), torch::randn({24, kOut})}, 1);
+  const auto dataset = torch::data::datasets::TensorDataset(rows).map(
+      torch::data::transforms::Stack<torch::data::TensorExample>());
+  using Rows = std::decay_t<decltype(dataset)>;
+  const auto loss_of = [](torch::nn::Sequential& model, const torch::Tensor& batch) {
+    return torch::mse_loss(model->forward(batch.narrow(1, 0, kIn)), batch.narrow(1, kIn, kOut));
+  };
+  auto args = accel::test::small_trainer_args("");
+  args.output_dir = (std::filesystem::temp_directory_path() / "accel_tp_trainer_unused").string();
+  args.optim = "sgd";
+  args.logging_steps = 100;
+  args.explicit_keys.push_back("seed");
+  args.validate();
+  auto unsplit = [](accel::Accelerator& acc, torch::nn::Sequential& model) {
+    std::vector<torch::Tensor> out;
+    for (const auto& [name, t] : acc.get_state_dict(model))
+      out.push_back(t.clone());
+    return out;
+  };
+
+  std::vector<torch::Tensor> by_trainer;
+  std::int64_t samples = 0;
+  {
+    accel::Accelerator acc(options);
+    auto m = make_mlps(acc.tensor_parallel_group());
+    accel::Trainer<Rows> t(args, acc, m.parallel, dataset,
+                           [&](accel::Trainer<Rows>::Batch& b) { return loss_of(m.parallel, b.data); });
+    t.train();
+    CHECK_MSG(t.state().global_step == 4, "global_step " << t.state().global_step);
+    samples = t.state().num_samples_seen;
+    by_trainer = unsplit(acc, m.parallel);
+  }
+  CHECK_MSG(samples == 48, "the Trainer saw " << samples << " samples; 2 epochs of 24 rows are 48");
+
+  std::vector<torch::Tensor> by_hand;
+  {
+    accel::Accelerator acc(options);
+    acc.set_seed(args.seed);
+    auto m = make_mlps(acc.tensor_parallel_group());
+    auto loader = acc.prepare_data_loader(
+        dataset, accel::DataLoaderOptions(static_cast<std::size_t>(args.per_device_train_batch_size))
+                     .shuffle(true)
+                     .seed(args.seed));
+    // As the Trainer groups them: weight decay on the weights, none on the biases.
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& p : m.parallel->named_parameters())
+      (p.key().find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+    torch::optim::SGDOptions o(args.learning_rate);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(o.weight_decay(args.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(o.weight_decay(0.0)));
+    torch::optim::SGD opt(groups, o);
+    const auto per_epoch = (static_cast<std::int64_t>(loader->size()) + 1) / 2;
+    auto schedule = accel::sched::linear_with_warmup(opt, args.warmup_steps, per_epoch * 2);
+    acc.prepare(m.parallel, opt, *schedule);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (auto& batch : *loader) {
+        auto window = acc.accumulate(m.parallel);
+        m.parallel->train();
+        acc.backward(loss_of(m.parallel, batch.data));
+        if (acc.sync_gradients()) {
+          acc.clip_grad_norm_(args.max_grad_norm);
+          opt.step();
+          schedule->step();
+          opt.zero_grad();
+        }
+      }
+    }
+    by_hand = unsplit(acc, m.parallel);
+
+    // The given Accelerator trains in fp32: arguments asking for bf16 would train differently.
+    auto other = args;
+    other.bf16 = true;
+    std::string error;
+    try {
+      accel::Trainer<Rows> refused(other, acc, m.parallel, dataset, [&](accel::Trainer<Rows>::Batch& b) {
+        return loss_of(m.parallel, b.data);
+      });
+    } catch (const accel::ConfigError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(contains(error,
+                       "TrainingArguments bf16 true differs from the Accelerator given to the Trainer "
+                       "(mixed_precision no)"),
+              (error.empty() ? "no error" : error));
+  }
+  REQUIRE(by_trainer.size() == by_hand.size());
+  for (std::size_t i = 0; i < by_hand.size(); ++i)
+    CHECK_MSG(torch::equal(by_trainer[i], by_hand[i]),
+              "parameter " << i << ": the Trainer's differs from the hand-written loop's by "
+                           << (by_trainer[i] - by_hand[i]).abs().max().item<double>());
+}
+
 // The config of one backend row of these tests, for `world` CPU ranks.
 accel::Config backend_config(const std::string& backend, int world) {
   accel::Config config;
@@ -876,6 +988,7 @@ int main(int argc, char** argv) {
       {"bad_size", bad_size},
       {"tp_dp", tp_dp},
       {"accelerator", accelerator},
+      {"trainer", trainer},
       {"export_ddp", [] { export_on("ddp"); }},
       {"export_zero2", [] { export_on("zero2"); }},
       {"export_zero3", [] { export_on("zero3"); }},
@@ -887,6 +1000,6 @@ int main(int argc, char** argv) {
   return worker::run_named(
       argc == 2 ? argc : 0, argv, scenarios,
       "usage: tensor_parallel_worker <scenario>[,<scenario>...]; scenarios: mlp, embedding, "
-      "count, bad_size, tp_dp, accelerator, export_<ddp|zero2|zero3|fsdp_full_shard>, "
+      "count, bad_size, tp_dp, accelerator, trainer, export_<ddp|zero2|zero3|fsdp_full_shard>, "
       "state_<ddp|zero2|zero3>, pipeline");
 }

@@ -155,6 +155,47 @@ struct TrainerBase::Signals {
 TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : args_(std::move(args)) {
   args_.validate();
   Config config = resolved_config(options);
+  refuse_two_checkpointings(config);
+  // AcceleratorOptions().log_with(...) is the Accelerator's tracker setting: it takes part in the merge.
+  if (options.log_with()) config.log_with = *options.log_with();
+  merge(args_, config);
+  options.config(config).mixed_precision(std::nullopt).gradient_accumulation_steps(std::nullopt);
+  if (options.log_with()) options.log_with(config.log_with);
+  if (options.project_config().project_dir.empty()) options.project_dir(args_.logging_dir);
+  accelerator_ = std::make_shared<Accelerator>(std::move(options));
+  attach();
+}
+
+TrainerBase::TrainerBase(TrainingArguments args, Accelerator& accelerator) : args_(std::move(args)) {
+  args_.validate();
+  const Config& have = accelerator.config();
+  refuse_two_checkpointings(have);
+  // The Accelerator exists, its config fixed: the arguments may agree with it or leave a setting to it, but
+  // not change it (a silently ignored value would train differently from what the arguments say).
+  Config merged = have;
+  merge(args_, merged);
+  const auto fixed = [&](const char* argument, const std::string& value, const char* key,
+                         const std::string& current) {
+    throw ConfigError(
+        fmt::format(
+            "TrainingArguments {} {} differs from the Accelerator given to the Trainer ({} {}), whose "
+            "config is fixed once it is built: set {} in its config or AcceleratorOptions, or leave "
+            "{} out of the arguments",
+            argument, value, key, current, key, argument),
+        args_.source, 0, argument);
+  };
+  if (merged.mixed_precision != have.mixed_precision)
+    fixed(args_.bf16 ? "bf16" : "fp16", "true", "mixed_precision", to_string(have.mixed_precision));
+  if (merged.gradient_accumulation_steps != have.gradient_accumulation_steps)
+    fixed("gradient_accumulation_steps", std::to_string(args_.gradient_accumulation_steps),
+          "gradient_accumulation_steps", std::to_string(have.gradient_accumulation_steps));
+  if (parse_log_with(merged.log_with) != parse_log_with(have.log_with))
+    fixed("report_to", merged.log_with, "log_with", have.log_with.empty() ? "none" : have.log_with);
+  accelerator_ = std::shared_ptr<Accelerator>(&accelerator, [](Accelerator*) {});  // borrowed
+  attach();
+}
+
+void TrainerBase::refuse_two_checkpointings(const Config& config) const {
   if (args_.gradient_checkpointing && config.backend == "fsdp" && config.fsdp.activation_checkpointing) {
     throw ConfigError(  // HF's Trainer refuses the pair with this advice
         "TrainingArguments gradient_checkpointing: true and the Accelerate config's "
@@ -162,22 +203,21 @@ TrainerBase::TrainerBase(TrainingArguments args, AcceleratorOptions options) : a
         "using FSDP (set gradient_checkpointing: false)",
         args_.source, 0, "gradient_checkpointing");
   }
-  // AcceleratorOptions().log_with(...) is the Accelerator's tracker setting: it takes part in the merge.
-  if (options.log_with()) config.log_with = *options.log_with();
-  merge(args_, config);
-  options.config(config).mixed_precision(std::nullopt).gradient_accumulation_steps(std::nullopt);
-  if (options.log_with()) options.log_with(config.log_with);
-  if (options.project_config().project_dir.empty()) options.project_dir(args_.logging_dir);
-  accelerator_ = std::make_unique<Accelerator>(std::move(options));
+}
+
+void TrainerBase::attach() {
   accelerator_->set_seed(args_.seed);
   state_.is_world_process_zero = accelerator_->is_main_process();
   state_.is_local_process_zero = accelerator_->is_local_main_process();
   for (const auto& n : args_.notices)
     accelerator_->print("notice: ", n);
   // trainer_state.json goes into the checkpoint's temporary directory, so it is part of the atomic unit and
-  // of its manifest.
-  accelerator_->register_save_state_pre_hook([this](const std::string& dir) {
-    if (accelerator_->is_main_process()) write_state(dir);
+  // of its manifest. The hook holds a token, not the Trainer: an Accelerator given to the Trainer outlives
+  // it, and its later save_state calls must not reach a destroyed Trainer.
+  std::weak_ptr<TrainerBase*> token = alive_;
+  accelerator_->register_save_state_pre_hook([token](const std::string& dir) {
+    if (const auto self = token.lock(); self && (*self)->accelerator_->is_main_process())
+      (*self)->write_state(dir);
   });
 }
 
@@ -414,8 +454,11 @@ void TrainerBase::window_end() {
   std::vector<int> bad;
   for (int r = 0; r < world; ++r)
     if (f[r] > 0) bad.push_back(r);
-  state_.num_samples_seen += static_cast<std::int64_t>(f[world + 1]);
-  state_.num_input_tokens_seen += static_cast<std::int64_t>(f[world + 2]);
+  // The ranks of one data-parallel replica (a tensor-parallel group) read the same rows: each sample is
+  // counted world / replicas times in the sum.
+  const auto copies = static_cast<std::int64_t>(world / std::max(acc.data_parallel_group()->world_size(), 1));
+  state_.num_samples_seen += static_cast<std::int64_t>(f[world + 1]) / copies;
+  state_.num_input_tokens_seen += static_cast<std::int64_t>(f[world + 2]) / copies;
   if (!bad.empty()) {
     if (args_.nonfinite_loss == "stop") {
       throw Error(

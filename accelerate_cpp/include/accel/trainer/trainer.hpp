@@ -78,6 +78,8 @@ std::int64_t batch_rows(const std::vector<T>& v) {
 class TrainerBase {
  public:
   TrainerBase(TrainingArguments args, AcceleratorOptions options);
+  /// Trains through `accelerator`, which the caller owns and keeps alive while the Trainer lives.
+  TrainerBase(TrainingArguments args, Accelerator& accelerator);
   virtual ~TrainerBase();
   TrainerBase(const TrainerBase&) = delete;
   TrainerBase& operator=(const TrainerBase&) = delete;
@@ -120,6 +122,8 @@ class TrainerBase {
 
  private:
   struct Signals;
+  void refuse_two_checkpointings(const Config& config) const;
+  void attach();
   void build_optimizer();
   void build_scheduler();
   void resume_from(const std::string& dir);
@@ -136,7 +140,8 @@ class TrainerBase {
   }
 
   TrainingArguments args_;
-  std::unique_ptr<Accelerator> accelerator_;
+  std::shared_ptr<Accelerator> accelerator_;  // owned, or borrowed (a no-op deleter)
+  std::shared_ptr<TrainerBase*> alive_ = std::make_shared<TrainerBase*>(this);  // for the save hook
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> scheduler_;
@@ -190,6 +195,20 @@ class Trainer : public detail::TrainerBase {
   Trainer(TrainingArguments args, Model& model, TrainDataset train, LossFunction compute_loss,
           AcceleratorOptions options = {})
       : TrainerBase(std::move(args), std::move(options)),
+        train_(std::move(train)),
+        compute_loss_(std::move(compute_loss)) {
+    if (!compute_loss_) throw UsageError("Trainer: compute_loss is empty");
+    set_model(as_module(model));
+  }
+
+  /// The same, through an Accelerator the program built first (and keeps alive while the Trainer lives): for
+  /// a model that needs it before the Trainer exists, such as tensor-parallel layers built on
+  /// `accelerator.tensor_parallel_group()`. Its config is fixed: arguments that would change its precision,
+  /// gradient accumulation or trackers are a ConfigError naming both values.
+  template <class Model>
+  Trainer(TrainingArguments args, Accelerator& accelerator, Model& model, TrainDataset train,
+          LossFunction compute_loss)
+      : TrainerBase(std::move(args), accelerator),
         train_(std::move(train)),
         compute_loss_(std::move(compute_loss)) {
     if (!compute_loss_) throw UsageError("Trainer: compute_loss is empty");
