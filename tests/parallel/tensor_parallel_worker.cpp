@@ -562,8 +562,8 @@ void accelerator() {
 // gives it to the Trainer. The run equals, bit for bit, the hand-written accelerated loop of the same
 // arguments (accumulation with an uneven last window, clipping over the split layers, warmup then decay),
 // which `accelerator` above checks against one process; the samples it reports are the dataset's, each
-// counted once although both ranks of a tensor-parallel group read it. Arguments that would change the given
-// Accelerator's config (here its precision) are refused.
+// counted once although both ranks of a tensor-parallel group read it, and so is each evaluation row.
+// Arguments that would change the given Accelerator's config (here its precision) are refused.
 void trainer() {
   REQUIRE(communicator()->world_size() == 4);
   accel::Config config;
@@ -577,6 +577,9 @@ void trainer() {
   const auto dataset = torch::data::datasets::TensorDataset(rows).map(
       torch::data::transforms::Stack<torch::data::TensorExample>());
   using Rows = std::decay_t<decltype(dataset)>;
+  const auto eval_rows = torch::cat({torch::randn({22, kIn}), torch::randn({22, kOut})}, 1);
+  const auto eval_set = torch::data::datasets::TensorDataset(eval_rows).map(
+      torch::data::transforms::Stack<torch::data::TensorExample>());
   const auto loss_of = [](torch::nn::Sequential& model, const torch::Tensor& batch) {
     return torch::mse_loss(model->forward(batch.narrow(1, 0, kIn)), batch.narrow(1, kIn, kOut));
   };
@@ -600,10 +603,38 @@ void trainer() {
     auto m = make_mlps(acc.tensor_parallel_group());
     accel::Trainer<Rows> t(args, acc, m.parallel, dataset,
                            [&](accel::Trainer<Rows>::Batch& b) { return loss_of(m.parallel, b.data); });
+    // Predictions and labels of the 22 evaluation rows (the last round is uneven over the 2 replicas).
+    t.set_eval(
+        eval_set,
+        [&](accel::Trainer<Rows>::Batch& b) {
+          accel::EvalOutput o;
+          o.predictions = m.parallel->forward(b.data.narrow(1, 0, kIn));
+          o.labels = b.data.narrow(1, kIn, kOut);
+          o.loss = torch::mse_loss(o.predictions, o.labels);
+          return o;
+        },
+        [](const accel::EvalPrediction& p) {
+          return accel::Metrics{{"rows", static_cast<double>(p.predictions.size(0))},
+                                {"mse", torch::mse_loss(p.predictions, p.label_ids).item<double>()}};
+        });
     t.train();
     CHECK_MSG(t.state().global_step == 4, "global_step " << t.state().global_step);
     samples = t.state().num_samples_seen;
     by_trainer = unsplit(acc, m.parallel);
+    // compute_metrics sees each evaluation row once, although both ranks of a tensor-parallel group read it:
+    // the unsplit model with the trained weights gives the same mean loss over the 22 rows.
+    const auto metrics = t.evaluate();
+    torch::NoGradGuard no_grad;
+    auto params = m.reference->parameters();
+    REQUIRE(params.size() == by_trainer.size());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i].copy_(by_trainer[i]);
+    const double want = loss_of(m.reference, eval_rows).item<double>();
+    CHECK_MSG(metrics.at("eval_rows") == 22,
+              "compute_metrics saw " << metrics.at("eval_rows") << " rows of 22");
+    CHECK_MSG(
+        std::abs(metrics.at("eval_mse") - want) <= 1e-6 * std::max(1.0, want),
+        "eval_mse " << metrics.at("eval_mse") << ", the unsplit model's mean loss over the 22 rows " << want);
   }
   CHECK_MSG(samples == 48, "the Trainer saw " << samples << " samples; 2 epochs of 24 rows are 48");
 
