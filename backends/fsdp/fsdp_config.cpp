@@ -6,7 +6,7 @@ namespace accel {
 namespace config_detail {
 namespace {
 
-const Section kSection = "fsdp_config";
+const Section kFsdpSection = "fsdp_config";
 
 const ChoiceSet<ShardingStrategy>& sharding_choices() {
   static const ChoiceSet<ShardingStrategy> kSet{
@@ -79,10 +79,10 @@ const ChoiceSet<StateDictType>& state_dict_choices() {
 
 std::vector<KeyRow> fsdp_rows() {
   std::vector<KeyRow> rows;
-  rows.push_back(section_row(kSection, "fsdp_*", "settings of the fsdp backend (keys below)"));
+  rows.push_back(section_row(kFsdpSection, "fsdp_*", "settings of the fsdp backend (keys below)"));
   {
     KeyRow r = setting(
-        "fsdp_sharding_strategy", kSection,
+        "fsdp_sharding_strategy", kFsdpSection,
         "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or Accelerate's 1-5); "
         "the hybrid ones shard over each machine's ranks and replicate across machines",
         [](auto& c) -> auto& { return c.fsdp.sharding_strategy; }, choice(sharding_choices),
@@ -92,7 +92,7 @@ std::vector<KeyRow> fsdp_rows() {
   {
     KeyRow r;
     r.name = "fsdp_reshard_after_forward";
-    r.section = kSection;
+    r.section = kFsdpSection;
     r.doc =
         "the strategy by another name: FSDP2's true (FULL_SHARD) or false (SHARD_GRAD_OP), or FSDP1's "
         "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD (what accelerate config writes)";
@@ -102,13 +102,13 @@ std::vector<KeyRow> fsdp_rows() {
     rows.push_back(r);
   }
   rows.push_back(setting(
-      "fsdp_auto_wrap_policy", kSection,
+      "fsdp_auto_wrap_policy", kFsdpSection,
       "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP | PER_CHILD_WRAP (how the model is cut into "
       "units)",
       [](auto& c) -> auto& { return c.fsdp.auto_wrap_policy; }, choice(wrap_choices),
       write_enum<AutoWrapPolicy>, "TRANSFORMER_BASED_WRAP"));
   rows.push_back(setting(
-      "fsdp_min_num_params", kSection, "minimum parameters per unit for SIZE_BASED_WRAP",
+      "fsdp_min_num_params", kFsdpSection, "minimum parameters per unit for SIZE_BASED_WRAP",
       [](auto& c) -> auto& { return c.fsdp.min_num_params; },
       [](const Reader& r, const Entry& e) {
         return static_cast<std::int64_t>(
@@ -117,48 +117,48 @@ std::vector<KeyRow> fsdp_rows() {
       },
       write_int, "1000"));
   rows.push_back(setting(
-      "fsdp_transformer_layer_cls_to_wrap", kSection,
+      "fsdp_transformer_layer_cls_to_wrap", kFsdpSection,
       "comma-separated module names (Module::name()) for TRANSFORMER_BASED_WRAP; empty: the model's repeated "
       "block type, found at prepare",
       [](auto& c) -> auto& { return c.fsdp.transformer_layer_cls_to_wrap; }, text(),
       [](const std::string& s) { return s.empty() ? std::string("null") : yaml_string(s); },
       "'Block, it''s'"));
   rows.push_back(setting(
-      "fsdp_backward_prefetch", kSection, "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH",
+      "fsdp_backward_prefetch", kFsdpSection, "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH",
       [](auto& c) -> auto& { return c.fsdp.backward_prefetch; }, choice(prefetch_choices),
       write_enum<BackwardPrefetch>, "NO_PREFETCH"));
   {
     KeyRow r =
-        ignored("fsdp_backward_prefetch_policy", kSection, "older Accelerate name of fsdp_backward_prefetch");
+        ignored("fsdp_backward_prefetch_policy", kFsdpSection, "older Accelerate name of fsdp_backward_prefetch");
     r.read = [](Reader& rd, const Entry& e, Config& c, Pending&) {
       c.fsdp.backward_prefetch = rd.choice(e, prefetch_choices());
     };
     rows.push_back(r);
   }
   rows.push_back(setting(
-      "fsdp_forward_prefetch", kSection, "gather the next unit during forward",
+      "fsdp_forward_prefetch", kFsdpSection, "gather the next unit during forward",
       [](auto& c) -> auto& { return c.fsdp.forward_prefetch; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "fsdp_offload_params", kSection, "keep sharded parameters and optimizer state on CPU",
+      "fsdp_offload_params", kFsdpSection, "keep sharded parameters and optimizer state on CPU",
       [](auto& c) -> auto& { return c.fsdp.offload_params; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "fsdp_state_dict_type", kSection, "FULL_STATE_DICT | SHARDED_STATE_DICT",
+      "fsdp_state_dict_type", kFsdpSection, "FULL_STATE_DICT | SHARDED_STATE_DICT",
       [](auto& c) -> auto& { return c.fsdp.state_dict_type; }, choice(state_dict_choices),
       write_enum<StateDictType>, "SHARDED_STATE_DICT"));
   rows.push_back(setting(
-      "fsdp_activation_checkpointing", kSection, "recompute each unit's activations in backward",
+      "fsdp_activation_checkpointing", kFsdpSection, "recompute each unit's activations in backward",
       [](auto& c) -> auto& { return c.fsdp.activation_checkpointing; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "fsdp_version", kSection, "1 or 2 (both run the same implementation)",
+      "fsdp_version", kFsdpSection, "1 or 2 (both run the same implementation)",
       [](auto& c) -> auto& { return c.fsdp.version; }, int_in(1, 2, "1 or 2"), write_int, "2"));
   rows.push_back(setting(
-      "fsdp_cpu_ram_efficient_loading", kSection, "only rank 0 materialises full weights when loading",
+      "fsdp_cpu_ram_efficient_loading", kFsdpSection, "only rank 0 materialises full weights when loading",
       [](auto& c) -> auto& { return c.fsdp.cpu_ram_efficient_loading; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "fsdp_sync_module_states", kSection, "broadcast rank 0's parameters and buffers at prepare",
+      "fsdp_sync_module_states", kFsdpSection, "broadcast rank 0's parameters and buffers at prepare",
       [](auto& c) -> auto& { return c.fsdp.sync_module_states; }, boolean(), write_bool, "false"));
   rows.push_back(setting(
-      "fsdp_use_orig_params", kSection, "accepted for Accelerate; the user's parameters always stay usable",
+      "fsdp_use_orig_params", kFsdpSection, "accepted for Accelerate; the user's parameters always stay usable",
       [](auto& c) -> auto& { return c.fsdp.use_orig_params; }, boolean(), write_bool, "false"));
 
   return rows;
@@ -168,12 +168,12 @@ std::vector<KeyRow> fsdp_rows() {
 // fsdp_sharding_strategy the two must agree (a boolean says nothing about NO_SHARD, so any boolean agrees
 // with it).
 void resolve_fsdp(const Reader& r, Config& c, const Pending& p) {
-  const Entry* reshard = p.find(kSection + ".fsdp_reshard_after_forward");
+  const Entry* reshard = p.find(kFsdpSection + ".fsdp_reshard_after_forward");
   if (reshard == nullptr) return;
   const ShardingStrategy implied = r.choice(*reshard, reshard_choices());
   const std::string text = reshard->value.Scalar();
   const bool boolean = is_bool_spelling(text);
-  const Entry* strategy = p.find(kSection + ".fsdp_sharding_strategy");
+  const Entry* strategy = p.find(kFsdpSection + ".fsdp_sharding_strategy");
   if (strategy) {
     if (boolean && c.fsdp.sharding_strategy != ShardingStrategy::NoShard &&
         c.fsdp.reshard_after_forward() != (implied == ShardingStrategy::FullShard)) {
@@ -274,7 +274,7 @@ BackendPart fsdp_config_part() {
   part.info.name = "fsdp";
   part.info.summary = "fully sharded data parallel (FSDP)";
   part.info.distributed_types = {"FSDP"};
-  part.info.section = kSection;
+  part.info.section = kFsdpSection;
   part.info.ask_settings = ask_fsdp;
   // The fact sheet: what each sharding strategy shards, written once.
   part.info.sharding = [](const Config& c) {
@@ -293,7 +293,7 @@ BackendPart fsdp_config_part() {
   }
   part.rows = fsdp_rows();
   part.unsupported = {
-      {kAccelerateYaml, kSection + ".fsdp_ignored_modules", true, AsksNothingWhen::Empty, "",
+      {kAccelerateYaml, kFsdpSection + ".fsdp_ignored_modules", true, AsksNothingWhen::Empty, "",
        "FSDP leaves the modules it names (a regex matched against module names, Accelerate 1.10+) unsharded "
        "and out of its gradient reduction, so each rank trains its own copy of them",
        "remove it: accelerate-cpp shards and reduces every parameter of the prepared model (freeze what "
@@ -335,7 +335,7 @@ bool operator==(const FsdpConfig& a, const FsdpConfig& b) {
   Config x, y;
   x.fsdp = a;
   y.fsdp = b;
-  return config_detail::agree(x, y, config_detail::kSection);
+  return config_detail::agree(x, y, config_detail::kFsdpSection);
 }
 
 }  // namespace accel

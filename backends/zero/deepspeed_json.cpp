@@ -5,6 +5,8 @@
 // leaves out, and keys that map to nothing here are listed as notices, never silently dropped.
 #include "deepspeed_json.hpp"
 
+#include "config/small_file.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -266,25 +268,22 @@ Json parse(const std::string& path, const std::string& text) {
 
 // The text of the DeepSpeed JSON at `path`; ConfigError at the YAML's deepspeed_config_file line.
 std::string read_text(const std::string& path, const DeepSpeedJsonContext& context) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ConfigError(fmt::format("{}cannot open the DeepSpeed config '{}': {}",
-                                  location(context.source, context.line), path, std::strerror(errno)),
-                      context.source, context.line, "deepspeed_config.deepspeed_config_file");
-  }
-  // Bounded: a DeepSpeed config is a few kilobytes, and /dev/zero must not be read until memory runs out.
-  constexpr std::size_t kMaxBytes = std::size_t{16} << 20;
-  std::string text(kMaxBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxBytes) {
+  // Bounded: a DeepSpeed config is a few kilobytes, and /dev/zero must not be read until memory runs out; a
+  // named pipe nobody writes to must not block for ever.
+  const auto file = config_detail::read_small_file(path, std::size_t{16} << 20);
+  if (file.too_large) {
     throw ConfigError(
         fmt::format("{}the DeepSpeed config '{}' is larger than 16 MiB; a DeepSpeed config is a few "
                     "kilobytes of JSON: check the path",
                     location(context.source, context.line), path),
         context.source, context.line, "deepspeed_config.deepspeed_config_file");
   }
-  return text;
+  if (!file.error.empty()) {
+    throw ConfigError(fmt::format("{}cannot open the DeepSpeed config '{}': {}",
+                                  location(context.source, context.line), path, file.error),
+                      context.source, context.line, "deepspeed_config.deepspeed_config_file");
+  }
+  return file.text;
 }
 
 // Top-level keys: read, listed as having no effect, or unknown (ignored with a notice, as DeepSpeed does).

@@ -10,7 +10,7 @@ namespace accel {
 namespace config_detail {
 namespace {
 
-const Section kSection = "deepspeed_config";
+const Section kZeroSection = "deepspeed_config";
 
 const ChoiceSet<OffloadDevice>& offload_choices() {
   static const ChoiceSet<OffloadDevice> kSet{{{"none", OffloadDevice::None, true},
@@ -28,18 +28,18 @@ const ChoiceSet<OffloadDevice>& param_offload_choices() {
 
 std::vector<KeyRow> zero_rows() {
   std::vector<KeyRow> rows;
-  rows.push_back(section_row(kSection, "DeepSpeed", "settings of the zero backend (keys below)"));
+  rows.push_back(section_row(kZeroSection, "DeepSpeed", "settings of the zero backend (keys below)"));
   rows.push_back(setting(
-      "zero_stage", kSection, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)",
+      "zero_stage", kZeroSection, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)",
       [](auto& c) -> auto& { return c.zero.stage; }, int_in(0, 3, "0, 1, 2 or 3"), write_int, "3"));
   rows.push_back(setting(
-      "offload_optimizer_device", kSection,
+      "offload_optimizer_device", kZeroSection,
       "none | cpu | nvme (needs stage >= 1; nvme: each sub-group's optimizer state in a file under "
       "offload_optimizer_nvme_path between steps)",
       [](auto& c) -> auto& { return c.zero.offload_optimizer_device; }, choice(offload_choices),
       write_enum<OffloadDevice>, "cpu"));
   rows.push_back(setting(
-      "offload_optimizer_nvme_path", kSection,
+      "offload_optimizer_nvme_path", kZeroSection,
       "directory for NVMe offload's files (offload_optimizer_device: nvme)",
       [](auto& c) -> auto& { return c.zero.offload_optimizer_nvme_path; },
       [](const Reader& r, const Entry& e) {
@@ -49,13 +49,13 @@ std::vector<KeyRow> zero_rows() {
       },
       [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
   rows.push_back(setting(
-      "offload_param_device", kSection, "none | cpu (needs stage 3)",
+      "offload_param_device", kZeroSection, "none | cpu (needs stage 3)",
       [](auto& c) -> auto& { return c.zero.offload_param_device; }, choice(param_offload_choices),
       write_enum<OffloadDevice>, "cpu"));
   {
     KeyRow r;
     r.name = "gradient_accumulation_steps";
-    r.section = kSection;
+    r.section = kZeroSection;
     r.doc =
         "must agree with the top-level gradient_accumulation_steps; auto: follows it (as Accelerate fills "
         "it)";
@@ -67,7 +67,7 @@ std::vector<KeyRow> zero_rows() {
   }
   {
     KeyRow r = setting(
-        "gradient_clipping", kSection,
+        "gradient_clipping", kZeroSection,
         "max global gradient norm: backward clips each model to it on sync steps, as DeepSpeed's engine "
         "does; "
         "0 disables; absent or auto in a YAML deepspeed_config: 1.0 (what Accelerate fills in)",
@@ -84,26 +84,26 @@ std::vector<KeyRow> zero_rows() {
     rows.push_back(r);
   }
   rows.push_back(setting(
-      "zero3_init_flag", kSection, "construct parameters already partitioned (no effect in LibTorch)",
+      "zero3_init_flag", kZeroSection, "construct parameters already partitioned (no effect in LibTorch)",
       [](auto& c) -> auto& { return c.zero.zero3_init_flag; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "zero3_save_16bit_model", kSection, "save_state also writes a consolidated 16-bit model",
+      "zero3_save_16bit_model", kZeroSection, "save_state also writes a consolidated 16-bit model",
       [](auto& c) -> auto& { return c.zero.zero3_save_16bit_model; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "reduce_bucket_size", kSection,
+      "reduce_bucket_size", kZeroSection,
       "gradient reduce-scatter bucket, in elements as DeepSpeed counts it (5e8 accepted); auto: from the "
       "model; 0: one parameter per bucket, as DeepSpeed (stage 1: auto)",
       [](auto& c) -> auto& { return c.zero.reduce_bucket_size; }, bytes_or_auto(), write_bytes_or_auto,
       "123"));
   rows.push_back(setting(
-      "overlap_comm", kSection, "stage 2 reduces a bucket while backward fills the next",
+      "overlap_comm", kZeroSection, "stage 2 reduces a bucket while backward fills the next",
       [](auto& c) -> auto& { return c.zero.overlap_comm; }, boolean(), write_bool, "false"));
   rows.push_back(setting(
-      "allgather_bucket_size", kSection,
+      "allgather_bucket_size", kZeroSection,
       "accepted (0 too), no effect: stages 1-2 gather each sub-group straight into the parameters",
       [](auto& c) -> auto& { return c.zero.allgather_bucket_size; }, bytes(), write_u64, "456"));
   rows.push_back(setting(
-      "sub_group_size", kSection,
+      "sub_group_size", kZeroSection,
       "stages 1-2: elements per optimizer sub-group (each its own master slice; 4e6 accepted; 0: one "
       "parameter each)",
       [](auto& c) -> auto& { return c.zero.sub_group_size; },
@@ -113,27 +113,27 @@ std::vector<KeyRow> zero_rows() {
       },
       write_u64, "1000"));
   rows.push_back(setting(
-      "stage3_prefetch_bucket_size", kSection,
+      "stage3_prefetch_bucket_size", kZeroSection,
       "parameter elements prefetched ahead in stage 3; auto: from the model; 0: no prefetch (as DeepSpeed)",
       [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes_or_auto(),
       write_bytes_or_auto, "auto"));
   rows.push_back(setting(
-      "activation_checkpointing", kSection, "(accelerate-cpp) recompute activations in backward",
+      "activation_checkpointing", kZeroSection, "(accelerate-cpp) recompute activations in backward",
       [](auto& c) -> auto& { return c.zero.activation_checkpointing; }, boolean(), write_bool, "true"));
   // DeepSpeed's fp16 loss scaler (a DeepSpeed JSON's fp16 block, which DeepSpeed's defaults fill).
   rows.push_back(setting(
-      "fp16_loss_scale", kSection,
+      "fp16_loss_scale", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.loss_scale: 0 dynamic loss scaling, > 0 a static scale",
       [](auto& c) -> auto& { return c.zero.fp16_loss_scale; },
       [](const Reader& r, const Entry& e) { return r.number(e, 0, true, "0 (dynamic) or a positive scale"); },
       write_number, "128"));
   rows.push_back(setting(
-      "fp16_initial_scale_power", kSection,
+      "fp16_initial_scale_power", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.initial_scale_power: the first dynamic scale is 2^this",
       [](auto& c) -> auto& { return c.zero.fp16_initial_scale_power; },
       int_in(-126, 127, "an integer from -126 to 127 (the scale is a float32)"), write_int, "12"));
   rows.push_back(setting(
-      "fp16_loss_scale_window", kSection,
+      "fp16_loss_scale_window", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.loss_scale_window: clean steps between growths of the scale",
       [](auto& c) -> auto& { return c.zero.fp16_loss_scale_window; },
       [](const Reader& r, const Entry& e) {
@@ -141,7 +141,7 @@ std::vector<KeyRow> zero_rows() {
       },
       write_int, "500"));
   rows.push_back(setting(
-      "fp16_hysteresis", kSection,
+      "fp16_hysteresis", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.hysteresis: overflows (skipped steps) before the scale halves",
       [](auto& c) -> auto& { return c.zero.fp16_hysteresis; },
       [](const Reader& r, const Entry& e) {
@@ -149,21 +149,21 @@ std::vector<KeyRow> zero_rows() {
       },
       write_int, "4"));
   rows.push_back(setting(
-      "fp16_consecutive_hysteresis", kSection,
+      "fp16_consecutive_hysteresis", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.consecutive_hysteresis: refill the hysteresis at every clean step",
       [](auto& c) -> auto& { return c.zero.fp16_consecutive_hysteresis; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
-      "fp16_min_loss_scale", kSection,
+      "fp16_min_loss_scale", kZeroSection,
       "(accelerate-cpp) DeepSpeed's fp16.min_loss_scale: the floor of the dynamic scale; an overflow at it "
       "stops the run",
       [](auto& c) -> auto& { return c.zero.fp16_min_loss_scale; },
       [](const Reader& r, const Entry& e) { return r.number(e, 0, false, "a positive number"); },
       write_number, "0.25"));
-  rows.push_back(ignored("deepspeed_multinode_launcher", kSection,
+  rows.push_back(ignored("deepspeed_multinode_launcher", kZeroSection,
                          "accepted, ignored (accel-launch starts every rank)"));
   {
     KeyRow r = ignored(
-        "deepspeed_config_file", kSection,
+        "deepspeed_config_file", kZeroSection,
         "a DeepSpeed JSON config (ds_config.json) read by DeepSpeed's rules instead of the keys above");
     r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { rd.string(e); };  // see resolve
     rows.push_back(r);
@@ -185,7 +185,7 @@ void settle_offload_param(Config& c, const std::string& key) {
 
 void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   const Entry* gas = p.find("gradient_accumulation_steps");
-  const Entry* ds_gas = p.find(kSection + ".gradient_accumulation_steps");
+  const Entry* ds_gas = p.find(kZeroSection + ".gradient_accumulation_steps");
   if (ds_gas != nullptr && ds_gas->value.IsScalar() && ds_gas->value.Scalar() == "auto") ds_gas = nullptr;
   if (const Entry* ds = ds_gas) {
     const int ds_value = static_cast<int>(r.integer(*ds, 1, std::numeric_limits<int>::max(), kPositiveInt));
@@ -197,12 +197,12 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
     c.gradient_accumulation_steps = ds_value;
   }
 
-  const Entry* file = p.find(kSection + ".deepspeed_config_file");
+  const Entry* file = p.find(kZeroSection + ".deepspeed_config_file");
   if (file == nullptr) {
     // Accelerate's DeepSpeedPlugin leaves an absent gradient_clipping "auto" and fills it with 1.0 at
     // prepare: a YAML DeepSpeed section clips at 1.0 unless it says otherwise (a JSON file keeps DeepSpeed's
     // own default, 0). Said once, since the file does not say it.
-    const Entry* clipping = p.find(kSection + ".gradient_clipping");
+    const Entry* clipping = p.find(kZeroSection + ".gradient_clipping");
     const bool clipping_auto =
         clipping != nullptr && clipping->value.IsScalar() && clipping->value.Scalar() == "auto";
     if (c.backend == "zero" && (clipping == nullptr || clipping_auto)) {
@@ -213,8 +213,8 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
           clipping_auto ? "auto" : "not set"));
     }
     if (c.backend == "zero") {
-      settle_stage1_reduce_bucket(c, kSection + ".reduce_bucket_size");
-      settle_offload_param(c, kSection + ".offload_param_device");
+      settle_stage1_reduce_bucket(c, kZeroSection + ".reduce_bucket_size");
+      settle_offload_param(c, kZeroSection + ".offload_param_device");
     }
     return;
   }
@@ -229,7 +229,7 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   // Settings of the section besides the file (which decides them).
   std::vector<std::string> yaml_keys;
   for (const auto& [path, entry] : p.seen) {
-    if (path.rfind(kSection + ".", 0) == 0 && entry.name != "deepspeed_config_file" &&
+    if (path.rfind(kZeroSection + ".", 0) == 0 && entry.name != "deepspeed_config_file" &&
         entry.name != "deepspeed_multinode_launcher" && entry.name != "zero3_init_flag") {
       yaml_keys.push_back(path);
     }
@@ -388,7 +388,7 @@ BackendPart zero_config_part() {
   part.info.summary = "ZeRO stages 0-3 with optional CPU offload (DeepSpeed-style)";
   part.info.aliases = {"deepspeed"};
   part.info.distributed_types = {"DEEPSPEED"};
-  part.info.section = kSection;
+  part.info.section = kZeroSection;
   part.info.ask_settings = ask_zero;
   // The fact sheet: what each stage shards (DeepSpeed's ZeroStageEnum), written once.
   part.info.sharding = [](const Config& c) {
@@ -409,7 +409,7 @@ BackendPart zero_config_part() {
   // launcher-side (which hosts DeepSpeed's own launcher starts ranks on), NVMe paths (used only with an nvme
   // offload device, which is refused), how ZeRO-3 gathers MoE blocks (not what is computed), or a DeepSpeed
   // JSON key that Accelerate's launcher does not read from the YAML either.
-  const Section yaml = kSection + ".";
+  const Section yaml = kZeroSection + ".";
   auto noticed = [&part, &yaml](const char* key, AsksNothingWhen when, const char* neutral, const char* what,
                                 const char* instead) {
     part.unsupported.push_back({kAccelerateYaml, yaml + key, false, when, neutral, what, instead});
@@ -460,7 +460,7 @@ bool operator==(const ZeroConfig& a, const ZeroConfig& b) {
   Config x, y;
   x.zero = a;
   y.zero = b;
-  return config_detail::agree(x, y, config_detail::kSection);
+  return config_detail::agree(x, y, config_detail::kZeroSection);
 }
 
 }  // namespace accel

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -517,6 +518,28 @@ TEST_CASE("config: missing file", "[config]") {
                                      "': No such file or directory; create one with 'accel-launch config'");
   CHECK(e.file() == path);
   CHECK(e.line() == 0);
+}
+
+// A named pipe no process writes to blocked load_file for ever (opening a FIFO for reading waits for a
+// writer; the launcher hung in it: tests/fault/launcher_campaign.sh); now it is an error naming it. A pipe
+// with a writer (`--config_file <(cat x.yaml)`, here /dev/fd/N of a pipe) is read to its end.
+TEST_CASE("config: a FIFO nobody writes to is refused, a pipe with a writer is read", "[config]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("accel-fifo-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string fifo = (dir / "config.yaml").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(accel::Config::load_file(fifo),
+                    "cannot open config file '" + fifo +
+                        "': it is a FIFO (named pipe) that no process writes to; pass the file itself");
+  std::filesystem::remove_all(dir);
+  int ends[2];
+  REQUIRE(::pipe(ends) == 0);
+  const std::string text = "backend: ddp\nnum_processes: 3\nuse_cpu: true\n";
+  REQUIRE(::write(ends[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(ends[1]);
+  const auto c = accel::Config::load_file("/dev/fd/" + std::to_string(ends[0]));
+  ::close(ends[0]);
+  CHECK(c.num_processes == 3);
 }
 
 TEST_CASE("config: error location accessors", "[config]") {

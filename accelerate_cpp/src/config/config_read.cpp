@@ -2,6 +2,7 @@
 // the schema's rows, the values that depend on each other, and validation.
 #include "config/config_detail.hpp"
 #include "config/message_text.hpp"
+#include "config/small_file.hpp"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/parser.h>
@@ -325,38 +326,27 @@ Config load_yaml_bounded(const std::string& text, const std::string& source) {
 }  // namespace config_detail
 
 Config Config::load_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError(
-        fmt::format("cannot open config file '{}': it is a directory; pass the YAML file inside it, "
-                    "or create one with 'accel-launch config'",
-                    path),
-        path);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int error = errno;
-    throw ConfigError(fmt::format("cannot open config file '{}': {}; create one with 'accel-launch config'",
-                                  path, error != 0 ? std::strerror(error) : "unknown error"),
-                      path);
-  }
   // Bounded: a config is a few kilobytes, and /dev/zero passed by mistake must not be read until memory
-  // runs out.
-  constexpr std::size_t kMaxBytes = std::size_t{16} << 20;
-  std::string text(kMaxBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) {
-    throw ConfigError(fmt::format("cannot read config file '{}': {}", path, std::strerror(errno)), path);
-  }
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxBytes) {
+  // runs out; a named pipe nobody writes to must not block for ever.
+  const auto file = config_detail::read_small_file(path, std::size_t{16} << 20);
+  if (file.too_large) {
     throw ConfigError(
         fmt::format("config file '{}' is larger than 16 MiB; a config file is a few kilobytes of "
                     "YAML: check the path",
                     path),
         path);
   }
-  return config_detail::load_yaml_bounded(text, path);
+  if (!file.error.empty()) {
+    const bool directory = file.error.rfind("it is a directory", 0) == 0;
+    const bool fifo = file.error.rfind("it is a FIFO", 0) == 0;
+    throw ConfigError(fmt::format("cannot open config file '{}': {}{}", path, file.error,
+                                  fifo        ? ""
+                                  : directory ? "; pass the YAML file inside it, or create one with "
+                                                "'accel-launch config'"
+                                              : "; create one with 'accel-launch config'"),
+                      path);
+  }
+  return config_detail::load_yaml_bounded(file.text, path);
 }
 
 Config Config::load_string(const std::string& yaml, const std::string& source_name) {

@@ -4,6 +4,7 @@
 #include <accel/trainer/training_arguments.hpp>
 
 #include "config/message_text.hpp"
+#include "config/small_file.hpp"
 #include "config/text_distance.hpp"
 
 #include <fmt/format.h>
@@ -420,25 +421,14 @@ TrainingArguments TrainingArguments::load_string(const std::string& text, const 
 }
 
 TrainingArguments TrainingArguments::load_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("cannot read training arguments '{}': it is a directory", path), path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int error = errno;
-    throw ConfigError(fmt::format("cannot open training arguments '{}': {}", path,
-                                  error != 0 ? std::strerror(error) : "unknown error"),
-                      path);
-  }
-  constexpr std::size_t kMaxBytes = std::size_t{4} << 20;
-  std::string text(kMaxBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxBytes)
+  const auto file = config_detail::read_small_file(path, std::size_t{4} << 20);
+  if (file.too_large)
     throw ConfigError(
         fmt::format("training arguments '{}' are larger than 4 MiB: not a TrainingArguments file", path),
         path);
-  return load_string(text, path);
+  if (!file.error.empty())
+    throw ConfigError(fmt::format("cannot open training arguments '{}': {}", path, file.error), path);
+  return load_string(file.text, path);
 }
 
 void TrainingArguments::set(const std::string& key, const std::string& value, const std::string& where) {

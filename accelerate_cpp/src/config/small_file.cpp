@@ -1,0 +1,79 @@
+#include "config/small_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace accel::config_detail {
+
+namespace {
+
+// Closes the descriptor at scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+SmallFile read_small_file(const std::string& path, std::size_t max_bytes) {
+  SmallFile out;
+  // Non-blocking open: opening a FIFO for reading otherwise waits for a writer, for ever if none comes.
+  Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  if (f.fd < 0) {
+    out.error = std::strerror(errno);
+    return out;
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    out.error = std::strerror(errno);
+    return out;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    out.error = "it is a directory";
+    return out;
+  }
+  std::string text(max_bytes + 1, '\0');
+  std::size_t got = 0;
+  if (S_ISFIFO(st.st_mode)) {
+    // With no writer, a non-blocking read of an empty FIFO returns 0 (end of file); with a writer that has
+    // not written yet, EAGAIN. Only the second may wait.
+    const ssize_t n = ::read(f.fd, text.data(), text.size());
+    if (n == 0) {
+      out.error = "it is a FIFO (named pipe) that no process writes to; pass the file itself";
+      return out;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      out.error = std::strerror(errno);
+      return out;
+    }
+    got = n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  // From here on a plain blocking read to the end (or the bound).
+  const int flags = ::fcntl(f.fd, F_GETFL);
+  if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
+  while (got < text.size()) {
+    const ssize_t n = ::read(f.fd, text.data() + got, text.size() - got);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      out.error = std::strerror(errno);
+      return out;
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > max_bytes) {
+    out.too_large = true;
+    return out;
+  }
+  text.resize(got);
+  out.text = std::move(text);
+  return out;
+}
+
+}  // namespace accel::config_detail
