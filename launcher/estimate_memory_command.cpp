@@ -91,6 +91,11 @@ void setup_estimate_memory_command(CLI::App& app) {
   cmd->add_option("--num_machines,--num-machines", in->num_machines,
                   "Machines the processes run on (HYBRID_* strategies shard over one machine's ranks)")
       ->default_val(1);
+  cmd->add_option(
+         "--hybrid_shard_size,--hybrid-shard-size", in->hybrid_shard_size,
+         "Ranks per shard group for HYBRID_* strategies (fsdp_hybrid_shard_size, parallelism_config's "
+         "dp_shard_size); 0: one machine's")
+      ->default_val(0);
   cmd->add_option("--backend", in->backend, backend_names_help())->default_val("ddp");
   cmd->add_option("--zero_stage,--zero-stage", in->zero_stage, "ZeRO stage for --backend zero: 0, 1, 2 or 3")
       ->default_val(2);

@@ -10,14 +10,21 @@
 
 namespace accel::backends::detail {
 
-ShardGroups shard_groups(Communicator& comm, bool hybrid, const std::string& who) {
+ShardGroups shard_groups(Communicator& comm, bool hybrid, int group_size, const std::string& who) {
   ShardGroups g;
   g.shard = &comm;
   if (!hybrid || comm.world_size() == 1) return g;
+  if (group_size > 0 && comm.world_size() % group_size != 0) {
+    throw UsageError(fmt::format(
+        "{}: fsdp_hybrid_shard_size {} does not divide the {} data-parallel ranks; choose a divisor of {}",
+        who, group_size, comm.world_size(), comm.world_size()));
+  }
   const int per_machine = std::max(comm.state().local_world_size, 1);
-  std::map<int, std::vector<int>> machines;  // machine -> this group's ranks on it, in order
-  for (int r = 0; r < comm.world_size(); ++r)
-    machines[comm.job_ranks()[static_cast<std::size_t>(r)] / per_machine].push_back(r);
+  std::map<int, std::vector<int>> machines;  // shard group (a machine) -> this group's ranks in it, in order
+  for (int r = 0; r < comm.world_size(); ++r) {
+    machines[group_size > 0 ? r / group_size : comm.job_ranks()[static_cast<std::size_t>(r)] / per_machine]
+        .push_back(r);
+  }
   if (machines.size() == 1) return g;  // one machine: hybrid sharding is plain sharding over it
   std::vector<std::vector<int>> shards;
   for (auto& [machine, ranks] : machines) {

@@ -14,7 +14,8 @@
 namespace accel::backends::detail {
 
 /// The communicators a sharding engine works over. `shard` splits parameters, gradients and optimizer state:
-/// every rank of the engine's group, or under hybrid sharding the ranks of one machine; `across` (hybrid
+/// every rank of the engine's group, or under hybrid sharding the ranks of one shard group (a machine, or
+/// fsdp_hybrid_shard_size consecutive ranks); `across` (hybrid
 /// only) joins the ranks of the other machines that hold the same shard, over which each reduced gradient
 /// shard is all-reduced. Shard groups are consecutive ranks, so gathering a flat vector over the whole group
 /// still yields it first (checkpoint consolidation relies on that).
@@ -22,13 +23,14 @@ struct ShardGroups {
   Communicator* shard = nullptr;
   std::shared_ptr<Communicator> shard_owner;  ///< keeps a split-off `shard` alive (null: the engine's own)
   std::shared_ptr<Communicator> across;       ///< null without hybrid sharding (or on one machine)
-  /// Ranks holding each shard: the machines under hybrid sharding, else 1.
+  /// Ranks holding each shard: the shard groups under hybrid sharding, else 1.
   int copies() const { return across ? across->world_size() : 1; }
 };
-/// `comm` itself, or with `hybrid` its ranks split by machine (ProcessState::local_world_size ranks each,
-/// node-major as every launcher numbers them) into shard groups and across groups (collective). UsageError
-/// naming `who` when the machines hold different numbers of the group's ranks.
-ShardGroups shard_groups(Communicator& comm, bool hybrid, const std::string& who);
+/// `comm` itself, or with `hybrid` its ranks split into shard groups and across groups (collective): groups
+/// of `group_size` consecutive ranks of `comm`, or with 0 the ranks of each machine
+/// (ProcessState::local_world_size ranks each, node-major as every launcher numbers them). UsageError naming
+/// `who` when the machines hold different numbers of the group's ranks, or `group_size` does not divide them.
+ShardGroups shard_groups(Communicator& comm, bool hybrid, int group_size, const std::string& who);
 
 /// The position of `p` (the same tensor, not an equal one) in `params`; UsageError naming `who` if absent.
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,

@@ -52,12 +52,14 @@ std::unique_ptr<Backend> make_fsdp_engine(const BackendContext& context) {
       o.offload_optimizer = f.offload_params;
       o.name = "fsdp";
       o.hybrid = f.hybrid();
+      o.hybrid_shard_size = f.hybrid_shard_size;
       return make_zero_backend(context, o);
     }
     case ShardingStrategy::FullShard:
     case ShardingStrategy::HybridShard: {
       FullShardOptions o;
       o.hybrid = f.hybrid();
+      o.hybrid_shard_size = f.hybrid_shard_size;
       o.name = "fsdp";
       o.policy = unit_policy(f.auto_wrap_policy);
       o.min_num_params = f.min_num_params;
@@ -79,7 +81,7 @@ std::vector<std::string> fsdp_notices(const BackendContext& context) {
         "fsdp_config.fsdp_offload_params: true has no effect: this run trains on the CPU, where that state "
         "lives already");
   }
-  if (f.hybrid() && context.comm != nullptr && context.comm->world_size() > 1 &&
+  if (f.hybrid() && f.hybrid_shard_size == 0 && context.comm != nullptr && context.comm->world_size() > 1 &&
       context.comm->state().local_world_size >= context.comm->world_size()) {
     out.push_back(
         fmt::format("fsdp_config.fsdp_sharding_strategy: {} on one machine shards over all of its {} ranks, "

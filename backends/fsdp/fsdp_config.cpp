@@ -84,9 +84,10 @@ std::vector<KeyRow> fsdp_rows() {
     KeyRow r = setting(
         "fsdp_sharding_strategy", kFsdpSection,
         "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or Accelerate's 1-5); "
-        "the hybrid ones shard over each machine's ranks and replicate across machines",
+        "the hybrid ones shard over each machine's ranks (or fsdp_hybrid_shard_size ranks) and replicate "
+        "across them",
         [](auto& c) -> auto& { return c.fsdp.sharding_strategy; }, choice(sharding_choices),
-        write_enum<ShardingStrategy>, "NO_SHARD");
+        write_enum<ShardingStrategy>, "HYBRID_SHARD_ZERO2");
     rows.push_back(r);
   }
   {
@@ -128,8 +129,8 @@ std::vector<KeyRow> fsdp_rows() {
       [](auto& c) -> auto& { return c.fsdp.backward_prefetch; }, choice(prefetch_choices),
       write_enum<BackwardPrefetch>, "NO_PREFETCH"));
   {
-    KeyRow r =
-        ignored("fsdp_backward_prefetch_policy", kFsdpSection, "older Accelerate name of fsdp_backward_prefetch");
+    KeyRow r = ignored("fsdp_backward_prefetch_policy", kFsdpSection,
+                       "older Accelerate name of fsdp_backward_prefetch");
     r.read = [](Reader& rd, const Entry& e, Config& c, Pending&) {
       c.fsdp.backward_prefetch = rd.choice(e, prefetch_choices());
     };
@@ -158,8 +159,15 @@ std::vector<KeyRow> fsdp_rows() {
       "fsdp_sync_module_states", kFsdpSection, "broadcast rank 0's parameters and buffers at prepare",
       [](auto& c) -> auto& { return c.fsdp.sync_module_states; }, boolean(), write_bool, "false"));
   rows.push_back(setting(
-      "fsdp_use_orig_params", kFsdpSection, "accepted for Accelerate; the user's parameters always stay usable",
+      "fsdp_use_orig_params", kFsdpSection,
+      "accepted for Accelerate; the user's parameters always stay usable",
       [](auto& c) -> auto& { return c.fsdp.use_orig_params; }, boolean(), write_bool, "false"));
+  rows.push_back(setting(
+      "fsdp_hybrid_shard_size", kFsdpSection,
+      "accelerate-cpp's: ranks per shard group under the hybrid strategies, consecutive ranks (0: one "
+      "machine's); parallelism_config's dp_shard_size sets it",
+      [](auto& c) -> auto& { return c.fsdp.hybrid_shard_size; },
+      int_in(0, std::numeric_limits<int>::max(), "0 or a number of ranks"), write_int, "4"));
 
   return rows;
 }
@@ -215,6 +223,23 @@ void validate_fsdp(const Config& c, const FailKey& fail_key) {
   if (f.version != 1 && f.version != 2) {
     fail_key("fsdp_config.fsdp_version",
              fmt::format("fsdp_config.fsdp_version ({}) must be 1 or 2", f.version));
+  }
+  if (f.hybrid_shard_size < 0) {
+    fail_key(
+        "fsdp_config.fsdp_hybrid_shard_size",
+        fmt::format("fsdp_config.fsdp_hybrid_shard_size ({}) must not be negative", f.hybrid_shard_size));
+  }
+  if (f.hybrid_shard_size > 0 && !f.hybrid()) {
+    fail_key("fsdp_config.fsdp_hybrid_shard_size",
+             fmt::format("fsdp_config.fsdp_hybrid_shard_size {} needs fsdp_sharding_strategy HYBRID_SHARD or "
+                         "HYBRID_SHARD_ZERO2 (it is {}): set one of them, or remove fsdp_hybrid_shard_size",
+                         f.hybrid_shard_size, to_string(f.sharding_strategy)));
+  }
+  if (f.hybrid_shard_size > 0 && c.num_processes > 1 && c.num_processes % f.hybrid_shard_size != 0) {
+    fail_key("fsdp_config.fsdp_hybrid_shard_size",
+             fmt::format("fsdp_config.fsdp_hybrid_shard_size {} does not divide num_processes {}: the ranks "
+                         "form shard groups of that size; choose a divisor",
+                         f.hybrid_shard_size, c.num_processes));
   }
   // TRANSFORMER_BASED_WRAP without fsdp_transformer_layer_cls_to_wrap is valid (what `accelerate config`
   // writes when a Hugging Face model's _no_split_modules should decide): the config cannot see the model;

@@ -645,7 +645,7 @@ std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, 
   if (context.comm == nullptr)
     throw UsageError(fmt::format("the {} backend needs a communicator", options.name));
   if (context.config != nullptr) detail::refuse_power_sgd(*context.config, options.name);
-  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.name);
+  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.hybrid_shard_size, options.name);
   return std::make_unique<FullShardBackend>(context, std::move(options), std::move(shards));
 }
 

@@ -47,6 +47,8 @@ struct FullShardOptions {
   std::optional<c10::ScalarType> save_16bit;
   /// Hybrid sharding (FSDP's HYBRID_SHARD): shard over each machine's ranks, replicate across machines.
   bool hybrid = false;
+  /// With hybrid: ranks per shard group, consecutive (fsdp_hybrid_shard_size); 0: one machine's.
+  int hybrid_shard_size = 0;
 };
 
 /// Makes the ZeRO-3 / FULL_SHARD backend.

@@ -650,7 +650,7 @@ std::unique_ptr<Backend> make_zero_backend(const BackendContext& context, ZeroOp
                     "make_full_shard_backend)",
                     options.stage));
   }
-  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.name);
+  auto shards = detail::shard_groups(*context.comm, options.hybrid, options.hybrid_shard_size, options.name);
   return std::make_unique<ZeroBackend>(context, std::move(options), std::move(shards));
 }
 

@@ -44,6 +44,8 @@ struct ZeroOptions {
   std::optional<c10::ScalarType> save_16bit;
   /// Hybrid sharding (FSDP's _HYBRID_SHARD_ZERO2): shard over each machine's ranks, replicate across them.
   bool hybrid = false;
+  /// With hybrid: ranks per shard group, consecutive (fsdp_hybrid_shard_size); 0: one machine's.
+  int hybrid_shard_size = 0;
 };
 
 /// Makes the ZeRO backend for stage 1 or 2 (stage 0 is DDP; stage 3 is full_shard_backend.hpp).

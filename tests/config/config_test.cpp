@@ -784,7 +784,8 @@ TEST_CASE("config: every key of the schema set to a non-default value survives s
   CHECK(back.to_yaml() == saved);
   // Equality is derived from the same rows: the file without any one key gives a config that differs. Keys
   // that others depend on make the rest invalid when removed (each such error is expected).
-  const std::vector<std::string> needed_by_others = {"backend", "num_processes", "num_machines"};
+  const std::vector<std::string> needed_by_others = {"backend", "num_processes", "num_machines",
+                                                     "fsdp_config.fsdp_sharding_strategy"};
   for (const auto& key : settings) {
     INFO("without " << key.path);
     const auto dot = key.path.find('.');
@@ -1193,20 +1194,33 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
   CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 4\n")) ==
         "inline.yaml:4: parallelism_config: dp_replicate_size 1 x dp_shard_size 4 x tp_size 1 x cp_size 1 x "
         "sp_size 1 = 4 does not match num_processes 2 (Accelerate refuses this too); adjust the sizes");
-  // Hybrid sharding (HSDP): FSDP's HYBRID_SHARD, whose shard group is the machine.
+  // Hybrid sharding (HSDP): FSDP's HYBRID_SHARD, whose shard groups are dp_shard_size consecutive ranks (the
+  // machines on 2 x 2; pairs of ranks on one machine of 4, as Accelerate's device mesh lays them out).
   const std::string four = "distributed_type: FSDP\nnum_processes: 4\n";
   const std::string two_by_two =
       mesh("  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n");
   const auto hsdp = [&](const std::string& text) { return accel::Config::load_string(text, "inline.yaml"); };
   CHECK(hsdp(four + "num_machines: 2\n" + two_by_two).fsdp.sharding_strategy ==
         accel::ShardingStrategy::HybridShard);
+  CHECK(hsdp(four + "num_machines: 2\n" + two_by_two).fsdp.hybrid_shard_size == 2);
   CHECK(hsdp(four + "num_machines: 2\nfsdp_config:\n  fsdp_reshard_after_forward: false\n" + two_by_two)
             .fsdp.sharding_strategy == accel::ShardingStrategy::HybridShardZero2);
+  const auto one_machine = hsdp(four + two_by_two);
+  CHECK(one_machine.fsdp.sharding_strategy == accel::ShardingStrategy::HybridShard);
+  CHECK(one_machine.fsdp.hybrid_shard_size == 2);
+  // The resolved config (what accel-launch hands the ranks) keeps the groups.
+  CHECK(accel::Config::load_string(one_machine.to_yaml(), "resolved.yaml").fsdp.hybrid_shard_size == 2);
+  CHECK(message(four + "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_hybrid_shard_size: 4\n" +
+                two_by_two) ==
+        "inline.yaml:8: parallelism_config.parallelism_config_dp_shard_size: 2 disagrees with "
+        "fsdp_config.fsdp_hybrid_shard_size 4: both size the shard groups; make them agree or remove one");
+  CHECK(message(four + "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_hybrid_shard_size: 2\n") ==
+        "inline.yaml:5: fsdp_config.fsdp_hybrid_shard_size 2 needs fsdp_sharding_strategy HYBRID_SHARD or "
+        "HYBRID_SHARD_ZERO2 (it is FULL_SHARD): set one of them, or remove fsdp_hybrid_shard_size");
   CHECK(
-      message(four + two_by_two) ==
-      "inline.yaml:5: parallelism_config.parallelism_config_dp_shard_size: 2 with dp_replicate_size 2 asks "
-      "for hybrid sharding over groups of 2 ranks; accelerate-cpp shards over the ranks of one machine (4 = "
-      "num_processes 4 / num_machines 1): set dp_shard_size: 4 and dp_replicate_size: 1");
+      message(four + "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_hybrid_shard_size: 3\n") ==
+      "inline.yaml:5: fsdp_config.fsdp_hybrid_shard_size 3 does not divide num_processes 4: the ranks form "
+      "shard groups of that size; choose a divisor");
   CHECK_THAT(message("distributed_type: DEEPSPEED\nnum_processes: 4\nnum_machines: 2\n" + two_by_two),
              Catch::Contains("which accelerate-cpp runs with distributed_type: FSDP"));
   CHECK(message(ddp + mesh("  parallelism_config_dp_shard_size: 2\n")) ==
@@ -1368,6 +1382,13 @@ TEST_CASE("estimate_memory: each backend's config part gives its layout", "[conf
   in.num_machines = 3;
   CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("num_machines (3) must be at least 1 and divide"));
   in.num_machines = 1;
+  // Shard groups of 2 ranks on one machine (fsdp_hybrid_shard_size, parallelism_config's dp_shard_size).
+  in.hybrid_shard_size = 2;
+  CHECK(total("fsdp") == 4 * (1000 + 500) + 4 * 500 + 4 * 500 * 2);
+  in.hybrid_shard_size = 3;
+  CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("hybrid_shard_size (3) must be 0 (one machine's ranks) or "
+                                                   "divide the data-parallel ranks (4)"));
+  in.hybrid_shard_size = 0;
   in.fsdp_sharding_strategy = "HYBRID";
   CHECK_THROWS_WITH(total("fsdp"), Catch::Contains("fsdp_sharding_strategy 'HYBRID' is not available"));
   in.zero_stage = 4;

@@ -50,7 +50,7 @@ std::string base_variant() {
 
 bool params_sharded() {
   return base_variant() == "zero3" || backend_variant == "fsdp_full_shard" ||
-         backend_variant == "fsdp_hybrid";
+         backend_variant == "fsdp_hybrid" || backend_variant == "fsdp_hsdp";
 }
 
 accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
@@ -86,11 +86,14 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
         {"fsdp_full_shard", ShardingStrategy::FullShard},
         {"fsdp_no_shard", ShardingStrategy::NoShard},
         {"fsdp_hybrid", ShardingStrategy::HybridShard},  // on 2 machines x 2 ranks (two_machines.sh)
-        {"fsdp_hybrid_zero2", ShardingStrategy::HybridShardZero2}};
+        {"fsdp_hybrid_zero2", ShardingStrategy::HybridShardZero2},
+        // One machine, 4 ranks: shard groups of 2 consecutive ranks (parallelism_config 2 x 2).
+        {"fsdp_hsdp", ShardingStrategy::HybridShard}};
     const auto found = kStrategies.find(backend_variant);
     if (found == kStrategies.end()) throw std::invalid_argument("unknown backend variant " + backend_variant);
     c.backend = "fsdp";
     c.fsdp.sharding_strategy = found->second;
+    if (backend_variant == "fsdp_hsdp") c.fsdp.hybrid_shard_size = 2;
     c.fsdp.forward_prefetch = true;
     c.ddp_bucket_cap_mb = peak ? 0.3 : 0.001;
   } else if (backend_variant == "local") {
@@ -824,7 +827,10 @@ void config_clipping() {
 void hybrid() {
   const auto state = ProcessState::from_environment();
   REQUIRE(state.world_size == 4);
-  REQUIRE(state.local_world_size == 2);
+  // Shard groups of 2: each machine of 2 x 2 ranks, or fsdp_hybrid_shard_size 2 on one machine of 4.
+  const int group =
+      cpu_config().fsdp.hybrid_shard_size > 0 ? cpu_config().fsdp.hybrid_shard_size : state.local_world_size;
+  REQUIRE(group == 2);
   const double max_norm = 0.05;
   constexpr int kSteps = 3;
   std::vector<torch::Tensor> got;
@@ -845,7 +851,7 @@ void hybrid() {
       model_bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
     CHECK_MSG(2 * shard_bytes >= model_bytes && 2 * shard_bytes < model_bytes + 64 * 4,
               "a rank holds " << shard_bytes << " bytes of a " << model_bytes
-                              << "-byte model: half of it (the machine's 2 ranks share it)");
+                              << "-byte model: half of it (the shard group's 2 ranks share it)");
     auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
         Regression(4 * 4 * kSteps).map(torch::data::transforms::Stack<>()),
         torch::data::DataLoaderOptions(4));
@@ -858,11 +864,11 @@ void hybrid() {
       CHECK_MSG(across.payload <= static_cast<std::uint64_t>(shard_bytes) &&
                     across.payload + 64 * 4 >= static_cast<std::uint64_t>(shard_bytes),
                 "all-reduce payload " << across.payload << " bytes in a step, want this rank's shard, "
-                                      << shard_bytes << " bytes (all-reduced across the 2 machines)");
+                                      << shard_bytes << " bytes (all-reduced across the 2 shard groups)");
       CHECK_MSG(acc.communicator().bytes(Collective::ReduceScatter).calls +
                         acc.communicator().bytes(Collective::Reduce).calls >
                     0,
-                "the gradients must be reduce-scattered inside the machine");
+                "the gradients must be reduce-scattered inside the shard group");
       got_norms.push_back(acc.clip_grad_norm_(max_norm));
       opt.step();
       opt.zero_grad();
@@ -1471,10 +1477,12 @@ void memory() {
   in.fsdp_sharding_strategy = backend_variant == "fsdp_grad_op"        ? "SHARD_GRAD_OP"
                               : backend_variant == "fsdp_full_shard"   ? "FULL_SHARD"
                               : backend_variant == "fsdp_hybrid"       ? "HYBRID_SHARD"
+                              : backend_variant == "fsdp_hsdp"         ? "HYBRID_SHARD"
                               : backend_variant == "fsdp_hybrid_zero2" ? "HYBRID_SHARD_ZERO2"
                                                                        : "NO_SHARD";
   const auto state = ProcessState::from_environment();
   in.num_machines = state.world_size / std::max(state.local_world_size, 1);
+  in.hybrid_shard_size = cpu_config().fsdp.hybrid_shard_size;
   in.optimizer = "adam";
   const auto predicted = estimate_memory(in);
   auto within = [](std::uint64_t m, std::uint64_t p) {
@@ -1747,9 +1755,10 @@ int main(int argc, char** argv) {
   if (argc > 3) argc = 0;  // usage
   if (argc == 3) backend_variant = argv[2];
   // Every scenario of the comma-separated list runs in this process group, each as a Catch2 test case.
-  return worker::run_named(argc, argv, scenarios,
-                           "usage: dist_worker <scenario>[,<scenario>...] "
-                           "[local|ddp|zero1|zero2|zero2_no_overlap|zero2_auto|zero3|"
-                           "fsdp_full_shard|fsdp_grad_op|fsdp_no_shard|fsdp_hybrid|fsdp_hybrid_zero2]",
-                           argc == 3 ? backend_variant : "");
+  return worker::run_named(
+      argc, argv, scenarios,
+      "usage: dist_worker <scenario>[,<scenario>...] "
+      "[local|ddp|zero1|zero2|zero2_no_overlap|zero2_auto|zero3|"
+      "fsdp_full_shard|fsdp_grad_op|fsdp_no_shard|fsdp_hybrid|fsdp_hybrid_zero2|fsdp_hsdp]",
+      argc == 3 ? backend_variant : "");
 }

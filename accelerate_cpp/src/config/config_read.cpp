@@ -93,9 +93,9 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
   }
   const bool sharded_backend = c.backend == "fsdp" || c.backend == "zero";
   if (replicate.value > 1 && shard.value > 1) {
-    // Hybrid sharding (HSDP): what fsdp's HYBRID_SHARD / HYBRID_SHARD_ZERO2 run, whose shard group is the
-    // machine: dp_shard_size must be the processes per machine.
-    const std::int64_t per_machine = c.num_processes / std::max(c.num_machines, 1);
+    // Hybrid sharding (HSDP): what fsdp's HYBRID_SHARD / HYBRID_SHARD_ZERO2 run. Accelerate's FSDP2 builds a
+    // device mesh (dp_replicate, dp_shard) over the ranks in that order (parallelism_config.py, _get_mesh),
+    // so each shard group is dp_shard_size consecutive ranks: fsdp_hybrid_shard_size.
     if (c.backend != "fsdp") {
       refuse(
           replicate,
@@ -103,21 +103,21 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
                       "distributed_type: FSDP (fsdp_sharding_strategy: HYBRID_SHARD); use that, or set "
                       "dp_replicate_size: 1 and dp_shard_size: {} to shard over every rank",
                       shard.value, c.num_processes));
-    } else if (shard.value != per_machine) {
-      refuse(shard,
-             fmt::format("with dp_replicate_size {} asks for hybrid sharding over groups of {} ranks; "
-                         "accelerate-cpp shards over the ranks of one machine ({} = num_processes {} / "
-                         "num_machines {}): set dp_shard_size: {} and dp_replicate_size: {}",
-                         replicate.value, shard.value, per_machine, c.num_processes, c.num_machines,
-                         per_machine, c.num_machines));
     } else if (c.fsdp.sharding_strategy == ShardingStrategy::NoShard) {
       refuse(shard,
              "asks for hybrid sharding, but fsdp_sharding_strategy is NO_SHARD (nothing sharded); "
              "set fsdp_sharding_strategy: HYBRID_SHARD, or dp_shard_size: 1");
-    } else if (!c.fsdp.hybrid()) {
-      // As Accelerate's FSDP2 runs it: a 2-D mesh, sharded as the strategy says inside each shard group.
-      c.fsdp.sharding_strategy =
-          c.fsdp.reshard_after_forward() ? ShardingStrategy::HybridShard : ShardingStrategy::HybridShardZero2;
+    } else if (c.fsdp.hybrid_shard_size > 0 && c.fsdp.hybrid_shard_size != shard.value) {
+      refuse(shard, fmt::format("disagrees with fsdp_config.fsdp_hybrid_shard_size {}: both size the shard "
+                                "groups; make them agree or remove one",
+                                c.fsdp.hybrid_shard_size));
+    } else {
+      // As Accelerate's FSDP2 runs it: sharded as the strategy says inside each shard group.
+      if (!c.fsdp.hybrid()) {
+        c.fsdp.sharding_strategy = c.fsdp.reshard_after_forward() ? ShardingStrategy::HybridShard
+                                                                  : ShardingStrategy::HybridShardZero2;
+      }
+      c.fsdp.hybrid_shard_size = static_cast<int>(shard.value);
     }
     return;
   }

@@ -274,10 +274,11 @@ std::vector<KeyRow> make_schema() {
   for (const auto& [name, doc] : std::vector<std::pair<const char*, const char*>>{
            {"parallelism_config_dp_replicate_size",
             "model replicas: num_processes under MULTI_CPU/MULTI_GPU (DDP); with dp_shard_size > 1 hybrid "
-            "sharding (FSDP only: HYBRID_SHARD, one replica per machine)"},
+            "sharding (FSDP only: HYBRID_SHARD over groups of dp_shard_size ranks)"},
            {"parallelism_config_dp_shard_size",
-            "ranks a model is sharded over: num_processes under FSDP or DEEPSPEED, or the processes "
-            "per machine with dp_replicate_size > 1 (FSDP's hybrid sharding)"},
+            "ranks a model is sharded over: num_processes under FSDP or DEEPSPEED, or with "
+            "dp_replicate_size > 1 each shard group's consecutive ranks (FSDP's hybrid sharding: "
+            "fsdp_hybrid_shard_size)"},
            {"parallelism_config_tp_size",
             "1 only: tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp "
             "layers"},

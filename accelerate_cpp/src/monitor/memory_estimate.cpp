@@ -180,10 +180,10 @@ StageMemoryEstimate estimate_stage(const MemoryEstimateInput& in, int s, const S
     e.num_parameters =
         std::accumulate(layers.begin() + e.first_layer, layers.begin() + e.end_layer, std::uint64_t{0});
   }
-  // Hybrid sharding splits the state over one machine's ranks (checked to divide in
-  // estimate_pipeline_memory).
-  e.state = state_memory(e.num_parameters, layout.shards_per_machine ? ranks / in.num_machines : ranks,
-                         states, layout);
+  // Hybrid sharding splits the state over one shard group's ranks: a machine's, or hybrid_shard_size (checked
+  // to divide in estimate_pipeline_memory).
+  const int shard_ranks = in.hybrid_shard_size > 0 ? in.hybrid_shard_size : ranks / in.num_machines;
+  e.state = state_memory(e.num_parameters, layout.shards_per_machine ? shard_ranks : ranks, states, layout);
   const int m = in.micro_batches;
   e.live_micro_batches = schedule == pipeline::Schedule::GPipe ? m : m > 0 ? std::min(p - s, m) : p - s;
   if (p == 1) e.live_micro_batches = 1;  // no pipeline: each micro-batch's backward runs before the next
@@ -218,6 +218,13 @@ std::vector<StageMemoryEstimate> estimate_pipeline_memory(const MemoryEstimateIn
         fmt::format("num_machines ({}) must be at least 1 and divide the data-parallel ranks ({}): "
                     "every machine runs the same number of processes",
                     in.num_machines, in.num_processes / in.pipeline_stages));
+  }
+  if (in.hybrid_shard_size < 0 ||
+      (in.hybrid_shard_size > 0 && (in.num_processes / in.pipeline_stages) % in.hybrid_shard_size != 0)) {
+    throw field_error("hybrid_shard_size",
+                      fmt::format("hybrid_shard_size ({}) must be 0 (one machine's ranks) or divide the "
+                                  "data-parallel ranks ({})",
+                                  in.hybrid_shard_size, in.num_processes / in.pipeline_stages));
   }
   const pipeline::Schedule schedule = estimate_schedule(in);
   const int p = in.pipeline_stages;

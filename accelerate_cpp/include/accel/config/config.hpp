@@ -125,13 +125,18 @@ struct FsdpConfig {
   bool sync_module_states = true;
   /// `fsdp_use_orig_params`: accepted for Accelerate compatibility; the user's parameters always stay usable.
   bool use_orig_params = true;
+  /// `fsdp_hybrid_shard_size` (accelerate-cpp's; parallelism_config's dp_shard_size sets it): the ranks of
+  /// each shard group under HYBRID_SHARD / HYBRID_SHARD_ZERO2, consecutive ranks as Accelerate's device mesh
+  /// (dp_replicate, dp_shard) lays them out; 0: the ranks of one machine (FSDP1's hybrid sharding).
+  int hybrid_shard_size = 0;
 
   /// True when parameters are freed after forward (FULL_SHARD, HYBRID_SHARD).
   bool reshard_after_forward() const {
     return sharding_strategy == ShardingStrategy::FullShard ||
            sharding_strategy == ShardingStrategy::HybridShard;
   }
-  /// True for the hybrid strategies: sharded inside each machine, replicated across machines.
+  /// True for the hybrid strategies: sharded inside each shard group (a machine unless hybrid_shard_size
+  /// says otherwise), replicated across the groups.
   bool hybrid() const {
     return sharding_strategy == ShardingStrategy::HybridShard ||
            sharding_strategy == ShardingStrategy::HybridShardZero2;
@@ -382,8 +387,8 @@ struct BackendCapabilities {
   /// Gradients are communicated on accumulation micro-steps too (ZeRO-3 reduce-scatters every micro-step),
   /// instead of only on sync steps.
   bool communicates_on_micro_steps = false;
-  /// What is sharded is split over the ranks of one machine and replicated across machines (FSDP's hybrid
-  /// strategies): 1/L of it per rank, L the processes per machine.
+  /// What is sharded is split over the ranks of one shard group and replicated across the groups (FSDP's
+  /// hybrid strategies): 1/L of it per rank, L the processes per machine or fsdp_hybrid_shard_size.
   bool shards_per_machine = false;
 };
 

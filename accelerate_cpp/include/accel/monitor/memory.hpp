@@ -44,6 +44,8 @@ struct MemoryEstimateInput {
   int num_processes = 1;             ///< N
   /// Machines the processes are spread over (hybrid sharding shards over each machine's N / machines).
   int num_machines = 1;
+  /// Ranks per shard group under hybrid sharding (fsdp_hybrid_shard_size); 0: one machine's N / machines.
+  int hybrid_shard_size = 0;
   std::string backend = "ddp";  ///< local | ddp | zero | fsdp
   int zero_stage = 2;           ///< for zero: 0, 1, 2 or 3
   std::string fsdp_sharding_strategy =
