@@ -557,6 +557,8 @@ void accelerator() {
   CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
 }
 
+std::string shared_temp_dir(Communicator& world);
+
 // accel::Trainer on a tensor-parallel model, 2-way tensor x 2-way data parallel: the layers need the
 // Accelerator's tensor-parallel group before the Trainer exists, so the program builds the Accelerator and
 // gives it to the Trainer. The run equals, bit for bit, the hand-written accelerated loop of the same
@@ -601,40 +603,52 @@ void trainer() {
   {
     accel::Accelerator acc(options);
     auto m = make_mlps(acc.tensor_parallel_group());
-    accel::Trainer<Rows> t(args, acc, m.parallel, dataset,
-                           [&](accel::Trainer<Rows>::Batch& b) { return loss_of(m.parallel, b.data); });
-    // Predictions and labels of the 22 evaluation rows (the last round is uneven over the 2 replicas).
-    t.set_eval(
-        eval_set,
-        [&](accel::Trainer<Rows>::Batch& b) {
-          accel::EvalOutput o;
-          o.predictions = m.parallel->forward(b.data.narrow(1, 0, kIn));
-          o.labels = b.data.narrow(1, kIn, kOut);
-          o.loss = torch::mse_loss(o.predictions, o.labels);
-          return o;
-        },
-        [](const accel::EvalPrediction& p) {
-          return accel::Metrics{{"rows", static_cast<double>(p.predictions.size(0))},
-                                {"mse", torch::mse_loss(p.predictions, p.label_ids).item<double>()}};
-        });
-    t.train();
-    CHECK_MSG(t.state().global_step == 4, "global_step " << t.state().global_step);
-    samples = t.state().num_samples_seen;
-    by_trainer = unsplit(acc, m.parallel);
-    // compute_metrics sees each evaluation row once, although both ranks of a tensor-parallel group read it:
-    // the unsplit model with the trained weights gives the same mean loss over the 22 rows.
-    const auto metrics = t.evaluate();
-    torch::NoGradGuard no_grad;
-    auto params = m.reference->parameters();
-    REQUIRE(params.size() == by_trainer.size());
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i].copy_(by_trainer[i]);
-    const double want = loss_of(m.reference, eval_rows).item<double>();
-    CHECK_MSG(metrics.at("eval_rows") == 22,
-              "compute_metrics saw " << metrics.at("eval_rows") << " rows of 22");
-    CHECK_MSG(
-        std::abs(metrics.at("eval_mse") - want) <= 1e-6 * std::max(1.0, want),
-        "eval_mse " << metrics.at("eval_mse") << ", the unsplit model's mean loss over the 22 rows " << want);
+    {
+      accel::Trainer<Rows> t(args, acc, m.parallel, dataset,
+                             [&](accel::Trainer<Rows>::Batch& b) { return loss_of(m.parallel, b.data); });
+      // Predictions and labels of the 22 evaluation rows (the last round is uneven over the 2 replicas).
+      t.set_eval(
+          eval_set,
+          [&](accel::Trainer<Rows>::Batch& b) {
+            accel::EvalOutput o;
+            o.predictions = m.parallel->forward(b.data.narrow(1, 0, kIn));
+            o.labels = b.data.narrow(1, kIn, kOut);
+            o.loss = torch::mse_loss(o.predictions, o.labels);
+            return o;
+          },
+          [](const accel::EvalPrediction& p) {
+            return accel::Metrics{{"rows", static_cast<double>(p.predictions.size(0))},
+                                  {"mse", torch::mse_loss(p.predictions, p.label_ids).item<double>()}};
+          });
+      t.train();
+      CHECK_MSG(t.state().global_step == 4, "global_step " << t.state().global_step);
+      samples = t.state().num_samples_seen;
+      by_trainer = unsplit(acc, m.parallel);
+      // compute_metrics sees each evaluation row once, although both ranks of a tensor-parallel group read
+      // it: the unsplit model with the trained weights gives the same mean loss over the 22 rows.
+      const auto metrics = t.evaluate();
+      torch::NoGradGuard no_grad;
+      auto params = m.reference->parameters();
+      REQUIRE(params.size() == by_trainer.size());
+      for (std::size_t i = 0; i < params.size(); ++i)
+        params[i].copy_(by_trainer[i]);
+      const double want = loss_of(m.reference, eval_rows).item<double>();
+      CHECK_MSG(metrics.at("eval_rows") == 22,
+                "compute_metrics saw " << metrics.at("eval_rows") << " rows of 22");
+      CHECK_MSG(std::abs(metrics.at("eval_mse") - want) <= 1e-6 * std::max(1.0, want),
+                "eval_mse " << metrics.at("eval_mse") << ", the unsplit model's mean loss over the 22 rows "
+                            << want);
+    }
+    // The Trainer is gone, the Accelerator lives on: the Trainer released what it prepared (its optimizer,
+    // schedule and loaders died with it), so the Accelerator holds no optimizer state and saves without
+    // reaching into freed objects.
+    CHECK_MSG(acc.memory_report().optimizer_state == 0, "after the Trainer, the Accelerator still counts "
+                                                            << acc.memory_report().optimizer_state
+                                                            << " bytes of optimizer state");
+    const auto dir = shared_temp_dir(acc.communicator());
+    acc.save_state(dir);
+    acc.wait_for_everyone();
+    if (acc.is_main_process()) std::filesystem::remove_all(dir);
   }
   CHECK_MSG(samples == 48, "the Trainer saw " << samples << " samples; 2 epochs of 24 rows are 48");
 

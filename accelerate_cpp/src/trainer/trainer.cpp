@@ -17,6 +17,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 
 namespace accel {
@@ -170,6 +171,26 @@ TrainerBase::TrainerBase(TrainingArguments args, Accelerator& accelerator) : arg
   args_.validate();
   const Config& have = accelerator.config();
   refuse_two_checkpointings(have);
+  // The trackers and where they write are the Accelerator's (AcceleratorOptions().log_with may override its
+  // config's log_with, which the Trainer cannot see): naming them in the arguments too is refused.
+  for (const auto& t : args_.report_to) {
+    if (t == "none") continue;
+    throw ConfigError(
+        fmt::format(
+            "TrainingArguments report_to {}: with an Accelerator given to the Trainer, the trackers are "
+            "the Accelerator's; choose them there (AcceleratorOptions().log_with(\"{}\") or log_with in "
+            "its config) and leave report_to at none",
+            t, t),
+        args_.source, 0, "report_to");
+  }
+  if (args_.is_explicit("logging_dir")) {
+    throw ConfigError(
+        fmt::format(
+            "TrainingArguments logging_dir {}: with an Accelerator given to the Trainer, tracker logs go "
+            "to its project_dir; set AcceleratorOptions().project_dir(\"{}\") and remove logging_dir",
+            args_.logging_dir, args_.logging_dir),
+        args_.source, 0, "logging_dir");
+  }
   // The Accelerator exists, its config fixed: the arguments may agree with it or leave a setting to it, but
   // not change it (a silently ignored value would train differently from what the arguments say).
   Config merged = have;
@@ -189,9 +210,8 @@ TrainerBase::TrainerBase(TrainingArguments args, Accelerator& accelerator) : arg
   if (merged.gradient_accumulation_steps != have.gradient_accumulation_steps)
     fixed("gradient_accumulation_steps", std::to_string(args_.gradient_accumulation_steps),
           "gradient_accumulation_steps", std::to_string(have.gradient_accumulation_steps));
-  if (parse_log_with(merged.log_with) != parse_log_with(have.log_with))
-    fixed("report_to", merged.log_with, "log_with", have.log_with.empty() ? "none" : have.log_with);
   accelerator_ = std::shared_ptr<Accelerator>(&accelerator, [](Accelerator*) {});  // borrowed
+  borrowed_ = true;
   attach();
 }
 
@@ -221,7 +241,20 @@ void TrainerBase::attach() {
   });
 }
 
-TrainerBase::~TrainerBase() = default;
+TrainerBase::~TrainerBase() {
+  // A borrowed Accelerator outlives the Trainer, but what it prepared (the optimizer, the schedule, the
+  // loaders) dies with it: release them, as free_memory() does, so that the Accelerator keeps no pointer into
+  // a destroyed object (its model goes back to plain LibTorch). Collective, as the destruction of an
+  // Accelerator the Trainer owns is.
+  if (borrowed_ && prepared_) {
+    try {
+      accelerator_->free_memory();
+    } catch (const std::exception& e) {
+      std::cerr << "accelerate-cpp: Trainer: releasing what it prepared on the given Accelerator failed: "
+                << e.what() << std::endl;
+    }
+  }
+}
 
 void TrainerBase::add_callback(std::shared_ptr<TrainerCallback> callback) {
   if (!callback) throw UsageError("Trainer::add_callback: null callback");

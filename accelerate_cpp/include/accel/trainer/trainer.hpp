@@ -141,6 +141,7 @@ class TrainerBase {
 
   TrainingArguments args_;
   std::shared_ptr<Accelerator> accelerator_;  // owned, or borrowed (a no-op deleter)
+  bool borrowed_ = false;
   std::shared_ptr<TrainerBase*> alive_ = std::make_shared<TrainerBase*>(this);  // for the save hook
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
@@ -203,8 +204,11 @@ class Trainer : public detail::TrainerBase {
 
   /// The same, through an Accelerator the program built first (and keeps alive while the Trainer lives): for
   /// a model that needs it before the Trainer exists, such as tensor-parallel layers built on
-  /// `accelerator.tensor_parallel_group()`. Its config is fixed: arguments that would change its precision,
-  /// gradient accumulation or trackers are a ConfigError naming both values.
+  /// `accelerator.tensor_parallel_group()`. Its config is fixed: arguments that would change its precision or
+  /// gradient accumulation are a ConfigError naming both values; its trackers and their directory are its own
+  /// (report_to and logging_dir in the arguments are refused). When the Trainer is destroyed it releases
+  /// what it prepared on the Accelerator (free_memory(): collective), whose model is then plain LibTorch
+  /// again.
   template <class Model>
   Trainer(TrainingArguments args, Accelerator& accelerator, Model& model, TrainDataset train,
           LossFunction compute_loss)
