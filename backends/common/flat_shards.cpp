@@ -16,7 +16,8 @@ ShardGroups shard_groups(Communicator& comm, bool hybrid, int group_size, const 
   if (!hybrid || comm.world_size() == 1) return g;
   if (group_size > 0 && comm.world_size() % group_size != 0) {
     throw UsageError(fmt::format(
-        "{}: fsdp_hybrid_shard_size {} does not divide the {} data-parallel ranks; choose a divisor of {}",
+        "{}: fsdp_hybrid_shard_size (parallelism_config's dp_shard_size) {} does not divide the {} "
+        "data-parallel ranks; choose a divisor of {}",
         who, group_size, comm.world_size(), comm.world_size()));
   }
   const int per_machine = std::max(comm.state().local_world_size, 1);

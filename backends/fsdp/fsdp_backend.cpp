@@ -81,6 +81,18 @@ std::vector<std::string> fsdp_notices(const BackendContext& context) {
         "fsdp_config.fsdp_offload_params: true has no effect: this run trains on the CPU, where that state "
         "lives already");
   }
+  if (f.hybrid() && f.hybrid_shard_size >= 1 && context.comm != nullptr && context.comm->world_size() > 1 &&
+      f.hybrid_shard_size >= context.comm->world_size()) {
+    // Accelerate refuses a mesh whose sizes do not multiply to the world size; here the file's num_processes
+    // may have been overridden (--num_processes) after parallelism_config was checked against it.
+    out.push_back(fmt::format(
+        "fsdp_config.fsdp_hybrid_shard_size (parallelism_config's dp_shard_size) {} covers all {} "
+        "data-parallel ranks: one shard group and no replica, as {} over every rank; for hybrid sharding run "
+        "{} processes or another multiple of {} above it",
+        f.hybrid_shard_size, context.comm->world_size(),
+        f.reshard_after_forward() ? "FULL_SHARD" : "SHARD_GRAD_OP", 2 * f.hybrid_shard_size,
+        f.hybrid_shard_size));
+  }
   if (f.hybrid() && f.hybrid_shard_size == 0 && context.comm != nullptr && context.comm->world_size() > 1 &&
       context.comm->state().local_world_size >= context.comm->world_size()) {
     out.push_back(

@@ -540,6 +540,12 @@ TEST_CASE("config: a FIFO nobody writes to is refused, a pipe with a writer is r
   const auto c = accel::Config::load_file("/dev/fd/" + std::to_string(ends[0]));
   ::close(ends[0]);
   CHECK(c.num_processes == 3);
+  // An anonymous pipe already at its end (`<(true)`) is an empty file, as an empty regular file is.
+  REQUIRE(::pipe(ends) == 0);
+  ::close(ends[1]);
+  const auto empty = accel::Config::load_file("/dev/fd/" + std::to_string(ends[0]));
+  ::close(ends[0]);
+  CHECK(empty == accel::Config::load_string("", "empty.yaml"));
 }
 
 TEST_CASE("config: error location accessors", "[config]") {

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 namespace accel::config_detail {
 
@@ -42,9 +43,14 @@ SmallFile read_small_file(const std::string& path, std::size_t max_bytes) {
   std::size_t got = 0;
   if (S_ISFIFO(st.st_mode)) {
     // With no writer, a non-blocking read of an empty FIFO returns 0 (end of file); with a writer that has
-    // not written yet, EAGAIN. Only the second may wait.
+    // not written yet, EAGAIN. Only the second may wait. An anonymous pipe (`<(cmd)`, /dev/fd/N) at its end
+    // at once is an empty file; a named FIFO nobody writes to is a mistake worth naming.
     const ssize_t n = ::read(f.fd, text.data(), text.size());
     if (n == 0) {
+      char target[64] = {};
+      const std::string self = "/proc/self/fd/" + std::to_string(f.fd);
+      const ssize_t len = ::readlink(self.c_str(), target, sizeof target - 1);
+      if (len > 0 && std::string(target, static_cast<std::size_t>(len)).rfind("pipe:", 0) == 0) return out;
       out.error = "it is a FIFO (named pipe) that no process writes to; pass the file itself";
       return out;
     }
