@@ -2,9 +2,11 @@
 # Runs this checkout's build on a GPU machine (issue 27): the binaries built on the CPU machine (g++ 12, the
 # same torch 2.11.0+cu130 wheel; packed by scripts/gpu_carry.sh into .gpu_carry/), run against the GPU machine's
 # own LibTorch (its python3's torch). From the checkout's root, with .gpu_carry carried along:
-#   bash scripts/gpu_run.sh [SECTION...]     sections: setup gpu suite bench probe (default: all)
+#   bash scripts/gpu_run.sh [SECTION...]     sections: setup gpu ranks examples suite bench probe (default: all)
 #   setup  links /work/main to this checkout and .venv to the machine's Python, unpacks the build and data
 #   gpu    accel_gpu_tests;  suite  the whole suite but the packaging test (ctest -j12 -LE packaging)
+#   ranks  tests/gpu/ranks_share_gpu.sh: the backends on GPU ranks that share the GPU through Gloo
+#   examples  the examples (Fashion-MNIST, GAN 2 ranks vs 1, the Trainer, LoRA/QLoRA) on 2 GPU ranks
 #   bench  bench/gpu_bench.sh's trainer and lora parts (BENCH_PARTS overrides: loop trainer optim offload lora)
 #   probe  how the machine's g++ links std::filesystem against the torch wheel (configure + one link)
 # Logs go to $OUT (the device tool's folder that comes back), else /tmp/out.
@@ -13,7 +15,7 @@ R=$PWD
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-sections=${*:-setup gpu suite bench probe}
+sections=${*:-setup gpu ranks examples suite bench probe}
 want() { [[ " $sections " == *" $1 "* ]]; }
 el() { echo "[+$(($(date +%s) - T0)) s] $*"; }
 PY=$(python3 -c "import sys;print(sys.executable)")
@@ -42,14 +44,71 @@ fi
 
 if want gpu; then
   el "gpu tests"
-  timeout 120 build/tests/accel_gpu_tests --use-colour no -d yes >"$OUT/gpu_tests.log" 2>&1
+  timeout 150 build/tests/accel_gpu_tests --use-colour no -d yes >"$OUT/gpu_tests.log" 2>&1
   echo "rc=$?"
   grep -v "^{" "$OUT/gpu_tests.log" | grep -v "frame #" | tail -25 | cut -c1-300
 fi
 
+if want ranks; then
+  el "backends on GPU ranks sharing the GPU through Gloo (tests/gpu/ranks_share_gpu.sh)"
+  OMP_NUM_THREADS=1 timeout 400 bash tests/gpu/ranks_share_gpu.sh build/launcher/accel-launch \
+    build/tests/accel_gpu_tests >"$OUT/ranks.log" 2>&1
+  echo "rc=$?"
+  tail -22 "$OUT/ranks.log" | cut -c1-300
+fi
+
+if want examples; then
+  # The examples on 2 GPU ranks sharing the GPU: the config templates with use_cpu false.
+  el "examples on GPU ranks (ACCEL_CUDA_COLLECTIVES=gloo)"
+  export ACCEL_CUDA_COLLECTIVES=gloo OMP_NUM_THREADS=1
+  cfg=/tmp/gpucfg
+  mkdir -p $cfg/trainer
+  for f in config_templates/*.yaml; do sed 's/^use_cpu: true/use_cpu: false/' "$f" >"$cfg/${f##*/}"; done
+  for f in config_templates/trainer/*; do sed 's/^use_cpu: true/use_cpu: false/' "$f" >"$cfg/trainer/${f##*/}"; done
+  L=build/launcher/accel-launch
+  ex=build/examples
+  # Which processes held GPU memory while the examples ran (evidence that the ranks ran on the GPU).
+  (while true; do nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null; sleep 1; done) \
+    >/tmp/smi.log &
+  sampler=$!
+  {
+    for t in ddp_cpu zero_stage3 fsdp_full_shard; do
+      out=$(timeout 120 $L launch --config_file $cfg/$t.yaml $ex/fashion_mnist/fashion_mnist --epochs 1 \
+        --train-limit 6000 --test-limit 1000 2>&1)
+      echo "fashion_mnist $t rc=$? $(echo "$out" | grep -o 'test accuracy: .*' | tail -1)"
+      echo "$out" | grep -i -E "error|device" | head -3
+    done
+    out=$(timeout 120 cmake "-DFIRST=$L;launch;--config_file;$cfg/ddp_cpu.yaml;$ex/gan/gan;--epochs;1;--train-limit;2048;--batch-size;32" \
+      "-DSECOND=$ex/gan/gan;--epochs;1;--train-limit;2048;--batch-size;64" -DRTOL=1e-3 -P tests/examples/compare_outputs.cmake 2>&1)
+    echo "gan 2 ddp GPU ranks x 32 vs 1 GPU process x 64: rc=$? $(echo "$out" | tail -3 | tr '\n' ' ' | cut -c1-400)"
+    for sched in 1f1b; do
+      out=$(timeout 120 cmake "-DFIRST=$L;launch;--config_file;$cfg/pipeline_1f1b.yaml;$ex/pipeline/pipeline_example;--steps;20" \
+        "-DSECOND=$L;launch;--num_processes;1;$ex/pipeline/pipeline_example;--steps;20" "-DLINE=weight checksum -?[0-9][0-9.e+-]*" \
+        -DRTOL=1e-5 -P tests/examples/compare_outputs.cmake 2>&1)
+      echo "pipeline_example 2 GPU stages ($sched) vs 1 GPU process: rc=$? $(echo "$out" | tail -3 | tr '\n' ' ' | cut -c1-400)"
+    done
+    for t in zero3 zero2_offload; do
+      d=$(mktemp -d) && out=$(cd "$d" && timeout 150 "$R/$L" train --templates $cfg -t $t "$R/$ex/trainer/fashion_mnist_trainer" \
+        --num_train_epochs 1 --train-limit 2000 --test-limit 500 --disable_tqdm 2>&1)
+      echo "trainer $t rc=$? $(echo "$out" | grep -o 'test accuracy: .*' | tail -1)"
+      echo "$out" | grep -i -E "error" | head -3
+    done
+    for t in lora qlora; do
+      d=$(mktemp -d) && out=$(cd "$d" && timeout 150 "$R/$L" train --templates $cfg -t $t "$R/$ex/trainer/finetune" \
+        --num_train_epochs 1 --train-limit 2000 --test-limit 500 --disable_tqdm 2>&1)
+      echo "finetune $t rc=$? $(echo "$out" | grep -o "$t test accuracy: .*" | tail -1)"
+      echo "$out" | grep -i -E "error" | head -3
+    done
+    kill $sampler 2>/dev/null
+    echo "GPU processes seen by nvidia-smi: $(sort -u /tmp/smi.log | wc -l) distinct ($(sort -u /tmp/smi.log | awk -F, '{print $2}' | sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
+  } >"$OUT/examples.log" 2>&1
+  cat "$OUT/examples.log" | cut -c1-300
+  unset ACCEL_CUDA_COLLECTIVES
+fi
+
 if want suite; then
   el "suite (all but packaging)"
-  (cd build && timeout 180 ctest -j12 -LE packaging --timeout 150 >"$OUT/suite.log" 2>&1)
+  (cd build && timeout 180 ctest -j12 -LE "packaging|gpu" --timeout 150 >"$OUT/suite.log" 2>&1)
   echo "rc=$?"
   grep -E "tests passed|\*\*\*|Total Test|Skipped" "$OUT/suite.log" | cut -c1-220 | tail -20
 fi

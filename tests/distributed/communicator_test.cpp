@@ -59,3 +59,10 @@ TEST_CASE("communicator: a failed rendezvous says whether the port or a missing 
     ::close(fd);
   }
 }
+
+TEST_CASE("communicator: ACCEL_CUDA_COLLECTIVES names nccl or gloo") {
+  CHECK(accel::parse_cuda_collectives("nccl", "ACCEL_CUDA_COLLECTIVES") == accel::CudaCollectives::Nccl);
+  CHECK(accel::parse_cuda_collectives("gloo", "ACCEL_CUDA_COLLECTIVES") == accel::CudaCollectives::Gloo);
+  CHECK_THROWS_WITH(accel::parse_cuda_collectives("mpi", "ACCEL_CUDA_COLLECTIVES"),
+                    Catch::Contains("ACCEL_CUDA_COLLECTIVES: unknown process group 'mpi' for CUDA tensors"));
+}

@@ -35,6 +35,12 @@ inline void check_one_process_collectives(Communicator& comm, const torch::Devic
   std::vector<torch::Tensor> list{expected.clone()};
   comm.all_reduce_async(list)->wait();
   CHECK(torch::equal(list[0], expected));
+  // Two tensors, each reduced on its own (a list handed to the process group as is would be taken for one
+  // buffer on two devices: Gloo summed them into each other).
+  std::vector<torch::Tensor> two{expected.clone(), expected.narrow(0, 0, 2) * 10};
+  comm.all_reduce_async(two)->wait();
+  CHECK(torch::equal(two[0], expected));
+  CHECK(torch::equal(two[1], expected.narrow(0, 0, 2) * 10));
   comm.barrier();
   CHECK(comm.exchange("one") == std::vector<std::string>{"one"});
 }

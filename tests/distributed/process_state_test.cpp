@@ -133,8 +133,17 @@ TEST_CASE("process: each rank's CUDA device, and ranks that would share a GPU") 
           "rank " + std::to_string(r) + ": " + launcher +
               " starts 2 processes on this machine, but it has 1 CUDA device(s), so local ranks 0 "
               "and 1 would share cuda:0 (NCCL refuses that); set num_processes to at most 1 "
-              "(--num_processes 1), or use_cpu: true (--cpu) to train on CPU ranks");
+              "(--num_processes 1), or use_cpu: true (--cpu) to train on CPU ranks, or "
+              "ACCEL_CUDA_COLLECTIVES=gloo to let the ranks share the GPU (collectives through Gloo on host "
+              "copies: slower, for running multi-rank code on one GPU)");
+      // With the CUDA collectives through Gloo (host copies) the ranks may share it: both on cuda:0.
+      CHECK(accel::cuda_device_for(s, 1, /*ranks_may_share=*/true) == 0);
     }
+  }
+  s.world_size = s.local_world_size = 4;
+  for (int r = 0; r < 4; ++r) {
+    s.rank = s.local_rank = r;
+    CHECK(accel::cuda_device_for(s, 2, /*ranks_may_share=*/true) == r % 2);
   }
   s.rank = s.local_rank = 1;
   // Two machines of 4 processes each with 2 GPUs apiece: the limit is per machine.

@@ -8,9 +8,13 @@
 #include <cstring>
 #include <iostream>
 
+#include <cstdlib>
+#include <string>
+
 namespace accel::test {
 void run_gpu_tests_on_cpu();
-}
+int gloo_rank_main(int rank, int port, const std::string& device);
+}  // namespace accel::test
 
 int main(int argc, char** argv) {
   // --on-cpu (first argument): a dry run of the same cases on the CPU, to check the tests themselves on a
@@ -20,6 +24,15 @@ int main(int argc, char** argv) {
     argv[1] = argv[0];
     std::cout << "accel_gpu_tests: dry run on the CPU (not a GPU test)\n";
     return Catch::Session().run(argc - 1, argv + 1);
+  }
+  // --gloo-rank RANK PORT DEVICE: one rank of gpu_ranks_test.cpp's two-process test.
+  if (argc == 5 && std::strcmp(argv[1], "--gloo-rank") == 0)
+    return accel::test::gloo_rank_main(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
+  // --cuda-devices: prints how many CUDA devices LibTorch sees; exits 77 where none (the scripts' probe).
+  if (argc > 1 && std::strcmp(argv[1], "--cuda-devices") == 0) {
+    const int n = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+    std::cout << n << "\n";
+    return n > 0 ? 0 : 77;
   }
   if (!torch::cuda::is_available()) {
     std::cout << "accel_gpu_tests: SKIPPED: LibTorch sees no CUDA device on this machine (torch::cuda::"

@@ -143,15 +143,18 @@ Accelerator::Accelerator(AcceleratorOptions options)
                     "(total_limit 0 keeps every checkpoint)",
                     checkpointing_.project.total_limit, checkpointing_.project.iteration));
   }
+  CommunicatorOptions comm_options;
+  if (const char* group = std::getenv(env::kCudaCollectives); group != nullptr && *group != '\0')
+    comm_options.cuda_collectives = parse_cuda_collectives(group, env::kCudaCollectives);
   if (!config_.use_cpu && torch::cuda::is_available()) {
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_for(
-                                              state_, static_cast<int>(torch::cuda::device_count()))));
+                                              state_, static_cast<int>(torch::cuda::device_count()),
+                                              comm_options.cuda_collectives == CudaCollectives::Gloo)));
   }
   // Kineto (accelerator.profile) looks for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed"
   // as an ERROR on machines without one: on CPU its logging is off unless the user set KINETO_LOG_LEVEL. Set
   // here, before the process group starts threads that could read the environment meanwhile.
   if (device_.is_cpu()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
-  CommunicatorOptions comm_options;
   comm_options.timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds(config_) * 1000));
   comm_options.debug = config_.debug || env_flag(env::kDebug) || env_flag("ACCELERATE_DEBUG_MODE");

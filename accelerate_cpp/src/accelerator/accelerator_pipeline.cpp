@@ -70,10 +70,13 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   }
   if (!prepared_.loaders.empty())
     throw UsageError(fmt::format("prepare_pipeline: {}", kPipelineLoaderMessage));
-  if (device_.is_cuda()) {
+  // Through Gloo on host copies (ACCEL_CUDA_COLLECTIVES=gloo) the stages' sends and receives match by tag, as
+  // on the CPU.
+  if (device_.is_cuda() && groups_.job->options().cuda_collectives == CudaCollectives::Nccl) {
     throw UnsupportedOperation(
-        "prepare_pipeline: pipeline stages on CUDA are not supported yet (NCCL matches point-to-point "
-        "operations in issue order, which the 1F1B interpreter does not group); run on CPU (use_cpu: true)");
+        "prepare_pipeline: pipeline stages over NCCL are not supported yet (NCCL matches point-to-point "
+        "operations in issue order, which the 1F1B interpreter does not group); run on CPU (use_cpu: true), "
+        "or set ACCEL_CUDA_COLLECTIVES=gloo (the stages' transfers through Gloo on host copies)");
   }
   refuse_sharding_with_pipeline();
   // Rank = stage x lanes + lane, lane = replica x tp + tp rank (pipe-major, then data, tensor innermost):

@@ -5,6 +5,7 @@
 #include "distributed/c10d_backends.hpp"
 #include "distributed/p2p_collectives.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -90,6 +91,15 @@ CpuCollectives parse_cpu_collectives(const std::string& value, const std::string
   if (value == "p2p") return CpuCollectives::PointToPoint;
   throw UsageError(
       fmt::format("{}: unknown CPU collective algorithm '{}'; use auto, builtin or p2p", source, value));
+}
+
+CudaCollectives parse_cuda_collectives(const std::string& value, const std::string& source) {
+  if (value == "nccl") return CudaCollectives::Nccl;
+  if (value == "gloo") return CudaCollectives::Gloo;
+  throw UsageError(fmt::format(
+      "{}: unknown process group '{}' for CUDA tensors; use nccl (one GPU per rank) or gloo (host copies, "
+      "ranks may share a GPU)",
+      source, value));
 }
 
 namespace {
@@ -188,6 +198,30 @@ class WorkHandle final : public CollectiveHandle {
   std::string what_;
 };
 
+// A collective run on copies (CUDA tensors on the host under CudaCollectives::Gloo, several tensors in one
+// flat buffer): wait() waits for it, then copies each result back to the caller's tensor.
+class CopyBackHandle final : public CollectiveHandle {
+ public:
+  CopyBackHandle(std::unique_ptr<CollectiveHandle> inner,
+                 std::vector<std::pair<torch::Tensor, torch::Tensor>> back)
+      : inner_(std::move(inner)), back_(std::move(back)) {}
+  void wait() override {
+    inner_->wait();
+    const at::NoGradGuard no_grad;  // parameters (broadcast at prepare) are leaves that require grad
+    for (auto& [device_tensor, host] : back_)
+      device_tensor.copy_(host);
+    back_.clear();
+  }
+
+ private:
+  std::unique_ptr<CollectiveHandle> inner_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> back_;
+};
+
+torch::Tensor to_host(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU).contiguous();
+}
+
 // What to do about a failed rendezvous. Rank 0 fails at once when its port is taken, and after the timeout
 // when a rank never connected (it exited early, or runs elsewhere): the port is to blame only in the first.
 std::string rendezvous_hint(const ProcessState& st, const std::string& error) {
@@ -285,6 +319,13 @@ class C10dCommunicator final : public Communicator {
   }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    if (staged(tensor)) {
+      auto host = to_host(tensor);
+      all_reduce(host, op);
+      const at::NoGradGuard no_grad;
+      tensor.copy_(host);
+      return;
+    }
     check("all_reduce", fmt::format("{}, op={}", describe(tensor), op_name(op)));
     std::vector<torch::Tensor> ts{tensor};
     c10d::AllreduceOptions o;
@@ -296,6 +337,14 @@ class C10dCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveHandle> all_reduce_async(std::vector<torch::Tensor> tensors) override {
+    if (tensors.empty())
+      throw UsageError(fmt::format("{}: all_reduce_async needs at least one tensor", me()));
+    if (tensors.size() > 1) return coalesced_all_reduce(tensors);
+    if (staged(tensors.front())) {
+      auto host = to_host(tensors.front());
+      return std::make_unique<CopyBackHandle>(all_reduce_async({host}),
+                                              std::vector{std::pair{tensors.front(), host}});
+    }
     std::string desc;
     std::uint64_t bytes = 0;
     for (const auto& t : tensors) {
@@ -317,6 +366,11 @@ class C10dCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveHandle> reduce_async(torch::Tensor tensor, int root) override {
+    if (staged(tensor)) {
+      auto host = to_host(tensor);
+      auto inner = reduce_async(host, root);
+      return std::make_unique<CopyBackHandle>(std::move(inner), std::vector{std::pair{tensor, host}});
+    }
     check("reduce", fmt::format("{}, root={}", describe(tensor), root));
     std::vector<torch::Tensor> ts{tensor};
     count(Collective::Reduce, tensor.nbytes(), rank() == root ? 0 : tensor.nbytes());
@@ -338,6 +392,13 @@ class C10dCommunicator final : public Communicator {
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
+    if (staged(tensor)) {
+      auto host = to_host(tensor);
+      broadcast(host, root);
+      const at::NoGradGuard no_grad;
+      tensor.copy_(host);
+      return;
+    }
     check("broadcast", fmt::format("{}, root={}", describe(tensor), root));
     std::vector<torch::Tensor> ts{tensor};
     c10d::BroadcastOptions o;
@@ -348,6 +409,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   torch::Tensor all_gather(const torch::Tensor& tensor) override {
+    if (staged(tensor)) return all_gather(to_host(tensor)).to(tensor.device());
     check("all_gather", describe(tensor));
     auto in = tensor.dim() == 0 ? tensor.reshape({1}).contiguous() : tensor.contiguous();
     auto sizes = in.sizes().vec();
@@ -367,6 +429,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op) override {
+    if (staged(input)) return reduce_scatter(to_host(input), op).to(input.device());
     check("reduce_scatter", fmt::format("{}, op={}", describe(input), op_name(op)));
     if (input.numel() % world_size() != 0) {
       throw UsageError(
@@ -392,8 +455,13 @@ class C10dCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveHandle> all_gather_async(torch::Tensor output, torch::Tensor input) override {
-    check("all_gather", describe(input));
     check_split("all_gather", output, input);
+    if (staged(input)) {
+      auto host_out = torch::empty(output.sizes(), output.options().device(torch::kCPU));
+      auto inner = all_gather_async(host_out, to_host(input));
+      return std::make_unique<CopyBackHandle>(std::move(inner), std::vector{std::pair{output, host_out}});
+    }
+    check("all_gather", describe(input));
     c10d::AllgatherOptions o;
     o.timeout = options_.timeout;
     auto in = input.view({-1}), out = output.view({-1});
@@ -413,8 +481,13 @@ class C10dCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output, torch::Tensor input) override {
-    check("reduce_scatter", fmt::format("{}, op=sum", describe(input)));
     check_split("reduce_scatter", input, output);
+    if (staged(input)) {
+      auto host_out = torch::empty(output.sizes(), output.options().device(torch::kCPU));
+      auto inner = reduce_scatter_async(host_out, to_host(input));
+      return std::make_unique<CopyBackHandle>(std::move(inner), std::vector{std::pair{output, host_out}});
+    }
+    check("reduce_scatter", fmt::format("{}, op=sum", describe(input)));
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(ReduceOp::Sum);
     o.timeout = options_.timeout;
@@ -436,10 +509,16 @@ class C10dCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveHandle> send_async(torch::Tensor tensor, int dst, int tag) override {
+    if (staged(tensor) && tensor.is_contiguous()) return point_to_point_op(true, to_host(tensor), dst, tag);
     return point_to_point_op(true, std::move(tensor), dst, tag);
   }
 
   std::unique_ptr<CollectiveHandle> recv_async(torch::Tensor tensor, int src, int tag) override {
+    if (staged(tensor) && tensor.is_contiguous()) {
+      auto host = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU));
+      auto inner = point_to_point_op(false, host, src, tag);
+      return std::make_unique<CopyBackHandle>(std::move(inner), std::vector{std::pair{tensor, host}});
+    }
     return point_to_point_op(false, std::move(tensor), src, tag);
   }
 
@@ -487,7 +566,7 @@ class C10dCommunicator final : public Communicator {
                                                : c10d::ProcessGroupGloo::createDefaultDevice());
       gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
           c10::make_intrusive<c10d::PrefixStore>("gloo", store_), st.rank, st.world_size, gloo_options);
-      if (device_.is_cuda()) {
+      if (device_.is_cuda() && options_.cuda_collectives == CudaCollectives::Nccl) {
         nccl_ = detail::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", store_), st.rank,
                                           st.world_size, options_.timeout);
       }
@@ -556,6 +635,35 @@ class C10dCommunicator final : public Communicator {
   detail::P2PTags next_tags() {
     constexpr std::int64_t kBase = std::int64_t{1} << 30, kRounds = 1 << 16;
     return {kBase + static_cast<std::int64_t>(p2p_seq_++ % kRounds) * detail::P2PTags::kChunks};
+  }
+
+  // Several tensors reduced each on its own: one process-group call on a list would take them for one
+  // buffer's copies on several devices (Gloo sums them into each other, NCCL wants one per device), so they
+  // travel as one flat buffer and are copied back when the reduction is done.
+  std::unique_ptr<CollectiveHandle> coalesced_all_reduce(const std::vector<torch::Tensor>& tensors) {
+    const auto& first = tensors.front();
+    std::vector<torch::Tensor> parts;
+    for (const auto& t : tensors) {
+      if (t.scalar_type() != first.scalar_type() || t.device() != first.device()) {
+        throw UsageError(
+            fmt::format("{}: all_reduce_async needs tensors of one dtype and device; got {} and {}", me(),
+                        describe(first), describe(t)));
+      }
+      parts.push_back(t.detach().reshape({-1}));
+    }
+    auto flat = torch::cat(parts);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> back;
+    std::int64_t at = 0;
+    for (const auto& t : tensors) {
+      back.emplace_back(t, flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+    return std::make_unique<CopyBackHandle>(all_reduce_async({flat}), std::move(back));
+  }
+
+  // CudaCollectives::Gloo: a CUDA tensor's collective runs on a host copy (no NCCL group was created).
+  bool staged(const torch::Tensor& t) const {
+    return t.defined() && t.is_cuda() && device_.is_cuda() && !nccl_;
   }
 
   c10d::Backend* backend_for(const torch::Tensor& t) {

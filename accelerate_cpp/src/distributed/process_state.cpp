@@ -183,8 +183,9 @@ ProcessState ProcessState::from_environment(const Getenv& getenv_in) {
 
 namespace accel {
 
-int cuda_device_for(const ProcessState& state, int device_count) {
+int cuda_device_for(const ProcessState& state, int device_count, bool ranks_may_share) {
   const bool shared_devices = state.launcher == "accel-launch" || state.launcher == "torchrun";
+  if (ranks_may_share) return state.local_rank % device_count;
   // Every local rank refuses, not only those past the device count: a rank left running would wait for the
   // others at the first collective until the timeout (seen with torchrun-style variables set by hand).
   if (shared_devices && std::max(state.local_world_size, state.local_rank + 1) > device_count) {
@@ -196,7 +197,8 @@ int cuda_device_for(const ProcessState& state, int device_count) {
         "rank {}: {} starts {} processes on this machine, but it has {} CUDA device(s), so local ranks {} "
         "and {} "
         "would share cuda:{} (NCCL refuses that); set num_processes to at most {} (--num_processes {}{}), or "
-        "use_cpu: true (--cpu) to train on CPU ranks",
+        "use_cpu: true (--cpu) to train on CPU ranks, or ACCEL_CUDA_COLLECTIVES=gloo to let the ranks share "
+        "the GPU (collectives through Gloo on host copies: slower, for running multi-rank code on one GPU)",
         state.rank, state.launcher, state.local_world_size, device_count, first, other, device,
         device_count * std::max(nodes, 1), device_count * std::max(nodes, 1),
         nodes > 1 ? fmt::format(", {} per machine", device_count) : ""));

@@ -1,10 +1,10 @@
 #pragma once
 /// \file communicator.hpp
 /// The only code that talks to c10d: rendezvous through a TCPStore hosted by rank 0, ProcessGroupGloo for CPU
-/// tensors and ProcessGroupNCCL for CUDA tensors, collective timeouts, per-collective byte counters, and an
-/// optional debug mode that compares every rank's call before each collective so that a mismatch becomes a
-/// DistributedError on every rank instead of a hang. Every collective method must be called by all ranks in
-/// the same order ("collective").
+/// tensors and ProcessGroupNCCL for CUDA tensors (or Gloo on host copies), collective timeouts,
+/// per-collective byte counters, and an optional debug mode that compares every rank's call before each
+/// collective so that a mismatch becomes a DistributedError on every rank instead of a hang. Every collective
+/// method must be called by all ranks in the same order ("collective").
 
 #include <accel/distributed/process_state.hpp>
 
@@ -49,6 +49,19 @@ enum class CpuCollectives {
 /// Parses "auto", "builtin" or "p2p"; UsageError naming `source` (e.g. the environment variable) otherwise.
 CpuCollectives parse_cpu_collectives(const std::string& value, const std::string& source);
 
+/// Which process group carries the collectives of CUDA tensors.
+enum class CudaCollectives {
+  Nccl,  ///< ProcessGroupNCCL, one GPU per rank (NCCL refuses two ranks on one device)
+  /// ProcessGroupGloo on host copies: each CUDA tensor is copied to the host, the CPU collective runs, and
+  /// the result is copied back (as `init_process_group("gloo")` in PyTorch does for CUDA tensors). Slower
+  /// than NCCL, but ranks may share a GPU: for running multi-rank code on a machine with fewer GPUs than
+  /// ranks.
+  Gloo,
+};
+
+/// Parses "nccl" or "gloo"; UsageError naming `source` (e.g. the environment variable) otherwise.
+CudaCollectives parse_cuda_collectives(const std::string& value, const std::string& source);
+
 /// Options of a Communicator.
 struct CommunicatorOptions {
   /// Timeout of every collective and of the rendezvous.
@@ -57,6 +70,9 @@ struct CommunicatorOptions {
   bool debug = false;
   /// Algorithm of reduce-scatter, all-gather and reduce on CPU tensors (environment: ACCEL_CPU_COLLECTIVES).
   CpuCollectives cpu_collectives = CpuCollectives::Auto;
+  /// Process group of CUDA tensors' collectives (environment: ACCEL_CUDA_COLLECTIVES); fixed when the
+  /// communicator is created (a later set_options does not change it).
+  CudaCollectives cuda_collectives = CudaCollectives::Nccl;
 };
 
 /// Bytes moved by one collective type, counted on this rank.

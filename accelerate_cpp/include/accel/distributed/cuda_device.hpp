@@ -12,7 +12,9 @@ namespace accel {
 /// CUDA_VISIBLE_DEVICES (Slurm's --gpus-per-task, an MPI wrapper script, a single process). accel-launch and
 /// torchrun give every rank of a machine the same devices, so there the ranks would share a GPU, which NCCL
 /// refuses with an "invalid usage" error at the first collective: that is a UsageError here, naming the
-/// counts and how to fix the config. `device_count` must be >= 1.
-int cuda_device_for(const ProcessState& state, int device_count);
+/// counts and how to fix the config. `device_count` must be >= 1. With `ranks_may_share` (the CUDA
+/// collectives go through Gloo on host copies, ACCEL_CUDA_COLLECTIVES=gloo) the index wraps for every
+/// launcher.
+int cuda_device_for(const ProcessState& state, int device_count, bool ranks_may_share = false);
 
 }  // namespace accel

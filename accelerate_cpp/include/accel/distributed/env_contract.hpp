@@ -29,6 +29,8 @@ inline constexpr const char* kCollectiveTimeout = "ACCEL_COLLECTIVE_TIMEOUT";  /
 inline constexpr const char* kDebug = "ACCEL_DEBUG";  ///< shape checks before collectives (also Accelerate's
                                                       ///< ACCELERATE_DEBUG_MODE)
 inline constexpr const char* kCpuCollectives = "ACCEL_CPU_COLLECTIVES";  ///< auto | builtin | p2p
+inline constexpr const char* kCudaCollectives =
+    "ACCEL_CUDA_COLLECTIVES";  ///< nccl | gloo (host copies; ranks may share a GPU)
 
 /// Every variable accel-launch sets for each rank (and removes from its own environment first), in order.
 inline constexpr std::array<const char*, 13> kLaunchVariables = {
