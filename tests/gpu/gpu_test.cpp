@@ -371,3 +371,29 @@ TEST_CASE("gpu: ZeRO-Offload on one GPU keeps the optimizer state on the CPU and
   CHECK(offload_state == torch::Device(torch::kCPU));
   require_close(gpu_only, offloaded, 1e-5, 1e-6);
 }
+
+TEST_CASE(
+    "gpu: prepare moves a gradient left on the CPU to the GPU with its parameter, as PyTorch's to() does") {
+  // A loop ran on the CPU before prepare and left its gradients; LibTorch's Module::to moves the parameters
+  // but not them, and the first backward on the GPU that accumulates into one failed with "Expected all
+  // tensors to be on the same device" (the finetune example under accel::Trainer, on the H200).
+  torch::manual_seed(0);
+  Mlp model;
+  Regression data(8);
+  torch::mse_loss(model(data.x), data.y).backward();
+  std::vector<torch::Tensor> stale;
+  for (const auto& p : model->parameters())
+    stale.push_back(p.grad().clone());
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(gpu_config()));
+  acc.prepare(model, opt);
+  const auto params = model->parameters();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    REQUIRE(params[k].grad().device() == acc.device());
+    CHECK(torch::equal(params[k].grad().cpu(), stale[k]));
+  }
+  // A backward without zero_grad accumulates into the moved gradient, as in PyTorch.
+  acc.backward(torch::mse_loss(model(data.x.to(acc.device())), data.y.to(acc.device())));
+  for (std::size_t k = 0; k < params.size(); ++k)
+    CHECK(torch::allclose(params[k].grad().cpu(), 2 * stale[k], 1e-4, 1e-6));
+}

@@ -166,10 +166,19 @@ struct Run {
 };
 
 // A Trainer run of the same program; `setup` adds callbacks or evaluation.
+// With `stale_grads`, the program ran a backward on the model before the Trainer (a pretraining loop that
+// left its gradients).
 Run trainer_run(TrainingArguments a, const std::string& resume = "",
-                const std::function<void(Trainer<Data>&)>& setup = {}, std::uint64_t init_seed = 3) {
+                const std::function<void(Trainer<Data>&)>& setup = {}, std::uint64_t init_seed = 3,
+                bool stale_grads = false) {
   torch::manual_seed(init_seed);
   Mlp model(6, 0.1);
+  if (stale_grads) {
+    model->eval();  // no dropout: the random stream stays the run's
+    const auto x = torch::linspace(-1, 1, 24).reshape({4, 6});
+    torch::mse_loss(model(x), torch::ones({4, 1}) * 5).backward();
+    model->train();
+  }
   Trainer<Data> trainer(
       std::move(a), model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); },
       row_options());
@@ -191,6 +200,13 @@ void trainer_equals_loop() {
                                               << "loop's by up to " << max_diff(got.weights, want));
   CHECK_MSG(got.state.global_step == got.state.max_steps,
             "global_step " << got.state.global_step << ", max_steps " << got.state.max_steps);
+  // Gradients the program left on the model before train() are not added to the first step: HF's Trainer
+  // calls model.zero_grad() before training (they were, silently; on a GPU the first backward failed, the
+  // stale gradients left on the CPU by prepare).
+  const auto stale = trainer_run(a, "", {}, 3, /*stale_grads=*/true);
+  CHECK_MSG(identical(stale.weights, want),
+            backend_variant << ": gradients left from before train() changed the "
+                            << "Trainer's weights by up to " << max_diff(stale.weights, want));
   // logging_steps 1: one training log per step, with the loss averaged over ranks, then the summary.
   CHECK_MSG(static_cast<std::int64_t>(got.state.log_history.size()) == got.state.max_steps + 1,
             got.state.log_history.size() << " log entries for " << got.state.max_steps << " steps");

@@ -16,6 +16,7 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include "accelerator/move_module.hpp"
 #include "checkpoint/model_export.hpp"
 
 #include <algorithm>
@@ -308,7 +309,7 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
     if (m.module == model)
       throw UsageError("prepare: this model was already prepared; prepare each model once");
   }
-  model->to(device_);  // in place: the optimizer's parameter handles stay valid
+  detail::move_module(*model, device_);  // in place, gradients included
   if (backend_.descriptor->activation_checkpointing &&
       backend_.descriptor->activation_checkpointing(config_)) {
     enable_activation_checkpointing(*model);

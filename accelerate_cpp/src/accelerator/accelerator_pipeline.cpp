@@ -3,6 +3,8 @@
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/parallel/pipeline.hpp>
 
+#include "accelerator/move_module.hpp"
+
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -104,7 +106,7 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
         layouts_where([](const BackendCapabilities& c) { return !c.shards_optimizer_state; })));
   }
   auto module = pipeline_.stage->module().ptr();
-  module->to(device_);
+  detail::move_module(*module, device_);
   // The stage is a prepared model whose backend engine spans the stage's replicas: the user's optimizer is
   // prepared against it, and its gradients are reduced across the replicas once, during the stage's last
   // backward of each step.

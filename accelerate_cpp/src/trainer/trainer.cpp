@@ -387,8 +387,14 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
       checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing");
     if (!optimizer_) build_optimizer();
     if (!scheduler_) build_scheduler();
+    // HF's Trainer calls model.zero_grad() before training: gradients the program left on the model (a loop
+    // run first) are not added to the first step. Before prepare, on the user's model: every parameter,
+    // frozen ones too, and no gradient is left behind on another device when prepare moves the model.
+    model_->zero_grad();
     acc.prepare(model_, *optimizer_, *scheduler_);
     prepared_ = true;
+  } else {
+    optimizer_->zero_grad();  // a later train(): what the last one left (the prepared engine's own way)
   }
   std::string dir = resume;
   if (resume == "latest") {
