@@ -52,7 +52,8 @@ fi
 if want ranks; then
   el "backends on GPU ranks sharing the GPU through Gloo (tests/gpu/ranks_share_gpu.sh)"
   OMP_NUM_THREADS=1 timeout 400 bash tests/gpu/ranks_share_gpu.sh build/launcher/accel-launch \
-    build/tests/accel_gpu_tests >"$OUT/ranks.log" 2>&1
+    build/tests/accel_gpu_tests build/tests/dist_worker \
+    build/tests/tensor_parallel_worker >"$OUT/ranks.log" 2>&1
   echo "rc=$?"
   tail -22 "$OUT/ranks.log" | cut -c1-300
 fi

@@ -30,7 +30,8 @@ bool params_sharded();
 std::string base_variant();
 /// Whether the row offloads the optimizer state to NVMe (its files under the temporary directory).
 bool nvme_variant();
-/// The config of the row, as a user's YAML would give it.
+/// The config of the row, as a user's YAML would give it: on CPU ranks, or GPU ranks with
+/// ACCEL_TEST_DEVICE=cuda.
 accel::Config cpu_config(accel::MixedPrecision mp = accel::MixedPrecision::No, int accumulation = 1);
 bool close(const torch::Tensor& a, const torch::Tensor& b, double tol);
 /// Scenarios from real training loops (several models, frozen teacher, hand-written accumulation, ...).

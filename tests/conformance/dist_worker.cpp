@@ -58,6 +58,10 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
   Config c = test::make_config(mp, accumulation);
   c.backend = "ddp";
   c.collective_timeout_seconds = 60;
+  // ACCEL_TEST_DEVICE=cuda: the ranks train on the GPU (real_loops.cpp's scenarios move their rows there and
+  // compare on the CPU; tests/gpu/ranks_share_gpu.sh runs them so).
+  const char* device = std::getenv("ACCEL_TEST_DEVICE");
+  c.use_cpu = device == nullptr || std::string(device) != "cuda";
   const bool peak =
       std::string(std::getenv("ACCEL_TEST_SCENARIO") ? std::getenv("ACCEL_TEST_SCENARIO") : "") == "peak";
   const std::string variant = base_variant();

@@ -42,13 +42,22 @@ constexpr std::int64_t kBatch = 4;  // per rank
 constexpr int kSteps = 4;
 constexpr double kTol = 2e-5;
 
-// Rows of global batch `s` (N*B rows) that this process computes: its own B with an accelerator, all of them
-// in the reference.
+// Rows of global batch `s` (N*B rows) that this process computes: its own B with an accelerator (on its
+// device: GPU ranks with ACCEL_TEST_DEVICE=cuda), all of them in the reference (on the CPU).
 torch::Tensor rows(const torch::Tensor& t, std::int64_t s, Accelerator* acc, int world) {
   const std::int64_t global = kBatch * world;
   if (acc == nullptr) return t.slice(0, s * global, (s + 1) * global);
   const auto begin = s * global + acc->process_index() * kBatch;
-  return t.slice(0, begin, begin + kBatch);
+  return t.slice(0, begin, begin + kBatch).to(acc->device());
+}
+
+// The ranks train where ACCEL_TEST_DEVICE says (a GPU run that fell back to the CPU would prove nothing).
+void check_device(const Accelerator& acc) {
+  const char* device = std::getenv("ACCEL_TEST_DEVICE");
+  const bool want_cuda = device != nullptr && std::string(device) == "cuda";
+  CHECK_MSG(acc.device().is_cuda() == want_cuda, "the ranks train on " << acc.device()
+                                                                       << " (ACCEL_TEST_DEVICE "
+                                                                       << (device ? device : "unset") << ")");
 }
 
 void backward(Accelerator* acc, const torch::Tensor& loss) {
@@ -77,7 +86,7 @@ std::vector<torch::Tensor> weights(Accelerator* acc, Model& model) {
   std::vector<torch::Tensor> out;
   if (acc == nullptr) return test::snapshot(*model);
   for (const auto& [name, t] : acc->get_state_dict(model)) {
-    if (model->named_parameters().contains(name)) out.push_back(t.clone());
+    if (model->named_parameters().contains(name)) out.push_back(t.cpu().clone());
   }
   return out;
 }
@@ -86,9 +95,10 @@ void compare(const std::string& what, const std::vector<torch::Tensor>& got,
              const std::vector<torch::Tensor>& want, bool main) {
   CHECK_MSG(got.size() == want.size(), what << ": " << got.size() << " tensors, want " << want.size());
   for (std::size_t k = 0; k < std::min(got.size(), want.size()); ++k) {
-    const double diff = (got[k] - want[k]).abs().max().item<double>();
-    CHECK_MSG(close(got[k], want[k], kTol), what << ": tensor " << k << " differs from one process by "
-                                                 << diff << " (tolerance " << kTol << ")");
+    const auto mine = got[k].cpu();
+    const double diff = (mine - want[k]).abs().max().item<double>();
+    CHECK_MSG(close(mine, want[k], kTol), what << ": tensor " << k << " differs from one process by " << diff
+                                               << " (tolerance " << kTol << ")");
   }
   if (main) std::cout << backend_variant << " " << what << ": matches one process" << std::endl;
 }
@@ -105,6 +115,7 @@ void against_one_process(const std::string& what,
         AcceleratorOptions().config(cpu_config(MixedPrecision::No, accumulation)).project_config(project));
     world = acc.num_processes();
     main = acc.is_main_process();
+    check_device(acc);
     got = loop(&acc, world);
   }
   const auto want = loop(nullptr, world);
@@ -398,7 +409,7 @@ void lora() {
     const auto names = model->named_parameters().keys();
     std::map<std::string, torch::Tensor> state;
     for (const auto& [name, t] : acc->get_state_dict(model))
-      state[name] = t.clone();
+      state[name] = t.cpu().clone();
     std::vector<torch::Tensor> w;
     for (std::size_t k = 0; k < names.size(); ++k) {
       w.push_back(state.at(names[k]));
@@ -496,6 +507,7 @@ void fp16_hand_accumulation() {
     Accelerator acc(AcceleratorOptions().config(cpu_config(MixedPrecision::Fp16)));
     world = acc.num_processes();
     main = acc.is_main_process();
+    check_device(acc);
     got = loop(&acc, world);
   }
   const auto want = loop(nullptr, world);
@@ -574,7 +586,11 @@ void own_batches() {
     torch::Tensor out;
     {
       torch::NoGradGuard no_grad;
-      out = model(data.x.slice(0, 0, 8)).detach().clone();  // the same rows on every rank
+      // The same rows on every rank.
+      out = model(data.x.slice(0, 0, 8).to(acc != nullptr ? acc->device() : torch::kCPU))
+                .detach()
+                .cpu()
+                .clone();
     }
     auto w = weights(acc, model);
     w.push_back(out);
@@ -676,7 +692,7 @@ void sync_batchnorm() {
     std::vector<torch::Tensor> out;
     if (acc != nullptr) {
       for (const auto& [name, t] : acc->get_state_dict(model))
-        out.push_back(t.to(torch::kFloat64).clone());
+        out.push_back(t.to(torch::kCPU, torch::kFloat64).clone());
     } else {
       for (const auto& p : model->named_parameters())
         out.push_back(p.value().to(torch::kFloat64).clone());

@@ -4,9 +4,12 @@
 # scaler, CPU and NVMe offload), FSDP (FULL_SHARD, SHARD_GRAD_OP, parameter offload, HSDP on 4 ranks), each on
 # GPU ranks. NCCL needs a GPU per rank; on a machine with fewer GPUs than ranks the CUDA collectives go
 # through Gloo on host copies (ACCEL_CUDA_COLLECTIVES=gloo) and the ranks share the GPUs. Without one, the
-# ranks are refused with an error naming that variable (checked first). Exits 77 (skipped) where LibTorch
-# sees no CUDA device.
-#   ranks_share_gpu.sh ACCEL_LAUNCH ACCEL_GPU_TESTS
+# ranks are refused with an error naming that variable (checked first). Then the loops users port
+# (conformance/real_loops.cpp: a GAN with and without accumulation, a frozen teacher, hand-written
+# accumulation, no_sync, fp16, LoRA, SyncBatchNorm, BatchNorm buffers, clipping, fused AdamW) on GPU ranks of
+# each backend row against one process on the CPU. Exits 77 (skipped) where LibTorch sees no CUDA device.
+# Last, the tensor-parallel MLP on 2 GPU ranks.
+#   ranks_share_gpu.sh ACCEL_LAUNCH ACCEL_GPU_TESTS DIST_WORKER TENSOR_PARALLEL_WORKER
 set -u
 launch=$1
 gpus=$("$2" --cuda-devices) || { echo "ranks_share_gpu: SKIPPED: LibTorch sees no CUDA device"; exit 77; }
@@ -70,5 +73,35 @@ for name in ddp ddp_bf16 ddp_fp16_accum2 zero1 zero2_fp16 zero2_offload zero3 ze
     failed=1
   fi
 done
+
+# The real loops on GPU ranks of each row (ACCEL_TEST_DEVICE=cuda: the worker's config has use_cpu false).
+loops=two_models,gan_accumulation,frozen_teacher,hand_accumulation,lora,no_sync,fp16_hand_accumulation
+loops+=,two_backward_accumulation,own_batches,fused_adamw,buffers,sync_batchnorm,libtorch_clip
+want=$(($(tr ',' '\n' <<<"$loops" | wc -l)))
+for row in ddp zero1 zero2 zero3 fsdp_full_shard fsdp_grad_op; do
+  SECONDS=0
+  out=$(ACCEL_TEST_DEVICE=cuda "$launch" launch --num_processes 2 --main_process_port 0 "$3" "$loops" "$row" 2>&1)
+  rc=$?
+  if [[ $rc -eq 0 && $out == *"[rank 0] scenario(s) passed: $want"* ]]; then
+    echo "ok   real loops on $row: $want scenarios on 2 GPU ranks match one process ($SECONDS s)"
+  else
+    echo "FAIL real loops on $row (rc $rc):"
+    echo "$out" | grep -v "frame #" | grep -E "FAILED|--|error|passed|failed" | head -20
+    failed=1
+  fi
+done
+
+# Tensor parallelism (Column -> GELU -> Row against the unsplit MLP: outputs, gradients, SGD steps) on 2 GPU
+# ranks.
+SECONDS=0
+out=$(ACCEL_TEST_DEVICE=cuda "$launch" launch --num_processes 2 --main_process_port 0 "$4" mlp 2>&1)
+rc=$?
+if [[ $rc -eq 0 && $out == *"[rank 0] scenario(s) passed: 1"* ]]; then
+  echo "ok   tensor parallel MLP on 2 GPU ranks matches the unsplit one ($SECONDS s)"
+else
+  echo "FAIL tensor parallel MLP on 2 GPU ranks (rc $rc):"
+  echo "$out" | grep -v "frame #" | grep -E "FAILED|--|error|passed|failed" | head -20
+  failed=1
+fi
 [[ $failed -eq 0 ]] && echo "ranks_share_gpu: all passed"
 exit $failed

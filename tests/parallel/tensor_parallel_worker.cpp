@@ -25,6 +25,7 @@
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
+#include <accel/distributed/cuda_device.hpp>
 #include <accel/errors.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/parallel_attention.hpp>
@@ -34,6 +35,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -61,10 +63,24 @@ constexpr std::int64_t kIn = 8, kHidden = 24, kOut = 6, kBatch = 8;
 constexpr double kTol = 1e-5;
 constexpr auto kTimeout = std::chrono::seconds(60);
 
+// Where `mlp` runs its layers: the CPU, or with ACCEL_TEST_DEVICE=cuda the GPU (ranks may share it through
+// Gloo with ACCEL_CUDA_COLLECTIVES=gloo; tests/gpu/ranks_share_gpu.sh).
+torch::Device test_device() {
+  const char* device = std::getenv("ACCEL_TEST_DEVICE");
+  if (device == nullptr || std::string(device) != "cuda") return torch::kCPU;
+  if (!torch::cuda::is_available())
+    throw std::runtime_error("ACCEL_TEST_DEVICE=cuda, but LibTorch sees no CUDA device on this machine");
+  const auto state = accel::ProcessState::from_environment();
+  return {torch::kCUDA, static_cast<c10::DeviceIndex>(accel::cuda_device_for(
+                            state, static_cast<int>(torch::cuda::device_count()), /*ranks_may_share=*/true))};
+}
+
 std::shared_ptr<Communicator> communicator() {
   accel::CommunicatorOptions options;
   options.timeout = kTimeout;
-  return Communicator::create(accel::ProcessState::from_environment(), torch::kCPU, options);
+  if (const char* group = std::getenv("ACCEL_CUDA_COLLECTIVES"); group != nullptr && *group != '\0')
+    options.cuda_collectives = accel::parse_cuda_collectives(group, "ACCEL_CUDA_COLLECTIVES");
+  return Communicator::create(accel::ProcessState::from_environment(), test_device(), options);
 }
 
 // The message of the UsageError `f` throws; "no error" / "other: ..." otherwise.
@@ -106,6 +122,8 @@ Mlps make_mlps(const std::shared_ptr<Communicator>& comm, bool gather = false) {
   m.column = ColumnParallelLinear(m.full1, comm, /*gather_output=*/gather);
   m.row = RowParallelLinear(m.full2, comm, /*input_is_parallel=*/!gather);
   m.parallel = torch::nn::Sequential(m.column, torch::nn::GELU(), m.row);
+  m.reference->to(test_device());
+  m.parallel->to(test_device());
   return m;
 }
 
@@ -139,7 +157,10 @@ void compare_parameters(const std::string& what, Mlps& m, bool grads) {
 
 void train_and_compare(const std::string& what, Mlps& m) {
   torch::manual_seed(10);
-  const auto x = torch::randn({kBatch, kIn}), y = torch::randn({kBatch, kOut});
+  const auto x = torch::randn({kBatch, kIn}).to(test_device()),
+             y = torch::randn({kBatch, kOut}).to(test_device());
+  CHECK_MSG(m.column->weight.device() == test_device() && m.row->weight.device() == test_device(),
+            what << ": the layers are on " << m.column->weight.device() << ", want " << test_device());
   torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
   for (int step = 0; step < 3; ++step) {
     const std::string at = fmt::format("{}, step {}", what, step);
