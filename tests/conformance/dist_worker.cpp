@@ -393,6 +393,15 @@ void cpu_collectives() {
     }
   }
   comm->set_options(base);
+  // Several tensors in one all_reduce_async (two views of one buffer, as a bucket hands them): each is summed
+  // on its own. Handed to Gloo as a list, they were taken for one buffer's copies and summed into each other.
+  auto flat = torch::zeros({6});
+  flat.narrow(0, 0, 3).fill_(r + 1.0);
+  flat.narrow(0, 3, 3).fill_(10.0 * (r + 1));
+  comm->all_reduce_async({flat.narrow(0, 0, 3), flat.narrow(0, 3, 3)})->wait();
+  const double sum = n * (n + 1) / 2.0;
+  CHECK_MSG(torch::equal(flat, torch::cat({torch::full({3}, sum), torch::full({3}, 10 * sum)})),
+            "all_reduce_async of two tensors gave " << flat);
 }
 
 // ddp_comm_hook: fp16 and bf16 gradient compression halve the bytes of every gradient reduction (DDP's

@@ -74,34 +74,31 @@ for name in ddp ddp_bf16 ddp_fp16_accum2 zero1 zero2_fp16 zero2_offload zero3 ze
   fi
 done
 
-# The real loops on GPU ranks of each row (ACCEL_TEST_DEVICE=cuda: the worker's config has use_cpu false).
-loops=two_models,gan_accumulation,frozen_teacher,hand_accumulation,lora,no_sync,fp16_hand_accumulation
-loops+=,two_backward_accumulation,own_batches,fused_adamw,buffers,sync_batchnorm,libtorch_clip
-want=$(($(tr ',' '\n' <<<"$loops" | wc -l)))
-for row in ddp zero1 zero2 zero3 fsdp_full_shard fsdp_grad_op; do
+# worker NAME SCENARIOS PROGRAM ARGS...: PROGRAM's scenarios on 2 GPU ranks (ACCEL_TEST_DEVICE=cuda: the
+# workers put their ranks' layers and rows on the GPU); passes when rank 0 ran all SCENARIOS.
+worker() {
+  local name=$1 want=$2
+  shift 2
   SECONDS=0
-  out=$(ACCEL_TEST_DEVICE=cuda "$launch" launch --num_processes 2 --main_process_port 0 "$3" "$loops" "$row" 2>&1)
+  out=$(ACCEL_TEST_DEVICE=cuda "$launch" launch --num_processes 2 --main_process_port 0 "$@" 2>&1)
   rc=$?
   if [[ $rc -eq 0 && $out == *"[rank 0] scenario(s) passed: $want"* ]]; then
-    echo "ok   real loops on $row: $want scenarios on 2 GPU ranks match one process ($SECONDS s)"
+    echo "ok   $name: $want scenario(s) on 2 GPU ranks match one process ($SECONDS s)"
   else
-    echo "FAIL real loops on $row (rc $rc):"
+    echo "FAIL $name (rc $rc):"
     echo "$out" | grep -v "frame #" | grep -E "FAILED|--|error|passed|failed" | head -20
     failed=1
   fi
-done
+}
 
-# Tensor parallelism (Column -> GELU -> Row against the unsplit MLP: outputs, gradients, SGD steps) on 2 GPU
-# ranks.
-SECONDS=0
-out=$(ACCEL_TEST_DEVICE=cuda "$launch" launch --num_processes 2 --main_process_port 0 "$4" mlp 2>&1)
-rc=$?
-if [[ $rc -eq 0 && $out == *"[rank 0] scenario(s) passed: 1"* ]]; then
-  echo "ok   tensor parallel MLP on 2 GPU ranks matches the unsplit one ($SECONDS s)"
-else
-  echo "FAIL tensor parallel MLP on 2 GPU ranks (rc $rc):"
-  echo "$out" | grep -v "frame #" | grep -E "FAILED|--|error|passed|failed" | head -20
-  failed=1
-fi
+# The real loops on GPU ranks of each row, against one process on the CPU.
+loops=two_models,gan_accumulation,frozen_teacher,hand_accumulation,lora,no_sync,fp16_hand_accumulation
+loops+=,two_backward_accumulation,own_batches,fused_adamw,buffers,sync_batchnorm,libtorch_clip
+n_loops=$(($(tr ',' '\n' <<<"$loops" | wc -l)))
+for row in ddp zero1 zero2 zero3 fsdp_full_shard fsdp_grad_op; do
+  worker "real loops on $row" "$n_loops" "$3" "$loops" "$row"
+done
+# Tensor parallelism: Column -> GELU -> Row against the unsplit MLP (outputs, gradients, SGD steps).
+worker "tensor parallel MLP" 1 "$4" mlp
 [[ $failed -eq 0 ]] && echo "ranks_share_gpu: all passed"
 exit $failed

@@ -207,6 +207,35 @@ void trainer_equals_loop() {
   CHECK_MSG(identical(stale.weights, want),
             backend_variant << ": gradients left from before train() changed the "
                             << "Trainer's weights by up to " << max_diff(stale.weights, want));
+  // A train() that threw inside an optimizer step (after the first of its 2 micro-batches) leaves that step's
+  // gradients held: a second train() with no checkpoint to resume is refused, naming the way out.
+  {
+    torch::manual_seed(3);
+    Mlp model(6, 0.1);
+    int calls = 0;
+    Trainer<Data> t(
+        base_args(out), model, data(),
+        [&](Batch& b) {
+          if (++calls == 4) throw std::runtime_error("a bad batch");
+          return torch::mse_loss(model(b.data), b.target);
+        },
+        row_options());
+    std::string first, second;
+    try {
+      t.train();
+    } catch (const std::exception& e) {
+      first = e.what();
+    }
+    try {
+      t.train();
+    } catch (const UsageError& e) {
+      second = e.what();
+    }
+    CHECK_MSG(first.find("a bad batch") != std::string::npos, "the first train() gave '" << first << "'");
+    CHECK_MSG(
+        second.find("stopped inside an optimizer step, after 1 of its 2 micro-batches") != std::string::npos,
+        "a second train() after an interrupted step gave '" << second << "'");
+  }
   // logging_steps 1: one training log per step, with the loss averaged over ranks, then the summary.
   CHECK_MSG(static_cast<std::int64_t>(got.state.log_history.size()) == got.state.max_steps + 1,
             got.state.log_history.size() << " log entries for " << got.state.max_steps << " steps");

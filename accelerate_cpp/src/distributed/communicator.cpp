@@ -319,13 +319,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
-    if (staged(tensor)) {
-      auto host = to_host(tensor);
-      all_reduce(host, op);
-      const at::NoGradGuard no_grad;
-      tensor.copy_(host);
-      return;
-    }
+    if (staged(tensor)) return in_place_on_host(tensor, [&](torch::Tensor& host) { all_reduce(host, op); });
     check("all_reduce", fmt::format("{}, op={}", describe(tensor), op_name(op)));
     std::vector<torch::Tensor> ts{tensor};
     c10d::AllreduceOptions o;
@@ -369,7 +363,10 @@ class C10dCommunicator final : public Communicator {
     if (staged(tensor)) {
       auto host = to_host(tensor);
       auto inner = reduce_async(host, root);
-      return std::make_unique<CopyBackHandle>(std::move(inner), std::vector{std::pair{tensor, host}});
+      // Only the root's tensor receives the sum (the others' are left as they are, as NCCL leaves them).
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> back;
+      if (rank() == root) back.emplace_back(tensor, host);
+      return std::make_unique<CopyBackHandle>(std::move(inner), std::move(back));
     }
     check("reduce", fmt::format("{}, root={}", describe(tensor), root));
     std::vector<torch::Tensor> ts{tensor};
@@ -392,13 +389,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
-    if (staged(tensor)) {
-      auto host = to_host(tensor);
-      broadcast(host, root);
-      const at::NoGradGuard no_grad;
-      tensor.copy_(host);
-      return;
-    }
+    if (staged(tensor)) return in_place_on_host(tensor, [&](torch::Tensor& host) { broadcast(host, root); });
     check("broadcast", fmt::format("{}, root={}", describe(tensor), root));
     std::vector<torch::Tensor> ts{tensor};
     c10d::BroadcastOptions o;
@@ -661,6 +652,15 @@ class C10dCommunicator final : public Communicator {
     return std::make_unique<CopyBackHandle>(all_reduce_async({flat}), std::move(back));
   }
 
+  // An in-place collective of a CUDA tensor on a host copy, the result copied back.
+  template <class F>
+  static void in_place_on_host(torch::Tensor& tensor, F&& collective) {
+    auto host = to_host(tensor);
+    collective(host);
+    const at::NoGradGuard no_grad;  // a parameter is a leaf that requires grad
+    tensor.copy_(host);
+  }
+
   // CudaCollectives::Gloo: a CUDA tensor's collective runs on a host copy (no NCCL group was created).
   bool staged(const torch::Tensor& t) const {
     return t.defined() && t.is_cuda() && device_.is_cuda() && !nccl_;
@@ -762,7 +762,11 @@ std::shared_ptr<Communicator> Communicator::create(const ProcessState& state, to
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = (*live)[key];
   if (!slot) slot = std::make_shared<C10dCommunicator>(state, device, options);
-  slot->set_options(options);
+  // The process group of CUDA tensors was chosen when the connection was made (an NCCL group exists or not):
+  // options() keeps saying which.
+  auto kept = options;
+  kept.cuda_collectives = slot->options().cuda_collectives;
+  slot->set_options(kept);
   return slot;
 }
 

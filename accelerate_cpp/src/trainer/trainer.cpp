@@ -403,7 +403,17 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     dir = chosen.front();
     if (dir.empty()) acc.print("Trainer: no checkpoint in ", args_.output_dir, "; training from the start");
   }
-  if (!dir.empty()) resume_from(dir);
+  if (!dir.empty()) {
+    resume_from(dir);  // load_state also drops what an interrupted step held
+  } else if (window_micro_ > 0 && window_micro_ < acc.gradient_accumulation_steps()) {
+    // HF's Trainer zeroes the model's gradients at every train(); here the Accelerator holds the gradients of
+    // the micro-batches of an unfinished step apart from .grad, and the accumulation clock is inside it.
+    throw UsageError(fmt::format(
+        "Trainer: the last train() stopped inside an optimizer step, after {} of its {} micro-batches (an "
+        "exception); their gradients are still held for that step and this train() would add them to its "
+        "first. Resume from a checkpoint (train(\"latest\") or train(dir)), or make a new Trainer",
+        window_micro_, acc.gradient_accumulation_steps()));
+  }
   if (!trackers_open_) {
     acc.init_trackers(args_.run_name.value_or("trainer"),
                       {{"learning_rate", args_.learning_rate},
