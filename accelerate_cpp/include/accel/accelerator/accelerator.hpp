@@ -272,7 +272,8 @@ class Accelerator {
   /// whole model's norm (every stage's part); save_state writes one file per global layer, which load_state
   /// reads with any number of stages and replicas. Data loaders prepared after this shard the data over the
   /// replicas (every stage of a replica reads the same batches); ones prepared before are refused. One
-  /// pipeline per Accelerator. Not yet with a pipeline (refused with an error, never silently): CUDA.
+  /// pipeline per Accelerator. Not yet with a pipeline (refused with an error, never silently): stages over
+  /// NCCL; on CUDA devices the stages run with ACCEL_CUDA_COLLECTIVES=gloo (transfers on host copies).
   pipeline::PipelineStage& prepare_pipeline(const torch::nn::Sequential& model);
   /// The escape hatch for a model that is not a Sequential: `build_stage(s)` returns stage s's module (any
   /// module with `forward(Tensor) -> Tensor`), called for this rank's stage only; parameters are named
