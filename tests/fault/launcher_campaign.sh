@@ -262,6 +262,28 @@ for ((i = 0; i < trials; ++i)); do
 done
 summary "kill -9 of the launcher" "$trials" "$orphans" 0 0 0
 
+# Starts trial $i's ranks in sections 2 and 4: the real program on the trials uses_real picks, else the shell
+# rank with TERM_MODE=$term_mode; `what` names which.
+start_trial_ranks() {
+  if uses_real "$i"; then
+    what=real
+    start "$tag" "$d" "${real[@]}"
+  else
+    what="shell, TERM_MODE=$term_mode"
+    TERM_MODE=$term_mode start "$tag" "$d" "$dir/rank.sh"
+  fi
+}
+
+# The end of a trial of sections 2-4: no launcher left to kill at exit, the trial's leftover processes counted
+# as orphans, its line printed ("LINE, N orphan(s)"), and its directory shown when it went wrong.
+end_trial() {
+  launcher_pid=
+  count_left "$tag" 1000
+  orphans=$((orphans + left))
+  echo "$1, $left orphan(s)"
+  if [ "$outcome" != ok ] || [ "$left" -gt 0 ]; then show "$d"; fi
+}
+
 # ---- 2. SIGTERM / SIGINT to the launcher -------------------------------------------------------------------
 orphans=0 hangs=0 unreported=0 wrong=0
 for ((i = 0; i < trials; ++i)); do
@@ -271,13 +293,7 @@ for ((i = 0; i < trials; ++i)); do
   pick TERM INT && signal=$r
   pick yes no no && twice=$r
   pick exit ignore && term_mode=$r
-  if uses_real "$i"; then
-    what=real
-    start "$tag" "$d" "${real[@]}"
-  else
-    what="shell, TERM_MODE=$term_mode"
-    TERM_MODE=$term_mode start "$tag" "$d" "$dir/rank.sh"
-  fi
+  start_trial_ranks
   sleep "$(seconds "$delay")"
   ranks=$(count_ranks "$tag") printed=$(printed "$d")
   if [ "$signal" = INT ] && int_ignored "$launcher_pid"; then
@@ -308,11 +324,7 @@ for ((i = 0; i < trials; ++i)); do
     outcome="unreported: $ranks rank(s) ran, but no 'received SIG$signal; forwarded it' line"
     unreported=$((unreported + 1))
   fi
-  launcher_pid=
-  count_left "$tag" 1000
-  orphans=$((orphans + left))
-  echo "  SIG$signal$([ "$twice" = yes ] && echo " twice") #$i ($what, after $(seconds "$delay") s, $ranks rank process(es) up, $printed line(s) printed): $outcome, $left orphan(s)"
-  [ "$outcome" != ok ] || [ "$left" -gt 0 ] && show "$d"
+  end_trial "  SIG$signal$([ "$twice" = yes ] && echo " twice") #$i ($what, after $(seconds "$delay") s, $ranks rank process(es) up, $printed line(s) printed): $outcome"
 done
 summary "SIGTERM/SIGINT to the launcher" "$trials" "$orphans" "$hangs" "$unreported" "$wrong"
 
@@ -358,11 +370,7 @@ for ((i = 0; i < trials; ++i)); do
     outcome="wrong exit code $rc, expected 0"
     wrong=$((wrong + 1))
   fi
-  launcher_pid=
-  count_left "$tag" 1000
-  orphans=$((orphans + left))
-  echo "  rank $early exits 0 after $(seconds "$early_ms") s #$i: ${reported_after:+reported after $reported_after s, }$outcome, $left orphan(s)"
-  [ "$outcome" != ok ] || [ "$left" -gt 0 ] && show "$d"
+  end_trial "  rank $early exits 0 after $(seconds "$early_ms") s #$i: ${reported_after:+reported after $reported_after s, }$outcome"
 done
 summary "a rank exits 0 early" "$trials" "$orphans" "$hangs" "$unreported" "$wrong"
 
@@ -375,13 +383,7 @@ for ((i = 0; i < trials; ++i)); do
   pick KILL:9 SEGV:11 ABRT:6 && signal=${r%:*} number=${r#*:}
   random_ms 3000 && delay=$r
   pick exit ignore && term_mode=$r
-  if uses_real "$i"; then
-    what=real
-    start "$tag" "$d" "${real[@]}"
-  else
-    what="shell, TERM_MODE=$term_mode"
-    TERM_MODE=$term_mode start "$tag" "$d" "$dir/rank.sh"
-  fi
+  start_trial_ranks
   sleep "$(seconds "$delay")"
   deadline=$(($(now_ms) + 10000))
   pid=$(rank_pid "$tag" "$victim")
@@ -412,11 +414,7 @@ for ((i = 0; i < trials; ++i)); do
       wrong=$((wrong + 1))
     fi
   fi
-  launcher_pid=
-  count_left "$tag" 1000
-  orphans=$((orphans + left))
-  echo "  rank $victim SIG$signal #$i ($what, after $(seconds "$delay") s, $printed line(s) printed): $outcome, $left orphan(s)"
-  [ "$outcome" != ok ] || [ "$left" -gt 0 ] && show "$d"
+  end_trial "  rank $victim SIG$signal #$i ($what, after $(seconds "$delay") s, $printed line(s) printed): $outcome"
 done
 summary "a rank killed by SIGKILL/SIGSEGV/SIGABRT" "$trials" "$orphans" "$hangs" "$unreported" "$wrong"
 
