@@ -110,11 +110,13 @@ void end_sync_step(Communicator& comm, torch::nn::Module& model, const Config& c
   if (config.ddp_broadcast_buffers) broadcast_buffers(comm, model);
 }
 
-GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies) {
+GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies,
+                                  std::vector<torch::Tensor> loose) {
   GradientTensors out;
   out.tensors = std::move(masters);
   out.sharded = true;
   out.copies = copies;
+  out.replicated = std::move(loose);
   return out;
 }
 

@@ -51,6 +51,7 @@ void end_sync_step(Communicator& comm, torch::nn::Module& model, const Config& c
 void check_unused(const std::string& who, const std::vector<std::string>& unused, bool tolerate);
 /// The gradients of a sharded engine: each rank's flat master slices (a norm sums over ranks), each held by
 /// `copies` ranks (the machines, under hybrid sharding).
-GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies = 1);
+GradientTensors sharded_gradients(std::vector<torch::Tensor> masters, int copies,
+                                  std::vector<torch::Tensor> loose);
 
 }  // namespace accel::backends::detail

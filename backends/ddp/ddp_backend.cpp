@@ -106,7 +106,7 @@ class DdpBackend final : public Backend {
     if (ctx_.config->ddp_broadcast_buffers) detail::broadcast_buffers(comm_, *model_);
   }
 
-  GradientTensors gradients() const override { return {params_, false}; }
+  GradientTensors gradients() const override { return {params_, false, 1, {}}; }
 
   NamedTensors model_state() override { return detail::module_state_copy(*model_); }
   void visit_model_state(const std::function<void(NamedTensors)>& sink) override {

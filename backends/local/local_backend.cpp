@@ -21,7 +21,7 @@ class LocalBackend final : public Backend {
   void before_backward(bool /*sync*/) override {}
   void after_backward(bool /*sync*/) override {}
 
-  GradientTensors gradients() const override { return {model_->parameters(), false}; }
+  GradientTensors gradients() const override { return {model_->parameters(), false, 1, {}}; }
 
   NamedTensors model_state() override { return detail::module_state_copy(*model_); }
   void visit_model_state(const std::function<void(NamedTensors)>& sink) override {

@@ -277,7 +277,10 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     std::vector<torch::Tensor> masters;
     for (const auto& f : flats_)
       masters.push_back(f.master);
-    return detail::sharded_gradients(std::move(masters), shards_.copies());
+    return detail::sharded_gradients(std::move(masters), shards_.copies(),
+                                     detail::loose_parameters(params_, [&](std::size_t index) {
+                                       return !slot_.empty() && slot_[index].has_value();
+                                     }));
   }
 
   void sync_parameters() override {

@@ -238,7 +238,9 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     std::vector<torch::Tensor> masters;
     for (const auto& g : groups_)
       masters.push_back(g.master);
-    return detail::sharded_gradients(std::move(masters), shards_.copies());
+    return detail::sharded_gradients(
+        std::move(masters), shards_.copies(),
+        detail::loose_parameters(params_, [&](std::size_t i) { return ref_.count(i) != 0; }));
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(

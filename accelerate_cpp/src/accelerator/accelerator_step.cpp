@@ -366,6 +366,7 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
     auto g = prepared_.models[i].engine->gradients();
     auto& into = g.sharded ? sliced : whole;
     into.insert(into.end(), g.tensors.begin(), g.tensors.end());
+    whole.insert(whole.end(), g.replicated.begin(), g.replicated.end());
     if (g.sharded) copies = std::max(copies, g.copies);
   }
   const bool inf = std::isinf(norm_type);

@@ -270,6 +270,15 @@ void TrainerBase::set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimiz
   user_scheduler_ = scheduler_ != nullptr;
 }
 
+void TrainerBase::zero_grads() {
+  // The optimizer's zero_grad reaches what the prepared engine holds for its parameters; the model's reaches
+  // trainable parameters outside the optimizer (a user's set_optimizer over part of the model), whose
+  // gradients would otherwise add up over the steps into every later clipping norm (HF's Trainer calls
+  // model.zero_grad() after each step).
+  optimizer_->zero_grad();
+  model_->zero_grad();
+}
+
 void TrainerBase::set_model(std::shared_ptr<torch::nn::Module> model) {
   if (!model) throw UsageError("Trainer: the model is empty");
   model_ = std::move(model);
@@ -394,7 +403,7 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     acc.prepare(model_, *optimizer_, *scheduler_);
     prepared_ = true;
   } else {
-    optimizer_->zero_grad();  // a later train(): what the last one left (the prepared engine's own way)
+    zero_grads();  // a later train(): what the last one left
   }
   std::string dir = resume;
   if (resume == "latest") {
@@ -515,7 +524,7 @@ void TrainerBase::window_end() {
                       "check the data and the learning rate, or set nonfinite_loss: skip to drop such steps",
                       state_.global_step + 1, fmt::join(bad, ", ")));
     }
-    optimizer_->zero_grad();
+    zero_grads();
     ++state_.skipped_steps;
     acc.print("Trainer: step ", state_.global_step + 1, " skipped: the loss was NaN or Inf on rank(s) ",
               fmt::format("{}", fmt::join(bad, ", ")), " (nonfinite_loss: skip)");
@@ -529,7 +538,7 @@ void TrainerBase::window_end() {
     optimizer_->step();
     each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });
     if (!acc.optimizer_step_was_skipped()) scheduler_->step();
-    optimizer_->zero_grad();
+    zero_grads();
     interval_loss_ += window_loss;
     interval_micro_ += window_micro_;
     run_loss_ += window_loss;

@@ -62,6 +62,9 @@ struct GradientTensors {
   /// With `sharded`: how many ranks hold each slice (the machines under hybrid sharding; the norm's sum over
   /// ranks counts every slice this many times).
   int copies = 1;
+  /// With `sharded`: gradients every rank holds whole beside the slices (trainable parameters outside the
+  /// optimizer, reduced like DDP's); a norm counts them once and clipping scales them too.
+  std::vector<torch::Tensor> replicated;
 };
 
 /// The engine of one prepared model: how its gradients, parameters and optimizer state are laid out and

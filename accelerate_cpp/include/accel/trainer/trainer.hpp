@@ -125,6 +125,8 @@ class TrainerBase {
   void refuse_two_checkpointings(const Config& config) const;
   void attach();
   void build_optimizer();
+  /// After an optimizer step (or a skipped one): HF's model.zero_grad(), the optimizer's way and the model's.
+  void zero_grads();
   void build_scheduler();
   void resume_from(const std::string& dir);
   void log_training();
