@@ -141,6 +141,100 @@ class SignalGuard {
   struct sigaction saved_pipe_ {};
 };
 
+// Most rank process groups one watchdog keeps (a launcher starts at most this many ranks on its machine).
+constexpr std::size_t kMaxWatchedGroups = 65536;
+pid_t g_watched_groups[kMaxWatchedGroups];  // the watchdog's copy (written in the child only)
+
+// The watchdog process, after fork: only async-signal-safe calls. Reads the ranks' process groups from `fd`
+// until the launcher writes 0 (it finished and reaped its ranks: nothing to do) or the pipe ends without it
+// (the launcher died, killed with SIGKILL: every group is killed).
+[[noreturn]] void watchdog_main(int fd) {
+  std::size_t count = 0;
+  unsigned char bytes[sizeof(pid_t)];
+  std::size_t have = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, bytes + have, sizeof(bytes) - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    if (have < sizeof(bytes)) continue;
+    have = 0;
+    pid_t group = 0;
+    std::memcpy(&group, bytes, sizeof(group));
+    if (group == 0) ::_exit(0);
+    if (count < kMaxWatchedGroups) g_watched_groups[count++] = group;
+  }
+  for (std::size_t i = 0; i < count; ++i)
+    ::kill(-g_watched_groups[i], SIGKILL);
+  ::_exit(0);
+}
+
+// PR_SET_PDEATHSIG ends each rank when the launcher dies, but not what a rank started (the program of a
+// wrapper script, a helper): a small process forked before the ranks holds the read end of a pipe to which
+// the launcher writes each rank's process group, and kills those groups when the pipe ends without the
+// launcher's "finished" mark. It sits in a process group of its own (Ctrl-C in a terminal does not reach it)
+// and ignores the signals the launcher forwards.
+class GroupWatchdog {
+ public:
+  GroupWatchdog() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+      throw LaunchError(std::string("cannot create the watchdog's pipe: ") + std::strerror(errno));
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT})
+        sigaction(s, &ignore, nullptr);
+      struct sigaction fallback {};
+      fallback.sa_handler = SIG_DFL;
+      sigemptyset(&fallback.sa_mask);
+      sigaction(SIGCHLD, &fallback, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      // Holds none of the launcher's files: its output pipes end when the launcher's do.
+      const int null_fd = ::open("/dev/null", O_RDWR);
+      for (int target = 0; target < 3 && null_fd >= 0; ++target)
+        ::dup2(null_fd, target);
+      for (int fd = 3; fd < 1024; ++fd)
+        if (fd != fds[0]) ::close(fd);
+      watchdog_main(fds[0]);
+    }
+    const int fork_error = errno;
+    ::close(fds[0]);
+    if (pid < 0) {
+      ::close(fds[1]);
+      throw LaunchError(std::string("cannot start the watchdog process: ") + std::strerror(fork_error));
+    }
+    ::setpgid(pid, pid);
+    pid_ = pid;
+    fd_ = fds[1];
+  }
+  GroupWatchdog(const GroupWatchdog&) = delete;
+  GroupWatchdog& operator=(const GroupWatchdog&) = delete;
+  /// Without finished(): the launcher is failing, and the watchdog kills every group it was given.
+  ~GroupWatchdog() {
+    close_fd(fd_);
+    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+  }
+  /// Process group `group` (a rank's) is killed if the launcher dies.
+  void watch(pid_t group) { send(group); }
+  /// The ranks are reaped: the watchdog exits and kills nothing (what a rank left running on purpose stays).
+  void finished() { send(0); }
+
+ private:
+  void send(pid_t value) {
+    if (fd_ < 0) return;
+    const ssize_t n = ::write(fd_, &value, sizeof(value));  // atomic: under PIPE_BUF
+    (void)n;
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 // One output stream (stdout or stderr) of a rank.
 struct Stream {
   int fd = -1;
@@ -166,13 +260,15 @@ class Supervisor {
 
   SupervisorResult run() {
     SignalGuard guard;
-    spawn_all(guard);
+    GroupWatchdog watchdog;
+    spawn_all(guard, watchdog);
     loop(guard.read_fd());
+    watchdog.finished();
     return result();
   }
 
  private:
-  void spawn_all(const SignalGuard& guard) {
+  void spawn_all(const SignalGuard& guard, GroupWatchdog& watchdog) {
     std::vector<const char*> argv;
     for (const std::string& arg : options_.argv)
       argv.push_back(arg.c_str());
@@ -240,7 +336,10 @@ class Supervisor {
         ::_exit(127);
       }
       const int fork_error = errno;
-      if (pid > 0) ::setpgid(pid, pid);  // also here, so that kill(-pid) works before the child ran
+      if (pid > 0) {
+        ::setpgid(pid, pid);  // also here, so that kill(-pid) works before the child ran
+        watchdog.watch(pid);
+      }
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       ::close(out[1]);
       ::close(err[1]);

@@ -6,12 +6,12 @@
 #   launcher_campaign.sh ACCEL_LAUNCH [N [REAL_PROGRAM [ARGS...]]]
 #
 # N (default 3, about 40 s) trials of each of kinds 1-4; N=20 or more for a one-off measurement (about 4 min).
-# The ranks are a small bash program (written here; builtins only, so each rank is one process) that runs up to
-# 30 s if undisturbed; with REAL_PROGRAM (a real
-# training program, such as examples/gan/gan --epochs 60 --train-limit 4096) every other trial of kinds 1, 2
-# and 4 runs that program as the ranks instead, so the abuse lands during LibTorch start-up, the rendezvous or
-# training. Kinds:
-#   1. kill -9 of the launcher after 0-3 s: 2 s later no process started under it may remain (orphan).
+# The ranks are a small bash program (written here; builtins only, so each rank is one process, plus in kind 1
+# a subshell) that runs up to 30 s if undisturbed; with REAL_PROGRAM (a real training program, such as
+# examples/gan/gan --epochs 60 --train-limit 4096) every other trial of kinds 1, 2 and 4 runs that program as
+# the ranks instead, so the abuse lands during LibTorch start-up, the rendezvous or training. Kinds:
+#   1. kill -9 of the launcher after 0-3 s: 2 s later no process started under it may remain (orphan); the
+#      shell ranks each start a helper subshell first, which only the launcher's watchdog can end.
 #   2. SIGTERM or SIGINT (sometimes twice) to the launcher after 0-3 s, the ranks exiting on SIGTERM or ignoring
 #      it: exit 143 / 130 within a few seconds (else hang), "received SIG...; forwarded it" once ranks ran
 #      (else unreported), nothing left behind (else orphan).
@@ -92,10 +92,13 @@ tagged_pids() {
   grep -lzsE "^ACCEL_CAMPAIGN_TAG=$1(-.*)?\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }
 
-# Number of processes tagged $1 but the launcher: the ranks (and anything they started).
+# Number of processes tagged $1 with a RANK: the ranks and anything they started (not the launcher or its
+# watchdog).
 count_ranks() {
   local pid n=0
-  for pid in $(tagged_pids "$1"); do [ "$pid" != "$launcher_pid" ] && n=$((n + 1)); done
+  for pid in $(tagged_pids "$1"); do
+    [ "$pid" != "$launcher_pid" ] && grep -qzE '^RANK=' "/proc/$pid/environ" 2>/dev/null && n=$((n + 1))
+  done
   echo "$n"
 }
 
@@ -209,6 +212,9 @@ set -u
 echo $$ > "$CAMPAIGN_DIR/pid.$RANK"
 if [ "${TERM_MODE:-exit}" = ignore ]; then trap '' TERM; else trap 'exit 0' TERM; fi
 exec 3<> "$CAMPAIGN_DIR/fifo.$RANK"
+# HELPER=1: a helper of the rank's own (a subshell, as a wrapper script's program), which the launcher's
+# watchdog must kill with the rank's process group when the launcher dies.
+if [ "${HELPER:-}" = 1 ]; then (read -r -t "${LIFE:-30}" -u 3 _) & fi
 echo ready
 if [ "${EARLY:-}" = "$RANK" ]; then
   read -r -t "$(printf '%d.%03d' $((EARLY_MS / 1000)) $((EARLY_MS % 1000)))" -u 3 _
@@ -249,7 +255,13 @@ for ((i = 0; i < trials; ++i)); do
   tag=$campaign-k1-$i
   d=$(new_trial_dir "k1-$i")
   random_ms 3000 && delay=$r
-  if uses_real "$i"; then what=real; start "$tag" "$d" "${real[@]}"; else what=shell; start "$tag" "$d" "$dir/rank.sh"; fi
+  if uses_real "$i"; then
+    what=real
+    start "$tag" "$d" "${real[@]}"
+  else
+    what=shell+helper
+    HELPER=1 start "$tag" "$d" "$dir/rank.sh"
+  fi
   sleep "$(seconds "$delay")"
   ranks=$(count_ranks "$tag") printed=$(printed "$d")
   kill -KILL "$launcher_pid" 2>/dev/null

@@ -726,29 +726,34 @@ TEST_CASE("launcher: config update rewrites a config with every key and keeps th
   CHECK(contains(missing.err, "nope.yaml does not exist"));
 }
 
-TEST_CASE("launcher: ranks die with the launcher, also when it is killed with SIGKILL") {
+TEST_CASE(
+    "launcher: ranks and what they started die with the launcher, also when it is killed with SIGKILL") {
   TempDir dir;
+  // Each rank starts a helper of its own first (a wrapper script's program): the ranks die through
+  // PR_SET_PDEATHSIG, their helpers through the launcher's watchdog, which kills the ranks' process groups.
   Launcher launcher(
       {"launch", "--num_processes", "2", "--main_process_port", "0", script("pid_then_sleep.sh")},
-      {"MARKER_DIR=" + dir.str()});
+      {"MARKER_DIR=" + dir.str(), "HELPER=1"});
   REQUIRE(launcher.wait_for(
       [&] {
         return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
       },
       20));
-  std::vector<pid_t> ranks;
-  for (const char* name : {"pid.0", "pid.1"}) {
+  std::vector<std::pair<std::string, pid_t>> processes;
+  for (const char* name : {"pid.0", "pid.1", "helper.0", "helper.1"}) {
     std::ifstream in(dir.path() / name);
     pid_t pid = 0;
     REQUIRE(in >> pid);
-    ranks.push_back(pid);
+    REQUIRE_FALSE(process_gone(pid));
+    processes.emplace_back(name, pid);
   }
   REQUIRE(::kill(launcher.pid(), SIGKILL) == 0);  // the launcher alone: it cannot stop anything
   const auto deadline = Clock::now() + std::chrono::seconds(3);
-  for (const pid_t pid : ranks) {
+  for (const auto& [name, pid] : processes) {
     while (!process_gone(pid) && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    CHECK(process_gone(pid));  // each rank ignores SIGTERM and sleeps 60 s: only PR_SET_PDEATHSIG ends it
+    INFO(name << " (pid " << pid << ") ignores SIGTERM and sleeps 60 s");
+    CHECK(process_gone(pid));
   }
 }
 

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Fake rank for launcher_test.cpp: writes its pid to $MARKER_DIR/pid.$RANK, says ready, then sleeps a minute as
 # the same process (exec), ignoring SIGTERM: only the launcher's death (PR_SET_PDEATHSIG) or SIGKILL ends it.
+# With HELPER=1 it first starts a helper of its own (a wrapper script's program, a data worker), pid in
+# $MARKER_DIR/helper.$RANK, that also ignores SIGTERM and sleeps a minute: PR_SET_PDEATHSIG does not reach it.
 set -u
+trap '' TERM
+if [ "${HELPER:-}" = 1 ]; then
+  sleep 60 &
+  echo $! > "$MARKER_DIR/helper.$RANK"
+fi
 echo $$ > "$MARKER_DIR/pid.$RANK"
 echo ready
-trap '' TERM
 exec sleep 60
