@@ -5,6 +5,7 @@
 /// on the whole batch. Prints one line per check and exits non-zero on the first that fails.
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/accelerator/resolved_config.hpp>
+#include <accel/parallel/tensor_parallel.hpp>
 
 #include <torch/torch.h>
 
@@ -52,10 +53,35 @@ struct CheckBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(CheckBlock);
 
+// With tensor parallelism (tp_size > 1): a block of two layers, Megatron's pair when `group` is given (the
+// first split by rows, the second by columns: one all-reduce per forward), plain Linears for the reference.
+struct TpCheckBlockImpl : torch::nn::Module {
+  explicit TpCheckBlockImpl(const std::shared_ptr<accel::Communicator>& group = nullptr) {
+    torch::nn::Linear full1(16, 16), full2(16, 16);
+    if (group) {
+      column = register_module("fc1", accel::tp::ColumnParallelLinear(full1, group, /*gather_output=*/false));
+      row = register_module("fc2", accel::tp::RowParallelLinear(full2, group, /*input_is_parallel=*/true));
+    } else {
+      fc1 = register_module("fc1", full1);
+      fc2 = register_module("fc2", full2);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return x + (row ? row(torch::tanh(column(x))) : fc2(torch::tanh(fc1(x))));
+  }
+  accel::tp::ColumnParallelLinear column{nullptr};
+  accel::tp::RowParallelLinear row{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(TpCheckBlock);
+
 struct Net : torch::nn::Module {
-  Net() {
+  /// `tensor_parallel`: TpCheckBlocks, split over `group` (nullptr: the unsplit reference).
+  explicit Net(bool tensor_parallel = false, const std::shared_ptr<accel::Communicator>& group = nullptr) {
     a = register_module("a", torch::nn::Linear(8, 16));
-    blocks = register_module("blocks", torch::nn::Sequential(CheckBlock(), CheckBlock()));
+    blocks = register_module("blocks", tensor_parallel
+                                           ? torch::nn::Sequential(TpCheckBlock(group), TpCheckBlock(group))
+                                           : torch::nn::Sequential(CheckBlock(), CheckBlock()));
     b = register_module("b", torch::nn::Linear(16, 1));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -74,10 +100,11 @@ accel::Config check_config() {
   auto& fsdp = config.fsdp;
   if (fsdp.auto_wrap_policy == accel::AutoWrapPolicy::TransformerBasedWrap &&
       !fsdp.transformer_layer_cls_to_wrap.empty()) {
+    const std::string block = config.tensor_parallel_size > 1 ? TpCheckBlock()->name() : CheckBlock()->name();
     config.notices.push_back(
         "fsdp_config.fsdp_transformer_layer_cls_to_wrap: " + fsdp.transformer_layer_cls_to_wrap +
-        " (your model's) is replaced by the check model's block CheckBlockImpl");
-    fsdp.transformer_layer_cls_to_wrap = CheckBlock()->name();
+        " (your model's) is replaced by the check model's block " + block);
+    fsdp.transformer_layer_cls_to_wrap = block;
   }
   return config;
 }
@@ -156,6 +183,8 @@ void train_reference(Net& reference, const Rows& data, int world, int steps, int
 // optimizer steps the fp16 loss scaler skipped.
 std::vector<bool> train_prepared(accel::Accelerator& acc, std::shared_ptr<Net>& model, torch::optim::SGD& opt,
                                  const Rows& data, int rank, int world, int steps, int gas) {
+  // With tensor parallelism `rank` and `world` are the data-parallel ones: the ranks of a tensor-parallel
+  // group read the same rows.
   std::vector<bool> skipped(static_cast<std::size_t>(steps), false);
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < gas; ++m) {
@@ -214,19 +243,28 @@ int main() try {
   check_collectives(acc, rank, world);
   const auto loader = check_data_loader(acc, world);
 
-  // 4. Training: 4 optimizer steps with batch 4 per rank, against one process with batch 4 x N computed
-  //    on every rank without the accelerator.
+  // 4. Training: 4 optimizer steps with batch 4 per data-parallel rank, against one process with batch 4 x N
+  //    computed on every rank without the accelerator. With tensor parallelism (tp_size) the check model's
+  //    blocks are split over each tensor-parallel group and N is the number of data-parallel ranks.
   const int gas = config.gradient_accumulation_steps;
   const int steps = 4;
+  const auto tp_group = acc.tensor_parallel_group();
+  const bool tensor_parallel = tp_group->world_size() > 1;
+  const int data_rank = acc.data_parallel_group()->rank();
+  const int data_world = acc.data_parallel_group()->world_size();
+  if (tensor_parallel) {
+    acc.print("  note: tp_size ", tp_group->world_size(), ": the check model's blocks are tensor-parallel, ",
+              data_world, " data-parallel rank(s)");
+  }
   torch::manual_seed(7);
-  Rows data(4 * world * steps * gas);
+  Rows data(4 * data_world * steps * gas);
   torch::manual_seed(99);
-  auto reference = std::make_shared<Net>();
+  auto reference = std::make_shared<Net>(tensor_parallel);
   torch::manual_seed(99);
-  auto model = std::make_shared<Net>();
+  auto model = std::make_shared<Net>(tensor_parallel, tensor_parallel ? tp_group : nullptr);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   acc.prepare(model, opt);
-  const std::vector<bool> skipped = train_prepared(acc, model, opt, data, rank, world, steps, gas);
+  const std::vector<bool> skipped = train_prepared(acc, model, opt, data, data_rank, data_world, steps, gas);
   const auto n_skipped = std::count(skipped.begin(), skipped.end(), true);
   if (n_skipped > 0) {
     acc.print("  note: the fp16 loss scaler skipped ", n_skipped, " of ", steps,
@@ -235,7 +273,8 @@ int main() try {
   // On a thread of its own: prepare() switched mixed-precision autocast on for this thread, and the
   // reference is one plain fp32 process.
   std::thread([&] {
-    train_reference(*reference, data, world, steps, gas, accel::automatic_gradient_clipping(config), skipped);
+    train_reference(*reference, data, data_world, steps, gas, accel::automatic_gradient_clipping(config),
+                    skipped);
   }).join();
   compare_weights(acc, trained_weights(acc, model), *reference, world, steps);
   acc.wait_for_everyone();

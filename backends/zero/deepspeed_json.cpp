@@ -764,10 +764,10 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   refused("gradient_allreduce_op", AsksNothingWhen::Value, "mean",
           "\"sum\" keeps the sum of the ranks' gradients instead of their mean (DeepSpeed after 0.19.5)",
           "remove it (or set \"mean\"): gradients are averaged over the ranks here");
-  refused(
-      "tensor_parallel", AsksNothingWhen::SizesAtMostOne, "",
-      "DeepSpeed's AutoTP training splits each layer's matrices over autotp_size ranks",
-      "remove it: tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp layers");
+  refused("tensor_parallel", AsksNothingWhen::SizesAtMostOne, "",
+          "DeepSpeed's AutoTP training splits each layer's matrices over autotp_size ranks",
+          "remove it: tensor parallelism is parallelism_config_tp_size in the YAML (or "
+          "AcceleratorOptions().tensor_parallel_size(n)) with accel::tp layers");
   refused("amp", AsksNothingWhen::Disabled, "", "NVIDIA Apex AMP mixed precision (opt_level, ...)",
           "remove it and set mixed_precision: fp16 or bf16 in the YAML");
   refused("elasticity", AsksNothingWhen::Disabled, "",

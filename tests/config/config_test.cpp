@@ -1184,10 +1184,6 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
   CHECK(accel::Config::load_string(fsdp + mesh("  parallelism_config_dp_shard_size: 1\n")) ==
         accel::Config::load_string(fsdp));  // total 1: Accelerate replicates over every process
   // What accelerate-cpp does not run from a config file: refused, naming the key and what to set.
-  CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 1\n  parallelism_config_tp_size: 2\n")) ==
-        "inline.yaml:5: parallelism_config.parallelism_config_tp_size: 2 asks for tensor parallelism, which "
-        "is not supported from a config file by accelerate-cpp: the program asks for it with "
-        "AcceleratorOptions().tensor_parallel_size(n) and accel::tp layers; set it to 1");
   CHECK_THAT(message(fsdp + mesh("  parallelism_config_cp_size: 2\n")),
              Catch::StartsWith("inline.yaml:4: parallelism_config.parallelism_config_cp_size: 2 asks for "
                                "context parallelism, which is not supported by accelerate-cpp; set it to 1"));
@@ -1227,6 +1223,31 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
       message(four + "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_hybrid_shard_size: 3\n") ==
       "inline.yaml:5: fsdp_config.fsdp_hybrid_shard_size 3 does not divide num_processes 4: the ranks form "
       "shard groups of that size; choose a divisor");
+  // tp_size: tensor-parallel groups of tp_size consecutive ranks for a program built on accel::tp layers (as
+  // AcceleratorOptions().tensor_parallel_size), beside the data-parallel layout of the rest of the file;
+  // written back (with nothing when it is 1) and read back the same.
+  const auto tp_only = hsdp(fsdp + mesh("  parallelism_config_tp_size: 2\n"));
+  CHECK(tp_only.tensor_parallel_size == 2);
+  CHECK(tp_only != hsdp(fsdp));
+  CHECK_THAT(tp_only.to_yaml(), Catch::Contains("\nparallelism_config:\n  parallelism_config_tp_size: 2\n"));
+  CHECK(accel::Config::load_string(tp_only.to_yaml(), "resolved.yaml") == tp_only);
+  CHECK_THAT(hsdp(fsdp).to_yaml(), !Catch::Contains("parallelism_config"));
+  const auto tp_by_shard =
+      hsdp(four + mesh("  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n"));
+  CHECK(tp_by_shard.tensor_parallel_size == 2);
+  CHECK(tp_by_shard.fsdp.sharding_strategy == hsdp(four).fsdp.sharding_strategy);  // sharded over 2, no HSDP
+  CHECK(message(four + mesh("  parallelism_config_dp_shard_size: 4\n  parallelism_config_tp_size: 2\n")) ==
+        "inline.yaml:4: parallelism_config: dp_replicate_size 1 x dp_shard_size 4 x tp_size 2 x cp_size 1 x "
+        "sp_size 1 = 8 does not match num_processes 4 (Accelerate refuses this too); adjust the sizes");
+  // 2 x 2 x 2 on 8 (Accelerate's tp_hsdp example): hybrid sharding over each data-parallel group of 4.
+  const auto hsdp_tp =
+      hsdp("distributed_type: FSDP\nnum_processes: 8\n" +
+           mesh("  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n"
+                "  parallelism_config_tp_size: 2\n"));
+  CHECK(hsdp_tp.tensor_parallel_size == 2);
+  CHECK(hsdp_tp.fsdp.sharding_strategy == accel::ShardingStrategy::HybridShard);
+  CHECK(hsdp_tp.fsdp.hybrid_shard_size == 2);
+  CHECK(accel::Config::load_string(hsdp_tp.to_yaml(), "resolved.yaml") == hsdp_tp);
   CHECK_THAT(message("distributed_type: DEEPSPEED\nnum_processes: 4\nnum_machines: 2\n" + two_by_two),
              Catch::Contains("which accelerate-cpp runs with distributed_type: FSDP"));
   CHECK(message(ddp + mesh("  parallelism_config_dp_shard_size: 2\n")) ==

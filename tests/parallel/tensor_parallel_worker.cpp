@@ -9,6 +9,7 @@
 //   tensor_parallel_worker bad_size     sizes not divisible by the group, wrong inputs: UsageError
 //   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
 //   tensor_parallel_worker accelerator  (4 ranks) the same through Accelerator (tensor_parallel_size 2, ddp)
+//   tensor_parallel_worker config_tp    (4 ranks) the same with tp_size 2 from a config's parallelism_config
 //   tensor_parallel_worker export_<ddp|zero2|zero3|fsdp_full_shard>  (2 or 4 ranks) Accelerator with
 //                                       tensor_parallel_size 2 on that backend: clip_grad_norm_ (2-norm and
 //                                       inf) as one process clips the unsplit model, get_state_dict and
@@ -526,16 +527,32 @@ void tp_dp() {
   }
 }
 
-// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks, the DDP backend
-// reducing over the data-parallel groups, a prepared loader giving both ranks of a group the same batches,
-// and what would silently see only this rank's slices refused.
-void accelerator() {
+// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks (or, with
+// `from_file`, the config file's parallelism_config_tp_size 2), the DDP backend reducing over the
+// data-parallel groups, a prepared loader giving both ranks of a group the same batches, and what would
+// silently see only this rank's slices refused.
+void accelerator_from(bool from_file) {
   REQUIRE(communicator()->world_size() == 4);
   accel::Config config;
   config.backend = "ddp";
   config.use_cpu = true;
   config.num_processes = 4;
-  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  if (from_file) {
+    config = accel::Config::load_string(
+        "distributed_type: MULTI_CPU\nnum_processes: 4\nparallelism_config:\n"
+        "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_tp_size: 2\n",
+        "tp.yaml");
+    REQUIRE(config.tensor_parallel_size == 2);
+    // The program asking for another size than the file: refused, naming both.
+    const auto clash = usage_error_of(
+        [&] { accel::Accelerator four(accel::AcceleratorOptions().config(config).tensor_parallel_size(4)); });
+    CHECK_MSG(contains(clash,
+                       "AcceleratorOptions().tensor_parallel_size(4) and the config's "
+                       "parallelism_config.parallelism_config_tp_size 2 (tp.yaml) disagree"),
+              clash);
+  }
+  accel::Accelerator acc(from_file ? accel::AcceleratorOptions().config(config)
+                                   : accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
   auto tp = acc.tensor_parallel_group(), dp = acc.data_parallel_group();
   const int r = acc.process_index();
   CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}) &&
@@ -573,9 +590,17 @@ void accelerator() {
     compare_parameters(at + " after SGD", m, /*grads=*/false);
   }
   CHECK_MSG(step == 2, "steps " << step);
+  if (from_file) return;
   const auto bad = usage_error_of(
       [&] { accel::Accelerator three(accel::AcceleratorOptions().config(config).tensor_parallel_size(3)); });
   CHECK_MSG(contains(bad, "tensor_parallel_size 3 does not divide the 4 process(es)"), bad);
+}
+
+void accelerator() {
+  accelerator_from(false);
+}
+void config_tp() {
+  accelerator_from(true);
 }
 
 std::string shared_temp_dir(Communicator& world);
@@ -748,6 +773,19 @@ accel::Config backend_config(const std::string& backend, int world) {
   } else if (backend == "fsdp_full_shard") {
     config.backend = "fsdp";
     config.fsdp.sharding_strategy = accel::ShardingStrategy::FullShard;
+  } else if (backend == "fsdp_hsdp_tp") {
+    // Accelerate's own tp_hsdp example (tests/data/real_configs/accelerate/016): 8 ranks as 2 replicas x 2
+    // FSDP2 shards x 2 tensor-parallel ranks, the tensor-parallel size from the file.
+    REQUIRE(world == 8);
+    config = accel::Config::load_string(
+        "distributed_type: FSDP\nuse_cpu: true\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_reshard_after_forward: true\nparallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+        "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n",
+        "tp_hsdp.yaml");
+    REQUIRE(config.tensor_parallel_size == 2);
+    REQUIRE(config.fsdp.sharding_strategy == accel::ShardingStrategy::HybridShard);
+    REQUIRE(config.fsdp.hybrid_shard_size == 2);
+    config.collective_timeout_seconds = 60;
   } else {
     throw std::invalid_argument("unknown backend row " + backend);
   }
@@ -765,7 +803,8 @@ std::string shared_temp_dir(Communicator& world) {
   return world.exchange(dir)[0];
 }
 
-// Accelerator with tensor_parallel_size 2 on `backend` (2 ranks: tp only; 4 ranks: 2-way tp x 2-way dp):
+// Accelerator with tensor_parallel_size 2 on `backend` (2 ranks: tp only; 4 ranks: 2-way tp x 2-way dp; 8
+// ranks with fsdp_hsdp_tp: 2-way tp x 2 replicas x 2 shards, hybrid sharding over each data-parallel group):
 // clip_grad_norm_ gives the norm one process computes over the unsplit model and clips alike (the column
 // layer's slices counted on their rank, the row layer's replicated bias once), with the 2-norm and the
 // inf-norm; get_state_dict (every rank, and main process only) and save_model give the unsplit model's names,
@@ -778,7 +817,17 @@ void export_on(const std::string& backend) {
   auto m = make_mlps(tp);
   constexpr double kLr = 0.5, kMaxNorm = 0.05;
   torch::optim::SGD ref_opt(m.reference->parameters(), kLr), opt(m.parallel->parameters(), kLr);
+  std::int64_t slice_bytes = 0;  // this rank's tensor-parallel slices, whole
+  for (const auto& p : m.parallel->parameters())
+    slice_bytes += p.numel() * p.element_size();
   acc.prepare(m.parallel, opt);
+  if (backend == "fsdp_hsdp_tp") {
+    // Hybrid sharding over shard groups of 2 inside each data-parallel group of 4: half of the slices on each
+    // rank (FULL_SHARD over the whole group would hold a quarter).
+    const auto held = static_cast<std::int64_t>(acc.memory_report().parameters);
+    CHECK_MSG(held * 2 == slice_bytes, "rank " << acc.process_index() << " holds " << held << " bytes of its "
+                                               << slice_bytes << " bytes of tensor-parallel slices");
+  }
   // The unsplit model's state by name, for comparison with what the accelerator gathers.
   const auto compare_state = [&](const std::string& at, const accel::NamedTensors& state) {
     const auto ref = m.reference->named_parameters();
@@ -1054,11 +1103,13 @@ int main(int argc, char** argv) {
       {"bad_size", bad_size},
       {"tp_dp", tp_dp},
       {"accelerator", accelerator},
+      {"config_tp", config_tp},
       {"trainer", trainer},
       {"export_ddp", [] { export_on("ddp"); }},
       {"export_zero2", [] { export_on("zero2"); }},
       {"export_zero3", [] { export_on("zero3"); }},
       {"export_fsdp_full_shard", [] { export_on("fsdp_full_shard"); }},
+      {"export_fsdp_hsdp_tp", [] { export_on("fsdp_hsdp_tp"); }},
       {"state_ddp", [] { state_on("ddp"); }},
       {"state_zero2", [] { state_on("zero2"); }},
       {"state_zero3", [] { state_on("zero3"); }},

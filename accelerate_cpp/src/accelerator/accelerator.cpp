@@ -91,6 +91,19 @@ std::shared_ptr<const BackendRegistry> builtin_registry() {
   return registry;
 }
 
+// The program's AcceleratorOptions().tensor_parallel_size or the config's parallelism_config_tp_size; both
+// set (not 1) must agree.
+int chosen_tensor_parallel_size(int from_program, const Config& config) {
+  if (from_program == 1 || config.tensor_parallel_size == 1 || from_program == config.tensor_parallel_size)
+    return from_program != 1 ? from_program : config.tensor_parallel_size;
+  throw UsageError(fmt::format(
+      "AcceleratorOptions().tensor_parallel_size({}) and the config's "
+      "parallelism_config.parallelism_config_tp_size {}{} disagree: the program's layers are split for one "
+      "of "
+      "them; make them equal, or remove one (the program's is enough)",
+      from_program, config.tensor_parallel_size, config.source.empty() ? "" : " (" + config.source + ")"));
+}
+
 }  // namespace
 
 Config resolved_config(const AcceleratorOptions& options) {
@@ -170,7 +183,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   config_.backend = backend_.descriptor->name;
   groups_.data = groups_.job;
   groups_.tensor = Communicator::create(ProcessState{}, device_, comm_options);  // a group of one
-  if (options.tensor_parallel_size() != 1) setup_tensor_parallel(options.tensor_parallel_size());
+  if (const int size = chosen_tensor_parallel_size(options.tensor_parallel_size(), config_); size != 1)
+    setup_tensor_parallel(size);
   backend_.context.config = &config_;
   backend_.context.device = device_;
   // The engines of prepare(model) reduce over these replicas for the Accelerator's life (prepare_pipeline

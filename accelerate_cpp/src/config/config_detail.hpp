@@ -326,7 +326,8 @@ struct KeyRow {
   /// Reads a non-null value into the config or the pending values; nullptr: accepted, no effect (keys of
   /// Accelerate's that mean nothing here).
   std::function<void(Reader&, const Entry&, Config&, Pending&)> read;
-  /// The value as YAML text; nullptr: never written (aliases, keys without effect).
+  /// The value as YAML text; nullptr: never written (aliases, keys without effect). For a top-level row, ""
+  /// leaves the key out, and text starting with a newline is a block of the section's keys below it.
   std::function<std::string(const Config&)> write;
   /// Whether two configs agree on the setting; nullptr: no setting of its own (derived, alias, ignored).
   std::function<bool(const Config&, const Config&)> equal;

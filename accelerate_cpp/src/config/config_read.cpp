@@ -41,9 +41,12 @@ std::string backend_of_distributed_type(const std::string& type) {
 }
 
 // parallelism_config (Accelerate 1.10+'s ParallelismConfig, parallelism_config.py): the mesh sizes must
-// multiply to the number of processes (Accelerate's _validate_accelerator), and describe a layout this
-// library runs from the rest of the file: every rank one replica (DDP) or every rank one shard (FSDP, ZeRO).
-// Anything else is refused, naming what to set.
+// multiply to the number of processes (Accelerate's _validate_accelerator; times pipeline_config.stages, a
+// key of ours), and describe a layout this library runs from the rest of the file: every data-parallel rank
+// one replica (DDP) or one shard (FSDP, ZeRO), tp_size ranks of a tensor-parallel group side by side (the
+// innermost dimension of Accelerate's mesh too). tp_size alone leaves the data-parallel ranks to the rest
+// (num_processes / (tp_size x stages), checked by the Accelerator). Anything else is refused, naming what to
+// set.
 void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
   struct Size {
     const char* name;
@@ -77,32 +80,34 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
            "asks for sequence parallelism (DeepSpeed Ulysses), which is not supported by accelerate-cpp; "
            "set it to 1");
   }
-  if (tp.value > 1) {
-    refuse(tp,
-           "asks for tensor parallelism, which is not supported from a config file by accelerate-cpp: the "
-           "program asks for it with AcceleratorOptions().tensor_parallel_size(n) and accel::tp layers; "
-           "set it to 1");
-  }
-  const std::int64_t total = replicate.value * shard.value;
-  if (total == 1) return;  // Accelerate then replicates over every process: what the file says without it
-  if (total != c.num_processes) {
-    r.fail_at(*first, fmt::format("parallelism_config: dp_replicate_size {} x dp_shard_size {} x tp_size 1 x "
-                                  "cp_size 1 x sp_size 1 = {} does not match num_processes {} (Accelerate "
-                                  "refuses this too); adjust the sizes",
-                                  replicate.value, shard.value, total, c.num_processes));
+  c.tensor_parallel_size = static_cast<int>(tp.value);
+  const std::int64_t data = replicate.value * shard.value;
+  // Accelerate then replicates over every process: what the file says without it.
+  if (data == 1) return;
+  const std::int64_t stages = std::max(1, c.pipeline.stages);
+  if (data * tp.value * stages != c.num_processes) {
+    r.fail_at(
+        *first,
+        fmt::format("parallelism_config: dp_replicate_size {} x dp_shard_size {} x tp_size {} x cp_size 1 "
+                    "x sp_size 1{} = {} does not match num_processes {} (Accelerate refuses this too); "
+                    "adjust the sizes",
+                    replicate.value, shard.value, tp.value,
+                    stages > 1 ? fmt::format(" x pipeline_config.stages {}", stages) : std::string(),
+                    data * tp.value * stages, c.num_processes));
   }
   const bool sharded_backend = c.backend == "fsdp" || c.backend == "zero";
   if (replicate.value > 1 && shard.value > 1) {
     // Hybrid sharding (HSDP): what fsdp's HYBRID_SHARD / HYBRID_SHARD_ZERO2 run. Accelerate's FSDP2 builds a
     // device mesh (dp_replicate, dp_shard) over the ranks in that order (parallelism_config.py, _get_mesh),
-    // so each shard group is dp_shard_size consecutive ranks: fsdp_hybrid_shard_size.
+    // so each shard group is dp_shard_size consecutive ranks: fsdp_hybrid_shard_size. With tp_size the mesh
+    // is (dp_replicate, dp_shard, tp): the groups are consecutive ranks of each data-parallel group.
     if (c.backend != "fsdp") {
       refuse(
           replicate,
           fmt::format("with dp_shard_size {} asks for hybrid sharding (HSDP), which accelerate-cpp runs with "
                       "distributed_type: FSDP (fsdp_sharding_strategy: HYBRID_SHARD); use that, or set "
                       "dp_replicate_size: 1 and dp_shard_size: {} to shard over every rank",
-                      shard.value, c.num_processes));
+                      shard.value, data));
     } else if (c.fsdp.sharding_strategy == ShardingStrategy::NoShard) {
       refuse(shard,
              "asks for hybrid sharding, but fsdp_sharding_strategy is NO_SHARD (nothing sharded); "
@@ -131,8 +136,7 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
            fmt::format("with dp_shard_size 1 keeps a whole replica on every rank, which is {}; set that and "
                        "remove parallelism_config, or shard over every rank with dp_replicate_size: 1 and "
                        "dp_shard_size: {}",
-                       c.backend == "fsdp" ? "fsdp_sharding_strategy: NO_SHARD" : "zero_stage: 0",
-                       c.num_processes));
+                       c.backend == "fsdp" ? "fsdp_sharding_strategy: NO_SHARD" : "zero_stage: 0", data));
   }
 }
 

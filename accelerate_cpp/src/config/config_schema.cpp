@@ -68,6 +68,14 @@ const Section kDynamo = "dynamo_config";
 const Section kPipeline = "pipeline_config";
 const Section kParallelism = "parallelism_config";
 
+// parallelism_config as to_yaml writes it: nothing when tp_size is 1 (the data-parallel layout is the rest
+// of the file), else the section with tp_size alone (the data-parallel ranks are the rest: num_processes /
+// (tp_size x pipeline stages)). Starts with a newline: the section's keys go below its name.
+std::string parallelism_section(const Config& c) {
+  if (c.tensor_parallel_size == 1) return "";
+  return fmt::format("\n  parallelism_config_tp_size: {}", c.tensor_parallel_size);
+}
+
 // dynamo_config: LibTorch has no torch.compile, so only "no dynamo" is accepted.
 void check_dynamo_backend(const Reader& r, const Entry& e) {
   const std::string text = r.scalar(e, "'NO'");
@@ -264,11 +272,13 @@ std::vector<KeyRow> make_schema() {
       [](const std::string& v) { return yaml_string(v); }, "uniform"));
   {
     // Accelerate 1.10+'s ParallelismConfig (parallelism_config.py): checked against the layout it describes
-    // (resolve_parallelism in config_read.cpp), never written: the layouts accelerate-cpp runs from it are
-    // those the file says without it.
+    // (resolve_parallelism in config_read.cpp). The data-parallel sizes are the layout the rest of the file
+    // says; tp_size is a setting of its own: written only when it is not 1, with the data-parallel sizes that
+    // make the section valid for Accelerate and for this library.
     KeyRow r = section_row(kParallelism, "parallelism settings",
                            "Accelerate's device mesh, checked against the layout (keys below)");
     r.opens.reset();
+    r.write = [](const Config& c) { return parallelism_section(c); };
     add(r);
   }
   for (const auto& [name, doc] : std::vector<std::pair<const char*, const char*>>{
@@ -279,9 +289,6 @@ std::vector<KeyRow> make_schema() {
             "ranks a model is sharded over: num_processes under FSDP or DEEPSPEED, or with "
             "dp_replicate_size > 1 each shard group's consecutive ranks (FSDP's hybrid sharding: "
             "fsdp_hybrid_shard_size)"},
-           {"parallelism_config_tp_size",
-            "1 only: tensor parallelism is AcceleratorOptions().tensor_parallel_size(n) with accel::tp "
-            "layers"},
            {"parallelism_config_cp_size", "1 only: context parallelism is not supported"},
            {"parallelism_config_sp_size",
             "1 only: sequence parallelism (DeepSpeed Ulysses) is not supported"}}) {
@@ -289,6 +296,12 @@ std::vector<KeyRow> make_schema() {
     r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { positive_int()(rd, e); };  // see resolve
     add(r);
   }
+  add(setting(
+      "parallelism_config_tp_size", kParallelism,
+      "ranks per tensor-parallel group (rank = replica x tp_size + tp rank), for programs whose layers "
+      "are accel::tp layers built on tensor_parallel_group(); as "
+      "AcceleratorOptions().tensor_parallel_size(n)",
+      [](auto& c) -> auto& { return c.tensor_parallel_size; }, positive_int(), write_int, "2"));
   for (const char* name :
        {"parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
         "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",

@@ -29,7 +29,7 @@ std::vector<UnsupportedKey> core_rows() {
       "Accelerate's Megatron-LM plugin trains with Megatron-LM's tensor, pipeline and sequence parallelism "
       "(megatron_lm_tp_degree, _pp_degree, _num_micro_batches, ...)",
       "remove it (or leave it empty): pipelines are pipeline_config, tensor parallelism is "
-      "AcceleratorOptions().tensor_parallel_size(n) with accel::tp layers");
+      "parallelism_config_tp_size (or AcceleratorOptions().tensor_parallel_size(n)) with accel::tp layers");
   refused("fp8_config", AsksNothingWhen::Empty,
           "fp8 training through Transformer Engine, MS-AMP or torchao (backend, fp8_format, amax_*, ...)",
           "remove it (or leave it empty): mixed_precision is no, fp16 or bf16 here");

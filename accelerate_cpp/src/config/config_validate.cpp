@@ -103,6 +103,11 @@ void check_numeric_settings(const Config& c, const FailKey& fail_key) {
     fail_key("ddp_first_bucket_cap_mb", fmt::format("ddp_first_bucket_cap_mb ({}) must be a positive number",
                                                     c.ddp_first_bucket_cap_mb));
   }
+  if (c.tensor_parallel_size < 1) {
+    fail_key("parallelism_config.parallelism_config_tp_size",
+             fmt::format("parallelism_config_tp_size ({}) must be at least 1 (1: no tensor parallelism)",
+                         c.tensor_parallel_size));
+  }
   if (c.pipeline.stages > 1 && c.num_processes % c.pipeline.stages != 0) {
     fail_key(
         "pipeline_config.stages",

@@ -130,8 +130,10 @@ std::string Config::to_yaml() const {
       continue;
     }
     if (!row->write) continue;
+    const std::string value = row->write(*this);
+    if (value.empty()) continue;  // a section written only when in use (parallelism_config)
     if (!row->comment.empty()) out += row->comment + "\n";
-    out += row->name + ": " + row->write(*this) + "\n";
+    out += row->name + (value.front() == '\n' ? ":" : ": ") + value + "\n";
   }
   return out;
 }

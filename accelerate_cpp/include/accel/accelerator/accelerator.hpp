@@ -108,7 +108,8 @@ struct AcceleratorOptions {
   /// clip_grad_norm_ counts each element of the model once (a split parameter's slices on their ranks, a
   /// replicated one once per group); get_state_dict, save_model and save_state write the unsplit model (the
   /// layers gathered over each group), which load_model and load_state cut back into this run's slices, with
-  /// any tensor_parallel_size or none.
+  /// any tensor_parallel_size or none. A config's `parallelism_config_tp_size` sets the same (1 here leaves
+  /// it to the config; both set must agree).
   TORCH_ARG(int, tensor_parallel_size) = 1;
   /// Backend registry to pick from (default: the built-in backends).
   TORCH_ARG(std::shared_ptr<const BackendRegistry>, registry);

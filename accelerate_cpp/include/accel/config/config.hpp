@@ -277,6 +277,11 @@ struct Config {
   /// `ddp_comm_powersgd_start_iter`: PowerSGD's start_powerSGD_iter: plain all-reduces before it (PyTorch's
   /// default 1000).
   int ddp_comm_powersgd_start_iter = 1000;
+  /// `parallelism_config.parallelism_config_tp_size` (Accelerate 1.10+'s ParallelismConfig): ranks per
+  /// tensor-parallel group, for a program whose layers are accel::tp layers built on
+  /// `tensor_parallel_group()`; the same as AcceleratorOptions().tensor_parallel_size(n) (the two must agree
+  /// when both are set). dp_replicate_size x dp_shard_size x tp_size must be num_processes, as in Accelerate.
+  int tensor_parallel_size = 1;
   /// `pipeline_config:` section.
   PipelineConfig pipeline;
   /// `fsdp_config:` section.
