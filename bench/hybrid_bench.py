@@ -8,9 +8,11 @@ Bytes crossing machines, per machine and step, from each rank's counted wire byt
 volume): under HYBRID_* only the all-reduces of the shards cross (every one of them); the collectives over
 all 4 ranks cross in proportion to the peers on the other machine: the point-to-point reduce-scatter,
 all-gather and reduce send 2 of each rank's 3 messages across, Gloo's ring all-reduce (ranks 0-1-2-3) one of
-each machine's two ranks' sends.
+each machine's two ranks' sends. ZeRO-3 with ZeRO++ hpZ (zero_hpz_partition_size 2, the machine): forward
+gathers every unit over the 4 ranks, backward from the machine's secondary copy, which crosses nothing; the
+forward part of its all-gather bytes is half of plain ZeRO-3's (both gather every unit once per pass).
 
-  python3 bench/hybrid_bench.py [--steps 4] [--build build]
+  python3 bench/hybrid_bench.py [--steps 4] [--build build] [--only ddp,zero3,"zero3 hpZ"]
 """
 import argparse
 import json
@@ -28,6 +30,9 @@ LAYOUTS = [
     ("fsdp SHARD_GRAD_OP", "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n"),
     ("fsdp HYBRID_SHARD_ZERO2",
      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n"),
+    ("zero3", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"),
+    ("zero3 hpZ",
+     "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  zero_hpz_partition_size: 2\n"),
 ]
 
 
@@ -56,16 +61,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--only", default="", help="comma-separated layout names (ddp always runs: the baseline)")
     args = ap.parse_args()
     build = pathlib.Path(args.build)
+    only = set(args.only.split(",")) if args.only else None
     rows = []
+    plain_zero3_gather = None
     for name, text in LAYOUTS:
+        if only is not None and name != "ddp" and name not in only:
+            continue
         r = run(build, text, args.steps)
         hybrid = "HYBRID" in name
         if hybrid:
             cross = 2 * r["all_reduce_wire"]
+        elif name == "zero3 hpZ":
+            if plain_zero3_gather is None:
+                sys.exit("hybrid_bench: the zero3 hpZ row needs the zero3 row (its forward all-gathers)")
+            gather = plain_zero3_gather / 2  # forward only: backward's stay inside the machine
+            cross = 2 * (r["reduce_wire"] + gather) * 2 / 3 + r["all_reduce_wire"]
         else:
             cross = 2 * (r["reduce_wire"] + r["all_gather_wire"]) * 2 / 3 + r["all_reduce_wire"]
+        if name == "zero3":
+            plain_zero3_gather = r["all_gather_wire"]
         rows.append((name, r, cross))
         print(f"{name}: {r}", file=sys.stderr)
     ddp = rows[0][1]

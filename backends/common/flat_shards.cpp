@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 
 namespace accel::backends::detail {
@@ -50,6 +51,34 @@ ShardGroups shard_groups(Communicator& comm, bool hybrid, int group_size, const 
   g.shard_owner->count_into(&comm);
   g.across->count_into(&comm);
   return g;
+}
+
+std::shared_ptr<Communicator> secondary_groups(Communicator& shard, int size, const std::string& who,
+                                               Communicator& counted) {
+  const int n = shard.world_size();
+  if (size <= 1 || n == 1) return nullptr;
+  if (size >= n) {
+    if (shard.rank() == 0) {
+      std::cerr << fmt::format(
+          "accelerate-cpp: note: zero_optimization.zero_hpz_partition_size {} covers all {} ranks the "
+          "parameters are sharded over: the secondary copy would be the primary one, so hpZ is off (it pays "
+          "off with several machines: the ranks of one machine)\n",
+          size, n);
+    }
+    return nullptr;
+  }
+  if (n % size != 0) {
+    throw UsageError(fmt::format(
+        "{}: zero_optimization.zero_hpz_partition_size {} does not divide the {} ranks the parameters are "
+        "sharded over; use a divisor of {} (DeepSpeed's choice: the ranks of one machine)",
+        who, size, n, n));
+  }
+  std::vector<std::vector<int>> groups(static_cast<std::size_t>(n / size));
+  for (int r = 0; r < n; ++r)
+    groups[static_cast<std::size_t>(r / size)].push_back(r);
+  auto secondary = shard.split(groups);
+  secondary->count_into(&counted);
+  return secondary;
 }
 
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,

@@ -23,6 +23,8 @@ struct ShardGroups {
   Communicator* shard = nullptr;
   std::shared_ptr<Communicator> shard_owner;  ///< keeps a split-off `shard` alive (null: the engine's own)
   std::shared_ptr<Communicator> across;       ///< null without hybrid sharding (or on one machine)
+  /// ZeRO++ hpZ: groups of consecutive ranks of `shard` holding the secondary copy (null: off).
+  std::shared_ptr<Communicator> secondary;
   /// Ranks holding each shard: the shard groups under hybrid sharding, else 1.
   int copies() const { return across ? across->world_size() : 1; }
 };
@@ -31,6 +33,11 @@ struct ShardGroups {
 /// (ProcessState::local_world_size ranks each, node-major as every launcher numbers them). UsageError naming
 /// `who` when the machines hold different numbers of the group's ranks, or `group_size` does not divide them.
 ShardGroups shard_groups(Communicator& comm, bool hybrid, int group_size, const std::string& who);
+/// ZeRO++ hpZ's secondary groups (collective): `shard`'s ranks in groups of `size` consecutive ones, their
+/// traffic counted into `counted`; null when `size` is 1 or covers every rank of `shard` (a note says so).
+/// UsageError naming `who` when `size` does not divide them.
+std::shared_ptr<Communicator> secondary_groups(Communicator& shard, int size, const std::string& who,
+                                               Communicator& counted);
 
 /// The position of `p` (the same tensor, not an equal one) in `params`; UsageError naming `who` if absent.
 std::size_t parameter_index(const std::vector<torch::Tensor>& params, const torch::Tensor& p,

@@ -676,6 +676,13 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
     // set, and Accelerate refuses that key in the YAML next to a JSON file; accelerator.py's config_kwargs
     // fill it with False at prepare too.
     z.zero3_save_16bit_model = is_auto(v) ? false : boolean_value(f, v, p, key);
+  } else if (key == "zero_hpz_partition_size") {
+    // ZeRO++ hpZ (DeepSpeed: ge=0, default 1; 0 and 1 both mean off). Stage 3 only: DeepSpeed ignores it
+    // below (a notice says so here).
+    const auto n = count_or_auto(f, v, p, key);
+    if (n && *n > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      f.fail(p, key, fmt::format("{}: {} is not a number of ranks", p, v.dump()));
+    z.hpz_partition_size = n ? std::max(1, static_cast<int>(*n)) : 1;
   } else if (key == "contiguous_gradients" || key == "reduce_scatter" || key == "allgather_partitions") {
     // What accelerate-cpp always does (flat contiguous buffers, reduce-scatter, all-gather): no notice.
   } else {
@@ -703,6 +710,10 @@ void read_zero_optimization(const JsonFile& f, const Json& zo, ZeroConfig& z, Ze
     z.overlap_comm = z.stage == 3;  // DeepSpeed: on for stage 3, off otherwise
   // Stages 1-2 step the optimizer in sub-groups; stage 3 here steps each unit's own slice.
   if (zo.contains("sub_group_size") && z.stage == 3) notes.no_effect.push_back("sub_group_size (stage 3)");
+  if (z.hpz_partition_size > 1 && z.stage != 3) {
+    notes.no_effect.push_back(fmt::format("zero_hpz_partition_size (stage {}; hpZ is stage 3's)", z.stage));
+    z.hpz_partition_size = 1;
+  }
 }
 
 // zero_optimization with DeepSpeed's defaults for what the file leaves out; replaces c.zero.

@@ -42,6 +42,7 @@ struct Flat {
   std::int64_t shard = 0;            // S = ceil(U / N)
   torch::Tensor master;              // [S]: this rank's slice, the tensor the user's optimizer updates
   torch::Tensor gathered;            // [N*S] while the unit is gathered (the parameters point into it)
+  torch::Tensor secondary;           // hpZ: [N*S/g], this rank's piece of the unit for its group of g
   std::unique_ptr<CollectiveHandle> gathering;
   torch::Tensor grad;  // [N*S] full gradient being accumulated (until it is reduce-scattered)
   std::size_t grads_seen = 0;
@@ -210,8 +211,9 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     }
     std::lock_guard lock(mu_);
     sentinels_.clear(params_);  // autograd would add this backward's gradients into them
-    // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order).
-    release_all();
+    // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order; with hpZ
+    // from the secondary copies kept now).
+    release_all(/*keep_secondary=*/true);
     recording_ = false;
     any_seen_ = false;
     // ZeRO reduce-scatters on every micro-step (no full gradient stays resident between micro-steps); FSDP's
@@ -302,6 +304,9 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       if (!unit.gathering || unit.live) continue;  // a live unit is counted through its parameters
       for (auto fi : unit.flats)
         out.push_back(flats_[fi].gathered);
+    }
+    for (const auto& f : flats_) {
+      if (f.secondary.defined()) out.push_back(f.secondary);  // hpZ's copies
     }
     return out;
   }
@@ -424,12 +429,12 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         // Release before gathering: the peak stays at the units in use plus the one prefetched.
         for (std::size_t v = 0; v < units_.size(); ++v) {
           auto& unit = units_[v];
-          if ((unit.live || unit.gathering) && unit.pins == 0 && (!next || *next != v)) release(v);
+          if ((unit.live || unit.gathering) && unit.pins == 0 && (!next || *next != v)) release(v, !backward);
         }
       }
       for (auto u : used)
-        materialise(u);
-      if (next && !units_[*next].live && !units_[*next].gathering) start_gather(*next);
+        materialise(u, backward);
+      if (next && !units_[*next].live && !units_[*next].gathering) start_gather(*next, backward);
     } catch (const std::exception& e) {
       std::cerr << fmt::format(
                        "[accelerate-cpp] rank {}: {}: gathering the parameters of unit '{}' failed: {}\n"
@@ -479,23 +484,31 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
                     names_[index], options_.name));
   }
 
-  void start_gather(std::size_t u) {
+  // `backward`: with hpZ copies of this unit (made after its forward), gathers inside the secondary group.
+  void start_gather(std::size_t u, bool backward = false) {
     detail::Quiet quiet;
     auto& unit = units_[u];
+    const bool secondary = backward && shards_.secondary &&
+                           std::all_of(unit.flats.begin(), unit.flats.end(),
+                                       [&](std::size_t fi) { return flats_[fi].secondary.defined(); });
     for (auto fi : unit.flats) {
       auto& f = flats_[fi];
       const auto& first = params_[f.params.front()];
       f.gathered = torch::empty({f.shard * comm_.world_size()}, first.options().requires_grad(false));
+      if (secondary) {
+        f.gathering = shards_.secondary->all_gather_async(f.gathered, f.secondary);
+        continue;
+      }
       auto input = f.master.device() == first.device() ? f.master : f.master.to(first.device());
       f.gathering = comm_.all_gather_async(f.gathered, input);
     }
     unit.gathering = true;
   }
 
-  void materialise(std::size_t u) {
+  void materialise(std::size_t u, bool backward = false) {
     auto& unit = units_[u];
     if (unit.live) return;
-    if (!unit.gathering) start_gather(u);
+    if (!unit.gathering) start_gather(u, backward);
     detail::Quiet quiet;
     for (auto fi : unit.flats) {
       auto& f = flats_[fi];
@@ -509,9 +522,19 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     unit.live = true;
   }
 
-  void release(std::size_t u) {
+  // `keep_secondary`: hpZ, released after its forward (the values are the step's): this rank keeps its piece
+  // of the unit for its secondary group, from which backward gathers it.
+  void release(std::size_t u, bool keep_secondary = false) {
     auto& unit = units_[u];
     detail::Quiet quiet;
+    if (keep_secondary && shards_.secondary && unit.live && torch::GradMode::is_enabled()) {
+      const auto g = shards_.secondary->world_size();
+      for (auto fi : unit.flats) {
+        auto& f = flats_[fi];
+        const auto piece = f.gathered.numel() / g;
+        f.secondary = f.gathered.narrow(0, shards_.secondary->rank() * piece, piece).clone();
+      }
+    }
     if (unit.gathering) {
       for (auto fi : unit.flats) {
         auto& f = flats_[fi];
@@ -529,9 +552,15 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     if (current_ && *current_ == u) current_.reset();
   }
 
-  void release_all() {
+  // `keep_secondary` only between a forward and its backward (before_backward); everywhere else the values
+  // may change next (the optimizer steps, a state is loaded) or the backward is over: hpZ's copies go.
+  void release_all(bool keep_secondary = false) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (units_[u].live || units_[u].gathering) release(u);
+      if (units_[u].live || units_[u].gathering) release(u, keep_secondary);
+    }
+    if (!keep_secondary) {
+      for (auto& f : flats_)
+        f.secondary = torch::Tensor();
     }
   }
 
@@ -649,6 +678,7 @@ std::unique_ptr<Backend> make_full_shard_backend(const BackendContext& context, 
     throw UsageError(fmt::format("the {} backend needs a communicator", options.name));
   if (context.config != nullptr) detail::refuse_power_sgd(*context.config, options.name);
   auto shards = detail::shard_groups(*context.comm, options.hybrid, options.hybrid_shard_size, options.name);
+  shards.secondary = detail::secondary_groups(*shards.shard, options.hpz_size, options.name, *context.comm);
   return std::make_unique<FullShardBackend>(context, std::move(options), std::move(shards));
 }
 

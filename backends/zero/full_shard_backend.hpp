@@ -49,6 +49,9 @@ struct FullShardOptions {
   bool hybrid = false;
   /// With hybrid: ranks per shard group, consecutive (fsdp_hybrid_shard_size); 0: one machine's.
   int hybrid_shard_size = 0;
+  /// ZeRO++ hpZ (zero_hpz_partition_size): groups of this many consecutive ranks keep a secondary copy of
+  /// each unit from its forward, and backward gathers from it inside the group; 1: off.
+  int hpz_size = 1;
 };
 
 /// Makes the ZeRO-3 / FULL_SHARD backend.

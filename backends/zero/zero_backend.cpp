@@ -688,6 +688,7 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
     o.nvme = nvme_options(z);
     o.save_16bit = save_16bit(*context.config);
+    o.hpz_size = z.hpz_partition_size;
     return make_full_shard_backend(context, o);
   }
   ZeroOptions o;

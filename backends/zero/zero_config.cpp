@@ -113,6 +113,11 @@ std::vector<KeyRow> zero_rows() {
       },
       write_u64, "1000"));
   rows.push_back(setting(
+      "zero_hpz_partition_size", kZeroSection,
+      "stage 3, ZeRO++ hpZ: groups of this many consecutive ranks (a machine) keep a secondary copy of each "
+      "unit after its forward, and backward gathers inside the group; 1: off",
+      [](auto& c) -> auto& { return c.zero.hpz_partition_size; }, positive_int(), write_int, "2"));
+  rows.push_back(setting(
       "stage3_prefetch_bucket_size", kZeroSection,
       "parameter elements prefetched ahead in stage 3; auto: from the model; 0: no prefetch (as DeepSpeed)",
       [](auto& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }, bytes_or_auto(),
@@ -272,6 +277,13 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
                  "deepspeed_config.offload_param_device: cpu needs zero_stage 3, but zero_stage is {}; set "
                  "zero_stage: 3 or offload_param_device: none",
                  z.stage));
+  }
+  if (z.hpz_partition_size > 1 && z.stage != 3 && c.backend == "zero") {
+    fail_key("deepspeed_config.zero_hpz_partition_size",
+             fmt::format("deepspeed_config.zero_hpz_partition_size {} (ZeRO++ hpZ) keeps secondary copies of "
+                         "stage 3's sharded parameters, but zero_stage is {}; set zero_stage: 3 or "
+                         "zero_hpz_partition_size: 1",
+                         z.hpz_partition_size, z.stage));
   }
   if (z.offload_optimizer_device != OffloadDevice::None && z.stage == 0) {
     fail_key("deepspeed_config.offload_optimizer_device",

@@ -663,16 +663,16 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "distributed_type_typo.yaml:1: distributed_type: invalid value 'MULTI_GPUS' (did you mean "
         "'MULTI_GPU'?); "
         "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
-  CHECK(
-      bad_file_message("deepspeed_unknown_key.yaml") ==
-      "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
-      "deepspeed_config: zero_stage, offload_optimizer_device, offload_optimizer_nvme_path, "
-      "offload_param_device, "
-      "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
-      "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, stage3_prefetch_bucket_size, "
-      "activation_checkpointing, fp16_loss_scale, fp16_initial_scale_power, fp16_loss_scale_window, "
-      "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_multinode_launcher, "
-      "deepspeed_config_file");
+  CHECK(bad_file_message("deepspeed_unknown_key.yaml") ==
+        "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
+        "deepspeed_config: zero_stage, offload_optimizer_device, offload_optimizer_nvme_path, "
+        "offload_param_device, "
+        "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
+        "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, zero_hpz_partition_size, "
+        "stage3_prefetch_bucket_size, "
+        "activation_checkpointing, fp16_loss_scale, fp16_initial_scale_power, fp16_loss_scale_window, "
+        "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_multinode_launcher, "
+        "deepspeed_config_file");
   CHECK(bad_file_message("sagemaker.yaml") ==
         "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp (it "
         "starts "
@@ -1161,6 +1161,33 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
     INFO(expected);
     CHECK(std::find(listed.begin(), listed.end(), expected) != listed.end());
   }
+}
+
+TEST_CASE("config: ZeRO++ hpZ (zero_hpz_partition_size) is read on stage 3, said to have no effect below",
+          "[config]") {
+  DeepSpeedFiles files;
+  const auto on = accel::Config::load_file(files.yaml(
+      files.write("hpz.json", "{\"zero_optimization\": {\"stage\": 3, \"zero_hpz_partition_size\": 2}}")));
+  CHECK(on.zero.hpz_partition_size == 2);
+  // The resolved YAML (what accel-launch hands the ranks) keeps it.
+  CHECK(accel::Config::load_string(on.to_yaml()).zero.hpz_partition_size == 2);
+  CHECK(accel::Config::load_file(files.yaml(files.write("off.json",
+                                                        "{\"zero_optimization\": {\"stage\": 3, "
+                                                        "\"zero_hpz_partition_size\": 0}}")))
+            .zero.hpz_partition_size == 1);  // 0 and 1 are off, as in DeepSpeed
+  const auto stage2 = accel::Config::load_file(files.yaml(
+      files.write("hpz2.json", "{\"zero_optimization\": {\"stage\": 2, \"zero_hpz_partition_size\": 8}}")));
+  CHECK(stage2.zero.hpz_partition_size == 1);
+  std::string notices;
+  for (const auto& n : stage2.notices)
+    notices += n + "\n";
+  CHECK_THAT(notices, Catch::Contains("zero_hpz_partition_size (stage 2; hpZ is stage 3's)"));
+  CHECK_THAT(
+      std::string(string_error("distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n"
+                               "  zero_stage: 2\n  zero_hpz_partition_size: 2\n")
+                      .what()),
+      Catch::Contains("deepspeed_config.zero_hpz_partition_size 2 (ZeRO++ hpZ) keeps secondary copies of "
+                      "stage 3's sharded parameters, but zero_stage is 2"));
 }
 
 TEST_CASE("config: parallelism_config is checked against the layout the file describes, as Accelerate does",

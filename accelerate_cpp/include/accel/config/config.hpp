@@ -188,6 +188,10 @@ struct ZeroConfig {
   /// DeepSpeed's default is 1e9; ours is 4e6, measured in BENCHMARKS.md ("Sharded training vs DDP"). 0
   /// (DeepSpeed accepts it): every parameter is a sub-group of its own.
   uint64_t sub_group_size = 4000000;
+  /// `zero_hpz_partition_size` (DeepSpeed ZeRO++ hpZ, stage 3): after a unit's forward each group of this
+  /// many consecutive ranks (a machine) keeps a secondary copy of its parameters, split over the group, and
+  /// backward gathers the unit from it inside the group instead of from every rank; 1: off.
+  int hpz_partition_size = 1;
   /// `stage3_prefetch_bucket_size`: parameter elements prefetched ahead in stage 3 (DeepSpeed counts
   /// elements). Here stage 3 gathers whole units, so any positive size (and `auto`, std::nullopt) turns
   /// prefetching of the next unit on; 0 turns it off, as DeepSpeed prefetches nothing with 0.
