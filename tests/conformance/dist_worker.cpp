@@ -840,6 +840,33 @@ void config_clipping() {
 // (each shard is held once per machine and must count once), and the gradient traffic across machines is one
 // all-reduce of this rank's shard per step: the machine's ranks together all-reduce one whole replica, as
 // DDP with one process per machine would.
+// The 4-rank scenarios' reference (hybrid, hpz): one process on the 4 ranks' batches of 4 rows as one batch
+// of 16 a step, SGD 0.1, clipped to `max_norm` when given (each step's norm into `norms`); `got` must be
+// within 2e-5 of its weights.
+void check_one_process(const std::vector<torch::Tensor>& got, int steps, double max_norm = 0,
+                       std::vector<double>* norms = nullptr) {
+  torch::manual_seed(0);
+  Mlp model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  Regression data(16 * steps);
+  for (int s = 0; s < steps; ++s) {
+    torch::mse_loss(model(data.x.slice(0, s * 16, (s + 1) * 16)), data.y.slice(0, s * 16, (s + 1) * 16))
+        .backward();
+    if (max_norm > 0) {
+      const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+      if (norms != nullptr) norms->push_back(norm);
+    }
+    opt.step();
+    opt.zero_grad();
+  }
+  const auto want = test::snapshot(*model);
+  REQUIRE(want.size() == got.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from one process by "
+                                                         << (want[k] - got[k]).abs().max().item<double>());
+  }
+}
+
 void hybrid() {
   const auto state = ProcessState::from_environment();
   REQUIRE(state.world_size == 4);
@@ -891,25 +918,14 @@ void hybrid() {
     }
     got = test::snapshot(*model);
   }
-  torch::manual_seed(0);
-  Mlp model;
-  torch::optim::SGD opt(model->parameters(), 0.1);
-  Regression data(16 * kSteps);
+  std::vector<double> norms;
+  check_one_process(got, kSteps, max_norm, &norms);
   for (int s = 0; s < kSteps; ++s) {
-    torch::mse_loss(model(data.x.slice(0, s * 16, (s + 1) * 16)), data.y.slice(0, s * 16, (s + 1) * 16))
-        .backward();
-    const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    const double norm = norms.at(static_cast<std::size_t>(s));
     CHECK_MSG(norm > 2 * max_norm, "the test must clip: step " << s << " norm " << norm);
     CHECK_MSG(std::abs(norm - got_norms.at(static_cast<std::size_t>(s))) < 1e-5 * norm,
               "step " << s << ": clip_grad_norm_ returned " << got_norms.at(static_cast<std::size_t>(s))
                       << ", one process " << norm);
-    opt.step();
-    opt.zero_grad();
-  }
-  const auto want = test::snapshot(*model);
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from one process by "
-                                                         << (want[k] - got[k]).abs().max().item<double>());
   }
 }
 
@@ -958,21 +974,7 @@ void hpz() {
     CHECK_MSG(wo > 0 && w * 6 == wo * 5, "step " << s << ": all-gather wire bytes " << w << " with hpZ, "
                                                  << wo << " without (want 5/6)");
   }
-  torch::manual_seed(0);
-  Mlp model;
-  torch::optim::SGD opt(model->parameters(), 0.1);
-  Regression data(16 * kSteps);
-  for (int s = 0; s < kSteps; ++s) {
-    torch::mse_loss(model(data.x.slice(0, s * 16, (s + 1) * 16)), data.y.slice(0, s * 16, (s + 1) * 16))
-        .backward();
-    opt.step();
-    opt.zero_grad();
-  }
-  const auto want = test::snapshot(*model);
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    CHECK_MSG(close(want[k], with[k], 2e-5), "parameter " << k << " differs from one process by "
-                                                          << (want[k] - with[k]).abs().max().item<double>());
-  }
+  check_one_process(with, kSteps);
 }
 
 void sync_pattern() {

@@ -4,7 +4,7 @@
 //  - bytes per parameter: 0.516 with double quantisation (QLoRA's goal: <= 0.52), 0.5625 without;
 //  - Linear4bit computes F::linear with the dequantised weight in the input's (or autocast's) type, trains
 //    nothing of the weight, and quantize_linears swaps a model's Linears in place;
-//  - against bitsandbytes itself: the hidden case [.bnb], run by tests/python/bnb_4bit.sh.
+//  - against bitsandbytes itself: the hidden case [.bnb], run by tests/python/python_crosschecks.sh.
 #include <catch2/catch.hpp>
 
 #include <accel/nn/lora.hpp>
@@ -171,7 +171,7 @@ TEST_CASE("quant: Linear4bit computes the layer with the dequantised weight, and
   CHECK(member->named_children()["fc"]->as<torch::nn::Linear>() != nullptr);  // left as it was
 }
 
-// Run by tests/python/bnb_4bit.sh after bnb_4bit.py wrote bitsandbytes' results into ACCEL_BNB_DIR.
+// Run by tests/python/python_crosschecks.sh after bnb_4bit.py wrote bitsandbytes' results into ACCEL_BNB_DIR.
 TEST_CASE("quant: the same codes as bitsandbytes", "[.bnb]") {
   const char* dir = std::getenv("ACCEL_BNB_DIR");
   REQUIRE(dir != nullptr);

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The cross-checks against Python's own libraries, in one Python start (python_crosschecks.py; importing peft
+# and bitsandbytes costs ~25 s here, paid once):
+# - LoRA adapters both ways with PEFT (the venv's peft): accelerate-cpp writes an adapter ([.peft_export]),
+#   PEFT loads it onto the same architecture and must compute the same output, and writes changed adapters
+#   that accelerate-cpp loads ([.peft_import]) and must compute PEFT's output;
+# - accel::quant's 4-bit NF4/FP4 codes, absmax and dequantised values against bitsandbytes' for seeded
+#   tensors (bnb_4bit.py writes them, [.bnb] compares).
+#   python_crosschecks.sh <accel_torch_tests> <python>   (exit 77 = skipped when peft or bitsandbytes is not
+#                                                          importable)
+set -euo pipefail
+tests=$1 python=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+mkdir -p "$dir/peft" "$dir/bnb"
+ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_export]" > "$dir/export.log" || { cat "$dir/export.log"; exit 1; }
+# Exits 77 when a package is not importable (set -e passes that on: skipped).
+OMP_NUM_THREADS=1 "$python" "$(dirname "$0")/python_crosschecks.py" "$dir/peft" "$dir/bnb"
+ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_import]" -s 2>&1 | grep -E "peft_import:|passed|failed|FAILED"
+ACCEL_BNB_DIR=$dir/bnb OMP_NUM_THREADS=1 "$tests" "[.bnb]" --use-colour no
