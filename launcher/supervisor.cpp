@@ -180,6 +180,11 @@ class GroupWatchdog {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0)
       throw LaunchError(std::string("cannot create the watchdog's pipe: ") + std::strerror(errno));
+    // Signals stay blocked across fork, as for the ranks: the launcher's handlers never run in the child.
+    sigset_t all;
+    sigset_t previous;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &previous);
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::setpgid(0, 0);
@@ -204,6 +209,7 @@ class GroupWatchdog {
       watchdog_main(fds[0]);
     }
     const int fork_error = errno;
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
     ::close(fds[0]);
     if (pid < 0) {
       ::close(fds[1]);
@@ -263,6 +269,10 @@ class Supervisor {
     GroupWatchdog watchdog;
     spawn_all(guard, watchdog);
     loop(guard.read_fd());
+    // A stop (a failed rank, a signal) whose ranks all exited within the grace period: what they started and
+    // left behind (a wrapper script's trainer that traps SIGTERM) is killed too, before the watchdog is
+    // disarmed. A run whose ranks all succeeded leaves their groups alone.
+    if (stopping_ && !killed_) signal_all(SIGKILL);
     watchdog.finished();
     return result();
   }

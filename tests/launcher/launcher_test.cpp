@@ -757,6 +757,36 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("launcher: after SIGTERM, what the ranks started and left ignoring it is killed before exit") {
+  TempDir dir;
+  // The ranks end on the forwarded SIGTERM within the grace period; their helpers ignore it: killed with the
+  // ranks' process groups before the launcher exits (they trained on, orphaned, before).
+  Launcher launcher(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", script("pid_then_sleep.sh")},
+      {"MARKER_DIR=" + dir.str(), "HELPER=1", "TERM_EXITS=1"});
+  REQUIRE(launcher.wait_for(
+      [&] {
+        return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
+      },
+      20));
+  std::vector<pid_t> helpers;
+  for (const char* name : {"helper.0", "helper.1"}) {
+    std::ifstream in(dir.path() / name);
+    pid_t pid = 0;
+    REQUIRE(in >> pid);
+    helpers.push_back(pid);
+  }
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const RunResult r = launcher.finish(30);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (const pid_t pid : helpers) {
+    while (!process_gone(pid) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(process_gone(pid));
+  }
+}
+
 TEST_CASE("launcher: a rank that exits 0 while the others run on is named within seconds") {
   const RunResult r = run(
       {"launch", "--num_processes", "2", "--main_process_port", "0", script("early_exit.sh")}, {"SLEEP=7"});

@@ -3,6 +3,7 @@
 # the same process (exec), ignoring SIGTERM: only the launcher's death (PR_SET_PDEATHSIG) or SIGKILL ends it.
 # With HELPER=1 it first starts a helper of its own (a wrapper script's program, a data worker), pid in
 # $MARKER_DIR/helper.$RANK, that also ignores SIGTERM and sleeps a minute: PR_SET_PDEATHSIG does not reach it.
+# With TERM_EXITS=1 the rank ends on SIGTERM; its helper does not.
 set -u
 trap '' TERM
 if [ "${HELPER:-}" = 1 ]; then
@@ -11,4 +12,6 @@ if [ "${HELPER:-}" = 1 ]; then
 fi
 echo $$ > "$MARKER_DIR/pid.$RANK"
 echo ready
+# TERM_EXITS=1: the rank itself ends on SIGTERM (its helper still ignores it).
+[ "${TERM_EXITS:-}" = 1 ] && trap - TERM
 exec sleep 60

@@ -550,6 +550,18 @@ void accelerator_from(bool from_file) {
                        "AcceleratorOptions().tensor_parallel_size(4) and the config's "
                        "parallelism_config.parallelism_config_tp_size 2 (tp.yaml) disagree"),
               clash);
+    // A trainable model without accel::tp layers under the file's tp_size: refused at prepare (each rank of a
+    // pair would train a whole copy; with its own data sharding the copies would drift apart).
+    const auto plain = usage_error_of([&] {
+      accel::Accelerator other(accel::AcceleratorOptions().config(config));
+      torch::nn::Linear model(kIn, kOut);
+      torch::optim::SGD sgd(model->parameters(), 0.1);
+      other.prepare(model, sgd);
+    });
+    CHECK_MSG(contains(plain,
+                       "parallelism_config_tp_size 2 (tp.yaml) asks for tensor parallelism, but this "
+                       "model has no accel::tp layer"),
+              plain);
   }
   accel::Accelerator acc(from_file ? accel::AcceleratorOptions().config(config)
                                    : accel::AcceleratorOptions().config(config).tensor_parallel_size(2));

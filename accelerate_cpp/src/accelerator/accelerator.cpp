@@ -323,6 +323,22 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
     if (m.module == model)
       throw UsageError("prepare: this model was already prepared; prepare each model once");
   }
+  // tp_size from a config file, a trainable model without accel::tp layers: every rank of a tensor-parallel
+  // group would train a whole copy while gradients are averaged over the data-parallel replicas only, so a
+  // program that shards its data by process_index() would let the copies drift apart, silently (Accelerate
+  // refuses a model without a tp_plan too).
+  if (config_.tensor_parallel_size > 1 && tp::split_parameters(*model).empty()) {
+    const auto params = model->parameters();
+    if (std::any_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.requires_grad(); })) {
+      throw UsageError(fmt::format(
+          "prepare: the config's parallelism_config.parallelism_config_tp_size {}{} asks for tensor "
+          "parallelism, but this model has no accel::tp layer (ColumnParallelLinear, RowParallelLinear, "
+          "VocabParallelEmbedding, ParallelMultiheadAttention): each rank of a tensor-parallel group would "
+          "train a "
+          "whole copy. Build its layers on accelerator.tensor_parallel_group(), or set tp_size: 1",
+          config_.tensor_parallel_size, config_.source.empty() ? "" : " (" + config_.source + ")"));
+    }
+  }
   detail::move_module(*model, device_);  // in place, gradients included
   if (backend_.descriptor->activation_checkpointing &&
       backend_.descriptor->activation_checkpointing(config_)) {

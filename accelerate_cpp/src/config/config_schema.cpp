@@ -273,8 +273,8 @@ std::vector<KeyRow> make_schema() {
   {
     // Accelerate 1.10+'s ParallelismConfig (parallelism_config.py): checked against the layout it describes
     // (resolve_parallelism in config_read.cpp). The data-parallel sizes are the layout the rest of the file
-    // says; tp_size is a setting of its own: written only when it is not 1, with the data-parallel sizes that
-    // make the section valid for Accelerate and for this library.
+    // says; tp_size is a setting of its own, written alone when it is not 1 (read back, tp_size alone leaves
+    // the data-parallel ranks to the rest: an extension of Accelerate's rule, which wants the product).
     KeyRow r = section_row(kParallelism, "parallelism settings",
                            "Accelerate's device mesh, checked against the layout (keys below)");
     r.opens.reset();
