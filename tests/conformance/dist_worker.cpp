@@ -840,6 +840,12 @@ void config_clipping() {
 // (each shard is held once per machine and must count once), and the gradient traffic across machines is one
 // all-reduce of this rank's shard per step: the machine's ranks together all-reduce one whole replica, as
 // DDP with one process per machine would.
+// The 4-rank scenarios' data (hybrid, hpz): each rank's batches of 4 rows, in order, `steps` of them.
+auto four_rank_batches(Accelerator& acc, int steps) {
+  return acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(4 * 4 * steps).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+}
+
 // The 4-rank scenarios' reference (hybrid, hpz): one process on the 4 ranks' batches of 4 rows as one batch
 // of 16 a step, SGD 0.1, clipped to `max_norm` when given (each step's norm into `norms`); `got` must be
 // within 2e-5 of its weights.
@@ -895,9 +901,7 @@ void hybrid() {
     CHECK_MSG(2 * shard_bytes >= model_bytes && 2 * shard_bytes < model_bytes + 64 * 4,
               "a rank holds " << shard_bytes << " bytes of a " << model_bytes
                               << "-byte model: half of it (the shard group's 2 ranks share it)");
-    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-        Regression(4 * 4 * kSteps).map(torch::data::transforms::Stack<>()),
-        torch::data::DataLoaderOptions(4));
+    auto loader = four_rank_batches(acc, kSteps);
     for (auto& b : *loader) {
       acc.communicator().reset_counters();
       acc.backward(torch::mse_loss(model(b.data), b.target));
@@ -947,9 +951,7 @@ void hpz() {
     Mlp model;
     torch::optim::SGD opt(model->parameters(), 0.1);
     acc.prepare(model, opt);
-    auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-        Regression(4 * 4 * kSteps).map(torch::data::transforms::Stack<>()),
-        torch::data::DataLoaderOptions(4));
+    auto loader = four_rank_batches(acc, kSteps);
     for (auto& b : *loader) {
       acc.communicator().reset_counters();
       acc.backward(torch::mse_loss(model(b.data), b.target));
