@@ -354,9 +354,10 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
 }
 
 std::shared_ptr<void> Accelerator::watch_backward(const torch::nn::Module& model) const {
-  // PyTorch DDP synchronises on a plain loss.backward() (its reducer hooks the parameters); here the
-  // synchronisation, accumulation and loss scaling run in Accelerator::backward. A plain backward on several
-  // ranks would leave every replica with its own gradients, silently: stop it at the first gradient instead.
+  // PyTorch's DistributedDataParallel synchronises on a plain loss.backward() (its reducer hooks the
+  // parameters); here the synchronisation, accumulation and loss scaling run in Accelerator::backward. A
+  // plain backward on several ranks would leave every replica with its own gradients, silently: stop it at
+  // the first gradient instead.
   if (groups_.job->world_size() <= 1) return nullptr;
   auto hooks = std::make_shared<GradReadyHooks>();
   const auto inside = prepared_.in_backward;
@@ -369,10 +370,10 @@ std::shared_ptr<void> Accelerator::watch_backward(const torch::nn::Module& model
       if (inside->load() > 0) return;
       throw UsageError(fmt::format(
           "backward: a prepared model received gradients from a backward that accelerator.backward() did not "
-          "run (a plain loss.backward() kept from a DDP loop?); on {} ranks with the '{}' backend its "
-          "gradients "
-          "would not be synchronised and the replicas would drift apart. Call accelerator.backward(loss) "
-          "instead: it synchronises, and scales the loss for gradient accumulation and fp16",
+          "run (a plain loss.backward() kept from a PyTorch DistributedDataParallel loop?); on {} ranks with "
+          "the '{}' backend its gradients would not be synchronised and the replicas would drift apart. "
+          "Call accelerator.backward(loss) instead: it synchronises, and scales the loss for gradient "
+          "accumulation and fp16",
           ranks, backend));
     });
   }
