@@ -12,13 +12,17 @@
 //                                                         stage model give and take the whole model
 //   pipeline_worker portable <gpipe|1f1b>                 save_state of a pipeline resumes a run without
 //                                                         one (same Sequential), and the reverse
+//   pipeline_worker trainer <gpipe|1f1b>                  accel::Trainer on 2 stages x (ranks / 2) replicas
+//                                                         against one process's loop; evaluation; resume
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/optim/schedulers.hpp>
 #include <accel/parallel/pipeline.hpp>
+#include <accel/trainer/trainer.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -745,6 +749,194 @@ void portable() {
   if (world->rank() == 0) fs::remove_all(root);
 }
 
+// Samples of the pipeline model's shapes: 8 features in, 4 targets out.
+struct Rows : torch::data::datasets::Dataset<Rows> {
+  Rows(std::int64_t n, std::uint64_t seed) {
+    torch::manual_seed(seed);
+    x = torch::randn({n, 8});
+    y = torch::randn({n, 4});
+  }
+  torch::data::Example<> get(std::size_t i) override {
+    const auto at = static_cast<std::int64_t>(i);
+    return {x[at], y[at]};
+  }
+  torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
+  torch::Tensor x, y;
+};
+
+// accel::Trainer over a pipeline of 2 stages x (ranks / 2) data-parallel replicas (ddp), with accumulation
+// as the micro-batches (gradient_accumulation_steps 2: each step is 2 micro-batches of 2 rows per replica),
+// clipping, AdamW with weight-decay groups, warmup and linear decay, evaluation every epoch with
+// compute_metrics (on 2 ranks the last evaluation batch runs padded), and a checkpoint every 5 steps:
+// - its logged losses, final weights and last evaluation equal one process's plain loop over the whole model
+//   with the whole batch of every step (the replicas' rows together), within float reordering;
+// - a new Trainer resumed from checkpoint-5 ends with the first run's weights, bit for bit.
+void trainer() {
+  namespace fs = std::filesystem;
+  const int n = communicator()->world_size();
+  REQUIRE(n % 2 == 0);
+  const int replicas = n / 2;
+  std::string out;
+  {
+    auto world = communicator();
+    if (world->rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "accel_pipe_trainer_XXXXXX").string();
+      REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+      out = tmpl;
+    }
+    out = world->exchange(out)[0];
+  }
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = n;
+  config.pipeline.stages = 2;
+  config.pipeline.micro_batches = 0;  // the arguments' gradient_accumulation_steps
+  config.pipeline.schedule = schedule_arg;
+  accel::TrainingArguments args;
+  args.output_dir = out;
+  args.num_train_epochs = 2;
+  args.per_device_train_batch_size = 2;
+  args.per_device_eval_batch_size = 2;
+  args.gradient_accumulation_steps = 2;
+  args.explicit_keys.push_back("gradient_accumulation_steps");
+  args.learning_rate = 1e-2;
+  args.weight_decay = 0.01;
+  args.warmup_steps = 2;
+  args.max_grad_norm = 0.5;
+  args.logging_steps = 1;
+  args.eval_strategy = "epoch";
+  args.save_strategy = "steps";
+  args.save_steps = 5;
+  args.disable_tqdm = true;
+  args.seed = 42;
+  constexpr std::int64_t kSamples = 48;
+  // One replica: batches of 4, 4 and 3 rows, the last run padded to 2 micro-batches of 2. Two replicas: 16
+  // rows, two even rounds (a round completed by wrap-around would weigh its loss as Hugging Face's does, by
+  // the batch's mean over its rows, which one process's loss over the set does not).
+  const std::int64_t kEvalSamples = replicas == 1 ? 11 : 16;
+  const auto data = [] { return Rows(kSamples, 5).map(torch::data::transforms::Stack<>()); };
+  const auto eval_data = [&] { return Rows(kEvalSamples, 6).map(torch::data::transforms::Stack<>()); };
+  const auto metrics = [](const accel::EvalPrediction& p) {
+    return accel::Metrics{{"mae", (p.predictions - p.label_ids).abs().mean().item<double>()}};
+  };
+  struct Result {
+    std::map<std::string, torch::Tensor> weights;
+    std::vector<double> losses;
+    accel::LogEntry last_eval;
+    std::int64_t steps = 0;
+  };
+  const auto run = [&](const std::string& resume) {
+    auto model = whole_model();
+    accel::Trainer trainer(args, model, data(), mse, accel::AcceleratorOptions().config(config));
+    trainer.set_eval(eval_data(), {}, metrics);
+    trainer.train(resume);
+    Result r;
+    r.steps = trainer.state().global_step;
+    for (const auto& entry : trainer.state().log_history) {
+      if (entry.count("loss") > 0) r.losses.push_back(entry.at("loss"));
+      if (entry.count("eval_loss") > 0) r.last_eval = entry;
+    }
+    trainer.accelerator().free_memory();  // every rank's whole model current
+    for (const auto& p : model->named_parameters())
+      r.weights[p.key()] = p.value().detach().clone();
+    return r;
+  };
+  // Refused, never silently changed: a Trainer given compute_loss(batch) under pipeline stages (it would
+  // train the whole model data parallel), and micro-batches that disagree with the accumulation.
+  {
+    auto model = whole_model();
+    using Batch = torch::data::Example<>;
+    accel::Trainer whole(
+        args, model, data(), [&](Batch& b) { return mse(model->forward(b.data), b.target); },
+        accel::AcceleratorOptions().config(config));
+    const auto error = error_of([&] { whole.train(); });
+    CHECK_MSG(contains(error,
+                       "pipeline_config.stages is 2, but the Trainer was given a model and a "
+                       "compute_loss(batch)") &&
+                  contains(error, "give the Trainer a torch::nn::Sequential and a loss(output, target)"),
+              error);
+  }
+  {
+    auto model = whole_model();
+    auto other = config;
+    other.pipeline.micro_batches = 4;
+    accel::Trainer piped_model(args, model, data(), mse, accel::AcceleratorOptions().config(other));
+    const auto error = error_of([&] { piped_model.train(); });
+    CHECK_MSG(contains(error, "gradient_accumulation_steps is 2 but pipeline_config.micro_batches is 4"),
+              error);
+  }
+  const Result piped = run("");
+
+  // One process: the whole model, each step's rows of every replica at once.
+  auto reference = whole_model();
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : reference->named_parameters())
+    (p.key().find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+  torch::optim::AdamWOptions o(args.learning_rate);
+  o.betas({args.adam_beta1, args.adam_beta2}).eps(args.adam_epsilon);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(args.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(0.0)));
+  torch::optim::AdamW opt(groups, o);
+  const std::int64_t step_rows = 2 * 2 * replicas, per_epoch = kSamples / step_rows;
+  auto schedule = accel::sched::linear_with_warmup(opt, args.warmup_steps, 2 * per_epoch);
+  const Rows train_rows(kSamples, 5), eval_rows(kEvalSamples, 6);
+  std::vector<double> losses;
+  for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto order = accel::detail::epoch_order(kSamples, true, args.seed, epoch);
+    const auto index = torch::tensor(std::vector<std::int64_t>(order.begin(), order.end()));
+    for (std::int64_t s = 0; s < per_epoch; ++s) {
+      const auto rows = index.narrow(0, s * step_rows, step_rows);
+      opt.zero_grad();
+      auto loss =
+          mse(reference->forward(train_rows.x.index_select(0, rows)), train_rows.y.index_select(0, rows));
+      loss.backward();
+      losses.push_back(loss.item<double>());
+      torch::nn::utils::clip_grad_norm_(reference->parameters(), args.max_grad_norm);
+      opt.step();
+      schedule->step();
+    }
+  }
+  CHECK_MSG(piped.steps == 2 * per_epoch,
+            "the Trainer ran " << piped.steps << " steps, want " << 2 * per_epoch);
+  REQUIRE(piped.losses.size() == losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK_MSG(
+        std::abs(piped.losses[i] - losses[i]) <= 1e-5 * std::max(1.0, std::abs(losses[i])),
+        "step " << i + 1 << ": the Trainer logged loss " << piped.losses[i] << ", one process " << losses[i]);
+  }
+  for (const auto& p : reference->named_parameters()) {
+    REQUIRE(piped.weights.count(p.key()) == 1);
+    CHECK_MSG(close(piped.weights.at(p.key()), p.value(), 1e-5),
+              p.key() << ": the Trainer's weights differ from one process's by "
+                      << (piped.weights.at(p.key()) - p.value()).abs().max().item<double>());
+  }
+  {
+    torch::NoGradGuard no_grad;
+    const auto predictions = reference->forward(eval_rows.x);
+    const double loss = mse(predictions, eval_rows.y).item<double>(),
+                 mae = (predictions - eval_rows.y).abs().mean().item<double>();
+    REQUIRE(piped.last_eval.count("eval_mae") == 1);
+    CHECK_MSG(std::abs(piped.last_eval.at("eval_loss") - loss) <= 1e-5,
+              "eval_loss " << piped.last_eval.at("eval_loss") << ", one process " << loss);
+    CHECK_MSG(std::abs(piped.last_eval.at("eval_mae") - mae) <= 1e-5,
+              "eval_mae " << piped.last_eval.at("eval_mae") << ", one process " << mae);
+  }
+  // Resumed from step 5: the same end, bit for bit.
+  const Result resumed = run(out + "/checkpoint-5");
+  CHECK(resumed.steps == piped.steps);
+  for (const auto& [name, t] : piped.weights) {
+    CHECK_MSG(torch::equal(resumed.weights.at(name), t),
+              name << ": resumed from checkpoint-5, the Trainer ends "
+                   << (resumed.weights.at(name) - t).abs().max().item<double>()
+                   << " away from the run it resumes");
+  }
+  auto world = communicator();
+  world->barrier();
+  if (world->rank() == 0) fs::remove_all(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -755,12 +947,13 @@ int main(int argc, char** argv) {
                                                                {"tied", tied},
                                                                {"stage_builder", stage_builder},
                                                                {"export", export_whole},
-                                                               {"portable", portable}};
+                                                               {"portable", portable},
+                                                               {"trainer", trainer}};
   const std::string usage =
       "usage: pipeline_worker <scenario>[:<gpipe|1f1b>[:<micro_batches>]][,...] [<gpipe|1f1b> "
       "[micro_batches]]\n"
       "       scenarios: train, wrong_shape, micro_batch_mismatch, tied, stage_builder, export, portable, "
-      "split";
+      "trainer, split";
   if (argc < 2 || argc > 4) {
     std::cerr << usage << std::endl;
     return 2;

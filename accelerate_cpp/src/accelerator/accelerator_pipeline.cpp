@@ -119,9 +119,8 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   if (groups_.data->world_size() > 1) connect_sync_batchnorm(*module, groups_.data.get());
   prepared_.models.push_back(std::move(prepared));
   pipeline_.model = prepared_.models.size() - 1;
-  const int micro_batches = pc.micro_batches > 0 ? pc.micro_batches : config_.gradient_accumulation_steps;
   pipeline_.engine = std::make_unique<pipeline::PipelineEngine>(*pipeline_.stage, groups_.pipeline,
-                                                                pc.schedule, micro_batches);
+                                                                pc.schedule, pipeline_micro_batches());
   // The whole model's other layers stay at their initial values on this rank: reading them (torch::save of
   // the whole Sequential, a forward through it) throws until free_memory() makes every rank's model current.
   pipeline_.stage->poison_foreign([stage](const std::string& name) {
@@ -139,6 +138,11 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   pipeline_.engine->set_backward_hooks(std::move(hooks));
   enable_autocast();
   return *pipeline_.stage;
+}
+
+int Accelerator::pipeline_micro_batches() const noexcept {
+  return config_.pipeline.micro_batches > 0 ? config_.pipeline.micro_batches
+                                            : config_.gradient_accumulation_steps;
 }
 
 pipeline::PipelineEngine& Accelerator::pipeline_engine(const char* what) {
@@ -212,6 +216,57 @@ double Accelerator::pipeline_evaluate(const torch::Tensor& inputs, const torch::
                                 on(replica_rows(targets, replica, replicas, "targets"), device_), loss);
   mean = replica_mean(mean);
   return mean;
+}
+
+torch::Tensor Accelerator::pipeline_predict(const torch::Tensor& inputs) {
+  auto& engine = pipeline_engine("pipeline_predict");
+  if (!inputs.defined() || inputs.dim() == 0 || inputs.size(0) == 0) {
+    throw UsageError(
+        "pipeline_predict: the inputs must be a tensor with at least one row along dim 0, given on every "
+        "stage (each stage narrows the outputs to the batch's rows)");
+  }
+  const int replica = groups_.data->rank(),
+            replicas = prepared_.loaders.empty() ? groups_.data->world_size() : 1;
+  auto mine = replica_rows(inputs, replica, replicas, "inputs");
+  const auto rows = mine.size(0), m = static_cast<std::int64_t>(engine.micro_batches());
+  if (const auto pad = (m - rows % m) % m; pad > 0) {
+    std::vector<std::int64_t> repeat(static_cast<std::size_t>(mine.dim()), 1);
+    repeat[0] = pad;
+    mine = torch::cat({mine, mine.narrow(0, rows - 1, 1).repeat(repeat)});
+  }
+  torch::Tensor out = engine.evaluate(on(mine, device_));
+  if (autocast_.on) at::autocast::clear_cache();
+  auto& pipe = *groups_.pipeline;
+  if (pipe.world_size() > 1) {
+    // The last stage sends the outputs' shape and dtype, then the outputs, to the replica's other stages.
+    constexpr std::int64_t kMaxDims = 8;
+    const int last = pipe.world_size() - 1;
+    auto header = torch::zeros({kMaxDims + 2}, torch::kInt64);
+    if (pipe.rank() == last) {
+      if (out.dim() > kMaxDims) {
+        throw UsageError(
+            fmt::format("pipeline_predict: the last stage's outputs have {} dimensions; at most {}",
+                        out.dim(), kMaxDims));
+      }
+      auto* h = header.data_ptr<std::int64_t>();
+      h[0] = out.dim();
+      h[1] = static_cast<std::int64_t>(out.scalar_type());
+      for (std::int64_t d = 0; d < out.dim(); ++d)
+        h[2 + d] = out.size(d);
+      out = out.contiguous();
+    }
+    header = header.to(device_);
+    pipe.broadcast(header, last);
+    header = header.cpu();
+    if (pipe.rank() != last) {
+      const auto* h = header.data_ptr<std::int64_t>();
+      const std::vector<std::int64_t> sizes(h + 2, h + 2 + h[0]);
+      out = torch::empty(sizes,
+                         torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[1])).device(device_));
+    }
+    pipe.broadcast(out, last);
+  }
+  return out.narrow(0, 0, rows);
 }
 
 }  // namespace accel

@@ -6,6 +6,7 @@
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
+#include <accel/parallel/pipeline.hpp>
 #include <accel/trainer/trainer.hpp>
 
 #include <fmt/format.h>
@@ -284,6 +285,86 @@ void TrainerBase::set_model(std::shared_ptr<torch::nn::Module> model) {
   model_ = std::move(model);
 }
 
+void TrainerBase::set_pipeline(const torch::nn::Sequential& model, PipelineLoss loss) {
+  if (model.is_empty() || model->is_empty())
+    throw UsageError("Trainer: the pipeline's Sequential model is empty (no layers to cut into stages)");
+  if (!loss) throw UsageError("Trainer: the pipeline's loss function is empty");
+  pipeline_model_ = model;
+  pipeline_loss_ = std::move(loss);
+  model_ = model.ptr();  // the whole model until prepare_stage cuts it
+}
+
+void TrainerBase::refuse_under_pipeline(const char* what) const {
+  if (!pipelined()) return;
+  throw UsageError(fmt::format(
+      "Trainer: {} runs the whole model on one rank, which a pipeline cannot (each rank holds one stage); "
+      "under a pipeline the Trainer evaluates through the stages, the last stage's outputs being the "
+      "predictions and the batch's targets the labels (Hugging Face's default): give set_eval only "
+      "compute_metrics",
+      what));
+}
+
+void TrainerBase::prepare_stage() {
+  if (!pipeline_model_) return;  // already cut
+  auto& acc = *accelerator_;
+  const Config& c = acc.config();
+  if (args_.gradient_checkpointing) {
+    throw ConfigError(
+        "TrainingArguments gradient_checkpointing: true with a pipeline is not supported: the Trainer would "
+        "wrap the model's blocks after the stages are cut; wrap them when building the Sequential "
+        "(accel::Checkpointed, <accel/nn/activation_checkpoint.hpp>) and set gradient_checkpointing: false",
+        args_.source, 0, "gradient_checkpointing");
+  }
+  if (c.pipeline.micro_batches > 0 && c.gradient_accumulation_steps > 1 &&
+      c.pipeline.micro_batches != c.gradient_accumulation_steps) {
+    throw ConfigError(
+        fmt::format("gradient_accumulation_steps is {} but pipeline_config.micro_batches is {}: under a "
+                    "pipeline the accumulation is the micro-batches of each step (as DeepSpeed's "
+                    "gradient_accumulation_steps); set one of them, or both to the same value",
+                    c.gradient_accumulation_steps, c.pipeline.micro_batches),
+        args_.source, 0, "gradient_accumulation_steps");
+  }
+  auto& stage = acc.prepare_pipeline(*pipeline_model_);
+  model_ = stage.module().ptr();
+  pipeline_model_.reset();
+}
+
+std::size_t TrainerBase::train_batch_rows() const {
+  const auto m = pipelined() ? accelerator_->pipeline_micro_batches() : 1;
+  return static_cast<std::size_t>(args_.per_device_train_batch_size) * static_cast<std::size_t>(m);
+}
+
+std::size_t TrainerBase::eval_batch_rows() const {
+  const auto m = pipelined() ? accelerator_->pipeline_micro_batches() : 1;
+  return static_cast<std::size_t>(args_.per_device_eval_batch_size) * static_cast<std::size_t>(m);
+}
+
+void TrainerBase::pipeline_micro_steps(const torch::Tensor& inputs, const torch::Tensor& targets,
+                                       std::int64_t rows, std::int64_t tokens) {
+  auto& acc = *accelerator_;
+  const auto m = static_cast<std::int64_t>(acc.pipeline_micro_batches());
+  if (rows % m != 0) {
+    throw UsageError(fmt::format(
+        "Trainer: a training batch of {} rows does not split into the pipeline's {} equal micro-batches "
+        "(per_device_train_batch_size {} x {} micro-batches per step; the epoch's last batch is short): set "
+        "dataloader_drop_last: true, or use a dataset whose size leaves a last batch of a multiple of {} "
+        "rows",
+        rows, m, args_.per_device_train_batch_size, m, m));
+  }
+  each_callback([&](TrainerCallback& c) { c.on_step_begin(args_, state_, control_); });
+  model_->train();
+  const double mean = acc.pipeline_step(inputs, targets, pipeline_loss_);
+  // As micro_step keeps it: the sum of the step's micro-batch losses (each a micro-batch mean), m of them.
+  window_loss_ = torch::tensor(mean * static_cast<double>(m), torch::kFloat64);
+  window_micro_ = m;
+  window_rows_ = rows;
+  window_tokens_ = tokens;
+}
+
+torch::Tensor TrainerBase::pipeline_predict(const torch::Tensor& inputs) {
+  return accelerator_->pipeline_predict(inputs);
+}
+
 void TrainerBase::build_optimizer() {
   std::vector<torch::Tensor> decay, no_decay;
   const std::function<void(const torch::nn::Module&, const std::string&)> walk =
@@ -361,6 +442,15 @@ std::string TrainerBase::latest_checkpoint() const {
 void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& resume) {
   epoch_end_pending_ = false;  // a resumed checkpoint may set it again
   auto& acc = *accelerator_;
+  if (!pipelined() && acc.config().pipeline.stages > 1) {
+    throw ConfigError(
+        fmt::format("the Accelerate config's pipeline_config.stages is {}, but the Trainer was given a model "
+                    "and a compute_loss(batch) that runs it whole; for a pipeline give the Trainer a "
+                    "torch::nn::Sequential and a loss(output, target) (docs/trainer.md), or set "
+                    "pipeline_config.stages: 1",
+                    acc.config().pipeline.stages),
+        acc.config().source, 0, "pipeline_config.stages");
+  }
   if (args_.eval_strategy != "no" && !has_eval_) {
     throw ConfigError(
         fmt::format("TrainingArguments eval_strategy is {} but the Trainer has no evaluation data; "
@@ -369,7 +459,9 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
         args_.source, 0, "eval_strategy");
   }
   if (batches_per_epoch == 0) throw UsageError("Trainer: the training data loader yields no batch");
-  const auto ga = static_cast<std::int64_t>(acc.gradient_accumulation_steps());
+  // Under a pipeline each batch is one optimizer step (its micro-batches are the accumulation).
+  const auto ga =
+      pipelined() ? std::int64_t{1} : static_cast<std::int64_t>(acc.gradient_accumulation_steps());
   const auto batches = static_cast<std::int64_t>(batches_per_epoch);
   steps_per_epoch_ = std::max<std::int64_t>(1, (batches + ga - 1) / ga);
   if (args_.max_steps > 0) {
@@ -400,7 +492,11 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     // run first) are not added to the first step. Before prepare, on the user's model: every parameter,
     // frozen ones too, and no gradient is left behind on another device when prepare moves the model.
     model_->zero_grad();
-    acc.prepare(model_, *optimizer_, *scheduler_);
+    if (pipelined()) {
+      acc.prepare(*optimizer_, *scheduler_);  // the stage is a prepared model already
+    } else {
+      acc.prepare(model_, *optimizer_, *scheduler_);
+    }
     prepared_ = true;
   } else {
     zero_grads();  // a later train(): what the last one left

@@ -294,6 +294,15 @@ class Accelerator {
   /// The mean loss over the whole batch, forward only (no gradients). Collective.
   double pipeline_evaluate(const torch::Tensor& inputs, const torch::Tensor& targets,
                            const pipeline::LossFunction& loss);
+  /// The last stage's outputs for `inputs` (forward only, no gradients), on every stage of this replica, for
+  /// predictions and metrics. `inputs` as in pipeline_step, but given on every stage (the same batch, as a
+  /// prepared data loader gives each stage of a replica). A batch whose rows do not split into the
+  /// micro-batches runs padded with copies of its last row, whose outputs are dropped. Collective over the
+  /// replica's stages.
+  torch::Tensor pipeline_predict(const torch::Tensor& inputs);
+  /// The micro-batches of each pipeline step: pipeline_config.micro_batches, or gradient_accumulation_steps
+  /// where that is 0.
+  int pipeline_micro_batches() const noexcept;
 
   /// True when the current micro-step ends an accumulation cycle: the optimizer steps that follow are real.
   bool sync_gradients() const noexcept { return clock_.sync_gradients(); }

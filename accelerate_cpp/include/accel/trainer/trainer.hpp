@@ -19,6 +19,17 @@
 /// The Accelerate config (ACCEL_CONFIG_FILE from accel-launch, or AcceleratorOptions) picks the backend;
 /// where both files set precision, gradient accumulation, clipping, the seed or the trackers, a value set in
 /// only one of them wins and two different values are a ConfigError naming both (docs/trainer.md).
+///
+/// Pipeline parallelism (the config's pipeline_config): give the Trainer a torch::nn::Sequential and the loss
+/// of a micro-batch from the last stage's output and the batch's targets; it cuts the model into stages
+/// (Accelerator::prepare_pipeline) and runs each optimizer step as one pipeline step:
+///
+/// \code
+///   torch::nn::Sequential model(...);
+///   accel::Trainer trainer(args, model, train_set, [](const torch::Tensor& out, const torch::Tensor& y) {
+///     return torch::cross_entropy_loss(out, y);
+///   });
+/// \endcode
 
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/trainer/callbacks.hpp>
@@ -31,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace accel {
@@ -59,7 +71,14 @@ struct TrainOutput {
   Metrics metrics;           ///< train_runtime, train_samples_per_second, train_steps_per_second, train_loss
 };
 
+/// The loss of one pipeline micro-batch (pipeline::LossFunction of <accel/parallel/pipeline.hpp>).
+using PipelineLoss = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
 namespace detail {
+
+template <class B>
+inline constexpr bool is_tensor_example =
+    std::is_same_v<B, torch::data::Example<torch::Tensor, torch::Tensor>>;
 
 /// Rows of a batch (its samples): the first dimension of its tensor, its data, or its first element.
 inline std::int64_t batch_rows(const torch::Tensor& t) {
@@ -99,6 +118,23 @@ class TrainerBase {
 
  protected:
   void set_model(std::shared_ptr<torch::nn::Module> model);
+  /// A pipeline: `model` is cut into this rank's stage by prepare_stage(), `loss` runs on the last stage.
+  void set_pipeline(const torch::nn::Sequential& model, PipelineLoss loss);
+  bool pipelined() const noexcept { return static_cast<bool>(pipeline_loss_); }
+  const PipelineLoss& pipeline_loss() const noexcept { return pipeline_loss_; }
+  /// Under a pipeline: cuts the model into this rank's stage (once), before the data loaders are prepared.
+  void prepare_stage();
+  /// Rows of one training / evaluation loader batch: the per-device batch size, times the micro-batches of a
+  /// pipeline step under a pipeline (one loader batch is one optimizer step, as DeepSpeed's train_batch).
+  std::size_t train_batch_rows() const;
+  std::size_t eval_batch_rows() const;
+  /// Under a pipeline: one optimizer step's forward and backward over a batch (instead of micro_step).
+  void pipeline_micro_steps(const torch::Tensor& inputs, const torch::Tensor& targets, std::int64_t rows,
+                            std::int64_t tokens);
+  /// Under a pipeline: the last stage's outputs, on every stage of this replica.
+  torch::Tensor pipeline_predict(const torch::Tensor& inputs);
+  /// UsageError under a pipeline for what runs the whole model on one rank (`what`).
+  void refuse_under_pipeline(const char* what) const;
   /// Plans the run from the batches per epoch, builds the optimizer and schedule, prepares them with the
   /// model (once), and resumes from `resume` ("" none, "latest", or a directory).
   void begin_train(std::size_t batches_per_epoch, const std::string& resume);
@@ -145,7 +181,9 @@ class TrainerBase {
   std::shared_ptr<Accelerator> accelerator_;  // owned, or borrowed (a no-op deleter)
   bool borrowed_ = false;
   std::shared_ptr<TrainerBase*> alive_ = std::make_shared<TrainerBase*>(this);  // for the save hook
-  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::nn::Module> model_;             // the stage's module under a pipeline
+  std::optional<torch::nn::Sequential> pipeline_model_;  // the whole model, until prepare_stage
+  PipelineLoss pipeline_loss_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> scheduler_;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks_;
@@ -221,10 +259,32 @@ class Trainer : public detail::TrainerBase {
     set_model(as_module(model));
   }
 
+  /// A pipeline (the Accelerate config's pipeline_config; with stages 1, data parallel over every rank):
+  /// `model` is cut into stages, each batch is an Example whose data enters the first stage and whose target
+  /// reaches `loss(output, target)` on the last; per_device_train_batch_size is the micro-batch, a training
+  /// batch holds the step's micro-batches (pipeline_config.micro_batches, or gradient_accumulation_steps).
+  /// Evaluation runs through the stages too: predictions are the last stage's outputs and labels the
+  /// targets, as Hugging Face's default; eval_step is refused. Not with gradient_checkpointing (wrap the
+  /// blocks in accel::Checkpointed when building the Sequential).
+  Trainer(TrainingArguments args, torch::nn::Sequential& model, TrainDataset train, PipelineLoss loss,
+          AcceleratorOptions options = {})
+      : TrainerBase(std::move(args), std::move(options)), train_(std::move(train)) {
+    static_assert_pipeline_batches();
+    set_pipeline(model, std::move(loss));
+  }
+  /// The same, through an Accelerator the program built first (tensor parallelism inside the stages).
+  Trainer(TrainingArguments args, Accelerator& accelerator, torch::nn::Sequential& model, TrainDataset train,
+          PipelineLoss loss)
+      : TrainerBase(std::move(args), accelerator), train_(std::move(train)) {
+    static_assert_pipeline_batches();
+    set_pipeline(model, std::move(loss));
+  }
+
   /// Evaluation data and how to evaluate: `eval_step(batch)` returns the batch's loss and/or predictions
   /// and labels (default: compute_loss's value); `compute_metrics` turns all ranks' predictions and labels
   /// into named metrics (reported as eval_<name>).
   void set_eval(EvalDataset eval, EvalStep eval_step = {}, ComputeMetrics compute_metrics = {}) {
+    if (eval_step) refuse_under_pipeline("set_eval's eval_step");
     eval_.emplace(std::move(eval));
     eval_step_ = std::move(eval_step);
     compute_metrics_ = std::move(compute_metrics);
@@ -237,9 +297,10 @@ class Trainer : public detail::TrainerBase {
   /// checkpoint in output_dir; none there starts from scratch) or a checkpoint directory.
   TrainOutput train(const std::string& resume = "") {
     auto& acc = accelerator();
+    if (pipelined()) prepare_stage();  // before the loaders: they then shard over the pipeline's replicas
     if (!train_loader_) {
       train_loader_ = acc.prepare_data_loader(
-          train_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_train_batch_size))
+          train_, DataLoaderOptions(train_batch_rows())
                       .shuffle(true)
                       .seed(args().data_seed.value_or(args().seed))
                       .drop_last(args().dataloader_drop_last)
@@ -248,8 +309,7 @@ class Trainer : public detail::TrainerBase {
     }
     if (eval_ && !eval_loader_) {
       eval_loader_ = acc.prepare_data_loader(
-          *eval_, DataLoaderOptions(static_cast<std::size_t>(args().per_device_eval_batch_size))
-                      .pin_memory(args().dataloader_pin_memory));
+          *eval_, DataLoaderOptions(eval_batch_rows()).pin_memory(args().dataloader_pin_memory));
     }
     begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
     auto evaluate_fn = [this] { return evaluate(); };
@@ -260,11 +320,17 @@ class Trainer : public detail::TrainerBase {
         // The epoch begins at its first batch: a run resumed after an epoch's last batch does not begin that
         // epoch again (HF resumes at the next epoch).
         if (batches++ == 0) epoch_begin();
-        {
+        const auto tokens = count_tokens_ ? count_tokens_(batch) : 0;
+        if (pipelined()) {
+          if constexpr (detail::is_tensor_example<Batch>) {
+            pipeline_micro_steps(batch.data, batch.target, detail::batch_rows(batch), tokens);
+            window_end();
+          }
+        } else {
           auto window = acc.accumulate(model());
           model()->train();
           const torch::Tensor loss = compute_loss_(batch);
-          micro_step(loss, detail::batch_rows(batch), count_tokens_ ? count_tokens_(batch) : 0);
+          micro_step(loss, detail::batch_rows(batch), tokens);
           window_end();
         }
         if (after_step(evaluate_fn)) {
@@ -301,7 +367,18 @@ class Trainer : public detail::TrainerBase {
       std::int64_t loss_rows = 0;
       std::vector<torch::Tensor> predictions, labels;
       for (auto& batch : *eval_loader_) {
-        EvalOutput out = eval_step_ ? eval_step_(batch) : EvalOutput{compute_loss_for_eval(batch), {}, {}};
+        EvalOutput out;
+        if (pipelined()) {
+          if constexpr (detail::is_tensor_example<EvalBatch>) {
+            // Hugging Face's default: the model's outputs are the predictions, the batch's targets the
+            // labels.
+            out.predictions = pipeline_predict(batch.data);
+            out.labels = batch.target;
+            out.loss = pipeline_loss()(out.predictions, batch.target.to(out.predictions.device()));
+          }
+        } else {
+          out = eval_step_ ? eval_step_(batch) : EvalOutput{compute_loss_for_eval(batch), {}, {}};
+        }
         if (out.loss.defined()) {
           const auto rows = detail::batch_rows(batch);
           auto losses = acc.gather_for_metrics(
@@ -333,6 +410,13 @@ class Trainer : public detail::TrainerBase {
   template <class M>
   static std::shared_ptr<torch::nn::Module> as_module(std::shared_ptr<M>& m) {
     return m;
+  }
+  static constexpr void static_assert_pipeline_batches() {
+    static_assert(
+        detail::is_tensor_example<Batch> && detail::is_tensor_example<EvalBatch>,
+        "accel::Trainer with a pipeline: the batches must be torch::data::Example<> (data into the first "
+        "stage, target to the loss on the last), e.g. a dataset mapped with "
+        "torch::data::transforms::Stack<>()");
   }
   torch::Tensor compute_loss_for_eval(EvalBatch& batch) {
     if constexpr (std::is_same_v<EvalBatch, Batch>) {
