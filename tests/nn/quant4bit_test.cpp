@@ -296,5 +296,32 @@ TEST_CASE("quant: QLoRA trains LoRA adapters over 4-bit Linears like LoRA over t
   CHECK(q->named_parameters().contains("inner.0.lora_B.weight"));
   // PEFT counts a 4-bit base's elements in "all params".
   CHECK(q_lora->trainable_parameters() == p_lora->trainable_parameters());
-  CHECK_THROWS_WITH(q_lora->merge(), Catch::Contains("4-bit Linear4bit (QLoRA)"));
+  // merge on a 4-bit base, as PEFT's: dequantise, add the adapters' product, quantise again; the layer then
+  // adds no term (its output is the requantised weight's alone); unmerge subtracts the product the same way;
+  // merge_and_unload leaves plain 4-bit layers with the merged weights and no adapters.
+  auto* a = dynamic_cast<accel::quant::Linear4bitImpl*>(q->named_modules()["a"].get());
+  REQUIRE(a != nullptr);
+  const auto named = q->named_parameters();
+  const auto delta = torch::matmul(named["a.lora_B.weight"], named["a.lora_A.weight"]).detach() * (8.0 / 4.0);
+  const auto expected = accel::quant::dequantize_4bit(
+      accel::quant::quantize_4bit(a->dequantized_weight() + delta, a->quantized().options));
+  {
+    torch::NoGradGuard no_grad;
+    const auto probe = torch::randn({3, a->in_features()});
+    const auto plain_linear = [&] {
+      return torch::nn::functional::linear(probe, a->dequantized_weight(), a->bias);
+    };
+    CHECK_FALSE(torch::equal(a->forward(probe), plain_linear()));  // adapted: the term is added
+    q_lora->merge();
+    CHECK(torch::equal(a->dequantized_weight(), expected));
+    CHECK(torch::equal(a->forward(probe), plain_linear()));  // merged: no term on top
+    const auto merged = q->forward(x);
+    INFO("merged outputs differ from the adapted ones by " << (merged - got).abs().max().item<double>());
+    CHECK(torch::allclose(merged, got, 0.25, 0.25));  // the 4-bit rounding of the sum, no more
+    q_lora->unmerge();
+    CHECK_FALSE(torch::equal(a->forward(probe), plain_linear()));  // the term again
+    q_lora->merge_and_unload();
+    CHECK_FALSE(q->named_parameters().contains("a.lora_A.weight"));
+    CHECK(torch::equal(a->forward(probe), plain_linear()));
+  }
 }

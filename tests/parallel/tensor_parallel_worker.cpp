@@ -18,6 +18,11 @@
 //   replicas
 //                                       on 8): losses, clipped norms and weights of one process, whole-model
 //                                       get_state_dict, save_state / load_state resuming exactly
+//   tensor_parallel_worker lora         LoRA (accel::peft) on the Column and Row layers against LoRA on the
+//                                       unsplit Linears: outputs, adapter gradients and SGD steps, merge,
+//                                       save_adapter (refused without the whole state) and load_adapter
+//   tensor_parallel_worker lora_accelerator  (4 ranks) the same through Accelerator, tp 2 x ddp 2:
+//                                       clip_grad_norm_, and save_adapter of get_state_dict as one process's
 //   tensor_parallel_worker state_<ddp|zero2|zero3>  save_state / load_state with tensor_parallel_size 2:
 //                                       resumes exactly; resumes a run without tensor parallelism and back
 #define CATCH_CONFIG_RUNNER
@@ -28,6 +33,7 @@
 #include <accel/distributed/communicator.hpp>
 #include <accel/distributed/cuda_device.hpp>
 #include <accel/errors.hpp>
+#include <accel/nn/lora.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/parallel_attention.hpp>
 #include <accel/parallel/pipeline.hpp>
@@ -46,6 +52,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "dist_common.hpp"
 #include "scenario_main.hpp"
@@ -617,6 +624,192 @@ void config_tp() {
 
 std::string shared_temp_dir(Communicator& world);
 
+// The LoRA config of the lora scenarios: both layers of the MLP, r 4.
+accel::peft::LoraConfig lora_config() {
+  accel::peft::LoraConfig c;
+  c.r = 4;
+  c.lora_alpha = 8;
+  c.target_modules = {"0", "2"};
+  return c;
+}
+
+// Each adapter of the split MLP against its part of the unsplit one's (PEFT's LoraParallelLinear: the column
+// layer's B split by rows and A whole, the row layer's A split by columns and B whole).
+void compare_adapters(const std::string& what, Mlps& m, bool grads) {
+  const auto ref = m.reference->named_parameters();
+  const auto par = m.parallel->named_parameters();
+  struct Part {
+    const char* name;
+    int dim;  // -1: whole
+    std::int64_t first, count;
+  };
+  const std::vector<Part> parts{{"0.lora_A.weight", -1, 0, 0},
+                                {"0.lora_B.weight", 0, m.column->first_row(), m.column->local_rows()},
+                                {"2.lora_A.weight", 1, m.row->first_column(), m.row->local_columns()},
+                                {"2.lora_B.weight", -1, 0, 0}};
+  for (const auto& p : parts) {
+    const auto* mine = par.find(p.name);
+    const auto* full = ref.find(p.name);
+    REQUIRE((mine != nullptr && full != nullptr));
+    auto want = grads ? full->grad() : *full;
+    if (p.dim >= 0 && want.defined()) want = want.narrow(p.dim, p.first, p.count);
+    const auto got = grads ? mine->grad() : *mine;
+    CHECK_MSG(close(got, want), what << ": " << (grads ? "gradient of " : "") << p.name << " differs from "
+                                     << "its part of one process's LoRA");
+  }
+}
+
+// LoRA on a tensor-parallel MLP (Column -> GELU -> Row) against LoRA on the unsplit one, the adapters drawn
+// from the same seed: the same outputs and adapter gradients (their parts), through SGD steps; the base
+// weights stay frozen; merge gives the same outputs; save_adapter without the whole state is refused (each
+// rank holds a part), with it writes PEFT's files of the unsplit adapters, which load_adapter splits again.
+void lora() {
+  auto comm = communicator();
+  auto m = make_mlps(comm);
+  torch::manual_seed(20);
+  auto ref_peft = accel::peft::get_peft_model(m.reference, lora_config());
+  torch::manual_seed(20);
+  auto par_peft = accel::peft::get_peft_model(m.parallel, lora_config());
+  CHECK_MSG((par_peft->adapted_modules() == std::vector<std::string>{"0", "2"}), "adapted modules");
+  compare_adapters("after get_peft_model", m, false);
+  std::vector<torch::Tensor> ref_train, par_train;
+  for (const auto& p : m.reference->parameters())
+    if (p.requires_grad()) ref_train.push_back(p);
+  for (const auto& p : m.parallel->parameters())
+    if (p.requires_grad()) par_train.push_back(p);
+  CHECK_MSG((ref_train.size() == 4 && par_train.size() == 4),
+            "trainable tensors: " << ref_train.size() << " and " << par_train.size());
+  torch::optim::SGD ref_opt(ref_train, 0.5), opt(par_train, 0.5);
+  torch::manual_seed(21);
+  const auto x = torch::randn({kBatch, kIn}).to(test_device()),
+             y = torch::randn({kBatch, kOut}).to(test_device());
+  const auto frozen = m.column->weight.clone();
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = fmt::format("lora, step {}", step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    const auto want = m.reference->forward(x), got = m.parallel->forward(x);
+    CHECK_MSG(close(got, want), at << ": outputs differ by " << (got - want).abs().max().item<double>());
+    torch::mse_loss(want, y).backward();
+    torch::mse_loss(got, y).backward();
+    compare_adapters(at, m, true);
+    ref_opt.step();
+    opt.step();
+    compare_adapters(at + " after SGD", m, false);
+  }
+  CHECK_MSG(torch::equal(m.column->weight, frozen), "the column layer's base weight changed");
+  {
+    torch::NoGradGuard no_grad;
+    const auto before = m.parallel->forward(x);
+    par_peft->merge();
+    CHECK_MSG(close(m.parallel->forward(x), before), "merged outputs differ from the adapted ones");
+    ref_peft->merge();
+    compare_parameters("merged", m, /*grads=*/false);
+    par_peft->unmerge();
+    ref_peft->unmerge();
+    CHECK_MSG(close(m.parallel->forward(x), before), "unmerged outputs differ");
+  }
+  const auto dir = shared_temp_dir(*comm);
+  if (comm->world_size() > 1) {
+    const auto refused = usage_error_of([&] { par_peft->save_adapter(dir + "/refused"); });
+    CHECK_MSG(contains(refused, "'0.lora_B.weight' is split over the tensor-parallel group") &&
+                  contains(refused, "pass accelerator.get_state_dict(model)"),
+              refused);
+  }
+  // The whole state, as accelerator.get_state_dict gives it: the unsplit model's (equal, checked above).
+  std::vector<std::pair<std::string, torch::Tensor>> whole;
+  for (const auto& p : m.reference->named_parameters())
+    whole.emplace_back(p.key(), p.value().detach());
+  if (comm->rank() == 0) par_peft->save_adapter(dir + "/adapter", whole);
+  comm->barrier();
+  auto fresh = make_mlps(comm);
+  torch::manual_seed(99);
+  auto loaded = accel::peft::get_peft_model(fresh.parallel, lora_config());
+  loaded->load_adapter(dir + "/adapter");
+  // The file holds the unsplit adapters (the reference's values): each rank reads exactly its part of them.
+  const auto written = m.reference->named_parameters();
+  const std::map<std::string, std::tuple<int, std::int64_t, std::int64_t>> part{
+      {"0.lora_A.weight", {-1, 0, 0}},
+      {"0.lora_B.weight", {0, m.column->first_row(), m.column->local_rows()}},
+      {"2.lora_A.weight", {1, m.row->first_column(), m.row->local_columns()}},
+      {"2.lora_B.weight", {-1, 0, 0}}};
+  for (const auto& [name, where] : part) {
+    const auto [dim, first, count] = where;
+    auto want = written[name];
+    if (dim >= 0) want = want.narrow(dim, first, count);
+    CHECK_MSG(torch::equal(fresh.parallel->named_parameters()[name], want),
+              "load_adapter: " << name << " is not this rank's part of the file's");
+  }
+  comm->barrier();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// LoRA on the tensor-parallel MLP through the Accelerator, 2-way tensor x 2-way data parallel (ddp), against
+// one process's LoRA with the whole batch: adapter gradients and steps, clip_grad_norm_ (each split element
+// counted once), and save_adapter of get_state_dict writing the unsplit adapters.
+void lora_accelerator() {
+  REQUIRE(communicator()->world_size() == 4);
+  accel::Config config;
+  config.backend = "ddp";
+  config.use_cpu = true;
+  config.num_processes = 4;
+  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  auto m = make_mlps(acc.tensor_parallel_group());
+  torch::manual_seed(20);
+  auto ref_peft = accel::peft::get_peft_model(m.reference, lora_config());
+  torch::manual_seed(20);
+  auto par_peft = accel::peft::get_peft_model(m.parallel, lora_config());
+  std::vector<torch::Tensor> ref_train, par_train;
+  for (const auto& p : m.reference->parameters())
+    if (p.requires_grad()) ref_train.push_back(p);
+  for (const auto& p : m.parallel->parameters())
+    if (p.requires_grad()) par_train.push_back(p);
+  torch::optim::SGD ref_opt(ref_train, 0.5), opt(par_train, 0.5);
+  acc.prepare(m.parallel, opt);
+  auto dp = acc.data_parallel_group();
+  torch::manual_seed(22);
+  const auto xs = torch::randn({16, kIn}), ys = torch::randn({16, kOut});
+  for (int step = 0; step < 4; ++step) {
+    const std::string at = fmt::format("lora_accelerator, step {}", step);
+    // Rows [4 step, 4 step + 4): replica 0 the first two, replica 1 the other two.
+    const auto x = xs.narrow(0, 4 * step, 4), y = ys.narrow(0, 4 * step, 4);
+    const auto mine = dp->rank() * 2;
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    torch::mse_loss(m.reference->forward(x), y).backward();
+    acc.backward(torch::mse_loss(m.parallel->forward(x.narrow(0, mine, 2)), y.narrow(0, mine, 2)));
+    compare_adapters(at, m, true);
+    const double want = torch::nn::utils::clip_grad_norm_(ref_train, 0.05);
+    const double got = acc.clip_grad_norm_(m.parallel->parameters(), 0.05);
+    CHECK_MSG(std::abs(got - want) <= 1e-5 * std::max(1.0, want),
+              at << ": clip_grad_norm_ " << got << ", one process " << want);
+    compare_adapters(at + " clipped", m, true);
+    ref_opt.step();
+    opt.step();
+    compare_adapters(at + " after SGD", m, false);
+  }
+  const auto dir = shared_temp_dir(acc.communicator());
+  const auto state = acc.get_state_dict(m.parallel);
+  if (acc.is_main_process()) {
+    par_peft->save_adapter(dir + "/parallel", state);
+    ref_peft->save_adapter(dir + "/reference");
+    const auto a = accel::safetensors::File::open(dir + "/parallel/adapter_model.safetensors");
+    const auto b = accel::safetensors::File::open(dir + "/reference/adapter_model.safetensors");
+    REQUIRE(a.names() == b.names());
+    const auto tensor = [](const accel::safetensors::File& f, const std::string& name) {
+      const auto& info = f.info(name);
+      REQUIRE(info.dtype == accel::safetensors::DType::F32);
+      return torch::from_blob(const_cast<std::uint8_t*>(f.data(name)), info.shape, torch::kFloat32).clone();
+    };
+    for (const auto& name : a.names()) {
+      CHECK_MSG(close(tensor(a, name), tensor(b, name)),
+                "save_adapter: " << name << " differs from one process's file");
+    }
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
 // accel::Trainer on a tensor-parallel model, 2-way tensor x 2-way data parallel: the layers need the
 // Accelerator's tensor-parallel group before the Trainer exists, so the program builds the Accelerator and
 // gives it to the Trainer. The run equals, bit for bit, the hand-written accelerated loop of the same
@@ -1117,6 +1310,8 @@ int main(int argc, char** argv) {
       {"accelerator", accelerator},
       {"config_tp", config_tp},
       {"trainer", trainer},
+      {"lora", lora},
+      {"lora_accelerator", lora_accelerator},
       {"export_ddp", [] { export_on("ddp"); }},
       {"export_zero2", [] { export_on("zero2"); }},
       {"export_zero3", [] { export_on("zero3"); }},

@@ -3,6 +3,7 @@
 #include <accel/errors.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/nn/quant4bit.hpp>
+#include <accel/parallel/tensor_parallel.hpp>
 
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -29,10 +30,35 @@ struct LoraModel::Layer {
   std::weak_ptr<torch::nn::Module> module;
   torch::nn::LinearImpl* linear = nullptr;  // a full-precision base (the observer adds the term)
   quant::Linear4bitImpl* base4 = nullptr;   // or a 4-bit base (QLoRA: its output_hook adds the term)
+  // Or a tensor-parallel base (the observer adds the term, split as PEFT's LoraParallelLinear):
+  tp::ColumnParallelLinearImpl* column = nullptr;  // B split by output rows as the weight, A whole
+  tp::RowParallelLinearImpl* row = nullptr;        // A split by input columns as the weight, B whole
   torch::nn::Module* base() const {
-    return linear != nullptr ? static_cast<torch::nn::Module*>(linear) : base4;
+    if (linear != nullptr) return linear;
+    if (column != nullptr) return column;
+    if (row != nullptr) return row;
+    return base4;
   }
-  torch::Tensor& bias() const { return linear != nullptr ? linear->bias : base4->bias; }
+  // The full-precision weight the observer watches and merge changes (undefined for a 4-bit base).
+  torch::Tensor& weight() const {
+    static torch::Tensor none;
+    if (linear != nullptr) return linear->weight;
+    if (column != nullptr) return column->weight;
+    if (row != nullptr) return row->weight;
+    return none;
+  }
+  torch::Tensor& bias() const {
+    if (linear != nullptr) return linear->bias;
+    if (column != nullptr) return column->bias;
+    if (row != nullptr) return row->bias;
+    return base4->bias;
+  }
+  // The tensor-parallel group of a split base; null otherwise.
+  std::shared_ptr<Communicator> tp_comm() const {
+    if (column != nullptr) return column->communicator();
+    if (row != nullptr) return row->communicator();
+    return nullptr;
+  }
   std::string path;
   torch::nn::Linear lora_A{nullptr};
   torch::nn::Linear lora_B{nullptr};
@@ -99,8 +125,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     std::shared_lock lock(r.mu);
     for (const auto& weak : r.layers) {
       auto layer = weak.lock();
-      if (!layer || layer->module.expired() || layer->merged.load() || layer->linear == nullptr) continue;
-      const auto& w = layer->linear->weight;
+      if (!layer || layer->module.expired() || layer->merged.load() || layer->base4 != nullptr) continue;
+      const auto& w = layer->weight();
       if (!w.defined() || !w.has_storage() ||
           w.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() != storage)
         continue;
@@ -133,9 +159,27 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       throw std::runtime_error("the operator returned no tensor");
     auto y = outputs[0].toTensor();
     auto x = pending->x;
-    if (l.dropout > 0 && l.linear->is_training()) x = torch::dropout(x, l.dropout, /*train=*/true);
-    auto delta = l.lora_B(l.lora_A(x)) * l.scale;
-    y.add_(delta.to(y.scalar_type()));
+    if (l.dropout > 0 && l.base()->is_training()) x = torch::dropout(x, l.dropout, /*train=*/true);
+    torch::Tensor delta;
+    if (l.column != nullptr) {
+      // x is the layer's input after Megatron's f, y this rank's rows of the output: B's rows are this
+      // rank's, A is whole, and its gradient (this rank's part) is summed over the group by f on A (PEFT's
+      // LoraParallelLinear: lora_B a ColumnParallelLinear). x's gradient stays partial, as the base's is, for
+      // the layer's f to sum.
+      namespace F = torch::nn::functional;
+      delta = F::linear(F::linear(x, tp::copy_to_tensor_parallel(l.lora_A->weight, l.column->communicator())),
+                        l.lora_B->weight);
+    } else if (l.row != nullptr) {
+      // x is this rank's columns of the input, y this rank's partial product before the sum over the group:
+      // A's columns are this rank's, B is whole and its gradient (this rank's part) is summed by f on B
+      // (PEFT: lora_A a RowParallelLinear). The group's sum then adds B A x once.
+      namespace F = torch::nn::functional;
+      delta = F::linear(F::linear(x, l.lora_A->weight),
+                        tp::copy_to_tensor_parallel(l.lora_B->weight, l.row->communicator()));
+    } else {
+      delta = l.lora_B(l.lora_A(x));
+    }
+    y.add_((delta * l.scale).to(y.scalar_type()));
   } catch (const std::exception& e) {
     // An exception here would be swallowed by ATen and the layer would silently lack its adapter: stop.
     std::cerr << "accelerate-cpp LoRA: could not apply the adapter of '" << l.path << "': " << e.what()
@@ -236,22 +280,34 @@ std::string LoraModel::print_trainable_parameters() const {
 }
 
 namespace {
-void refuse_4bit_merge(const Layer& l, const char* what) {
-  if (l.base4 == nullptr) return;
-  throw UsageError(fmt::format(
-      "{}: '{}' is a 4-bit Linear4bit (QLoRA); merging into 4-bit weights is not supported yet (it would "
-      "re-quantise them): load the full-precision model, load_adapter onto it, then merge",
-      what, l.path));
+// PEFT's merge into a bitsandbytes 4-bit base: dequantise, add (or subtract) the adapters' product, quantise
+// again, with PEFT's warning that the rounding changes the outputs.
+void merge_4bit(Layer& l, double sign, const char* what) {
+  auto w = l.base4->dequantized_weight(torch::kFloat32).cpu();
+  w.add_(torch::matmul(l.lora_B->weight, l.lora_A->weight).cpu().to(torch::kFloat32) * (sign * l.scale));
+  l.base4->requantize(w);
+  std::cerr
+      << fmt::format(
+             "accelerate-cpp LoRA: {}: '{}' is a 4-bit Linear4bit (QLoRA): its weight was dequantised, "
+             "the adapters' product {} and the result quantised to 4 bits again, so its outputs differ "
+             "from the adapted layer's by that rounding (as in PEFT); for exact merged weights, load the "
+             "full-precision model, load_adapter onto it and merge there",
+             what, l.path, sign > 0 ? "added" : "subtracted")
+      << std::endl;
 }
 }  // namespace
 
 void LoraModel::merge() {
   torch::NoGradGuard no_grad;
-  for (auto& l : layers_)
-    refuse_4bit_merge(*l, "merge");
   for (auto& l : layers_) {
     if (l->merged.load()) continue;
-    auto& w = l->linear->weight;
+    if (l->base4 != nullptr) {
+      merge_4bit(*l, 1.0, "merge");
+      l->merged = true;
+      continue;
+    }
+    // Split bases: B's rows (column) or A's columns (row) are this rank's, as the weight's.
+    auto& w = l->weight();
     w.add_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
     l->merged = true;
   }
@@ -261,7 +317,12 @@ void LoraModel::unmerge() {
   torch::NoGradGuard no_grad;
   for (auto& l : layers_) {
     if (!l->merged.load()) continue;
-    auto& w = l->linear->weight;
+    if (l->base4 != nullptr) {
+      merge_4bit(*l, -1.0, "unmerge");
+      l->merged = false;
+      continue;
+    }
+    auto& w = l->weight();
     w.sub_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
     l->merged = false;
   }
@@ -273,6 +334,7 @@ void LoraModel::merge_and_unload() {
   for (auto& l : layers_) {
     l->base()->unregister_module("lora_A");
     l->base()->unregister_module("lora_B");
+    if (l->base4 != nullptr) l->base4->output_hook = nullptr;
   }
   layers_.clear();
 }
@@ -281,6 +343,7 @@ void LoraModel::save_adapter(const std::string& dir,
                              const std::vector<std::pair<std::string, torch::Tensor>>& state) const {
   std::map<std::string, torch::Tensor> given(state.begin(), state.end());
   const auto own = model_->named_parameters();
+  const auto split = tp::split_parameters(*model_);
   std::vector<std::pair<std::string, torch::Tensor>> out;
   std::set<std::string> taken;
   auto take = [&](const std::string& name) {
@@ -298,7 +361,19 @@ void LoraModel::save_adapter(const std::string& dir,
       t = own[name];
     }
     const auto& mine = own[name];
-    if (!t.defined() || t.sizes() != mine.sizes() || (t.numel() > 0 && t.data_ptr() == nullptr)) {
+    auto whole = mine.sizes().vec();
+    if (const auto s = split.find(name); s != split.end() && s->second.comm->world_size() > 1) {
+      if (state.empty()) {
+        throw UsageError(fmt::format(
+            "save_adapter: '{}' is split over the tensor-parallel group (this rank holds {} of its "
+            "{} entries along dimension {}); pass accelerator.get_state_dict(model) as the state, "
+            "which holds it whole",
+            name, s->second.length, s->second.full, s->second.dim));
+      }
+      whole[static_cast<std::size_t>(s->second.dim)] = s->second.full;
+    }
+    if (!t.defined() || t.sizes() != torch::IntArrayRef(whole) ||
+        (t.numel() > 0 && t.data_ptr() == nullptr)) {
       throw UsageError(
           fmt::format("save_adapter: '{}' is not whole here (the model is prepared on a backend that "
                       "shards it); pass accelerator.get_state_dict(model) as the state",
@@ -404,6 +479,7 @@ void LoraModel::load_adapter(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
   const auto tensors = detail::read_tensors(safetensors::File::open(path));
   auto params = model_->named_parameters();
+  const auto split = tp::split_parameters(*model_);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   for (const auto& [key, t] : tensors) {
     if (key.rfind(kPrefix, 0) != 0)
@@ -420,11 +496,16 @@ void LoraModel::load_adapter(const std::string& dir) {
     if (p == nullptr)
       throw CheckpointError(fmt::format(
           "load_adapter: '{}' holds '{}', which this adapted model has no parameter for", path, key));
-    if (p->sizes() != t.sizes())
+    // A tensor-parallel layer's split adapter: the file holds it whole, this rank takes its slice.
+    auto whole = p->sizes().vec();
+    torch::Tensor src = t;
+    const auto s = split.find(name);
+    if (s != split.end()) whole[static_cast<std::size_t>(s->second.dim)] = s->second.full;
+    if (torch::IntArrayRef(whole) != t.sizes())
       throw CheckpointError(fmt::format("load_adapter: '{}' in '{}' has shape {}, the model's is {}", key,
-                                        path, fmt::join(t.sizes().vec(), "x"),
-                                        fmt::join(p->sizes().vec(), "x")));
-    copies.emplace_back(*p, t);
+                                        path, fmt::join(t.sizes().vec(), "x"), fmt::join(whole, "x")));
+    if (s != split.end()) src = t.narrow(s->second.dim, s->second.first, s->second.length);
+    copies.emplace_back(*p, src);
   }
   for (const auto& l : layers_) {
     for (const std::string suffix : {".lora_A.weight", ".lora_B.weight"}) {
@@ -471,13 +552,16 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
     const std::string& path = item.key();
     auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
     auto* base4 = dynamic_cast<quant::Linear4bitImpl*>(item.value().get());
-    if (linear != nullptr || base4 != nullptr) linears.push_back(path);
+    auto* column = dynamic_cast<tp::ColumnParallelLinearImpl*>(item.value().get());
+    auto* row = dynamic_cast<tp::RowParallelLinearImpl*>(item.value().get());
+    if (linear != nullptr || base4 != nullptr || column != nullptr || row != nullptr) linears.push_back(path);
     if (path.find(".lora_A") != std::string::npos || path.find(".lora_B") != std::string::npos) continue;
     if (!targeted(path)) continue;
-    if (linear == nullptr && base4 == nullptr) {
+    if (linear == nullptr && base4 == nullptr && column == nullptr && row == nullptr) {
       throw UsageError(
           fmt::format("get_peft_model: target '{}' is a {}, not a torch::nn::Linear; LoRA adapts "
-                      "Linear layers only (and their 4-bit accel::quant::Linear4bit form)",
+                      "Linear layers only (their 4-bit accel::quant::Linear4bit form, and the "
+                      "tensor-parallel accel::tp::ColumnParallelLinear / RowParallelLinear)",
                       path, item.value()->name()));
     }
     if (item.value()->named_children().contains("lora_A"))
@@ -486,14 +570,42 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
     layer->module = item.value();
     layer->linear = linear;
     layer->base4 = base4;
+    layer->column = column;
+    layer->row = row;
     layer->path = path;
-    // The adapters' shape, device and type: the base weight's (a 4-bit base: its compute-side fp32).
-    const std::int64_t in = linear != nullptr ? linear->weight.size(1) : base4->in_features();
-    const std::int64_t out = linear != nullptr ? linear->weight.size(0) : base4->out_features();
-    const auto device = linear != nullptr ? linear->weight.device() : base4->quantized().packed.device();
-    const auto dtype = linear != nullptr ? linear->weight.scalar_type() : torch::kFloat32;
+    // The adapters' shape, device and type: the base weight's (a 4-bit base: its compute-side fp32). A is
+    // drawn whole (Kaiming-uniform over the full layer's inputs) on every rank, as one process draws it.
+    std::int64_t in = 0, out = 0;
+    if (base4 != nullptr) {
+      in = base4->in_features();
+      out = base4->out_features();
+    } else if (column != nullptr) {
+      in = column->options.in_features();
+      out = column->options.out_features();
+    } else if (row != nullptr) {
+      in = row->options.in_features();
+      out = row->options.out_features();
+    } else {
+      in = linear->weight.size(1);
+      out = linear->weight.size(0);
+    }
+    const auto device = base4 == nullptr ? layer->weight().device() : base4->quantized().packed.device();
+    const auto dtype = base4 == nullptr ? layer->weight().scalar_type() : torch::kFloat32;
     layer->lora_A = torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));
     layer->lora_B = torch::nn::Linear(torch::nn::LinearOptions(config.r, out).bias(false));
+    {
+      // A split base keeps this rank's part of the drawn adapter (no second draw: the random stream stays
+      // the one process's): A's columns under a row split, B's rows under a column split.
+      torch::NoGradGuard no_grad;
+      if (row != nullptr) {
+        auto& a = layer->lora_A->weight;
+        a.set_data(a.narrow(1, row->first_column(), row->local_columns()).clone());
+      }
+      if (column != nullptr) {
+        auto& b = layer->lora_B->weight;
+        b.set_data(b.narrow(0, column->first_row(), column->local_rows()).clone());
+      }
+    }
     layer->lora_A->to(device, dtype);
     layer->lora_B->to(device, dtype);
     {
@@ -524,7 +636,7 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
       std::weak_ptr<Layer> weak = l;
       l->base4->output_hook = [weak](const torch::Tensor& x, const torch::Tensor& y) {
         auto layer = weak.lock();
-        if (!layer) return y;
+        if (!layer || layer->merged.load()) return y;
         auto in = x.to(layer->lora_A->weight.scalar_type());
         if (layer->dropout > 0 && layer->base4->is_training())
           in = torch::dropout(in, layer->dropout, /*train=*/true);

@@ -9,6 +9,8 @@
 #include <accel/nn/quant4bit.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -227,6 +229,24 @@ torch::Tensor Linear4bitImpl::dequantized_weight(torch::ScalarType dtype) const 
   q.absmax = absmax_;
   q.absmax_scale = absmax_scale_;
   return dequantize_4bit(q, dtype);
+}
+
+void Linear4bitImpl::requantize(const torch::Tensor& weight) {
+  if (weight.sizes() != torch::IntArrayRef(weight_.shape)) {
+    throw UsageError(fmt::format("Linear4bit::requantize: the weight has shape {}, the layer's is {}",
+                                 fmt::join(weight.sizes().vec(), "x"), fmt::join(weight_.shape, "x")));
+  }
+  Quantized4bit q = quantize_4bit(weight.detach().to(torch::kCPU, weight_.dtype), weight_.options);
+  // The registered buffers keep their identity (state dicts, to(device) and optimizers that saw them).
+  torch::NoGradGuard no_grad;
+  const auto device = packed_.device();
+  packed_.set_data(q.packed.to(device));
+  absmax_.set_data(q.absmax.to(device));
+  if (absmax_scale_.defined()) absmax_scale_.set_data(q.absmax_scale.to(device));
+  q.packed = packed_;
+  q.absmax = absmax_;
+  q.absmax_scale = absmax_scale_;
+  weight_ = std::move(q);
 }
 
 torch::Tensor Linear4bitImpl::forward(const torch::Tensor& input) {

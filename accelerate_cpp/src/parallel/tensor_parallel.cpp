@@ -398,11 +398,28 @@ std::map<std::string, SplitParameter> split_parameters(const torch::nn::Module& 
     out[name] = SplitParameter{dim, first, length, length * comm->world_size(), comm};
   };
   auto visit = [&](const std::string& prefix, const torch::nn::Module& m) {
+    // A LoRA adapter on the layer (accel::peft, PEFT's LoraParallelLinear) is split as the weight: B's rows
+    // under a column split, A's columns under a row split; the other adapter is whole on every rank.
+    const auto adapter = [&](const char* child) {
+      const auto children = m.named_children();
+      const auto* c = children.find(child);
+      if (c == nullptr) return torch::Tensor();
+      const auto params = (*c)->named_parameters(/*recurse=*/false);
+      const auto* w = params.find("weight");
+      return w == nullptr ? torch::Tensor() : *w;
+    };
+    const auto join = [](const std::string& prefix, const char* child) {
+      return prefix.empty() ? std::string(child) : prefix + "." + child;
+    };
     if (const auto* c = dynamic_cast<const ColumnParallelLinearImpl*>(&m)) {
       note(prefix, "weight", c->weight, 0, c->first_row(), c->local_rows(), c->communicator());
       note(prefix, "bias", c->bias, 0, c->first_row(), c->local_rows(), c->communicator());
+      note(join(prefix, "lora_B"), "weight", adapter("lora_B"), 0, c->first_row(), c->local_rows(),
+           c->communicator());
     } else if (const auto* r = dynamic_cast<const RowParallelLinearImpl*>(&m)) {
       note(prefix, "weight", r->weight, 1, r->first_column(), r->local_columns(), r->communicator());
+      note(join(prefix, "lora_A"), "weight", adapter("lora_A"), 1, r->first_column(), r->local_columns(),
+           r->communicator());
     } else if (const auto* e = dynamic_cast<const VocabParallelEmbeddingImpl*>(&m)) {
       note(prefix, "weight", e->weight, 0, e->first_row(), e->local_rows(), e->communicator());
     }

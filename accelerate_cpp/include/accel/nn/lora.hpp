@@ -17,6 +17,14 @@
 /// A and B exactly; backward and other uses of the weight are untouched. Every backend sees the adapters as
 /// ordinary parameters (prepared, sharded and checkpointed like any other).
 ///
+/// Tensor-parallel layers (accel::tp::ColumnParallelLinear / RowParallelLinear) are adapted as PEFT's
+/// LoraParallelLinear adapts Megatron's: under a column split, B is split by output rows as the weight and A
+/// is whole; under a row split, A is split by input columns and B is whole; the whole adapter's gradient is
+/// summed over the tensor-parallel group, so every rank holds the same. A is drawn whole on every rank (seed
+/// the ranks alike, as for the layers), so N ranks start from one process's adapters. The split adapters are
+/// listed by tp::split_parameters (the Accelerator gathers them whole in get_state_dict). A QLoRA base
+/// (quant::Linear4bit) adds the term through its output_hook instead.
+///
 /// Limits: the term is added where the weight goes through those three operators (the module's forward,
 /// `F::linear`, `torch::linear`); `W.mm(...)` written by hand is not adapted. Needs RecordFunction enabled
 /// (the default) and a Release build of this library (ATen keeps observer inputs only with NDEBUG, as the
@@ -64,21 +72,24 @@ class LoraModel {
   /// returned.
   std::string print_trainable_parameters() const;
   /// W += (alpha / r) B A in every adapted layer and stop adding the term (outputs unchanged). On an
-  /// unprepared model (before prepare, or after free_memory): sharded backends hold only a slice of W.
+  /// unprepared model (before prepare, or after free_memory): sharded backends hold only a slice of W. A
+  /// tensor-parallel layer merges this rank's part. A 4-bit base (QLoRA) is merged as PEFT merges it:
+  /// dequantised, the product added, quantised again (the rounding moves its outputs a little; a notice on
+  /// stderr says so).
   void merge();
-  /// The inverse of merge: W -= (alpha / r) B A, the term added again.
+  /// The inverse of merge: W -= (alpha / r) B A, the term added again (a 4-bit base: quantised again).
   void unmerge();
   /// merge(), then remove the adapters: the model is a plain model again, with the merged weights.
   void merge_and_unload();
   /// PEFT's files: `dir/adapter_model.safetensors` (keys `base_model.model.<path>.lora_A.weight`, ...) and
   /// `dir/adapter_config.json`, loadable by Python's `PeftModel.from_pretrained`; modules_to_save go in under
   /// their own names (`base_model.model.<path>.weight`), as PEFT writes them. `state`: the model's whole
-  /// state when it is prepared on a sharded backend (`accelerator.get_state_dict(model)`); empty: the model's
-  /// own tensors.
+  /// state when it is prepared on a sharded backend or holds tensor-parallel layers
+  /// (`accelerator.get_state_dict(model)`); empty: the model's own tensors (refused for split adapters).
   void save_adapter(const std::string& dir,
                     const std::vector<std::pair<std::string, torch::Tensor>>& state = {}) const;
   /// Reads PEFT adapter files (written by save_adapter or by Python's PEFT) into the adapters: keys, shapes
-  /// and lora_alpha / r must match this config.
+  /// and lora_alpha / r must match this config. A tensor-parallel layer takes its part of the whole adapter.
   void load_adapter(const std::string& dir);
 
  private:
@@ -88,7 +99,8 @@ class LoraModel {
 };
 
 /// Adapts `model` in place (see the file comment) and returns the handle. Throws UsageError when no Linear
-/// matches the targets, when a target names a module that is not a Linear, or on an invalid config.
+/// matches the targets, when a target names a module that is not a Linear (or Linear4bit,
+/// ColumnParallelLinear, RowParallelLinear), or on an invalid config.
 std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Module>& model,
                                           const LoraConfig& config);
 template <class M>

@@ -80,6 +80,10 @@ class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
   /// The weight as the forward sees it (dequantised, in `dtype`).
   torch::Tensor dequantized_weight(torch::ScalarType dtype = torch::kFloat32) const;
   const Quantized4bit& quantized() const noexcept { return weight_; }
+  /// Stores `weight` (the layer's shape, any floating type and device) quantised as the current weight is
+  /// (its type, blocksize and double quantisation), in its place: PEFT's merge of LoRA adapters into a 4-bit
+  /// base (dequantise, add, quantise again). UsageError for another shape.
+  void requantize(const torch::Tensor& weight);
   std::int64_t in_features() const noexcept { return weight_.shape.at(1); }
   std::int64_t out_features() const noexcept { return weight_.shape.at(0); }
   torch::Tensor bias;  ///< undefined without a bias
