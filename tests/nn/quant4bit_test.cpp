@@ -303,8 +303,12 @@ TEST_CASE("quant: QLoRA trains LoRA adapters over 4-bit Linears like LoRA over t
   REQUIRE(a != nullptr);
   const auto named = q->named_parameters();
   const auto delta = torch::matmul(named["a.lora_B.weight"], named["a.lora_A.weight"]).detach() * (8.0 / 4.0);
-  const auto expected = accel::quant::dequantize_4bit(
-      accel::quant::quantize_4bit(a->dequantized_weight() + delta, a->quantized().options));
+  const auto sum = a->dequantized_weight() + delta;
+  // A copy of the layer before the merge (sharing its buffers, with its own quantisation constants): what a
+  // model quantised from the same weights holds, into which a checkpoint of the merged model loads (the
+  // absmax offset is the layer's, not in the state dict).
+  const auto pristine = std::make_shared<accel::quant::Linear4bitImpl>(*a);
+  const float offset = a->quantized().absmax_offset;
   {
     torch::NoGradGuard no_grad;
     const auto probe = torch::randn({3, a->in_features()});
@@ -313,7 +317,13 @@ TEST_CASE("quant: QLoRA trains LoRA adapters over 4-bit Linears like LoRA over t
     };
     CHECK_FALSE(torch::equal(a->forward(probe), plain_linear()));  // adapted: the term is added
     q_lora->merge();
-    CHECK(torch::equal(a->dequantized_weight(), expected));
+    // The sum, in 4 bits again: within a code step of the block's range (NF4's widest gap is 0.28 of it).
+    const auto err = (a->dequantized_weight() - sum).abs().max().item<double>();
+    INFO("requantised merge error " << err << ", the sum's largest entry " << sum.abs().max().item<double>());
+    CHECK(err <= 0.2 * sum.abs().max().item<double>());
+    CHECK(a->quantized().absmax_offset == offset);
+    // The merged buffers (the copy shares them, as a checkpoint loaded into it would fill them) decode alike.
+    CHECK(torch::equal(pristine->dequantized_weight(), a->dequantized_weight()));
     CHECK(torch::equal(a->forward(probe), plain_linear()));  // merged: no term on top
     const auto merged = q->forward(x);
     INFO("merged outputs differ from the adapted ones by " << (merged - got).abs().max().item<double>());

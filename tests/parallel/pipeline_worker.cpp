@@ -824,7 +824,7 @@ void trainer() {
     std::map<std::string, torch::Tensor> weights;
     std::vector<double> losses;
     accel::LogEntry last_eval;
-    std::int64_t steps = 0;
+    std::int64_t steps = 0, samples = 0;
   };
   const auto run = [&](const std::string& resume) {
     auto model = whole_model();
@@ -833,6 +833,7 @@ void trainer() {
     trainer.train(resume);
     Result r;
     r.steps = trainer.state().global_step;
+    r.samples = trainer.state().num_samples_seen;
     for (const auto& entry : trainer.state().log_history) {
       if (entry.count("loss") > 0) r.losses.push_back(entry.at("loss"));
       if (entry.count("eval_loss") > 0) r.last_eval = entry;
@@ -864,6 +865,17 @@ void trainer() {
     accel::Trainer piped_model(args, model, data(), mse, accel::AcceleratorOptions().config(other));
     const auto error = error_of([&] { piped_model.train(); });
     CHECK_MSG(contains(error, "gradient_accumulation_steps is 2 but pipeline_config.micro_batches is 4"),
+              error);
+  }
+  if (replicas == 1) {
+    // A dataset whose last batch does not split into the 2 micro-batches (47 = 11 x 4 + 3 rows): refused
+    // before the first step, naming the batch and the way out.
+    auto model = whole_model();
+    accel::Trainer odd(args, model, Rows(47, 5).map(torch::data::transforms::Stack<>()), mse,
+                       accel::AcceleratorOptions().config(config));
+    const auto error = error_of([&] { odd.train(); });
+    CHECK_MSG(contains(error, "batch 12 of 12 of each epoch on data-parallel replica 0 has 3 rows") &&
+                  contains(error, "set dataloader_drop_last: true"),
               error);
   }
   const Result piped = run("");
@@ -900,6 +912,8 @@ void trainer() {
   }
   CHECK_MSG(piped.steps == 2 * per_epoch,
             "the Trainer ran " << piped.steps << " steps, want " << 2 * per_epoch);
+  // Each sample once per epoch, although every stage of a replica reads it.
+  CHECK_MSG(piped.samples == 2 * kSamples, "num_samples_seen " << piped.samples << ", want " << 2 * kSamples);
   REQUIRE(piped.losses.size() == losses.size());
   for (std::size_t i = 0; i < losses.size(); ++i) {
     CHECK_MSG(
@@ -926,6 +940,9 @@ void trainer() {
   // Resumed from step 5: the same end, bit for bit.
   const Result resumed = run(out + "/checkpoint-5");
   CHECK(resumed.steps == piped.steps);
+  CHECK(resumed.samples == piped.samples);
+  CHECK_MSG(resumed.losses == piped.losses, "the resumed run's logged losses differ from the run it resumes");
+  CHECK(resumed.last_eval == piped.last_eval);
   for (const auto& [name, t] : piped.weights) {
     CHECK_MSG(torch::equal(resumed.weights.at(name), t),
               name << ": resumed from checkpoint-5, the Trainer ends "

@@ -683,7 +683,7 @@ void lora() {
   torch::manual_seed(21);
   const auto x = torch::randn({kBatch, kIn}).to(test_device()),
              y = torch::randn({kBatch, kOut}).to(test_device());
-  const auto frozen = m.column->weight.clone();
+  const auto frozen = m.column->weight.clone(), frozen_row = m.row->weight.clone();
   for (int step = 0; step < 3; ++step) {
     const std::string at = fmt::format("lora, step {}", step);
     ref_opt.zero_grad();
@@ -698,6 +698,7 @@ void lora() {
     compare_adapters(at + " after SGD", m, false);
   }
   CHECK_MSG(torch::equal(m.column->weight, frozen), "the column layer's base weight changed");
+  CHECK_MSG(torch::equal(m.row->weight, frozen_row), "the row layer's base weight changed");
   {
     torch::NoGradGuard no_grad;
     const auto before = m.parallel->forward(x);

@@ -243,21 +243,26 @@ torch::Tensor Accelerator::pipeline_predict(const torch::Tensor& inputs) {
     const int last = pipe.world_size() - 1;
     auto header = torch::zeros({kMaxDims + 2}, torch::kInt64);
     if (pipe.rank() == last) {
-      if (out.dim() > kMaxDims) {
-        throw UsageError(
-            fmt::format("pipeline_predict: the last stage's outputs have {} dimensions; at most {}",
-                        out.dim(), kMaxDims));
-      }
       auto* h = header.data_ptr<std::int64_t>();
-      h[0] = out.dim();
-      h[1] = static_cast<std::int64_t>(out.scalar_type());
-      for (std::int64_t d = 0; d < out.dim(); ++d)
-        h[2 + d] = out.size(d);
-      out = out.contiguous();
+      if (out.dim() > kMaxDims) {
+        h[0] = -1;  // every stage throws; none waits for outputs that do not come
+        h[1] = out.dim();
+      } else {
+        h[0] = out.dim();
+        h[1] = static_cast<std::int64_t>(out.scalar_type());
+        for (std::int64_t d = 0; d < out.dim(); ++d)
+          h[2 + d] = out.size(d);
+        out = out.contiguous();
+      }
     }
     header = header.to(device_);
     pipe.broadcast(header, last);
     header = header.cpu();
+    if (header[0].item<std::int64_t>() < 0) {
+      throw UsageError(
+          fmt::format("pipeline_predict: the last stage's outputs have {} dimensions; at most {}",
+                      header[1].item<std::int64_t>(), kMaxDims));
+    }
     if (pipe.rank() != last) {
       const auto* h = header.data_ptr<std::int64_t>();
       const std::vector<std::int64_t> sizes(h + 2, h + 2 + h[0]);

@@ -374,10 +374,12 @@ void LoraModel::save_adapter(const std::string& dir,
     }
     if (!t.defined() || t.sizes() != torch::IntArrayRef(whole) ||
         (t.numel() > 0 && t.data_ptr() == nullptr)) {
-      throw UsageError(
-          fmt::format("save_adapter: '{}' is not whole here (the model is prepared on a backend that "
-                      "shards it); pass accelerator.get_state_dict(model) as the state",
-                      name));
+      throw UsageError(fmt::format(
+          "save_adapter: '{}' is not whole here (shape {}, the whole adapter's is {}: the model is "
+          "prepared on a backend that shards it, or the state passed is not this model's); pass "
+          "accelerator.get_state_dict(model) of this adapted model as the state",
+          name, t.defined() ? fmt::format("{}", fmt::join(t.sizes().vec(), "x")) : "undefined",
+          fmt::join(whole, "x")));
     }
     out.emplace_back(kPrefix + name, t.detach().cpu().contiguous());
   };

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace accel::quant {
@@ -131,7 +132,21 @@ torch::Tensor dynamic_map_8bit() {
   return map;
 }
 
+namespace {
+Quantized4bit quantize_with_offset(const torch::Tensor& tensor, const Quant4bitOptions& options,
+                                   std::optional<float> fixed_offset);
+}  // namespace
+
 Quantized4bit quantize_4bit(const torch::Tensor& tensor, const Quant4bitOptions& options) {
+  return quantize_with_offset(tensor, options, std::nullopt);
+}
+
+namespace {
+// `fixed_offset`: double quantisation subtracts it from the absmax values instead of their mean (requantize
+// keeps its layer's: state dicts hold the codes and scales, not the offset, which a layer takes from the
+// weights it was first quantised from).
+Quantized4bit quantize_with_offset(const torch::Tensor& tensor, const Quant4bitOptions& options,
+                                   std::optional<float> fixed_offset) {
   check_blocksize(options.blocksize);
   const auto type = tensor.scalar_type();
   if (type != torch::kFloat32 && type != torch::kBFloat16 && type != torch::kHalf) {
@@ -161,7 +176,7 @@ Quantized4bit quantize_4bit(const torch::Tensor& tensor, const Quant4bitOptions&
     return q;
   }
   // Double quantisation: the absmax values less their mean, in 8-bit dynamic-map codes per block of 256.
-  const auto offset = absmax.mean();
+  const auto offset = fixed_offset ? torch::tensor(*fixed_offset) : absmax.mean();
   q.absmax_offset = offset.item<float>();
   auto [scale2, scaled2] = blockwise_scale(absmax - offset, kAbsmaxBlock, /*divide=*/true);
   auto map = dynamic_map_8bit().clone();
@@ -170,6 +185,7 @@ Quantized4bit quantize_4bit(const torch::Tensor& tensor, const Quant4bitOptions&
   q.absmax_scale = scale2.contiguous();
   return q;
 }
+}  // namespace
 
 torch::Tensor dequantize_4bit(const Quantized4bit& q) {
   return dequantize_4bit(q, q.dtype);
@@ -236,7 +252,11 @@ void Linear4bitImpl::requantize(const torch::Tensor& weight) {
     throw UsageError(fmt::format("Linear4bit::requantize: the weight has shape {}, the layer's is {}",
                                  fmt::join(weight.sizes().vec(), "x"), fmt::join(weight_.shape, "x")));
   }
-  Quantized4bit q = quantize_4bit(weight.detach().to(torch::kCPU, weight_.dtype), weight_.options);
+  // The layer's absmax offset stays: a checkpoint written before or after the merge then decodes alike in any
+  // layer quantised from the same weights (the offset is not in the state dict).
+  Quantized4bit q = quantize_with_offset(
+      weight.detach().to(torch::kCPU, weight_.dtype), weight_.options,
+      weight_.options.double_quant ? std::optional<float>(weight_.absmax_offset) : std::nullopt);
   // The registered buffers keep their identity (state dicts, to(device) and optimizers that saw them).
   torch::NoGradGuard no_grad;
   const auto device = packed_.device();

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <regex>
 
 namespace accel {
@@ -265,6 +266,14 @@ void TrainerBase::add_callback(std::shared_ptr<TrainerCallback> callback) {
 void TrainerBase::set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                 std::shared_ptr<torch::optim::LRScheduler> scheduler) {
   if (prepared_) throw UsageError("Trainer::set_optimizer: call it before train()");
+  if (pipelined()) {
+    throw UsageError(
+        "Trainer::set_optimizer with a pipeline is not supported: the optimizer must hold this rank's "
+        "stage's "
+        "parameters, and the stage is cut from the model inside train(); choose the optimizer through the "
+        "TrainingArguments (optim, learning_rate, weight_decay, adam_*, lr_scheduler_type), or write the "
+        "loop with Accelerator::prepare_pipeline and pipeline_step");
+  }
   if (!optimizer) throw UsageError("Trainer::set_optimizer: null optimizer");
   optimizer_ = std::move(optimizer);
   scheduler_ = std::move(scheduler);
@@ -359,6 +368,33 @@ void TrainerBase::pipeline_micro_steps(const torch::Tensor& inputs, const torch:
   window_micro_ = m;
   window_rows_ = rows;
   window_tokens_ = tokens;
+}
+
+void TrainerBase::check_pipeline_batches(std::size_t samples) const {
+  if (!pipelined()) return;
+  auto& acc = *accelerator_;
+  const auto m = static_cast<std::size_t>(acc.pipeline_micro_batches());
+  const int replicas = acc.data_parallel_group()->world_size();
+  // The loader's plan for every replica (the batch sizes do not depend on the order): every rank computes
+  // the same, so every rank refuses alike, before the first step.
+  std::vector<std::size_t> order(samples);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  for (int r = 0; r < replicas; ++r) {
+    const auto plan = detail::plan_shard(order, train_batch_rows(), r, replicas, args_.dataloader_drop_last,
+                                         acc.config().even_batches, acc.config().split_batches);
+    for (std::size_t b = 0; b < plan.batches.size(); ++b) {
+      if (plan.batches[b].size() % m == 0) continue;
+      throw ConfigError(
+          fmt::format(
+              "Trainer: under the pipeline each step cuts a batch into {} equal micro-batches, but batch "
+              "{} of {} of each epoch on data-parallel replica {} has {} rows ({} samples, "
+              "per_device_train_batch_size {} x {} micro-batches, {} replica(s)); set "
+              "dataloader_drop_last: true, or use a dataset whose last batch splits",
+              m, b + 1, plan.batches.size(), r, plan.batches[b].size(), samples,
+              args_.per_device_train_batch_size, m, replicas),
+          args_.source, 0, "dataloader_drop_last");
+    }
+  }
 }
 
 torch::Tensor TrainerBase::pipeline_predict(const torch::Tensor& inputs) {

@@ -245,7 +245,9 @@ struct SplitParameter {
 
 /// The split parameters of the tensor-parallel layers inside `model` (itself included), by their names in
 /// `model.named_parameters()`: ColumnParallelLinear's weight and bias (dimension 0), RowParallelLinear's
-/// weight (dimension 1), VocabParallelEmbedding's weight (dimension 0). Parameters not listed are the same on
+/// weight (dimension 1), VocabParallelEmbedding's weight (dimension 0); and of LoRA adapters on them
+/// (accel::peft): a ColumnParallelLinear's `lora_B.weight` (dimension 0), a RowParallelLinear's
+/// `lora_A.weight` (dimension 1). Parameters not listed are the same on
 /// every rank of the group (RowParallelLinear's bias, every other layer). The Accelerator uses it to gather
 /// whole weights for get_state_dict / save_model, slice them for load_model and count each element once in
 /// clip_grad_norm_.

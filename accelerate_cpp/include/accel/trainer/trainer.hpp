@@ -128,6 +128,9 @@ class TrainerBase {
   /// pipeline step under a pipeline (one loader batch is one optimizer step, as DeepSpeed's train_batch).
   std::size_t train_batch_rows() const;
   std::size_t eval_batch_rows() const;
+  /// Under a pipeline: a ConfigError before training when a batch of the epoch (of any replica) will not
+  /// split into the step's equal micro-batches (`samples` in the training data).
+  void check_pipeline_batches(std::size_t samples) const;
   /// Under a pipeline: one optimizer step's forward and backward over a batch (instead of micro_step).
   void pipeline_micro_steps(const torch::Tensor& inputs, const torch::Tensor& targets, std::int64_t rows,
                             std::int64_t tokens);
@@ -263,9 +266,10 @@ class Trainer : public detail::TrainerBase {
   /// `model` is cut into stages, each batch is an Example whose data enters the first stage and whose target
   /// reaches `loss(output, target)` on the last; per_device_train_batch_size is the micro-batch, a training
   /// batch holds the step's micro-batches (pipeline_config.micro_batches, or gradient_accumulation_steps).
-  /// Evaluation runs through the stages too: predictions are the last stage's outputs and labels the
-  /// targets, as Hugging Face's default; eval_step is refused. Not with gradient_checkpointing (wrap the
-  /// blocks in accel::Checkpointed when building the Sequential).
+  /// Evaluation runs through the stages too, in batches of per_device_eval_batch_size x micro-batches rows:
+  /// predictions are the last stage's outputs and labels the targets, as Hugging Face's default; eval_step
+  /// and set_optimizer are refused (the optimizer comes from the arguments). Not with gradient_checkpointing
+  /// (wrap the blocks in accel::Checkpointed when building the Sequential).
   Trainer(TrainingArguments args, torch::nn::Sequential& model, TrainDataset train, PipelineLoss loss,
           AcceleratorOptions options = {})
       : TrainerBase(std::move(args), std::move(options)), train_(std::move(train)) {
@@ -311,6 +315,7 @@ class Trainer : public detail::TrainerBase {
       eval_loader_ = acc.prepare_data_loader(
           *eval_, DataLoaderOptions(eval_batch_rows()).pin_memory(args().dataloader_pin_memory));
     }
+    check_pipeline_batches(train_loader_->dataset_size());
     begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
     auto evaluate_fn = [this] { return evaluate(); };
     while (!finished_epochs(train_loader_->epoch())) {
@@ -320,17 +325,17 @@ class Trainer : public detail::TrainerBase {
         // The epoch begins at its first batch: a run resumed after an epoch's last batch does not begin that
         // epoch again (HF resumes at the next epoch).
         if (batches++ == 0) epoch_begin();
-        const auto tokens = count_tokens_ ? count_tokens_(batch) : 0;
         if (pipelined()) {
           if constexpr (detail::is_tensor_example<Batch>) {
-            pipeline_micro_steps(batch.data, batch.target, detail::batch_rows(batch), tokens);
+            pipeline_micro_steps(batch.data, batch.target, detail::batch_rows(batch),
+                                 count_tokens_ ? count_tokens_(batch) : 0);
             window_end();
           }
         } else {
           auto window = acc.accumulate(model());
           model()->train();
           const torch::Tensor loss = compute_loss_(batch);
-          micro_step(loss, detail::batch_rows(batch), tokens);
+          micro_step(loss, detail::batch_rows(batch), count_tokens_ ? count_tokens_(batch) : 0);
           window_end();
         }
         if (after_step(evaluate_fn)) {
