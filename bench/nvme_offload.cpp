@@ -77,6 +77,7 @@ int main(int argc, char** argv) try {
   int steps = 6, warmup = 1, layers = 8, stage = 3;
   std::int64_t width = 2048, sub_group = 4000000;
   std::string nvme_path;
+  int params_too = 0;  // --param_nvme 1
   bench::Flags()
       .add("--steps", steps)
       .add("--warmup", warmup)
@@ -85,6 +86,7 @@ int main(int argc, char** argv) try {
       .add("--stage", stage)
       .add("--sub_group_size", sub_group)
       .add("--nvme_path", nvme_path)
+      .add("--param_nvme", params_too)
       .parse(argc, argv);
   const std::uint64_t baseline = status_bytes("VmRSS");
   accel::CpuMemoryCounter::install();  // LibTorch's own CPU allocations, beside the resident size
@@ -96,6 +98,10 @@ int main(int argc, char** argv) try {
   if (!nvme_path.empty()) {
     config.zero.offload_optimizer_device = accel::OffloadDevice::Nvme;
     config.zero.offload_optimizer_nvme_path = nvme_path;
+    if (params_too) {  // ZeRO-Infinity whole: the parameter shards on disk too (stage 3)
+      config.zero.offload_param_device = accel::OffloadDevice::Nvme;
+      config.zero.offload_param_nvme_path = nvme_path;
+    }
   }
   accel::Accelerator accelerator(accel::AcceleratorOptions().config(config));
   const int n = accelerator.num_processes();
@@ -145,7 +151,8 @@ int main(int argc, char** argv) try {
     const double state_per_rank = 2.0 * 4.0 * static_cast<double>(params) / n;  // Adam: two fp32 moments
     std::printf("model: %lld parameters (%d x Linear(%lld, %lld)), Adam, ZeRO-%d on %d rank(s), state %s\n",
                 static_cast<long long>(params), layers, static_cast<long long>(width),
-                static_cast<long long>(width), stage, n, nvme_path.empty() ? "in memory" : "on NVMe");
+                static_cast<long long>(width), stage, n,
+                nvme_path.empty() ? "in memory" : (params_too ? "and parameter shards on NVMe" : "on NVMe"));
     std::printf("step_seconds=%.3f\n", step_s);
     for (int r = 0; r < n; ++r) {
       std::printf(
@@ -156,8 +163,12 @@ int main(int argc, char** argv) try {
     std::printf("baseline_rss_bytes=%llu adam_state_bytes_per_rank=%.0f\n",
                 static_cast<unsigned long long>(baseline), state_per_rank);
     if (!nvme_path.empty()) {
-      // Every step reads and writes each rank's whole state once; the ranks share the disk.
-      const double bound = n * state_per_rank / read_bw + n * state_per_rank / write_bw;
+      // Every step reads and writes each rank's whole state once; the ranks share the disk. With the shards
+      // there too: each is read for the forward's and the backward's gathers and for the step, and written
+      // after the step.
+      const double shards = params_too ? 4.0 * static_cast<double>(params) / n : 0.0;
+      const double bound =
+          n * (state_per_rank + 3 * shards) / read_bw + n * (state_per_rank + shards) / write_bw;
       std::printf("disk_write_bytes_per_s=%.0f disk_read_bytes_per_s=%.0f io_bound_seconds_per_step=%.3f\n",
                   write_bw, read_bw, bound);
     }

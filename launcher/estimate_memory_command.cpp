@@ -18,9 +18,11 @@ namespace accel::launcher {
 namespace {
 
 std::string bytes_line(const MemoryReport& r) {
-  return fmt::format("parameters={} gradients={} optimizer_state={} total={}{}", r.parameters, r.gradients,
-                     r.optimizer_state, r.total(),
-                     r.nvme > 0 ? fmt::format(" nvme={}", r.nvme) : std::string());
+  return fmt::format(
+      "parameters={} gradients={} optimizer_state={} total={}{}", r.parameters, r.gradients,
+      r.optimizer_state, r.total(),
+      (r.nvme > 0 ? fmt::format(" nvme={}", r.nvme) : std::string()) +
+          (r.nvme_parameters > 0 ? fmt::format(" nvme_parameters={}", r.nvme_parameters) : std::string()));
 }
 
 // One line per stage, then the heaviest stage's report.
@@ -137,6 +139,18 @@ void setup_estimate_memory_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--nvme_buffer_count,--nvme-buffer-count", in->nvme_buffer_count,
                   "offload_optimizer.buffer_count: sub-group buffers in memory with nvme")
+      ->capture_default_str();
+  cmd->add_option("--offload_param,--offload-param", in->offload_param,
+                  "none | cpu | nvme (zero stage 3: the parameter shards in files, memory keeps "
+                  "--param_nvme_buffer_count of them)")
+      ->capture_default_str();
+  cmd->add_option("--param_nvme_buffer_count,--param-nvme-buffer-count", in->param_nvme_buffer_count,
+                  "offload_param.buffer_count: shard buffers in memory with nvme")
+      ->capture_default_str();
+  cmd->add_option(
+         "--largest_unit_parameters,--largest-unit-parameters", in->largest_unit_parameters,
+         "Elements of the model's largest ZeRO-3 unit (a module's own parameters; default: the largest "
+         "of --layer_parameters)")
       ->capture_default_str();
   cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
                   "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")

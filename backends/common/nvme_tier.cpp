@@ -303,10 +303,11 @@ void NvmeTier::check_space(const Group& g, std::size_t group) {
     if (index != group && !other.on_disk && !fs::exists(file_of(index), ec)) pending += other.bytes;
   }
   if (free < static_cast<std::uint64_t>(g.bytes)) {
-    throw CheckpointError(fmt::format(
-        "{}: NVMe offload needs {} more bytes ({}) under '{}' for the optimizer state of sub-group {}, but "
-        "only {} bytes are free there; free space or choose another nvme_path",
-        who_, g.bytes + pending, human(g.bytes + pending), options_.path, group, free));
+    throw CheckpointError(
+        fmt::format("{}: NVMe offload needs {} more bytes ({}) under '{}' for the {} of sub-group {}, but "
+                    "only {} bytes are free there; free space or choose another nvme_path",
+                    who_, g.bytes + pending, human(g.bytes + pending), options_.path,
+                    options_.parameters ? "parameter shard" : "optimizer state", group, free));
   }
 }
 
@@ -338,8 +339,9 @@ void NvmeTier::evict(std::size_t group, const std::vector<torch::Tensor>& tensor
   for (const auto& t : live) {
     if (!t.is_cpu() || !t.is_contiguous()) {
       throw UnsupportedOperation(
-          fmt::format("{}: NVMe offload swaps contiguous CPU optimizer state; a state tensor is {} {}", who_,
-                      t.device().str(), t.is_contiguous() ? "memory" : "and not contiguous"));
+          fmt::format("{}: NVMe offload swaps contiguous CPU tensors; a {} tensor is {} {}", who_,
+                      options_.parameters ? "parameter shard" : "optimizer state", t.device().str(),
+                      t.is_contiguous() ? "memory" : "and not contiguous"));
     }
     offsets.push_back(bytes);
     bytes += aligned(static_cast<std::int64_t>(t.nbytes()));
@@ -359,17 +361,10 @@ void NvmeTier::evict(std::size_t group, const std::vector<torch::Tensor>& tensor
     for (std::size_t i = 0; i < live.size(); ++i)
       std::memcpy(slab->data + offsets[i], live[i].data_ptr(), live[i].nbytes());
   }
-  for (const auto& t : live) {
-    release_storage(
-        t,
-        fmt::format("accelerate-cpp: this optimizer state lives on NVMe between steps "
-                    "(offload_optimizer_device: nvme, under '{}'); the optimizer's own step reads it back, "
-                    "and accelerator.save_state(dir) saves it whole; torch::save of the optimizer while "
-                    "the accelerator runs cannot",
-                    options_.path));
-  }
+  release_all(g);
   g.on_disk = true;
-  g.in_flight = slab;  // a load before the write ends takes the slab back without reading
+  g.file_current = true;  // once the write below ends; a load waits for it
+  g.in_flight = slab;     // a load before the write ends takes the slab back without reading
   g.job = submit([slab, path = file_of(group), direct = direct_, stats = stats_, who = who_]() {
     write_file(path, slab->data, slab->bytes, direct, who);
     stats->written += static_cast<std::uint64_t>(slab->bytes);
@@ -426,6 +421,44 @@ void NvmeTier::load(std::size_t group) {
   point_into(g, g.in_flight);
   // Keep the slab as in_flight: the next evict writes from it without a copy.
   g.on_disk = false;
+}
+
+void NvmeTier::release_all(const Group& g) const {
+  for (const auto& t : g.tensors) {
+    release_storage(
+        t,
+        options_.parameters
+            ? fmt::format("accelerate-cpp: this parameter shard lives on NVMe between uses "
+                          "(offload_param_device: nvme, under '{}'); the engine reads it back for each "
+                          "gather and for the optimizer's step, and accelerator.get_state_dict(model) or "
+                          "save_state gives the whole model",
+                          options_.path)
+            : fmt::format("accelerate-cpp: this optimizer state lives on NVMe between steps "
+                          "(offload_optimizer_device: nvme, under '{}'); the optimizer's own step reads it "
+                          "back, and accelerator.save_state(dir) saves it whole; torch::save of the "
+                          "optimizer while the accelerator runs cannot",
+                          options_.path));
+  }
+}
+
+void NvmeTier::drop(std::size_t group) {
+  const auto it = groups_.find(group);
+  if (it == groups_.end() || it->second.on_disk) return;
+  auto& g = it->second;
+  if (!g.file_current) {
+    const auto tensors = g.tensors;
+    evict(group, tensors);
+    return;
+  }
+  // The file has these values: free the memory (the slab the tensors point into) without writing.
+  release_all(g);
+  g.in_flight.reset();
+  g.on_disk = true;
+}
+
+void NvmeTier::mark_changed(std::size_t group) {
+  const auto it = groups_.find(group);
+  if (it != groups_.end()) it->second.file_current = false;
 }
 
 bool NvmeTier::evicted(std::size_t group) const {

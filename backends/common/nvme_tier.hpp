@@ -37,6 +37,9 @@ struct NvmeOptions {
   int buffer_count = 4;      ///< buffer_count: slabs alive at once (>= 2)
   bool read_ahead = true;    ///< pipeline_read: read the next sub-group while one is stepped
   bool write_behind = true;  ///< pipeline_write: write a sub-group while the next is stepped
+  /// What the files hold, for messages: the optimizer state (offload_optimizer), or the parameter shards
+  /// (offload_param: then `parameters` is true).
+  bool parameters = false;
 };
 
 /// The state tensors of one parameter's optimizer state (LibTorch's Adam, AdamW, SGD, RMSprop, Adagrad), in a
@@ -62,6 +65,12 @@ class NvmeTier {
   /// Gives `group`'s evicted tensors their values again (from a read-ahead, a write still in flight, or a
   /// read now). Nothing to do for a group that is not evicted.
   void load(std::size_t group);
+  /// Frees `group`'s memory again without writing, when its file holds its values (it was loaded from the
+  /// file, or written, and not marked changed since); otherwise evicts it (writes). Nothing to do for a group
+  /// that is evicted already.
+  void drop(std::size_t group);
+  /// `group`'s tensors were (or are about to be) changed in memory: its file is stale until the next evict.
+  void mark_changed(std::size_t group);
   /// Starts reading `group` (when it is evicted and read_ahead is on).
   void prefetch(std::size_t group);
   /// Whether `group`'s state is on disk (its tensors hold no memory).
@@ -85,6 +94,7 @@ class NvmeTier {
     std::vector<std::int64_t> offsets;   // byte offset of each in the slab and the file
     std::int64_t bytes = 0;              // aligned size of slab and file
     bool on_disk = false;                // tensors hold no memory; the file (or a pending write) has them
+    bool file_current = false;           // the file (or a pending write) holds the tensors' values
     std::shared_ptr<Slab> in_flight;     // a read ahead or a write behind of this group
     std::uint64_t job = 0;               // the I/O job of `in_flight`
   };
@@ -94,6 +104,7 @@ class NvmeTier {
   void wait(std::uint64_t job);
   void run();
   void point_into(Group& g, const std::shared_ptr<Slab>& slab);
+  void release_all(const Group& g) const;
   void check_space(const Group& g, std::size_t group);
   std::string file_of(std::size_t group) const;
   void keep_slabs_under_budget();

@@ -162,14 +162,7 @@ OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::st
   // "auto" is filled by Accelerate from its DeepSpeed plugin's offload_*_device, "none" unless the YAML sets
   // it (which it refuses next to a JSON file): utils/dataclasses.py, plugin_to_config_mapping and fill_match.
   if (lower(text) == "none" || is_auto(d)) return OffloadDevice::None;
-  if (lower(text) == "nvme") {
-    if (nvme_ok) return OffloadDevice::Nvme;
-    f.fail(path + ".device", "device",
-           fmt::format("{}.device: 'nvme' (DeepSpeed's NVMe offload of parameters) is not supported by "
-                       "accelerate-cpp: use \"cpu\" or \"none\" here; the optimizer state can go to NVMe "
-                       "(zero_optimization.offload_optimizer.device: \"nvme\")",
-                       path));
-  }
+  if (lower(text) == "nvme" && nvme_ok) return OffloadDevice::Nvme;
   f.fail(path + ".device", "device",
          fmt::format("{}.device: invalid value {}; allowed values: none, cpu{}", path, d.dump(),
                      nvme_ok ? ", nvme" : ""));
@@ -207,6 +200,37 @@ void read_offload_optimizer(const JsonFile& f, const Json& v, const std::string&
       boolean_value(f, v.at("pipeline_write"), p + ".pipeline_write", "pipeline_write");
   for (const char* key : {"pin_memory", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc"}) {
     if (v.contains(key)) no_effect.push_back(std::string("offload_optimizer.") + key);
+  }
+}
+
+// zero_optimization.offload_param: the device, and with nvme its files' directory and buffers (DeepSpeed's
+// default buffer_count: 5).
+void read_offload_param(const JsonFile& f, const Json& v, const std::string& p, ZeroConfig& z,
+                        std::vector<std::string>& no_effect) {
+  z.offload_param_device = offload_device(f, v, p, /*nvme_ok=*/true);
+  if (z.offload_param_device != OffloadDevice::Nvme) return;
+  const Json* path = v.contains("nvme_path") ? &v.at("nvme_path") : nullptr;
+  if (path == nullptr || !path->is_string() || path->get<std::string>().empty()) {
+    f.fail(p + ".nvme_path", "nvme_path",
+           fmt::format("{}.nvme_path: device \"nvme\" needs the directory for the parameter shards' files (a "
+                       "fast local disk), got {}",
+                       p, path == nullptr ? std::string("nothing") : path->dump()));
+  }
+  z.offload_param_nvme_path = path->get<std::string>();
+  z.offload_param_buffer_count = 5;
+  if (v.contains("buffer_count")) {
+    const auto n = count_or_auto(f, v.at("buffer_count"), p + ".buffer_count", "buffer_count");
+    if (n && (*n < 2 || *n > 1024)) {
+      f.fail(p + ".buffer_count", "buffer_count",
+             fmt::format("{}.buffer_count: expected 2 to 1024 shard buffers, got {}", p, *n));
+    }
+    if (n) z.offload_param_buffer_count = static_cast<int>(*n);
+  }
+  // buffer_size: DeepSpeed's swap buffers hold buffer_size elements each; here a buffer holds one unit's
+  // shard, whatever its size. max_in_cpu: shards kept in CPU memory besides; here every shard goes to its
+  // file between uses. pin_memory: page-locked buffers for a GPU's copies.
+  for (const char* key : {"buffer_size", "max_in_cpu", "pin_memory"}) {
+    if (v.contains(key)) no_effect.push_back(std::string("offload_param.") + key);
   }
 }
 
@@ -658,7 +682,7 @@ void read_zero_key(const JsonFile& f, const std::string& key, const Json& v, Zer
   } else if (key == "offload_optimizer") {
     read_offload_optimizer(f, v, p, z, notes.no_effect);
   } else if (key == "offload_param") {
-    z.offload_param_device = offload_device(f, v, p, /*nvme_ok=*/false);
+    read_offload_param(f, v, p, z, notes.no_effect);
   } else if (key == "overlap_comm") {
     z.overlap_comm = boolean_value(f, v, p, key);
   } else if (key == "sub_group_size") {

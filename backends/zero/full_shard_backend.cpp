@@ -83,6 +83,16 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       } catch (const std::exception&) {
       }
     }
+    if (param_tier_) {
+      try {
+        // The shards back in memory for good (the files go with the tier): the optimizer's parameters.
+        for (std::size_t fi = 0; fi < flats_.size(); ++fi)
+          param_tier_->load(fi);
+        stepping_.clear();
+      } catch (const std::exception&) {
+      }
+      param_tier_.reset();  // nothing goes out any more (the gather below must not drop the shards)
+    }
     // Leave the whole model behind for code after the accelerator (torch::save at the end of main): every
     // rank destroys its accelerator at the same point, so gathering is collective as usual. Not during
     // unwinding, where another rank may never arrive; the parameters then stay released (and throw on use).
@@ -139,6 +149,12 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     } else if (options_.nvme) {
       detail::make_optimizer_offload_check(optimizer, options_.name);
     }
+    if (options_.param_nvme && !param_tier_) {
+      param_tier_ = std::make_unique<detail::NvmeTier>(
+          *options_.param_nvme, fmt::format("{} rank {}", options_.name, comm_.rank()));
+      if (!param_tier_->notice().empty() && comm_.rank() == 0)
+        std::cerr << "[accelerate-cpp] " << param_tier_->notice() << std::endl;
+    }
     const auto n = comm_.world_size();
     if (slot_.empty()) slot_.assign(params_.size(), std::nullopt);
     const auto first_new_flat = flats_.size();
@@ -176,11 +192,13 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         }
         if (f.params.empty()) continue;
         f.shard = detail::shard_size(f.numel, n);
-        // NVMe offload: the shards stay in CPU memory, their optimizer state goes to the files.
+        // NVMe offload: the shards stay in CPU memory (or their own files), their optimizer state goes to the
+        // files.
         f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_,
-                                      options_.offload || options_.nvme.has_value());
+                                      options_.offload || options_.nvme.has_value() || param_tier_);
         if (nvme_) nvme_->add_group(flats_.size(), f.master, &optimizer);
-        trigger_.watch(f.master, nvme_ ? nvme_->tag(flats_.size()) : kUnitMasterTag);
+        // With either NVMe tier each shard has its own tag: the optimizer's step on it is seen per shard.
+        trigger_.watch(f.master, nvme_ || param_tier_ ? kNvmeTagBase + flats_.size() : kUnitMasterTag);
         masters.push_back(f.master);
         units_[u].flats.push_back(flats_.size());
         flats_.push_back(std::move(f));
@@ -198,6 +216,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
           flats_[fi].trainable += 1;
         }
       }
+      if (param_tier_) param_tier_->evict(fi, {flats_[fi].master});  // the shard to its file
     }
     trigger_.start();
   }
@@ -287,7 +306,11 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
 
   void sync_parameters() override {
     // Units gathered before the user's optimizer.step() hold old values; the step itself releases them (see
-    // on_operator_start), so there is nothing left to do here.
+    // on_operator_start). A step boundary: the shards the step changed go to their files.
+    if (param_tier_) {
+      std::lock_guard lock(mu_);
+      write_stepped({});
+    }
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
@@ -355,8 +378,15 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     gather_all();
     detail::load_module_state(*model_, state);
     torch::NoGradGuard no_grad;
-    for (auto& f : flats_) {
-      if (f.gathered.defined()) f.master.copy_(f.gathered.narrow(0, comm_.rank() * f.shard, f.shard));
+    for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
+      auto& f = flats_[fi];
+      if (!f.gathered.defined()) continue;
+      if (param_tier_) {
+        param_tier_->load(fi);
+        param_tier_->mark_changed(fi);
+      }
+      f.master.copy_(f.gathered.narrow(0, comm_.rank() * f.shard, f.shard));
+      if (param_tier_ && !is_stepping(fi)) param_tier_->evict(fi, {f.master});
     }
     release_all();
   }
@@ -370,6 +400,24 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     const bool nvme_tag = std::find_if(tags.begin(), tags.end(), [](std::size_t t) {
                             return t >= kNvmeTagBase && t != kUnitMasterTag;
                           }) != tags.end();
+    if (param_tier_) {
+      try {
+        std::lock_guard lock(mu_);
+        if (nvme_tag) {
+          step_shards(tags);
+        } else {
+          write_stepped({});
+        }
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format(
+                         "[accelerate-cpp] rank {}: {}: NVMe offload of the parameter shards failed: "
+                         "{}\n[accelerate-cpp] an error cannot leave LibTorch's operator callback: "
+                         "aborting this rank",
+                         comm_.rank(), options_.name, e.what())
+                  << std::endl;
+        std::abort();
+      }
+    }
     if (nvme_) {
       try {
         nvme_master = nvme_->on_operator(tags);
@@ -384,7 +432,8 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         std::abort();
       }
     }
-    if (nvme_master || std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) {
+    if (nvme_master || (param_tier_ && nvme_tag) ||
+        std::find(tags.begin(), tags.end(), kUnitMasterTag) != tags.end()) {
       // The user's optimizer.step() is updating the shards: units gathered before it hold old values.
       // (LibTorch's SGD writes through .data(), which version counters do not see; the storage is the same.)
       std::lock_guard lock(mu_);
@@ -499,10 +548,60 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         f.gathering = shards_.secondary->all_gather_async(f.gathered, f.secondary);
         continue;
       }
+      if (param_tier_) param_tier_->load(fi);  // read ahead by the unit gathered before, where it could
       auto input = f.master.device() == first.device() ? f.master : f.master.to(first.device());
       f.gathering = comm_.all_gather_async(f.gathered, input);
     }
     unit.gathering = true;
+    // The shards of the unit gathered after this one start coming in from their files.
+    if (param_tier_ && !secondary) {
+      if (const auto next = prefetch_target(u, backward)) {
+        for (auto fi : units_[*next].flats)
+          param_tier_->prefetch(fi);
+      }
+    }
+  }
+
+  // NVMe parameter offload: a unit's all-gather is done; its shards' memory goes (their files have them),
+  // except a shard the optimizer's step is changing.
+  void gathered(std::size_t fi) {
+    if (param_tier_ && !is_stepping(fi)) param_tier_->drop(fi);
+  }
+
+  bool is_stepping(std::size_t fi) const {
+    return std::find(stepping_.begin(), stepping_.end(), fi) != stepping_.end();
+  }
+
+  // NVMe parameter offload: an operator (the user's optimizer step) reads or writes the shards tagged in
+  // `tags`: they come in, marked changed, and the shards an earlier operator of the step changed go out to
+  // their files (one shard's step at a time, as the optimizer steps them).
+  void step_shards(const std::vector<std::size_t>& tags) {
+    std::vector<std::size_t> now;
+    for (auto t : tags) {
+      if (t < kNvmeTagBase || t == kUnitMasterTag) continue;
+      const auto fi = t - kNvmeTagBase;
+      if (fi < flats_.size()) now.push_back(fi);
+    }
+    if (now.empty()) return;
+    write_stepped(now);
+    for (auto fi : now) {
+      param_tier_->load(fi);
+      param_tier_->mark_changed(fi);
+      if (!is_stepping(fi)) stepping_.push_back(fi);
+    }
+  }
+
+  // Writes the shards the step changed, except `keep`, to their files and frees their memory.
+  void write_stepped(const std::vector<std::size_t>& keep) {
+    std::vector<std::size_t> kept;
+    for (auto fi : stepping_) {
+      if (std::find(keep.begin(), keep.end(), fi) != keep.end()) {
+        kept.push_back(fi);
+        continue;
+      }
+      param_tier_->evict(fi, {flats_[fi].master});
+    }
+    stepping_ = std::move(kept);
   }
 
   void materialise(std::size_t u, bool backward = false) {
@@ -514,6 +613,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       auto& f = flats_[fi];
       f.gathering->wait();
       f.gathering.reset();
+      gathered(fi);
       // The parameters' storages point into the gathered buffer, which they keep alive.
       for (std::size_t m = 0; m < f.params.size(); ++m)
         detail::point_storage_into(params_[f.params[m]], f.gathered, f.offset[m]);
@@ -538,7 +638,10 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     if (unit.gathering) {
       for (auto fi : unit.flats) {
         auto& f = flats_[fi];
-        if (f.gathering) f.gathering->wait();  // every rank started it: finish before dropping the buffer
+        if (f.gathering) {
+          f.gathering->wait();  // every rank started it: finish before dropping the buffer
+          gathered(fi);
+        }
         f.gathering.reset();
       }
       unit.gathering = false;
@@ -668,6 +771,8 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   std::optional<PendingReduce> pending_;
   detail::ParameterTrigger trigger_;
   std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
+  std::unique_ptr<detail::NvmeTier> param_tier_;         // offload_param_device: nvme: one group per flat
+  std::vector<std::size_t> stepping_;                    // flats the optimizer's step has changed in memory
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 

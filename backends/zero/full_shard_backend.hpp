@@ -39,6 +39,10 @@ struct FullShardOptions {
   bool offload = false;                     ///< shards (and so optimizer state) live in CPU memory
   /// Optimizer state on NVMe between steps (offload_optimizer_device: nvme; the shards stay in CPU memory).
   std::optional<detail::NvmeOptions> nvme;
+  /// Parameter shards on NVMe between uses (offload_param_device: nvme, ZeRO-Infinity): each unit's shard is
+  /// read for its all-gather (the next unit's read ahead) and for the optimizer's step, and written after the
+  /// step; a read for a gather frees its memory again without writing.
+  std::optional<detail::NvmeOptions> param_nvme;
   /// Reduce-scatter gradients on accumulation micro-steps too (DeepSpeed), instead of accumulating the
   /// unsharded gradient locally until the sync step (FSDP's no_sync).
   bool reduce_every_micro_step = false;

@@ -687,6 +687,13 @@ std::unique_ptr<Backend> make_zero_engine(const BackendContext& context) {
     o.offload =
         z.offload_param_device == OffloadDevice::Cpu || z.offload_optimizer_device == OffloadDevice::Cpu;
     o.nvme = nvme_options(z);
+    if (z.offload_param_device == OffloadDevice::Nvme) {
+      detail::NvmeOptions p;
+      p.path = z.offload_param_nvme_path;
+      p.buffer_count = z.offload_param_buffer_count;
+      p.parameters = true;
+      o.param_nvme = p;
+    }
     o.save_16bit = save_16bit(*context.config);
     o.hpz_size = z.hpz_partition_size;
     return make_full_shard_backend(context, o);

@@ -19,10 +19,12 @@ const ChoiceSet<OffloadDevice>& offload_choices() {
                                              {}};
   return kSet;
 }
-// Parameters stay in memory (CPU at most): nvme is DeepSpeed's, but not supported here for them.
+// Parameters (stage 3): CPU memory, or files on a fast local disk (ZeRO-Infinity).
 const ChoiceSet<OffloadDevice>& param_offload_choices() {
-  static const ChoiceSet<OffloadDevice> kSet{
-      {{"none", OffloadDevice::None, true}, {"cpu", OffloadDevice::Cpu, true}}, {"nvme"}};
+  static const ChoiceSet<OffloadDevice> kSet{{{"none", OffloadDevice::None, true},
+                                              {"cpu", OffloadDevice::Cpu, true},
+                                              {"nvme", OffloadDevice::Nvme, true}},
+                                             {}};
   return kSet;
 }
 
@@ -49,9 +51,20 @@ std::vector<KeyRow> zero_rows() {
       },
       [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
   rows.push_back(setting(
-      "offload_param_device", kZeroSection, "none | cpu (needs stage 3)",
+      "offload_param_device", kZeroSection,
+      "none | cpu | nvme (needs stage 3; nvme: each parameter shard in a file under offload_param_nvme_path, "
+      "read for each gather and step)",
       [](auto& c) -> auto& { return c.zero.offload_param_device; }, choice(param_offload_choices),
       write_enum<OffloadDevice>, "cpu"));
+  rows.push_back(setting(
+      "offload_param_nvme_path", kZeroSection,
+      "directory for the parameter shards' files (offload_param_device: nvme)",
+      [](auto& c) -> auto& { return c.zero.offload_param_nvme_path; },
+      [](const Reader& r, const Entry& e) {
+        const std::string v = r.string(e);
+        return lower(v) == "none" ? std::string() : v;
+      },
+      [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
   {
     KeyRow r;
     r.name = "gradient_accumulation_steps";
@@ -182,9 +195,9 @@ std::vector<KeyRow> zero_rows() {
 void settle_offload_param(Config& c, const std::string& key) {
   if (c.zero.stage == 3 || c.zero.offload_param_device == OffloadDevice::None) return;
   c.notices.push_back(
-      fmt::format("{} cpu has no effect at zero_stage {}: DeepSpeed offloads parameters in stage "
+      fmt::format("{} {} has no effect at zero_stage {}: DeepSpeed offloads parameters in stage "
                   "3 only and ignores it too; set zero_stage: 3 to offload them",
-                  key, c.zero.stage));
+                  key, to_string(c.zero.offload_param_device), c.zero.stage));
   c.zero.offload_param_device = OffloadDevice::None;
 }
 
@@ -271,12 +284,25 @@ void validate_zero(const Config& c, const FailKey& fail_key) {
     fail_key("deepspeed_config.zero_stage",
              fmt::format("deepspeed_config.zero_stage ({}) must be 0, 1, 2 or 3", z.stage));
   }
-  if (z.offload_param_device == OffloadDevice::Cpu && z.stage != 3 && c.backend == "zero") {
+  if (z.offload_param_device != OffloadDevice::None && z.stage != 3 && c.backend == "zero") {
+    fail_key(
+        "deepspeed_config.offload_param_device",
+        fmt::format("deepspeed_config.offload_param_device: {} needs zero_stage 3, but zero_stage is {}; set "
+                    "zero_stage: 3 or offload_param_device: none",
+                    to_string(z.offload_param_device), z.stage));
+  }
+  if (z.offload_param_device == OffloadDevice::Nvme && z.offload_param_nvme_path.empty()) {
     fail_key("deepspeed_config.offload_param_device",
-             fmt::format(
-                 "deepspeed_config.offload_param_device: cpu needs zero_stage 3, but zero_stage is {}; set "
-                 "zero_stage: 3 or offload_param_device: none",
-                 z.stage));
+             "deepspeed_config.offload_param_device: nvme needs offload_param_nvme_path (in a DeepSpeed JSON "
+             "file: offload_param.nvme_path), a directory on a fast local disk for the parameter shards' "
+             "files");
+  }
+  if (z.offload_param_buffer_count < 2) {
+    fail_key(
+        "deepspeed_config.offload_param_device",
+        fmt::format("offload_param.buffer_count ({}) must be at least 2: the shard being used and the one "
+                    "read ahead",
+                    z.offload_param_buffer_count));
   }
   if (z.hpz_partition_size > 1 && z.stage != 3 && c.backend == "zero") {
     fail_key("deepspeed_config.zero_hpz_partition_size",
@@ -368,9 +394,6 @@ void ask_zero(Questions& q, Config& config) {
                                               {"2", "shard optimizer state and gradients"},
                                               {"3", "shard optimizer state, gradients and parameters"}},
                                              2));
-  const std::vector<QuestionChoice> devices = {{"none", "keep it on the training device"},
-                                               {"cpu", "CPU memory"}};
-  const std::vector<OffloadDevice> device_kinds = {OffloadDevice::None, OffloadDevice::Cpu};
   if (zero.stage >= 1) {
     const std::vector<QuestionChoice> optimizer_devices = {
         {"none", "keep it on the training device"},
@@ -386,8 +409,18 @@ void ask_zero(Questions& q, Config& config) {
     }
   }
   if (zero.stage == 3) {
+    const std::vector<QuestionChoice> param_devices = {
+        {"none", "keep them on the training device"},
+        {"cpu", "CPU memory"},
+        {"nvme", "files on a fast local disk (ZeRO-Infinity), for a model larger than memory"}};
+    const std::vector<OffloadDevice> param_kinds = {OffloadDevice::None, OffloadDevice::Cpu,
+                                                    OffloadDevice::Nvme};
     zero.offload_param_device =
-        device_kinds[q.ask_choice("Where should the parameters be offloaded?", devices, 0)];
+        param_kinds[q.ask_choice("Where should the parameters be offloaded?", param_devices, 0)];
+    if (zero.offload_param_device == OffloadDevice::Nvme) {
+      zero.offload_param_nvme_path = q.ask_text(
+          "Which directory should hold the parameter shards' files (a fast local disk)?", "/local_nvme");
+    }
   }
   zero.activation_checkpointing = q.ask_bool("Do you want to use activation checkpointing?", false);
 }
@@ -437,9 +470,6 @@ BackendPart zero_config_part() {
   noticed("deepspeed_moe_layer_cls_names", AsksNothingWhen::Empty, "",
           "ZeRO-3 gathers the named MoE blocks whole (DeepSpeed's set_z3_leaf_modules)",
           "ignored: it decides how ZeRO-3 gathers those blocks, not what is computed");
-  noticed("offload_param_nvme_path", AsksNothingWhen::Value, "none", "where NVMe offload keeps parameters",
-          "ignored: used only with offload_param_device: nvme, which accelerate-cpp refuses (NVMe offload "
-          "covers the optimizer state: offload_optimizer_device: nvme)");
   noticed("seq_parallel_communication_data_type", AsksNothingWhen::Empty, "",
           "a DeepSpeed JSON key (the dtype of Ulysses sequence parallelism's all-to-alls) that Accelerate's "
           "launcher does not read from the YAML either",

@@ -666,7 +666,7 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
   CHECK(bad_file_message("deepspeed_unknown_key.yaml") ==
         "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
         "deepspeed_config: zero_stage, offload_optimizer_device, offload_optimizer_nvme_path, "
-        "offload_param_device, "
+        "offload_param_device, offload_param_nvme_path, "
         "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
         "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, zero_hpz_partition_size, "
         "stage3_prefetch_bucket_size, "
@@ -898,11 +898,41 @@ TEST_CASE("config: NVMe offload of the optimizer state, from the YAML and from a
   for (const auto& n : json.notices)
     notices += n + "\n";
   CHECK_THAT(notices, Catch::Contains("offload_optimizer.pin_memory"));
-  // Parameters stay in memory: refused with the way on.
+}
+
+TEST_CASE("config: NVMe offload of the parameters (stage 3), from the YAML and from a DeepSpeed JSON file",
+          "[config]") {
+  const auto yaml = accel::Config::load_string(
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+      "  offload_param_device: nvme\n  offload_param_nvme_path: /local_nvme\n");
+  CHECK(yaml.zero.offload_param_device == accel::OffloadDevice::Nvme);
+  CHECK(yaml.zero.offload_param_nvme_path == "/local_nvme");
+  CHECK(yaml.zero.offload_param_buffer_count == 5);
+  CHECK(accel::Config::load_string(yaml.to_yaml()) == yaml);
+  // Without the directory, or below stage 3: an error naming the key and the way on.
   CHECK_THROWS_WITH(
       accel::Config::load_string("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"
                                  "  offload_param_device: nvme\n"),
-      Catch::Contains("offload_param_device: 'nvme' is not supported"));
+      Catch::Contains("offload_param_device: nvme needs offload_param_nvme_path"));
+  DeepSpeedFiles files;
+  const auto path = files.write("param_nvme.json",
+                                "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
+                                "\"nvme\", \"nvme_path\": \"/local_nvme\", \"buffer_count\": 3, "
+                                "\"buffer_size\": 1e8, \"max_in_cpu\": 1e9}}}");
+  const auto json = accel::Config::load_file(files.yaml(path));
+  CHECK(json.zero.offload_param_device == accel::OffloadDevice::Nvme);
+  CHECK(json.zero.offload_param_nvme_path == "/local_nvme");
+  CHECK(json.zero.offload_param_buffer_count == 3);
+  std::string notices;
+  for (const auto& n : json.notices)
+    notices += n + "\n";
+  CHECK_THAT(notices,
+             Catch::Contains("offload_param.buffer_size") && Catch::Contains("offload_param.max_in_cpu"));
+  const auto no_path = files.write("param_nvme_no_path.json",
+                                   "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
+                                   "\"nvme\"}}}");
+  CHECK_THROWS_WITH(accel::Config::load_file(files.yaml(no_path)),
+                    Catch::Contains("offload_param.nvme_path: device \"nvme\" needs the directory"));
 }
 
 TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and unknown keys", "[config]") {
@@ -1323,7 +1353,7 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(error_of("{\"zero_optimization\": {\"offload_param\": {\"devic\": \"cpu\"}}}"),
              Catch::Contains("(did you mean 'device'?)"));
   CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}"),
-             Catch::Contains("'nvme' (DeepSpeed's NVMe offload of parameters) is not supported"));
+             Catch::Contains("offload_param.nvme_path: device \"nvme\" needs the directory"));
   CHECK_THAT(
       error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}"),
       Catch::Contains("offload_optimizer.nvme_path: device \"nvme\" needs the directory"));
@@ -1402,6 +1432,28 @@ TEST_CASE("estimate_memory: NVMe offload moves the optimizer state to disk but i
   in.zero_stage = 0;
   CHECK_THROWS_WITH(accel::estimate_memory(in),
                     Catch::Contains("needs --backend zero with --zero_stage 1, 2 or 3"));
+}
+
+TEST_CASE("estimate_memory: NVMe offload of the parameters keeps a few unit shards in memory", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 100663296;
+  in.num_processes = 2;
+  in.backend = "zero";
+  in.zero_stage = 3;
+  const auto memory = accel::estimate_memory(in);
+  in.offload_param = "nvme";
+  in.param_nvme_buffer_count = 3;
+  in.largest_unit_parameters = 4194304;  // one Linear(2048, 2048)
+  const auto nvme = accel::estimate_memory(in);
+  CHECK(nvme.nvme_parameters == memory.parameters);    // this rank's shards, on disk
+  CHECK(nvme.parameters == 3ULL * 4 * (4194304 / 2));  // 3 buffers of one unit's shard
+  CHECK(nvme.gradients == memory.gradients);
+  CHECK(nvme.optimizer_state == memory.optimizer_state);
+  in.largest_unit_parameters = 0;  // unknown: counted whole
+  CHECK(accel::estimate_memory(in).parameters == memory.parameters);
+  in.zero_stage = 2;
+  CHECK_THROWS_WITH(accel::estimate_memory(in),
+                    Catch::Contains("offload_param nvme needs --backend zero with --zero_stage 3"));
 }
 
 TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {

@@ -44,8 +44,17 @@ bool nvme_variant() {
          backend_variant.compare(backend_variant.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// ZeRO-Infinity's parameter offload (offload_param_device: nvme): alone, or with the optimizer state on NVMe.
+bool params_on_nvme() {
+  return backend_variant == "zero3_params_nvme" || backend_variant == "zero3_infinity_nvme";
+}
+bool optimizer_on_nvme() {
+  return nvme_variant() && backend_variant != "zero3_params_nvme";
+}
+
 std::string base_variant() {
   if (backend_variant == "zero3_hpz") return "zero3";  // ZeRO++ hpZ on top of stage 3
+  if (params_on_nvme()) return "zero3";
   return nvme_variant() ? backend_variant.substr(0, backend_variant.size() - 5) : backend_variant;
 }
 
@@ -71,12 +80,18 @@ accel::Config cpu_config(accel::MixedPrecision mp, int accumulation) {
     c.backend = "zero";
     c.zero.stage = variant[4] - '0';
     c.zero.overlap_comm = variant != "zero2_no_overlap";
-    if (nvme_variant()) {
+    if (optimizer_on_nvme()) {
       // ZeRO-Infinity: every sub-group's optimizer state in a file between steps (the files under this
       // process's own directory there, removed at exit); few buffers, so that most of it is out at any time.
       c.zero.offload_optimizer_device = OffloadDevice::Nvme;
       c.zero.offload_optimizer_nvme_path = std::filesystem::temp_directory_path().string();
       c.zero.offload_optimizer_buffer_count = 2;
+    }
+    if (params_on_nvme()) {
+      // And each unit's parameter shard in a file between its uses (gathers and the optimizer's step).
+      c.zero.offload_param_device = OffloadDevice::Nvme;
+      c.zero.offload_param_nvme_path = std::filesystem::temp_directory_path().string();
+      c.zero.offload_param_buffer_count = 2;
     }
     // Several buckets and optimizer sub-groups (each its own flat buffer, master slice and all-gather) even
     // for the small test model; the `peak` scenario's model (8.4 MB) gets ~30 of each. reduce_bucket_size
@@ -1220,10 +1235,12 @@ void checkpoint() {
     CHECK_MSG(torch::equal(full[k], resumed[k]), "resume differs");
 }
 
-// ZeRO-Infinity (offload_optimizer_device: nvme) on the *_nvme rows: the run equals, bit for bit, the same
-// stage and ranks with the state in memory (weights every step, and the optimizer state at the end); between
-// steps no optimizer state tensor holds memory and this process's swap directory holds the files; when the
-// accelerator ends, the files are gone and an optimizer that outlives it holds its state in memory again.
+// ZeRO-Infinity (offload_optimizer_device: nvme; on zero3_params_nvme offload_param_device: nvme instead, on
+// zero3_infinity_nvme both) on the *_nvme rows: the run equals, bit for bit, the same stage and ranks with
+// everything in memory (weights every step, and the optimizer state and parameter shards at the end); between
+// steps no offloaded tensor holds memory and this process's swap directory holds one file per sub-group and
+// shard; when the accelerator ends, the files are gone and an optimizer that outlives it holds its state and
+// parameters in memory again.
 std::filesystem::path nvme_swap_dir() {
   std::filesystem::path found;
   const std::string suffix = "_" + std::to_string(::getpid());
@@ -1249,7 +1266,10 @@ void nvme() {
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
     {
       Config c = cpu_config();
-      if (!offload) c.zero.offload_optimizer_device = OffloadDevice::None;
+      if (!offload) {
+        c.zero.offload_optimizer_device = OffloadDevice::None;
+        c.zero.offload_param_device = OffloadDevice::None;
+      }
       Accelerator acc(AcceleratorOptions().config(c));
       acc.set_seed(5);
       acc.prepare(model, opt);
@@ -1271,14 +1291,29 @@ void nvme() {
               held += t.storage().nbytes();
             }
           }
-          CHECK_MSG(tensors > 2 && held == 0,
-                    held << " bytes of " << tensors << " optimizer state tensors in memory between steps");
+          std::size_t shards = 0, shard_bytes = 0;  // the optimizer's parameters: the engine's shards
+          for (const auto& group : opt.param_groups()) {
+            for (const auto& p : group.params()) {
+              ++shards;
+              shard_bytes += p.storage().nbytes();
+            }
+          }
+          if (optimizer_on_nvme()) {
+            CHECK_MSG(tensors > 2 && held == 0,
+                      held << " bytes of " << tensors << " optimizer state tensors in memory between steps");
+          }
+          if (params_on_nvme()) {
+            CHECK_MSG(shards > 1 && shard_bytes == 0,
+                      shard_bytes << " bytes of " << shards << " parameter shards in memory between steps");
+          }
+          const std::size_t want_files =
+              (optimizer_on_nvme() ? tensors / 2 : 0) + (params_on_nvme() ? shards : 0);
           // The last sub-group's file is written behind the step by the tier's I/O thread (its memory is
           // released once the write is queued): wait for it, bounded, rather than race it (a CI run here saw
           // 1 of 2 files at this point).
           const auto dir = nvme_swap_dir();
           std::size_t files = 0;
-          for (int attempt = 0; attempt < 300 && files != tensors / 2; ++attempt) {
+          for (int attempt = 0; attempt < 300 && files != want_files; ++attempt) {
             if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
             files = 0;
             if (!dir.empty()) {
@@ -1286,9 +1321,8 @@ void nvme() {
                 files += f.is_regular_file() ? 1 : 0;
             }
           }
-          CHECK_MSG(files == tensors / 2, "swap directory '" << dir.string() << "' holds " << files
-                                                             << " files for " << tensors / 2
-                                                             << " sub-groups");
+          CHECK_MSG(files == want_files, "swap directory '" << dir.string() << "' holds " << files
+                                                            << " files, want " << want_files);
         }
       }
     }
@@ -1300,6 +1334,7 @@ void nvme() {
         const auto& a = static_cast<const torch::optim::AdamWParamState&>(*it->second);
         out.state.push_back(a.exp_avg().clone());  // throws if it was left on disk
         out.state.push_back(a.exp_avg_sq().clone());
+        out.state.push_back(p.detach().clone());  // the shard, in memory again (throws if left on disk)
       }
     }
     return out;

@@ -63,8 +63,11 @@ std::string MemoryReport::to_string() const {
   return fmt::format(
       "parameters: {:.3f} MiB\ngradients: {:.3f} MiB\noptimizer state: {:.3f} MiB\ntotal: {:.3f} MiB{}",
       mib(parameters), mib(gradients), mib(optimizer_state), mib(total()),
-      nvme > 0 ? fmt::format("\noptimizer state on NVMe (files, not memory): {:.3f} MiB", mib(nvme))
-               : std::string());
+      (nvme > 0 ? fmt::format("\noptimizer state on NVMe (files, not memory): {:.3f} MiB", mib(nvme))
+                : std::string()) +
+          (nvme_parameters > 0 ? fmt::format("\nparameter shards on NVMe (files, not memory): {:.3f} MiB",
+                                             mib(nvme_parameters))
+                               : std::string()));
 }
 
 namespace {
@@ -285,6 +288,27 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   } else if (in.offload_optimizer != "none" && in.offload_optimizer != "cpu") {
     throw field_error("offload_optimizer", fmt::format("offload_optimizer '{}' is not one of none, cpu, nvme",
                                                        in.offload_optimizer));
+  }
+  if (in.offload_param == "nvme") {
+    if (in.backend != "zero" || in.zero_stage != 3)
+      throw field_error("offload_param", "offload_param nvme needs --backend zero with --zero_stage 3");
+    if (in.param_nvme_buffer_count < 2)
+      throw field_error("param_nvme_buffer_count", "param_nvme_buffer_count must be at least 2");
+    // The shards move to the files; memory keeps a few of them (the unit gathered, the next read ahead, the
+    // step's writes behind), each at most the largest unit's shard: from --largest_unit_parameters, else
+    // the largest of --layer_parameters, else unknown (then counted whole, an upper bound).
+    std::uint64_t unit = in.largest_unit_parameters;
+    for (const auto l : in.layer_parameters)
+      if (in.largest_unit_parameters == 0) unit = std::max(unit, l);
+    const std::uint64_t shards = r.parameters - frozen_bytes(in);
+    const auto n = static_cast<std::uint64_t>(in.num_processes);
+    const std::uint64_t buffers =
+        unit > 0 ? static_cast<std::uint64_t>(in.param_nvme_buffer_count) * ((unit + n - 1) / n) * 4 : shards;
+    r.nvme_parameters = shards;
+    r.parameters -= shards - std::min(shards, buffers);
+  } else if (in.offload_param != "none" && in.offload_param != "cpu") {
+    throw field_error("offload_param",
+                      fmt::format("offload_param '{}' is not one of none, cpu, nvme", in.offload_param));
   }
   return r;
 }

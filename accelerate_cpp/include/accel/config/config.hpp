@@ -161,8 +161,14 @@ struct ZeroConfig {
   /// true (DeepSpeed's to false: a JSON file that leaves them out gets DeepSpeed's synchronous swapping).
   bool offload_optimizer_pipeline_read = true;
   bool offload_optimizer_pipeline_write = true;
-  /// `offload_param_device`: `none` or `cpu` (needs stage 3).
+  /// `offload_param_device`: `none`, `cpu` or `nvme` (needs stage 3). With `nvme` each rank's parameter
+  /// shards live in files under `offload_param_nvme_path`, read for each unit's all-gather and for the
+  /// optimizer's step (ZeRO-Infinity).
   OffloadDevice offload_param_device = OffloadDevice::None;
+  /// `offload_param_nvme_path`: the directory for the parameter shards' files (a fast local disk).
+  std::string offload_param_nvme_path;
+  /// DeepSpeed JSON `offload_param.buffer_count`: shard buffers alive at once (at least 2).
+  int offload_param_buffer_count = 5;
   /// `gradient_clipping`: max global gradient norm; 0 disables clipping.
   double gradient_clipping = 0.0;
   /// `zero3_init_flag`: construct parameters already partitioned (stage 3).

@@ -18,6 +18,9 @@ struct MemoryReport {
   /// Optimizer state kept in NVMe offload's files (offload_optimizer_device: nvme), not in memory; not part
   /// of total().
   std::uint64_t nvme = 0;
+  /// Parameter shards kept in NVMe offload's files (offload_param_device: nvme), not in memory; not part of
+  /// total().
+  std::uint64_t nvme_parameters = 0;
   std::uint64_t total() const noexcept { return parameters + gradients + optimizer_state; }
   /// One line per category, human-readable ("parameters: 12.3 MiB ...").
   std::string to_string() const;
@@ -77,6 +80,11 @@ struct MemoryEstimateInput {
   std::string offload_optimizer = "none";
   std::uint64_t sub_group_size = 4000000;  ///< elements per optimizer sub-group (deepspeed_config)
   int nvme_buffer_count = 4;               ///< offload_optimizer.buffer_count
+  /// Where stage 3 keeps the parameter shards: none (or cpu) | nvme (in files; memory holds
+  /// `param_nvme_buffer_count` of them, each the largest unit's shard).
+  std::string offload_param = "none";
+  int param_nvme_buffer_count = 5;            ///< offload_param.buffer_count
+  std::uint64_t largest_unit_parameters = 0;  ///< elements of the largest unit (0: the largest layer)
 };
 
 /// One pipeline stage's share of training memory, per rank of that stage (estimate_pipeline_memory).
