@@ -66,7 +66,7 @@ int open_file(const std::string& path, int flags, bool direct, const std::string
 // The whole of [data, data + n) to or from the file at offset 0; a short transfer is an error naming the
 // file.
 void write_file(const std::string& path, const std::uint8_t* data, std::int64_t n, bool direct,
-                const std::string& who) {
+                const char* what, const std::string& who) {
   const int fd = open_file(path, O_WRONLY | O_CREAT, direct, who);
   std::int64_t done = 0;
   while (done < n) {
@@ -75,18 +75,17 @@ void write_file(const std::string& path, const std::uint8_t* data, std::int64_t 
     if (w <= 0) {
       const int error = w < 0 ? errno : ENOSPC;
       ::close(fd);
-      throw std::runtime_error(
-          fmt::format("{}: NVMe offload: writing {} bytes of optimizer state to '{}' failed after {} bytes: "
-                      "{}; free space "
-                      "there or choose another nvme_path",
-                      who, n, path, done, std::strerror(error)));
+      throw std::runtime_error(fmt::format(
+          "{}: NVMe offload: writing {} bytes of {} to '{}' failed after {} bytes: {}; free space "
+          "there or choose another nvme_path",
+          who, n, what, path, done, std::strerror(error)));
     }
     done += w;
   }
   ::close(fd);
 }
 
-void read_file(const std::string& path, std::uint8_t* data, std::int64_t n, bool direct,
+void read_file(const std::string& path, std::uint8_t* data, std::int64_t n, bool direct, const char* what,
                const std::string& who) {
   const int fd = open_file(path, O_RDONLY, direct, who);
   std::int64_t done = 0;
@@ -97,9 +96,9 @@ void read_file(const std::string& path, std::uint8_t* data, std::int64_t n, bool
       const std::string why =
           r < 0 ? std::strerror(errno) : "the file is shorter (was it truncated or removed?)";
       ::close(fd);
-      throw std::runtime_error(fmt::format(
-          "{}: NVMe offload: reading {} bytes of optimizer state from '{}' failed after {} bytes: {}", who, n,
-          path, done, why));
+      throw std::runtime_error(
+          fmt::format("{}: NVMe offload: reading {} bytes of {} from '{}' failed after {} bytes: {}", who, n,
+                      what, path, done, why));
     }
     done += r;
   }
@@ -169,9 +168,10 @@ NvmeTier::NvmeTier(NvmeOptions options, std::string who)
   if (ec || !fs::is_directory(root)) {
     throw ConfigError(fmt::format(
         "{}: cannot use nvme_path '{}' for NVMe offload: {}; give a directory on a local disk this "
-        "process can write (offload_optimizer_nvme_path, or offload_optimizer.nvme_path in a DeepSpeed JSON "
-        "file)",
-        who_, options_.path, ec ? ec.message() : "not a directory"));
+        "process can write ({}_nvme_path, or {}.nvme_path in a DeepSpeed JSON file)",
+        who_, options_.path, ec ? ec.message() : "not a directory",
+        options_.parameters ? "offload_param" : "offload_optimizer",
+        options_.parameters ? "offload_param" : "offload_optimizer"));
   }
   // Directories of processes of this host that no longer run: a killed run's swap files, never read again.
   const std::string host = host_name();
@@ -365,10 +365,20 @@ void NvmeTier::evict(std::size_t group, const std::vector<torch::Tensor>& tensor
   g.on_disk = true;
   g.file_current = true;  // once the write below ends; a load waits for it
   g.in_flight = slab;     // a load before the write ends takes the slab back without reading
-  g.job = submit([slab, path = file_of(group), direct = direct_, stats = stats_, who = who_]() {
-    write_file(path, slab->data, slab->bytes, direct, who);
-    stats->written += static_cast<std::uint64_t>(slab->bytes);
-  });
+  // A failed write leaves the file stale: drop() must then write again rather than trust it (the error itself
+  // reaches whoever waits next, which may be another group's wait).
+  g.write_failed = std::make_shared<std::atomic<bool>>(false);
+  g.job =
+      submit([slab, path = file_of(group), direct = direct_, stats = stats_, who = who_,
+              what = options_.parameters ? "parameter shard" : "optimizer state", failed = g.write_failed]() {
+        try {
+          write_file(path, slab->data, slab->bytes, direct, what, who);
+        } catch (...) {
+          *failed = true;
+          throw;
+        }
+        stats->written += static_cast<std::uint64_t>(slab->bytes);
+      });
   writing_.push_back(group);
   if (!options_.write_behind) {
     wait(g.job);
@@ -397,8 +407,9 @@ void NvmeTier::prefetch(std::size_t group) {
   auto& g = it->second;
   auto slab = make_slab(g.bytes);
   g.in_flight = slab;
-  g.job = submit([slab, path = file_of(group), direct = direct_, stats = stats_, who = who_]() {
-    read_file(path, slab->data, slab->bytes, direct, who);
+  g.job = submit([slab, path = file_of(group), direct = direct_, stats = stats_, who = who_,
+                  what = options_.parameters ? "parameter shard" : "optimizer state"]() {
+    read_file(path, slab->data, slab->bytes, direct, what, who);
     stats->read += static_cast<std::uint64_t>(slab->bytes);
   });
 }
@@ -445,7 +456,7 @@ void NvmeTier::drop(std::size_t group) {
   const auto it = groups_.find(group);
   if (it == groups_.end() || it->second.on_disk) return;
   auto& g = it->second;
-  if (!g.file_current) {
+  if (!g.file_current || (g.write_failed && g.write_failed->load())) {
     const auto tensors = g.tensors;
     evict(group, tensors);
     return;

@@ -95,8 +95,9 @@ class NvmeTier {
     std::int64_t bytes = 0;              // aligned size of slab and file
     bool on_disk = false;                // tensors hold no memory; the file (or a pending write) has them
     bool file_current = false;           // the file (or a pending write) holds the tensors' values
-    std::shared_ptr<Slab> in_flight;     // a read ahead or a write behind of this group
-    std::uint64_t job = 0;               // the I/O job of `in_flight`
+    std::shared_ptr<std::atomic<bool>> write_failed;  // the last write's failure (its file is then stale)
+    std::shared_ptr<Slab> in_flight;                  // a read ahead or a write behind of this group
+    std::uint64_t job = 0;                            // the I/O job of `in_flight`
   };
 
   std::shared_ptr<Slab> make_slab(std::int64_t bytes);

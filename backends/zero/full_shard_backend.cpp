@@ -440,7 +440,10 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       release_all();
       return;
     }
-    if (nvme_tag) return;  // the offloaded state read outside a step (save_state holds it in memory)
+    // The offloaded state read outside a step (save_state holds it in memory). With the shards on NVMe too,
+    // such reads share the shards' tags and went through step_shards above: their shards were read and are
+    // written again at the next boundary (correct, one extra read and write of them per save_state).
+    if (nvme_tag) return;
     touch(tags);
   }
 
@@ -583,6 +586,17 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       if (fi < flats_.size()) now.push_back(fi);
     }
     if (now.empty()) return;
+    if (now.size() > 1 && !warned_multi_shard_) {
+      warned_multi_shard_ = true;
+      std::cerr
+          << fmt::format(
+                 "[accelerate-cpp] {} rank {}: the optimizer updates {} parameter shards in one call (a "
+                 "fused multi-tensor step), so with offload_param_device: nvme they are all in memory "
+                 "during optimizer.step(); LibTorch's torch::optim::AdamW/Adam step one tensor at a time "
+                 "and keep one shard in memory",
+                 options_.name, comm_.rank(), now.size())
+          << std::endl;
+    }
     write_stepped(now);
     for (auto fi : now) {
       param_tier_->load(fi);
@@ -773,6 +787,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
   std::unique_ptr<detail::NvmeTier> param_tier_;         // offload_param_device: nvme: one group per flat
   std::vector<std::size_t> stepping_;                    // flats the optimizer's step has changed in memory
+  bool warned_multi_shard_ = false;
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 

@@ -931,8 +931,19 @@ TEST_CASE("config: NVMe offload of the parameters (stage 3), from the YAML and f
   const auto no_path = files.write("param_nvme_no_path.json",
                                    "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
                                    "\"nvme\"}}}");
-  CHECK_THROWS_WITH(accel::Config::load_file(files.yaml(no_path)),
-                    Catch::Contains("offload_param.nvme_path: device \"nvme\" needs the directory"));
+  CHECK_THROWS_WITH(
+      accel::Config::load_file(files.yaml(no_path)),
+      Catch::Contains("needs offload_param_nvme_path (in a DeepSpeed JSON file: offload_param.nvme_path)"));
+  // Below stage 3 DeepSpeed ignores offload_param: a notice, not an error, even without a path.
+  const auto stage2 = files.write("param_nvme_stage2.json",
+                                  "{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": "
+                                  "\"nvme\"}}}");
+  const auto two = accel::Config::load_file(files.yaml(stage2));
+  CHECK(two.zero.offload_param_device == accel::OffloadDevice::None);
+  std::string two_notices;
+  for (const auto& n : two.notices)
+    two_notices += n + "\n";
+  CHECK_THAT(two_notices, Catch::Contains("nvme has no effect at zero_stage 2"));
 }
 
 TEST_CASE("config: a DeepSpeed JSON file with ZeRO-3 offload, batch sizes and unknown keys", "[config]") {
@@ -1353,7 +1364,7 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
   CHECK_THAT(error_of("{\"zero_optimization\": {\"offload_param\": {\"devic\": \"cpu\"}}}"),
              Catch::Contains("(did you mean 'device'?)"));
   CHECK_THAT(error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}"),
-             Catch::Contains("offload_param.nvme_path: device \"nvme\" needs the directory"));
+             Catch::Contains("offload_param_device: nvme needs offload_param_nvme_path"));
   CHECK_THAT(
       error_of("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}"),
       Catch::Contains("offload_optimizer.nvme_path: device \"nvme\" needs the directory"));

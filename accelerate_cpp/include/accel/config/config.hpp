@@ -167,7 +167,9 @@ struct ZeroConfig {
   OffloadDevice offload_param_device = OffloadDevice::None;
   /// `offload_param_nvme_path`: the directory for the parameter shards' files (a fast local disk).
   std::string offload_param_nvme_path;
-  /// DeepSpeed JSON `offload_param.buffer_count`: shard buffers alive at once (at least 2).
+  /// DeepSpeed JSON `offload_param.buffer_count`: how many shard writes may be in flight behind the step,
+  /// plus the shard in use and the one read ahead (at least 2); shards a fused multi-tensor step uses at once
+  /// are all in memory during it.
   int offload_param_buffer_count = 5;
   /// `gradient_clipping`: max global gradient norm; 0 disables clipping.
   double gradient_clipping = 0.0;
