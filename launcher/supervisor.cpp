@@ -153,6 +153,14 @@ pid_t g_watched_groups[kMaxWatchedGroups];  // the watchdog's copy (written in t
   unsigned char bytes[sizeof(pid_t)];
   std::size_t have = 0;
   for (;;) {
+    // Every second without news, the groups that emptied are forgotten (their numbers may be reused).
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      count = prune_empty_groups(g_watched_groups, count);
+      continue;
+    }
     const ssize_t n = ::read(fd, bytes + have, sizeof(bytes) - have);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -253,7 +261,8 @@ struct Rank {
   int local_rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0;  // waitpid status once reaped
+  int status = 0;           // waitpid status once reaped
+  bool group_gone = false;  // its process group was found empty after it was reaped
   Stream streams[2];
   std::deque<std::string> tail;
   int log_fd = -1;          // <log_dir>/rank_<N>.log, or -1
@@ -382,9 +391,19 @@ class Supervisor {
   }
 
   void signal_all(int signal_number) {
-    // Exited ranks too: their process group may still hold grandchildren.
+    // Exited ranks too: their process group may still hold grandchildren (not a group found empty: its
+    // number may belong to another group by now).
     for (const Rank& rank : ranks_) {
-      if (rank.pid > 0) ::kill(-rank.pid, signal_number);
+      if (rank.pid > 0 && !rank.group_gone) ::kill(-rank.pid, signal_number);
+    }
+  }
+
+  // The groups of reaped ranks that have emptied: never signalled again (checked at least every second).
+  void forget_empty_groups() {
+    for (Rank& rank : ranks_) {
+      if (rank.running || rank.group_gone || rank.pid <= 0) continue;
+      pid_t group = rank.pid;
+      rank.group_gone = prune_empty_groups(&group, 1) == 0;
     }
   }
 
@@ -513,6 +532,7 @@ class Supervisor {
     std::optional<Clock::time_point> all_exited_at;
     for (;;) {
       reap();
+      forget_empty_groups();
       const Clock::time_point now = Clock::now();
       const bool any_running =
           std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
@@ -688,6 +708,16 @@ std::string find_executable(const std::string& program) {
   throw LaunchError("cannot launch program '" + program + "': not found in PATH" +
                     (first_problem ? " (" + *first_problem + ")" : std::string()) +
                     "; pass a path such as ./" + program + " for a program in the current directory");
+}
+
+std::size_t prune_empty_groups(pid_t* groups, std::size_t count) {
+  // kill(-group, 0) signals nothing: ESRCH when no process is left in the group (async-signal-safe, as the
+  // watchdog needs).
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (::kill(-groups[i], 0) == 0 || errno != ESRCH) groups[kept++] = groups[i];
+  }
+  return kept;
 }
 
 std::string signal_name(int signal_number) {

@@ -1,9 +1,10 @@
 #pragma once
 /// \file supervisor.hpp
 /// Runs the ranks of one machine: spawns each in its own process group, streams its output line by line with
-/// a
-/// `[rank N] ` prefix, and stops all of them as soon as one fails or the launcher is interrupted ("first
+/// a `[rank N] ` prefix, and stops all of them as soon as one fails or the launcher is interrupted ("first
 /// failure wins"). Torch-free; POSIX only.
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <string>
@@ -70,5 +71,11 @@ std::string find_executable(const std::string& program);
 
 /// "SIGTERM" for SIGTERM etc.; "signal N" when the number has no common name.
 std::string signal_name(int signal_number);
+
+/// Keeps, in order, the process groups of `groups[0, count)` that still have a process, and returns how many:
+/// a group whose processes have all exited is dropped, since the kernel may give its number to an unrelated
+/// group later, which a kill of the rank groups must then not reach. (The launcher and its watchdog check
+/// every second; a number is reused only after the kernel's PID counter has wrapped past it.)
+std::size_t prune_empty_groups(pid_t* groups, std::size_t count);
 
 }  // namespace accel::launcher

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 #include "build_paths.hpp"
+#include "supervisor.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -262,6 +263,30 @@ std::string write_file(const TempDir& dir, const std::string& name, const std::s
 }
 
 }  // namespace
+
+TEST_CASE(
+    "launcher: a rank's process group that emptied is forgotten, a live one kept (its number may be "
+    "reused)") {
+  // One child that leaves its own group empty at exit, one that stays in its own group.
+  auto child = [](bool stay) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      if (stay) ::pause();
+      ::_exit(0);
+    }
+    ::setpgid(pid, pid);
+    return pid;
+  };
+  const pid_t gone = child(false), live = child(true);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  pid_t groups[2] = {gone, live};
+  CHECK(accel::launcher::prune_empty_groups(groups, 2) == 1);
+  CHECK(groups[0] == live);
+  ::kill(-live, SIGKILL);
+  REQUIRE(::waitpid(live, nullptr, 0) == live);
+  CHECK(accel::launcher::prune_empty_groups(groups, 1) == 0);
+}
 
 TEST_CASE("launcher: two ranks get prefixed output, the torchrun variables and the resolved config") {
   TempDir dir;
