@@ -168,6 +168,17 @@ OffloadDevice offload_device(const JsonFile& f, const Json& block, const std::st
                      nvme_ok ? ", nvme" : ""));
 }
 
+// An offload block's buffer_count (2 to 1024 `what` buffers), into `out` when given (else unchanged).
+void read_buffer_count(const JsonFile& f, const Json& v, const std::string& p, const char* what, int& out) {
+  if (!v.contains("buffer_count")) return;
+  const auto n = count_or_auto(f, v.at("buffer_count"), p + ".buffer_count", "buffer_count");
+  if (n && (*n < 2 || *n > 1024)) {
+    f.fail(p + ".buffer_count", "buffer_count",
+           fmt::format("{}.buffer_count: expected 2 to 1024 {} buffers, got {}", p, what, *n));
+  }
+  if (n) out = static_cast<int>(*n);
+}
+
 // zero_optimization.offload_optimizer: the device, and with nvme its files' directory and buffers
 // (DeepSpeed's defaults: buffer_count 4, pipeline_read and pipeline_write false).
 void read_offload_optimizer(const JsonFile& f, const Json& v, const std::string& p, ZeroConfig& z,
@@ -184,14 +195,7 @@ void read_offload_optimizer(const JsonFile& f, const Json& v, const std::string&
   }
   z.offload_optimizer_nvme_path = path->get<std::string>();
   z.offload_optimizer_buffer_count = 4;
-  if (v.contains("buffer_count")) {
-    const auto n = count_or_auto(f, v.at("buffer_count"), p + ".buffer_count", "buffer_count");
-    if (n && (*n < 2 || *n > 1024)) {
-      f.fail(p + ".buffer_count", "buffer_count",
-             fmt::format("{}.buffer_count: expected 2 to 1024 sub-group buffers, got {}", p, *n));
-    }
-    if (n) z.offload_optimizer_buffer_count = static_cast<int>(*n);
-  }
+  read_buffer_count(f, v, p, "sub-group", z.offload_optimizer_buffer_count);
   z.offload_optimizer_pipeline_read =
       v.contains("pipeline_read") &&
       boolean_value(f, v.at("pipeline_read"), p + ".pipeline_read", "pipeline_read");
@@ -219,14 +223,7 @@ void read_offload_param(const JsonFile& f, const Json& v, const std::string& p, 
   }
   z.offload_param_nvme_path = path != nullptr && path->is_string() ? path->get<std::string>() : std::string();
   z.offload_param_buffer_count = 5;
-  if (v.contains("buffer_count")) {
-    const auto n = count_or_auto(f, v.at("buffer_count"), p + ".buffer_count", "buffer_count");
-    if (n && (*n < 2 || *n > 1024)) {
-      f.fail(p + ".buffer_count", "buffer_count",
-             fmt::format("{}.buffer_count: expected 2 to 1024 shard buffers, got {}", p, *n));
-    }
-    if (n) z.offload_param_buffer_count = static_cast<int>(*n);
-  }
+  read_buffer_count(f, v, p, "shard", z.offload_param_buffer_count);
   // buffer_size: DeepSpeed's swap buffers hold buffer_size elements each; here a buffer holds one unit's
   // shard, whatever its size. max_in_cpu: shards kept in CPU memory besides; here every shard goes to its
   // file between uses. pin_memory: page-locked buffers for a GPU's copies.

@@ -28,6 +28,15 @@ const ChoiceSet<OffloadDevice>& param_offload_choices() {
   return kSet;
 }
 
+// An NVMe directory: Accelerate writes `none` when there is no path (its default).
+std::string read_nvme_path(const Reader& r, const Entry& e) {
+  const std::string v = r.string(e);
+  return lower(v) == "none" ? std::string() : v;
+}
+std::string write_nvme_path(const std::string& v) {
+  return v.empty() ? std::string("none") : yaml_string(v);
+}
+
 std::vector<KeyRow> zero_rows() {
   std::vector<KeyRow> rows;
   rows.push_back(section_row(kZeroSection, "DeepSpeed", "settings of the zero backend (keys below)"));
@@ -43,13 +52,8 @@ std::vector<KeyRow> zero_rows() {
   rows.push_back(setting(
       "offload_optimizer_nvme_path", kZeroSection,
       "directory for NVMe offload's files (offload_optimizer_device: nvme)",
-      [](auto& c) -> auto& { return c.zero.offload_optimizer_nvme_path; },
-      [](const Reader& r, const Entry& e) {
-        // Accelerate writes `none` when there is no path (its default).
-        const std::string v = r.string(e);
-        return lower(v) == "none" ? std::string() : v;
-      },
-      [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
+      [](auto& c) -> auto& { return c.zero.offload_optimizer_nvme_path; }, read_nvme_path, write_nvme_path,
+      "/local_nvme"));
   rows.push_back(setting(
       "offload_param_device", kZeroSection,
       "none | cpu | nvme (needs stage 3; nvme: each parameter shard in a file under offload_param_nvme_path, "
@@ -59,12 +63,8 @@ std::vector<KeyRow> zero_rows() {
   rows.push_back(setting(
       "offload_param_nvme_path", kZeroSection,
       "directory for the parameter shards' files (offload_param_device: nvme)",
-      [](auto& c) -> auto& { return c.zero.offload_param_nvme_path; },
-      [](const Reader& r, const Entry& e) {
-        const std::string v = r.string(e);
-        return lower(v) == "none" ? std::string() : v;
-      },
-      [](const std::string& v) { return v.empty() ? std::string("none") : yaml_string(v); }, "/local_nvme"));
+      [](auto& c) -> auto& { return c.zero.offload_param_nvme_path; }, read_nvme_path, write_nvme_path,
+      "/local_nvme"));
   {
     KeyRow r;
     r.name = "gradient_accumulation_steps";
