@@ -2,6 +2,7 @@
 // section (Accelerate's DeepSpeed plugin keys), a DeepSpeed JSON file named by deepspeed_config_file
 // (deepspeed_json.cpp), its checks and its questions.
 #include "deepspeed_json.hpp"
+#include "megatron_lm.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -202,6 +203,9 @@ void settle_offload_param(Config& c, const std::string& key) {
 }
 
 void resolve_zero(const Reader& r, Config& c, const Pending& p) {
+  // distributed_type: MEGATRON_LM runs on this backend (stage 0 or 1) with its own section's settings.
+  resolve_megatron_lm(r, c, p);
+  if (is_megatron_lm(r, p)) return;
   const Entry* gas = p.find("gradient_accumulation_steps");
   const Entry* ds_gas = p.find(kZeroSection + ".gradient_accumulation_steps");
   if (ds_gas != nullptr && ds_gas->value.IsScalar() && ds_gas->value.Scalar() == "auto") ds_gas = nullptr;
@@ -433,6 +437,8 @@ BackendPart zero_config_part() {
   part.info.summary = "ZeRO stages 0-3 with optional CPU offload (DeepSpeed-style)";
   part.info.aliases = {"deepspeed"};
   part.info.distributed_types = {"DEEPSPEED"};
+  // Accelerate's Megatron-LM files, mapped onto stage 0 or 1 (megatron_lm.cpp).
+  part.mapped_distributed_types = {"MEGATRON_LM"};
   part.info.section = kZeroSection;
   part.info.ask_settings = ask_zero;
   // The fact sheet: what each stage shards (DeepSpeed's ZeroStageEnum), written once.
@@ -450,6 +456,8 @@ BackendPart zero_config_part() {
         {"zero_stage", std::to_string(stage), [stage](Config& c) { c.zero.stage = stage; }});
   }
   part.rows = zero_rows();
+  for (KeyRow& row : megatron_lm_rows())
+    part.rows.push_back(std::move(row));
   // Keys of Accelerate's deepspeed_config: section it does not support. All are ignored with a notice:
   // launcher-side (which hosts DeepSpeed's own launcher starts ranks on), NVMe paths (used only with an nvme
   // offload device, which is refused), how ZeRO-3 gathers MoE blocks (not what is computed), or a DeepSpeed

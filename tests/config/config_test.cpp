@@ -658,11 +658,11 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
       "'---' line and what follows, or merge the two)");
   CHECK(bad_file_message("unsupported_distributed_type.yaml") ==
         "unsupported_distributed_type.yaml:1: distributed_type: 'XLA' is not supported by accelerate-cpp; "
-        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, MEGATRON_LM");
   CHECK(bad_file_message("distributed_type_typo.yaml") ==
         "distributed_type_typo.yaml:1: distributed_type: invalid value 'MULTI_GPUS' (did you mean "
         "'MULTI_GPU'?); "
-        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+        "allowed values: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, MEGATRON_LM");
   CHECK(bad_file_message("deepspeed_unknown_key.yaml") ==
         "deepspeed_unknown_key.yaml:4: unknown key 'deepspeed_config.offload_device'; valid keys in "
         "deepspeed_config: zero_stage, offload_optimizer_device, offload_optimizer_nvme_path, "
@@ -698,6 +698,85 @@ TEST_CASE("config: the full message keeps the path exactly as passed", "[config]
   CHECK(e.file() == path);
 }
 
+// Accelerate's Megatron-LM files (MegatronLMPlugin's defaults for absent keys) run as tensor parallelism, a
+// pipeline and the zero backend at stage 0 (Megatron's DDP) or 1 (its distributed optimizer).
+TEST_CASE("config: MEGATRON_LM files map onto tensor parallelism, the pipeline and zero stage 0 or 1",
+          "[config]") {
+  const auto megatron = [](const std::string& section) {
+    return accel::Config::load_string(
+        "distributed_type: MEGATRON_LM\nnum_processes: 8\nmegatron_lm_config:\n" + section, "m.yaml");
+  };
+  // What `accelerate config` writes for tp 2, pp 2, 4 micro-batches.
+  const accel::Config full = megatron(
+      "  megatron_lm_gradient_clipping: 0.5\n  megatron_lm_num_micro_batches: 4\n  megatron_lm_pp_degree: 2\n"
+      "  megatron_lm_recompute_activations: true\n  megatron_lm_sequence_parallelism: false\n"
+      "  megatron_lm_tp_degree: 2\n  megatron_lm_use_distributed_optimizer: true\n");
+  CHECK(full.backend == "zero");
+  CHECK(full.zero.stage == 1);
+  CHECK(full.tensor_parallel_size == 2);
+  CHECK(full.pipeline.stages == 2);
+  CHECK(full.pipeline.micro_batches == 4);
+  CHECK(full.zero.gradient_clipping == 0.5);
+  CHECK(full.zero.activation_checkpointing);
+  CHECK(full.zero.fp16_initial_scale_power == 32);  // Megatron-LM's --initial-loss-scale 2^32
+  // Written back as what runs, and read back the same.
+  CHECK(accel::Config::load_string(full.to_yaml()) == full);
+  // The plugin's defaults: degrees 1, clipping 1.0 (said), DDP, no recomputation.
+  const accel::Config plain = megatron("  megatron_lm_recompute_activations: false\n");
+  CHECK(plain.backend == "zero");
+  CHECK(plain.zero.stage == 0);
+  CHECK(plain.tensor_parallel_size == 1);
+  CHECK(plain.pipeline.stages == 1);
+  CHECK(plain.zero.gradient_clipping == 1.0);
+  CHECK_FALSE(plain.zero.activation_checkpointing);
+  const auto noticed = [](const accel::Config& c, const std::string& part) {
+    return std::any_of(c.notices.begin(), c.notices.end(),
+                       [&](const std::string& n) { return n.find(part) != std::string::npos; });
+  };
+  CHECK(noticed(plain,
+                "megatron_lm_gradient_clipping is not set: gradients are clipped to a global norm of 1.0"));
+  CHECK(noticed(full, "megatron_lm_recompute_activations: true recomputes"));
+  // Refused, naming the key and what to do.
+  const auto error = [](const std::string& text) {
+    try {
+      accel::Config::load_string(text, "m.yaml");
+    } catch (const accel::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"
+                   "  megatron_lm_sequence_parallelism: true\n"),
+             Catch::StartsWith("m.yaml:4: megatron_lm_config.megatron_lm_sequence_parallelism: true asks for "
+                               "Megatron-LM's sequence parallelism") &&
+                 Catch::Contains("not supported by accelerate-cpp; set it to false"));
+  CHECK_THAT(
+      error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_num_micro_batches: 4\n"),
+      Catch::StartsWith("m.yaml:3: megatron_lm_config.megatron_lm_num_micro_batches: 4 without a pipeline") &&
+          Catch::Contains("set gradient_accumulation_steps: 4"));
+  CHECK_THAT(
+      error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_tp_degree: 0\n"),
+      Catch::StartsWith("m.yaml:3: megatron_lm_config.megatron_lm_tp_degree: expected a positive integer"));
+  CHECK_THAT(error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_tp_degre: 2\n"),
+             Catch::Contains("did you mean 'megatron_lm_config.megatron_lm_tp_degree'"));
+  CHECK_THAT(
+      error("distributed_type: MEGATRON_LM\nnum_processes: 4\nparallelism_config:\n"
+            "  parallelism_config_tp_size: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"),
+      Catch::Contains("with distributed_type: MEGATRON_LM (line 1) the layout is megatron_lm_config's") &&
+          Catch::Contains("remove parallelism_config.parallelism_config_tp_size"));
+  // Under another distributed_type the section is ignored, as Accelerate ignores it, and said so.
+  const accel::Config other = accel::Config::load_string(
+      "distributed_type: MULTI_CPU\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n",
+      "m.yaml");
+  CHECK(other.backend == "ddp");
+  CHECK(other.tensor_parallel_size == 1);
+  CHECK(noticed(other,
+                "m.yaml:4: megatron_lm_config.megatron_lm_tp_degree: ignored, as Accelerate ignores it"));
+  // An empty section (what `accelerate config` writes for every other type) says nothing.
+  CHECK(accel::Config::load_string("distributed_type: MULTI_CPU\nnum_processes: 2\nmegatron_lm_config: {}\n")
+            .notices.empty());
+}
+
 TEST_CASE("config: inline errors", "[config]") {
   CHECK(std::string(string_error("Num_Processes: 2\n").what()) ==
         "inline.yaml:1: unknown key 'Num_Processes' (did you mean 'num_processes'?)");
@@ -711,9 +790,6 @@ TEST_CASE("config: inline errors", "[config]") {
   CHECK(std::string(string_error("hello\n").what()) ==
         "inline.yaml:1: expected a mapping of 'key: value' lines at the top level, got 'hello'; see "
         "config_templates/local.yaml for an example");
-  CHECK_THAT(std::string(string_error("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n").what()),
-             Catch::StartsWith("inline.yaml:1: megatron_lm_config is not supported by accelerate-cpp: "
-                               "Accelerate's Megatron-LM plugin"));
   CHECK(
       std::string(string_error("gpu_ids: [0, 1]\n").what()) ==
       "inline.yaml:1: gpu_ids: expected all, or GPU indices separated by commas such as 0,1, got a sequence");
@@ -1195,7 +1271,7 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
     listed.push_back(key.file + " " + key.path);
   }
   for (const char* expected :
-       {"Accelerate YAML megatron_lm_config", "Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
+       {"Accelerate YAML fp8_config", "Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
         "Accelerate YAML fsdp_config.fsdp_ignored_modules",
         "Accelerate YAML deepspeed_config.seq_parallel_communication_data_type",
         "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON optimizer"}) {

@@ -10,6 +10,8 @@
 //   tensor_parallel_worker tp_dp        (4 ranks) 2-way tensor x 2-way data parallel against one process
 //   tensor_parallel_worker accelerator  (4 ranks) the same through Accelerator (tensor_parallel_size 2, ddp)
 //   tensor_parallel_worker config_tp    (4 ranks) the same with tp_size 2 from a config's parallelism_config
+//   tensor_parallel_worker megatron_tp  (4 ranks) the same from Accelerate's Megatron-LM file (tp_degree 2,
+//                                       recomputed activations, the backend clipping)
 //   tensor_parallel_worker export_<ddp|zero2|zero3|fsdp_full_shard>  (2 or 4 ranks) Accelerator with
 //                                       tensor_parallel_size 2 on that backend: clip_grad_norm_ (2-norm and
 //                                       inf) as one process clips the unsplit model, get_state_dict and
@@ -18,6 +20,8 @@
 //   replicas
 //                                       on 8): losses, clipped norms and weights of one process, whole-model
 //                                       get_state_dict, save_state / load_state resuming exactly
+//   tensor_parallel_worker megatron_pipeline  (8 ranks) the same from Accelerate's Megatron-LM file (tp 2,
+//                                       pp 2, distributed optimizer, recomputed activations, clipping)
 //   tensor_parallel_worker lora         LoRA (accel::peft) on the Column and Row layers against LoRA on the
 //                                       unsplit Linears: outputs, adapter gradients and SGD steps, merge,
 //                                       save_adapter (refused without the whole state) and load_adapter
@@ -33,6 +37,7 @@
 #include <accel/distributed/communicator.hpp>
 #include <accel/distributed/cuda_device.hpp>
 #include <accel/errors.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/parallel_attention.hpp>
@@ -534,17 +539,36 @@ void tp_dp() {
   }
 }
 
-// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks (or, with
-// `from_file`, the config file's parallelism_config_tp_size 2), the DDP backend reducing over the
-// data-parallel groups, a prepared loader giving both ranks of a group the same batches, and what would
-// silently see only this rank's slices refused.
-void accelerator_from(bool from_file) {
+// Where the tensor-parallel size comes from.
+enum class TpFrom { Program, ParallelismConfig, MegatronLm };
+
+// Accelerate's Megatron-LM file for tp 2 x dp 2: Megatron's DDP (zero stage 0), activations recomputed,
+// gradients clipped to 0.05 by the backend on every step.
+const char* kMegatronTpFile =
+    "distributed_type: MEGATRON_LM\nnum_processes: 4\nuse_cpu: true\nmegatron_lm_config:\n"
+    "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n  megatron_lm_recompute_activations: true\n"
+    "  megatron_lm_use_distributed_optimizer: false\n  megatron_lm_gradient_clipping: 0.05\n";
+
+// The same through the Accelerator: AcceleratorOptions().tensor_parallel_size(2) on 4 ranks (or the config
+// file's parallelism_config_tp_size 2, or a Megatron-LM file's megatron_lm_tp_degree 2), the DDP backend (or
+// zero stage 0) reducing over the data-parallel groups, a prepared loader giving both ranks of a group the
+// same batches, and what would silently see only this rank's slices refused.
+void accelerator_from(TpFrom from) {
   REQUIRE(communicator()->world_size() == 4);
+  const bool from_file = from != TpFrom::Program, megatron = from == TpFrom::MegatronLm;
   accel::Config config;
   config.backend = "ddp";
   config.use_cpu = true;
   config.num_processes = 4;
-  if (from_file) {
+  double clip = 0;  // what the backend clips to on every step
+  if (megatron) {
+    config = accel::Config::load_string(kMegatronTpFile, "megatron.yaml");
+    CHECK_MSG(config.backend == "zero" && config.zero.stage == 0 && config.tensor_parallel_size == 2 &&
+                  config.pipeline.stages == 1 && config.zero.activation_checkpointing &&
+                  config.zero.gradient_clipping == 0.05,
+              "megatron.yaml read as " << config.to_yaml());
+    clip = config.zero.gradient_clipping;
+  } else if (from_file) {
     config = accel::Config::load_string(
         "distributed_type: MULTI_CPU\nnum_processes: 4\nparallelism_config:\n"
         "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_tp_size: 2\n",
@@ -602,6 +626,11 @@ void accelerator_from(bool from_file) {
     ref_opt.zero_grad();
     opt.zero_grad();
     torch::mse_loss(m.reference->forward(all.narrow(1, 0, kIn)), all.narrow(1, kIn, kOut)).backward();
+    if (clip > 0) {
+      const double norm = torch::nn::utils::clip_grad_norm_(m.reference->parameters(), clip);
+      CHECK_MSG(norm > clip,
+                at << ": the reference's norm " << norm << " is not clipped: the test checks nothing");
+    }
     acc.backward(torch::mse_loss(m.parallel->forward(x), y));
     compare_parameters(at, m, /*grads=*/true);
     ref_opt.step();
@@ -616,10 +645,13 @@ void accelerator_from(bool from_file) {
 }
 
 void accelerator() {
-  accelerator_from(false);
+  accelerator_from(TpFrom::Program);
 }
 void config_tp() {
-  accelerator_from(true);
+  accelerator_from(TpFrom::ParallelismConfig);
+}
+void megatron_tp() {
+  accelerator_from(TpFrom::MegatronLm);
 }
 
 std::string shared_temp_dir(Communicator& world);
@@ -1206,19 +1238,36 @@ void state_on(const std::string& backend) {
 // 8 ranks), each stage a Column -> GELU -> Row pair (the second stage behind a Tanh). Every step's loss and
 // clipped gradient norm are one process's with the unsplit model and the whole batch, get_state_dict gives
 // the whole unsplit model (every stage, slices gathered) equal to that process's, and save_state/load_state
-// (SGD momentum) resume exactly.
-void pipeline() {
+// (SGD momentum) resume exactly. With `megatron`, the layout comes from Accelerate's Megatron-LM file (tp 2,
+// pp 2, 2 micro-batches, the distributed optimizer: zero stage 1 over the replicas, activations recomputed in
+// each stage, the backend clipping to 0.05 on every step) instead of the program.
+void pipeline_from(bool megatron) {
   const int world = communicator()->world_size();
   accel::Config config;
   config.backend = "ddp";
   config.use_cpu = true;
   config.num_processes = world;
-  config.collective_timeout_seconds = 60;
   config.pipeline.stages = 2;
   config.pipeline.micro_batches = 2;
   config.pipeline.schedule = accel::pipeline::Schedule::OneFOneB;
+  if (megatron) {
+    config = accel::Config::load_string(
+        fmt::format(
+            "distributed_type: MEGATRON_LM\nnum_processes: {}\nuse_cpu: true\nmegatron_lm_config:\n"
+            "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 2\n  megatron_lm_num_micro_batches: 2\n"
+            "  megatron_lm_recompute_activations: true\n  megatron_lm_use_distributed_optimizer: true\n"
+            "  megatron_lm_gradient_clipping: 0.05\n",
+            world),
+        "megatron.yaml");
+    CHECK_MSG(config.backend == "zero" && config.zero.stage == 1 && config.tensor_parallel_size == 2 &&
+                  config.pipeline.stages == 2 && config.pipeline.micro_batches == 2 &&
+                  config.zero.activation_checkpointing && config.zero.gradient_clipping == 0.05,
+              "megatron.yaml read as " << config.to_yaml());
+  }
+  config.collective_timeout_seconds = 60;
   config.pipeline.partition = "0,3,7";
-  accel::Accelerator acc(accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
+  accel::Accelerator acc(megatron ? accel::AcceleratorOptions().config(config)
+                                  : accel::AcceleratorOptions().config(config).tensor_parallel_size(2));
   auto tp = acc.tensor_parallel_group();
   const int r = acc.process_index(), lanes = world / 2;
   CHECK_MSG(tp->job_ranks() == std::vector<int>({r / 2 * 2, r / 2 * 2 + 1}),
@@ -1232,6 +1281,12 @@ void pipeline() {
       ColumnParallelLinear(full3, tp), torch::nn::GELU(), RowParallelLinear(full4, tp));
   auto& stage = acc.prepare_pipeline(model);
   CHECK_MSG(stage.stage() == r / lanes, "rank " << r << " runs stage " << stage.stage());
+  if (megatron) {
+    // megatron_lm_recompute_activations: each layer of the stage recomputes its activations in backward.
+    for (const auto& layer : stage.module()->children())
+      CHECK_MSG(std::dynamic_pointer_cast<accel::CheckpointedImpl>(layer) != nullptr,
+                "a layer of stage " << stage.stage() << " is not checkpointed");
+  }
   const auto momentum = torch::optim::SGDOptions(0.2).momentum(0.9);
   torch::optim::SGD opt(stage.parameters(), momentum), ref_opt(reference->parameters(), momentum);
   acc.prepare(opt);
@@ -1251,7 +1306,8 @@ void pipeline() {
     const double loss = acc.pipeline_step(x, y, [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::mse_loss(out, target);
     });
-    const double norm = acc.clip_grad_norm_(0.05);
+    // Under the Megatron-LM file the backend has clipped already: the norm left is at most 0.05.
+    const double norm = acc.clip_grad_norm_(megatron ? 1e9 : 0.05);
     opt.step();
     if (!reference_too) return;
     ref_opt.zero_grad();
@@ -1261,8 +1317,12 @@ void pipeline() {
     ref_opt.step();
     CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-5,
               "step " << n << ": loss " << loss << ", one process " << ref_loss.item<double>());
-    CHECK_MSG(std::abs(norm - ref_norm) <= 1e-5 * ref_norm,
-              "step " << n << ": clipped norm " << norm << ", one process " << ref_norm);
+    if (megatron)
+      CHECK_MSG(ref_norm > 0.05,
+                "step " << n << ": the norm " << ref_norm << " is not clipped: the test checks nothing");
+    const double expected_norm = megatron ? 0.05 : ref_norm;
+    CHECK_MSG(std::abs(norm - expected_norm) <= 1e-5 * expected_norm,
+              "step " << n << ": clipped norm " << norm << ", expected " << expected_norm);
   };
   for (int n = 0; n < 3; ++n)
     step(n, true);
@@ -1280,10 +1340,11 @@ void pipeline() {
   const auto again = acc.get_state_dict(stage.module());
   for (std::size_t i = 0; i < after.size(); ++i)
     CHECK_MSG(close(again[i].second, after[i].second), "resumed step: " << after[i].first);
-  {
+  if (!megatron) {
     // A model prepared beside the pipeline, after it, gets its engine over the ranks holding the same
     // tensor-parallel slices (the Accelerator's own group, which prepare_pipeline's narrower one does not
-    // replace): DDP broadcasts the weights of that group's first rank, tp rank t's.
+    // replace): DDP broadcasts the weights of that group's first rank, tp rank t's. (Under the file's
+    // tp_degree a model without accel::tp layers is refused at prepare.)
     const auto draw = [](int seed) {
       torch::manual_seed(static_cast<std::uint64_t>(seed));
       return torch::nn::Linear(torch::nn::LinearOptions(3, 1).bias(false));
@@ -1321,10 +1382,12 @@ int main(int argc, char** argv) {
       {"state_ddp", [] { state_on("ddp"); }},
       {"state_zero2", [] { state_on("zero2"); }},
       {"state_zero3", [] { state_on("zero3"); }},
-      {"pipeline", pipeline}};
+      {"megatron_tp", megatron_tp},
+      {"pipeline", [] { pipeline_from(false); }},
+      {"megatron_pipeline", [] { pipeline_from(true); }}};
   return worker::run_named(
       argc == 2 ? argc : 0, argv, scenarios,
       "usage: tensor_parallel_worker <scenario>[,<scenario>...]; scenarios: mlp, embedding, "
       "count, bad_size, tp_dp, accelerator, trainer, export_<ddp|zero2|zero3|fsdp_full_shard>, "
-      "state_<ddp|zero2|zero3>, pipeline");
+      "state_<ddp|zero2|zero3>, pipeline, megatron_tp, megatron_pipeline");
 }

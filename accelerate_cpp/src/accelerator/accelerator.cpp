@@ -139,7 +139,11 @@ void Accelerator::setup_tensor_parallel(int size) {
 
 void Accelerator::connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
   for (const auto& m : model.modules()) {
-    if (auto* bn = dynamic_cast<nn::SyncBatchNormImpl*>(m.get())) bn->set_communicator(comm);
+    torch::nn::Module* layer = m.get();
+    // A layer wrapped by activation checkpointing (accel::Checkpointed) is not a registered child.
+    while (auto* ck = dynamic_cast<CheckpointedImpl*>(layer))
+      layer = ck->module().get();
+    if (auto* bn = dynamic_cast<nn::SyncBatchNormImpl*>(layer)) bn->set_communicator(comm);
   }
 }
 

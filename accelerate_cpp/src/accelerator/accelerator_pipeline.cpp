@@ -107,6 +107,9 @@ pipeline::PipelineStage& Accelerator::prepare_pipeline_stage(
   }
   auto module = pipeline_.stage->module().ptr();
   detail::move_module(*module, device_);
+  // Each of the stage's layers recomputes its activations in backward (as prepare does for a whole model).
+  if (backend_.descriptor->activation_checkpointing && backend_.descriptor->activation_checkpointing(config_))
+    enable_activation_checkpointing(*module);
   // The stage is a prepared model whose backend engine spans the stage's replicas: the user's optimizer is
   // prepared against it, and its gradients are reduced across the replicas once, during the stage's last
   // backward of each step.

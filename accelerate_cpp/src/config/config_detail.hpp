@@ -523,6 +523,10 @@ struct BackendPart {
   /// The `distributed_type:` value to_yaml writes for a config with this backend (nullptr: the first of
   /// info.distributed_types).
   std::function<std::string(const Config&)> distributed_type;
+  /// Other `distributed_type:` values read as this backend after a translation of their own (MEGATRON_LM:
+  /// the zero backend at stage 0 or 1 with tensor parallelism and a pipeline); accepted, never offered as
+  /// advice or in the questionnaire.
+  std::vector<std::string> mapped_distributed_types;
   /// The keys this backend owns: its section's opener (section_row) and the section's rows.
   std::vector<KeyRow> rows;
   /// Whether to_yaml writes the section in full (else `{}`): the backend is chosen or a setting differs from

@@ -36,6 +36,9 @@ std::string backend_of_distributed_type(const std::string& type) {
     for (const std::string& t : part.info.distributed_types) {
       if (t == type) return part.info.name;
     }
+    for (const std::string& t : part.mapped_distributed_types) {
+      if (t == type) return part.info.name;
+    }
   }
   return "local";
 }

@@ -46,10 +46,12 @@ const ChoiceSet<std::string>& distributed_type_choices() {
     for (const BackendPart& part : backend_parts()) {
       for (const std::string& type : part.info.distributed_types)
         set.choices.push_back({type.c_str(), type, true});
+      for (const std::string& type : part.mapped_distributed_types)
+        set.choices.push_back({type.c_str(), type, true});
     }
     set.choices.push_back({"false", "NO", false});
-    set.unsupported = {"MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
-                       "MULTI_HPU", "XLA",       "TPU",        "MEGATRON_LM"};
+    set.unsupported = {"MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
+                       "MULTI_XPU", "MULTI_HPU", "XLA",        "TPU"};
     return set;
   }();
   return kSet;

@@ -24,12 +24,6 @@ std::vector<UnsupportedKey> core_rows() {
   auto noticed = [&rows](const char* path, AsksNothingWhen when, const char* what, const char* instead) {
     rows.push_back({kAccelerateYaml, path, false, when, "", what, instead});
   };
-  refused(
-      "megatron_lm_config", AsksNothingWhen::Empty,
-      "Accelerate's Megatron-LM plugin trains with Megatron-LM's tensor, pipeline and sequence parallelism "
-      "(megatron_lm_tp_degree, _pp_degree, _num_micro_batches, ...)",
-      "remove it (or leave it empty): pipelines are pipeline_config, tensor parallelism is "
-      "parallelism_config_tp_size (or AcceleratorOptions().tensor_parallel_size(n)) with accel::tp layers");
   refused("fp8_config", AsksNothingWhen::Empty,
           "fp8 training through Transformer Engine, MS-AMP or torchao (backend, fp8_format, amax_*, ...)",
           "remove it (or leave it empty): mixed_precision is no, fp16 or bf16 here");

@@ -1,4 +1,5 @@
 #include <accel/errors.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -397,7 +398,13 @@ std::map<std::string, SplitParameter> split_parameters(const torch::nn::Module& 
     const std::string name = prefix.empty() ? param : prefix + "." + param;
     out[name] = SplitParameter{dim, first, length, length * comm->world_size(), comm};
   };
-  auto visit = [&](const std::string& prefix, const torch::nn::Module& m) {
+  auto visit = [&](const std::string& prefix, const torch::nn::Module& outer) {
+    // An accel::Checkpointed layer (activation checkpointing from a config file wraps each block's layers)
+    // registers the wrapped layer's parameters under the same names: the split is the wrapped layer's.
+    const torch::nn::Module* inner = &outer;
+    while (const auto* ck = dynamic_cast<const CheckpointedImpl*>(inner))
+      inner = ck->module().get();
+    const torch::nn::Module& m = *inner;
     // A LoRA adapter on the layer (accel::peft, PEFT's LoraParallelLinear) is split as the weight: B's rows
     // under a column split, A's columns under a row split; the other adapter is whole on every rank.
     const auto adapter = [&](const char* child) {
