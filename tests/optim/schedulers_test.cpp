@@ -5,7 +5,7 @@
 
 #include <accel/optim/schedulers.hpp>
 
-#include <cstdio>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -15,23 +15,17 @@ using test::Regression;
 
 namespace {
 
-// PyTorch's rates for every case, from tests/python/schedules.py run by the venv's Python.
+// PyTorch's rates for every case: tests/data/pytorch_schedules.txt, the output of tests/python/schedules.py,
+// which python/python_crosschecks.sh checks against the venv's PyTorch (starting Python here cost 13 s).
 const std::map<std::string, std::vector<double>>& pytorch_rates() {
   static const std::map<std::string, std::vector<double>> kRates = [] {
-    const std::string python = accel::test::python();
-    if (python.empty()) FAIL("ACCEL_PYTHON is not set: configure with -DACCEL_PYTHON=<venv python>");
-    const std::string command = python + " " + accel::test::tests_dir() + "/python/schedules.py";
-    FILE* pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string out;
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, pipe) != nullptr)
-      out += buf;
-    REQUIRE(::pclose(pipe) == 0);
+    const std::string path = accel::test::tests_dir() + "/data/pytorch_schedules.txt";
+    std::ifstream in(path);
+    if (!in)
+      FAIL("cannot read " << path << " (regenerate: python tests/python/schedules.py > " << path << ")");
     std::map<std::string, std::vector<double>> rates;
-    std::istringstream lines(out);
     std::string line;
-    while (std::getline(lines, line)) {
+    while (std::getline(in, line)) {
       std::istringstream words(line);
       std::string name;
       words >> name;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs check_peft_adapter.py and bnb_4bit.py in one Python process: importing peft (with transformers) and
+"""Runs schedules.py --check, check_peft_adapter.py and bnb_4bit.py in one Python process: importing peft (with transformers) and
 bitsandbytes (with torch's compiler stack) takes ~25 s here, which two processes paid twice.
 
   python_crosschecks.py PEFT_DIR BNB_DIR
@@ -30,5 +30,7 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python_crosschecks.py PEFT_DIR BNB_DIR")
     peft_dir, bnb_dir = sys.argv[1], sys.argv[2]
+    # PyTorch's scheduler rates that tests/optim/schedulers_test.cpp reads from the checked-in file.
+    run("schedules.py", "--check", str(HERE.parent / "data" / "pytorch_schedules.txt"))
     run("check_peft_adapter.py", peft_dir)
     run("bnb_4bit.py", bnb_dir)

@@ -1,9 +1,15 @@
-"""Learning rates of PyTorch's schedulers, for tests/schedulers_test.cpp to compare with accel::sched.
+"""Learning rates of PyTorch's schedulers, which tests/optim/schedulers_test.cpp compares with accel::sched.
 
 transformers' warmup schedules are LambdaLR with the lambdas of transformers/optimization.py (copied here,
-as transformers is not installed); OneCycleLR and ReduceLROnPlateau are PyTorch's own. Prints one line per
-case: its name, then the rate of group 0 at steps 0..N (and for OneCycleLR the momentum after them)."""
+as transformers is not installed); OneCycleLR and ReduceLROnPlateau are PyTorch's own. One line per case: its
+name, then the rate of group 0 at steps 0..N (and for OneCycleLR the momentum after them).
+
+  schedules.py                 prints them (regenerate: schedules.py > tests/data/pytorch_schedules.txt)
+  schedules.py --check FILE    exits 1 unless FILE holds exactly what this PyTorch computes (run by
+                               python_crosschecks.py, so the checked-in rates stay PyTorch's)
+"""
 import math
+import sys
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
@@ -57,7 +63,14 @@ def lambda_case(name, factor, steps):
         opt.step()
         sched.step()
         rates.append(opt.param_groups[1]["lr"])
-    print(name, *[repr(r) for r in rates])
+    emit(name, rates)
+
+
+LINES = []
+
+
+def emit(name, values):
+    LINES.append(" ".join([name, *[repr(v) for v in values]]))
 
 
 lambda_case("constant_with_warmup", constant_with_warmup(5), 12)
@@ -75,8 +88,8 @@ def one_cycle(name, opt, momentum_of, **kwargs):
         sched.step()
         rates.append(opt.param_groups[0]["lr"])
         momenta.append(momentum_of(opt.param_groups[0]))
-    print(name, *[repr(r) for r in rates])
-    print(name + "_momentum", *[repr(m) for m in momenta])
+    emit(name, rates)
+    emit(name + "_momentum", momenta)
 
 
 one_cycle("one_cycle_sgd", torch.optim.SGD(params(), lr=0.1, momentum=0.9), lambda g: g["momentum"],
@@ -91,4 +104,21 @@ rates = []
 for metric in [1.0, 0.95, 0.99, 0.98, 0.97, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]:
     plateau.step(metric)
     rates.append(opt.param_groups[0]["lr"])
-print("plateau", *[repr(r) for r in rates])
+emit("plateau", rates)
+
+TEXT = "\n".join(LINES) + "\n"
+if len(sys.argv) == 3 and sys.argv[1] == "--check":
+    with open(sys.argv[2], encoding="utf-8") as f:
+        stored = f.read()
+    if stored != TEXT:
+        for want, got in zip(stored.splitlines(), LINES):
+            if want != got:
+                print(f"schedules.py: {sys.argv[2]} has\n  {want}\nwhere this PyTorch computes\n  {got}")
+        print(f"schedules.py: {sys.argv[2]} is not PyTorch {torch.__version__}'s rates; regenerate it with "
+              f"python tests/python/schedules.py > {sys.argv[2]} and review the diff")
+        sys.exit(1)
+    print(f"schedules.py: {sys.argv[2]} holds PyTorch {torch.__version__}'s rates ({len(LINES)} cases)")
+elif len(sys.argv) == 1:
+    sys.stdout.write(TEXT)
+else:
+    sys.exit("usage: schedules.py [--check FILE]")
