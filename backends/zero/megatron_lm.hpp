@@ -1,8 +1,8 @@
 #pragma once
 // Accelerate's Megatron-LM files (`distributed_type: MEGATRON_LM` with a `megatron_lm_config:` section) for
 // the zero backend's config part (torch-free; compiled into accel_core). They run as what they describe here:
-// tensor parallelism (accel::tp layers), a pipeline (prepare_pipeline / pipeline_step) and the zero backend at
-// stage 0 (Megatron's DDP) or 1 (its distributed optimizer), clipping as Megatron clips.
+// tensor parallelism (accel::tp layers), a pipeline (prepare_pipeline / pipeline_step) and the zero backend
+// at stage 0 (Megatron's DDP) or 1 (its distributed optimizer), clipping as Megatron clips.
 
 #include "config/config_detail.hpp"
 
@@ -19,7 +19,8 @@ bool is_megatron_lm(const Reader& r, const Pending& p);
 /// Maps a MEGATRON_LM file's megatron_lm_config onto `c` (zero stage and clipping, tensor_parallel_size,
 /// pipeline stages and micro-batches, activation checkpointing, the fp16 scaler's first scale), as
 /// Accelerate's MegatronLMPlugin reads it, with its defaults for absent keys; refuses what has no equivalent
-/// here. Under another distributed_type a non-empty section is ignored with a notice, as Accelerate ignores it.
+/// here. Under another distributed_type a non-empty section is ignored with a notice, as Accelerate ignores
+/// it.
 void resolve_megatron_lm(const Reader& r, Config& c, const Pending& p);
 
 }  // namespace accel::config_detail
