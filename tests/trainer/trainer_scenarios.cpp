@@ -37,12 +37,15 @@ Data data(std::int64_t n = 40) {
   return Regression(n).map(torch::data::transforms::Stack<>());
 }
 
-// A model whose blocks are a Sequential child (what gradient_checkpointing checkpoints), with dropout inside.
+// A model whose blocks are a Sequential child (what gradient_checkpointing checkpoints), with dropout inside,
+// and a LayerNorm, whose weight HF leaves out of weight decay (checkpointed too: wrapped, it must still be
+// recognised).
 struct SeqNetImpl : torch::nn::Module {
   SeqNetImpl()
-      : body(register_module("body",
-                             torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
-                                                   torch::nn::Dropout(0.2), torch::nn::Linear(16, 16)))),
+      : body(register_module(
+            "body",
+            torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::LayerNorm(std::vector<int64_t>{16}),
+                                  torch::nn::Tanh(), torch::nn::Dropout(0.2), torch::nn::Linear(16, 16)))),
         head(register_module("head", torch::nn::Linear(16, 1))) {}
   torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(x)); }
   torch::nn::Sequential body;

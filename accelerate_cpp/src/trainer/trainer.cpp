@@ -89,6 +89,10 @@ void merge(TrainingArguments& a, Config& c) {
 
 // HF's get_decay_parameter_names: no weight decay for biases and normalisation weights.
 bool decays(const std::string& name, const torch::nn::Module* owner) {
+  // A layer wrapped by activation checkpointing (gradient_checkpointing, a config's recomputation) registers
+  // the wrapped layer's parameters as its own.
+  while (const auto* ck = dynamic_cast<const CheckpointedImpl*>(owner))
+    owner = ck->module().get();
   if (owner != nullptr && (dynamic_cast<const torch::nn::LayerNormImpl*>(owner) != nullptr)) return false;
   std::string lower = name;
   for (auto& ch : lower)
