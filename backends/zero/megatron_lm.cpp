@@ -62,6 +62,61 @@ std::vector<KeyRow> megatron_lm_rows() {
   return rows;
 }
 
+std::vector<UnsupportedKey> megatron_lm_unsupported() {
+  std::vector<UnsupportedKey> rows;
+  const auto row = [&rows](const char* name, bool refused, AsksNothingWhen when, const char* neutral,
+                           const char* what, const char* instead) {
+    rows.push_back({kAccelerateYaml, key(name), refused, when, neutral, what, instead});
+  };
+  const auto refused_unless = [&row](const char* name, const char* neutral, const char* what) {
+    row(name, true, AsksNothingWhen::Value, neutral, what,
+        fmt::format(
+            "remove it (or set {}): accelerate-cpp maps only tp_degree, pp_degree, num_micro_batches, "
+            "use_distributed_optimizer, gradient_clipping and recompute_activations",
+            neutral)
+            .c_str());
+  };
+  // Sources: Accelerate 1.13's commands/launch.py and utils/launch.py (the MEGATRON_LM_* variables).
+  refused_unless("megatron_lm_context_parallel_size", "1", "context parallelism: sequences split over ranks");
+  refused_unless("megatron_lm_expert_model_parallel_size", "1", "mixture-of-experts layers split over ranks");
+  refused_unless("megatron_lm_expert_tensor_parallel_size", "1",
+                 "tensor parallelism inside mixture-of-experts layers");
+  refused_unless("megatron_lm_use_custom_fsdp", "false", "Megatron-LM's own FSDP instead of its DDP");
+  refused_unless("megatron_lm_no_load_optim", "false",
+                 "resuming without the optimizer state (load_state always restores it)");
+  refused_unless("megatron_lm_use_precision_aware_optimizer", "false",
+                 "an optimizer keeping its state in lower precision");
+  refused_unless("megatron_lm_optimizer_cpu_offload", "false",
+                 "the optimizer step on the CPU (here: deepspeed_config offload_optimizer_device: cpu)");
+  row("megatron_lm_decoder_last_pipeline_num_layers", true, AsksNothingWhen::Empty, "",
+      "how many layers the last pipeline stage gets",
+      "remove it: accelerate-cpp cuts the stages by parameters (pipeline_config.partition in a YAML without "
+      "megatron_lm_config)");
+  const char* model_knob =
+      "ignored: it configures Megatron-LM's own models and loss; here the model and the "
+      "loss are your program's";
+  for (const char* name : {"megatron_lm_attention_dropout", "megatron_lm_hidden_dropout",
+                           "megatron_lm_attention_softmax_in_fp32",
+                           "megatron_lm_use_rotary_position_embeddings", "megatron_lm_attention_backend",
+                           "megatron_lm_eod_mask_loss", "megatron_lm_calculate_per_token_loss"}) {
+    row(name, false, AsksNothingWhen::Never, "",
+        "a setting of Megatron-LM's GPT/BERT/T5 models or their loss", model_knob);
+  }
+  const char* speed_knob = "ignored: it changes Megatron-LM's memory or speed, not what is computed";
+  row("megatron_lm_recompute_granularity", false, AsksNothingWhen::Never, "",
+      "which activations Megatron-LM recomputes (selective or full)", speed_knob);
+  row("megatron_lm_recompute_method", false, AsksNothingWhen::Never, "",
+      "how Megatron-LM groups the recomputed layers", speed_knob);
+  row("megatron_lm_recompute_num_layers", false, AsksNothingWhen::Never, "",
+      "how many layers Megatron-LM recomputes", speed_knob);
+  row("megatron_lm_overlap_cpu_optimizer_d2h_h2d", false, AsksNothingWhen::Never, "",
+      "overlapping the copies of a CPU-offloaded optimizer", speed_knob);
+  row("megatron_lm_no_save_optim", false, AsksNothingWhen::Never, "",
+      "checkpoints without the optimizer state",
+      "ignored: save_state always writes the optimizer state (a checkpoint that resumes exactly)");
+  return rows;
+}
+
 bool is_megatron_lm(const Reader& r, const Pending& p) {
   const Entry* type = p.find("distributed_type");
   return type != nullptr && r.choice(*type, distributed_type_choices()) == "MEGATRON_LM";
@@ -127,11 +182,25 @@ void resolve_megatron_lm(const Reader& r, Config& c, const Pending& p) {
   }
   if (pp == 1 && micro > 1) {
     const Entry& e = *p.find(key("megatron_lm_num_micro_batches"));
-    r.fail_at(
-        e, fmt::format("{}: {} without a pipeline (megatron_lm_pp_degree 1) would make Megatron-LM split "
-                       "each batch into {} micro-batches and accumulate them; here each batch of your loop "
-                       "is one micro-batch: set gradient_accumulation_steps: {} and remove this key",
-                       e.path, micro, micro, micro));
+    r.fail_at(e, fmt::format("{}: {} without a pipeline (megatron_lm_pp_degree 1): Accelerate's Megatron-LM "
+                             "plugin then reads {} batches of your loader per step and accumulates their "
+                             "gradients; here that is gradient_accumulation_steps: {} (a step of {} x your "
+                             "batch): set it and remove this key",
+                             e.path, micro, micro, micro, micro));
+  }
+  // With a pipeline the micro-batches are the pipeline's; an accumulation beside them would be a second,
+  // different count (the Trainer refuses the two apart, a hand-written pipeline_step reads micro_batches).
+  const Entry* micro_entry = p.find(key("megatron_lm_num_micro_batches"));
+  if (const Entry* gas = p.find("gradient_accumulation_steps");
+      pp > 1 && gas != nullptr && c.gradient_accumulation_steps > 1 &&
+      (micro_entry == nullptr || c.gradient_accumulation_steps != micro)) {
+    r.fail_at(*gas,
+              fmt::format("gradient_accumulation_steps: {} with a Megatron-LM pipeline "
+                          "(megatron_lm_pp_degree {}): its micro-batches are megatron_lm_num_micro_batches "
+                          "({}); set that to {} and remove gradient_accumulation_steps",
+                          c.gradient_accumulation_steps, pp,
+                          micro_entry == nullptr ? std::string("not set: 1") : std::to_string(micro),
+                          c.gradient_accumulation_steps));
   }
   c.zero = ZeroConfig{};
   // Megatron's distributed optimizer shards the optimizer state over the data-parallel ranks and still
@@ -139,7 +208,17 @@ void resolve_megatron_lm(const Reader& r, Config& c, const Pending& p) {
   c.zero.stage = flag("megatron_lm_use_distributed_optimizer") ? 1 : 0;
   c.tensor_parallel_size = tp;
   c.pipeline.stages = pp;
-  if (pp > 1) c.pipeline.micro_batches = micro;
+  if (pp > 1) {
+    c.pipeline.micro_batches = micro;
+    // Accelerate's Megatron-LM plugin rebuilds the loader to yield batch_size x num_micro_batches rows and
+    // cuts each into micro-batches of batch_size; pipeline_step cuts the batch it is given.
+    c.notices.push_back(fmt::format(
+        "megatron_lm_config: a pipeline step runs {} micro-batches: pipeline_step cuts the batch you give it "
+        "into {}, where Accelerate's Megatron-LM plugin has the loader yield {} x your batch size and cuts "
+        "that; give pipeline_step {} x your micro-batch rows to step as there (accel::Trainer reads "
+        "per_device_train_batch_size x {} rows a step, as Accelerate does)",
+        micro, micro, micro, micro, micro));
+  }
   if (const Entry* e = p.find(key("megatron_lm_gradient_clipping"))) {
     c.zero.gradient_clipping = r.number(*e, 0, true, "0 (off) or a positive number");
   } else {
@@ -153,8 +232,15 @@ void resolve_megatron_lm(const Reader& r, Config& c, const Pending& p) {
     c.notices.push_back(
         "megatron_lm_config.megatron_lm_recompute_activations: true recomputes the activations of each "
         "Sequential block of the model (or of each pipeline stage) in backward, where Megatron-LM recomputes "
-        "only the attention core; the results are the same, memory and time are not");
+        "only the attention core; the results are the same, memory and time are not, except that a "
+        "BatchNorm in a recomputed block updates its running statistics twice (as PyTorch's checkpoint "
+        "does)");
   }
+  // Accelerate's plugin replaces the program's optimizer with Megatron-LM's (get_megatron_optimizer).
+  c.notices.push_back(
+      "distributed_type: MEGATRON_LM: your program's own optimizer and parameter groups step as written; "
+      "Accelerate's Megatron-LM plugin builds Megatron-LM's optimizer instead (no weight decay on biases and "
+      "1-D parameters)");
   // Megatron-LM's loss scaler under fp16 (--initial-loss-scale 2^32, window 1000, hysteresis 2, min 1):
   // DeepSpeed's dynamic scaler with these settings halves and doubles on the same steps.
   c.zero.fp16_initial_scale_power = 32;

@@ -13,6 +13,11 @@ inline const Section kMegatronLmSection = "megatron_lm_config";
 /// The `megatron_lm_config:` section's rows (read into the pending values; resolve_megatron_lm maps them).
 std::vector<KeyRow> megatron_lm_rows();
 
+/// The megatron_lm_config keys Accelerate 1.13+ added (launch.py's Megatron-LM arguments) that
+/// accelerate-cpp does not map: refused where they change the layout or what is computed, ignored with a
+/// notice where they concern Megatron-LM's own models, memory or speed.
+std::vector<UnsupportedKey> megatron_lm_unsupported();
+
 /// Whether the file says `distributed_type: MEGATRON_LM`.
 bool is_megatron_lm(const Reader& r, const Pending& p);
 

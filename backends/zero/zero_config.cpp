@@ -484,6 +484,8 @@ BackendPart zero_config_part() {
           "ignored: accelerate-cpp has no sequence parallelism");
   for (UnsupportedKey& row : deepspeed_json_unsupported())
     part.unsupported.push_back(std::move(row));
+  for (UnsupportedKey& row : megatron_lm_unsupported())
+    part.unsupported.push_back(std::move(row));
   part.section_in_use = [](const Config& c) { return c.backend == "zero" || c.zero != ZeroConfig{}; };
   part.info.gradient_clipping = [](const Config& c) { return c.zero.gradient_clipping; };
   part.info.loss_scaling = deepspeed_loss_scaling;

@@ -753,7 +753,7 @@ TEST_CASE("config: MEGATRON_LM files map onto tensor parallelism, the pipeline a
   CHECK_THAT(
       error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_num_micro_batches: 4\n"),
       Catch::StartsWith("m.yaml:3: megatron_lm_config.megatron_lm_num_micro_batches: 4 without a pipeline") &&
-          Catch::Contains("set gradient_accumulation_steps: 4"));
+          Catch::Contains("that is gradient_accumulation_steps: 4 (a step of 4 x your batch): set it"));
   CHECK_THAT(
       error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_tp_degree: 0\n"),
       Catch::StartsWith("m.yaml:3: megatron_lm_config.megatron_lm_tp_degree: expected a positive integer"));
@@ -764,6 +764,35 @@ TEST_CASE("config: MEGATRON_LM files map onto tensor parallelism, the pipeline a
             "  parallelism_config_tp_size: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"),
       Catch::Contains("with distributed_type: MEGATRON_LM (line 1) the layout is megatron_lm_config's") &&
           Catch::Contains("remove parallelism_config.parallelism_config_tp_size"));
+  // With a pipeline the micro-batches are megatron_lm_num_micro_batches; a different accumulation beside them
+  // is refused, naming the key to set.
+  CHECK_THAT(error("distributed_type: MEGATRON_LM\nnum_processes: 2\ngradient_accumulation_steps: 4\n"
+                   "megatron_lm_config:\n  megatron_lm_pp_degree: 2\n"),
+             Catch::StartsWith("m.yaml:3: gradient_accumulation_steps: 4 with a Megatron-LM pipeline") &&
+                 Catch::Contains("set that to 4 and remove gradient_accumulation_steps"));
+  CHECK(megatron("  megatron_lm_pp_degree: 2\n").pipeline.micro_batches == 1);
+  CHECK_THAT(error("distributed_type: MEGATRON_LM\nnum_processes: 2\npipeline_config:\n  stages: 2\n"
+                   "megatron_lm_config:\n  megatron_lm_pp_degree: 2\n"),
+             Catch::Contains("the layout is megatron_lm_config's") &&
+                 Catch::Contains("remove pipeline_config.stages"));
+  // Accelerate 1.13's further keys: refused where they change the layout or what is computed, noticed where
+  // they concern Megatron-LM's own models or speed.
+  CHECK_THAT(
+      error("distributed_type: MEGATRON_LM\nmegatron_lm_config:\n  megatron_lm_context_parallel_size: 2\n"),
+      Catch::Contains("megatron_lm_config.megatron_lm_context_parallel_size is not supported by "
+                      "accelerate-cpp"));
+  CHECK(megatron("  megatron_lm_context_parallel_size: 1\n").backend == "zero");
+  CHECK(noticed(megatron("  megatron_lm_attention_dropout: 0.1\n"),
+                "megatron_lm_config.megatron_lm_attention_dropout"));
+  // deepspeed_config beside it is ignored, as Accelerate ignores it under MEGATRON_LM, and said so.
+  const accel::Config with_ds = accel::Config::load_string(
+      "distributed_type: MEGATRON_LM\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+      "megatron_lm_config:\n  megatron_lm_tp_degree: 2\n",
+      "m.yaml");
+  CHECK(with_ds.zero.stage == 0);
+  CHECK(noticed(with_ds,
+                "m.yaml:4: deepspeed_config.zero_stage: ignored, as Accelerate ignores it under "
+                "distributed_type: MEGATRON_LM"));
   // Under another distributed_type the section is ignored, as Accelerate ignores it, and said so.
   const accel::Config other = accel::Config::load_string(
       "distributed_type: MULTI_CPU\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n",

@@ -605,6 +605,13 @@ void accelerator_from(TpFrom from) {
   auto m = make_mlps(tp);
   torch::optim::SGD ref_opt(m.reference->parameters(), 0.5), opt(m.parallel->parameters(), 0.5);
   acc.prepare(m.parallel, opt);
+  if (megatron) {
+    // megatron_lm_recompute_activations: each layer of the block recomputes in backward (split_parameters
+    // must see through the wrappers for the clipping to count each slice once).
+    for (const auto& layer : m.parallel->children())
+      CHECK_MSG(std::dynamic_pointer_cast<accel::CheckpointedImpl>(layer) != nullptr,
+                "a layer is not checkpointed");
+  }
   // 16 samples, batches of 4 per replica: the ranks of a tensor-parallel group read the same rows.
   torch::manual_seed(10);
   const auto xs = torch::randn({16, kIn}), ys = torch::randn({16, kOut});
@@ -1317,9 +1324,10 @@ void pipeline_from(bool megatron) {
     ref_opt.step();
     CHECK_MSG(std::abs(loss - ref_loss.item<double>()) <= 1e-5,
               "step " << n << ": loss " << loss << ", one process " << ref_loss.item<double>());
+    // The norm left after clipping is 0.05 x T / (T + 1e-6): within 1e-5 of 0.05 for T >= 0.1.
     if (megatron)
-      CHECK_MSG(ref_norm > 0.05,
-                "step " << n << ": the norm " << ref_norm << " is not clipped: the test checks nothing");
+      CHECK_MSG(ref_norm > 0.1, "step " << n << ": the norm " << ref_norm
+                                        << " is not clipped enough: the test checks nothing");
     const double expected_norm = megatron ? 0.05 : ref_norm;
     CHECK_MSG(std::abs(norm - expected_norm) <= 1e-5 * expected_norm,
               "step " << n << ": clipped norm " << norm << ", expected " << expected_norm);

@@ -524,8 +524,8 @@ struct BackendPart {
   /// info.distributed_types).
   std::function<std::string(const Config&)> distributed_type;
   /// Other `distributed_type:` values read as this backend after a translation of their own (MEGATRON_LM:
-  /// the zero backend at stage 0 or 1 with tensor parallelism and a pipeline); accepted, never offered as
-  /// advice or in the questionnaire.
+  /// the zero backend at stage 0 or 1 with tensor parallelism and a pipeline); accepted and listed among the
+  /// allowed values, never offered as advice or in the questionnaire.
   std::vector<std::string> mapped_distributed_types;
   /// The keys this backend owns: its section's opener (section_row) and the section's rows.
   std::vector<KeyRow> rows;
