@@ -149,8 +149,8 @@ void setup_estimate_memory_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option(
          "--largest_unit_parameters,--largest-unit-parameters", in->largest_unit_parameters,
-         "Elements of the model's largest ZeRO-3 unit (a module's own parameters; default: the largest "
-         "of --layer_parameters)")
+         "Elements of the model's largest ZeRO-3 / FULL_SHARD unit (a module's own parameters; default: the "
+         "largest of --layer_parameters): sizes the NVMe shard buffers and the units gathered while training")
       ->capture_default_str();
   cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
                   "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")

@@ -12,9 +12,10 @@ torch_version=2.11.0
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. Debian packages (headers and tools). libgloo-dev gives the gloo headers the wheel lacks;
-#    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader.
+#    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader; liburing-dev and libaio-dev
+#    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload).
 pkgs=(build-essential cmake ninja-build ccache clang-format pkg-config zlib1g-dev libcli11-dev libyaml-cpp-dev
-  catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv)
+  catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv liburing-dev libaio-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1565,8 +1565,25 @@ TEST_CASE("estimate_memory: NVMe offload of the parameters keeps a few unit shar
   CHECK(nvme.parameters == 3ULL * 4 * (4194304 / 2));  // 3 buffers of one unit's shard
   CHECK(nvme.gradients == memory.gradients);
   CHECK(nvme.optimizer_state == memory.optimizer_state);
-  in.largest_unit_parameters = 0;  // unknown: counted whole
+  // While training: the unit computing, the one prefetched and the unit's whole gradient (fp32).
+  CHECK(nvme.gathered == 3ULL * 4 * 4194304);
+  CHECK(nvme.peak() == nvme.total() + nvme.gathered);
+  CHECK_THAT(nvme.to_string(),
+             Catch::Contains("while training, units gathered at once (not in total): 48.000 "
+                             "MiB\npeak while training, activations aside: "));
+  in.largest_unit_parameters = 0;  // unknown: counted whole, and no gathered units estimated
   CHECK(accel::estimate_memory(in).parameters == memory.parameters);
+  CHECK(accel::estimate_memory(in).gathered == 0);
+  // Layouts that do not shard parameters gather nothing; FULL_SHARD gathers as stage 3 does.
+  in.largest_unit_parameters = 4194304;
+  in.offload_param = "none";
+  in.zero_stage = 2;
+  CHECK(accel::estimate_memory(in).gathered == 0);
+  in.backend = "fsdp";
+  in.fsdp_sharding_strategy = "FULL_SHARD";
+  CHECK(accel::estimate_memory(in).gathered == 3ULL * 4 * 4194304);
+  in.backend = "zero";
+  in.offload_param = "nvme";
   in.zero_stage = 2;
   CHECK_THROWS_WITH(accel::estimate_memory(in),
                     Catch::Contains("offload_param nvme needs --backend zero with --zero_stage 3"));

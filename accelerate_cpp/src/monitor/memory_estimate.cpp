@@ -67,7 +67,11 @@ std::string MemoryReport::to_string() const {
                 : std::string()) +
           (nvme_parameters > 0 ? fmt::format("\nparameter shards on NVMe (files, not memory): {:.3f} MiB",
                                              mib(nvme_parameters))
-                               : std::string()));
+                               : std::string()) +
+          (gathered > 0 ? fmt::format("\nwhile training, units gathered at once (not in total): {:.3f} MiB\n"
+                                      "peak while training, activations aside: {:.3f} MiB",
+                                      mib(gathered), mib(peak()))
+                        : std::string()));
 }
 
 namespace {
@@ -263,6 +267,15 @@ std::uint64_t frozen_bytes(const MemoryEstimateInput& in) {
   return (in.frozen_parameters * per_10k + 9999) / 10000;
 }
 
+// Elements of the largest unit a stage-3 or FULL_SHARD layout gathers: --largest_unit_parameters, else the
+// largest of --layer_parameters, else 0 (unknown).
+std::uint64_t largest_unit(const MemoryEstimateInput& in) {
+  std::uint64_t unit = in.largest_unit_parameters;
+  for (const auto l : in.layer_parameters)
+    if (in.largest_unit_parameters == 0) unit = std::max(unit, l);
+  return unit;
+}
+
 MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   const auto stages = estimate_pipeline_memory(in);
   auto r = std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
@@ -297,9 +310,7 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
     // The shards move to the files; memory keeps a few of them (the unit gathered, the next read ahead, the
     // step's writes behind), each at most the largest unit's shard: from --largest_unit_parameters, else
     // the largest of --layer_parameters, else unknown (then counted whole, an upper bound).
-    std::uint64_t unit = in.largest_unit_parameters;
-    for (const auto l : in.layer_parameters)
-      if (in.largest_unit_parameters == 0) unit = std::max(unit, l);
+    const std::uint64_t unit = largest_unit(in);
     const std::uint64_t shards = r.parameters - frozen_bytes(in);
     const auto n = static_cast<std::uint64_t>(in.num_processes);
     const std::uint64_t buffers =
@@ -310,6 +321,9 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
     throw field_error("offload_param",
                       fmt::format("offload_param '{}' is not one of none, cpu, nvme", in.offload_param));
   }
+  // The units gathered while training (the layout's fact sheet says whether it gathers any).
+  if (sharding_of(estimate_config(in)).shards_parameters && in.num_processes / in.pipeline_stages > 1)
+    r.gathered = 3 * 4 * largest_unit(in);
   return r;
 }
 

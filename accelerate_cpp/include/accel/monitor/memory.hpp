@@ -21,7 +21,15 @@ struct MemoryReport {
   /// Parameter shards kept in NVMe offload's files (offload_param_device: nvme), not in memory; not part of
   /// total().
   std::uint64_t nvme_parameters = 0;
+  /// Estimates only: while training, the layouts that shard parameters (ZeRO-3, FSDP FULL_SHARD and the
+  /// hybrid strategies) also hold, for a moment each, the unit computing and the next one prefetched (whole,
+  /// fp32) and the unit's whole gradient before its reduce-scatter: 3 x the largest unit's bytes (from
+  /// MemoryEstimateInput::largest_unit_parameters or layer_parameters; 0 when unknown or nothing is
+  /// gathered). Not part of total(); activations come on top.
+  std::uint64_t gathered = 0;
   std::uint64_t total() const noexcept { return parameters + gradients + optimizer_state; }
+  /// total() + gathered: the peak while training, activations aside.
+  std::uint64_t peak() const noexcept { return total() + gathered; }
   /// One line per category, human-readable ("parameters: 12.3 MiB ...").
   std::string to_string() const;
 };
