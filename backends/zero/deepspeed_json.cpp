@@ -6,6 +6,7 @@
 #include "deepspeed_json.hpp"
 
 #include "config/small_file.hpp"
+#include "config/text_distance.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -232,7 +233,55 @@ void read_offload_param(const JsonFile& f, const Json& v, const std::string& p, 
   }
 }
 
+// The 1-based line of byte `at` of `text`.
+int line_at(const std::string& text, std::size_t at) {
+  at = std::min(at, text.size());
+  return static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n')) + 1;
+}
+
+// Checked before the JSON reader sees the text: a NUL byte (a UTF-16 or binary file; the reader stopped at
+// it and loaded what came before, silently) and nesting deeper than any DeepSpeed config (a value nested
+// 100,000 deep crashed the process in the reader's recursion).
+void check_text(const std::string& path, const std::string& text) {
+  if (const auto nul = text.find('\0'); nul != std::string::npos) {
+    const int line = line_at(text, nul);
+    throw ConfigError(
+        fmt::format("{}:{}: a NUL byte at byte {}: a DeepSpeed config is JSON text in UTF-8 (is "
+                    "this file UTF-16, or not a config?); save it as UTF-8",
+                    path, line, nul),
+        path, line);
+  }
+  constexpr int kMaxDepth = 64;  // DeepSpeed's own configs nest 3 or 4 deep
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (ch == '\\')
+        escaped = true;
+      else if (ch == '"')
+        in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      if (++depth > kMaxDepth) {
+        const int line = line_at(text, i);
+        throw ConfigError(
+            fmt::format("{}:{}: values nested more than {} deep; a DeepSpeed config nests a few "
+                        "levels (check the file)",
+                        path, line, kMaxDepth),
+            path, line);
+      }
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+    }
+  }
+}
+
 Json parse(const std::string& path, const std::string& text) {
+  check_text(path, text);
   std::vector<std::set<std::string>> open;
   std::vector<std::string> keys;  // the key that opened each object (top: "")
   std::string last_key, duplicate;
@@ -308,7 +357,18 @@ std::string read_text(const std::string& path, const DeepSpeedJsonContext& conte
   return file.text;
 }
 
-// Top-level keys: read, listed as having no effect, or unknown (ignored with a notice, as DeepSpeed does).
+// Every top-level key this reader knows: the ones it reads, and the unsupported table's (refused or noticed).
+std::vector<std::string> top_level_names() {
+  std::vector<std::string> names(mapped_top_keys().begin(), mapped_top_keys().end());
+  names.push_back("bfloat16");
+  for (const UnsupportedKey& row : unsupported_keys()) {
+    if (row.file == kDeepSpeedJson && row.path.find('.') == std::string::npos) names.push_back(row.path);
+  }
+  return names;
+}
+
+// Top-level keys: read, listed as having no effect, a likely misspelling of a known key (an error naming
+// it), or unknown (ignored with a notice, as DeepSpeed does).
 void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std::string>& notices) {
   std::vector<std::string> no_effect, unknown;
   for (const auto& [key, value] : root.items()) {
@@ -320,6 +380,13 @@ void report_top_level_keys(const JsonFile& f, const Json& root, std::vector<std:
     if (const UnsupportedKey* row = find_unsupported(kDeepSpeedJson, key)) {
       if (!row->refused && !asks_nothing(*row, as_yaml(value)))
         no_effect.push_back(fmt::format("{} ({})", key, row->instead));
+    } else if (const auto guess = detail::closest(key, top_level_names())) {
+      // A misspelled block (zero_optimisation) would leave its settings unread: DeepSpeed ignores unknown
+      // keys, and the run would train with the defaults, silently.
+      f.fail(key, key,
+             fmt::format("unknown top-level key '{}' (did you mean '{}'?): its settings would be ignored and "
+                         "the defaults used; correct the name, or remove it",
+                         key, *guess));
     } else {
       unknown.push_back(key);
     }

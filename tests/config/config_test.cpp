@@ -1510,6 +1510,20 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
                    "the backend is ddp, not zero"));
   // Comments are fine; unknown top-level keys are a notice, not an error.
   CHECK_NOTHROW(accel::Config::load_file(files.yaml(files.write("ok.json", "// a comment\n{\"x\": 1}"))));
+  // ... unless it is one edit or so from a block this reader knows: a misspelled zero_optimization would
+  // leave the run at the defaults (zero stage 0), silently.
+  CHECK_THAT(error_of("{\n  \"zero_optimisation\": {\"stage\": 2}\n}"),
+             Catch::Contains("ds.json:2: unknown top-level key 'zero_optimisation' (did you mean "
+                             "'zero_optimization'?)"));
+  // A NUL byte (UTF-16, a binary file) is named; the reader used to stop there and load what came before.
+  CHECK_THAT(error_of(std::string("{\"zero_optimization\": {\"stage\": 2}}\n\0{\"x\": 3}", 45)),
+             Catch::Contains("ds.json:2: a NUL byte at byte 36"));
+  // Nesting far deeper than a config: an error, not a crash in the reader's recursion.
+  CHECK_THAT(error_of("{\"gradient_clipping\": " + std::string(100000, '[') + std::string(100000, ']') + "}"),
+             Catch::Contains("ds.json:1: values nested more than 64 deep"));
+  // Brackets inside strings do not count.
+  CHECK_NOTHROW(accel::Config::load_file(
+      files.yaml(files.write("brackets.json", "{\"x\": \"" + std::string(100, '[') + "\\\"\", \"y\": 1}"))));
 }
 
 TEST_CASE("estimate_memory: a frozen LoRA or QLoRA base adds its bytes only", "[config]") {
