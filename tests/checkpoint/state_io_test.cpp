@@ -309,6 +309,31 @@ TEST_CASE("checkpoint: a really full disk fails save_state and save_model cleanl
   CHECK(torch::equal(accel::detail::read_model_export(exported).at("weight"), test::snapshot(*model)[0]));
 }
 
+// save_model over a save_state checkpoint would replace its model.safetensors (a different layout and no
+// place in its manifest), and the checkpoint would no longer load.
+TEST_CASE("export: save_model refuses a save_state checkpoint's directory, which stays loadable") {
+  test::TempDir dir;
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 1);
+  const auto ckpt = dir.path / "checkpoint";
+  run.acc.save_state(ckpt.string());
+  const auto before = std::filesystem::file_size(ckpt / "manifest.json");
+  std::string error;
+  try {
+    run.acc.save_model(run.model, ckpt.string());
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains(ckpt.string()) && Catch::Contains("holds a save_state checkpoint") &&
+                        Catch::Contains("export to another directory"));
+  CHECK(std::filesystem::file_size(ckpt / "manifest.json") == before);
+  CHECK_NOTHROW(run.acc.load_state(ckpt.string()));
+  // Its own directory, or an earlier export's, is written as before.
+  run.acc.save_model(run.model, (dir.path / "export").string());
+  run.acc.save_model(run.model, (dir.path / "export").string());
+  CHECK(std::filesystem::exists(dir.path / "export" / "model.safetensors"));
+}
+
 TEST_CASE("checkpoint: save_state never deletes what it did not write (a log directory, a file)") {
   test::TempDir dir;
   Run run(MixedPrecision::No, 1);
@@ -557,7 +582,8 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
   });
   REQUIRE_THROWS_WITH(
       target.acc.load_state(c.string()),
-      Catch::Contains("checkpoint has no tensor 'fc2.weight'") &&
+      Catch::Contains("load_state: " + (c / "model.safetensors").string() +
+                      ": checkpoint has no tensor 'fc2.weight'") &&
           Catch::Contains("the optimizers, schedulers, loaders, loss scaler and random states "
                           "are as they were"));
   before.check(target);
@@ -578,6 +604,43 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
   REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
                       Catch::Contains("'micro_steps' is a Long tensor of 2 elements, not one int64"));
   before.check(target);
+}
+
+// Two models (a GAN, a teacher and a student): the second one's file not fitting its model must not leave the
+// first already overwritten.
+TEST_CASE("checkpoint: a load whose second model does not fit leaves the first model as it was") {
+  test::TempDir dir;
+  torch::manual_seed(5);
+  Mlp first(6, 0.0), second(6, 0.0);
+  torch::optim::SGD opt_first(first->parameters(), 0.1), opt_second(second->parameters(), 0.1);
+  Accelerator acc(AcceleratorOptions().config(test::make_config(MixedPrecision::No, 1)));
+  acc.prepare(first, opt_first);
+  acc.prepare(second, opt_second);
+  const auto ckpt = dir.path / "two";
+  acc.save_state(ckpt.string());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : first->parameters())
+      p.add_(1.0);  // what a load would undo
+  }
+  const auto first_before = test::snapshot(*first), second_before = test::snapshot(*second);
+  rewrite(ckpt / "model_1.safetensors", [](auto& t) {
+    t["fc9.weight"] = t.at("fc2.weight");
+    t.erase("fc2.weight");
+  });
+  REQUIRE_THROWS_WITH(acc.load_state(ckpt.string()),
+                      Catch::Contains((ckpt / "model_1.safetensors").string()) &&
+                          Catch::Contains("checkpoint has no tensor 'fc2.weight' for model 1"));
+  const auto first_after = test::snapshot(*first), second_after = test::snapshot(*second);
+  for (std::size_t k = 0; k < first_after.size(); ++k)
+    CHECK(torch::equal(first_after[k], first_before[k]));
+  for (std::size_t k = 0; k < second_after.size(); ++k)
+    CHECK(torch::equal(second_after[k], second_before[k]));
+  // A shape that does not fit is named the same way.
+  acc.save_state(ckpt.string());
+  rewrite(ckpt / "model_1.safetensors", [](auto& t) { t["fc2.bias"] = torch::zeros({3}); });
+  REQUIRE_THROWS_WITH(acc.load_state(ckpt.string()),
+                      Catch::Contains("checkpoint tensor 'fc2.bias' has shape [3] but model 1 expects"));
 }
 
 TEST_CASE("checkpoint: a checkpoint saved before manifests still loads, with a notice") {

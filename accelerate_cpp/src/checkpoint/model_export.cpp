@@ -82,6 +82,14 @@ std::uint64_t parse_shard_size(const std::string& text) {
 ShardedExportWriter::ShardedExportWriter(fs::path dir, std::uint64_t max_shard_bytes)
     : dir_(std::move(dir)), max_(max_shard_bytes) {
   std::error_code ec;
+  // A save_state checkpoint keeps its own model.safetensors, listed in its manifest: an export there would
+  // replace it, and the checkpoint would no longer load.
+  if (fs::exists(dir_ / Manifest::kFile, ec)) {
+    throw CheckpointError(fmt::format(
+        "save_model: '{}' holds a save_state checkpoint ({}); an export there would replace the checkpoint's "
+        "model.safetensors and it would no longer load: export to another directory (nothing was written)",
+        dir_.string(), Manifest::kFile));
+  }
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) {
     throw CheckpointError(fmt::format("save_model: cannot create the directory '{}': {}", dir_.string(),

@@ -445,7 +445,11 @@ void StateIO::load_layer_weights(LayerFiles& files, const std::vector<std::strin
   if (p_.tensor_parallel_size > 1) {
     slice_tensor_parallel(state, p_.tensor_parallel_splits.at(0), fmt::format("load_state from '{}'", dir));
   }
-  p_.prepared->models[0].engine->load_model_state(state);
+  try {
+    p_.prepared->models[0].engine->load_model_state(state);
+  } catch (const CheckpointError& e) {  // a tensor the model lacks or shapes apart: name the checkpoint
+    throw CheckpointError(fmt::format("load_state: '{}' (its layer files): {}", dir, e.what()));
+  }
 }
 
 void StateIO::load_layer_optimizer(LayerFiles& files, const std::vector<std::string>& names, std::size_t o,
@@ -928,14 +932,83 @@ void StateIO::check_counts(const safetensors::File& state_file, const std::strin
   }
 }
 
+namespace {
+
+// What a model expects of a checkpoint: the shape of each parameter and buffer and whether it is floating
+// point. Models whose engine keeps them whole are read as they are; sharded ones are walked one gathered unit
+// at a time (collective, memory bounded as an export is).
+std::map<std::string, std::pair<std::vector<std::int64_t>, bool>> expected_state(const PreparedModel& m) {
+  std::map<std::string, std::pair<std::vector<std::int64_t>, bool>> out;
+  const auto note = [&out](const std::string& name, const torch::Tensor& t) {
+    out[name] = {t.sizes().vec(), t.is_floating_point()};
+  };
+  if (!m.engine->capabilities().shards_parameters) {
+    for (const auto& item : m.module->named_parameters())
+      note(item.key(), item.value());
+    for (const auto& item : m.module->named_buffers())
+      note(item.key(), item.value());
+  } else {
+    m.engine->visit_model_state([&](NamedTensors piece) {
+      for (const auto& [name, t] : piece)
+        note(name, t);
+    });
+  }
+  return out;
+}
+
+// Throws CheckpointError naming `path` when `state` does not fit model `index`: a tensor missing, of another
+// shape, or integer where the model has floating point (the engines' own load checks the same, one model at a
+// time).
+void check_fits(const PreparedModel& m, std::size_t index, const std::map<std::string, torch::Tensor>& state,
+                const std::string& path) {
+  for (const auto& [name, expected] : expected_state(m)) {
+    const auto it = state.find(name);
+    if (it == state.end()) {
+      throw CheckpointError(
+          fmt::format("load_state: {}: checkpoint has no tensor '{}' for model {}; was it "
+                      "saved from the same model architecture?",
+                      path, name, index));
+    }
+    if (it->second.sizes().vec() != expected.first) {
+      throw CheckpointError(fmt::format(
+          "load_state: {}: checkpoint tensor '{}' has shape [{}] but model {} "
+          "expects [{}]",
+          path, name, fmt::join(it->second.sizes(), ", "), index, fmt::join(expected.first, ", ")));
+    }
+    if (it->second.is_floating_point() != expected.second) {
+      throw CheckpointError(
+          fmt::format("load_state: {}: checkpoint tensor '{}' is {} and model {}'s is not: "
+                      "integers and floating point do not convert into each other",
+                      path, name, c10::toString(it->second.scalar_type()), index));
+    }
+  }
+}
+
+}  // namespace
+
 void StateIO::load_models(const std::string& dir) {
   const fs::path root(dir);
-  for (std::size_t i = 0; i < p_.prepared->models.size(); ++i) {
+  const auto& models = p_.prepared->models;
+  // Every model's file is read (and, with several models, checked against its model) before the first is
+  // loaded: a checkpoint whose second model does not fit leaves the first as it was, all or nothing (one
+  // model is checked whole by its engine before it copies anything).
+  std::vector<std::map<std::string, torch::Tensor>> states;
+  std::vector<std::string> paths;
+  for (std::size_t i = 0; i < models.size(); ++i) {
     const auto f = safetensors::File::open((root / indexed("model", i, ".safetensors")).string());
     auto state = read_tensors(f);
     if (p_.tensor_parallel_size > 1)
       slice_tensor_parallel(state, p_.tensor_parallel_splits.at(i), "load_state from " + f.path());
-    p_.prepared->models[i].engine->load_model_state(state);
+    if (models.size() > 1) check_fits(models[i], i, state, f.path());
+    states.push_back(std::move(state));
+    paths.push_back(f.path());
+  }
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    try {
+      models[i].engine->load_model_state(states[i]);
+    } catch (const CheckpointError& e) {  // a tensor the model lacks or shapes apart: name the file
+      throw CheckpointError(fmt::format("load_state: {}: {}", paths[i], e.what()));
+    }
   }
 }
 
