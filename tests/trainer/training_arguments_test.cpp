@@ -91,6 +91,11 @@ TEST_CASE("TrainingArguments: unknown and unsupported keys are errors naming fil
   CHECK_THROWS_WITH(TrainingArguments::load_string("learning_rate: fast\n", "run.yaml"),
                     Contains("learning_rate") && Contains("expected a number, got 'fast'"));
   CHECK_THROWS_WITH(TrainingArguments::load_string("- a\n- b\n", "run.yaml"), Contains("a mapping"));
+  // A NUL byte (UTF-16, binary): yaml-cpp read such a file as empty, all defaults, without a word.
+  CHECK_THROWS_WITH(TrainingArguments::load_string(std::string("learning_rate: 1\n\0", 18), "run.yaml"),
+                    Contains("run.yaml:2: the file holds a NUL byte (byte 17)"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("\xFF\xFEl\0r\0", "run.yaml"),
+                    Contains("run.yaml:1: the file is UTF-16 encoded"));
   // Hub keys never change a run: accepted, noted.
   auto a = TrainingArguments::load_string("hub_model_id: me/model\n", "run.yaml");
   CHECK(a.notices.size() == 1);

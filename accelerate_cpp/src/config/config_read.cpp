@@ -259,18 +259,7 @@ YAML::Node first_document(const std::string& text, const std::string& source) {
 // A config file is UTF-8 text. yaml-cpp decodes a NUL byte near the start as UTF-16 and reads such a file as
 // all defaults (one process, local) without a word; a UTF-16 file is refused the same way, by name.
 void check_encoding(const std::string& text, const std::string& source) {
-  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0) {
-    fail(source, 1, "",
-         "the file is UTF-16 encoded (it starts with a UTF-16 byte order mark); save it as UTF-8 text");
-  }
-  const auto nul = text.find('\0');
-  if (nul != std::string::npos) {
-    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + nul, '\n'));
-    fail(source, line, "",
-         fmt::format("the file holds a NUL byte (byte {}): a config file is UTF-8 text, and this one is "
-                     "UTF-16 or binary; save it as UTF-8 text",
-                     nul));
-  }
+  if (const auto problem = encoding_problem(text)) fail(source, problem->first, "", problem->second);
 }
 
 Config load_yaml(const std::string& text, const std::string& source) {

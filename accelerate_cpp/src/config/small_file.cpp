@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -21,6 +22,21 @@ struct Fd {
 };
 
 }  // namespace
+
+std::optional<std::pair<int, std::string>> encoding_problem(const std::string& text) {
+  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0)
+    return std::make_pair(1,
+                          std::string("the file is UTF-16 encoded (it starts with a UTF-16 byte order mark); "
+                                      "save it as UTF-8 text"));
+  const auto nul = text.find('\0');
+  if (nul == std::string::npos) return std::nullopt;
+  const int line =
+      1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(nul), '\n'));
+  return std::make_pair(line,
+                        "the file holds a NUL byte (byte " + std::to_string(nul) +
+                            "): a config file is UTF-8 text, and this one is UTF-16 or binary; save it as "
+                            "UTF-8 text");
+}
 
 SmallFile read_small_file(const std::string& path, std::size_t max_bytes) {
   SmallFile out;

@@ -3,7 +3,9 @@
 // and never blocked on a pipe nobody writes to.
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace accel::config_detail {
 
@@ -20,5 +22,10 @@ struct SmallFile {
 /// directory is an error; so is a FIFO no process holds open for writing (it would block for ever: a named
 /// pipe given by mistake), while a pipe with a writer (`--config_file <(cat x.yaml)`) is read to its end.
 SmallFile read_small_file(const std::string& path, std::size_t max_bytes);
+
+/// Why `text` is not UTF-8 text a config reader may hand to yaml-cpp (which decodes a NUL byte near the start
+/// as UTF-16 and reads such a file as empty, without a word): a UTF-16 byte order mark or a NUL byte, as the
+/// 1-based line and a phrase that says what to do; nullopt when it is fine.
+std::optional<std::pair<int, std::string>> encoding_problem(const std::string& text);
 
 }  // namespace accel::config_detail

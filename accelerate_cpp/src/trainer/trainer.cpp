@@ -861,6 +861,15 @@ void TrainerBase::resume_from(const std::string& dir) {
                     "output_dir, or \"latest\"",
                     dir));
   }
+  // Bounded, as every file a user can hand us: a trainer_state.json is kilobytes (its log history grows by a
+  // line a logged step); /dev/zero or a pipe in its place is not read.
+  const auto size = fs::is_regular_file(state_file, ec) ? fs::file_size(state_file, ec) : std::uintmax_t{0};
+  if (ec || !fs::is_regular_file(state_file, ec) || size > (std::uintmax_t{256} << 20)) {
+    throw CheckpointError(fmt::format("Trainer: cannot read '{}': {}", state_file.string(),
+                                      ec         ? ec.message()
+                                      : size > 0 ? "larger than 256 MiB, not a trainer_state.json"
+                                                 : "not a regular file"));
+  }
   std::ifstream in(state_file, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const TrainerState s = TrainerState::from_json(text, state_file.string());

@@ -395,6 +395,11 @@ const std::vector<TrainingKey>& TrainingArguments::keys() {
 }
 
 TrainingArguments TrainingArguments::load_string(const std::string& text, const std::string& source) {
+  // yaml-cpp would read a file with a NUL byte (UTF-16, binary) as empty: all defaults, silently.
+  if (const auto problem = config_detail::encoding_problem(text)) {
+    throw ConfigError(fmt::format("{}:{}: {}", source, problem->first, problem->second), source,
+                      problem->first);
+  }
   YAML::Node root;
   try {
     root = YAML::Load(text);
