@@ -422,9 +422,11 @@ void StateIO::load_layer_files(const std::string& dir, bool per_layer) {
     names.push_back(item.key());
   for (const auto& item : module.named_buffers())
     names.push_back(item.key());
-  load_layer_weights(files, names, dir);
+  // The optimizers first, the weights last (as load_models): a failure in either leaves the weights as they
+  // were, and LoadRollback puts the optimizers back.
   for (std::size_t o = 0; o < p_.prepared->optimizers.size(); ++o)
     load_layer_optimizer(files, names, o, dir);
+  load_layer_weights(files, names, dir);
 }
 
 void StateIO::load_layer_weights(LayerFiles& files, const std::vector<std::string>& names,
