@@ -239,18 +239,12 @@ int line_at(const std::string& text, std::size_t at) {
   return static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n')) + 1;
 }
 
-// Checked before the JSON reader sees the text: a NUL byte (a UTF-16 or binary file; the reader stopped at
-// it and loaded what came before, silently) and nesting deeper than any DeepSpeed config (a value nested
+// Checked before the JSON reader sees the text: a NUL byte or a UTF-16 mark (the reader stopped at a NUL and
+// loaded what came before, silently) and nesting deeper than any DeepSpeed config (a value nested
 // 100,000 deep crashed the process in the reader's recursion).
 void check_text(const std::string& path, const std::string& text) {
-  if (const auto nul = text.find('\0'); nul != std::string::npos) {
-    const int line = line_at(text, nul);
-    throw ConfigError(
-        fmt::format("{}:{}: a NUL byte at byte {}: a DeepSpeed config is JSON text in UTF-8 (is "
-                    "this file UTF-16, or not a config?); save it as UTF-8",
-                    path, line, nul),
-        path, line);
-  }
+  if (const auto problem = encoding_problem(text))
+    throw ConfigError(fmt::format("{}:{}: {}", path, problem->first, problem->second), path, problem->first);
   constexpr int kMaxDepth = 64;  // DeepSpeed's own configs nest 3 or 4 deep
   int depth = 0;
   bool in_string = false, escaped = false;

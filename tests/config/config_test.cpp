@@ -1517,7 +1517,7 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
                              "'zero_optimization'?)"));
   // A NUL byte (UTF-16, a binary file) is named; the reader used to stop there and load what came before.
   CHECK_THAT(error_of(std::string("{\"zero_optimization\": {\"stage\": 2}}\n\0{\"x\": 3}", 45)),
-             Catch::Contains("ds.json:2: a NUL byte at byte 36"));
+             Catch::Contains("ds.json:2: the file holds a NUL byte (byte 36)"));
   // Nesting far deeper than a config: an error, not a crash in the reader's recursion.
   CHECK_THAT(error_of("{\"gradient_clipping\": " + std::string(100000, '[') + std::string(100000, ']') + "}"),
              Catch::Contains("ds.json:1: values nested more than 64 deep"));
