@@ -376,7 +376,12 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     std::lock_guard lock(mu_);
     detail::Quiet quiet;
     gather_all();
-    detail::load_module_state(*model_, state);
+    try {
+      detail::load_module_state(*model_, state);  // checks every tensor before it copies any
+    } catch (...) {
+      release_all();  // the model as it was, its units released as after any other call
+      throw;
+    }
     torch::NoGradGuard no_grad;
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       auto& f = flats_[fi];
