@@ -17,18 +17,22 @@
 #include <accel/optim/optim.hpp>
 
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 
 namespace dist {
@@ -801,12 +805,84 @@ void write_reference(const NamedTensors& state, const std::string& path) {
   safetensors::write_file(path, views);
 }
 
-// Hugging Face export: save_model writes shards plus an index (or one file) that Python's safetensors and a
-// transformers-style sharded loader read back bitwise; load_model restores them into a fresh prepared model;
-// get_state_dict(model, MainProcess) equals the all-ranks state on the main process and is empty elsewhere;
-// get_state_dict(model) is a copy that later steps leave alone.
-// The measured peak of tensor bytes held stays below one shard plus one unit on the main process, and below
-// the whole model on the other ranks where parameters are sharded.
+// What check_hf_export.py checks, with the library's own safetensors reader (whose files Python reads and
+// writes: the "safetensors:" tests): the index's shard names and weight_map, metadata format=pt, each shard
+// within max_shard_size, total_size, and every tensor bitwise equal to `reference`. Returns "" or the first
+// difference.
+std::string check_export(const std::string& dir, const NamedTensors& reference, std::uint64_t max_shard) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> where;  // tensor -> file that holds it
+  std::vector<safetensors::File> files;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    const auto index = nlohmann::json::parse(in);
+    std::set<std::string> names;
+    for (const auto& [tensor, file] : index.at("weight_map").items())
+      names.insert(file.get<std::string>());
+    const std::size_t n = names.size();
+    std::size_t k = 1;
+    for (const auto& name : names) {
+      char want[64];
+      std::snprintf(want, sizeof want, "model-%05zu-of-%05zu.safetensors", k++, n);
+      if (name != want) return "shard " + name + ", want " + want;
+    }
+    std::uint64_t total = 0;
+    for (const auto& name : names) {
+      files.push_back(safetensors::File::open((fs::path(dir) / name).string()));
+      const auto& shard = files.back();
+      const auto format = shard.metadata().find("format");
+      if (format == shard.metadata().end() || format->second != "pt")
+        return name + ": metadata format is not 'pt' (transformers refuses such files)";
+      std::uint64_t size = 0;
+      for (const auto& tensor : shard.names()) {
+        const auto listed = index["weight_map"].find(tensor);
+        if (listed == index["weight_map"].end() || *listed != name)
+          return tensor + " is in " + name + " but the index does not say so";
+        where[tensor] = name;
+        size += shard.info(tensor).nbytes;
+      }
+      if (size > max_shard && shard.names().size() > 1)
+        return name + " holds " + std::to_string(size) + " bytes, more than max_shard_size";
+      total += size;
+    }
+    if (index["weight_map"].size() != where.size()) return "the index lists tensors that no shard holds";
+    if (index.at("metadata").at("total_size").get<std::uint64_t>() != total)
+      return "metadata.total_size differs from the shards' " + std::to_string(total) + " bytes";
+  } else {
+    files.push_back(safetensors::File::open((fs::path(dir) / "model.safetensors").string()));
+    for (const auto& tensor : files.back().names())
+      where[tensor] = "model.safetensors";
+  }
+  if (where.size() != reference.size())
+    return std::to_string(where.size()) + " tensors, want " + std::to_string(reference.size());
+  for (const auto& [name, t] : reference) {
+    const auto it = where.find(name);
+    if (it == where.end()) return "no tensor " + name;
+    for (const auto& file : files) {
+      if (!file.contains(name)) continue;
+      const auto& info = file.info(name);
+      const auto want = t.contiguous();
+      if (info.dtype != safetensors::DType::F32 || info.shape != want.sizes().vec() ||
+          info.nbytes != static_cast<std::size_t>(want.numel()) * want.element_size() ||
+          std::memcmp(file.data(name), want.data_ptr(), info.nbytes) != 0)
+        return name + " differs from the reference";
+    }
+  }
+  return "";
+}
+
+// Whether hf_export also runs Python's check (the scenario hf_export_python): the export's bytes come from
+// one writer whatever the backend, so Python reads them on one row (local) and the library's reader checks
+// the same things on every row, without starting Python (~5 s) on each.
+bool python_export_check = false;
+
+// Hugging Face export: save_model writes shards plus an index (or one file) that the library's reader (and,
+// as hf_export_python, Python's safetensors and a transformers-style sharded loader) read back bitwise;
+// load_model restores them into a fresh prepared model; get_state_dict(model, MainProcess) equals the
+// all-ranks state on the main process and is empty elsewhere; get_state_dict(model) is a copy that later
+// steps leave alone. The measured peak of tensor bytes held stays below one shard plus one unit on the main
+// process, and below the whole model on the other ranks where parameters are sharded.
 void hf_export() {
   namespace fs = std::filesystem;
   torch::manual_seed(8);
@@ -895,8 +971,16 @@ void hf_export() {
             << report.peak_held_bytes << " bytes of a " << total << "-byte model (max_shard_size "
             << max_shard << ")" << std::endl;
 
-  // Python: safetensors and a transformers-style sharded loader read the export back, bitwise.
+  // The library's reader, then (hf_export_python) Python's safetensors and a transformers-style sharded
+  // loader read the export back, bitwise.
   if (main) {
+    const std::string problem = check_export(dir, reference, max_shard);
+    CHECK_MSG(problem.empty(), "the export in " << dir << ": " << problem);
+    if (problem.empty())
+      std::cout << backend_variant << " hf_export: " << reference.size()
+                << " tensors read back bitwise by the library's reader" << std::endl;
+  }
+  if (main && python_export_check) {
     const std::string reference_file = dir + ".reference.safetensors";
     write_reference(reference, reference_file);
     const std::string python = accel::test::python();
@@ -1185,6 +1269,12 @@ std::map<std::string, std::function<void()>> real_loop_scenarios() {
           {"torch_save", torch_save},
           {"load_saved", load_saved},
           {"hf_export", hf_export},
+          {"hf_export_python",
+           [] {
+             python_export_check = true;
+             hf_export();
+             python_export_check = false;
+           }},
           {"hf_import", hf_import},
           {"auto_checkpoint", auto_checkpoint},
           {"restart_resume", restart_resume},
