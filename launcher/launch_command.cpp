@@ -201,6 +201,10 @@ void check_launch_options(const LaunchOptions& options) {
     throw UsageError("--grace_period must be 0 or more seconds, got " +
                      std::to_string(options.grace_period_seconds));
   }
+  if (!(options.early_exit_report_seconds >= 0)) {
+    throw UsageError("--early_exit_report must be 0 or more seconds, got " +
+                     std::to_string(options.early_exit_report_seconds));
+  }
   if (options.max_restarts < 0) {
     throw UsageError("--max_restarts must be 0 or more, got " + std::to_string(options.max_restarts));
   }
@@ -282,6 +286,7 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
   supervisor.executable = executable;
   supervisor.argv = options.command;
   supervisor.grace_period_seconds = options.grace_period_seconds;
+  supervisor.early_exit_report_seconds = options.early_exit_report_seconds;
   supervisor.log_dir = options.log_dir;
   supervisor.console = options.log_dir.empty() || options.tee;
   for (int local = 0; local < local_ranks; ++local) {
@@ -458,6 +463,9 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
                 "Start more than 8 ranks per core (and more than 16) on this machine anyway");
   sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+      ->capture_default_str();
+  sub->add_option(both_spellings("early_exit_report"), options->early_exit_report_seconds,
+                  "Name a rank that exited 0 when the others still run this many seconds later")
       ->capture_default_str();
   sub->add_option(both_spellings("max_restarts"), options->max_restarts,
                   "Start all ranks again after a failure, up to this many times (one machine)")

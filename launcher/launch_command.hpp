@@ -49,6 +49,8 @@ struct LaunchOptions {
   bool oversubscribe = false;
   /// `--grace_period`: seconds between SIGTERM and SIGKILL when stopping the ranks.
   double grace_period_seconds = 3.0;
+  /// Seconds a rank that exited 0 may leave the others running before the launcher names it.
+  double early_exit_report_seconds = 5.0;
   /// `--max_restarts`: after a rank fails, start all ranks again up to this many times (one machine only, as
   /// torchrun's `--max-restarts` without elastic rendezvous). Ranks see TORCHELASTIC_RESTART_COUNT.
   int max_restarts = 0;

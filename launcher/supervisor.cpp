@@ -40,10 +40,6 @@ constexpr std::size_t kMaxLineBytes = 64 * 1024;
 constexpr auto kReapTimeout = std::chrono::seconds(2);
 // How long output is still read after every rank has exited while a grandchild keeps a pipe open.
 constexpr auto kDrainAfterStop = std::chrono::milliseconds(500);
-// A rank that exited 0 while others still run for this long is reported: the others are likely waiting for
-// it in a collective, which would otherwise go unexplained until the collective timeout (30 min by default).
-// Ranks that simply finish a few moments apart stay quiet.
-constexpr auto kEarlyExitReport = std::chrono::seconds(5);
 
 // Write end of the self-pipe; the handlers only write(2) the signal number into it.
 volatile sig_atomic_t g_signal_pipe = -1;
@@ -632,9 +628,13 @@ class Supervisor {
     return result;
   }
 
-  // Says which rank exited 0 and which still run, once, when they have run on for kEarlyExitReport.
+  // Says which rank exited 0 and which still run, once, when they have run on for early_exit_report_seconds.
   void report_early_exit(Clock::time_point now) {
-    if (!early_exit_ || early_exit_reported_ || now - early_exit_at_ < kEarlyExitReport) return;
+    // The others are likely waiting for it in a collective, which would otherwise go unexplained until the
+    // collective timeout (30 min by default).
+    if (!early_exit_ || early_exit_reported_ ||
+        now - early_exit_at_ < std::chrono::duration<double>(options_.early_exit_report_seconds))
+      return;
     early_exit_reported_ = true;
     std::string running;
     std::size_t count = 0;

@@ -32,6 +32,9 @@ struct SupervisorOptions {
   std::vector<RankSpec> ranks;
   /// Seconds between the stop signal (SIGTERM, or the signal the launcher received) and SIGKILL.
   double grace_period_seconds = 3.0;
+  /// A rank that exited 0 while others still run this many seconds later is named on stderr (the others are
+  /// likely waiting for it in a collective); ranks that finish a few moments apart stay quiet.
+  double early_exit_report_seconds = 5.0;
   /// Lines of each rank's output (stdout and stderr together) kept for the failure report.
   std::size_t tail_lines = 20;
   /// File descriptors that receive the prefixed stdout and stderr lines of the ranks.

@@ -15,8 +15,8 @@
 #   2. SIGTERM or SIGINT (sometimes twice) to the launcher after 0-3 s, the ranks exiting on SIGTERM or ignoring
 #      it: exit 143 / 130 within a few seconds (else hang), "received SIG...; forwarded it" once ranks ran
 #      (else unreported), nothing left behind (else orphan).
-#   3. One rank (0 or 1) exits 0 after 0-2 s while the other runs on: "rank R exited with code 0 5 s ago while
-#      1 rank(s) still run" within 7.5 s of that exit (else unreported); once the other rank exits, the launcher
+#   3. One rank (0 or 1) exits 0 after 0-2 s while the other runs on: with --early_exit_report 1, "rank R exited
+#      with code 0 1 s ago while 1 rank(s) still run" within 3.5 s of that exit (else unreported); once the other rank exits, the launcher
 #      exits 0 at once (else hang).
 #   4. Rank 0 or 1 killed with SIGKILL, SIGSEGV or SIGABRT after 0-3 s, the other rank exiting on SIGTERM or
 #      ignoring it: "rank R (local rank R, pid P) was killed by signal S (NAME)" naming that rank and pid (else
@@ -183,7 +183,7 @@ start() {
   (
     trap - INT QUIT
     exec env ACCEL_CAMPAIGN_TAG="$tag" CAMPAIGN_DIR="$trial_dir" "$launch" launch --cpu --num_processes 2 \
-      --main_process_port 0 --backend ddp --grace_period 1 "$@"
+      --main_process_port 0 --backend ddp --grace_period 1 --early_exit_report 1 "$@"
   ) > "$trial_dir/out" 2> "$trial_dir/err" < /dev/null &
   launcher_pid=$!
 }
@@ -354,13 +354,13 @@ for ((i = 0; i < trials; ++i)); do
   deadline=$(($(now_ms) + 10000))
   until [ -e "$d/exited.$early" ] || [ "$(now_ms)" -ge "$deadline" ]; do sleep 0.02; done
   exit_at=$(now_ms)
-  pattern="^accel-launch: rank $early exited with code 0 [5-7] s ago while 1 rank\(s\) still run \($other\); "
+  pattern="^accel-launch: rank $early exited with code 0 [1-3] s ago while 1 rank\(s\) still run \($other\); "
   reported_after=
   if [ ! -e "$d/exited.$early" ]; then
     outcome="wrong: rank $early did not start and exit within 10 s"
     wrong=$((wrong + 1))
   else
-    deadline=$((exit_at + 7500))
+    deadline=$((exit_at + 3500))
     until grep -qE "$pattern" "$d/err"; do
       if [ "$(now_ms)" -ge "$deadline" ] || exited "$launcher_pid"; then break; fi
       sleep 0.05
@@ -368,7 +368,7 @@ for ((i = 0; i < trials; ++i)); do
     if grep -qE "$pattern" "$d/err"; then
       reported_after=$(seconds $(($(now_ms) - exit_at)))
     else
-      outcome="unreported: no 'rank $early exited with code 0 ... s ago' line 7.5 s after it exited"
+      outcome="unreported: no 'rank $early exited with code 0 ... s ago' line 3.5 s after it exited"
       unreported=$((unreported + 1))
     fi
   fi
