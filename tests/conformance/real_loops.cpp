@@ -12,6 +12,7 @@
 
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/env_contract.hpp>
+#include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/nn/sync_batchnorm.hpp>
 #include <accel/optim/optim.hpp>
@@ -672,13 +673,24 @@ void buffers() {
 
 // SyncBatchNorm: N ranks with batch B normalise with the global batch's statistics, so the weights and the
 // running statistics equal one process with BatchNorm1d on N*B (per-rank BatchNorm does not: see `buffers`).
-void sync_batchnorm() {
-  against_one_process("SyncBatchNorm (weights and running statistics)", [](Accelerator* acc, int world) {
+// `checkpointed`: the normalisation layer itself wrapped in accel::Checkpointed (its statistics then update
+// in the forward and again in the recomputation, in both runs), which prepare must still connect.
+void sync_batchnorm_run(bool checkpointed) {
+  const std::string what = checkpointed
+                               ? "SyncBatchNorm inside accel::Checkpointed (weights and running statistics)"
+                               : "SyncBatchNorm (weights and running statistics)";
+  against_one_process(what, [checkpointed](Accelerator* acc, int world) {
     torch::manual_seed(9);
     torch::nn::Sequential model;
     model->push_back(torch::nn::Linear(6, 16));
     if (acc != nullptr) {
-      model->push_back(accel::nn::SyncBatchNorm(16));
+      if (checkpointed) {
+        model->push_back(accel::Checkpointed(accel::nn::SyncBatchNorm(16)));
+      } else {
+        model->push_back(accel::nn::SyncBatchNorm(16));
+      }
+    } else if (checkpointed) {
+      model->push_back(accel::Checkpointed(torch::nn::BatchNorm1d(16)));
     } else {
       model->push_back(torch::nn::BatchNorm1d(16));
     }
@@ -705,6 +717,11 @@ void sync_batchnorm() {
     }
     return out;
   });
+}
+
+void sync_batchnorm() {
+  sync_batchnorm_run(false);
+  sync_batchnorm_run(true);
 }
 
 std::string what_of(const std::function<void()>& f) {
