@@ -320,7 +320,7 @@ TEST_CASE("atomic_dir: write_file_atomic replaces a file and leaves no temporary
     FAIL("no exception");
   } catch (const accel::CheckpointError& error) {
     const std::string message = error.what();
-    const std::string head = "cannot write checkpoint file '" + missing.string() + "': creating '" +
+    const std::string head = "cannot write checkpoint file '" + missing.string() + "' (1 bytes): creating '" +
                              missing.string() + ".tmp-" + std::to_string(::getpid()) + "-";
     const std::string tail =
         "' failed: No such file or directory; check that the directory exists and is writable";

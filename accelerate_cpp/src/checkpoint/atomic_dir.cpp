@@ -272,7 +272,8 @@ void AtomicDirectory::commit() {
 // ---------------------------------------------------------------------------------------------------------------
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
-  const std::string context = "cannot write checkpoint file '" + path + "'";
+  const std::string context =
+      "cannot write checkpoint file '" + path + "' (" + std::to_string(bytes.size()) + " bytes)";
   const fs::path target(path);
   if (target.filename().empty()) throw CheckpointError(context + ": the path names a directory, not a file");
   const fs::path temp = with_suffix(target, ".tmp-" + std::to_string(::getpid()) + "-" + random_hex());

@@ -92,7 +92,8 @@ void write_manifest(const std::string& dir, const Manifest& manifest) {
   const int error = errno;
   if (std::fclose(file) != 0 || !written) {
     std::remove(path.c_str());
-    throw CheckpointError(fmt::format("writing {} failed: {}", path, std::strerror(written ? errno : error)));
+    throw CheckpointError(fmt::format("writing {} ({} bytes) failed: {}; check free disk space", path,
+                                      text.size(), std::strerror(written ? errno : error)));
   }
 }
 

@@ -491,7 +491,8 @@ accel::detail::FileDigest write_contents(const std::string& path, const std::str
     for (const TensorView* tensor : order)
       put(tensor->data, tensor->nbytes);
     if (!file.close()) {
-      throw CheckpointError(prefix + "closing the file failed: " + errno_text() + "; check free disk space");
+      throw CheckpointError(prefix + "closing the file after writing " + std::to_string(hash.size()) +
+                            " bytes failed: " + errno_text() + "; check free disk space");
     }
   } catch (...) {
     std::remove(path.c_str());  // a partial file is never left behind (a full disk would keep it full)
