@@ -354,7 +354,10 @@ void trainer_edited_state(const std::string& cut_dir, const TrainingArguments& a
   for (const auto& [value, want] : std::vector<std::pair<std::string, std::string>>{
            {"-1", "global_step -1 and epoch"},
            {std::to_string(step - 1),
-            "says global_step " + std::to_string(step - 1) + ", but the accelerator"}}) {
+            "says global_step " + std::to_string(step - 1) +
+                ", but the accelerator state in the same checkpoint completed " + std::to_string(step) +
+                " optimizer steps; the checkpoint is damaged or was edited. Resume from another checkpoint; "
+                "nothing was loaded"}}) {
     if (probe.is_main_process()) {
       fs::remove_all(edited);
       fs::copy(source, edited, fs::copy_options::recursive);

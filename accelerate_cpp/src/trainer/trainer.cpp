@@ -3,6 +3,7 @@
 // evaluation bookkeeping, checkpoints (save, rotate, resume) and preemption. Only the Accelerator's public
 // API.
 #include <accel/accelerator/resolved_config.hpp>
+#include <accel/checkpoint/safetensors.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
@@ -16,10 +17,12 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <regex>
 
 namespace accel {
@@ -850,6 +853,26 @@ void TrainerBase::rotate_checkpoints() {
   }
 }
 
+namespace {
+
+// The optimizer steps a checkpoint's accelerator state records (accelerator_state.safetensors, an int64
+// "completed_steps"), or nothing when the file cannot be read as such.
+std::optional<std::int64_t> saved_completed_steps(const std::string& dir) {
+  try {
+    const auto file = safetensors::File::open((fs::path(dir) / "accelerator_state.safetensors").string());
+    if (!file.contains("completed_steps")) return std::nullopt;
+    const auto& info = file.info("completed_steps");
+    if (info.dtype != safetensors::DType::I64 || info.nbytes != sizeof(std::int64_t)) return std::nullopt;
+    std::int64_t steps = 0;
+    std::memcpy(&steps, file.data("completed_steps"), sizeof steps);
+    return steps;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 void TrainerBase::resume_from(const std::string& dir) {
   auto& acc = *accelerator_;
   const fs::path state_file = fs::path(dir) / "trainer_state.json";
@@ -883,8 +906,16 @@ void TrainerBase::resume_from(const std::string& dir) {
         "loaded",
         dir, s.global_step, s.epoch));
   }
+  // Both counters of optimizer steps were written by the same save: they agree, else one was edited. Read
+  // before load_state changes anything; an unreadable state file is load_state's to name.
+  if (const auto saved = saved_completed_steps(dir); saved && *saved != s.global_step) {
+    throw CheckpointError(fmt::format(
+        "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
+        "state in the same checkpoint completed {} optimizer steps; the checkpoint is damaged or was edited. "
+        "Resume from another checkpoint; nothing was loaded",
+        dir, s.global_step, *saved));
+  }
   acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
-  // Both counters of optimizer steps were written by the same save: they agree, else one was edited.
   if (s.global_step != acc.completed_steps()) {
     throw CheckpointError(fmt::format(
         "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
