@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <random>
 #include <sstream>
 
 using namespace accel;
@@ -287,6 +289,8 @@ TEST_CASE("checkpoint: a really full disk fails save_state and save_model cleanl
         INFO(what);
         CHECK(what.find(root.string()) != std::string::npos);  // names the file
         CHECK(what.find("No space left on device") != std::string::npos);
+        // and how much it was writing (or the directory it could not create)
+        CHECK((what.find(" bytes") != std::string::npos || what.find("creating '") != std::string::npos));
       }
       std::filesystem::remove(filler);
       // Nothing temporary is left, and the earlier checkpoint and export are whole and load.
@@ -584,8 +588,8 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
       target.acc.load_state(c.string()),
       Catch::Contains("load_state: " + (c / "model.safetensors").string() +
                       ": checkpoint has no tensor 'fc2.weight'") &&
-          Catch::Contains("the optimizers, schedulers, loaders, loss scaler and random states "
-                          "are as they were"));
+          Catch::Contains("the optimizers, schedulers, loaders, loss scaler, random states and "
+                          "registered objects are as they were"));
   before.check(target);
   // An integer tensor where the model has floats (a same-size dtype lie) is refused, not converted.
   copy_dir(a, c);
@@ -598,6 +602,14 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
   rewrite(c / "accelerator_state.safetensors", [](auto& t) { t["loader.0.epoch"] = torch::tensor(-1L); });
   REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
                       Catch::Contains("holds loader.0.epoch = -1, outside [0, 4294967295]"));
+  before.check(target);
+  copy_dir(a, c);
+  rewrite(c / "accelerator_state.safetensors",
+          [](auto& t) { t["loader.0.next_batch"] = torch::tensor(1000L); });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("loader 0 resumes after batch 1000 of epoch ") &&
+                          Catch::Contains(", but an epoch of this loader has 10 batches on this rank") &&
+                          Catch::Contains("are as they were"));
   before.check(target);
   copy_dir(a, c);
   rewrite(c / "accelerator_state.safetensors", [](auto& t) { t["micro_steps"] = torch::tensor({1L, 2L}); });
@@ -878,6 +890,40 @@ struct Counter {
 
 }  // namespace
 
+TEST_CASE("checkpoint: a failed load puts the objects registered for checkpointing back") {
+  test::TempDir dir;
+  const fs::path a = dir.path / "a", c = dir.path / "c";
+  {
+    Run run(MixedPrecision::No, 1);
+    Counter saved;
+    saved.value = 7;
+    run.acc.register_for_checkpointing(saved);
+    run.train(3, 3);
+    run.acc.save_state(a.string());
+  }
+  Run target(MixedPrecision::No, 2);
+  Counter counter;
+  counter.value = 3;
+  target.acc.register_for_checkpointing(counter);
+  target.train(3, 1);
+  const Untouched before(target);
+  // The registered objects load before the weights; a model file that does not fit fails after them.
+  copy_dir(a, c);
+  rewrite(c / "model.safetensors", [](auto& t) {
+    t["fc9.weight"] = t.at("fc2.weight");
+    t.erase("fc2.weight");
+  });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("checkpoint has no tensor 'fc2.weight'") &&
+                          Catch::Contains("registered objects are as they were"));
+  before.check(target);
+  CHECK(counter.value == 3);
+  // Intact, it loads them.
+  copy_dir(a, c);
+  target.acc.load_state(c.string());
+  CHECK(counter.value == 7);
+}
+
 TEST_CASE("checkpoints: automatic naming, rotation after commit, resume from the newest, custom state") {
   test::TempDir dir;
   ProjectConfiguration project;
@@ -1124,4 +1170,244 @@ TEST_CASE("optimizer_reshard: fingerprints tell layouts apart, and foreign tenso
   CHECK(accel::detail::identity_layouts(saved.opt, saved.modules()).empty());
   CHECK(accel::detail::qualified_name(0, "w") == "w");
   CHECK(accel::detail::qualified_name(2, "w") == "2:w");
+}
+
+// ---- The corrupted-checkpoint campaign (issue 30's fault campaign, rerun as a test)
+// -------------------------- Mutants of a one-process checkpoint (every file and the manifest: bit flips,
+// overwritten ranges, truncation, appended bytes, zeroed, deleted, swapped with another of its files,
+// replaced by another checkpoint's) and of a sharded save_model export. Each must be refused with an accel::
+// error naming the checkpoint and leaving every object as it was, or load exactly what the intact one loads
+// (a mutation the format ignores: the manifest's informational facts). The multi-rank rows' files are damaged
+// the same way by every row's `checkpoint` scenario. ACCEL_FUZZ_ITERATIONS (mutants per kind and file;
+// default 4) and ACCEL_FUZZ_SEED run longer campaigns.
+namespace {
+
+struct CampaignCount {
+  std::size_t mutants = 0, refused = 0, named_file = 0, harmless = 0, silent = 0, partial = 0, unclear = 0;
+  std::vector<std::string> problems;
+  void problem(const std::string& p) {
+    if (problems.size() < 10) problems.push_back(p);
+  }
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Damages `file` (inside `dir`) by mutation `kind`; `other` is the same file of another checkpoint. Returns
+// what it did.
+std::string damage(const fs::path& dir, const fs::path& file, const fs::path& other, int kind,
+                   std::mt19937_64& rng) {
+  auto pick = [&](std::size_t n) { return n == 0 ? std::size_t{0} : static_cast<std::size_t>(rng() % n); };
+  std::string bytes = read_bytes(file);
+  const std::size_t at = pick(bytes.size());
+  switch (kind) {
+    case 0:
+      if (bytes.empty()) return "empty";
+      bytes[at] = static_cast<char>(bytes[at] ^ (1u << pick(8)));
+      write_bytes(file, bytes);
+      return "bit flipped at byte " + std::to_string(at);
+    case 1: {
+      const std::size_t n = std::min<std::size_t>(1 + pick(16), bytes.size() - at);
+      for (std::size_t k = 0; k < n; ++k)
+        bytes[at + k] = static_cast<char>(pick(256));
+      write_bytes(file, bytes);
+      return std::to_string(n) + " bytes overwritten at " + std::to_string(at);
+    }
+    case 2:
+      fs::resize_file(file, at);
+      return "truncated to " + std::to_string(at) + " bytes";
+    case 3:
+      write_bytes(file, bytes + std::string(1 + pick(64), static_cast<char>(pick(256))));
+      return "bytes appended";
+    case 4:
+      write_bytes(file, std::string(bytes.size(), '\0'));
+      return "zeroed";
+    case 5:
+      fs::remove(file);
+      return "deleted";
+    case 6: {
+      std::vector<fs::path> files;
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.path() != file) files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      const auto swap_with = files[pick(files.size())];
+      const fs::path tmp = dir / "swap.tmp";
+      fs::rename(file, tmp);
+      fs::rename(swap_with, file);
+      fs::rename(tmp, swap_with);
+      return "swapped with " + swap_with.filename().string();
+    }
+    default:
+      fs::copy_file(other, file, fs::copy_options::overwrite_existing);
+      return "replaced by another checkpoint's";
+  }
+}
+constexpr int kDamageKinds = 8;
+
+// One mutant's outcome: `load` refused (named, nothing changed) or accepted (the intact result).
+void classify(CampaignCount& count, const std::string& what, const fs::path& dir, const fs::path& file,
+              const std::function<void()>& load, const std::function<bool()>& untouched,
+              const std::function<bool()>& equals_intact, const std::function<void()>& reset) {
+  ++count.mutants;
+  try {
+    load();
+  } catch (const accel::Error& e) {
+    ++count.refused;
+    const std::string message = e.what();
+    if (message.find(file.filename().string()) != std::string::npos) ++count.named_file;
+    if (message.find(dir.string()) == std::string::npos) {
+      ++count.unclear;
+      count.problem(what + ": the message names no path of the checkpoint: " + message.substr(0, 300));
+    }
+    if (!untouched()) {
+      ++count.partial;
+      count.problem(what + ": refused, but the objects changed: " + message.substr(0, 200));
+      reset();
+    }
+    return;
+  } catch (const std::exception& e) {
+    ++count.unclear;
+    count.problem(what + ": not an accel:: error: " + std::string(e.what()).substr(0, 300));
+    if (!untouched()) reset();
+    return;
+  }
+  if (equals_intact()) {
+    ++count.harmless;
+  } else {
+    ++count.silent;
+    count.problem(what + ": loaded, and the state differs from the intact checkpoint's");
+  }
+  reset();
+}
+
+void report(const char* what, const CampaignCount& c) {
+  std::cout << what << ": " << c.mutants << " mutants, " << c.refused << " refused (" << c.named_file
+            << " naming the damaged file, the rest the checkpoint), " << c.harmless
+            << " loaded the intact state, " << c.silent << " silent wrong loads, " << c.partial
+            << " partial loads, " << c.unclear << " unclear" << std::endl;
+  for (const auto& p : c.problems)
+    std::cout << "  " << p << std::endl;
+}
+
+std::vector<torch::Tensor> run_state(Run& r) {
+  auto out = test::snapshot(*r.model);
+  for (auto& t : adam_state(r.opt))
+    out.push_back(t);
+  out.push_back(cpu_rng_state());
+  out.push_back(torch::tensor({r.acc.micro_steps(), static_cast<std::int64_t>(r.loader->epoch())}));
+  out.push_back(torch::tensor(r.opt.param_groups()[0].options().get_lr()));
+  return out;
+}
+
+bool same_tensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    if (!a[k].sizes().equals(b[k].sizes()) || !torch::equal(a[k], b[k])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("fault: corrupted checkpoints and exports are refused whole or load the intact state (campaign)") {
+  const std::size_t per_kind =
+      std::getenv("ACCEL_FUZZ_ITERATIONS") != nullptr
+          ? static_cast<std::size_t>(std::stoull(std::getenv("ACCEL_FUZZ_ITERATIONS")))
+          : 4;
+  std::mt19937_64 rng(std::getenv("ACCEL_FUZZ_SEED") != nullptr ? std::stoull(std::getenv("ACCEL_FUZZ_SEED"))
+                                                                : 1);
+  test::TempDir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b", c = dir.path / "c";
+  const fs::path ea = dir.path / "export_a", eb = dir.path / "export_b";
+  {
+    Run run(MixedPrecision::No, 1);
+    run.train(3, 3);
+    run.acc.save_state(a.string());
+    run.acc.save_model(run.model, ea.string(), "1KB");
+    run.train(3, 5);
+    run.acc.save_state(b.string());
+    run.acc.save_model(run.model, eb.string(), "1KB");
+  }
+  // What the intact checkpoint loads into a run of another seed, one step in.
+  auto fresh = [] {
+    auto r = std::make_unique<Run>(MixedPrecision::No, 2);
+    r->train(3, 1);
+    return r;
+  };
+  std::vector<torch::Tensor> intact;
+  {
+    auto r = fresh();
+    r->acc.load_state(a.string());
+    intact = run_state(*r);
+  }
+  auto target = fresh();
+  auto before = run_state(*target);
+
+  CampaignCount state;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(a))
+    files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  for (const auto& name : files) {
+    for (int kind = 0; kind < kDamageKinds; ++kind) {
+      for (std::size_t i = 0; i < (kind >= 4 && kind != 6 ? 1 : per_kind); ++i) {
+        copy_dir(a, c);
+        const std::string what = name.string() + " " + damage(c, c / name, b / name, kind, rng);
+        classify(
+            state, what, c, c / name, [&] { target->acc.load_state(c.string()); },
+            [&] { return same_tensors(run_state(*target), before); },
+            [&] { return same_tensors(run_state(*target), intact); },
+            [&] {
+              target = fresh();
+              before = run_state(*target);
+            });
+      }
+    }
+  }
+  report("checkpoint campaign (save_state, one process)", state);
+
+  // save_model exports: load_model into a model of another seed.
+  CampaignCount exports;
+  std::vector<torch::Tensor> exported;
+  {
+    auto r = fresh();
+    r->acc.load_model(r->model, ea.string());
+    exported = test::snapshot(*r->model);
+  }
+  std::vector<fs::path> export_files;
+  for (const auto& e : fs::directory_iterator(ea))
+    export_files.push_back(e.path().filename());
+  std::sort(export_files.begin(), export_files.end());
+  auto weights_before = test::snapshot(*target->model);
+  for (const auto& name : export_files) {
+    for (int kind = 0; kind < kDamageKinds; ++kind) {
+      for (std::size_t i = 0; i < (kind >= 4 && kind != 6 ? 1 : per_kind); ++i) {
+        copy_dir(ea, c);
+        const fs::path other = fs::exists(eb / name) ? eb / name : eb / export_files.front();
+        const std::string what = name.string() + " " + damage(c, c / name, other, kind, rng);
+        classify(
+            exports, what, c, c / name, [&] { target->acc.load_model(target->model, c.string()); },
+            [&] { return same_tensors(test::snapshot(*target->model), weights_before); },
+            [&] { return same_tensors(test::snapshot(*target->model), exported); },
+            [&] {
+              target = fresh();
+              weights_before = test::snapshot(*target->model);
+            });
+      }
+    }
+  }
+  report("export campaign (save_model, 1 KB shards)", exports);
+
+  for (const auto* count : {&state, &exports}) {
+    CHECK(count->mutants > 0);
+    CHECK(count->silent == 0);
+    CHECK(count->partial == 0);
+    CHECK(count->unclear == 0);
+    CHECK(count->refused + count->harmless == count->mutants);
+  }
 }

@@ -691,13 +691,15 @@ namespace {
 // copied.
 class LoadRollback {
  public:
-  LoadRollback(const PreparedObjects& prepared, GradScaler* scaler) : prepared_(prepared), scaler_(scaler) {
-    for (auto* o : prepared.optimizers) {
-      torch::serialize::OutputArchive archive;
-      o->save(archive);
-      std::ostringstream bytes;
-      archive.save_to(bytes);
-      optimizers_.push_back(bytes.str());
+  LoadRollback(const PreparedObjects& prepared, GradScaler* scaler,
+               const std::vector<CheckpointedObject>* objects)
+      : prepared_(prepared), scaler_(scaler), objects_(objects) {
+    for (auto* o : prepared.optimizers)
+      optimizers_.push_back(archived([o](torch::serialize::OutputArchive& a) { o->save(a); }));
+    // The objects registered with register_for_checkpointing, through their own save and load.
+    if (objects_) {
+      for (const auto& object : *objects_)
+        objects_state_.push_back(archived(object.save));
     }
     for (auto* s : prepared.schedulers) {
       const auto* schedule = dynamic_cast<const sched::Preparable*>(s);
@@ -720,12 +722,11 @@ class LoadRollback {
   /// Puts everything back (best effort: a failure here is reported with the original one).
   std::string restore() noexcept {
     try {
-      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-        std::istringstream bytes(optimizers_[i]);
-        torch::serialize::InputArchive archive;
-        archive.load_from(bytes);
-        prepared_.optimizers[i]->load(archive);
-      }
+      for (std::size_t i = 0; i < optimizers_.size(); ++i)
+        unarchived(optimizers_[i],
+                   [&](torch::serialize::InputArchive& a) { prepared_.optimizers[i]->load(a); });
+      for (std::size_t i = 0; i < objects_state_.size(); ++i)
+        unarchived(objects_state_[i], (*objects_)[i].load);
       for (std::size_t i = 0; i < schedulers_.size(); ++i) {
         SchedulerAccess::step_count(*prepared_.schedulers[i]) = schedulers_[i].first;
         if (auto* schedule = dynamic_cast<sched::Preparable*>(prepared_.schedulers[i]);
@@ -747,9 +748,25 @@ class LoadRollback {
   }
 
  private:
+  static std::string archived(const std::function<void(torch::serialize::OutputArchive&)>& save) {
+    torch::serialize::OutputArchive archive;
+    save(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    return bytes.str();
+  }
+  static void unarchived(const std::string& saved,
+                         const std::function<void(torch::serialize::InputArchive&)>& load) {
+    std::istringstream bytes(saved);
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes);
+    load(archive);
+  }
+
   const PreparedObjects& prepared_;
   GradScaler* scaler_;
-  std::vector<std::string> optimizers_;
+  const std::vector<CheckpointedObject>* objects_;
+  std::vector<std::string> optimizers_, objects_state_;
   std::vector<std::pair<unsigned, std::vector<double>>> schedulers_;
   std::vector<LoaderState> loaders_;
   std::map<std::string, torch::Tensor> scaler_state_;
@@ -869,7 +886,7 @@ TrainingCounters StateIO::load(const std::string& dir,
     hook(dir);
 
   // Then the objects, the weights last: a failure puts every other object back as it was.
-  LoadRollback rollback(*p_.prepared, p_.scaler);
+  LoadRollback rollback(*p_.prepared, p_.scaler, p_.objects);
   try {
     const bool by_layer = saved_pipeline || p_.pipeline;
     if (!by_layer) load_optimizers(dir, convert, saved_world, saved_backend);
@@ -888,7 +905,8 @@ TrainingCounters StateIO::load(const std::string& dir,
     throw CheckpointError(fmt::format(
         "{}; {}", e.what(),
         problem.empty()
-            ? "the optimizers, schedulers, loaders, loss scaler and random states are as they were"
+            ? "the optimizers, schedulers, loaders, loss scaler, random states and registered objects are as "
+              "they were"
             : "putting the objects back failed too (" + problem + "): restart from a checkpoint"));
   }
   return counters;
@@ -1077,6 +1095,16 @@ void StateIO::load_loaders(const safetensors::File& state_file, const std::strin
                         dir, i, samples, l.epoch, saved_sps, l.samples_per_step, samples));
       }
       l.next_batch = samples / l.samples_per_step;
+    }
+    if (l.batches_in_epoch != 0 && l.next_batch > l.batches_in_epoch) {
+      // Resumed there, the epoch would yield nothing and end at once.
+      throw CheckpointError(
+          fmt::format("{}: loader {} resumes after batch {} of epoch {}, but an epoch of this loader has {} "
+                      "batches on this "
+                      "rank: the checkpoint was saved with a larger dataset or a smaller batch size, or is "
+                      "damaged; resume "
+                      "with the dataset and batch size it was saved with",
+                      dir, i, l.next_batch, l.epoch, l.batches_in_epoch));
     }
     l.resumed = l.next_batch > 0;
     l.in_epoch = false;

@@ -80,6 +80,8 @@ struct LoaderState {
   bool in_epoch = false;       ///< an iteration is in progress
   bool resumed = false;        ///< set by load_state: the next iteration continues at next_batch
   std::size_t remainder = 0;   ///< ShardPlan::last_round_remainder of the current epoch
+  /// Batches an epoch yields on this rank (the same every epoch; 0 for a loader that does not say): bounds a
+  /// restored position.
   std::size_t batches_in_epoch = 0;
   /// Samples of the data one batch position covers across all ranks (batch x N, or batch with
   /// split_batches): converts positions when a checkpoint is resumed on another number of processes.
@@ -200,6 +202,7 @@ class DataLoader {
     state_->samples_per_step =
         options_.batch_size() *
         (options_.split_batches().value_or(false) ? 1 : static_cast<std::size_t>(world_));
+    state_->batches_in_epoch = plan_for(state_->epoch).batches.size();
   }
 
   Iterator begin() {
