@@ -608,7 +608,7 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
           [](auto& t) { t["loader.0.next_batch"] = torch::tensor(1000L); });
   REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
                       Catch::Contains("loader 0 resumes after batch 1000 of epoch ") &&
-                          Catch::Contains(", but an epoch of this loader has 10 batches on this rank") &&
+                          Catch::Contains(", but an epoch of this loader has 10 batches per rank") &&
                           Catch::Contains("are as they were"));
   before.check(target);
   copy_dir(a, c);
@@ -616,6 +616,31 @@ TEST_CASE("checkpoint: a load that fails part way leaves every object as it was"
   REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
                       Catch::Contains("'micro_steps' is a Long tensor of 2 elements, not one int64"));
   before.check(target);
+  // Saved on 3 processes (12 samples a step), resumed on one (4 a step, 10 batches an epoch): 5 steps is 60
+  // samples, past the epoch by more than a saved step, refused; 4 steps (48: the epoch's end, its last round
+  // padded) finishes that epoch at once.
+  copy_dir(a, c);
+  rewrite(c / "accelerator_state.safetensors", [](auto& t) {
+    t["loader.0.samples_per_step"] = torch::tensor(12L);
+    t["loader.0.next_batch"] = torch::tensor(5L);
+  });
+  REQUIRE_THROWS_WITH(target.acc.load_state(c.string()),
+                      Catch::Contains("loader 0 resumes after batch 15 of epoch "));
+  before.check(target);
+  copy_dir(a, c);
+  rewrite(c / "accelerator_state.safetensors", [](auto& t) {
+    t["loader.0.samples_per_step"] = torch::tensor(12L);
+    t["loader.0.next_batch"] = torch::tensor(4L);
+  });
+  target.acc.load_state(c.string());
+  const auto epoch = target.loader->epoch();
+  std::size_t batches = 0;
+  for (auto& batch : *target.loader) {
+    (void)batch;
+    ++batches;
+  }
+  CHECK(batches == 0);
+  CHECK(target.loader->epoch() == epoch + 1);
 }
 
 // Two models (a GAN, a teacher and a student): the second one's file not fitting its model must not leave the

@@ -1082,6 +1082,7 @@ void StateIO::load_loaders(const safetensors::File& state_file, const std::strin
     l.epoch = static_cast<std::uint64_t>(read_int(state_file, fmt::format("loader.{}.epoch", i)));
     l.next_batch = static_cast<std::size_t>(read_int(state_file, fmt::format("loader.{}.next_batch", i)));
     const auto sps_key = fmt::format("loader.{}.samples_per_step", i);
+    std::size_t saved_step = 0;  // samples per position when saved, where this run's differs
     if (state_file.contains(sps_key) && l.samples_per_step != 0) {
       // Another world size or batch size: continue after the same number of samples.
       const auto saved_sps = static_cast<std::size_t>(read_int(state_file, sps_key));
@@ -1095,15 +1096,19 @@ void StateIO::load_loaders(const safetensors::File& state_file, const std::strin
                         dir, i, samples, l.epoch, saved_sps, l.samples_per_step, samples));
       }
       l.next_batch = samples / l.samples_per_step;
+      if (saved_sps != l.samples_per_step) saved_step = saved_sps;
     }
+    // Saved at an epoch's end on another number of processes, the position can pass this run's last batch
+    // by less than one saved step (the last round is padded to whole steps): that epoch is done.
+    if (saved_step != 0 && l.next_batch > l.batches_in_epoch &&
+        (l.next_batch - l.batches_in_epoch) * l.samples_per_step < saved_step)
+      l.next_batch = l.batches_in_epoch;
     if (l.batches_in_epoch != 0 && l.next_batch > l.batches_in_epoch) {
       // Resumed there, the epoch would yield nothing and end at once.
       throw CheckpointError(
           fmt::format("{}: loader {} resumes after batch {} of epoch {}, but an epoch of this loader has {} "
-                      "batches on this "
-                      "rank: the checkpoint was saved with a larger dataset or a smaller batch size, or is "
-                      "damaged; resume "
-                      "with the dataset and batch size it was saved with",
+                      "batches per rank: the checkpoint was saved with a larger dataset or a smaller batch "
+                      "size, or is damaged; resume with the dataset and batch size it was saved with",
                       dir, i, l.next_batch, l.epoch, l.batches_in_epoch));
     }
     l.resumed = l.next_batch > 0;

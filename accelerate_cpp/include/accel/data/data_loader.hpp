@@ -80,8 +80,8 @@ struct LoaderState {
   bool in_epoch = false;       ///< an iteration is in progress
   bool resumed = false;        ///< set by load_state: the next iteration continues at next_batch
   std::size_t remainder = 0;   ///< ShardPlan::last_round_remainder of the current epoch
-  /// Batches an epoch yields on this rank (the same every epoch; 0 for a loader that does not say): bounds a
-  /// restored position.
+  /// Batches an epoch yields on rank 0, the most any rank yields (the same every epoch, and on every rank; 0
+  /// for a loader that does not say): bounds a restored position on every rank alike.
   std::size_t batches_in_epoch = 0;
   /// Samples of the data one batch position covers across all ranks (batch x N, or batch with
   /// split_batches): converts positions when a checkpoint is resumed on another number of processes.
@@ -202,7 +202,7 @@ class DataLoader {
     state_->samples_per_step =
         options_.batch_size() *
         (options_.split_batches().value_or(false) ? 1 : static_cast<std::size_t>(world_));
-    state_->batches_in_epoch = plan_for(state_->epoch).batches.size();
+    state_->batches_in_epoch = plan_for(state_->epoch, /*rank=*/0).batches.size();
   }
 
   Iterator begin() {
@@ -225,10 +225,11 @@ class DataLoader {
   }
 
  private:
-  detail::ShardPlan plan_for(std::uint64_t epoch) const {
+  detail::ShardPlan plan_for(std::uint64_t epoch) const { return plan_for(epoch, rank_); }
+  detail::ShardPlan plan_for(std::uint64_t epoch, int rank) const {
     const auto n = *dataset_.size();
     const auto order = detail::epoch_order(n, options_.shuffle(), options_.seed().value_or(0), epoch);
-    return detail::plan_shard(order, options_.batch_size(), rank_, world_, options_.drop_last(),
+    return detail::plan_shard(order, options_.batch_size(), rank, world_, options_.drop_last(),
                               options_.even_batches().value_or(true),
                               options_.split_batches().value_or(false));
   }
@@ -246,7 +247,6 @@ class DataLoader {
     state_->in_epoch = true;
     state_->at_last_batch = false;
     state_->remainder = plan_.last_round_remainder;
-    state_->batches_in_epoch = plan_.batches.size();
   }
 
   std::optional<Batch> next() {
