@@ -34,6 +34,9 @@
 
 #include <accel/checkpoint/objects_archive.hpp>
 
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/tensor_io.hpp"
+
 namespace dist {
 
 std::string backend_variant = "ddp";
@@ -1191,6 +1194,45 @@ void refuses_damaged_copies(Accelerator& acc, torch::nn::Module& model, const st
           fs::rename(damaged / "swap", damaged / "optimizer_rank1.pt");
         },
         "optimizer_rank");
+  }
+  // A consistent checkpoint (its manifest rebuilt) whose model file lacks a tensor: it passes verification
+  // and is refused while loading, after the other objects (put back) and, where parameters are sharded, with
+  // units gathered (released again: the scenario trains on after this).
+  const auto model_file = std::find_if(names.begin(), names.end(), [](const std::string& n) {
+    return n.rfind("model", 0) == 0 && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors";
+  });
+  CHECK_MSG(model_file != names.end(), "the checkpoint has no model file");
+  if (model_file != names.end()) {
+    if (acc.is_main_process()) {
+      fs::remove_all(damaged);
+      fs::copy(dir, damaged, fs::copy_options::recursive);
+      const auto path = (damaged / *model_file).string();
+      const auto file = safetensors::File::open(path);
+      auto tensors = accel::detail::read_tensors(file);
+      const auto first = tensors.begin()->first;
+      tensors[first + "_renamed"] = tensors.begin()->second;
+      tensors.erase(first);
+      accel::detail::write_tensors(path, NamedTensors(tensors.begin(), tensors.end()), file.metadata());
+      const auto m = accel::detail::read_manifest(damaged.string());
+      accel::detail::write_manifest(
+          damaged.string(), accel::detail::build_manifest(damaged.string(), m.checkpoint_id, m.facts, {}));
+    }
+    acc.wait_for_everyone();
+    try {
+      acc.load_state(damaged.string());
+      CHECK_MSG(false, "load_state accepted a model file without one of its tensors");
+    } catch (const CheckpointError& e) {
+      const std::string message = e.what();
+      CHECK_MSG(message.find("are as they were") != std::string::npos ||
+                    message.find("nothing was loaded") != std::string::npos,
+                "a model file without one of its tensors: " << message);
+      if (acc.is_main_process())
+        std::cout << "checkpoint: " << *model_file << " without one of its tensors: refused: "
+                  << message.substr(
+                         message.find(*model_file) == std::string::npos ? 0 : message.find(*model_file), 160)
+                  << std::endl;
+    }
+    acc.wait_for_everyone();
   }
   const auto after = test::snapshot(model);
   for (std::size_t k = 0; k < after.size(); ++k)
