@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <string>
 
 namespace accel {
 namespace config_detail {
@@ -282,7 +284,32 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
   settle_offload_param(c, path + ": zero_optimization.offload_param.device");
 }
 
-void validate_zero(const Config& c, const FailKey& fail_key) {
+namespace {
+
+// Where a deepspeed_config setting came from when a DeepSpeed JSON file decides them: the file and its key,
+// so a message about a mapped setting names what the user wrote.
+std::string json_key_of(const std::string& key) {
+  static const std::map<std::string, std::string> keys = {
+      {"deepspeed_config.zero_stage", "zero_optimization.stage"},
+      {"deepspeed_config.offload_param_device", "zero_optimization.offload_param.device"},
+      {"deepspeed_config.offload_optimizer_device", "zero_optimization.offload_optimizer.device"},
+      {"deepspeed_config.gradient_clipping", "gradient_clipping"},
+      {"deepspeed_config.fp16_initial_scale_power", "fp16.initial_scale_power"},
+      {"deepspeed_config.fp16_min_loss_scale", "fp16.min_loss_scale"},
+      {"deepspeed_config.zero_hpz_partition_size", "zero_optimization.zero_hpz_partition_size"}};
+  const auto it = keys.find(key);
+  return it == keys.end() ? "" : it->second;
+}
+
+}  // namespace
+
+void validate_zero(const Config& c, const FailKey& yaml_fail_key) {
+  const FailKey fail_key = [&](const std::string& key, const std::string& body) {
+    const std::string json_key = c.zero.config_file.empty() ? "" : json_key_of(key);
+    yaml_fail_key(key, json_key.empty() ? body
+                                        : fmt::format("{} (read from the DeepSpeed config file {}: {})", body,
+                                                      c.zero.config_file, json_key));
+  };
   const ZeroConfig& z = c.zero;
   if (z.stage < 0 || z.stage > 3) {
     fail_key("deepspeed_config.zero_stage",

@@ -1032,7 +1032,18 @@ TEST_CASE("config: NVMe offload of the parameters (stage 3), from the YAML and f
                                    "\"nvme\"}}}");
   CHECK_THROWS_WITH(
       accel::Config::load_file(files.yaml(no_path)),
-      Catch::Contains("needs offload_param_nvme_path (in a DeepSpeed JSON file: offload_param.nvme_path)"));
+      Catch::Contains("needs offload_param_nvme_path (in a DeepSpeed JSON file: offload_param.nvme_path)") &&
+          Catch::Contains("(read from the DeepSpeed config file " + no_path +
+                          ": zero_optimization.offload_param.device)"));
+  // A mapped value refused by the checks names the JSON file and key that set it, not only the YAML file.
+  const auto stage0 =
+      files.write("optimizer_offload_stage0.json",
+                  "{\"zero_optimization\": {\"stage\": 0, \"offload_optimizer\": {\"device\": "
+                  "\"cpu\"}}}");
+  CHECK_THROWS_WITH(accel::Config::load_file(files.yaml(stage0)),
+                    Catch::Contains("needs zero_stage 1, 2 or 3, but zero_stage is 0") &&
+                        Catch::Contains("(read from the DeepSpeed config file " + stage0 +
+                                        ": zero_optimization.offload_optimizer.device)"));
   // Below stage 3 DeepSpeed ignores offload_param: a notice, not an error, even without a path.
   const auto stage2 = files.write("param_nvme_stage2.json",
                                   "{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": "

@@ -29,12 +29,15 @@ TEST_CASE("fuzz: export indexes (model.safetensors.index.json) load or are refus
   fs::remove(dir.path / "model.safetensors.manifest.json");  // as transformers' exports: the index decides
   const auto index = dir.path / "model.safetensors.index.json";
   const std::string seed = read(index);
-  const auto outcome = fuzz("export_index", {seed}, [&](const std::string& text) {
-    write(index, text);
-    const auto state = accel::detail::read_model_export(dir.path);
-    for (const auto& [name, t] : state)
-      REQUIRE(t.numel() <= 12);  // only tensors of this export's shards
-  });
+  const auto outcome = fuzz(
+      "export_index", {seed},
+      [&](const std::string& text) {
+        write(index, text);
+        const auto state = accel::detail::read_model_export(dir.path);
+        for (const auto& [name, t] : state)
+          REQUIRE(t.numel() <= 12);  // only tensors of this export's shards
+      },
+      dir.path.string());
   CHECK(outcome.parsed > 0);  // some mutants (whitespace, key order) still name the same shards
 }
 
@@ -43,8 +46,11 @@ TEST_CASE("fuzz: export manifests are verified or refused with a CheckpointError
   write_export(dir.path);
   const auto manifest = dir.path / "model.safetensors.manifest.json";
   const std::string seed = read(manifest);
-  fuzz("export_manifest", {seed}, [&](const std::string& text) {
-    write(manifest, text);
-    accel::detail::read_model_export(dir.path);
-  });
+  fuzz(
+      "export_manifest", {seed},
+      [&](const std::string& text) {
+        write(manifest, text);
+        accel::detail::read_model_export(dir.path);
+      },
+      dir.path.string());
 }

@@ -115,8 +115,9 @@ struct Outcome {
 
 // Runs `parse` on mutants of every seed; any exception that is not an accel::Error, or a message that is
 // unbounded or has raw control characters, fails with the mutant's bytes saved for reproduction.
+// `names`: what every refusal must name (the file it read), when given.
 inline Outcome fuzz(const std::string& what, const std::vector<std::string>& seeds,
-                    const std::function<void(const std::string&)>& parse) {
+                    const std::function<void(const std::string&)>& parse, const std::string& names = "") {
   // About 2,400 mutants per parser by default, however many seeds it has.
   const std::size_t iterations =
       env_number("ACCEL_FUZZ_ITERATIONS", std::max<std::size_t>(1, 2400 / seeds.size()));
@@ -134,6 +135,8 @@ inline Outcome fuzz(const std::string& what, const std::vector<std::string>& see
         ++out.refused;
         const std::string message = e.what();
         if (message.size() > 4000) failure = "a message of " + std::to_string(message.size()) + " characters";
+        if (!names.empty() && message.find(names) == std::string::npos)
+          failure = "a message that does not name " + names + ": " + message.substr(0, 300);
         for (unsigned char c : message) {
           if (c < 0x20 && c != '\n' && c != '\t') {
             failure = "a message with the raw control character " + std::to_string(c) + ": " +

@@ -22,7 +22,9 @@ TEST_CASE("fuzz: Accelerate YAML configs parse or are refused with a ConfigError
   for (auto& s : files_in(fs::path(accel::test::test_data_dir()) / "config", ".yaml"))
     seeds.push_back(std::move(s));
   REQUIRE(seeds.size() > 20);
-  fuzz("yaml", seeds, [](const std::string& text) { accel::Config::load_string(text, "fuzz.yaml"); });
+  fuzz(
+      "yaml", seeds, [](const std::string& text) { accel::Config::load_string(text, "fuzz.yaml"); },
+      "fuzz.yaml");
 }
 
 TEST_CASE("fuzz: DeepSpeed JSON files parse or are refused with a ConfigError") {
@@ -33,10 +35,13 @@ TEST_CASE("fuzz: DeepSpeed JSON files parse or are refused with a ConfigError") 
       json.string() + "\n";
   const auto seeds = files_in(fs::path(accel::test::test_data_dir()) / "config" / "deepspeed", ".json");
   REQUIRE(!seeds.empty());
-  fuzz("deepspeed_json", seeds, [&](const std::string& text) {
-    write(json, text);
-    accel::Config::load_string(yaml, "fuzz.yaml");
-  });
+  fuzz(
+      "deepspeed_json", seeds,
+      [&](const std::string& text) {
+        write(json, text);
+        accel::Config::load_string(yaml, "fuzz.yaml");
+      },
+      "ds.json");
 }
 
 TEST_CASE("fuzz: safetensors files open or are refused with a CheckpointError") {
@@ -48,16 +53,19 @@ TEST_CASE("fuzz: safetensors files open or are refused with a CheckpointError") 
   accel::safetensors::TensorView vb{"step", accel::safetensors::DType::I64, {2}, b, sizeof b};
   accel::safetensors::write_file(file.string(), {va, vb}, {{"format", "pt"}, {"checkpoint_id", "abc"}});
   const std::string seed = read(file);
-  fuzz("safetensors", {seed}, [&](const std::string& bytes) {
-    write(file, bytes);
-    const auto f = accel::safetensors::File::open(file.string());
-    for (const auto& name : f.names()) {
-      const auto& info = f.info(name);
-      volatile std::uint8_t sink = 0;
-      for (std::size_t k = 0; k < info.nbytes; ++k)
-        sink = static_cast<std::uint8_t>(sink + f.data(name)[k]);  // every byte it claims is readable
-    }
-  });
+  fuzz(
+      "safetensors", {seed},
+      [&](const std::string& bytes) {
+        write(file, bytes);
+        const auto f = accel::safetensors::File::open(file.string());
+        for (const auto& name : f.names()) {
+          const auto& info = f.info(name);
+          volatile std::uint8_t sink = 0;
+          for (std::size_t k = 0; k < info.nbytes; ++k)
+            sink = static_cast<std::uint8_t>(sink + f.data(name)[k]);  // every byte it claims is readable
+        }
+      },
+      "t.safetensors");
 }
 
 TEST_CASE("fuzz: checkpoint manifests read or are refused with a CheckpointError") {
@@ -67,10 +75,13 @@ TEST_CASE("fuzz: checkpoint manifests read or are refused with a CheckpointError
       dir.path.string(), accel::detail::build_manifest(dir.path.string(), accel::detail::new_checkpoint_id(),
                                                        {{"completed_steps", "3"}}, {}));
   const std::string seed = read(dir.path / "manifest.json");
-  fuzz("manifest", {seed}, [&](const std::string& text) {
-    write(dir.path / "manifest.json", text);
-    const auto m = accel::detail::read_manifest(dir.path.string());
-    for (const auto& e : m.files)
-      accel::detail::verify_entry(dir.path.string(), m, e);
-  });
+  fuzz(
+      "manifest", {seed},
+      [&](const std::string& text) {
+        write(dir.path / "manifest.json", text);
+        const auto m = accel::detail::read_manifest(dir.path.string());
+        for (const auto& e : m.files)
+          accel::detail::verify_entry(dir.path.string(), m, e);
+      },
+      dir.path.string());
 }
