@@ -9,6 +9,7 @@
 #include "../../accelerate_cpp/src/checkpoint/model_export.hpp"
 #include "../../accelerate_cpp/src/checkpoint/optimizer_reshard.hpp"
 #include "../../accelerate_cpp/src/checkpoint/tensor_io.hpp"
+#include "../fault/damage.hpp"
 
 #include <sys/resource.h>
 #include <sys/statvfs.h>
@@ -1178,6 +1179,9 @@ TEST_CASE("optimizer_reshard: fingerprints tell layouts apart, and foreign tenso
 // default 4) and ACCEL_FUZZ_SEED run longer campaigns.
 namespace {
 
+using accel_fault::damage;
+using accel_fault::kDamageKinds;
+
 struct CampaignCount {
   std::size_t mutants = 0, refused = 0, named_file = 0, harmless = 0, silent = 0, partial = 0, unclear = 0;
   std::vector<std::string> problems;
@@ -1185,66 +1189,6 @@ struct CampaignCount {
     if (problems.size() < 10) problems.push_back(p);
   }
 };
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// Damages `file` (inside `dir`) by mutation `kind`; `other` is the same file of another checkpoint. Returns
-// what it did.
-std::string damage(const fs::path& dir, const fs::path& file, const fs::path& other, int kind,
-                   std::mt19937_64& rng) {
-  auto pick = [&](std::size_t n) { return n == 0 ? std::size_t{0} : static_cast<std::size_t>(rng() % n); };
-  std::string bytes = read_bytes(file);
-  const std::size_t at = pick(bytes.size());
-  switch (kind) {
-    case 0:
-      if (bytes.empty()) return "empty";
-      bytes[at] = static_cast<char>(bytes[at] ^ (1u << pick(8)));
-      write_bytes(file, bytes);
-      return "bit flipped at byte " + std::to_string(at);
-    case 1: {
-      const std::size_t n = std::min<std::size_t>(1 + pick(16), bytes.size() - at);
-      for (std::size_t k = 0; k < n; ++k)
-        bytes[at + k] = static_cast<char>(pick(256));
-      write_bytes(file, bytes);
-      return std::to_string(n) + " bytes overwritten at " + std::to_string(at);
-    }
-    case 2:
-      fs::resize_file(file, at);
-      return "truncated to " + std::to_string(at) + " bytes";
-    case 3:
-      write_bytes(file, bytes + std::string(1 + pick(64), static_cast<char>(pick(256))));
-      return "bytes appended";
-    case 4:
-      write_bytes(file, std::string(bytes.size(), '\0'));
-      return "zeroed";
-    case 5:
-      fs::remove(file);
-      return "deleted";
-    case 6: {
-      std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(dir))
-        if (e.path() != file) files.push_back(e.path());
-      std::sort(files.begin(), files.end());
-      const auto swap_with = files[pick(files.size())];
-      const fs::path tmp = dir / "swap.tmp";
-      fs::rename(file, tmp);
-      fs::rename(swap_with, file);
-      fs::rename(tmp, swap_with);
-      return "swapped with " + swap_with.filename().string();
-    }
-    default:
-      fs::copy_file(other, file, fs::copy_options::overwrite_existing);
-      return "replaced by another checkpoint's";
-  }
-}
-constexpr int kDamageKinds = 8;
 
 // One mutant's outcome: `load` refused (named, nothing changed) or accepted (the intact result).
 void classify(CampaignCount& count, const std::string& what, const fs::path& dir, const fs::path& file,

@@ -23,6 +23,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -34,6 +35,7 @@
 
 #include <accel/checkpoint/objects_archive.hpp>
 
+#include "../fault/damage.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/tensor_io.hpp"
 
@@ -1241,6 +1243,105 @@ void refuses_damaged_copies(Accelerator& acc, torch::nn::Module& model, const st
   CHECK_MSG(names.size() >= 5, "the checkpoint has " << names.size() << " files");
 }
 
+// The multi-rank corrupted-checkpoint campaign (issue 30), in every row's checkpoint scenario: every file of
+// the row's checkpoint damaged once each of the eight ways of tests/fault/damage.hpp
+// (ACCEL_DAMAGE_CAMPAIGN=N: N times each of the random ones, for a longer campaign; 0: off). Every rank must
+// refuse the copy with an accel:: error naming it and keep its weights, or load exactly the intact
+// checkpoint; the ranks must agree. Prints "damage campaign on <row>, <N> ranks: ..." on the main process.
+// ACCEL_FUZZ_SEED picks the mutants.
+void damage_campaign(Accelerator& acc, Mlp& model, const std::filesystem::path& dir, std::size_t per_kind) {
+  namespace fs = std::filesystem;
+  const fs::path other = dir.string() + "-other", damaged = dir.string() + "-campaign";
+  auto weights = [&] {
+    std::vector<torch::Tensor> out;
+    for (const auto& [name, t] : acc.get_state_dict(model))
+      out.push_back(t.clone());
+    return out;
+  };
+  auto same = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t k = 0; k < a.size(); ++k)
+      if (!torch::equal(a[k], b[k])) return false;
+    return true;
+  };
+  acc.save_state(other.string());  // this run's state: another checkpoint of the same layout
+  acc.load_state(dir.string());
+  const auto intact = weights();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  const char* seed = std::getenv("ACCEL_FUZZ_SEED");
+  std::mt19937_64 rng(seed != nullptr ? std::stoull(seed) : 1);
+  std::size_t mutants = 0, refused = 0, harmless = 0, silent = 0, partial = 0, unclear = 0, disagree = 0;
+  for (const auto& name : names) {
+    for (int kind = 0; kind < accel_fault::kDamageKinds; ++kind) {
+      const std::size_t repeats = kind >= 4 && kind != 6 ? 1 : per_kind;
+      for (std::size_t i = 0; i < repeats; ++i) {
+        std::string what;
+        if (acc.is_main_process()) {
+          fs::remove_all(damaged);
+          fs::copy(dir, damaged, fs::copy_options::recursive);
+          const fs::path from_other = fs::exists(other / name) ? other / name : other / names.front();
+          what = name + " " + accel_fault::damage(damaged, damaged / name, from_other, kind, rng);
+        }
+        acc.wait_for_everyone();
+        ++mutants;
+        char outcome = 'A';
+        std::string message;
+        try {
+          acc.load_state(damaged.string());
+        } catch (const accel::Error& e) {
+          outcome = 'R';
+          message = e.what();
+        } catch (const std::exception& e) {
+          outcome = 'U';
+          message = e.what();
+        }
+        const auto outcomes = acc.communicator().exchange(std::string(1, outcome));
+        const bool agreed = std::all_of(outcomes.begin(), outcomes.end(),
+                                        [&](const std::string& o) { return o == outcomes[0]; });
+        const auto now = weights();
+        std::string problem;
+        if (!agreed) {
+          ++disagree;
+          problem = "the ranks disagree";
+        } else if (outcome == 'R') {
+          ++refused;
+          if (!same(now, intact)) {
+            ++partial;
+            problem = "refused, but the weights changed: " + message.substr(0, 200);
+          } else if (message.find(damaged.string()) == std::string::npos) {
+            ++unclear;
+            problem = "the message names no path of the checkpoint: " + message.substr(0, 300);
+          }
+        } else if (outcome == 'U') {
+          ++unclear;
+          problem = "not an accel:: error: " + message.substr(0, 300);
+        } else if (same(now, intact)) {
+          ++harmless;
+        } else {
+          ++silent;
+          problem = "loaded, and the weights differ from the intact checkpoint's";
+        }
+        CHECK_MSG(problem.empty(), "damage campaign: " << what << ": " << problem);
+        if (!problem.empty() && !agreed)
+          throw std::runtime_error("the ranks disagree; stopping the campaign");
+        if (!same(now, intact)) acc.load_state(dir.string());
+      }
+    }
+  }
+  if (acc.is_main_process()) {
+    std::cout << "damage campaign on " << backend_variant << ", " << acc.num_processes()
+              << " ranks: " << mutants << " mutants, " << refused << " refused, " << harmless
+              << " loaded the intact state, " << silent << " silent wrong loads, " << partial
+              << " partial loads, " << unclear << " unclear, " << disagree << " disagreeing" << std::endl;
+    fs::remove_all(damaged);
+    fs::remove_all(other);
+  }
+  acc.wait_for_everyone();
+}
+
 void checkpoint() {
   // Save at step 3 on every rank, keep training, then resume from the checkpoint: identical end state.
   const auto dir =
@@ -1255,6 +1356,9 @@ void checkpoint() {
     acc.prepare(model, opt);
     auto loader = acc.prepare_data_loader(Regression(64).map(torch::data::transforms::Stack<>()),
                                           torch::data::DataLoaderOptions(4));
+    const char* per_kind = std::getenv("ACCEL_DAMAGE_CAMPAIGN");
+    if (load && (per_kind == nullptr || *per_kind == '\0' || std::stoull(per_kind) > 0))
+      damage_campaign(acc, model, dir, per_kind == nullptr || *per_kind == '\0' ? 1 : std::stoull(per_kind));
     if (load) refuses_damaged_copies(acc, *model, dir);
     if (load) acc.load_state(dir.string());
     for (int epoch = 0; epoch < 2; ++epoch) {
