@@ -339,6 +339,36 @@ TEST_CASE("export: save_model refuses a save_state checkpoint's directory, which
   CHECK(std::filesystem::exists(dir.path / "export" / "model.safetensors"));
 }
 
+// save_model replaces an earlier export's weights (the files its manifest lists), never weight files it did
+// not write: another tool's export or a user's own model.safetensors in the directory.
+TEST_CASE("export: save_model never replaces weight files it did not write") {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  Run run(MixedPrecision::No, 1);
+  run.train(1, 1);
+  const auto target = dir.path / "export";
+  fs::create_directories(target);
+  const float theirs[2] = {1, 2};
+  safetensors::write_file((target / "model.safetensors").string(),
+                          {{"w", safetensors::DType::F32, {2}, theirs, sizeof theirs}});
+  { std::ofstream(target / "config.json") << "{}"; }
+  const auto before = fs::file_size(target / "model.safetensors");
+  REQUIRE_THROWS_WITH(
+      run.acc.save_model(run.model, target.string()),
+      Catch::Contains("already holds model.safetensors, which no earlier save_model export") &&
+          Catch::Contains("(nothing was written)"));
+  CHECK(fs::file_size(target / "model.safetensors") == before);
+  CHECK(safetensors::File::open((target / "model.safetensors").string()).names() ==
+        std::vector<std::string>{"w"});
+  // Moved away, the export goes in beside the user's other files, and a second export replaces the first.
+  fs::rename(target / "model.safetensors", dir.path / "theirs.safetensors");
+  run.acc.save_model(run.model, target.string());
+  run.acc.save_model(run.model, target.string(), "100");
+  CHECK(fs::exists(target / "config.json"));
+  CHECK(fs::exists(target / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(target / "model.safetensors"));
+}
+
 TEST_CASE("checkpoint: save_state never deletes what it did not write (a log directory, a file)") {
   test::TempDir dir;
   Run run(MixedPrecision::No, 1);

@@ -270,6 +270,13 @@ TEST_CASE("config: accelerate-cpp keys parsed", "[config]") {
   CHECK(c.ddp_first_bucket_cap_mb == 2.5);
   CHECK(c.ddp_find_unused_parameters);
   CHECK(c.main_process_ip.empty());  // null keeps the default
+  // Bucket caps the engines could not turn into bytes (issue 30's 1.8e19 MiB) are refused.
+  CHECK_THROWS_WITH(accel::Config::load_string("ddp_bucket_cap_mb: 1.8e19\n", "caps.yaml"),
+                    Catch::Contains("caps.yaml") && Catch::Contains("ddp_bucket_cap_mb") &&
+                        Catch::Contains("at most 1048576 (1 TiB)"));
+  CHECK_THROWS_WITH(accel::Config::load_string("ddp_first_bucket_cap_mb: 2e6\n", "caps.yaml"),
+                    Catch::Contains("at most 1048576 (1 TiB)"));
+  CHECK(accel::Config::load_string("ddp_bucket_cap_mb: 1048576\n", "caps.yaml").ddp_bucket_cap_mb == 1048576);
 }
 
 TEST_CASE("config: backend and distributed_type", "[config]") {

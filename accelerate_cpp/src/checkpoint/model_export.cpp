@@ -14,6 +14,7 @@
 #include <cctype>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -95,6 +96,30 @@ ShardedExportWriter::ShardedExportWriter(fs::path dir, std::uint64_t max_shard_b
     throw CheckpointError(fmt::format("save_model: cannot create the directory '{}': {}", dir_.string(),
                                       ec ? ec.message() : "a file of that name exists"));
   }
+  // The export replaces the weights of an earlier save_model export (the files its manifest lists), never
+  // weight files this library did not write (another tool's export, a user's own model.safetensors).
+  std::set<std::string> ours;
+  if (fs::exists(dir_ / Manifest::kExportFile, ec)) {
+    try {
+      for (const auto& entry : read_manifest(dir_.string(), ManifestKind::Export).files)
+        ours.insert(entry.name);
+    } catch (const CheckpointError&) {
+      ours.clear();  // unreadable: nothing in the directory is known to be ours
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && is_export_weight(name) && name != Manifest::kExportFile &&
+        !ours.count(name)) {
+      throw CheckpointError(
+          fmt::format("save_model: '{}' already holds {}, which no earlier save_model export there lists (no "
+                      "readable {}); "
+                      "the export would replace it: move it away or export to another directory (if an "
+                      "earlier save_model "
+                      "into it was interrupted, delete its model*.safetensors files) (nothing was written)",
+                      dir_.string(), name, Manifest::kExportFile));
+    }
+  }
 }
 
 ShardedExportWriter::~ShardedExportWriter() {
@@ -154,8 +179,17 @@ ModelExport ShardedExportWriter::finish() {
   manifest.kind = ManifestKind::Export;
   manifest.checkpoint_id = new_checkpoint_id();
   manifest.facts = {{"total_bytes", std::to_string(total_)}, {"tensors", std::to_string(seen_.size())}};
+  // Within one directory a rename fails only on a broken filesystem: an accel:: error naming the file.
+  auto move_into_place = [&](const fs::path& from, const std::string& to) {
+    std::error_code move_ec;
+    fs::rename(from, dir_ / to, move_ec);
+    if (move_ec) {
+      throw CheckpointError(fmt::format("save_model: moving '{}' to '{}' failed: {}", from.string(),
+                                        (dir_ / to).string(), move_ec.message()));
+    }
+  };
   if (n == 1) {
-    fs::rename(temp_files_[0], dir_ / kSingle);
+    move_into_place(temp_files_[0], kSingle);
     out.files.push_back(kSingle);
     manifest.files.push_back({kSingle, digests_[0]});
   } else {
@@ -164,7 +198,7 @@ ModelExport ShardedExportWriter::finish() {
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as transformers writes it
     for (std::size_t k = 0; k < n; ++k) {
       const std::string file = shard_name(k + 1, n);
-      fs::rename(temp_files_[k], dir_ / file);
+      move_into_place(temp_files_[k], file);
       out.files.push_back(file);
       manifest.files.push_back({file, digests_[k]});
       for (const auto& name : shard_names_[k])

@@ -95,13 +95,19 @@ void check_numeric_settings(const Config& c, const FailKey& fail_key) {
              fmt::format("collective_timeout_seconds ({}) must be a positive number",
                          c.collective_timeout_seconds));
   }
-  if (!(c.ddp_bucket_cap_mb > 0) || !std::isfinite(c.ddp_bucket_cap_mb)) {
+  // At most 1 TiB: the engines convert MiB to bytes in 64 bits.
+  constexpr double kMaxBucketMib = 1024.0 * 1024.0;
+  if (!(c.ddp_bucket_cap_mb > 0) || !(c.ddp_bucket_cap_mb <= kMaxBucketMib)) {
     fail_key("ddp_bucket_cap_mb",
-             fmt::format("ddp_bucket_cap_mb ({}) must be a positive number", c.ddp_bucket_cap_mb));
+             fmt::format("ddp_bucket_cap_mb ({}) must be a positive number of MiB, at most "
+                         "1048576 (1 TiB)",
+                         c.ddp_bucket_cap_mb));
   }
-  if (!(c.ddp_first_bucket_cap_mb > 0) || !std::isfinite(c.ddp_first_bucket_cap_mb)) {
-    fail_key("ddp_first_bucket_cap_mb", fmt::format("ddp_first_bucket_cap_mb ({}) must be a positive number",
-                                                    c.ddp_first_bucket_cap_mb));
+  if (!(c.ddp_first_bucket_cap_mb > 0) || !(c.ddp_first_bucket_cap_mb <= kMaxBucketMib)) {
+    fail_key(
+        "ddp_first_bucket_cap_mb",
+        fmt::format("ddp_first_bucket_cap_mb ({}) must be a positive number of MiB, at most 1048576 (1 TiB)",
+                    c.ddp_first_bucket_cap_mb));
   }
   if (c.tensor_parallel_size < 1) {
     fail_key("parallelism_config.parallelism_config_tp_size",

@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <chrono>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -689,18 +690,20 @@ class C10dCommunicator final : public Communicator {
   }
 
   void wait_keys(const std::vector<std::string>& keys, const std::string& what) {
+    const auto started = std::chrono::steady_clock::now();
     try {
       store_->wait(keys, options_.timeout);
     } catch (const std::exception&) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       std::vector<int> missing;
       for (int r = 0; r < world_size(); ++r) {
         if (!store_->check({keys[static_cast<std::size_t>(r)]}))
           missing.push_back(job_ranks_[static_cast<std::size_t>(r)]);
       }
-      throw DistributedError(
-          fmt::format("{}: rank(s) {} did not reach {} within {} s; they are stuck, crashed, or took a "
-                      "different code path",
-                      me(), fmt::join(missing, ", "), what, options_.timeout.count() / 1000.0));
+      throw DistributedError(fmt::format(
+          "{}: rank(s) {} did not reach {} (waited {:.1f} s, timeout {} s); they are stuck, crashed, "
+          "or took a different code path",
+          me(), fmt::join(missing, ", "), what, waited, options_.timeout.count() / 1000.0));
     }
   }
 
