@@ -1865,3 +1865,23 @@ TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1
   // The round trip writes the value, so the written file clips as the read one did.
   CHECK(accel::Config::load_string(absent.to_yaml()).zero.gradient_clipping == 1.0);
 }
+
+// Accelerate reads its files with PyYAML (YAML 1.1): "017" is octal 15, "0x1F" 31, "0b101" 5, "1_000" 1000,
+// "1:30" (base 60) 90; "08" is no integer there. Read otherwise, a file would mean something else here.
+TEST_CASE("config: integers are read as Accelerate's YAML 1.1 loader reads them", "[config]") {
+  auto steps = [](const std::string& value) {
+    return accel::Config::load_string("gradient_accumulation_steps: " + value + "\n", "ints.yaml")
+        .gradient_accumulation_steps;
+  };
+  CHECK(steps("017") == 15);
+  CHECK(steps("0x1F") == 31);
+  CHECK(steps("0b101") == 5);
+  CHECK(steps("1_000") == 1000);
+  CHECK(steps("1:30") == 90);
+  CHECK(steps("+12") == 12);
+  CHECK_THROWS_WITH(steps("08"), Catch::Contains("ints.yaml") && Catch::Contains("got '08'"));
+  CHECK_THROWS_WITH(steps("1:75"), Catch::Contains("got '1:75'"));
+  CHECK(*accel::Config::load_string("seed: 017\n", "ints.yaml").seed == 15);
+  CHECK_THROWS_WITH(accel::Config::load_string("seed: 0o17\n", "ints.yaml"), Catch::Contains("got '0o17'"));
+  CHECK(accel::Config::load_string("ddp_bucket_cap_mb: 010\n", "ints.yaml").ddp_bucket_cap_mb == 8);
+}

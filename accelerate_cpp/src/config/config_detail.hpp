@@ -16,6 +16,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <locale>
@@ -150,12 +151,50 @@ inline int line_of(const YAML::Node& node) {
   return std::max(0, node.Mark().line + 1);
 }
 
+// An integer as Accelerate's YAML loader (PyYAML, YAML 1.1) reads it: an optional sign, then decimal
+// (underscores allowed), 0b binary, 0x hexadecimal, a leading 0 for octal ("017" is 15), or base 60
+// ("1:30" is 90). False when `text` is none of these or does not fit 64 bits.
+inline bool parse_yaml_int(const std::string& text, bool& negative, uint64_t& magnitude) {
+  std::string t;
+  for (char c : text)
+    if (c != '_') t += c;
+  if (t.empty() || text[0] == '_') return false;
+  negative = t[0] == '-';
+  if (t[0] == '-' || t[0] == '+') t.erase(0, 1);
+  if (t.empty()) return false;
+  auto digits = [&](const std::string& s, int base, uint64_t& v) {
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), v, base);
+    return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
+  };
+  if (t.find(':') != std::string::npos) {  // base 60: [1-9][0-9]*(:[0-5]?[0-9])+
+    if (t[0] < '1' || t[0] > '9') return false;
+    magnitude = 0;
+    std::size_t start = 0;
+    for (bool first = true;; first = false) {
+      const std::size_t colon = t.find(':', start);
+      const std::string part =
+          t.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+      uint64_t v = 0;
+      if (!digits(part, 10, v) || (!first && (part.size() > 2 || v > 59))) return false;
+      if (magnitude > (UINT64_MAX - v) / 60) return false;
+      magnitude = magnitude * 60 + v;
+      if (colon == std::string::npos) return true;
+      start = colon + 1;
+    }
+  }
+  if (t.size() > 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'b'))
+    return digits(t.substr(2), t[1] == 'x' ? 16 : 2, magnitude);
+  if (t.size() > 1 && t[0] == '0') return digits(t.substr(1), 8, magnitude);
+  return digits(t, 10, magnitude);
+}
+
 inline bool parse_int64(const std::string& text, int64_t& out) {
-  const char* begin = text.data();
-  const char* end = text.data() + text.size();
-  if (begin != end && *begin == '+') ++begin;
-  const auto result = std::from_chars(begin, end, out);
-  return begin != end && result.ec == std::errc() && result.ptr == end;
+  bool negative = false;
+  uint64_t magnitude = 0;
+  if (!parse_yaml_int(text, negative, magnitude)) return false;
+  if (negative ? magnitude > uint64_t{1} << 63 : magnitude > uint64_t{INT64_MAX}) return false;
+  out = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+  return true;
 }
 
 inline bool parse_double(const std::string& text, double& out) {
@@ -243,11 +282,9 @@ class Reader {
 
   uint64_t unsigned64(const Entry& e, const std::string& expected) const {
     const std::string text = scalar(e, expected);
-    const char* begin = text.data() + (text.rfind('+', 0) == 0 ? 1 : 0);
-    const char* end = text.data() + text.size();
+    bool negative = false;
     uint64_t value = 0;
-    const auto result = std::from_chars(begin, end, value);
-    if (begin == end || result.ec != std::errc() || result.ptr != end) {
+    if (!parse_yaml_int(text, negative, value) || (negative && value != 0)) {
       fail_at(e, fmt::format("{}: expected {}, got '{}'", e.path, expected, text));
     }
     return value;
@@ -270,7 +307,14 @@ class Reader {
 
   double number(const Entry& e, double min, bool min_inclusive, const std::string& expected) const {
     double value = 0;
-    if (!parse_double(scalar(e, expected), value) || value < min || (!min_inclusive && value == min)) {
+    int64_t as_int = 0;  // an integer as YAML 1.1 reads it ("017" is 15), else a float
+    const std::string text = scalar(e, expected);
+    if (parse_int64(text, as_int)) {
+      value = static_cast<double>(as_int);
+    } else if (!parse_double(text, value)) {
+      value = -std::numeric_limits<double>::infinity();
+    }
+    if (value < min || (!min_inclusive && value == min) || !std::isfinite(value)) {
       fail_at(e, fmt::format("{}: expected {}, got '{}'", e.path, expected, e.value.Scalar()));
     }
     return value;
