@@ -63,6 +63,8 @@ TEST_CASE(
   ::unsetenv("ACCEL_CONFIG_SOURCE");
   INFO(message);
   CHECK(message.find("num_processes") != std::string::npos);
+  CHECK(message.rfind(user_file + ": num_processes", 0) == 0);  // the user's file first
+  CHECK(message.find("(at " + resolved + ":2, ") != std::string::npos);
   CHECK(message.find("accel-launch's resolved copy of " + user_file +
                      " with its command-line options applied: "
                      "fix " +

@@ -49,9 +49,19 @@ Config resolve_config(const AcceleratorOptions& o) {
       config = Config::load_file(path);
     } catch (const ConfigError& e) {
       if (source == nullptr || *source == '\0') throw;
-      throw ConfigError(fmt::format("{} (in {}, accel-launch's resolved copy of {} with its command-line "
+      // The user's file first: "<copy>:<line>: <body>" becomes "<source>: <body> (at <copy>:<line>, ...)".
+      std::string body = e.what(), at = path;
+      const std::string copy = std::string(path) + ":";
+      if (body.rfind(copy, 0) == 0) {
+        const auto end = body.find(": ", copy.size() - 1);
+        if (end != std::string::npos) {
+          at = body.substr(0, end);
+          body = body.substr(end + 2);
+        }
+      }
+      throw ConfigError(fmt::format("{}: {} (at {}, accel-launch's resolved copy of {} with its command-line "
                                     "options applied: fix {} or the options)",
-                                    e.what(), path, source, source),
+                                    source, body, at, source, source),
                         source, 0, e.key());
     }
     if (source != nullptr && *source != '\0') config.source = source;
