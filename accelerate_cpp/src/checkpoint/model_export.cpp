@@ -111,13 +111,14 @@ ShardedExportWriter::ShardedExportWriter(fs::path dir, std::uint64_t max_shard_b
     const std::string name = entry.path().filename().string();
     if (entry.is_regular_file() && is_export_weight(name) && name != Manifest::kExportFile &&
         !ours.count(name)) {
+      const char* fix =
+          "move it away or export to another directory (if an earlier save_model into it was interrupted, "
+          "delete its model*.safetensors files)";
       throw CheckpointError(
-          fmt::format("save_model: '{}' already holds {}, which no earlier save_model export there lists (no "
-                      "readable {}); "
-                      "the export would replace it: move it away or export to another directory (if an "
-                      "earlier save_model "
-                      "into it was interrupted, delete its model*.safetensors files) (nothing was written)",
-                      dir_.string(), name, Manifest::kExportFile));
+          fmt::format("save_model: '{}' already holds {}, which no earlier save_model export "
+                      "there lists (no readable {}); the export would replace it: {} "
+                      "(nothing was written)",
+                      dir_.string(), name, Manifest::kExportFile, fix));
     }
   }
 }

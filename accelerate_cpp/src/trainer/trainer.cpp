@@ -1,7 +1,7 @@
 // The dataset-independent part of accel::Trainer: merging TrainingArguments into the Accelerate config, the
 // optimizer and schedule the arguments name, the optimizer step with its rank-agreed checks, logging,
 // evaluation bookkeeping, checkpoints (save, rotate, resume) and preemption. Only the Accelerator's public
-// API.
+// API (and the public safetensors reader, for one counter of a checkpoint's state file before loading it).
 #include <accel/accelerator/resolved_config.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
@@ -907,22 +907,19 @@ void TrainerBase::resume_from(const std::string& dir) {
         dir, s.global_step, s.epoch));
   }
   // Both counters of optimizer steps were written by the same save: they agree, else one was edited. Read
-  // before load_state changes anything; an unreadable state file is load_state's to name.
-  if (const auto saved = saved_completed_steps(dir); saved && *saved != s.global_step) {
-    throw CheckpointError(fmt::format(
+  // before load_state changes anything (an unreadable state file is load_state's to name), and checked again
+  // after it.
+  auto disagree = [&](std::int64_t steps, const char* loaded) {
+    return CheckpointError(fmt::format(
         "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
         "state in the same checkpoint completed {} optimizer steps; the checkpoint is damaged or was edited. "
-        "Resume from another checkpoint; nothing was loaded",
-        dir, s.global_step, *saved));
-  }
+        "Resume from another checkpoint{}",
+        dir, s.global_step, steps, loaded));
+  };
+  if (const auto saved = saved_completed_steps(dir); saved && *saved != s.global_step)
+    throw disagree(*saved, "; nothing was loaded");
   acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
-  if (s.global_step != acc.completed_steps()) {
-    throw CheckpointError(fmt::format(
-        "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
-        "state in the same checkpoint completed {} optimizer steps; the checkpoint is damaged or was edited. "
-        "Resume from another checkpoint",
-        dir, s.global_step, acc.completed_steps()));
-  }
+  if (s.global_step != acc.completed_steps()) throw disagree(acc.completed_steps(), "");
   state_.global_step = s.global_step;
   state_.epoch = s.epoch;
   state_.log_history = s.log_history;
