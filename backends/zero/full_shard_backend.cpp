@@ -8,6 +8,7 @@
 #include "../common/grad_sentinel.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
+#include "../common/sharded_engine.hpp"
 #include "../common/storage_guard.hpp"
 
 #include <ATen/record_function.h>
@@ -64,25 +65,14 @@ struct ParamSlot {
   std::int64_t offset = 0;
 };
 
-class FullShardBackend final : public Backend, private detail::TriggerClient {
+class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
  public:
-  FullShardBackend(const BackendContext& context, FullShardOptions options, detail::ShardGroups shards)
-      : ctx_(context),
-        world_(*context.comm),
-        shards_(std::move(shards)),
-        comm_(*shards_.shard),
-        options_(std::move(options)),
-        trigger_(*this) {}
+  using ShardedEngine::ShardedEngine;
 
   ~FullShardBackend() override {
     trigger_.stop();
     sentinels_.clear(params_);  // the model goes back to plain LibTorch
-    if (nvme_) {
-      try {
-        nvme_->restore_all();  // an optimizer that outlives the accelerator gets its state back in memory
-      } catch (const std::exception&) {
-      }
-    }
+    restore_offloaded_state();
     if (param_tier_) {
       try {
         // The shards back in memory for good (the files go with the tier): the optimizer's parameters.
@@ -107,10 +97,6 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
       }
     }
   }
-
-  std::string name() const override { return options_.name; }
-  // What the config's backend shards, from its fact sheet (zero stage 3, fsdp FULL_SHARD).
-  BackendCapabilities capabilities() const override { return sharding_of(*ctx_.config); }
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
@@ -142,13 +128,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
-    detail::check_shardable_optimizer(model_, optimizer, options_.name);
-    if (options_.nvme && !nvme_) {
-      nvme_ = detail::make_optimizer_offload(*options_.nvme, options_.name, comm_.rank(), optimizer, trigger_,
-                                             kNvmeTagBase);
-    } else if (options_.nvme) {
-      detail::make_optimizer_offload_check(optimizer, options_.name);
-    }
+    adopt_optimizer(optimizer, kNvmeTagBase);
     if (options_.param_nvme && !param_tier_) {
       param_tier_ = std::make_unique<detail::NvmeTier>(
           *options_.param_nvme, fmt::format("{} rank {}", options_.name, comm_.rank()));
@@ -289,19 +269,9 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     }
   }
 
-  std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
-      const NamedTensors& full_state) const override {
-    return detail::model_16bit_files(full_state, options_.save_16bit);
-  }
-
   GradientTensors gradients() const override {
-    std::vector<torch::Tensor> masters;
-    for (const auto& f : flats_)
-      masters.push_back(f.master);
-    return detail::sharded_gradients(std::move(masters), shards_.copies(),
-                                     detail::loose_parameters(params_, [&](std::size_t index) {
-                                       return !slot_.empty() && slot_[index].has_value();
-                                     }));
+    return gradients_of(flats_,
+                        [&](std::size_t index) { return !slot_.empty() && slot_[index].has_value(); });
   }
 
   void sync_parameters() override {
@@ -315,10 +285,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
       const torch::optim::Optimizer& optimizer) const override {
-    std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>> known;
-    for (const auto& f : flats_)
-      known.emplace_back(f.master, detail::flat_layout(names_, params_, f.params, f.offset, f.shard, comm_));
-    return detail::layouts_for(optimizer, known, options_.name);
+    return layouts_of(flats_, optimizer);
   }
 
   std::vector<torch::Tensor> parameter_buffers() const override {
@@ -414,13 +381,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
           write_stepped({});
         }
       } catch (const std::exception& e) {
-        std::cerr << fmt::format(
-                         "[accelerate-cpp] rank {}: {}: NVMe offload of the parameter shards failed: "
-                         "{}\n[accelerate-cpp] an error cannot leave LibTorch's operator callback: "
-                         "aborting this rank",
-                         comm_.rank(), options_.name, e.what())
-                  << std::endl;
-        std::abort();
+        abort_in_callback("NVMe offload of the parameter shards", e);
       }
     }
     if (nvme_) {
@@ -428,13 +389,7 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
         nvme_master = nvme_->on_operator(tags);
         if (!nvme_master && !nvme_tag) nvme_->end_step();
       } catch (const std::exception& e) {
-        std::cerr << fmt::format(
-                         "[accelerate-cpp] rank {}: {}: NVMe offload of the optimizer state failed: "
-                         "{}\n[accelerate-cpp] an error cannot leave LibTorch's operator callback: "
-                         "aborting this rank",
-                         comm_.rank(), options_.name, e.what())
-                  << std::endl;
-        std::abort();
+        abort_in_callback("NVMe offload of the optimizer state", e);
       }
     }
     if (nvme_master || (param_tier_ && nvme_tag) ||
@@ -768,15 +723,6 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
     pending_.reset();
   }
 
-  BackendContext ctx_;
-  Communicator& world_;         // every replica: the model's broadcast, buffers, loose gradients
-  detail::ShardGroups shards_;  // what the flat vectors are sharded over (and, hybrid, replicated across)
-  Communicator& comm_;          // *shards_.shard
-  FullShardOptions options_;
-  torch::nn::Module* model_ = nullptr;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> params_;
-  detail::GradSentinels sentinels_;  // .grad of the managed parameters after a synchronising backward
   std::vector<Unit> units_;
   std::vector<Flat> flats_;
   std::vector<std::optional<ParamSlot>> slot_;
@@ -788,10 +734,8 @@ class FullShardBackend final : public Backend, private detail::TriggerClient {
   bool any_seen_ = false;   // some gradient of this model arrived in this backward
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index
   std::optional<PendingReduce> pending_;
-  detail::ParameterTrigger trigger_;
-  std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
-  std::unique_ptr<detail::NvmeTier> param_tier_;         // offload_param_device: nvme: one group per flat
-  std::vector<std::size_t> stepping_;                    // flats the optimizer's step has changed in memory
+  std::unique_ptr<detail::NvmeTier> param_tier_;  // offload_param_device: nvme: one group per flat
+  std::vector<std::size_t> stepping_;             // flats the optimizer's step has changed in memory
   bool warned_multi_shard_ = false;
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };

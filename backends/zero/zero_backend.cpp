@@ -10,6 +10,7 @@
 #include "../common/grad_sentinel.hpp"
 #include "../common/module_state.hpp"
 #include "../common/param_trigger.hpp"
+#include "../common/sharded_engine.hpp"
 #include "../common/storage_guard.hpp"
 #include "../ddp/ddp_backend.hpp"
 #include "full_shard_backend.hpp"
@@ -69,26 +70,15 @@ constexpr std::size_t kZeroParamTag = 1;
 // With NVMe offload each sub-group's master (and its optimizer state) has its own tag, from this one up.
 constexpr std::size_t kZeroGroupTagBase = 2;
 
-class ZeroBackend final : public Backend, private detail::TriggerClient {
+class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
  public:
-  ZeroBackend(const BackendContext& context, ZeroOptions options, detail::ShardGroups shards)
-      : ctx_(context),
-        world_(*context.comm),
-        shards_(std::move(shards)),
-        comm_(*shards_.shard),
-        options_(std::move(options)),
-        trigger_(*this) {}
+  using ShardedEngine::ShardedEngine;
 
   ~ZeroBackend() override {
     trigger_.stop();
     // The optimizer may be destroyed already (declared after the accelerator): the NVMe tier must not ask it
     // for its state from here on; an optimizer that is still alive gets its state back in memory.
-    if (nvme_) {
-      try {
-        nvme_->restore_all();
-      } catch (const std::exception&) {
-      }
-    }
+    restore_offloaded_state();
     sentinels_.clear(params_);  // the model goes back to plain LibTorch
     // Leave a whole, current model behind for code after the accelerator (torch::save at the end of main):
     // every rank destroys its accelerator at the same point of the program, so the refresh is collective as
@@ -100,10 +90,6 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
       }
     }
   }
-
-  std::string name() const override { return options_.name; }
-  // What the config's backend shards, from its fact sheet (zero stage 1-2, fsdp SHARD_GRAD_OP).
-  BackendCapabilities capabilities() const override { return sharding_of(*ctx_.config); }
 
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
@@ -126,13 +112,7 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
-    detail::check_shardable_optimizer(model_, optimizer, options_.name);
-    if (options_.nvme && !nvme_) {
-      nvme_ = detail::make_optimizer_offload(*options_.nvme, options_.name, comm_.rank(), optimizer, trigger_,
-                                             kZeroGroupTagBase);
-    } else if (options_.nvme) {
-      detail::make_optimizer_offload_check(optimizer, options_.name);
-    }
+    adopt_optimizer(optimizer, kZeroGroupTagBase);
     const std::size_t first_group = groups_.size();
     detail::Quiet quiet;
     trigger_.stop();
@@ -229,26 +209,13 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     sentinels_.plant(params_, names_, options_.name, [&](std::size_t i) { return ref_.count(i) != 0; });
   }
 
-  std::vector<std::pair<std::string, NamedTensors>> extra_model_files(
-      const NamedTensors& full_state) const override {
-    return detail::model_16bit_files(full_state, options_.save_16bit);
-  }
-
   GradientTensors gradients() const override {
-    std::vector<torch::Tensor> masters;
-    for (const auto& g : groups_)
-      masters.push_back(g.master);
-    return detail::sharded_gradients(
-        std::move(masters), shards_.copies(),
-        detail::loose_parameters(params_, [&](std::size_t i) { return ref_.count(i) != 0; }));
+    return gradients_of(groups_, [&](std::size_t i) { return ref_.count(i) != 0; });
   }
 
   std::vector<OptimizerTensorLayout> optimizer_layout(
       const torch::optim::Optimizer& optimizer) const override {
-    std::vector<std::pair<torch::Tensor, OptimizerTensorLayout>> known;
-    for (const auto& g : groups_)
-      known.emplace_back(g.master, detail::flat_layout(names_, params_, g.params, g.offset, g.shard, comm_));
-    return detail::layouts_for(optimizer, known, options_.name);
+    return layouts_of(groups_, optimizer);
   }
 
   void sync_parameters() override {
@@ -348,13 +315,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
         sync_parameters();  // every rank runs the same forward: collective, as the step boundary is
       }
     } catch (const std::exception& e) {
-      std::cerr << fmt::format(
-                       "[accelerate-cpp] rank {}: {}: refreshing the model's parameters from the optimizer's "
-                       "shards before an operator read them failed: {}\n[accelerate-cpp] an error cannot "
-                       "leave LibTorch's operator callback: aborting this rank",
-                       comm_.rank(), options_.name, e.what())
-                << std::endl;
-      std::abort();
+      abort_in_callback(
+          "refreshing the model's parameters from the optimizer's shards before an operator read them", e);
     }
   }
 
@@ -616,17 +578,8 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
     pending_.clear();
   }
 
-  BackendContext ctx_;
-  Communicator& world_;         // every replica: the model's broadcast, buffers, loose gradients
-  detail::ShardGroups shards_;  // what the flat vectors are sharded over (and, hybrid, replicated across)
-  Communicator& comm_;          // *shards_.shard
-  ZeroOptions options_;
-  torch::nn::Module* model_ = nullptr;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> params_;
   std::vector<Group> groups_;
   std::map<std::size_t, ParamRef> ref_;
-  detail::GradSentinels sentinels_;  // .grad of the managed parameters after a synchronising backward
   std::vector<StageBucket> buckets_;
   detail::BucketClock clock_;
   std::vector<bool> seen_;
@@ -636,8 +589,6 @@ class ZeroBackend final : public Backend, private detail::TriggerClient {
   std::vector<std::size_t> owned_;  // parameters some prepared optimizer owns (refreshed from the masters)
   std::set<std::size_t> hooked_;
   std::vector<Pending> pending_;
-  detail::ParameterTrigger trigger_;
-  std::unique_ptr<detail::OptimizerStateOffload> nvme_;  // offload_optimizer_device: nvme (uses trigger_)
   GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
 };
 

@@ -53,6 +53,16 @@ int data_tag(int micro_batch) {
   return kDataTag + micro_batch;
 }
 
+// A header of `kind` about `micro_batch` of `micro_batches`, its other fields zero.
+torch::Tensor new_header(std::int64_t kind, int micro_batch, int micro_batches) {
+  auto header = torch::zeros({kHeaderLength}, torch::kInt64);
+  auto* h = header.data_ptr<std::int64_t>();
+  h[kKind] = kind;
+  h[kMicroBatch] = micro_batch;
+  h[kMicroBatches] = micro_batches;
+  return header;
+}
+
 std::string shape(c10::IntArrayRef sizes) {
   return fmt::format("[{}]", fmt::join(sizes, ", "));
 }
@@ -575,11 +585,8 @@ void PipelineEngine::send_tensor(const torch::Tensor& tensor, int peer, int micr
                     "reshape it",
                     peer, shape(tensor.sizes()), kMaxDims));
   }
-  auto header = torch::zeros({kHeaderLength}, torch::kInt64);
+  auto header = new_header(kTensorMessage, micro_batch, micro_batches_);
   auto* h = header.data_ptr<std::int64_t>();
-  h[kKind] = kTensorMessage;
-  h[kMicroBatch] = micro_batch;
-  h[kMicroBatches] = micro_batches_;
   h[kMode] = mode;
   h[kDtype] = static_cast<std::int64_t>(tensor.scalar_type());
   h[kNdim] = tensor.dim();
@@ -637,11 +644,8 @@ torch::Tensor PipelineEngine::recv_tensor(Step& step, int peer, int micro_batch,
 
 void PipelineEngine::send_abort(int peer, int stage, int micro_batch, const std::string& message) {
   const auto text = message.substr(0, kMaxAbortText);
-  auto header = torch::zeros({kHeaderLength}, torch::kInt64);
+  auto header = new_header(kAbortMessage, micro_batch, micro_batches_);
   auto* h = header.data_ptr<std::int64_t>();
-  h[kKind] = kAbortMessage;
-  h[kMicroBatch] = micro_batch;
-  h[kMicroBatches] = micro_batches_;
   h[kAbortStage] = stage;
   h[kAbortLength] = static_cast<std::int64_t>(text.size());
   auto bytes = torch::empty({static_cast<std::int64_t>(text.size())}, torch::kUInt8);
