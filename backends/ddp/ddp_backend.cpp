@@ -7,6 +7,7 @@
 
 #include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/buckets.hpp"
+#include "../common/descriptor.hpp"
 #include "../common/grad_reduce.hpp"
 #include "../common/module_state.hpp"
 
@@ -349,10 +350,7 @@ std::unique_ptr<Backend> make_ddp_backend(const BackendContext& context) {
 }
 
 BackendDescriptor ddp_backend_descriptor() {
-  BackendDescriptor d;
-  d.name = "ddp";
-  d.factory = make_ddp_backend;
-  return d;
+  return detail::describe("ddp", make_ddp_backend);
 }
 
 }  // namespace accel::backends

@@ -2,6 +2,7 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/descriptor.hpp"
 #include "../common/flat_shards.hpp"
 #include "../ddp/ddp_backend.hpp"
 #include "../zero/full_shard_backend.hpp"
@@ -126,13 +127,8 @@ std::vector<std::string> fsdp_optimizer_notices(const BackendContext& context,
 }  // namespace
 
 BackendDescriptor fsdp_backend_descriptor() {
-  BackendDescriptor d;
-  d.name = "fsdp";
-  d.notices = fsdp_notices;
-  d.optimizer_notices = fsdp_optimizer_notices;
-  d.factory = make_fsdp_engine;
-  d.activation_checkpointing = [](const Config& config) { return config.fsdp.activation_checkpointing; };
-  return d;
+  return detail::describe("fsdp", make_fsdp_engine, fsdp_notices, fsdp_optimizer_notices,
+                          [](const Config& config) { return config.fsdp.activation_checkpointing; });
 }
 
 }  // namespace accel::backends

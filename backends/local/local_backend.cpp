@@ -2,6 +2,7 @@
 
 #include <accel/errors.hpp>
 
+#include "../common/descriptor.hpp"
 #include "../common/module_state.hpp"
 
 #include <fmt/format.h>
@@ -50,10 +51,7 @@ std::unique_ptr<Backend> make_local_backend(const BackendContext& context) {
 }
 
 BackendDescriptor local_backend_descriptor() {
-  BackendDescriptor d;
-  d.name = "local";
-  d.factory = make_local_backend;
-  return d;
+  return detail::describe("local", make_local_backend);
 }
 
 }  // namespace accel::backends

@@ -5,6 +5,7 @@
 #include <accel/backend/grad_ready_hooks.hpp>
 #include "../common/buckets.hpp"
 #include "../common/chunk_pipeline.hpp"
+#include "../common/descriptor.hpp"
 #include "../common/flat_shards.hpp"
 #include "../common/grad_reduce.hpp"
 #include "../common/grad_sentinel.hpp"
@@ -695,13 +696,8 @@ std::vector<std::string> zero_optimizer_notices(const BackendContext& context,
 }  // namespace
 
 BackendDescriptor zero_backend_descriptor() {
-  BackendDescriptor d;
-  d.name = "zero";
-  d.notices = zero_notices;
-  d.optimizer_notices = zero_optimizer_notices;
-  d.factory = make_zero_engine;
-  d.activation_checkpointing = [](const Config& config) { return config.zero.activation_checkpointing; };
-  return d;
+  return detail::describe("zero", make_zero_engine, zero_notices, zero_optimizer_notices,
+                          [](const Config& config) { return config.zero.activation_checkpointing; });
 }
 
 }  // namespace accel::backends
