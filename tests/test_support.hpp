@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "temp_dir.hpp"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -46,25 +48,6 @@ inline Config make_config(MixedPrecision mp = MixedPrecision::No, int accumulati
   c.use_cpu = true;
   return c;
 }
-
-/// A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("accel-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::filesystem::path path;
-};
 
 /// Copies every parameter of a module (detached, cloned) in registration order.
 inline std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {

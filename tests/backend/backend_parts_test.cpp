@@ -7,6 +7,7 @@
 #include "../../backends/common/nvme_tier.hpp"
 #include "../../backends/common/param_trigger.hpp"
 #include "../../backends/common/unit_plan.hpp"
+#include "temp_dir.hpp"
 
 #include <torch/torch.h>
 
@@ -87,27 +88,27 @@ TEST_CASE("chunk pipeline: at most `depth` chunks in flight, completed in order,
 
 namespace {
 
-struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
+struct PlanBlockImpl : torch::nn::Module {
+  PlanBlockImpl() {
     a = register_module("a", torch::nn::Linear(4, 4));
     b = register_module("b", torch::nn::Linear(4, 2));
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
 };
-TORCH_MODULE(Block);
+TORCH_MODULE(PlanBlock);
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
+struct PlanNetImpl : torch::nn::Module {
+  PlanNetImpl() {
     scale = register_parameter("scale", torch::ones({1}));
-    first = register_module("first", Block());
-    second = register_module("second", Block());
+    first = register_module("first", PlanBlock());
+    second = register_module("second", PlanBlock());
     head = register_module("head", torch::nn::Linear(2, 1));
   }
   torch::Tensor scale;
-  Block first{nullptr}, second{nullptr};
+  PlanBlock first{nullptr}, second{nullptr};
   torch::nn::Linear head{nullptr};
 };
-TORCH_MODULE(Net);
+TORCH_MODULE(PlanNet);
 
 std::vector<std::string> names_of(const std::vector<PlannedUnit>& units) {
   std::vector<std::string> out;
@@ -119,7 +120,7 @@ std::vector<std::string> names_of(const std::vector<PlannedUnit>& units) {
 }  // namespace
 
 TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") {
-  Net net;
+  PlanNet net;
   const auto total = net->named_parameters().size();  // scale + 2 x (2 x 2) + 2 = 11
   REQUIRE(total == 11);
   auto check_partition = [&](const std::vector<PlannedUnit>& units) {
@@ -150,14 +151,14 @@ TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") 
   }
   SECTION("by size: a subtree with at least min_num_params") {
     o.policy = UnitPolicy::SizeBased;
-    o.min_num_params = 25;  // a Block has 20 + 10 = 30, a Linear(4, 4) 20
+    o.min_num_params = 25;  // a PlanBlock has 20 + 10 = 30, a Linear(4, 4) 20
     const auto units = plan_units(*net, o);
     check_partition(units);
     REQUIRE(names_of(units) == std::vector<std::string>{"first", "second", "<root>"});
   }
   SECTION("by class, with or without namespace and Impl") {
     o.policy = UnitPolicy::ClassBased;
-    for (const std::string name : {"Block", "BlockImpl"}) {
+    for (const std::string name : {"PlanBlock", "PlanBlockImpl"}) {
       o.wrap_classes = {name};
       const auto units = plan_units(*net, o);
       check_partition(units);
@@ -168,25 +169,25 @@ TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") 
             std::vector<std::string>{"first.a", "first.b", "second.a", "second.b", "head", "<root>"});
     // A class the model does not use is refused, as Accelerate does (it used to make the whole model one
     // unit, silently).
-    o.wrap_classes = {"Block", "LlamaDecoderLayer"};
+    o.wrap_classes = {"PlanBlock", "LlamaDecoderLayer"};
     REQUIRE_THROWS_WITH(
         plan_units(*net, o),
         Catch::Contains("fsdp_transformer_layer_cls_to_wrap names 'LlamaDecoderLayer', but the "
                         "model has no module of that class") &&
-            Catch::Contains("BlockImpl"));
+            Catch::Contains("PlanBlockImpl"));
   }
   SECTION("by class with an empty list (TRANSFORMER_BASED_WRAP alone): the model's repeated block type") {
     o.policy = UnitPolicy::ClassBased;
-    // Net holds its blocks as plain members, in no ModuleList or Sequential: nothing repeats there, and the
-    // error names the model's types instead of making the whole model one unit.
+    // PlanNet holds its blocks as plain members, in no ModuleList or Sequential: nothing repeats there, and
+    // the error names the model's types instead of making the whole model one unit.
     REQUIRE_THROWS_WITH(plan_units(*net, o), Catch::Contains("TRANSFORMER_BASED_WRAP without") &&
                                                  Catch::Contains("repeats none") &&
-                                                 Catch::Contains("BlockImpl"));
+                                                 Catch::Contains("PlanBlockImpl"));
     // Blocks in a ModuleList (a transformer's layers) beside a Sequential of two Linear(2, 2): the blocks
     // hold more parameters, so each block is a unit; the rest is the root's.
     struct StackImpl : torch::nn::Module {
       StackImpl() {
-        layers = register_module("layers", torch::nn::ModuleList(Block(), Block(), Block()));
+        layers = register_module("layers", torch::nn::ModuleList(PlanBlock(), PlanBlock(), PlanBlock()));
         head =
             register_module("head", torch::nn::Sequential(torch::nn::Linear(4, 2), torch::nn::Linear(2, 2)));
       }
@@ -194,7 +195,7 @@ TEST_CASE("unit plan: every policy assigns each parameter to exactly one unit") 
       torch::nn::Sequential head{nullptr};
     };
     auto stack = std::make_shared<StackImpl>();
-    CHECK(accel::backends::detail::repeated_block_class(*stack) == BlockImpl().name());
+    CHECK(accel::backends::detail::repeated_block_class(*stack) == PlanBlockImpl().name());
     const auto units = plan_units(*stack, o);
     REQUIRE(names_of(units) == std::vector<std::string>{"layers.0", "layers.1", "layers.2", "<root>"});
     REQUIRE(units.back().params.size() == 4);  // the head's two Linear layers
@@ -275,19 +276,7 @@ TEST_CASE("auto bucket sizes: hidden size is the most common input width of the 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct TempDir {
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "accel_nvme_test_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path path;
-};
+using accel::test::TempDir;
 
 std::size_t count_entries(const fs::path& dir) {
   std::error_code ec;

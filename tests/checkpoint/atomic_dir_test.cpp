@@ -17,28 +17,14 @@
 
 #include "accel/checkpoint/safetensors.hpp"
 #include "accel/errors.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using accel::detail::AtomicDirectory;
 
 namespace {
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (fs::temp_directory_path() / "accel_atomic_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using accel::test::TempDir;
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -90,8 +76,8 @@ float read_checkpoint(const fs::path& dir) {
 }  // namespace
 
 TEST_CASE("atomic_dir: commit creates, then replaces, the directory") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "nested" / "step_1";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "nested" / "step_1";
   {
     AtomicDirectory out(dir.string());
     CHECK(out.final_path() == dir);
@@ -121,8 +107,8 @@ TEST_CASE("atomic_dir: commit creates, then replaces, the directory") {
 }
 
 TEST_CASE("atomic_dir: without commit the temporary directory is removed and the old one kept") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
   {
     AtomicDirectory out(dir.string());
     write_checkpoint(out.path(), 1.0f);
@@ -134,12 +120,12 @@ TEST_CASE("atomic_dir: without commit the temporary directory is removed and the
     CHECK(fs::exists(out.path()));
   }  // e.g. an exception while saving
   CHECK(read_checkpoint(dir) == 1.0f);
-  CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt"});
+  CHECK(entries(scratch.path) == std::set<std::string>{"ckpt"});
 }
 
 TEST_CASE("atomic_dir: a process killed before commit leaves the previous checkpoint intact") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
   {
     AtomicDirectory out(dir.string());
     write_checkpoint(out.path(), 1.0f);
@@ -175,21 +161,21 @@ TEST_CASE("atomic_dir: a process killed before commit leaves the previous checkp
     // The previous checkpoint is intact; the child's temporary directory is left behind, never read.
     CHECK(read_checkpoint(dir) == 1.0f);
     const std::string stale = "ckpt.tmp-" + std::to_string(child) + "-";
-    const auto names = entries(scratch.path());
+    const auto names = entries(scratch.path);
     REQUIRE(names.size() == 2);
     CHECK(*names.begin() == "ckpt");
     CHECK(names.rbegin()->rfind(stale, 0) == 0);
 
     // Recovery removes the dead process's temporary directory and keeps the checkpoint.
     accel::detail::recover_interrupted(dir.string());
-    CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt"});
+    CHECK(entries(scratch.path) == std::set<std::string>{"ckpt"});
     CHECK(read_checkpoint(dir) == 1.0f);
   }
 }
 
 TEST_CASE("atomic_dir: recover_interrupted repairs a crash between the two renames") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
   {
     AtomicDirectory out(dir.string());
     write_checkpoint(out.path(), 1.0f);
@@ -199,8 +185,8 @@ TEST_CASE("atomic_dir: recover_interrupted repairs a crash between the two renam
   // rename: no dir, the previous checkpoint under .old-<pid>, the new (complete) one under
   // .tmp-<pid>-<random>.
   const pid_t pid = dead_pid();
-  const fs::path old = scratch.path() / ("ckpt.old-" + std::to_string(pid));
-  const fs::path temp = scratch.path() / ("ckpt.tmp-" + std::to_string(pid) + "-0badcafe");
+  const fs::path old = scratch.path / ("ckpt.old-" + std::to_string(pid));
+  const fs::path temp = scratch.path / ("ckpt.tmp-" + std::to_string(pid) + "-0badcafe");
   fs::rename(dir, old);
   fs::create_directory(temp);
   write_checkpoint(temp, 2.0f);
@@ -208,9 +194,9 @@ TEST_CASE("atomic_dir: recover_interrupted repairs a crash between the two renam
   SECTION("explicit recovery") {
     accel::detail::recover_interrupted(dir.string());
     CHECK(read_checkpoint(dir) == 1.0f);
-    CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt"});
+    CHECK(entries(scratch.path) == std::set<std::string>{"ckpt"});
     accel::detail::recover_interrupted(dir.string());  // idempotent
-    CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt"});
+    CHECK(entries(scratch.path) == std::set<std::string>{"ckpt"});
   }
   SECTION("the next save recovers first, then replaces") {
     AtomicDirectory out(dir.string());
@@ -218,70 +204,70 @@ TEST_CASE("atomic_dir: recover_interrupted repairs a crash between the two renam
     write_checkpoint(out.path(), 3.0f);
     out.commit();
     CHECK(read_checkpoint(dir) == 3.0f);
-    CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt"});
+    CHECK(entries(scratch.path) == std::set<std::string>{"ckpt"});
   }
 }
 
 TEST_CASE("atomic_dir: recover_interrupted removes an old directory left after the second rename") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
   fs::create_directory(dir);
   write_checkpoint(dir, 2.0f);
-  const fs::path old = scratch.path() / "ckpt.old-123";
+  const fs::path old = scratch.path / "ckpt.old-123";
   fs::create_directory(old);
   write_checkpoint(old, 1.0f);
-  write_text(scratch.path() / "ckpt.old-notapid", "unrelated");  // not ours: left alone
-  write_text(scratch.path() / "other.old-1", "unrelated");
+  write_text(scratch.path / "ckpt.old-notapid", "unrelated");  // not ours: left alone
+  write_text(scratch.path / "other.old-1", "unrelated");
 
   accel::detail::recover_interrupted(dir.string());
   CHECK(read_checkpoint(dir) == 2.0f);
-  CHECK(entries(scratch.path()) == std::set<std::string>{"ckpt", "ckpt.old-notapid", "other.old-1"});
+  CHECK(entries(scratch.path) == std::set<std::string>{"ckpt", "ckpt.old-notapid", "other.old-1"});
 }
 
 TEST_CASE("atomic_dir: a save removes another checkpoint's temporary directory left by a killed run") {
   // A run killed while saving checkpoint-500 resumes from checkpoint-400 and saves checkpoint-600 next: the
   // unfinished checkpoint-500.tmp-<pid>-<hex> (as large as a checkpoint) goes with that save. Lookalikes that
   // are not ours stay: a file, a live process's directory, a name whose suffix is not 8 hex digits.
-  ScratchDir scratch;
+  TempDir scratch;
   const pid_t dead = dead_pid();
-  const fs::path stale = scratch.path() / ("checkpoint-500.tmp-" + std::to_string(dead) + "-0badcafe");
+  const fs::path stale = scratch.path / ("checkpoint-500.tmp-" + std::to_string(dead) + "-0badcafe");
   fs::create_directory(stale);
   write_checkpoint(stale, 5.0f);
   const std::string live = "checkpoint-700.tmp-" + std::to_string(::getpid()) + "-12345678";
-  fs::create_directory(scratch.path() / live);
+  fs::create_directory(scratch.path / live);
   const std::string user_file = "notes.tmp-" + std::to_string(dead) + "-deadbeef";
-  write_text(scratch.path() / user_file, "the user's");
+  write_text(scratch.path / user_file, "the user's");
   const std::string odd = "data.tmp-" + std::to_string(dead) + "-backup";
-  fs::create_directory(scratch.path() / odd);
+  fs::create_directory(scratch.path / odd);
   {
-    AtomicDirectory out((scratch.path() / "checkpoint-600").string());
+    AtomicDirectory out((scratch.path / "checkpoint-600").string());
     write_checkpoint(out.path(), 6.0f);
     out.commit();
   }
-  CHECK(entries(scratch.path()) == std::set<std::string>{"checkpoint-600", live, user_file, odd});
-  CHECK(read_checkpoint(scratch.path() / "checkpoint-600") == 6.0f);
+  CHECK(entries(scratch.path) == std::set<std::string>{"checkpoint-600", live, user_file, odd});
+  CHECK(read_checkpoint(scratch.path / "checkpoint-600") == 6.0f);
 }
 
 TEST_CASE("atomic_dir: recover_interrupted leaves temporary directories of live processes alone") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
   AtomicDirectory writing(dir.string());  // this live process is "another writer"
   accel::detail::recover_interrupted(dir.string());
   CHECK(fs::is_directory(writing.path()));
 }
 
 TEST_CASE("atomic_dir: recover_interrupted refuses to guess between several old directories") {
-  ScratchDir scratch;
-  const fs::path dir = scratch.path() / "ckpt";
-  fs::create_directory(scratch.path() / "ckpt.old-11");
-  fs::create_directory(scratch.path() / "ckpt.old-22");
+  TempDir scratch;
+  const fs::path dir = scratch.path / "ckpt";
+  fs::create_directory(scratch.path / "ckpt.old-11");
+  fs::create_directory(scratch.path / "ckpt.old-22");
   try {
     accel::detail::recover_interrupted(dir.string());
     FAIL("no exception");
   } catch (const accel::CheckpointError& error) {
     const std::string message = error.what();
-    const std::string a = "'" + (scratch.path() / "ckpt.old-11").string() + "'";
-    const std::string b = "'" + (scratch.path() / "ckpt.old-22").string() + "'";
+    const std::string a = "'" + (scratch.path / "ckpt.old-11").string() + "'";
+    const std::string b = "'" + (scratch.path / "ckpt.old-22").string() + "'";
     const std::string listed = message.find(a) < message.find(b) ? a + ", " + b : b + ", " + a;
     REQUIRE(message == "checkpoint directory '" + dir.string() +
                            "' is missing and several earlier versions exist (" + listed +
@@ -304,17 +290,17 @@ TEST_CASE("atomic_dir: invalid directory names are rejected") {
 }
 
 TEST_CASE("atomic_dir: write_file_atomic replaces a file and leaves no temporary file") {
-  ScratchDir scratch;
-  const fs::path file = scratch.path() / "state.json";
+  TempDir scratch;
+  const fs::path file = scratch.path / "state.json";
   accel::detail::write_file_atomic(file.string(), "first");
   CHECK(read_text(file) == "first");
   accel::detail::write_file_atomic(file.string(), std::string("sec\0nd", 6));
   CHECK(read_text(file) == std::string("sec\0nd", 6));
   accel::detail::write_file_atomic(file.string(), "");
   CHECK(read_text(file).empty());
-  CHECK(entries(scratch.path()) == std::set<std::string>{"state.json"});
+  CHECK(entries(scratch.path) == std::set<std::string>{"state.json"});
 
-  const fs::path missing = scratch.path() / "no_such_dir" / "x.json";
+  const fs::path missing = scratch.path / "no_such_dir" / "x.json";
   try {
     accel::detail::write_file_atomic(missing.string(), "x");
     FAIL("no exception");

@@ -2,6 +2,7 @@
 
 #include "../../accelerate_cpp/src/checkpoint/safetensors_write.hpp"
 #include "accel/errors.hpp"
+#include "temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -15,24 +16,13 @@ using namespace accel::detail;
 
 namespace {
 
+using accel::test::TempDir;
+
 std::string xxh64_of(const std::string& bytes) {
   Xxh64 h;
   h.update(bytes.data(), bytes.size());
   return hex(h.digest());
 }
-
-struct TempDir {
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("accel_manifest_test_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path path;
-};
 
 void write(const fs::path& p, const std::string& bytes) {
   fs::create_directories(p.parent_path());

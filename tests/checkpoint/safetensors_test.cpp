@@ -13,29 +13,14 @@
 #include <vector>
 
 #include "accel/errors.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 namespace st = accel::safetensors;
 
 namespace {
 
-// A fresh directory under the system temp directory, removed at scope exit.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (fs::temp_directory_path() / "accel_safetensors_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using accel::test::TempDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -106,7 +91,7 @@ TEST_CASE("safetensors: dtype names and sizes") {
 }
 
 TEST_CASE("safetensors: round trip of every dtype, a 0-d scalar, an empty tensor and metadata") {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("all.safetensors");
 
   const std::vector<double> f64 = {0.5, -1.25, 1e300};
@@ -183,7 +168,7 @@ TEST_CASE("safetensors: header bytes match the reference implementation") {
       's',  'e',  't',  's',  '"',  ':',  '[',  '8',  ',',  '1',  '0', ']', '}', '}', ' ', ' ', ' ', ' ', ' ',
       0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0x40, 0x03, 0x00,
   };
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("tiny.safetensors");
   const std::vector<float> b = {1.0f, 2.0f};
   const std::vector<std::int16_t> a = {3};
@@ -193,7 +178,7 @@ TEST_CASE("safetensors: header bytes match the reference implementation") {
 }
 
 TEST_CASE("safetensors: no tensors and no metadata") {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("empty.safetensors");
   st::write_file(path, {});
   REQUIRE(read_bytes(path) == make_file("{}      ", ""));
@@ -204,7 +189,7 @@ TEST_CASE("safetensors: no tensors and no metadata") {
 }
 
 TEST_CASE("safetensors: the writer rejects invalid tensors") {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("bad.safetensors");
   const std::string prefix = "cannot write safetensors file '" + path + "': ";
   const std::vector<float> five = {1, 2, 3, 4, 5};
@@ -246,7 +231,7 @@ TEST_CASE("safetensors: the writer rejects invalid tensors") {
 }
 
 TEST_CASE("safetensors: malformed files give a CheckpointError naming the problem") {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("bad.safetensors");
   const std::string prefix = "safetensors file '" + path + "': ";
   const std::string f32x2 = R"("dtype":"F32","shape":[2])";
@@ -417,7 +402,7 @@ TEST_CASE("safetensors: malformed files give a CheckpointError naming the proble
 }
 
 TEST_CASE("safetensors: a missing tensor name suggests close names") {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("model.safetensors");
   const std::vector<float> one = {1};
   st::write_file(

@@ -4,6 +4,7 @@
 // error whose message is bounded and printable). ACCEL_FUZZ_ITERATIONS and ACCEL_FUZZ_SEED change the run.
 
 #include "accel/errors.hpp"
+#include "temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -159,17 +160,7 @@ inline Outcome fuzz(const std::string& what, const std::vector<std::string>& see
   return out;
 }
 
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("accel_fuzz_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path path;
-};
+using accel::test::TempDir;
 
 inline std::vector<std::string> files_in(const fs::path& dir, const std::string& ext) {
   std::vector<fs::path> paths;

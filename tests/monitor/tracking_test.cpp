@@ -22,14 +22,15 @@ using namespace accel;
 
 namespace {
 
-struct TempDir {
+// A path for a tracker to create (not created here), removed at scope exit.
+struct NewPath {
   fs::path path;
-  TempDir() {
+  NewPath() {
     path = fs::temp_directory_path() /
            ("accel-tracking-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
     fs::remove_all(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~NewPath() { fs::remove_all(path); }
   static int& counter() {
     static int n = 0;
     return n;
@@ -65,7 +66,7 @@ TEST_CASE("tracking: CRC-32C and TFRecord framing as TensorFlow writes them") {
 }
 
 TEST_CASE("tracking: csv and jsonl trackers write exactly the logged values") {
-  TempDir dir;
+  NewPath dir;
   auto csv = make_builtin_tracker("csv", dir.path.string());
   auto jsonl = make_builtin_tracker("jsonl", dir.path.string());
   const TrackerConfig config{{"lr", 0.001}, {"epochs", 3}, {"name", "a \"b\", c"}, {"amp", true}};
@@ -95,7 +96,7 @@ TEST_CASE("tracking: csv and jsonl trackers write exactly the logged values") {
 }
 
 TEST_CASE("tracking: a TensorBoard event file starts with the file version and holds one record per call") {
-  TempDir dir;
+  NewPath dir;
   auto tb = make_builtin_tracker("tensorboard", dir.path.string());
   tb->store_init_configuration({{"lr", 0.5}, {"note", "a|b\nc"}});
   tb->log({{"loss", 2.0}}, 7, 1.5);

@@ -16,25 +16,25 @@
 
 namespace {
 
-namespace nn = torch::nn;
-
-nn::Sequential make_mlp(bool dropout) {
-  nn::Sequential seq(nn::Linear(16, 32), nn::GELU(), nn::Linear(32, 32), nn::Tanh());
-  if (dropout) seq->push_back(nn::Dropout(0.5));
-  seq->push_back(nn::Linear(32, 8));
+torch::nn::Sequential make_mlp(bool dropout) {
+  torch::nn::Sequential seq(torch::nn::Linear(16, 32), torch::nn::GELU(), torch::nn::Linear(32, 32),
+                            torch::nn::Tanh());
+  if (dropout) seq->push_back(torch::nn::Dropout(0.5));
+  seq->push_back(torch::nn::Linear(32, 8));
   return seq;
 }
 
-nn::Sequential make_conv(bool dropout) {
-  nn::Sequential seq(nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1)), nn::ReLU(),
-                     nn::Conv2d(nn::Conv2dOptions(4, 4, 3).stride(2)));
-  if (dropout) seq->push_back(nn::Dropout(0.5));
-  seq->push_back(nn::SiLU());
+torch::nn::Sequential make_conv(bool dropout) {
+  torch::nn::Sequential seq(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)),
+                            torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 4, 3).stride(2)));
+  if (dropout) seq->push_back(torch::nn::Dropout(0.5));
+  seq->push_back(torch::nn::SiLU());
   return seq;
 }
 
-nn::Sequential deep_copy(const nn::Sequential& seq) {
-  return nn::Sequential(std::dynamic_pointer_cast<nn::SequentialImpl>(seq->clone()));
+torch::nn::Sequential deep_copy(const torch::nn::Sequential& seq) {
+  return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq->clone()));
 }
 
 /// Loss, input gradient and every parameter gradient of one training step, plus the next RNG draw.
@@ -48,7 +48,7 @@ struct StepResult {
 /// `forward` maps the input to the output; the loss weights the output with a fixed tensor so that every
 /// output element gets a different gradient.
 template <typename Forward>
-StepResult run_step(nn::Module& model, const torch::Tensor& input, Forward forward) {
+StepResult run_step(torch::nn::Module& model, const torch::Tensor& input, Forward forward) {
   torch::manual_seed(7);
   model.zero_grad();
   auto y = forward(input);
@@ -79,14 +79,14 @@ void require_bitwise_equal(const StepResult& a, const StepResult& b) {
   REQUIRE(torch::equal(a.rng_after, b.rng_after));
 }
 
-std::vector<std::string> names_of(const nn::Module& m) {
+std::vector<std::string> names_of(const torch::nn::Module& m) {
   std::vector<std::string> names;
   for (const auto& p : m.named_parameters())
     names.push_back(p.key());
   return names;
 }
 
-void compare_checkpointed_to_plain(const nn::Sequential& model, const torch::Tensor& x) {
+void compare_checkpointed_to_plain(const torch::nn::Sequential& model, const torch::Tensor& x) {
   auto plain_model = deep_copy(model);
   auto ckpt_model = deep_copy(model);
   auto x1 = x.clone().requires_grad_(true);
@@ -158,7 +158,7 @@ TEST_CASE("checkpointing: input without requires_grad still gives parameter grad
 
 TEST_CASE("checkpointing: several inputs and outputs, integral output and input without grad") {
   torch::manual_seed(5);
-  nn::Linear lin(6, 6);
+  torch::nn::Linear lin(6, 6);
   auto segment = [&](const std::vector<torch::Tensor>& in) {
     auto h = torch::tanh(lin->forward(in[0])) * in[1];
     return std::vector<torch::Tensor>{h, h.argmax(1), (h * in[2]).sum()};
@@ -188,7 +188,7 @@ TEST_CASE("checkpointing: several inputs and outputs, integral output and input 
 }
 
 TEST_CASE("checkpointing: under NoGradGuard the segment just runs once") {
-  nn::Linear lin(4, 4);
+  torch::nn::Linear lin(4, 4);
   int calls = 0;
   auto x = torch::randn({2, 4}, torch::requires_grad());
   torch::Tensor expected;
@@ -210,7 +210,7 @@ TEST_CASE("checkpointing: under NoGradGuard the segment just runs once") {
 
 TEST_CASE("checkpointing: activations are not kept and backward recomputes exactly once") {
   torch::manual_seed(6);
-  nn::Linear a(8, 32), b(32, 8);
+  torch::nn::Linear a(8, 32), b(32, 8);
   int calls = 0;
   using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   std::optional<WeakTensor> hidden;
@@ -251,7 +251,7 @@ TEST_CASE("checkpointing: autocast bf16 recomputation matches plain autocast bit
   // backward_inside: backward also runs with autocast on (the weight-cast cache is never cleared then).
   for (const bool backward_inside : {false, true}) {
     INFO("backward inside autocast: " << backward_inside);
-    auto run = [&](nn::Sequential m, bool use_checkpoint) {
+    auto run = [&](torch::nn::Sequential m, bool use_checkpoint) {
       auto xi = x.clone().requires_grad_(true);
       return run_step(*m, xi, [&](const torch::Tensor& in) {
         at::autocast::clear_cache();
@@ -279,11 +279,11 @@ TEST_CASE("checkpointing: autocast bf16 recomputation matches plain autocast bit
 TEST_CASE("checkpointing: nested checkpoint inside a checkpointed segment") {
   torch::manual_seed(9);
   auto inner = make_mlp(/*dropout=*/true);
-  nn::Linear head(8, 8);
+  torch::nn::Linear head(8, 8);
   auto run = [&](bool use_checkpoint) {
     auto m = deep_copy(inner);
-    auto h = nn::Linear(std::dynamic_pointer_cast<nn::LinearImpl>(head->clone()));
-    auto holder = std::make_shared<nn::Module>();  // for named_parameters()
+    auto h = torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(head->clone()));
+    auto holder = std::make_shared<torch::nn::Module>();  // for named_parameters()
     holder->register_module("m", m.ptr());
     holder->register_module("h", h.ptr());
     auto x = torch::randn({5, 16}).requires_grad_(true);
@@ -306,7 +306,7 @@ TEST_CASE("checkpointing: nested checkpoint inside a checkpointed segment") {
 
 TEST_CASE("checkpointing: Checkpointed keeps parameter names and checkpoints only when training") {
   torch::manual_seed(11);
-  nn::Linear lin(4, 3);
+  torch::nn::Linear lin(4, 3);
   accel::Checkpointed wrapped(lin);
   REQUIRE(names_of(*wrapped) == std::vector<std::string>{"weight", "bias"});
   REQUIRE(wrapped->parameters()[0].unsafeGetTensorImpl() == lin->weight.unsafeGetTensorImpl());
@@ -332,7 +332,8 @@ TEST_CASE("checkpointing: Checkpointed keeps parameter names and checkpoints onl
   printed << *wrapped;
   REQUIRE(printed.str().find("accel::Checkpointed(torch::nn::Linear") != std::string::npos);
 
-  REQUIRE_THROWS_WITH(accel::Checkpointed(nn::AnyModule()), Catch::Contains("module to wrap is empty"));
+  REQUIRE_THROWS_WITH(accel::Checkpointed(torch::nn::AnyModule()),
+                      Catch::Contains("module to wrap is empty"));
 }
 
 TEST_CASE(
@@ -340,9 +341,10 @@ TEST_CASE(
   torch::manual_seed(12);
   // A Sequential cannot hold a Sequential (AnyModule rejects its template forward), but it can hold a
   // Checkpointed Sequential: one segment of two layers, which checkpoint_sequential leaves alone.
-  nn::Sequential model(nn::Linear(16, 32), nn::GELU(), nn::Dropout(0.5),
-                       accel::Checkpointed(nn::Sequential(nn::Linear(32, 32), nn::Tanh())),
-                       nn::Linear(32, 8));
+  torch::nn::Sequential model(
+      torch::nn::Linear(16, 32), torch::nn::GELU(), torch::nn::Dropout(0.5),
+      accel::Checkpointed(torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::Tanh())),
+      torch::nn::Linear(32, 8));
   auto plain_model = deep_copy(model);
   auto ckpt_model = deep_copy(model);
 
@@ -398,7 +400,7 @@ TEST_CASE(
 }
 
 TEST_CASE("checkpointing: misuse is reported with a clear message") {
-  nn::Linear lin(3, 3);
+  torch::nn::Linear lin(3, 3);
   auto x = torch::randn({2, 3}, torch::requires_grad());
   REQUIRE_THROWS_AS(accel::checkpoint(accel::CheckpointSegment{}, x), accel::UsageError);
   REQUIRE_THROWS_WITH(
@@ -417,7 +419,7 @@ TEST_CASE("checkpointing: misuse is reported with a clear message") {
   REQUIRE_THROWS_AS(torch::autograd::backward({z.sum()}, {}, std::nullopt, /*create_graph=*/true),
                     accel::UnsupportedOperation);
 
-  nn::Sequential empty(nullptr);
+  torch::nn::Sequential empty(nullptr);
   REQUIRE_THROWS_AS(accel::checkpoint_sequential(empty), accel::UsageError);
 }
 
