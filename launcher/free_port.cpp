@@ -10,8 +10,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <random>
 #include <string>
+#include <utility>
 
 #include "accel/errors.hpp"
 
@@ -88,7 +91,28 @@ int try_bind(const addrinfo& info, int port, sockaddr_storage* bound) {
 
 }  // namespace
 
+std::pair<int, int> ephemeral_port_range() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (in >> low >> high && 0 < low && low <= high && high < 65536) return {low, high};
+  return {32768, 60999};  // Linux's default
+}
+
 int pick_free_port(const std::string& host) {
+  // Below the kernel's range for the local ports of outgoing connections: a port picked inside it (the
+  // kernel's choice for port 0) can be taken by any connection another program opens before rank 0 listens
+  // (seen with several launches at once, each rank connecting to its store and to its peers), while no
+  // connection takes a port below it unless a program binds that port itself.
+  const int first = kFirstPickedPort;
+  const int last = ephemeral_port_range().first - 1;
+  if (last - first >= 1000) {
+    std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+    std::uniform_int_distribution<int> port_in(first, last);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = port_in(random);
+      if (is_port_free(host, port)) return port;
+    }
+  }
   const AddrInfoPtr infos = resolve(host);
   int last_error = 0;
   for (const addrinfo* info = infos.get(); info != nullptr; info = info->ai_next) {

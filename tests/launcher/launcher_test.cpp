@@ -27,10 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "../../launcher/free_port.hpp"
 #include "accel/config/config.hpp"
 #include "accel/distributed/env_contract.hpp"
 #include "accel/errors.hpp"
-#include "free_port.hpp"
+#include "free_port.hpp"  // tests/free_port.hpp
 
 namespace fs = std::filesystem;
 using accel::test::bound_loopback_socket;
@@ -559,7 +560,35 @@ TEST_CASE("launcher: dash and underscore spellings both work, and port 0 picks a
     const int port = std::stoi(value_of(r.out, 0, "MASTER_PORT"));
     CHECK(port > 0);
     CHECK(value_of(r.out, 1, "MASTER_PORT") == std::to_string(port));
+    const int ephemeral_low = accel::launcher::ephemeral_port_range().first;
+    if (ephemeral_low - 1 - accel::launcher::kFirstPickedPort >= 1000) {
+      CHECK(port >= accel::launcher::kFirstPickedPort);
+      CHECK(port < ephemeral_low);
+    }
   }
+}
+
+// A picked port lies below the kernel's range for outgoing connections' local ports, where no connection that
+// another program opens before rank 0 listens can take it (a flaky rendezvous failure when ports came from
+// that range), and is free.
+TEST_CASE("launcher: a picked port lies below the ephemeral range and is free") {
+  const auto [low, high] = accel::launcher::ephemeral_port_range();
+  INFO("ephemeral range " << low << "-" << high);
+  CHECK(0 < low);
+  CHECK(low <= high);
+  // Where the range leaves fewer than 1000 ports below it the kernel picks (port 0), from inside it.
+  const bool below = low - 1 - accel::launcher::kFirstPickedPort >= 1000;
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    const int port = accel::launcher::pick_free_port("127.0.0.1");
+    CHECK(accel::launcher::is_port_free("127.0.0.1", port));
+    if (below) {
+      CHECK(port >= accel::launcher::kFirstPickedPort);
+      CHECK(port < low);
+    }
+    seen.insert(port);
+  }
+  CHECK(seen.size() > 1);  // drawn, not one fixed port
 }
 
 TEST_CASE("launcher: gpu_ids become the ranks' CUDA_VISIBLE_DEVICES, as Accelerate's launcher does") {
