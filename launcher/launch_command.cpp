@@ -289,6 +289,7 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
   supervisor.early_exit_report_seconds = options.early_exit_report_seconds;
   supervisor.log_dir = options.log_dir;
   supervisor.console = options.log_dir.empty() || options.tee;
+  supervisor.remove_if_launcher_dies = {config_path};
   for (int local = 0; local < local_ranks; ++local) {
     RankSpec rank;
     rank.local_rank = local;

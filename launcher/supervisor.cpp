@@ -143,8 +143,8 @@ pid_t g_watched_groups[kMaxWatchedGroups];  // the watchdog's copy (written in t
 
 // The watchdog process, after fork: only async-signal-safe calls. Reads the ranks' process groups from `fd`
 // until the launcher writes 0 (it finished and reaped its ranks: nothing to do) or the pipe ends without it
-// (the launcher died, killed with SIGKILL: every group is killed).
-[[noreturn]] void watchdog_main(int fd) {
+// (the launcher died, killed with SIGKILL: every group is killed and the `files` are deleted).
+[[noreturn]] void watchdog_main(int fd, const std::vector<const char*>& files) {
   std::size_t count = 0;
   unsigned char bytes[sizeof(pid_t)];
   std::size_t have = 0;
@@ -170,17 +170,23 @@ pid_t g_watched_groups[kMaxWatchedGroups];  // the watchdog's copy (written in t
   }
   for (std::size_t i = 0; i < count; ++i)
     ::kill(-g_watched_groups[i], SIGKILL);
+  for (const char* file : files)
+    ::unlink(file);
   ::_exit(0);
 }
 
 // PR_SET_PDEATHSIG ends each rank when the launcher dies, but not what a rank started (the program of a
 // wrapper script, a helper): a small process forked before the ranks holds the read end of a pipe to which
 // the launcher writes each rank's process group, and kills those groups when the pipe ends without the
-// launcher's "finished" mark. It sits in a process group of its own (Ctrl-C in a terminal does not reach it)
-// and ignores the signals the launcher forwards.
+// launcher's "finished" mark; it then also deletes the files the launcher would have deleted on its way out.
+// It sits in a process group of its own (Ctrl-C in a terminal does not reach it) and ignores the signals the
+// launcher forwards.
 class GroupWatchdog {
  public:
-  GroupWatchdog() {
+  explicit GroupWatchdog(const std::vector<std::string>& remove_if_launcher_dies) {
+    std::vector<const char*> files;  // built before fork: the child only reads it
+    for (const std::string& file : remove_if_launcher_dies)
+      files.push_back(file.c_str());
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0)
       throw LaunchError(std::string("cannot create the watchdog's pipe: ") + std::strerror(errno));
@@ -210,7 +216,7 @@ class GroupWatchdog {
         ::dup2(null_fd, target);
       for (int fd = 3; fd < 1024; ++fd)
         if (fd != fds[0]) ::close(fd);
-      watchdog_main(fds[0]);
+      watchdog_main(fds[0], files);
     }
     const int fork_error = errno;
     sigprocmask(SIG_SETMASK, &previous, nullptr);
@@ -271,7 +277,7 @@ class Supervisor {
 
   SupervisorResult run() {
     SignalGuard guard;
-    GroupWatchdog watchdog;
+    GroupWatchdog watchdog(options_.remove_if_launcher_dies);
     spawn_all(guard, watchdog);
     loop(guard.read_fd());
     // A stop (a failed rank, a signal) whose ranks all exited within the grace period: what they started and

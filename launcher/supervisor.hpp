@@ -46,6 +46,10 @@ struct SupervisorOptions {
   /// Whether the ranks' lines go to `stdout_fd` / `stderr_fd` (false: log files only; the failure report
   /// still quotes the last lines).
   bool console = true;
+  /// Files the launcher's watchdog deletes if the launcher dies before its ranks are reaped (SIGKILL, a
+  /// crash): the resolved config file, which the launcher itself deletes when it exits normally. (A kill in
+  /// the moment between the file's creation and the watchdog's start still leaves it.)
+  std::vector<std::string> remove_if_launcher_dies;
 };
 
 /// How a supervised run ended.

@@ -10,8 +10,9 @@
 # a subshell) that runs up to 30 s if undisturbed; with REAL_PROGRAM (a real training program, such as
 # examples/gan/gan --epochs 60 --train-limit 4096) every other trial of kinds 1, 2 and 4 runs that program as
 # the ranks instead, so the abuse lands during LibTorch start-up, the rendezvous or training. Kinds:
-#   1. kill -9 of the launcher after 0-3 s: 2 s later no process started under it may remain (orphan); the
-#      shell ranks each start a helper subshell first, which only the launcher's watchdog can end.
+#   1. kill -9 of the launcher after 0-3 s: 2 s later no process started under it may remain, nor its resolved
+#      config file in its TMPDIR (each counted as an orphan); the shell ranks each start a helper subshell
+#      first, which only the launcher's watchdog can end.
 #   2. SIGTERM or SIGINT (sometimes twice) to the launcher after 0-3 s, the ranks exiting on SIGTERM or ignoring
 #      it: exit 143 / 130 within a few seconds (else hang), "received SIG...; forwarded it" once ranks ran
 #      (else unreported), nothing left behind (else orphan).
@@ -182,7 +183,7 @@ start() {
   shift 2
   (
     trap - INT QUIT
-    exec env ACCEL_CAMPAIGN_TAG="$tag" CAMPAIGN_DIR="$trial_dir" "$launch" launch --cpu --num_processes 2 \
+    exec env ACCEL_CAMPAIGN_TAG="$tag" CAMPAIGN_DIR="$trial_dir" TMPDIR="$trial_dir/tmp" "$launch" launch --cpu --num_processes 2 \
       --main_process_port 0 --backend ddp --grace_period 1 --early_exit_report 1 "$@"
   ) > "$trial_dir/out" 2> "$trial_dir/err" < /dev/null &
   launcher_pid=$!
@@ -199,7 +200,7 @@ printed() { grep -c '^\[rank ' "$1/out"; }
 
 new_trial_dir() {
   local d=$dir/$1
-  mkdir -p "$d" && mkfifo "$d/fifo.0" "$d/fifo.1" && echo "$d"
+  mkdir -p "$d/tmp" && mkfifo "$d/fifo.0" "$d/fifo.1" && echo "$d"
 }
 
 # The shell rank: writes $CAMPAIGN_DIR/pid.$RANK and says ready, then waits (bash builtins only, so that the
@@ -242,6 +243,17 @@ summary() {
   total_trials=$((total_trials + $2)) total_orphans=$((total_orphans + $3)) total_hangs=$((total_hangs + $4))
   total_unreported=$((total_unreported + $5)) total_wrong=$((total_wrong + $6))
 }
+# Counts, into $left, the files the launcher of trial directory $1 left in its TMPDIR (its resolved config
+# file, which the launcher or, when the launcher is killed, its watchdog deletes), and deletes them.
+count_left_files() {
+  local files
+  files=$(find "$1/tmp" -mindepth 1 -maxdepth 1 2> /dev/null)
+  left=0
+  [ -z "$files" ] && return
+  left=$(echo "$files" | wc -l)
+  echo "    files left behind: $(echo $files)"
+  rm -rf "$1/tmp" && mkdir -p "$1/tmp"
+}
 summaries=()
 
 # Program of trial $1 for kinds 1, 2 and 4: the real program on odd trials when there is one.
@@ -268,6 +280,9 @@ for ((i = 0; i < trials; ++i)); do
   wait "$launcher_pid" 2>/dev/null
   launcher_pid=
   count_left "$tag" 2000
+  processes=$left
+  count_left_files "$d"
+  left=$((left + processes))
   orphans=$((orphans + left))
   echo "  kill -9 #$i ($what ranks, after $(seconds "$delay") s, $ranks rank process(es) up, $printed line(s) printed): $left orphan(s)"
   [ "$left" -gt 0 ] && show "$d"
@@ -291,6 +306,9 @@ start_trial_ranks() {
 end_trial() {
   launcher_pid=
   count_left "$tag" 1000
+  local processes=$left
+  count_left_files "$d"
+  left=$((left + processes))
   orphans=$((orphans + left))
   echo "$1, $left orphan(s)"
   if [ "$outcome" != ok ] || [ "$left" -gt 0 ]; then show "$d"; fi

@@ -781,7 +781,8 @@ TEST_CASE("launcher: config update rewrites a config with every key and keeps th
 }
 
 TEST_CASE(
-    "launcher: ranks and what they started die with the launcher, also when it is killed with SIGKILL") {
+    "launcher: ranks and what they started die with the launcher, also when it is killed with SIGKILL; its "
+    "resolved config file is deleted") {
   TempDir dir;
   // Each rank starts a helper of its own first (a wrapper script's program): the ranks die through
   // PR_SET_PDEATHSIG, their helpers through the launcher's watchdog, which kills the ranks' process groups.
@@ -809,6 +810,14 @@ TEST_CASE(
     INFO(name << " (pid " << pid << ") ignores SIGTERM and sleeps 60 s");
     CHECK(process_gone(pid));
   }
+  // The launcher could not delete the resolved config file it wrote to $TMPDIR: its watchdog does.
+  std::string config_file;
+  REQUIRE(std::getline(std::ifstream(dir.path() / "config.0"), config_file));
+  REQUIRE_FALSE(config_file.empty());
+  while (std::filesystem::exists(config_file) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  INFO("the resolved config file " << config_file);
+  CHECK_FALSE(std::filesystem::exists(config_file));
 }
 
 TEST_CASE("launcher: after SIGTERM, what the ranks started and left ignoring it is killed before exit") {
