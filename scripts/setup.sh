@@ -3,8 +3,7 @@
 # project-local Python venv with torch==2.11.0), configures CMake against the wheel's LibTorch and builds.
 # Idempotent and quiet when everything is already present. Environment knobs:
 #   ACCEL_BUILD_DIR (default build), ACCEL_BUILD_TYPE (Release), ACCEL_WERROR (OFF; CI sets ON),
-#   ACCEL_TORCH_PREFIX (a LibTorch you bring yourself, e.g. the unzipped official libtorch; skips the venv torch),
-#   ACCEL_BUILD_TARGET (default: everything; scripts/test.sh builds accel_suite_programs first)
+#   ACCEL_TORCH_PREFIX (a LibTorch you bring yourself, e.g. the unzipped official libtorch; skips the venv torch)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -79,7 +78,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-16G}
 # Every LibTorch translation unit needs >1 GiB: two jobs fit the 2-core, 24 GiB machines we target.
 build_start=$SECONDS
-cmake --build "$build_dir" -j "${ACCEL_JOBS:-2}" ${ACCEL_BUILD_TARGET:+--target "$ACCEL_BUILD_TARGET"} | { grep -v -x 'ninja: no work to do.' || true; }
+cmake --build "$build_dir" -j "${ACCEL_JOBS:-2}" | { grep -v -x 'ninja: no work to do.' || true; }
 status=${PIPESTATUS[0]}
 ((SECONDS - build_start < 10)) || log "build finished in $((SECONDS - build_start)) s (status $status)"
 exit "$status"
