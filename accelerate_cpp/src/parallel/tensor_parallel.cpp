@@ -196,22 +196,52 @@ torch::Tensor scatter_to_tensor_parallel(const torch::Tensor& input, std::shared
   return ScatterToTensorParallel::apply(input, std::move(comm));
 }
 
+// ---- What the two parallel linear layers share
+
+namespace detail {
+
+template <typename Derived, typename Options>
+void ParallelLinearImpl<Derived, Options>::reset_parameters() {
+  load(drawn(options.seed(), [&] {
+    return torch::nn::Linear(
+        torch::nn::LinearOptions(options.in_features(), options.out_features()).bias(options.bias()));
+  }));
+}
+
+template <typename Derived, typename Options>
+void ParallelLinearImpl<Derived, Options>::init() {
+  this->reset();
+  reset_parameters();
+}
+
+template <typename Derived, typename Options>
+void ParallelLinearImpl<Derived, Options>::init(const torch::nn::Linear& full) {
+  options.bias(full->options.bias());
+  tensor_options_ = full->weight.options();
+  this->reset();
+  load(full);
+}
+
+template class ParallelLinearImpl<ColumnParallelLinearImpl, ColumnParallelLinearOptions>;
+template class ParallelLinearImpl<RowParallelLinearImpl, RowParallelLinearOptions>;
+
+}  // namespace detail
+
 // ---- ColumnParallelLinear
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ColumnParallelLinearOptions& options_,
                                                    std::shared_ptr<Communicator> comm)
-    : options(options_), comm_(std::move(comm)) {
-  reset();
-  reset_parameters();
+    : ParallelLinearImpl(options_, std::move(comm)) {
+  init();
 }
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full,
                                                    std::shared_ptr<Communicator> comm, bool gather_output)
-    : options(full->options.in_features(), full->options.out_features()), comm_(std::move(comm)) {
-  options.bias(full->options.bias()).gather_output(gather_output);
-  tensor_options_ = full->weight.options();
-  reset();
-  load(full);
+    : ParallelLinearImpl(
+          ColumnParallelLinearOptions(full->options.in_features(), full->options.out_features())
+              .gather_output(gather_output),
+          std::move(comm)) {
+  init(full);
 }
 
 void ColumnParallelLinearImpl::reset() {
@@ -222,13 +252,6 @@ void ColumnParallelLinearImpl::reset() {
   weight = register_parameter("weight", allocated({local_, options.in_features()}, tensor_options_));
   bias = register_parameter("bias", options.bias() ? allocated({local_}, tensor_options_) : torch::Tensor(),
                             /*requires_grad=*/options.bias());
-}
-
-void ColumnParallelLinearImpl::reset_parameters() {
-  load(drawn(options.seed(), [&] {
-    return torch::nn::Linear(
-        torch::nn::LinearOptions(options.in_features(), options.out_features()).bias(options.bias()));
-  }));
 }
 
 void ColumnParallelLinearImpl::load(const torch::nn::Linear& full) {
@@ -255,18 +278,16 @@ void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 RowParallelLinearImpl::RowParallelLinearImpl(const RowParallelLinearOptions& options_,
                                              std::shared_ptr<Communicator> comm)
-    : options(options_), comm_(std::move(comm)) {
-  reset();
-  reset_parameters();
+    : ParallelLinearImpl(options_, std::move(comm)) {
+  init();
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full,
                                              std::shared_ptr<Communicator> comm, bool input_is_parallel)
-    : options(full->options.in_features(), full->options.out_features()), comm_(std::move(comm)) {
-  options.bias(full->options.bias()).input_is_parallel(input_is_parallel);
-  tensor_options_ = full->weight.options();
-  reset();
-  load(full);
+    : ParallelLinearImpl(RowParallelLinearOptions(full->options.in_features(), full->options.out_features())
+                             .input_is_parallel(input_is_parallel),
+                         std::move(comm)) {
+  init(full);
 }
 
 void RowParallelLinearImpl::reset() {
@@ -278,13 +299,6 @@ void RowParallelLinearImpl::reset() {
   bias = register_parameter(
       "bias", options.bias() ? allocated({options.out_features()}, tensor_options_) : torch::Tensor(),
       /*requires_grad=*/options.bias());
-}
-
-void RowParallelLinearImpl::reset_parameters() {
-  load(drawn(options.seed(), [&] {
-    return torch::nn::Linear(
-        torch::nn::LinearOptions(options.in_features(), options.out_features()).bias(options.bias()));
-  }));
 }
 
 void RowParallelLinearImpl::load(const torch::nn::Linear& full) {

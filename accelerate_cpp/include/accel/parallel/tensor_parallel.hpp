@@ -37,6 +37,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 
 namespace accel {
 namespace tp {
@@ -58,6 +59,40 @@ torch::Tensor gather_from_tensor_parallel(const torch::Tensor& input, std::share
 /// This rank's slice of `input`'s last dimension (which must be divisible by the group's size); backward
 /// gathers the gradient's slices (one all-gather). Collective in backward.
 torch::Tensor scatter_to_tensor_parallel(const torch::Tensor& input, std::shared_ptr<Communicator> comm);
+
+namespace detail {
+
+/// What ColumnParallelLinear and RowParallelLinear share, as LibTorch's ConvNdImpl does for Conv1d-Conv3d:
+/// the options, the parameters, the communicator, the slice of the full layer this rank holds, and the two
+/// ways to build a layer (from the full layer the options describe, or from a given `torch::nn::Linear`).
+template <typename Derived, typename Options>
+class ParallelLinearImpl : public torch::nn::Cloneable<Derived> {
+ public:
+  /// Draws the full layer again (see the options' `seed`) and keeps this rank's slice.
+  void reset_parameters();
+
+  const std::shared_ptr<Communicator>& communicator() const noexcept { return comm_; }
+
+  Options options;
+  torch::Tensor weight, bias;
+
+ protected:
+  ParallelLinearImpl(Options options, std::shared_ptr<Communicator> comm)
+      : options(std::move(options)), comm_(std::move(comm)) {}
+  /// The derived constructor's body (virtual calls reach the derived layer there): allocates the slices,
+  /// then fills them from the full layer the options describe.
+  void init();
+  /// The same from `full` (which stays unchanged): its bias setting, device and dtype, and its values.
+  void init(const torch::nn::Linear& full);
+  /// Copies this rank's slice of `full` into the allocated parameters.
+  virtual void load(const torch::nn::Linear& full) = 0;
+
+  std::shared_ptr<Communicator> comm_;
+  std::int64_t first_ = 0, local_ = 0;   ///< this rank's slice of the split dimension
+  torch::TensorOptions tensor_options_;  ///< of the slices reset() allocates (the full layer's, if given)
+};
+
+}  // namespace detail
 
 /// Options of ColumnParallelLinear.
 ///
@@ -84,7 +119,8 @@ struct ColumnParallelLinearOptions {
 /// [r * out_features / N, (r + 1) * out_features / N) of the weight and of the bias. Forward: f (above),
 /// then this rank's slice of the output; with gather_output, the full output. Parameters "weight" and
 /// "bias", the slices. Collective (through f in backward, and the gather).
-class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinearImpl> {
+class ColumnParallelLinearImpl
+    : public detail::ParallelLinearImpl<ColumnParallelLinearImpl, ColumnParallelLinearOptions> {
  public:
   /// A new layer initialised from the full layer described by `options` (see `seed`). UsageError naming the
   /// layer, out_features and the group size when out_features is not divisible by comm->world_size().
@@ -95,26 +131,16 @@ class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinea
 
   /// Allocates this rank's (uninitialised) slices; clone() then copies the values.
   void reset() override;
-  /// Draws the full layer again (see `seed`) and keeps this rank's slices.
-  void reset_parameters();
   /// `input` [*, in_features] -> [*, out_features / N] (or [*, out_features] with gather_output).
   torch::Tensor forward(const torch::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
 
-  const std::shared_ptr<Communicator>& communicator() const noexcept { return comm_; }
   /// The first output row this rank holds, and how many.
   std::int64_t first_row() const noexcept { return first_; }
   std::int64_t local_rows() const noexcept { return local_; }
 
-  ColumnParallelLinearOptions options;
-  torch::Tensor weight, bias;
-
  private:
-  void load(const torch::nn::Linear& full);
-
-  std::shared_ptr<Communicator> comm_;
-  std::int64_t first_ = 0, local_ = 0;
-  torch::TensorOptions tensor_options_;  ///< of the slices reset() allocates (the full layer's, if given)
+  void load(const torch::nn::Linear& full) override;
 };
 
 TORCH_MODULE(ColumnParallelLinear);
@@ -142,7 +168,8 @@ struct RowParallelLinearOptions {
 /// [r * in_features / N, (r + 1) * in_features / N) and the whole bias. Forward: this rank's partial product,
 /// g (above: one all-reduce), then the bias. Parameters "weight" (the slice) and "bias" (replicated: its
 /// gradient is the same on every rank of the group). Collective.
-class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl> {
+class RowParallelLinearImpl
+    : public detail::ParallelLinearImpl<RowParallelLinearImpl, RowParallelLinearOptions> {
  public:
   /// A new layer initialised from the full layer described by `options` (see `seed`). UsageError naming the
   /// layer, in_features and the group size when in_features is not divisible by comm->world_size().
@@ -153,26 +180,16 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
 
   /// Allocates this rank's (uninitialised) slice and the bias; clone() then copies the values.
   void reset() override;
-  /// Draws the full layer again (see `seed`) and keeps this rank's slice.
-  void reset_parameters();
   /// `input` [*, in_features / N] (or [*, in_features] without input_is_parallel) -> [*, out_features].
   torch::Tensor forward(const torch::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
 
-  const std::shared_ptr<Communicator>& communicator() const noexcept { return comm_; }
   /// The first input column this rank holds, and how many.
   std::int64_t first_column() const noexcept { return first_; }
   std::int64_t local_columns() const noexcept { return local_; }
 
-  RowParallelLinearOptions options;
-  torch::Tensor weight, bias;
-
  private:
-  void load(const torch::nn::Linear& full);
-
-  std::shared_ptr<Communicator> comm_;
-  std::int64_t first_ = 0, local_ = 0;
-  torch::TensorOptions tensor_options_;  ///< of the slices reset() allocates (the full layer's, if given)
+  void load(const torch::nn::Linear& full) override;
 };
 
 TORCH_MODULE(RowParallelLinear);
