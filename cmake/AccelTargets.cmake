@@ -11,11 +11,11 @@ function(accel_target_defaults target)
   endif()
 endfunction()
 
-# accel_torch_pch(<target>): precompile LibTorch's umbrella header once for <target> (each further translation
-# unit then compiles in seconds instead of ~20 s). The tests use it: they compile at -O1, and a header
-# precompiled at -O3 (accel_pch) would make GCC compile every LibTorch inline function at -O3 (dist_worker.cpp:
-# 79 s against 54 s). With ALWAYS, also for a unity target (accel_torch_tests, whose header the other LibTorch
-# test programs reuse).
+# accel_torch_pch(<target>): precompile LibTorch's umbrella header once per target; each further
+# translation unit then compiles in seconds instead of ~20 s.
+# With ALWAYS, also for a unity target: a library's unit parses LibTorch's headers once per 8 sources, and a
+# precompiled header (~55 s to build here) pays only for targets compiled one source at a time or for a header
+# several programs share (the tests': accel_torch_tests' units and the test programs that reuse it).
 function(accel_torch_pch target)
   cmake_parse_arguments(ARG "ALWAYS" "" "" ${ARGN})
   if(NOT ACCEL_NO_PCH AND (ARG_ALWAYS OR NOT target IN_LIST ACCEL_UNITY_TARGETS))
@@ -29,21 +29,6 @@ endfunction()
 function(accel_reuse_torch_pch target provider)
   if(NOT ACCEL_NO_PCH AND TARGET ${provider})
     target_precompile_headers(${target} REUSE_FROM ${provider})
-  endif()
-endfunction()
-
-# accel_shared_torch_pch(<target>): compile <target> with the build's one precompiled LibTorch header
-# (accel_pch, top-level CMakeLists.txt). GCC uses a precompiled header only where the flags it depends on
-# match, so the target takes the header's: -fPIC (a program's objects are otherwise -fPIE; they still link as
-# position-independent executables) and LibTorch's fmt header-only, as the libraries have.
-function(accel_shared_torch_pch target)
-  if(NOT ACCEL_NO_PCH AND TARGET accel_pch)
-    target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:accel_fmt>)
-    get_target_property(_type ${target} TYPE)
-    if(_type STREQUAL "EXECUTABLE")
-      target_compile_options(${target} PRIVATE -fPIC)
-    endif()
-    target_precompile_headers(${target} REUSE_FROM accel_pch)
   endif()
 endfunction()
 
