@@ -160,19 +160,29 @@ kill_all() {
   for pid in $(tagged_pids "$2"); do kill -KILL "$pid" 2>/dev/null; done
 }
 
-# Counts the processes still tagged $1 after up to $2 ms (the launcher excluded) into $left, and kills them.
+# Counts into $left the processes still tagged $1 after up to $2 ms (the launcher excluded), and kills them;
+# with a trial directory $3, also the files its launcher left in its TMPDIR ($3/tmp: the resolved config file,
+# which the launcher or, when the launcher is killed, its watchdog deletes), and deletes them.
 count_left() {
-  local deadline=$(($(now_ms) + $2)) pids
+  local deadline=$(($(now_ms) + $2)) pids files
   left=0
   while :; do
     pids=$(tagged_pids "$1")
-    [ -z "$pids" ] && return
-    [ "$(now_ms)" -ge "$deadline" ] && break
+    [ -z "$pids" ] && break
+    if [ "$(now_ms)" -ge "$deadline" ]; then
+      left=$(echo "$pids" | wc -w)
+      echo "    left behind: $(for p in $pids; do tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null; echo -n "(pid $p) "; done)"
+      kill_all "" "$1"
+      break
+    fi
     sleep 0.05
   done
-  left=$(echo "$pids" | wc -w)
-  echo "    left behind: $(for p in $pids; do tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null; echo -n "(pid $p) "; done)"
-  kill_all "" "$1"
+  [ -n "${3:-}" ] || return 0
+  files=$(find "$3/tmp" -mindepth 1 -maxdepth 1 2> /dev/null)
+  [ -z "$files" ] && return 0
+  left=$((left + $(echo "$files" | wc -l)))
+  echo "    files left behind: $(echo $files)"
+  rm -rf "$3/tmp" && mkdir -p "$3/tmp"
 }
 
 # Starts accel-launch on 2 ranks in the background with tag $1, output in $2/out and $2/err, then the rest of
@@ -243,17 +253,6 @@ summary() {
   total_trials=$((total_trials + $2)) total_orphans=$((total_orphans + $3)) total_hangs=$((total_hangs + $4))
   total_unreported=$((total_unreported + $5)) total_wrong=$((total_wrong + $6))
 }
-# Counts, into $left, the files the launcher of trial directory $1 left in its TMPDIR (its resolved config
-# file, which the launcher or, when the launcher is killed, its watchdog deletes), and deletes them.
-count_left_files() {
-  local files
-  files=$(find "$1/tmp" -mindepth 1 -maxdepth 1 2> /dev/null)
-  left=0
-  [ -z "$files" ] && return
-  left=$(echo "$files" | wc -l)
-  echo "    files left behind: $(echo $files)"
-  rm -rf "$1/tmp" && mkdir -p "$1/tmp"
-}
 summaries=()
 
 # Program of trial $1 for kinds 1, 2 and 4: the real program on odd trials when there is one.
@@ -279,10 +278,7 @@ for ((i = 0; i < trials; ++i)); do
   kill -KILL "$launcher_pid" 2>/dev/null
   wait "$launcher_pid" 2>/dev/null
   launcher_pid=
-  count_left "$tag" 2000
-  processes=$left
-  count_left_files "$d"
-  left=$((left + processes))
+  count_left "$tag" 2000 "$d"
   orphans=$((orphans + left))
   echo "  kill -9 #$i ($what ranks, after $(seconds "$delay") s, $ranks rank process(es) up, $printed line(s) printed): $left orphan(s)"
   [ "$left" -gt 0 ] && show "$d"
@@ -305,10 +301,7 @@ start_trial_ranks() {
 # as orphans, its line printed ("LINE, N orphan(s)"), and its directory shown when it went wrong.
 end_trial() {
   launcher_pid=
-  count_left "$tag" 1000
-  local processes=$left
-  count_left_files "$d"
-  left=$((left + processes))
+  count_left "$tag" 1000 "$d"
   orphans=$((orphans + left))
   echo "$1, $left orphan(s)"
   if [ "$outcome" != ok ] || [ "$left" -gt 0 ]; then show "$d"; fi
