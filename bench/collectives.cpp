@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-namespace {
+namespace bench_collectives {
 
 using bench::median;
 
@@ -27,9 +27,7 @@ double time_ms(accel::Communicator& comm, const std::function<void()>& op) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int repeats = 5;
   std::int64_t max_elements = 21265930;  // the parameters of bench_zero_memory's MLP
   bench::Flags().add("--repeats", repeats).add("--max-elements", max_elements).parse(argc, argv);
@@ -103,3 +101,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace bench_collectives

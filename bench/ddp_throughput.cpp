@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace bench_ddp_throughput {
 
 using Clock = std::chrono::steady_clock;
 
@@ -117,9 +117,7 @@ Overlap measure_overlap(accel::Accelerator& accelerator, fashion::Net& model,
   return o;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int steps = 60, warmup = 10;
   int overlap_steps = 0;
   std::size_t batch_size = 64;
@@ -190,7 +188,10 @@ int main(int argc, char** argv) try {
         seconds / timed * 1e3, static_cast<double>(wire) / timed, 2.0 * params * (w - 1) / w,
         first_step_unix_ms, overlap.c_str());
   }
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_ddp_throughput

@@ -21,7 +21,7 @@
 
 #include "bench_args.hpp"
 
-namespace {
+namespace bench_gpu_offload {
 
 double gib(std::int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
@@ -32,9 +32,7 @@ std::int64_t peak_allocated() {
   return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string mode = "offload";
   double cap_gib = 8;
   std::int64_t hidden = 8192;
@@ -119,3 +117,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace bench_gpu_offload

@@ -25,7 +25,7 @@
 #include "../examples/fashion_mnist/fashion_mnist.hpp"
 #include "bench_args.hpp"
 
-namespace {
+namespace bench_gpu_train {
 
 struct TinyTransformerImpl : torch::nn::Module {
   TinyTransformerImpl()
@@ -146,9 +146,7 @@ void run_trainer(Model& model, Dataset dataset, const std::string& name, const s
       out.training_loss);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   std::string model = "cnn", optim = "fused", precision = "bf16", impl = "loop";
   int batch = 256, steps = 300, warmup = 30;
   std::int64_t limit = 20000;
@@ -191,3 +189,5 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_gpu_train

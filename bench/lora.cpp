@@ -15,7 +15,7 @@
 #include <chrono>
 #include <iostream>
 
-namespace {
+namespace bench_lora {
 
 using Clock = std::chrono::steady_clock;
 
@@ -44,9 +44,7 @@ TORCH_MODULE(Mlp);
 
 using bench::median;
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int rounds = 7, steps = 50, width = 512, layers = 4, batch = 64, r = 8;
   std::string device_name = "cpu";
   bench::Flags()
@@ -115,7 +113,10 @@ int main(int argc, char** argv) try {
             << mh * 1e3 << " ms/step with it installed; get_peft_model on "
             << "the unmodified model " << mp * 1e3 << " ms/step: " << mp / mb << "x the hand-written forward"
             << std::endl;
+  return 0;
 } catch (const std::exception& e) {
   std::cerr << "error: " << e.what() << std::endl;
   return 1;
 }
+
+}  // namespace bench_lora

@@ -22,7 +22,7 @@
 #include <fstream>
 #include <string>
 
-namespace {
+namespace bench_nvme_offload {
 
 using Clock = std::chrono::steady_clock;
 
@@ -71,9 +71,7 @@ std::pair<double, double> disk_bandwidth(const std::string& dir, std::int64_t by
   return {write, read};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int steps = 6, warmup = 1, layers = 8, stage = 3;
   std::int64_t width = 2048, sub_group = 4000000;
   std::string nvme_path;
@@ -182,3 +180,5 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "bench_nvme_offload: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_nvme_offload

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace bench_optim {
 
 // The parameters of bench_zero_memory's MLP: 4 x Linear(2304, 2304), then Linear(2304, 10): 21,265,930.
 torch::Device device = torch::kCPU;
@@ -82,9 +82,7 @@ void row(const char* name, const Options& options, int threads, int warmup, int 
       warmup + steps, diff);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const int steps = arg(argc, argv, "--steps", 20), warmup = arg(argc, argv, "--warmup", 3);
   const int all = static_cast<int>(std::thread::hardware_concurrency());
   if (arg(argc, argv, "--cuda", 0) != 0) device = torch::Device(torch::kCUDA, 0);
@@ -99,3 +97,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace bench_optim

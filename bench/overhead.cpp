@@ -12,16 +12,14 @@
 #include <algorithm>
 #include <chrono>
 
-namespace {
+namespace bench_overhead {
 
 using Clock = std::chrono::steady_clock;
 using Train = torch::data::datasets::MapDataset<fashion::Dataset, torch::data::transforms::Stack<>>;
 
 using bench::median;
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int rounds = 7, steps = 40;
   std::size_t batch_size = 64;
   bench::Flags()
@@ -92,7 +90,10 @@ int main(int argc, char** argv) try {
   std::printf("plain LibTorch step:  %.3f ms (median)\n", p * 1e3);
   std::printf("accelerate-cpp step:  %.3f ms (median)\n", a * 1e3);
   std::printf("overhead ratio accelerated/plain: %.4f (%+.2f%%)\n", a / p, (a / p - 1) * 100);
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_overhead

@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace bench_pipeline {
 
 using namespace accel::pipeline;
 using Clock = std::chrono::steady_clock;
@@ -82,9 +82,7 @@ enum Field {
   kFields
 };
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int layers = 12, repeats = 5, warmup = 2, json = 0;
   std::int64_t width = 256, batch = 2048;
   bench::Flags()
@@ -216,3 +214,5 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_pipeline

@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <iostream>
 
-namespace {
+namespace bench_qlora {
 
 using Clock = std::chrono::steady_clock;
 
@@ -30,9 +30,7 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int rounds = 7, steps = 20, width = 4096, batch = 16;
   std::string device_name = "cpu";
   bench::Flags()
@@ -108,3 +106,5 @@ int main(int argc, char** argv) try {
   std::cerr << "bench_qlora: " << e.what() << "\n";
   return 1;
 }
+
+}  // namespace bench_qlora

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <chrono>
 
-namespace {
+namespace bench_trainer_overhead {
 
 using Clock = std::chrono::steady_clock;
 
@@ -27,9 +27,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   int rounds = 7, steps = 60;
   std::size_t batch_size = 64;
   std::string device = "cpu";
@@ -118,7 +116,10 @@ int main(int argc, char** argv) try {
             << " ms/step, Trainer " << mt * 1000 / steps << " ms/step, Trainer/hand " << mt / mh
             << " (median); fastest runs " << bh * 1000 / steps << " vs " << bt * 1000 / steps
             << " ms/step, Trainer/hand " << bt / bh << std::endl;
+  return 0;
 } catch (const std::exception& e) {
   std::cerr << "error: " << e.what() << std::endl;
   return 1;
 }
+
+}  // namespace bench_trainer_overhead

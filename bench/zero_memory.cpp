@@ -12,7 +12,9 @@
 #include <chrono>
 #include <cstdio>
 
-int main(int argc, char** argv) try {
+namespace bench_zero_memory {
+
+int run(int argc, char** argv) try {
   int steps = 10, warmup = 2;
   std::int64_t width = 2304;
   bench::Flags().add("--steps", steps).add("--warmup", warmup).add("--width", width).parse(argc, argv);
@@ -106,7 +108,10 @@ int main(int argc, char** argv) try {
         static_cast<unsigned long long>(accel::CpuMemoryCounter::peak()), phase_ms[0] / (step - warmup),
         phase_ms[1] / (step - warmup), phase_ms[2] / (step - warmup), phase_ms[3] / (step - warmup));
   }
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());
   return 1;
 }
+
+}  // namespace bench_zero_memory

@@ -12,13 +12,12 @@ function(accel_target_defaults target)
 endfunction()
 
 # accel_torch_pch(<target>): precompile LibTorch's umbrella header once per target; each further
-# translation unit then compiles in seconds instead of ~20 s.
-# With ALWAYS, also for a unity target: a library's unit parses LibTorch's headers once per 8 sources, and a
-# precompiled header (~55 s to build here) pays only for targets compiled one source at a time or for a header
-# several programs share (the tests': accel_torch_tests' units and the test programs that reuse it).
+# translation unit then compiles in seconds instead of ~20 s. Not for a unity target: a library's unit parses
+# LibTorch's headers once per 8 sources, and a precompiled header (~55 s to build here) pays only for targets
+# compiled one source at a time or for a header several programs share (accel_program_pch and accel_test_pch in
+# the top-level CMakeLists.txt).
 function(accel_torch_pch target)
-  cmake_parse_arguments(ARG "ALWAYS" "" "" ${ARGN})
-  if(NOT ACCEL_NO_PCH AND (ARG_ALWAYS OR NOT target IN_LIST ACCEL_UNITY_TARGETS))
+  if(NOT ACCEL_NO_PCH AND NOT target IN_LIST ACCEL_UNITY_TARGETS)
     target_precompile_headers(${target} PRIVATE <torch/torch.h>)
   endif()
 endfunction()
@@ -37,6 +36,7 @@ endfunction()
 # include each source by absolute path (a clone at another path then misses the compiler cache for every
 # unit), these include by a path relative to the unit, the same in every clone whose build directory sits at
 # the same place in the tree (setup.sh's build/). Sources with compile properties of their own compile alone.
+# A target's property ACCEL_UNITY_BATCH_SIZE overrides the batch size (units of even size keep two jobs busy).
 # Call it once, after every directory has added its sources to the targets.
 set(ACCEL_UNITY_BATCH_SIZE 8)
 function(accel_unity_build)
@@ -50,6 +50,10 @@ function(accel_unity_build)
     set(_units "")
     set(_n 0)
     set(_unit_dir ${CMAKE_BINARY_DIR}/unity/${target})
+    get_target_property(_batch_size ${target} ACCEL_UNITY_BATCH_SIZE)
+    if(NOT _batch_size)
+      set(_batch_size ${ACCEL_UNITY_BATCH_SIZE})
+    endif()
     foreach(_src IN LISTS _sources)
       if(NOT _src MATCHES "\\.cpp$")
         continue()
@@ -67,7 +71,7 @@ function(accel_unity_build)
       endif()
       list(APPEND _batch "${_abs}")
       list(LENGTH _batch _size)
-      if(_size EQUAL ACCEL_UNITY_BATCH_SIZE)
+      if(_size EQUAL _batch_size)
         _accel_write_unit(${target} "${_unit_dir}" ${_n} "${_batch}")
         list(APPEND _units "${_unit_dir}/unit_${_n}.cpp")
         math(EXPR _n "${_n} + 1")
