@@ -3,6 +3,8 @@
 #include "accel/config/config.hpp"
 #include "accel/monitor/memory.hpp"
 #include "build_paths.hpp"
+#include "config/text_distance.hpp"
+#include "temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -12,8 +14,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/stat.h>
@@ -553,6 +557,36 @@ TEST_CASE("config: a FIFO nobody writes to is refused, a pipe with a writer is r
   const auto empty = accel::Config::load_file("/dev/fd/" + std::to_string(ends[0]));
   ::close(ends[0]);
   CHECK(empty == accel::Config::load_string("", "empty.yaml"));
+}
+
+// Reads grow their buffer as the file fills it (they used to zero the whole 16 MiB bound first): a file and a
+// pipe larger than the first buffer (64 KiB) are read whole, and one byte over the bound is refused.
+TEST_CASE("config: files and pipes past the first read buffer are read whole, the bound still holds",
+          "[config]") {
+  const accel::test::TempDir dir;
+  const std::string path = dir.file("large.yaml");
+  const std::string padding = "# " + std::string(300000, 'x') + "\n";
+  const std::string text = padding + "backend: ddp\nnum_processes: 3\nuse_cpu: true\n";
+  std::ofstream(path) << text;
+  CHECK(accel::Config::load_file(path).num_processes == 3);
+  int ends[2];
+  REQUIRE(::pipe(ends) == 0);
+  std::thread writer([&] {
+    for (std::size_t at = 0; at < text.size();) {
+      const ssize_t n = ::write(ends[1], text.data() + at, text.size() - at);
+      if (n <= 0) break;
+      at += static_cast<std::size_t>(n);
+    }
+    ::close(ends[1]);
+  });
+  const auto piped = accel::Config::load_file("/dev/fd/" + std::to_string(ends[0]));
+  writer.join();
+  ::close(ends[0]);
+  CHECK(piped.num_processes == 3);
+  std::ofstream(path) << "# " << std::string((std::size_t{16} << 20) - 2, 'x');  // 16 MiB exactly
+  CHECK_NOTHROW(accel::Config::load_file(path));
+  std::ofstream(path, std::ios::app) << 'x';
+  CHECK_THROWS_WITH(accel::Config::load_file(path), Catch::Contains("is larger than 16 MiB"));
 }
 
 TEST_CASE("config: error location accessors", "[config]") {
@@ -1884,4 +1918,54 @@ TEST_CASE("config: integers are read as Accelerate's YAML 1.1 loader reads them"
   CHECK(*accel::Config::load_string("seed: 017\n", "ints.yaml").seed == 15);
   CHECK_THROWS_WITH(accel::Config::load_string("seed: 0o17\n", "ints.yaml"), Catch::Contains("got '0o17'"));
   CHECK(accel::Config::load_string("ddp_bucket_cap_mb: 010\n", "ints.yaml").ddp_bucket_cap_mb == 8);
+}
+
+namespace {
+
+// The whole optimal-string-alignment table, as text_distance.cpp computed it before it kept three rows and
+// stopped at a limit: the reference the bounded version must agree with.
+std::size_t full_table_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i)
+    d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j)
+    d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+TEST_CASE("did-you-mean: the edit distance equals the full table's, and a limit answers limit + 1 above it") {
+  CHECK(accel::detail::edit_distance("mixed_precison", "mixed_precision") == 1);
+  CHECK(accel::detail::edit_distance("Zero_Stage", "zero_stage") == 0);
+  CHECK(accel::detail::edit_distance("Zero_Stage", "zero_stage", /*case_sensitive=*/true) == 2);
+  CHECK(accel::detail::edit_distance("ab", "ba") == 1);
+  std::mt19937 rng(20261128);
+  const std::string alphabet = "abc_";
+  auto random_word = [&](std::size_t max_len) {
+    std::string s(std::uniform_int_distribution<std::size_t>(0, max_len)(rng), 'a');
+    for (char& c : s)
+      c = alphabet[std::uniform_int_distribution<std::size_t>(0, alphabet.size() - 1)(rng)];
+    return s;
+  };
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::string a = random_word(9), b = random_word(9);
+    const std::size_t exact = full_table_distance(a, b);
+    INFO("a='" << a << "' b='" << b << "' exact " << exact);
+    REQUIRE(accel::detail::edit_distance(a, b, true) == exact);
+    for (std::size_t limit = 0; limit <= 10; ++limit)
+      REQUIRE(accel::detail::edit_distance(a, b, true, limit) == std::min(exact, limit + 1));
+  }
+  // What the parser fuzzer feeds it: a mutated key of 200,000 characters against every known key.
+  const std::string huge(200000, 'z');
+  CHECK(accel::detail::edit_distance(huge, "zero_optimization", false, 5) == 6);
+  CHECK_FALSE(accel::detail::closest(huge, {"zero_optimization", "train_batch_size"}).has_value());
 }

@@ -3,11 +3,15 @@
 // dist_worker's multi-rank one): a flipped bit, overwritten bytes, truncation, appended bytes, zeroed,
 // deleted, swapped with another file of the checkpoint, replaced by another checkpoint's file.
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,8 +24,21 @@ inline std::string read_bytes(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// Overwrites `p` in place, then cuts it to the new size. Not O_TRUNC: on ext4, truncating a file that holds
+// data to zero bytes first flushes its blocks to disk (auto_da_alloc), ~4 ms a write here, which was most of
+// the fuzzers' time (the parser fuzzer 34 s -> 2 s in the suite).
 inline void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + p.string() + " to write it");
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = ::pwrite(fd, bytes.data() + at, bytes.size() - at, static_cast<off_t>(at));
+    if (n <= 0) break;
+    at += static_cast<std::size_t>(n);
+  }
+  const bool ok = at == bytes.size() && ::ftruncate(fd, static_cast<off_t>(bytes.size())) == 0;
+  ::close(fd);
+  if (!ok) throw std::runtime_error("cannot write " + p.string());
 }
 
 // Damages `file` (inside `dir`) by mutation `kind`; `other` is the same file of another checkpoint. Returns

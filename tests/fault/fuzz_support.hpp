@@ -4,6 +4,7 @@
 // error whose message is bounded and printable). ACCEL_FUZZ_ITERATIONS and ACCEL_FUZZ_SEED change the run.
 
 #include "accel/errors.hpp"
+#include "damage.hpp"
 #include "temp_dir.hpp"
 
 #include <catch2/catch.hpp>
@@ -18,6 +19,7 @@
 #include <functional>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,7 +35,7 @@ inline std::string read(const fs::path& p) {
 }
 
 inline void write(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+  accel_fault::write_bytes(p, bytes);
 }
 
 inline std::size_t env_number(const char* name, std::size_t fallback) {

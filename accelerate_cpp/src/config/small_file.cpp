@@ -55,7 +55,13 @@ SmallFile read_small_file(const std::string& path, std::size_t max_bytes) {
     out.error = "it is a directory";
     return out;
   }
-  std::string text(max_bytes + 1, '\0');
+  // The buffer grows as it fills, up to the bound plus one byte (which tells a file over the bound): a config
+  // file is a few kilobytes, and zeroing the whole bound (16 MiB) for every read cost ~2 ms a read (13 s of
+  // the parser fuzzer's 7,500 reads).
+  const std::size_t cap = max_bytes + 1;
+  const std::size_t hint =
+      S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<std::size_t>(st.st_size) + 1 : 0;
+  std::string text(std::min(cap, std::max(hint, std::size_t{64} << 10)), '\0');
   std::size_t got = 0;
   if (S_ISFIFO(st.st_mode)) {
     // With no writer, a non-blocking read of an empty FIFO returns 0 (end of file); with a writer that has
@@ -79,7 +85,11 @@ SmallFile read_small_file(const std::string& path, std::size_t max_bytes) {
   // From here on a plain blocking read to the end (or the bound).
   const int flags = ::fcntl(f.fd, F_GETFL);
   if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
-  while (got < text.size()) {
+  for (;;) {
+    if (got == text.size()) {
+      if (text.size() == cap) break;
+      text.resize(std::min(cap, 2 * text.size()));
+    }
     const ssize_t n = ::read(f.fd, text.data() + got, text.size() - got);
     if (n == 0) break;
     if (n < 0) {
