@@ -14,8 +14,8 @@ endfunction()
 # accel_torch_pch(<target>): precompile LibTorch's umbrella header once per target; each further
 # translation unit then compiles in seconds instead of ~20 s. Not for a unity target: a library's unit parses
 # LibTorch's headers once per 8 sources, and a precompiled header (~55 s to build here) pays only for targets
-# compiled one source at a time or for a header several programs share (accel_program_pch and accel_test_pch in
-# the top-level CMakeLists.txt).
+# compiled one source at a time or for a header several programs share (accel_program_pch in the top-level
+# CMakeLists.txt).
 function(accel_torch_pch target)
   if(NOT ACCEL_NO_PCH AND NOT target IN_LIST ACCEL_UNITY_TARGETS)
     target_precompile_headers(${target} PRIVATE <torch/torch.h>)
@@ -23,11 +23,21 @@ function(accel_torch_pch target)
 endfunction()
 
 # accel_reuse_torch_pch(<target> <provider>): compile <target> with <provider>'s precompiled LibTorch header
-# (REUSE_FROM; both must be compiled with the same flags): a program of one or a few sources then skips
-# parsing LibTorch's headers instead of paying a precompiled header of its own (~55-75 s here).
+# (REUSE_FROM) and the options and definitions the header was built with (the provider's ACCEL_PCH_OPTIONS,
+# e.g. -O1, and ACCEL_PCH_LINK's usage requirements): a program of one or a few sources then skips parsing
+# LibTorch's headers instead of paying a precompiled header of its own (~55-75 s here). CMake adds -Winvalid-pch, so with -Werror a header built with other flags fails
+# the build instead of being skipped silently.
 function(accel_reuse_torch_pch target provider)
   if(NOT ACCEL_NO_PCH AND TARGET ${provider})
     target_precompile_headers(${target} REUSE_FROM ${provider})
+    get_target_property(_options ${provider} ACCEL_PCH_OPTIONS)
+    if(_options)
+      target_compile_options(${target} PRIVATE ${_options})
+    endif()
+    get_target_property(_link ${provider} ACCEL_PCH_LINK)  # e.g. accel_fmt: FMT_HEADER_ONLY changes the header
+    if(_link)
+      target_link_libraries(${target} PRIVATE ${_link})
+    endif()
   endif()
 endfunction()
 
