@@ -47,7 +47,13 @@ class Flags {
             std::string(it == setters_.end() ? "unknown argument " : "missing value for ") + argv[i] +
             "; use" + usage);
       }
-      it->second(argv[i + 1]);
+      try {
+        it->second(argv[i + 1]);
+      } catch (const std::out_of_range&) {  // from std::stoi and friends
+        throw std::invalid_argument(std::string(argv[i]) + ": " + argv[i + 1] + " is out of range");
+      } catch (const std::invalid_argument&) {
+        throw std::invalid_argument(std::string(argv[i]) + ": expected a number, got '" + argv[i + 1] + "'");
+      }
     }
   }
 

@@ -5,6 +5,8 @@
 //   bench_optim [--steps 20] [--warmup 3] [--cuda 0|1]
 #include <accel/optim/optim.hpp>
 
+#include "bench_args.hpp"
+
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -57,12 +59,6 @@ double time_steps(std::vector<torch::Tensor>& params, const Options& options, in
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
 }
 
-int arg(int argc, char** argv, const char* name, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  return fallback;
-}
-
 template <typename Lib, typename Fused, typename Options>
 void row(const char* name, const Options& options, int threads, int warmup, int steps) {
   at::set_num_threads(threads);
@@ -83,9 +79,10 @@ void row(const char* name, const Options& options, int threads, int warmup, int 
 }
 
 int run(int argc, char** argv) {
-  const int steps = arg(argc, argv, "--steps", 20), warmup = arg(argc, argv, "--warmup", 3);
+  int steps = 20, warmup = 3, cuda = 0;
+  bench::Flags().add("--steps", steps).add("--warmup", warmup).add("--cuda", cuda).parse(argc, argv);
   const int all = static_cast<int>(std::thread::hardware_concurrency());
-  if (arg(argc, argv, "--cuda", 0) != 0) device = torch::Device(torch::kCUDA, 0);
+  if (cuda != 0) device = torch::Device(torch::kCUDA, 0);
   torch::NoGradGuard no_grad;
   for (int threads : device.is_cuda() ? std::vector<int>{all} : std::vector<int>{1, all}) {
     row<torch::optim::AdamW, accel::optim::AdamW>("AdamW", torch::optim::AdamWOptions(1e-3), threads, warmup,
