@@ -25,8 +25,9 @@ endfunction()
 # accel_reuse_torch_pch(<target> <provider>): compile <target> with <provider>'s precompiled LibTorch header
 # (REUSE_FROM) and the options and definitions the header was built with (the provider's ACCEL_PCH_OPTIONS,
 # e.g. -O1, and ACCEL_PCH_LINK's usage requirements): a program of one or a few sources then skips parsing
-# LibTorch's headers instead of paying a precompiled header of its own (~55-75 s here). CMake adds -Winvalid-pch, so with -Werror a header built with other flags fails
-# the build instead of being skipped silently.
+# LibTorch's headers instead of paying a precompiled header of its own (~55-75 s here). CMake adds
+# -Winvalid-pch, so with -Werror a header built with other flags fails the build instead of being skipped
+# silently.
 function(accel_reuse_torch_pch target provider)
   if(NOT ACCEL_NO_PCH AND TARGET ${provider})
     target_precompile_headers(${target} REUSE_FROM ${provider})

@@ -25,6 +25,7 @@ std::size_t edit_distance(const std::string& a_in, const std::string& b_in, bool
   std::vector<std::size_t> before(b.size() + 1), previous(b.size() + 1), row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j)
     previous[j] = j;
+  std::size_t previous_min = 0;  // of row i-1
   for (std::size_t i = 1; i <= a.size(); ++i) {
     row[0] = i;
     std::size_t row_min = row[0];
@@ -38,10 +39,8 @@ std::size_t edit_distance(const std::string& a_in, const std::string& b_in, bool
     }
     // Every path to the end crosses this row or the one before it (a transposition skips one): once both are
     // above the limit, so is the distance.
-    if (row_min > max_distance && i > 1 &&
-        *std::min_element(previous.begin(), previous.end()) > max_distance) {
-      return over;
-    }
+    if (row_min > max_distance && previous_min > max_distance) return over;
+    previous_min = row_min;
     std::swap(before, previous);
     std::swap(previous, row);
   }
