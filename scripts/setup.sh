@@ -13,9 +13,11 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. Debian packages (headers and tools). libgloo-dev gives the gloo headers the wheel lacks;
 #    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader; liburing-dev and libaio-dev
-#    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload).
+#    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload); libpcre2-dev is the regex engine
+#    of the LLM wing's tokenizers (Unicode properties, JIT), the one the peers' pre-tokenizer patterns need.
 pkgs=(build-essential cmake ninja-build ccache clang-format pkg-config zlib1g-dev libcli11-dev libyaml-cpp-dev
-  catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv liburing-dev libaio-dev)
+  catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv liburing-dev libaio-dev
+  libpcre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -31,9 +33,10 @@ fi
 # 2. Project-local venv with the pinned torch wheel (its LibTorch is what we link) and the Python
 #    peers used by tests and benchmarks.
 venv="$root/.venv"
-py_pkgs=("torch==$torch_version" safetensors numpy tensorboard "peft==0.21.2" "bitsandbytes==0.50.2")
+py_pkgs=("torch==$torch_version" safetensors numpy tensorboard "peft==0.21.2" "bitsandbytes==0.50.2"
+  "transformers==5.24.0" "tokenizers==0.23.3" "jinja2" "trl")
 if [[ -z ${ACCEL_TORCH_PREFIX:-} ]]; then
-  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft, bitsandbytes; assert torch.__version__.split('+')[0] == '$torch_version'" \
+  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft, bitsandbytes, transformers, tokenizers, jinja2, trl; assert torch.__version__.split('+')[0] == '$torch_version'" \
       2>/dev/null; then
     log "creating $venv with ${py_pkgs[*]} (first time: ~5 GB, mostly CUDA libraries)"
     venv_start=$SECONDS

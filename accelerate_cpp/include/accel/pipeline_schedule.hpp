@@ -1,4 +1,0 @@
-#pragma once
-// Moved to <accel/parallel/pipeline_schedule.hpp>; this forwarding header is kept for one release (0.2
-// removes it).
-#include <accel/parallel/pipeline_schedule.hpp>
