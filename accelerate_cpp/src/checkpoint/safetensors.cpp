@@ -4,6 +4,10 @@
 #include "config/message_text.hpp"
 #include "config/text_distance.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -528,6 +532,76 @@ namespace accel::safetensors {
 // ---------------------------------------------------------------------------------------------------------------
 // Reading
 
+namespace {
+
+// The header's metadata and tensor entries, checked to tile a data buffer of `buffer_size` bytes.
+void parse_layout(const std::string& header, const std::string& prefix, std::size_t buffer_size,
+                  std::map<std::string, std::string>& metadata, std::map<std::string, TensorInfo>& tensors) {
+  const Json root = parse_header(header, prefix);
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : root.items()) {
+    if (name == "__metadata__") {
+      metadata = parse_metadata(entry, prefix);
+      continue;
+    }
+    TensorInfo info = parse_tensor_entry(entry, prefix + "tensor '" + name + "'", buffer_size);
+    const std::size_t begin = info.offset;
+    const std::size_t end = info.offset + info.nbytes;
+    auto inserted = tensors.emplace(name, std::move(info));
+    spans.push_back({begin, end, &inserted.first->first});
+  }
+  check_tiling(std::move(spans), buffer_size, prefix);
+}
+
+// Maps `size` bytes of `path` read-only; the result unmaps when its last owner goes.
+std::shared_ptr<const std::uint8_t> map_whole_file(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw CheckpointError("cannot open safetensors file '" + path + "': " + errno_text() +
+                          "; check the file permissions");
+  }
+  void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file open
+  if (address == MAP_FAILED) {
+    throw CheckpointError("cannot map safetensors file '" + path + "': " + std::strerror(map_errno) +
+                          "; the file system may not support mmap: read it with safetensors::File::open");
+  }
+  return std::shared_ptr<const std::uint8_t>(
+      static_cast<const std::uint8_t*>(address),
+      [size](const std::uint8_t* p) { ::munmap(const_cast<std::uint8_t*>(p), size); });
+}
+
+}  // namespace
+
+File File::map(const std::string& path) {
+  const auto read = [&]() -> File {
+    const std::string prefix = "safetensors file '" + path + "': ";
+    std::FILE* raw = open_for_reading(path);  // the same checks and messages as open()
+    FileCloser closer(raw);
+    std::error_code ec;
+    const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
+    if (ec) throw CheckpointError("cannot read safetensors file '" + path + "': " + ec.message());
+    const std::string header = read_header(raw, path, prefix, file_size);
+    const auto buffer_size = static_cast<std::size_t>(file_size - 8 - header.size());
+
+    File file;
+    file.path_ = path;
+    file.data_size_ = buffer_size;
+    parse_layout(header, prefix, buffer_size, file.metadata_, file.tensors_);
+    if (buffer_size > 0) {
+      file.mapping_ = map_whole_file(path, static_cast<std::size_t>(file_size));
+      file.base_ = file.mapping_.get() + 8 + header.size();
+    }
+    return file;
+  };
+  try {
+    return read();
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(accel::detail::bounded_message(e.what()));
+  }
+}
+
 File File::open(const std::string& path) {
   // A lambda of a member function: it may build a File (private constructor).
   const auto read = [&]() -> File {
@@ -541,27 +615,14 @@ File File::open(const std::string& path) {
 
     const std::string header = read_header(raw, path, prefix, file_size);
     const auto buffer_size = static_cast<std::size_t>(file_size - 8 - header.size());
-    const Json root = parse_header(header, prefix);
-
     File file;
     file.path_ = path;
     file.data_size_ = buffer_size;
-    std::vector<Span> spans;
-    for (const auto& [name, entry] : root.items()) {
-      if (name == "__metadata__") {
-        file.metadata_ = parse_metadata(entry, prefix);
-        continue;
-      }
-      TensorInfo info = parse_tensor_entry(entry, prefix + "tensor '" + name + "'", buffer_size);
-      const std::size_t begin = info.offset;
-      const std::size_t end = info.offset + info.nbytes;
-      auto inserted = file.tensors_.emplace(name, std::move(info));
-      spans.push_back({begin, end, &inserted.first->first});
-    }
-    check_tiling(std::move(spans), buffer_size, prefix);
+    parse_layout(header, prefix, buffer_size, file.metadata_, file.tensors_);
 
     file.buffer_.reset(new std::uint64_t[(buffer_size + 7) / 8]);
     read_exact(raw, path, file.buffer_.get(), buffer_size);
+    file.base_ = reinterpret_cast<const std::uint8_t*>(file.buffer_.get());
     return file;
   };
   try {
@@ -610,7 +671,7 @@ const TensorInfo& File::info(const std::string& name) const {
 
 const std::uint8_t* File::data(const std::string& name) const {
   const TensorInfo& tensor = info(name);
-  return reinterpret_cast<const std::uint8_t*>(buffer_.get()) + tensor.offset;
+  return base_ + tensor.offset;
 }
 
 }  // namespace accel::safetensors

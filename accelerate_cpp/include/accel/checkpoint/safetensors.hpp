@@ -76,14 +76,19 @@ struct TensorInfo {
   std::size_t nbytes = 0;      ///< size of the tensor, in bytes
 };
 
-/// A safetensors file read fully into memory and validated. Read-only, move-only.
-/// The data buffer is 8-byte aligned; tensors written by `write_file` (or the reference implementation) are
-/// therefore aligned to their element size. Data is little-endian, as stored.
+/// A safetensors file read fully into memory (`open`) or memory-mapped (`map`) and validated. Read-only,
+/// move-only. The data buffer of `open` is 8-byte aligned, that of `map` starts 8 + header bytes into the
+/// file (8-byte aligned too when the header is padded as `write_file` and the reference implementation pad
+/// it); tensors are then aligned to their element size. Data is little-endian, as stored.
 class File {
  public:
   /// Reads and validates `path`. Throws `CheckpointError` if the file cannot be read or is not a valid
   /// safetensors file (truncated, bad JSON, missing field, unknown dtype, size mismatch, overlap, gap, ...).
   static File open(const std::string& path);
+  /// Validates `path` as `open` does but maps it read-only instead of reading it: pages are read when a
+  /// tensor's bytes are touched and can be dropped again by the kernel, so a multi-gigabyte shard costs no
+  /// resident memory of its own (Hugging Face's `safe_open`). The file must not be truncated while mapped.
+  static File map(const std::string& path);
 
   File(File&&) noexcept = default;
   File& operator=(File&&) noexcept = default;
@@ -113,7 +118,9 @@ class File {
   std::string path_;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, TensorInfo> tensors_;
-  std::unique_ptr<std::uint64_t[]> buffer_;  // uint64_t for 8-byte alignment
+  std::unique_ptr<std::uint64_t[]> buffer_;      // uint64_t for 8-byte alignment (open)
+  std::shared_ptr<const std::uint8_t> mapping_;  // the whole file, unmapped when the last owner goes (map)
+  const std::uint8_t* base_ = nullptr;           // first byte of the data buffer (either way)
   std::size_t data_size_ = 0;
 };
 
