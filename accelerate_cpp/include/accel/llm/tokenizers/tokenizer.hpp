@@ -12,20 +12,24 @@
 
 namespace accel::llm {
 
-/// A tokenizer read from a Hugging Face `tokenizer.json` (plus, with from_pretrained, the special-token settings
-/// of `tokenizer_config.json` beside it). Immutable after construction; encode and decode may be called from
-/// several threads at once. Local to a rank: no collective.
+/// A tokenizer read from a Hugging Face `tokenizer.json` (plus, with from_pretrained, the special-token
+/// settings of `tokenizer_config.json` beside it). Immutable after construction; encode and decode may be
+/// called from several threads at once. Local to a rank: no collective.
 class Tokenizer {
  public:
   /// Reads `tokenizer.json`. Throws accel::ConfigError naming the file and the key it cannot honour.
   static Tokenizer from_file(const std::string& tokenizer_json);
-  /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json` (add_bos_token,
-  /// add_eos_token, bos/eos/pad tokens), as transformers' AutoTokenizer.from_pretrained(dir) does.
+  /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json` (bos/eos/pad/unk tokens,
+  /// added_tokens_decoder), as transformers 5's AutoTokenizer.from_pretrained(dir) does. Like transformers 5,
+  /// add_bos_token / add_eos_token are not read when tokenizer.json exists: its post-processor decides.
   static Tokenizer from_pretrained(const std::string& dir);
 
   /// The ids of `text`; with add_special_tokens the post-processor's tokens (BOS of Llama) are added, as
   /// `tokenizer(text)["input_ids"]` does.
   std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
+  /// encode() of each text in turn, on the calling thread.
+  std::vector<std::vector<int64_t>> encode_batch(const std::vector<std::string>& texts,
+                                                 bool add_special_tokens = true) const;
   /// The text of `ids`, as `tokenizer.decode(ids, skip_special_tokens=...)`.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const;
 

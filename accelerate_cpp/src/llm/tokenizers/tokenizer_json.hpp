@@ -1,0 +1,36 @@
+#pragma once
+// Reading tokenizer.json (the serde layout of Hugging Face tokenizers) into the pipeline's stages. Everything
+// this reader cannot reproduce exactly is refused with an accel::ConfigError naming the file and the key.
+
+#include "llm/tokenizers/added_vocabulary.hpp"
+#include "llm/tokenizers/bpe.hpp"
+#include "llm/tokenizers/components.hpp"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::llm::detail {
+
+struct Pipeline {
+  std::unique_ptr<Normalizer> normalizer;
+  std::unique_ptr<PreTokenizer> pre_tokenizer;
+  std::unique_ptr<BpeModel> model;
+  std::unique_ptr<Decoder> decoder;
+  std::optional<PostProcessor> post_processor;  // nullopt: "post_processor": null
+  std::vector<AddedToken> added_tokens;         // in the file's order
+};
+
+/// Parses `path` (tokenizer.json). Throws accel::ConfigError.
+Pipeline read_tokenizer_json(const std::string& path);
+
+/// The special-token settings of tokenizer_config.json (absent keys stay empty).
+struct TokenizerConfig {
+  std::optional<AddedToken> bos_token, eos_token, pad_token, unk_token;
+  std::vector<std::pair<uint32_t, AddedToken>> added_tokens_decoder;  // sorted by id
+};
+/// Reads tokenizer_config.json. Throws accel::ConfigError (missing file, bad JSON, a key of the wrong type).
+TokenizerConfig read_tokenizer_config(const std::string& path);
+
+}  // namespace accel::llm::detail

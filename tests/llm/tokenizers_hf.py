@@ -1,0 +1,249 @@
+"""Cross-check of accel::llm::Tokenizer against Hugging Face tokenizers (and transformers' AutoTokenizer for
+tokenizer_config.json): trains byte-level and SentencePiece-style BPE tokenizers on a >= 1 MB local corpus, writes
+them with the JSON structure of the real Qwen2, Llama 3 and Llama 2 files, encodes and decodes every text with
+the Python peers, then runs the C++ checker (tokenizer_check), which must agree id for id and text for text.
+
+usage: tokenizers_hf.py CHECKER [--keep DIR]     exit 0 when everything matches, 77 when a package is missing
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenizer_corpus import build_texts  # noqa: E402
+
+try:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: tokenizers is not importable ({e})")
+    sys.exit(77)
+
+# The pre-tokenizer patterns of the real files (Qwen2 / Qwen2.5 tokenizer.json, Llama 3 tokenizer.json).
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def byte_level_bpe(texts, pattern, specials, vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts[: len(texts) // 2], trainer)
+    return json.loads(tok.to_str())
+
+
+def qwen2_json(texts, vocab_size=6000):
+    j = byte_level_bpe(texts, QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], vocab_size)
+    j["normalizer"] = {"type": "NFC"}
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    j["decoder"], j["post_processor"] = dict(bl), dict(bl)
+    m = j["model"]
+    m.update(dropout=None, unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+             byte_fallback=False, ignore_merges=False)
+    m["merges"] = [" ".join(p) for p in m["merges"]]  # the real Qwen2 file's "a b" strings
+    n = max(m["vocab"].values()) + 1
+    for tok in j["added_tokens"]:
+        tok.update(special=True, normalized=False)
+    # Added tokens as Qwen2.5 has them (special false) and with the other matching options.
+    for content, extra in [("<tool_call>", {}), ("<mask>", {"lstrip": True, "rstrip": True}),
+                           ("ZZword", {"single_word": True, "normalized": True})]:
+        tok = {"id": n, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+               "normalized": False, "special": False}
+        tok.update(extra)
+        j["added_tokens"].append(tok)
+        n += 1
+    return j
+
+
+def llama3_json(texts, vocab_size=7000):
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    j = byte_level_bpe(texts, LLAMA3_PATTERN, specials, vocab_size)
+    j["normalizer"] = None
+    j["pre_tokenizer"]["pretokenizers"][1].update(trim_offsets=True)
+    m = j["model"]
+    m.update(dropout=None, unk_token=None, continuing_subword_prefix=None, end_of_word_suffix=None, fuse_unk=False,
+             byte_fallback=False, ignore_merges=True)
+    # Whole words the merges cannot build: ignore_merges makes them one id.
+    n = max(m["vocab"].values()) + 1
+    for word in ["ĠQuokka", "ĠZyxwv", "Ġquokkas", "Ġtokenizer"]:
+        if word not in m["vocab"]:
+            m["vocab"][word] = n
+            n += 1
+    for tok in j["added_tokens"]:
+        tok.update(special=True, normalized=False)
+    bos = j["added_tokens"][0]
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": bos["content"], "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": bos["content"], "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": bos["content"], "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {bos["content"]: {"id": bos["content"], "ids": [bos["id"]], "tokens": [bos["content"]]}}}]}
+    j["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    return j
+
+
+def sentencepiece_bpe(texts, vocab_size=5000):
+    """A Llama-2-like model: <unk> <s> </s>, the 256 <0xXX> byte tokens, then trained pieces (limited alphabet,
+    so rare characters fall back to bytes)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                         limit_alphabet=150)
+    tok.train_from_iterator(texts[: len(texts) // 2], trainer)
+    trained = json.loads(tok.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(piece, len(vocab))
+    merges = [" ".join(p) for p in trained["merges"]]
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+             "vocab": vocab, "merges": merges}
+    bos_template = {"type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                             {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    return model, added, bos_template
+
+
+def llama2_variants(texts, vocab_size=5000):
+    model, added, bos_template = sentencepiece_bpe(texts, vocab_size)
+    base = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "model": model,
+            "post_processor": bos_template}
+    sp_decoder = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    # Llama-2-7b-hf's tokenizer.json as published: the normalizer does the SentencePiece space handling.
+    legacy = dict(base, normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        pre_tokenizer=None, decoder=sp_decoder)
+    # The same model as transformers converts it today: Metaspace with prepend_scheme "first".
+    metaspace = dict(base, normalizer=None, pre_tokenizer={
+        "type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False},
+        decoder={"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {
+            "type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}, {"type": "Fuse"}]})
+    # Without byte fallback (unk, fused), digits split one by one, Metaspace splitting words, a regex Replace.
+    unk_model = dict(model, byte_fallback=False)
+    unk = dict(base, model=unk_model, normalizer={"type": "Replace", "pattern": {"Regex": "\\s*\\t"}, "content": "\t"},
+               pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                   {"type": "Digits", "individual_digits": True},
+                   {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}]},
+               decoder={"type": "Sequence", "decoders": [{"type": "Metaspace", "replacement": "▁",
+                                                          "prepend_scheme": "always", "split": True}]})
+    return {"llama2_legacy": legacy, "llama2_metaspace": metaspace, "llama2_unk_digits": unk}
+
+
+def split_behaviors_json(qwen):
+    """Qwen2's model behind other Split behaviors and inverted patterns (each one a separate rule of
+    NormalizedString::split)."""
+    j = json.loads(json.dumps(qwen))
+    j["normalizer"] = {"type": "NFKC"}
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "MergedWithPrevious", "invert": False},
+        {"type": "Split", "pattern": {"String": "."}, "behavior": "MergedWithNext", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "\\p{N}"}, "behavior": "Contiguous", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[,;]"}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "\\p{L}+|\\p{N}+|\\s+"}, "behavior": "Isolated", "invert": True},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}]}
+    return j
+
+
+def expected_for(tok, texts, rng, transformers_tok=None):
+    """Every text encoded with special tokens; every 4th also without them and decoded (the checker compares
+    what is there)."""
+    some = texts[::4]
+    if transformers_tok is None:
+        with_special = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
+        plain = [e.ids for e in tok.encode_batch_fast(some, add_special_tokens=False)]
+    else:
+        with_special = [transformers_tok(t)["input_ids"] for t in texts]
+        plain = [transformers_tok(t, add_special_tokens=False)["input_ids"] for t in some]
+    size = tok.get_vocab_size(with_added_tokens=True)
+    random_ids = [[rng.randrange(size) for _ in range(rng.randint(1, 40))] for _ in range(400)]
+    dec = transformers_tok.decode if transformers_tok is not None else tok.decode
+    return {"texts": texts, "ids": with_special, "ids_plain": plain, "size": size,
+            "decoded": [dec(ids, skip_special_tokens=False) for ids in with_special[::4]],
+            "decoded_skip": [dec(ids, skip_special_tokens=True) for ids in with_special[::4]],
+            "random_ids": random_ids,
+            "random_decoded": [dec(ids, skip_special_tokens=False) for ids in random_ids],
+            "random_decoded_skip": [dec(ids, skip_special_tokens=True) for ids in random_ids]}
+
+
+def write_case(root, name, tokenizer_json, texts, rng, config=None):
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    path = os.path.join(d, "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tokenizer_json, f, ensure_ascii=False)
+    tok = Tokenizer.from_file(path)
+    transformers_tok = None
+    if config is not None:
+        with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        from transformers import AutoTokenizer
+        transformers_tok = AutoTokenizer.from_pretrained(d)
+    with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected_for(tok, texts, rng, transformers_tok), f, ensure_ascii=False)
+    return d
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    checker = sys.argv[1]
+    keep = sys.argv[sys.argv.index("--keep") + 1] if "--keep" in sys.argv else None
+    t0 = time.time()
+    texts = build_texts()
+    nbytes = sum(len(t.encode()) for t in texts)
+    print(f"corpus: {len(texts)} texts, {nbytes} bytes")
+    rng = random.Random(7)
+    root = keep or tempfile.mkdtemp(prefix="accel_tok_")
+    os.makedirs(root, exist_ok=True)
+    qwen = qwen2_json(texts)
+    cases = [("qwen2", qwen), ("llama3", llama3_json(texts)), ("split_behaviors", split_behaviors_json(qwen))]
+    cases += sorted(llama2_variants(texts).items())
+    dirs = [write_case(root, name, j, texts, rng) for name, j in cases]
+    print(f"python: trained and encoded {len(cases)} tokenizers in {time.time() - t0:.1f} s")
+    # transformers' AutoTokenizer with tokenizer_config.json (a few hundred texts: its per-call cost is high).
+    sample = texts[:300]
+    try:
+        import transformers  # noqa: F401
+        configs = [
+            ("tf_llama2_bos_eos", cases[4][1], {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
+                                                "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>",
+                                                "unk_token": "<unk>", "clean_up_tokenization_spaces": False}),
+            ("tf_qwen2_chat", qwen, {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+                                     "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                     "clean_up_tokenization_spaces": False}),
+            ("tf_llama3_default", cases[1][1], {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                                                "clean_up_tokenization_spaces": False}),
+        ]
+        for name, j, config in configs:
+            dirs.append(write_case(root, name, j, sample, rng, config))
+    except ImportError:
+        print("transformers is not importable: the tokenizer_config.json cases are skipped")
+    print(f"python: {time.time() - t0:.1f} s in all")
+    proc = subprocess.run([checker] + dirs)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
