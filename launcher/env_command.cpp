@@ -44,6 +44,29 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// The settings that silently change training when a user swaps backends by editing the file (clipping,
+// precision, accumulation): each value with where it came from (Config::origins).
+void print_origins(const Config& config) {
+  const auto origin = [&](const std::string& key, const std::string& fallback) {
+    const auto it = config.origins.find(key);
+    return it == config.origins.end() ? fallback : it->second;
+  };
+  const double clipping = automatic_gradient_clipping(config);
+  std::cout << "- Where the settings that change training came from:\n"
+            << "    mixed_precision: " << to_string(config.mixed_precision) << "  <- "
+            << origin("mixed_precision", "default: 'no', as Accelerate's") << "\n"
+            << "    gradient_accumulation_steps: " << config.gradient_accumulation_steps << "  <- "
+            << origin("gradient_accumulation_steps", "default: 1, as Accelerate's") << "\n"
+            << "    gradient_clipping: " << fmt::format("{:g}", clipping) << "  <- "
+            << (clipping > 0 || config.origins.count("gradient_clipping")
+                    ? origin("gradient_clipping", "the backend")
+                    : fmt::format("backend {} does not clip by itself (call "
+                                  "accelerator.clip_grad_norm_(max_norm) in your loop, or the Trainer's "
+                                  "max_grad_norm)",
+                                  config.backend))
+            << "\n";
+}
+
 void run_env(const EnvOptions& options) {
   std::string path = options.config_file;
   if (path.empty() && std::filesystem::exists(default_config_path())) path = default_config_path();
@@ -75,6 +98,7 @@ void run_env(const EnvOptions& options) {
     if (end == std::string::npos) break;
     start = end + 1;
   }
+  print_origins(config);
 }
 
 }  // namespace

@@ -595,6 +595,8 @@ void apply_mixed_precision(const JsonFile& f, const Json& root, const DeepSpeedJ
                       f.path(), to_string(*wanted), to_string(c.mixed_precision), context.source));
     }
     c.mixed_precision = *wanted;
+    c.origins["mixed_precision"] =
+        fmt::format("{} ({}.enabled)", f.path(), *wanted == MixedPrecision::Fp16 ? "fp16" : "bf16");
   }
   report_precision_settings(f, root, c);
 }
@@ -626,6 +628,7 @@ void apply_gradient_accumulation(const JsonFile& f, const Json& root, const Deep
                *gas, c.gradient_accumulation_steps, context.source));
   }
   c.gradient_accumulation_steps = static_cast<int>(*gas);
+  c.origins["gradient_accumulation_steps"] = fmt::format("{} (gradient_accumulation_steps)", f.path());
 }
 
 // Batch sizes: train_batch_size = micro batch x accumulation x world, with DeepSpeed's meaning; one missing
@@ -679,10 +682,17 @@ void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
 // Clipping: "auto" is Accelerate's 1.0; absent is DeepSpeed's 0 (off).
 void apply_gradient_clipping(const JsonFile& f, const Json& root, Config& c) {
   c.zero.gradient_clipping = 0.0;
-  if (!root.contains("gradient_clipping")) return;
+  if (!root.contains("gradient_clipping")) {
+    c.origins["gradient_clipping"] =
+        fmt::format("DeepSpeed's default (0: off), {} does not set it", f.path());
+    return;
+  }
   const Json& v = root.at("gradient_clipping");
+  c.origins["gradient_clipping"] = fmt::format("{} (gradient_clipping)", f.path());
   if (is_auto(v)) {
     c.zero.gradient_clipping = 1.0;
+    c.origins["gradient_clipping"] =
+        fmt::format("{} (gradient_clipping: auto, filled with 1.0 as Accelerate does)", f.path());
   } else if (v.is_number() && v.get<double>() >= 0) {
     c.zero.gradient_clipping = v.get<double>();
   } else {

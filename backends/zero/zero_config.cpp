@@ -229,8 +229,15 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
     const Entry* clipping = p.find(kZeroSection + ".gradient_clipping");
     const bool clipping_auto =
         clipping != nullptr && clipping->value.IsScalar() && clipping->value.Scalar() == "auto";
+    if (c.backend == "zero" && clipping != nullptr && !clipping_auto) {
+      c.origins["gradient_clipping"] =
+          fmt::format("{}{}", location(r.source(), clipping->line), clipping->path);
+    }
     if (c.backend == "zero" && (clipping == nullptr || clipping_auto)) {
       c.zero.gradient_clipping = 1.0;
+      c.origins["gradient_clipping"] =
+          fmt::format("Accelerate's default for a deepspeed_config section ({}: filled with 1.0)",
+                      clipping_auto ? "auto" : "absent");
       c.notices.push_back(fmt::format(
           "deepspeed_config.gradient_clipping is {}: gradients are clipped to a global norm of 1.0 "
           "on sync steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off",

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "build_paths.hpp"
+
 #include <string>
 
 namespace {
@@ -81,4 +83,41 @@ TEST_CASE("backend facts: advice lists every layout that meets the condition, fr
         "backend: fsdp with fsdp_sharding_strategy: HYBRID_SHARD or HYBRID_SHARD_ZERO2");
   // Nothing qualifies: said so rather than an empty list.
   CHECK(accel::layouts_where([](const BackendCapabilities&) { return false; }) == "backend: (none)");
+}
+
+// Issue 49: a user swapping backends by editing the file must see where clipping, precision and accumulation
+// come from (accel-launch env prints Config::origins); the ZeRO templates write their clipping out.
+TEST_CASE("origins: clipping, precision and accumulation name the file line or whose default applied") {
+  const accel::Config yaml_default = accel::Config::load_string(
+      "backend: zero\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 2\n", "a.yaml");
+  CHECK(accel::automatic_gradient_clipping(yaml_default) == 1.0);
+  CHECK(yaml_default.origins.at("gradient_clipping") ==
+        "Accelerate's default for a deepspeed_config section (absent: filled with 1.0)");
+  CHECK(yaml_default.origins.at("mixed_precision") == "default: 'no', as Accelerate's");
+  CHECK(yaml_default.origins.at("gradient_accumulation_steps") == "default: 1, as Accelerate's");
+
+  const accel::Config written = accel::Config::load_string(
+      "backend: zero\nmixed_precision: bf16\ngradient_accumulation_steps: 4\nnum_processes: 2\n"
+      "deepspeed_config:\n  zero_stage: 2\n  gradient_clipping: 0.5\n",
+      "b.yaml");
+  CHECK(accel::automatic_gradient_clipping(written) == 0.5);
+  CHECK(written.origins.at("gradient_clipping") == "b.yaml:7: deepspeed_config.gradient_clipping");
+  CHECK(written.origins.at("mixed_precision") == "b.yaml:2: mixed_precision");
+  CHECK(written.origins.at("gradient_accumulation_steps") == "b.yaml:3: gradient_accumulation_steps");
+
+  const accel::Config ddp = accel::Config::load_string("backend: ddp\nnum_processes: 2\n", "c.yaml");
+  CHECK(accel::automatic_gradient_clipping(ddp) == 0.0);
+  CHECK(ddp.origins.count("gradient_clipping") == 0);
+}
+
+TEST_CASE("origins: every ZeRO template clips explicitly, on the line that says so") {
+  for (const char* name : {"zero_stage1.yaml", "zero_stage2.yaml", "zero_stage3.yaml"}) {
+    INFO(name);
+    const std::string path = accel::test::config_template_dir() + "/" + name;
+    const accel::Config c = accel::Config::load_file(path);
+    CHECK(accel::automatic_gradient_clipping(c) == 1.0);
+    CHECK(c.origins.at("gradient_clipping").rfind(path + ":", 0) == 0);
+    CHECK(c.origins.at("gradient_clipping").find(": deepspeed_config.gradient_clipping") !=
+          std::string::npos);
+  }
 }

@@ -145,6 +145,22 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
 
 }  // namespace
 
+namespace {
+
+// c.origins[key]: the first of `paths` the file set ("FILE:LINE (path)"), else `fallback`.
+void record_origin(const Reader& r, const Pending& p, Config& c, const std::string& key,
+                   std::initializer_list<const char*> paths, const std::string& fallback) {
+  for (const char* path : paths) {
+    if (const Entry* e = p.find(path)) {
+      c.origins[key] = fmt::format("{}{}", location(r.source(), e->line), path);
+      return;
+    }
+  }
+  c.origins[key] = fallback;
+}
+
+}  // namespace
+
 void resolve(const Reader& r, Config& c, const Pending& p) {
   const Entry* backend = p.find("backend");
   const Entry* distributed_type = p.find("distributed_type");
@@ -184,6 +200,10 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
   if (const Entry* fp16 = p.find("fp16"); fp16 && !p.find("mixed_precision") && r.boolean(*fp16)) {
     c.mixed_precision = MixedPrecision::Fp16;
   }
+  record_origin(r, p, c, "mixed_precision", {"mixed_precision", "fp16"}, "default: 'no', as Accelerate's");
+  record_origin(r, p, c, "gradient_accumulation_steps",
+                {"gradient_accumulation_steps", "deepspeed_config.gradient_accumulation_steps"},
+                "default: 1, as Accelerate's");
   for (const BackendPart& part : backend_parts()) {
     if (part.resolve) part.resolve(r, c, p);
   }

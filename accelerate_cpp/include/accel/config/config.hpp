@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -306,6 +307,10 @@ struct Config {
   /// map to nothing here, ...). Printed by accel-launch and by the Accelerator's main process; not compared,
   /// not written.
   std::vector<std::string> notices;
+  /// Where the settings that silently change training came from, for `accel-launch env`: keys
+  /// `mixed_precision`, `gradient_accumulation_steps` and `gradient_clipping`, each "FILE:LINE", a DeepSpeed
+  /// JSON file, or whose default applied (Accelerate's, DeepSpeed's, the backend's). Not compared, not written.
+  std::map<std::string, std::string> origins;
 
   /// Reads and validates a YAML file. An empty file means all defaults.
   /// Throws ConfigError naming the file (as `path` was given), line, key, value and fix.
