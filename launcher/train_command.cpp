@@ -23,10 +23,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// --templates, else ACCEL_TEMPLATES_DIR, else the source tree's config_templates (the build tree's launcher).
+// The installed templates, relative to this executable (PREFIX/bin/accel-launch ->
+// PREFIX/share/accelerate_cpp/config_templates), so that an installed launcher never depends on the source
+// tree it was built from and a moved prefix still finds them. Empty when there are none (the build tree's
+// launcher).
+fs::path installed_templates_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  const fs::path dir = exe.parent_path().parent_path() / "share" / "accelerate_cpp" / "config_templates";
+  return fs::is_directory(dir / "trainer", ec) ? dir : fs::path();
+}
+
+// --templates, else ACCEL_TEMPLATES_DIR, else the installed templates, else the source tree's
+// config_templates (the build tree's launcher).
 std::string templates_dir(const std::string& given) {
   if (!given.empty()) return given;
   if (const char* env = std::getenv("ACCEL_TEMPLATES_DIR"); env != nullptr && *env != '\0') return env;
+  if (const fs::path installed = installed_templates_dir(); !installed.empty()) return installed.string();
 #ifdef ACCEL_CONFIG_TEMPLATE_DIR
   return ACCEL_CONFIG_TEMPLATE_DIR;
 #else
@@ -63,8 +77,8 @@ void setup_train_command(CLI::App& app) {
   sub->add_option("-t,--type", *type, "Training type (full, lora, qlora, zero2_offload, zero3, ...)")
       ->required();
   sub->add_option("--templates", *templates,
-                  "Directory holding trainer/<type>.* (default: $ACCEL_TEMPLATES_DIR, else the source tree's "
-                  "config_templates)");
+                  "Directory holding trainer/<type>.* (default: $ACCEL_TEMPLATES_DIR, else the installed "
+                  "PREFIX/share/accelerate_cpp/config_templates, else the source tree's config_templates)");
   add_launch_options(sub, options);
   sub->callback([options, type, templates] {
     const fs::path dir = fs::path(templates_dir(*templates)) / "trainer";

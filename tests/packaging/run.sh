@@ -19,6 +19,17 @@ echo "== the installed accel-launch test runs from $work/prefix (accel-test-chec
 ACCEL_CONFIG_FILE= "$work/prefix/bin/accel-launch" test --cpu --num_processes 2 --backend ddp \
   --main_process_port 0 >"$work/installed_test.log" 2>&1 || { cat "$work/installed_test.log"; exit 1; }
 
+echo "== the installed accel-launch train -t TYPE reads the installed templates, also from a moved prefix"
+# The prefix is copied elsewhere, as a user moves an install: the launcher must take the pair from the copy
+# (PREFIX/share/accelerate_cpp/config_templates), never from this source tree it was built from.
+cp -a "$work/prefix" "$work/moved"
+ACCEL_CONFIG_FILE= ACCEL_TEMPLATES_DIR= "$work/moved/bin/accel-launch" train -t full --num_processes 1 \
+  --main_process_port 0 /bin/echo >"$work/installed_train.log" 2>&1 || { cat "$work/installed_train.log"; exit 1; }
+grep -q -F -- "--training_args $work/moved/share/accelerate_cpp/config_templates/trainer/full.yaml" \
+  "$work/installed_train.log" || { echo "packaging: the moved prefix's launcher did not read its own templates:";
+  cat "$work/installed_train.log"; exit 1; }
+rm -rf "$work/moved"
+
 echo "== find_package(accelerate_cpp) from $work/prefix"
 cmake -S "$src/tests/packaging/consumer" -B "$work/package" "${gen[@]}" -DACCEL_MODE=package \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/package.log" 2>&1 || { cat "$work/package.log"; exit 1; }
