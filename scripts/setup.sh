@@ -13,11 +13,12 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. Debian packages (headers and tools). libgloo-dev gives the gloo headers the wheel lacks;
 #    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader; liburing-dev and libaio-dev
-#    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload); libpcre2-dev is the regex engine
-#    of the LLM wing's tokenizers (Unicode properties, JIT), the one the peers' pre-tokenizer patterns need.
+#    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload); libpcre2-dev (regexes with
+#    Unicode properties, JIT) and libutf8proc-dev (NFC / NFKC) serve the LLM wing's tokenizers, as the peers'
+#    pre-tokenizer patterns and normalizers need.
 pkgs=(build-essential cmake ninja-build ccache clang-format pkg-config zlib1g-dev libcli11-dev libyaml-cpp-dev
   catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv liburing-dev libaio-dev
-  libpcre2-dev)
+  libpcre2-dev libutf8proc-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
