@@ -53,7 +53,11 @@ def main():
     args = ap.parse_args()
     texts = build_texts(min_bytes=int(args.mb * 1e6))
     nbytes = sum(len(t.encode()) for t in texts)
-    root = tempfile.mkdtemp(prefix="accel_tok_bench_")
+    with tempfile.TemporaryDirectory(prefix="accel_tok_bench_") as root:
+        return bench(args, texts, nbytes, root)
+
+
+def bench(args, texts, nbytes, root):
     texts_path = os.path.join(root, "texts.json")
     with open(texts_path, "w", encoding="utf-8") as f:
         json.dump(texts, f, ensure_ascii=False)

@@ -213,12 +213,19 @@ def main():
     texts = build_texts()
     nbytes = sum(len(t.encode()) for t in texts)
     print(f"corpus: {len(texts)} texts, {nbytes} bytes")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        return run(checker, texts, keep, t0)
+    with tempfile.TemporaryDirectory(prefix="accel_tok_") as root:
+        return run(checker, texts, root, t0)
+
+
+def run(checker, texts, root, t0):
     rng = random.Random(7)
-    root = keep or tempfile.mkdtemp(prefix="accel_tok_")
-    os.makedirs(root, exist_ok=True)
     qwen = qwen2_json(texts)
     cases = [("qwen2", qwen), ("llama3", llama3_json(texts)), ("split_behaviors", split_behaviors_json(qwen))]
     cases += sorted(llama2_variants(texts).items())
+    by_name = dict(cases)
     dirs = [write_case(root, name, j, texts, rng) for name, j in cases]
     print(f"python: trained and encoded {len(cases)} tokenizers in {time.time() - t0:.1f} s")
     # transformers' AutoTokenizer with tokenizer_config.json (a few hundred texts: its per-call cost is high).
@@ -226,15 +233,27 @@ def main():
     try:
         import transformers  # noqa: F401
         configs = [
-            ("tf_llama2_bos_eos", cases[4][1], {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
+            ("tf_llama2_bos_eos", by_name["llama2_metaspace"], {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
                                                 "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>",
                                                 "unk_token": "<unk>", "clean_up_tokenization_spaces": False}),
             ("tf_qwen2_chat", qwen, {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
                                      "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                                      "clean_up_tokenization_spaces": False}),
-            ("tf_llama3_default", cases[1][1], {"tokenizer_class": "PreTrainedTokenizerFast",
+            ("tf_llama3_default", by_name["llama3"], {"tokenizer_class": "PreTrainedTokenizerFast",
                                                 "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
                                                 "clean_up_tokenization_spaces": False}),
+            # The classes transformers 5 rebuilds the pipeline for: LlamaTokenizer on Llama-2-7b-hf's legacy
+            # layout (Metaspace "first", or "always" with legacy true), Qwen2Tokenizer with add_prefix_space.
+            ("tf_llama2_class", by_name["llama2_legacy"], {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True,
+                                              "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                              "legacy": False, "clean_up_tokenization_spaces": False}),
+            ("tf_llama2_class_legacy", by_name["llama2_legacy"], {"tokenizer_class": "LlamaTokenizerFast", "legacy": True,
+                                                     "bos_token": "<s>", "eos_token": "</s>",
+                                                     "clean_up_tokenization_spaces": False}),
+            ("tf_qwen2_class", by_name["split_behaviors"], {"tokenizer_class": "Qwen2Tokenizer", "add_prefix_space": True,
+                                             "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                             "unk_token": None, "bos_token": None,
+                                             "clean_up_tokenization_spaces": False}),
         ]
         for name, j, config in configs:
             dirs.append(write_case(root, name, j, sample, rng, config))

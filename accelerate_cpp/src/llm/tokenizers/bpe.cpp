@@ -142,6 +142,15 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, uint32_t>> vocab,
   }
 }
 
+void BpeModel::set_options(const BpeOptions& options) {
+  options_.unk_token = options.unk_token;
+  options_.fuse_unk = options.fuse_unk;
+  options_.byte_fallback = options.byte_fallback;
+  options_.ignore_merges = options.ignore_merges;
+  unk_id_.reset();
+  if (options_.unk_token) unk_id_ = vocab_.get(*options_.unk_token);
+}
+
 const std::string* BpeModel::id_to_token(uint32_t id) const {
   return id < id_to_token_.size() && has_token_[id] ? &id_to_token_[id] : nullptr;
 }

@@ -52,6 +52,11 @@ class BpeModel {
   BpeModel(std::vector<std::pair<std::string, uint32_t>> vocab,
            const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options);
 
+  /// Replaces the options that do not change the merges (unk_token, fuse_unk, byte_fallback, ignore_merges);
+  /// for transformers' tokenizer classes that rebuild the model. Call before the first tokenize().
+  void set_options(const BpeOptions& options);
+  const BpeOptions& options() const { return options_; }
+
   /// Appends the ids of one pre-tokenized word.
   void tokenize(std::string_view word, std::vector<int64_t>& out) const;
 

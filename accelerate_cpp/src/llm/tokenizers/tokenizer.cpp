@@ -26,12 +26,63 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-std::unique_ptr<Tokenizer::Impl> load(const std::string& tokenizer_json) {
+std::unique_ptr<Tokenizer::Impl> build(detail::Pipeline pipeline) {
   auto impl = std::make_unique<Tokenizer::Impl>();
-  impl->pipeline = detail::read_tokenizer_json(tokenizer_json);
+  impl->pipeline = std::move(pipeline);
   impl->added.add_tokens(impl->pipeline.added_tokens, *impl->pipeline.model, impl->pipeline.normalizer.get());
   if (impl->pipeline.post_processor) impl->post = *impl->pipeline.post_processor;
   return impl;
+}
+
+// Options of the BPE that a transformers class rebuilds; refused when the file's merges need a subword prefix
+// or suffix the rebuilt model would not have.
+void rebuild_bpe(detail::BpeModel& model, const std::string& cls, const std::string& file,
+                 bool byte_fallback) {
+  detail::BpeOptions o = model.options();
+  if (!o.continuing_subword_prefix.empty() || !o.end_of_word_suffix.empty())
+    throw ConfigError(file + ": model.continuing_subword_prefix / end_of_word_suffix: transformers' " + cls +
+                          " rebuilds the BPE without them; set tokenizer_class to TokenizersBackend in "
+                          "tokenizer_config.json to use tokenizer.json as it is",
+                      file, 0, "tokenizer_class");
+  o.unk_token.reset();
+  o.fuse_unk = byte_fallback;
+  o.byte_fallback = byte_fallback;
+  o.ignore_merges = false;
+  model.set_options(o);
+}
+
+// transformers 5 rebuilds the pipeline of some tokenizer classes from the file's vocabulary and merges
+// (LlamaTokenizer.__init__, Qwen2Tokenizer.__init__); AutoTokenizer picks LlamaTokenizer when
+// tokenizer_config.json names it and tokenizer.json holds no "ByteLevel".
+void apply_tokenizer_class(detail::Pipeline& p, const detail::TokenizerConfig& c, const std::string& file) {
+  using detail::PrependScheme;
+  const std::string meta = "\xE2\x96\x81";  // U+2581
+  if (c.tokenizer_class == "LlamaTokenizer" && !p.mentions_byte_level) {
+    const bool prefix = c.add_prefix_space.value_or(true);
+    const PrependScheme scheme =
+        !prefix ? PrependScheme::kNever
+                : (c.legacy.value_or(false) ? PrependScheme::kAlways : PrependScheme::kFirst);
+    p.normalizer.reset();
+    p.pre_tokenizer = detail::make_metaspace_pre_tokenizer(meta, scheme, false);
+    std::vector<std::unique_ptr<detail::Decoder>> decoders;
+    decoders.push_back(detail::make_replace_decoder(meta, " "));
+    decoders.push_back(detail::make_byte_fallback_decoder());
+    decoders.push_back(detail::make_fuse_decoder());
+    if (prefix) decoders.push_back(detail::make_strip_decoder(" ", 1, 0));
+    p.decoder = detail::make_sequence_decoder(std::move(decoders));
+    rebuild_bpe(*p.model, c.tokenizer_class, file, true);
+  } else if (c.tokenizer_class == "Qwen2Tokenizer") {
+    p.normalizer = detail::make_unicode_normalizer(detail::UnicodeForm::kNfc);
+    std::vector<std::unique_ptr<detail::PreTokenizer>> parts;
+    parts.push_back(detail::make_split_pre_tokenizer(
+        detail::Regex(
+            R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
+        detail::SplitBehavior::kIsolated, false));
+    parts.push_back(detail::make_byte_level_pre_tokenizer(c.add_prefix_space.value_or(false), false));
+    p.pre_tokenizer = detail::make_sequence_pre_tokenizer(std::move(parts));
+    p.decoder = detail::make_byte_level_decoder();
+    rebuild_bpe(*p.model, c.tokenizer_class, file, false);
+  }
 }
 
 // TokenizersBackend.__init__ (transformers 5): the tokens of added_tokens_decoder and the named special
@@ -70,7 +121,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
-  return Tokenizer(load(tokenizer_json));
+  return Tokenizer(build(detail::read_tokenizer_json(tokenizer_json)));
 }
 
 Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
@@ -81,9 +132,13 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
             " (a checkpoint with only tokenizer.model or vocab.json/merges.txt is not supported: "
             "save it with transformers' save_pretrained to get tokenizer.json)",
         json);
-  auto impl = load(json);
-  const std::string config = dir + "/tokenizer_config.json";
-  if (file_exists(config)) apply_config(*impl, detail::read_tokenizer_config(config));
+  detail::Pipeline pipeline = detail::read_tokenizer_json(json);
+  const std::string config_path = dir + "/tokenizer_config.json";
+  if (!file_exists(config_path)) return Tokenizer(build(std::move(pipeline)));
+  const detail::TokenizerConfig config = detail::read_tokenizer_config(config_path);
+  apply_tokenizer_class(pipeline, config, config_path);
+  auto impl = build(std::move(pipeline));
+  apply_config(*impl, config);
   return Tokenizer(std::move(impl));
 }
 

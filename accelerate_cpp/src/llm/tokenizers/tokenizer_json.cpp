@@ -14,6 +14,10 @@ namespace {
 
 using nlohmann::json;
 
+std::string join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
 class Reader {
  public:
   explicit Reader(std::string file) : file_(std::move(file)) {}
@@ -29,12 +33,12 @@ class Reader {
                   "); a tokenizer it cannot reproduce exactly is refused rather than approximated");
   }
   const json& need(const json& obj, const std::string& key, const std::string& path) const {
-    if (!obj.is_object() || !obj.contains(key)) fail(path + "." + key, "missing (required)");
+    if (!obj.is_object() || !obj.contains(key)) fail(join(path, key), "missing (required)");
     return obj.at(key);
   }
   std::string str(const json& obj, const std::string& key, const std::string& path) const {
     const json& v = need(obj, key, path);
-    if (!v.is_string()) fail(path + "." + key, "expected a string, found " + v.dump());
+    if (!v.is_string()) fail(join(path, key), "expected a string, found " + v.dump());
     return v.get<std::string>();
   }
   std::optional<std::string> opt_str(const json& obj, const std::string& key, const std::string& path) const {
@@ -44,7 +48,7 @@ class Reader {
   bool flag(const json& obj, const std::string& key, const std::string& path, bool fallback) const {
     if (!obj.contains(key) || obj.at(key).is_null()) return fallback;
     const json& v = obj.at(key);
-    if (!v.is_boolean()) fail(path + "." + key, "expected true or false, found " + v.dump());
+    if (!v.is_boolean()) fail(join(path, key), "expected true or false, found " + v.dump());
     return v.get<bool>();
   }
   std::string type_of(const json& obj, const std::string& path) const {
@@ -322,13 +326,15 @@ std::vector<AddedToken> Reader::added_tokens(const json& j, const std::string& p
   return out;
 }
 
-json parse_file(const std::string& path) {
+json parse_file(const std::string& path, bool* mentions_byte_level = nullptr) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open the file (does it exist and is it readable?)", path);
   std::stringstream buffer;
   buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  if (mentions_byte_level != nullptr) *mentions_byte_level = text.find("\"ByteLevel\"") != std::string::npos;
   try {
-    return json::parse(buffer.str());
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw ConfigError(path + ": not valid JSON: " + e.what(), path);
   }
@@ -337,7 +343,8 @@ json parse_file(const std::string& path) {
 }  // namespace
 
 Pipeline read_tokenizer_json(const std::string& path) {
-  const json root = parse_file(path);
+  bool mentions_byte_level = false;
+  const json root = parse_file(path, &mentions_byte_level);
   Reader r(path);
   if (!root.is_object()) r.fail("(root)", "expected a JSON object");
   for (const char* key : {"truncation", "padding"}) {
@@ -356,6 +363,7 @@ Pipeline read_tokenizer_json(const std::string& path) {
   if (root.contains("post_processor") && !root.at("post_processor").is_null())
     p.post_processor = r.post_processor(root.at("post_processor"), "post_processor");
   if (root.contains("added_tokens")) p.added_tokens = r.added_tokens(root.at("added_tokens"), "added_tokens");
+  p.mentions_byte_level = mentions_byte_level;
   return p;
 }
 
@@ -364,6 +372,15 @@ TokenizerConfig read_tokenizer_config(const std::string& path) {
   Reader r(path);
   if (!root.is_object()) r.fail("(root)", "expected a JSON object");
   TokenizerConfig c;
+  if (auto cls = r.opt_str(root, "tokenizer_class", "")) {
+    c.tokenizer_class = *cls;
+    if (c.tokenizer_class.size() > 4 &&
+        c.tokenizer_class.compare(c.tokenizer_class.size() - 4, 4, "Fast") == 0)
+      c.tokenizer_class.resize(c.tokenizer_class.size() - 4);
+  }
+  if (root.contains("add_prefix_space") && !root.at("add_prefix_space").is_null())
+    c.add_prefix_space = r.flag(root, "add_prefix_space", "", true);
+  if (root.contains("legacy") && !root.at("legacy").is_null()) c.legacy = r.flag(root, "legacy", "", true);
   auto special = [&](const char* key) -> std::optional<AddedToken> {
     if (!root.contains(key) || root.at(key).is_null()) return std::nullopt;
     const json& v = root.at(key);

@@ -20,6 +20,7 @@ struct Pipeline {
   std::unique_ptr<Decoder> decoder;
   std::optional<PostProcessor> post_processor;  // nullopt: "post_processor": null
   std::vector<AddedToken> added_tokens;         // in the file's order
+  bool mentions_byte_level = false;  // the file holds "ByteLevel" (transformers' test for Llama files)
 };
 
 /// Parses `path` (tokenizer.json). Throws accel::ConfigError.
@@ -27,6 +28,8 @@ Pipeline read_tokenizer_json(const std::string& path);
 
 /// The special-token settings of tokenizer_config.json (absent keys stay empty).
 struct TokenizerConfig {
+  std::string tokenizer_class;  // "Fast" suffix removed
+  std::optional<bool> add_prefix_space, legacy;
   std::optional<AddedToken> bos_token, eos_token, pad_token, unk_token;
   std::vector<std::pair<uint32_t, AddedToken>> added_tokens_decoder;  // sorted by id
 };

@@ -21,7 +21,9 @@ class Tokenizer {
   static Tokenizer from_file(const std::string& tokenizer_json);
   /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json` (bos/eos/pad/unk tokens,
   /// added_tokens_decoder), as transformers 5's AutoTokenizer.from_pretrained(dir) does. Like transformers 5,
-  /// add_bos_token / add_eos_token are not read when tokenizer.json exists: its post-processor decides.
+  /// add_bos_token / add_eos_token are not read when tokenizer.json exists (its post-processor decides), and
+  /// tokenizer_class LlamaTokenizer (on a file without ByteLevel) or Qwen2Tokenizer rebuilds the pipeline
+  /// around the file's vocabulary and merges as those classes do (add_prefix_space, legacy).
   static Tokenizer from_pretrained(const std::string& dir);
 
   /// The ids of `text`; with add_special_tokens the post-processor's tokens (BOS of Llama) are added, as
