@@ -11,6 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <random>
+#include <thread>
 
 namespace {
 
@@ -64,6 +66,30 @@ TEST_CASE("a tiny byte-level BPE encodes, decodes and matches special tokens", "
   CHECK_FALSE(tok.bos_token_id().has_value());
   CHECK(tok.encode_batch({"ab", "b"}) == std::vector<std::vector<int64_t>>{{2}, {1}});
   CHECK_THROWS_AS(tok.encode(std::string("a\xC3", 2)), accel::UsageError);
+}
+
+TEST_CASE("encode from several threads at once gives the single-thread ids", "[tokenizer]") {
+  accel::test::TempDir dir;
+  const Tokenizer tok = Tokenizer::from_file(write(dir, "tokenizer.json", tiny_json()));
+  std::mt19937 rng(5);
+  std::vector<std::string> texts(400);
+  for (auto& text : texts) {
+    for (int w = 0; w < 30; ++w) {  // many distinct words: the threads fill the shared cache together
+      for (int c = static_cast<int>(rng() % 12); c >= 0; --c)
+        text += "ab"[rng() % 2];
+      text += rng() % 7 == 0 ? "<|end|>" : " ";
+    }
+  }
+  std::vector<std::vector<std::vector<int64_t>>> results(4);
+  std::vector<std::thread> threads;
+  for (auto& r : results)
+    threads.emplace_back([&] { r = tok.encode_batch(texts); });
+  for (auto& t : threads)
+    t.join();
+  const Tokenizer fresh = Tokenizer::from_file(dir.file("tokenizer.json"));
+  const auto expected = fresh.encode_batch(texts);
+  for (const auto& r : results)
+    CHECK(r == expected);
 }
 
 TEST_CASE("tokenizer.json that cannot be reproduced exactly is refused, naming file and key", "[tokenizer]") {
