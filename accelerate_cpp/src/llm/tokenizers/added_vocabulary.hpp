@@ -4,7 +4,7 @@
 // those with normalized=false on the raw text, the others on the normalized pieces.
 
 #include "llm/tokenizers/bpe.hpp"
-#include "llm/tokenizers/components.hpp"
+#include "llm/tokenizers/normalizers.hpp"
 
 #include <cstdint>
 #include <optional>

@@ -1,6 +1,8 @@
 // Decoders (tokenizers/src/decoders): each rewrites the list of token strings; the tokenizer joins the
 // result.
-#include "llm/tokenizers/components.hpp"
+#include "llm/tokenizers/decoders.hpp"
+
+#include "llm/tokenizers/normalizers.hpp"
 #include "llm/tokenizers/unicode.hpp"
 
 namespace accel::llm::detail {

@@ -1,5 +1,5 @@
 // Normalizers (tokenizers/src/normalizers): Unicode forms through utf8proc, Sequence, Prepend, Replace.
-#include "llm/tokenizers/components.hpp"
+#include "llm/tokenizers/normalizers.hpp"
 
 #include <utf8proc.h>
 

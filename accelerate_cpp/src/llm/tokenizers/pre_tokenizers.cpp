@@ -1,6 +1,8 @@
 // Pre-tokenizers (tokenizers/src/pre_tokenizers): Sequence, Split, ByteLevel, Metaspace, Digits, and the
 // splitting rules of NormalizedString::split they share.
-#include "llm/tokenizers/components.hpp"
+#include "llm/tokenizers/pre_tokenizers.hpp"
+
+#include "llm/tokenizers/normalizers.hpp"
 #include "llm/tokenizers/unicode.hpp"
 
 #include <algorithm>

@@ -242,8 +242,7 @@ PostProcessor Reader::post_processor(const json& j, const std::string& path) con
     PostProcessor out;
     for (std::size_t i = 0; i < list.size(); ++i) {
       PostProcessor p = post_processor(list[i], path + ".processors[" + std::to_string(i) + "]");
-      out.prefix.insert(out.prefix.begin(), p.prefix.begin(), p.prefix.end());
-      out.suffix.insert(out.suffix.end(), p.suffix.begin(), p.suffix.end());
+      wrap(out, p);
     }
     return out;
   }

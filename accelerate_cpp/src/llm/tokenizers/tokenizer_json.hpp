@@ -4,7 +4,10 @@
 
 #include "llm/tokenizers/added_vocabulary.hpp"
 #include "llm/tokenizers/bpe.hpp"
-#include "llm/tokenizers/components.hpp"
+#include "llm/tokenizers/decoders.hpp"
+#include "llm/tokenizers/normalizers.hpp"
+#include "llm/tokenizers/post_processor.hpp"
+#include "llm/tokenizers/pre_tokenizers.hpp"
 
 #include <memory>
 #include <optional>
