@@ -410,6 +410,9 @@ void run_launch(const LaunchOptions& options) {
     std::cerr << notice << "\n";
   std::cerr.flush();
 
+  // From the config file's creation to its removal a stop signal waits for the supervisor instead of ending
+  // the launcher by its default action, which would leave the file behind.
+  const StopSignalsDeferred deferred;
   const TempConfigFile config_file(config.to_yaml());
   SupervisorOptions supervisor =
       make_supervisor_options(options, config, executable, local_ranks, omp, config_file.path());
@@ -463,7 +466,9 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
   sub->add_flag("--oversubscribe", options->oversubscribe,
                 "Start more than 8 ranks per core (and more than 16) on this machine anyway");
   sub->add_option(both_spellings("grace_period"), options->grace_period_seconds,
-                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+                  "Seconds between SIGTERM and SIGKILL when stopping the ranks; a second Ctrl-C, or a second "
+                  "signal 1 s or more after the first, kills them at once (sooner copies, as `timeout` "
+                  "sends, are absorbed)")
       ->capture_default_str();
   sub->add_option(both_spellings("early_exit_report"), options->early_exit_report_seconds,
                   "Name a rank that exited 0 when the others still run this many seconds later")

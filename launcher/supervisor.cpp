@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <optional>
 #include <sstream>
@@ -105,10 +106,18 @@ class SignalGuard {
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
     sigaction(SIGPIPE, &ignore, &saved_pipe_);
+    // Blocked by a StopSignalsDeferred of the caller: one that waited, pending, reaches the handler now.
+    sigset_t forwarded;
+    sigemptyset(&forwarded);
+    for (int s : kForwardedSignals)
+      sigaddset(&forwarded, s);
+    sigprocmask(SIG_UNBLOCK, &forwarded, &saved_mask_);
   }
   SignalGuard(const SignalGuard&) = delete;
   SignalGuard& operator=(const SignalGuard&) = delete;
   ~SignalGuard() {
+    // The mask first: a signal that arrives from here on waits again if it waited before.
+    sigprocmask(SIG_SETMASK, &saved_mask_, nullptr);
     for (std::size_t i = 0; i < std::size(kForwardedSignals); ++i) {
       sigaction(kForwardedSignals[i], &saved_[i], nullptr);
     }
@@ -135,6 +144,7 @@ class SignalGuard {
   struct sigaction saved_[std::size(kForwardedSignals)]{};
   struct sigaction saved_chld_ {};
   struct sigaction saved_pipe_ {};
+  sigset_t saved_mask_{};
 };
 
 // Most rank process groups one watchdog keeps (a launcher starts at most this many ranks on its machine).
@@ -312,6 +322,10 @@ class Supervisor {
       }
     }
     for (std::size_t i = 0; i < options_.ranks.size(); ++i) {
+      // A stop signal is acted on before the next fork, not after the last one (seconds or minutes later
+      // with hundreds of ranks on a loaded machine).
+      handle_signals(guard.read_fd());
+      if (stopping_) break;
       const RankSpec& spec = options_.ranks[i];
       Rank& rank = ranks_[i];
       rank.global_rank = spec.global_rank;
@@ -371,6 +385,7 @@ class Supervisor {
       }
       rank.pid = pid;
       rank.running = true;
+      ++started_;
       rank.streams[0] = Stream{out[0], options_.stdout_fd, {}};
       rank.streams[1] = Stream{err[0], options_.stderr_fd, {}};
       for (const Stream& stream : rank.streams) {
@@ -418,6 +433,9 @@ class Supervisor {
   }
 
   void reap() {
+    // Ranks that exited 0 are taken before those that failed in the same pass: a rank that left early and
+    // the rank that then failed waiting for it are often reaped together, and the one that left came first.
+    std::vector<std::size_t> failed;
     for (Rank& rank : ranks_) {
       if (!rank.running) continue;
       int status = 0;
@@ -425,14 +443,19 @@ class Supervisor {
       if (r != rank.pid) continue;
       rank.running = false;
       rank.status = status;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping_) {
-        failed_rank_ = &rank - ranks_.data();
-        begin_stop(SIGTERM);
-      } else if (!failed && !early_exit_) {
-        early_exit_ = &rank - ranks_.data();
+      const std::size_t index = static_cast<std::size_t>(&rank - ranks_.data());
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        failed.push_back(index);
+      } else if (!early_exit_ && !stopping_) {
+        early_exit_ = index;
         early_exit_at_ = Clock::now();
+        early_exit_wall_ = std::chrono::system_clock::now();
       }
+    }
+    if (!failed.empty() && !stopping_) {
+      failed_rank_ = failed.front();
+      failed_at_ = Clock::now();
+      begin_stop(SIGTERM);
     }
   }
 
@@ -442,17 +465,32 @@ class Supervisor {
       const ssize_t n = ::read(fd, bytes, sizeof(bytes));
       if (n <= 0) break;
       for (ssize_t i = 0; i < n; ++i) {
-        const int s = bytes[i];
-        if (s == SIGCHLD) continue;  // reap() runs every iteration anyway
-        if (!stopping_) {
-          received_signal_ = s;
-          begin_stop(s);
-        } else if (!killed_) {
-          // A second Ctrl-C: the user does not want to wait for the grace period.
-          kill_now();
-        }
+        if (bytes[i] != SIGCHLD) on_stop_signal(bytes[i]);  // reap() runs every iteration anyway
       }
     }
+  }
+
+  // The first stop signal starts the grace period (forwarded to the ranks unless a failed rank already
+  // stopped them); a later one kills at once unless it is a copy of the first (see escalates_to_kill).
+  void on_stop_signal(int s) {
+    const Clock::time_point now = Clock::now();
+    if (!first_signal_) {
+      first_signal_ = s;
+      first_signal_at_ = now;
+      if (!stopping_) received_signal_ = s;
+      begin_stop(s);
+      return;
+    }
+    if (killed_) return;
+    const double later = std::chrono::duration<double>(now - first_signal_at_).count();
+    if (!escalates_to_kill(s, later)) return;
+    std::ostringstream line;
+    line.precision(2);
+    line << std::fixed << "accel-launch: " << signal_name(s) << " " << later << " s after "
+         << signal_name(first_signal_) << ": killed the ranks at once (SIGKILL) instead of waiting out the "
+         << std::defaultfloat << options_.grace_period_seconds << " s grace period\n";
+    escalation_ = line.str();
+    kill_now();
   }
 
   void kill_now() {
@@ -598,6 +636,7 @@ class Supervisor {
     if (failed_rank_) {
       const Rank& rank = ranks_[*failed_rank_];
       std::ostringstream report;
+      report << left_before_failure();
       report << "accel-launch: rank " << rank.global_rank << " (local rank " << rank.local_rank << ", pid "
              << rank.pid << ") ";
       if (WIFSIGNALED(rank.status)) {
@@ -620,9 +659,15 @@ class Supervisor {
     } else if (received_signal_) {
       result.interrupted = true;
       result.exit_code = 128 + received_signal_;
-      result.report = "accel-launch: received " + signal_name(received_signal_) + "; forwarded it to all " +
-                      std::to_string(ranks_.size()) + " rank(s) and stopped them\n";
+      result.report =
+          started_ == ranks_.size()
+              ? "accel-launch: received " + signal_name(received_signal_) + "; forwarded it to all " +
+                    std::to_string(ranks_.size()) + " rank(s) and stopped them\n"
+              : "accel-launch: received " + signal_name(received_signal_) + " while starting the ranks (" +
+                    std::to_string(started_) + " of " + std::to_string(ranks_.size()) +
+                    " started); started no more, forwarded it to those and stopped them\n";
     }
+    result.report += escalation_;
     for (const Rank& rank : ranks_) {
       if (rank.running) {
         result.report += "accel-launch: rank " + std::to_string(rank.global_rank) + " (pid " +
@@ -660,20 +705,97 @@ class Supervisor {
                   "(collective_timeout_seconds, ACCEL_COLLECTIVE_TIMEOUT)\n");
   }
 
+  // When a rank exited 0 while the others ran and one of them failed afterwards, the line that names the rank
+  // that left (the likely cause: the failed rank waited for it in a collective), else "".
+  std::string left_before_failure() const {
+    if (!early_exit_ || !failed_rank_) return "";
+    const Rank& left = ranks_[*early_exit_];
+    const Rank& failed = ranks_[*failed_rank_];
+    const std::time_t when = std::chrono::system_clock::to_time_t(early_exit_wall_);
+    std::tm local{};
+    ::localtime_r(&when, &local);
+    char clock[16];
+    std::strftime(clock, sizeof(clock), "%H:%M:%S", &local);
+    const std::string leaver = "rank " + std::to_string(left.global_rank);
+    const std::string waiter = "rank " + std::to_string(failed.global_rank);
+    std::ostringstream line;
+    line.precision(1);
+    line << std::fixed << "accel-launch: " << leaver << " (local rank " << left.local_rank << ", pid "
+         << left.pid << ") exited with status 0 at " << clock << ", "
+         << std::chrono::duration<double>(failed_at_ - early_exit_at_).count() << " s before " << waiter
+         << " failed, ";
+    const std::string rule =
+        "every rank must make the same collective calls (a rank-dependent return, break or exit skips "
+        "them), so look first at why " +
+        leaver + " stopped early";
+    if (waited_in_collective(failed)) {
+      line << "while " << waiter << " waited for it in a collective (its error says a peer closed its "
+           << "connection or never arrived): " << leaver << " is the cause, " << waiter
+           << " only its consequence; " << rule << "\n";
+    } else {
+      line << "while " << waiter << " still ran: if " << waiter << " waited for it in a collective, "
+           << leaver << " is the cause; " << rule << "\n";
+    }
+    return line.str();
+  }
+
+  // Whether the last lines of `rank` are a collective's failure for a peer that left (the Communicator's
+  // DistributedError, or Gloo's own words when a program catches and prints them).
+  static bool waited_in_collective(const Rank& rank) {
+    for (const std::string& line : rank.tail) {
+      for (const char* words : {"closed its connection", "Connection closed by peer",
+                                "Connection reset by peer", "did not reach"}) {
+        if (line.find(words) != std::string::npos) return true;
+      }
+    }
+    return false;
+  }
+
   const SupervisorOptions& options_;
   std::vector<Rank> ranks_;
+  std::size_t started_ = 0;  // ranks forked (fewer than ranks_ when a signal stopped the starting)
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_at_{};
   Clock::time_point killed_at_{};
   std::optional<std::size_t> failed_rank_;
-  std::optional<std::size_t> early_exit_;  // the first rank that exited 0
+  std::optional<std::size_t> early_exit_;  // the first rank that exited 0 before any stop
   Clock::time_point early_exit_at_{};
+  std::chrono::system_clock::time_point early_exit_wall_{};  // the same moment, for the report's clock time
+  Clock::time_point failed_at_{};                            // when failed_rank_ was reaped
+  int first_signal_ = 0;                                     // the first stop signal received, or 0
+  Clock::time_point first_signal_at_{};
+  std::string escalation_;  // the report's line when a second signal cut the grace period short
   bool early_exit_reported_ = false;
   int received_signal_ = 0;
 };
 
 }  // namespace
+
+bool escalates_to_kill(int second, double seconds_later) {
+  // A Ctrl-C by hand comes a noticeable moment after the first; copies from a wrapper within microseconds.
+  return seconds_later >= (second == SIGINT ? kRepeatedInterruptSeconds : kDuplicateSignalSeconds);
+}
+
+StopSignalsDeferred::StopSignalsDeferred() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : kForwardedSignals)
+    sigaddset(&stop, s);
+  sigprocmask(SIG_BLOCK, &stop, &previous_);
+}
+
+StopSignalsDeferred::~StopSignalsDeferred() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : kForwardedSignals) {
+    if (!sigismember(&previous_, s)) sigaddset(&stop, s);
+  }
+  const timespec now{0, 0};
+  while (::sigtimedwait(&stop, nullptr, &now) > 0) {
+  }
+  sigprocmask(SIG_SETMASK, &previous_, nullptr);
+}
 
 SupervisorResult supervise(const SupervisorOptions& options) {
   if (options.ranks.empty()) throw UsageError("supervise: no ranks to start");

@@ -4,6 +4,7 @@
 /// a `[rank N] ` prefix, and stops all of them as soon as one fails or the launcher is interrupted ("first
 /// failure wins"). Torch-free; POSIX only.
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -30,7 +31,8 @@ struct SupervisorOptions {
   std::vector<std::string> argv;
   /// The ranks of this machine.
   std::vector<RankSpec> ranks;
-  /// Seconds between the stop signal (SIGTERM, or the signal the launcher received) and SIGKILL.
+  /// Seconds between the stop signal (SIGTERM, or the signal the launcher received) and SIGKILL. A second
+  /// signal cuts it short (see `supervise`).
   double grace_period_seconds = 3.0;
   /// A rank that exited 0 while others still run this many seconds later is named on stderr (the others are
   /// likely waiting for it in a collective); ranks that finish a few moments apart stay quiet.
@@ -66,10 +68,40 @@ struct SupervisorResult {
 };
 
 /// Runs `options.ranks` to completion. The ranks' stdin is /dev/null (they run in background process groups
-/// so that Ctrl-C reaches only the launcher, which forwards it). SIGINT, SIGTERM and SIGHUP sent to the
-/// launcher while this runs are forwarded to every rank's process group; a second one sends SIGKILL at once.
+/// so that Ctrl-C reaches only the launcher, which forwards it). The first SIGINT, SIGTERM or SIGHUP sent to
+/// the launcher while this runs is forwarded to every rank's process group and starts the grace period, after
+/// which SIGKILL follows. A later signal sends SIGKILL at once when it is a Ctrl-C (SIGINT)
+/// `kRepeatedInterruptSeconds` or more after the first signal, or any signal `kDuplicateSignalSeconds` or
+/// more after it; sooner ones are copies of the first and absorbed (`timeout` sends its signal to the
+/// launcher and to its process group, microseconds apart). A signal that arrives while the ranks are being
+/// started stops the starting: no further rank is forked, and those already started are stopped as above.
 /// Throws accel::LaunchError when the ranks cannot be started (ranks already running are killed first).
 SupervisorResult supervise(const SupervisorOptions& options);
+
+/// A second signal sooner than this after the first is taken for a copy of it (see `supervise`).
+inline constexpr double kDuplicateSignalSeconds = 1.0;
+/// A SIGINT this much later than the first signal or more is a second Ctrl-C (see `supervise`).
+inline constexpr double kRepeatedInterruptSeconds = 0.2;
+
+/// The escalation rule of `supervise`: whether a `second` signal, `seconds_later` after the first stop
+/// signal, kills the ranks at once (true) or is absorbed as a copy of the first (false).
+bool escalates_to_kill(int second, double seconds_later);
+
+/// Blocks SIGINT, SIGTERM and SIGHUP while it lives, so that one arriving meanwhile waits, pending, instead
+/// of ending the launcher by its default action (which would leave the resolved config file behind):
+/// `supervise` unblocks them with its handlers installed and acts on a pending one before it forks a rank.
+/// Its destructor discards those still pending (the ranks are gone by then: nothing is left to stop) and
+/// restores the previous signal mask.
+class StopSignalsDeferred {
+ public:
+  StopSignalsDeferred();
+  ~StopSignalsDeferred();
+  StopSignalsDeferred(const StopSignalsDeferred&) = delete;
+  StopSignalsDeferred& operator=(const StopSignalsDeferred&) = delete;
+
+ private:
+  sigset_t previous_{};
+};
 
 /// The path to execute for `program`: `program` itself when it contains a '/', else the first match in
 /// `$PATH`. Throws accel::LaunchError naming the program when it does not exist, is a directory or is not

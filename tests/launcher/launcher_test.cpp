@@ -77,14 +77,17 @@ struct RunResult {
 // is left, so a failing REQUIRE never leaves processes behind.
 class Launcher {
  public:
-  /// `env`: "NAME=value" to set, "NAME" to unset; `ignored_signals`: ignored on entry, as under nohup.
+  /// `env`: "NAME=value" to set, "NAME" to unset; `ignored_signals`: ignored on entry, as under nohup;
+  /// `wrapper`: a command that runs accel-launch (such as {"timeout", "2"}), found in PATH.
   explicit Launcher(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
-                    const std::vector<int>& ignored_signals = {}) {
+                    const std::vector<int>& ignored_signals = {},
+                    const std::vector<std::string>& wrapper = {}) {
     int out[2];
     int err[2];
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
-    std::vector<std::string> argv_strings = {accel::test::launch_bin()};
+    std::vector<std::string> argv_strings = wrapper;
+    argv_strings.push_back(accel::test::launch_bin());
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& arg : argv_strings)
@@ -108,9 +111,12 @@ class Launcher {
           ::setenv(entry.substr(0, equals).c_str(), entry.c_str() + equals + 1, 1);
         }
       }
+      // As from a terminal, whatever ran this test (a background job ignores SIGINT): only the list ignores.
+      for (int signal_number : {SIGINT, SIGTERM, SIGHUP})
+        ::signal(signal_number, SIG_DFL);
       for (int signal_number : ignored_signals)
         ::signal(signal_number, SIG_IGN);
-      ::execv(argv[0], argv.data());
+      ::execvp(argv[0], argv.data());
       ::_exit(126);
     }
     ::setpgid(pid_, pid_);
@@ -909,4 +915,160 @@ TEST_CASE("launcher: more than 8 ranks per core is refused unless --oversubscrib
   const RunResult forced =
       run({"launch", "--num_processes", "17", "--oversubscribe", "--main_process_port", "0", "/bin/true"});
   CHECK(forced.exit_code == 0);
+}
+
+TEST_CASE(
+    "launcher: copies of a stop signal (as `timeout` sends) wait out the grace period; a later one kills") {
+  using accel::launcher::escalates_to_kill;
+  CHECK_FALSE(escalates_to_kill(SIGTERM, 0.000001));  // timeout: to the launcher, then to its process group
+  CHECK_FALSE(escalates_to_kill(SIGTERM, 0.9));
+  CHECK(escalates_to_kill(SIGTERM, 1.0));
+  CHECK(escalates_to_kill(SIGHUP, 2.0));
+  CHECK_FALSE(escalates_to_kill(SIGINT, 0.01));  // timeout -s INT
+  CHECK(escalates_to_kill(SIGINT, 0.3));         // Ctrl-C twice
+
+  TempDir dir;
+  const std::vector<std::string> args = {"launch", "--num_processes",     "2", "--main_process_port",
+                                         "0",      script("trap_term.sh")};
+  // The ranks save a checkpoint for a second on SIGTERM (TERM_DELAY), then write their marker and exit 0.
+  const std::vector<std::string> env = {"MARKER_DIR=" + dir.str(), "TERM_DELAY=1"};
+  auto both_ready = [](Launcher& launcher) {
+    return launcher.wait_for(
+        [&] {
+          return contains(launcher.out(), "[rank 0] ready\n") && contains(launcher.out(), "[rank 1] ready\n");
+        },
+        20);
+  };
+  SECTION("under timeout -s TERM") {
+    Launcher launcher(args, env, {}, {"timeout", "-s", "TERM", "3"});
+    const RunResult r = launcher.finish();
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_code == 124);  // timeout's own code once its signal ended the command
+    CHECK(fs::exists(dir.path() / "term.0"));
+    CHECK(fs::exists(dir.path() / "term.1"));
+    CHECK_FALSE(contains(r.err, "killed the ranks at once"));
+  }
+  SECTION("a second SIGTERM 0.1 s after the first is absorbed") {
+    Launcher launcher(args, env);
+    REQUIRE(both_ready(launcher));
+    REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+    launcher.wait_for([] { return false; }, 0.1);
+    REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+    const RunResult r = launcher.finish();
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_code == 143);
+    CHECK(fs::exists(dir.path() / "term.0"));
+    CHECK(fs::exists(dir.path() / "term.1"));
+    CHECK(
+        contains(r.err, "accel-launch: received SIGTERM; forwarded it to all 2 rank(s) and stopped them\n"));
+  }
+  SECTION("a second SIGTERM a second later, or a second Ctrl-C, kills at once") {
+    const bool ctrl_c = GENERATE(false, true);
+    const int signal_number = ctrl_c ? SIGINT : SIGTERM;
+    std::vector<std::string> slow = {"MARKER_DIR=" + dir.str(), "TERM_DELAY=8", "ALSO_TRAP=INT"};
+    std::vector<std::string> long_grace = args;
+    long_grace.insert(long_grace.begin() + 1, {"--grace_period", "30"});
+    Launcher launcher(long_grace, slow);
+    REQUIRE(both_ready(launcher));
+    REQUIRE(::kill(launcher.pid(), signal_number) == 0);
+    const auto first = Clock::now();
+    launcher.wait_for([] { return false; }, ctrl_c ? 0.4 : 1.2);
+    REQUIRE(::kill(launcher.pid(), signal_number) == 0);
+    const RunResult r = launcher.finish();
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(std::chrono::duration<double>(Clock::now() - first).count() < (ctrl_c ? 3.0 : 4.0));
+    CHECK(r.exit_code == 128 + signal_number);
+    CHECK(fs::is_empty(dir.path()));  // killed before the checkpoint's end
+    const std::string name = ctrl_c ? "SIGINT" : "SIGTERM";
+    CHECK(
+        std::regex_search(r.err, std::regex("accel-launch: " + name + " [0-9.]+ s after " + name +
+                                            ": killed the ranks at once \\(SIGKILL\\) instead of waiting out "
+                                            "the 30 s grace period\n")));
+  }
+  const RunResult help = run({"launch", "--help"});
+  CHECK(std::regex_search(help.out, std::regex("a second Ctrl-C, or a second\\s+signal 1 s or more after the "
+                                               "first, kills them at once")));
+}
+
+TEST_CASE(
+    "launcher: a stop signal while hundreds of ranks start stops the starting, leaving no config file") {
+  TempDir markers, tmp;
+  // 1000 ranks take a second or more to fork here; the signal comes when the first has started.
+  Launcher launcher({"launch", "--num_processes", "1000", "--oversubscribe", "--main_process_port", "0", "sh",
+                     "-c", "touch \"$MARKER_DIR/started.$RANK\"; exec sleep 30"},
+                    {"MARKER_DIR=" + markers.str(), "TMPDIR=" + tmp.str()});
+  REQUIRE(launcher.wait_for([&] { return fs::exists(markers.path() / "started.0"); }, 20));
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const auto signalled = Clock::now();
+  const RunResult r = launcher.finish();
+  INFO("stderr:\n" << r.err);
+  CHECK(std::chrono::duration<double>(Clock::now() - signalled).count() < 5.0);
+  CHECK(r.exit_code == 143);
+  std::smatch started;
+  REQUIRE(
+      std::regex_search(r.err, started,
+                        std::regex("accel-launch: received SIGTERM while starting the ranks \\(([0-9]+) of "
+                                   "1000 started\\); started no more, forwarded it to those and stopped "
+                                   "them\n")));
+  CHECK(std::stoi(started[1]) < 1000);
+  CHECK(fs::is_empty(tmp.path()));  // the resolved config file is gone
+}
+
+TEST_CASE(
+    "launcher: a stop signal that waited while the launcher prepared is acted on before any rank starts") {
+  TempDir dir;
+  accel::launcher::SupervisorOptions options;
+  options.executable = "/bin/sh";
+  options.argv = {"sh", "-c", "touch \"$0/started\"; sleep 30", dir.str()};
+  for (int rank = 0; rank < 3; ++rank)
+    options.ranks.push_back({rank, rank, {"PATH=/usr/bin:/bin"}});
+  const auto begin = Clock::now();
+  accel::launcher::SupervisorResult result;
+  {
+    const accel::launcher::StopSignalsDeferred deferred;  // as run_launch holds it around the config file
+    REQUIRE(::raise(SIGTERM) == 0);                       // pending, not the default action
+    result = accel::launcher::supervise(options);
+  }
+  CHECK(std::chrono::duration<double>(Clock::now() - begin).count() < 2.0);
+  CHECK(result.interrupted);
+  CHECK(result.exit_code == 143);
+  CHECK(
+      result.report ==
+      "accel-launch: received SIGTERM while starting the ranks (0 of 3 started); started no more, forwarded "
+      "it to those and stopped them\n");
+  CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("launcher: a rank that exited 0 before another failed in a collective is named as the cause") {
+  const std::string collective_failure =
+      "accel: rank 0: all_reduce failed: another rank of the group closed its connection (Connection closed "
+      "by peer): that rank stopped first";
+  const RunResult r =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("early_exit.sh")},
+          {"SLEEP=0.5", "FAIL_LINE=" + collective_failure});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(std::regex_search(
+      r.err,
+      std::regex("accel-launch: rank 1 \\(local rank 1, pid [0-9]+\\) exited with status 0 at "
+                 "[0-9]{2}:[0-9]{2}:[0-9]{2}, [0-9.]+ s before rank 0 failed, while rank 0 waited for it "
+                 "in a collective \\(its error says a peer closed its connection or never arrived\\): "
+                 "rank 1 is the cause, rank 0 only its consequence; every rank must make the same "
+                 "collective calls \\(a rank-dependent return, break or exit skips them\\), so look "
+                 "first at why rank 1 stopped early\naccel-launch: rank 0 \\(local rank 0, pid "
+                 "[0-9]+\\) failed with exit code 1\n")));
+  // A failure that does not say it waited for a peer: the rank that left is named, without a verdict.
+  const RunResult other =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("early_exit.sh")},
+          {"SLEEP=0.5", "FAIL_LINE=out of memory"});
+  CHECK(other.exit_code == 1);
+  CHECK(std::regex_search(
+      other.err, std::regex("exited with status 0 at [0-9:]+, [0-9.]+ s before rank 0 failed, while "
+                            "rank 0 still ran: if rank 0 waited for it in a collective, rank 1 is the "
+                            "cause;")));
+  // A rank that fails while no other has left is reported as before, alone.
+  const RunResult alone =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("fail_rank.sh")},
+          {"FAIL_RANK=1", "FAIL_CODE=3"});
+  CHECK_FALSE(contains(alone.err, "exited with status 0"));
 }
