@@ -12,7 +12,7 @@ import random
 import sysconfig
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "</s>", "<unk>", "<|begin_of_text|>",
-            "<|eot_id|>", "<tool_call>", "<mask>", "ZZword"]
+            "<|eot_id|>", "<tool_call>", "<mask>", "ZZword", "<extra_tok>", "<sep>"]
 
 
 def _read(path, limit):

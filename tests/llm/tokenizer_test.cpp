@@ -164,6 +164,8 @@ TEST_CASE("tokenizer_config.json names the special tokens", "[tokenizer]") {
   CHECK(tok.pad_token_id() == 6);  // added after the vocabulary, as transformers does
   CHECK(tok.encode("b<pad>") == std::vector<int64_t>{1, 6});
   CHECK(tok.decode({2, 1, 6}, true) == "b");  // "ab" became a special token
+  write(dir, "tokenizer_config.json", R"({"split_special_tokens": true})");
+  CHECK_THROWS_WITH(Tokenizer::from_pretrained(dir.path.string()), Contains("split_special_tokens"));
   write(dir, "tokenizer_config.json", R"({"eos_token": 5})");
   CHECK_THROWS_WITH(Tokenizer::from_pretrained(dir.path.string()),
                     Contains("tokenizer_config.json") && Contains("eos_token"));

@@ -174,7 +174,7 @@ def expected_for(tok, texts, rng, transformers_tok=None):
     else:
         with_special = [transformers_tok(t)["input_ids"] for t in texts]
         plain = [transformers_tok(t, add_special_tokens=False)["input_ids"] for t in some]
-    size = tok.get_vocab_size(with_added_tokens=True)
+    size = tok.get_vocab_size(with_added_tokens=True) if transformers_tok is None else len(transformers_tok)
     random_ids = [[rng.randrange(size) for _ in range(rng.randint(1, 40))] for _ in range(400)]
     dec = transformers_tok.decode if transformers_tok is not None else tok.decode
     return {"texts": texts, "ids": with_special, "ids_plain": plain, "size": size,
@@ -237,7 +237,8 @@ def run(checker, texts, root, t0):
                                                 "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>",
                                                 "unk_token": "<unk>", "clean_up_tokenization_spaces": False}),
             ("tf_qwen2_chat", qwen, {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
-                                     "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                     "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "sep_token": "<sep>",
+                                     "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<extra_tok>"],
                                      "clean_up_tokenization_spaces": False}),
             ("tf_llama3_default", by_name["llama3"], {"tokenizer_class": "PreTrainedTokenizerFast",
                                                 "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",

@@ -10,6 +10,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 namespace accel::llm {
 
 struct Tokenizer::Impl {
@@ -98,8 +100,10 @@ void apply_config(Tokenizer::Impl& impl, const detail::TokenizerConfig& config) 
     from_decoder.push_back(token);
   if (!from_decoder.empty()) impl.added.add_tokens(from_decoder, model, normalizer);
   std::vector<detail::AddedToken> named;
-  for (const auto* t : {&config.bos_token, &config.eos_token, &config.unk_token, &config.pad_token}) {
-    if (*t && !impl.added.token_to_id((*t)->content)) named.push_back(**t);
+  for (const auto& t : config.special_tokens) {
+    const bool queued =
+        std::any_of(named.begin(), named.end(), [&](const auto& n) { return n.content == t.content; });
+    if (!queued && !impl.added.token_to_id(t.content)) named.push_back(t);
   }
   if (!named.empty()) impl.added.add_tokens(named, model, normalizer);
   auto id_of = [&](const std::optional<detail::AddedToken>& t) -> std::optional<int64_t> {

@@ -366,6 +366,32 @@ Pipeline read_tokenizer_json(const std::string& path) {
   return p;
 }
 
+// extra_special_tokens (transformers 5), else additional_special_tokens: a list of strings or AddedToken
+// objects, or a dict of named ones (its values).
+void read_extra_special_tokens(const Reader& r, const json& root, std::vector<AddedToken>& out) {
+  const char* key = "extra_special_tokens";
+  if (!root.contains(key) || root.at(key).empty()) key = "additional_special_tokens";
+  if (!root.contains(key) || root.at(key).is_null()) return;
+  const json& list = root.at(key);
+  if (!list.is_array() && !list.is_object())
+    r.fail(key, "expected a list or an object, found " + list.dump());
+  std::size_t i = 0;
+  for (const auto& v : list) {
+    const std::string at = std::string(key) + "[" + std::to_string(i++) + "]";
+    AddedToken t;
+    if (v.is_string()) {
+      t.content = v.get<std::string>();
+      t.normalized = false;
+    } else if (v.is_object()) {
+      t = r.added_token(v, at);
+    } else {
+      r.fail(at, "expected a string or an AddedToken object, found " + v.dump());
+    }
+    t.special = true;
+    out.push_back(t);
+  }
+}
+
 TokenizerConfig read_tokenizer_config(const std::string& path) {
   const json root = parse_file(path);
   Reader r(path);
@@ -399,6 +425,12 @@ TokenizerConfig read_tokenizer_config(const std::string& path) {
   c.eos_token = special("eos_token");
   c.pad_token = special("pad_token");
   c.unk_token = special("unk_token");
+  for (const char* key :
+       {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+    if (auto t = special(key)) c.special_tokens.push_back(*t);
+  read_extra_special_tokens(r, root, c.special_tokens);
+  if (r.flag(root, "split_special_tokens", "", false))
+    r.fail("split_special_tokens", "true is not supported (special tokens are always matched in the text)");
   if (root.contains("added_tokens_decoder") && root.at("added_tokens_decoder").is_object()) {
     for (auto it = root.at("added_tokens_decoder").begin(); it != root.at("added_tokens_decoder").end();
          ++it) {

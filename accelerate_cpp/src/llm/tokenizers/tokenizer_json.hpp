@@ -34,6 +34,9 @@ struct TokenizerConfig {
   std::string tokenizer_class;  // "Fast" suffix removed
   std::optional<bool> add_prefix_space, legacy;
   std::optional<AddedToken> bos_token, eos_token, pad_token, unk_token;
+  /// The named special tokens in transformers' SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk, sep, pad, cls,
+  /// mask), then extra_special_tokens (or its older name additional_special_tokens).
+  std::vector<AddedToken> special_tokens;
   std::vector<std::pair<uint32_t, AddedToken>> added_tokens_decoder;  // sorted by id
 };
 /// Reads tokenizer_config.json. Throws accel::ConfigError (missing file, bad JSON, a key of the wrong type).
