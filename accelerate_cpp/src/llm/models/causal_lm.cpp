@@ -1,0 +1,309 @@
+#include "accel/llm/models/causal_lm.hpp"
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "accel/errors.hpp"
+#include "accel/nn/activation_checkpoint.hpp"
+#include "accel/nn/quant4bit.hpp"
+
+namespace accel::llm {
+namespace {
+
+// transformers' class names per family ("Qwen2Attention", ...): module names for wrapping policies.
+std::string class_name(const ModelConfig& config, const std::string& part) {
+  if (config.model_type == "qwen2") return "Qwen2" + part;
+  if (config.model_type == "qwen3") return "Qwen3" + part;
+  return "Llama" + part;
+}
+
+// Calls the projection registered as `name` under `parent`: a Linear, or what quantize_linears put in its
+// place. Looked up on every call (not held as a member) so that module surgery reaches the forward.
+torch::Tensor project(const torch::nn::Module& parent, const char* name, const torch::Tensor& x) {
+  const auto children = parent.named_children();
+  const auto* child = children.find(name);
+  if (child == nullptr)
+    throw UsageError("accel::llm: module '" + parent.name() + "' has no child '" + name + "'");
+  // at::linear as Python's nn.Linear calls it: LibTorch's LinearImpl::forward adds the bias after the matmul
+  // for inputs of 3 dimensions (a second bf16 rounding), at::linear fuses it (addmm), as transformers
+  // computes.
+  if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child->get()))
+    return torch::linear(x, linear->weight, linear->bias);
+  if (auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get())) return q->forward(x);
+  throw UsageError("accel::llm: '" + std::string(name) + "' of '" + parent.name() + "' is a " +
+                   (*child)->name() +
+                   "; the model's projections must be torch::nn::Linear or quant::Linear4bit");
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const auto half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+torch::Tensor repeat_kv(const torch::Tensor& x, std::int64_t groups) {
+  if (groups == 1) return x;
+  const auto b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, h, groups, s, d}).reshape({b, h * groups, s, d});
+}
+
+void check_config(const ModelConfig& c) {
+  if (c.hidden_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 || c.head_dim <= 0 ||
+      c.num_hidden_layers <= 0 || c.vocab_size <= 0 || c.intermediate_size <= 0)
+    throw UsageError("accel::llm::CausalLM: every size of the ModelConfig must be positive (hidden_size " +
+                     std::to_string(c.hidden_size) + ", num_hidden_layers " +
+                     std::to_string(c.num_hidden_layers) + ", vocab_size " + std::to_string(c.vocab_size) +
+                     ", ...)");
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    throw UsageError("accel::llm::CausalLM: num_key_value_heads " + std::to_string(c.num_key_value_heads) +
+                     " does not divide num_attention_heads " + std::to_string(c.num_attention_heads));
+}
+
+// The boolean attention mask [B, 1, T, past + T] (true = attend) of causal attention over padded rows, or an
+// undefined tensor where SDPA's own causal flag (past == 0) or no mask (T == 1) gives the same.
+torch::Tensor build_mask(const torch::Tensor& attention_mask, std::int64_t batch, std::int64_t length,
+                         std::int64_t past, const torch::Device& device) {
+  const std::int64_t total = past + length;
+  const bool padded = attention_mask.defined() && !attention_mask.to(torch::kBool).all().item<bool>();
+  if (!padded && (past == 0 || length == 1)) return {};
+  if (attention_mask.defined() && attention_mask.size(-1) != total)
+    throw UsageError("accel::llm: attention_mask has " + std::to_string(attention_mask.size(-1)) +
+                     " columns but the cache and the input hold " + std::to_string(total) + " positions");
+  const auto q = torch::arange(past, total, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  const auto k = torch::arange(total, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto mask = (k.unsqueeze(0) <= q.unsqueeze(1)).view({1, 1, length, total});
+  if (padded) mask = mask & attention_mask.to(device).to(torch::kBool).view({batch, 1, 1, total});
+  return mask.expand({batch, 1, length, total});
+}
+
+}  // namespace
+
+std::int64_t KVCache::seq_length() const {
+  return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2);
+}
+
+void KVCache::select_rows(const torch::Tensor& index) {
+  for (auto* list : {&keys, &values})
+    for (auto& t : *list)
+      if (t.defined()) t = t.index_select(0, index.to(t.device()));
+}
+
+RMSNormImpl::RMSNormImpl(std::int64_t size, double eps, const std::string& class_name)
+    : torch::nn::Module(class_name), eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  auto h = x.to(torch::kFloat32);
+  const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(dtype);
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c, std::int64_t layer_index)
+    : torch::nn::Module(class_name(c, "Attention")),
+      layer_index_(layer_index),
+      num_heads_(c.num_attention_heads),
+      num_kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      qk_norm_(c.qk_norm) {
+  using torch::nn::LinearOptions;
+  const auto q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  register_module("q_proj", torch::nn::Linear(LinearOptions(c.hidden_size, q).bias(c.qkv_bias)));
+  register_module("k_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv).bias(c.qkv_bias)));
+  register_module("v_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv).bias(c.qkv_bias)));
+  register_module("o_proj", torch::nn::Linear(LinearOptions(q, c.hidden_size).bias(c.o_bias)));
+  if (qk_norm_) {
+    register_module("q_norm", RMSNorm(c.head_dim, c.rms_norm_eps, class_name(c, "RMSNorm")));
+    register_module("k_norm", RMSNorm(c.head_dim, c.rms_norm_eps, class_name(c, "RMSNorm")));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                     const torch::Tensor& sin, const torch::Tensor& mask, KVCache* cache) {
+  const auto batch = x.size(0), length = x.size(1);
+  auto q = project(*this, "q_proj", x).view({batch, length, -1, head_dim_});
+  auto k = project(*this, "k_proj", x).view({batch, length, -1, head_dim_});
+  auto v = project(*this, "v_proj", x).view({batch, length, -1, head_dim_}).transpose(1, 2);
+  if (qk_norm_) {
+    const auto children = named_children();
+    q = std::static_pointer_cast<RMSNormImpl>(children["q_norm"])->forward(q);
+    k = std::static_pointer_cast<RMSNormImpl>(children["k_norm"])->forward(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  q = q * c + rotate_half(q) * s;
+  k = k * c + rotate_half(k) * s;
+  if (cache != nullptr) {
+    if (cache->keys.size() <= static_cast<std::size_t>(layer_index_)) {
+      cache->keys.resize(layer_index_ + 1);
+      cache->values.resize(layer_index_ + 1);
+    }
+    auto& ck = cache->keys[layer_index_];
+    auto& cv = cache->values[layer_index_];
+    ck = ck.defined() ? torch::cat({ck, k}, 2) : k;
+    cv = cv.defined() ? torch::cat({cv, v}, 2) : v;
+    k = ck;
+    v = cv;
+  }
+  const auto groups = num_heads_ / num_kv_heads_;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  torch::Tensor out;
+  if (mask.defined()) {
+    // With a mask, SDPA's CPU kernels take repeated heads (as transformers does).
+    out = torch::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, 0.0, false,
+                                              scale);
+  } else {
+    out = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, length > 1, scale, groups > 1);
+  }
+  out = out.transpose(1, 2).reshape({batch, length, -1});
+  return project(*this, "o_proj", out);
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) : torch::nn::Module(class_name(c, "MLP")) {
+  using torch::nn::LinearOptions;
+  register_module("gate_proj",
+                  torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  register_module("up_proj",
+                  torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  register_module("down_proj",
+                  torch::nn::Linear(LinearOptions(c.intermediate_size, c.hidden_size).bias(c.mlp_bias)));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return project(*this, "down_proj",
+                 torch::silu(project(*this, "gate_proj", x)) * project(*this, "up_proj", x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, std::int64_t layer_index)
+    : torch::nn::Module(c.decoder_layer_class()) {
+  register_module("self_attn", Attention(c, layer_index));
+  register_module("mlp", Mlp(c));
+  register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, class_name(c, "RMSNorm")));
+  register_module("post_attention_layernorm",
+                  RMSNorm(c.hidden_size, c.rms_norm_eps, class_name(c, "RMSNorm")));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, const torch::Tensor& mask, KVCache* cache) {
+  if (cache == nullptr && gradient_checkpointing()) {
+    // cos, sin and the mask need no gradient: captured, not inputs.
+    return checkpointed_call(
+        [=](const torch::Tensor& h) { return forward_block(h, cos, sin, mask, nullptr); }, x, is_training());
+  }
+  return forward_block(x, cos, sin, mask, cache);
+}
+
+torch::Tensor DecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
+                                              const torch::Tensor& sin, const torch::Tensor& mask,
+                                              KVCache* cache) {
+  const auto children = named_children();
+  auto norm = [&](const char* name, const torch::Tensor& h) {
+    return std::static_pointer_cast<RMSNormImpl>(children[name])->forward(h);
+  };
+  auto h = x + std::static_pointer_cast<AttentionImpl>(children["self_attn"])
+                   ->forward(norm("input_layernorm", x), cos, sin, mask, cache);
+  return h + std::static_pointer_cast<MlpImpl>(children["mlp"])->forward(norm("post_attention_layernorm", h));
+}
+
+DecoderModelImpl::DecoderModelImpl(const ModelConfig& c)
+    : torch::nn::Module(class_name(c, "Model")), rotary_(rotary_tables(c)) {
+  auto options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size)
+    options.padding_idx(*c.pad_token_id);  // as transformers: the pad row gets no gradient
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(options));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers->push_back(DecoderLayer(c, i));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, class_name(c, "RMSNorm")));
+}
+
+torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                        const torch::Tensor& position_ids, KVCache* cache) {
+  if (input_ids.dim() != 2)
+    throw UsageError("accel::llm: input_ids must be [batch, length], got " + std::to_string(input_ids.dim()) +
+                     " dimensions");
+  const auto batch = input_ids.size(0), length = input_ids.size(1);
+  const std::int64_t past = cache != nullptr ? cache->seq_length() : 0;
+  auto h = embed_tokens->forward(input_ids);
+  const auto device = h.device();
+  auto positions =
+      position_ids.defined()
+          ? position_ids.to(device)
+          : torch::arange(past, past + length, torch::TensorOptions().dtype(torch::kInt64).device(device))
+                .unsqueeze(0);
+  // cos/sin as transformers' RotaryEmbedding: float32 products, scaled, then cast to the hidden dtype.
+  const auto freqs = positions.unsqueeze(-1).to(torch::kFloat32) * rotary_.inv_freq.to(device);
+  const auto emb = torch::cat({freqs, freqs}, -1);
+  const auto cos = (emb.cos() * rotary_.attention_scaling).to(h.scalar_type());
+  const auto sin = (emb.sin() * rotary_.attention_scaling).to(h.scalar_type());
+  const auto mask = build_mask(attention_mask, batch, length, past, device);
+  for (const auto& module : *layers) {
+    auto* layer = module->as<DecoderLayerImpl>();
+    if (layer == nullptr)
+      throw UsageError("accel::llm: model.layers holds a " + module->name() + ", not a block");
+    h = layer->forward(h, cos, sin, mask, cache);
+  }
+  return norm->forward(h);
+}
+
+void DecoderModelImpl::gradient_checkpointing_enable(bool enable) {
+  for (const auto& module : *layers) {
+    if (auto* layer = module->as<DecoderLayerImpl>()) {
+      if (enable) {
+        layer->gradient_checkpointing_enable();
+      } else {
+        layer->gradient_checkpointing_disable();
+      }
+    }
+  }
+}
+
+CausalLMImpl::CausalLMImpl(const ModelConfig& c) : torch::nn::Module(c.architecture()), config_(c) {
+  check_config(c);
+  model = register_module("model", DecoderModel(c));
+  if (!c.tie_word_embeddings)
+    register_module("lm_head",
+                    torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+}
+
+torch::Tensor CausalLMImpl::output_weight() const {
+  if (config_.tie_word_embeddings) return model->embed_tokens->weight;
+  const auto children = named_children();
+  auto* linear = dynamic_cast<torch::nn::LinearImpl*>(children["lm_head"].get());
+  if (linear == nullptr)
+    throw UsageError("accel::llm::CausalLM::output_weight: lm_head is no longer a Linear");
+  return linear->weight;
+}
+
+torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                    const torch::Tensor& position_ids, KVCache* cache) {
+  const auto h = model->forward(input_ids, attention_mask, position_ids, cache);
+  if (config_.tie_word_embeddings) return torch::linear(h, model->embed_tokens->weight);
+  return project(*this, "lm_head", h);
+}
+
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                             std::optional<std::int64_t> num_items_in_batch, std::int64_t ignore_index) {
+  if (logits.dim() != 3 || labels.dim() != 2 || logits.size(0) != labels.size(0) ||
+      logits.size(1) != labels.size(1))
+    throw UsageError(
+        "accel::llm::causal_lm_loss: logits must be [B, T, V] and labels [B, T] of the same B and T");
+  const auto vocab = logits.size(-1);
+  const auto shifted = torch::constant_pad_nd(labels, {0, 1}, ignore_index)
+                           .slice(1, 1)
+                           .contiguous()
+                           .view(-1)
+                           .to(logits.device());
+  namespace F = torch::nn::functional;
+  const auto flat = logits.to(torch::kFloat32).view({-1, vocab});
+  if (!num_items_in_batch)
+    return F::cross_entropy(flat, shifted, F::CrossEntropyFuncOptions().ignore_index(ignore_index));
+  return F::cross_entropy(flat, shifted,
+                          F::CrossEntropyFuncOptions().ignore_index(ignore_index).reduction(torch::kSum)) /
+         static_cast<double>(*num_items_in_batch);
+}
+
+}  // namespace accel::llm

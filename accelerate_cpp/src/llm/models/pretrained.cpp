@@ -1,0 +1,236 @@
+// from_pretrained / save_pretrained: Hugging Face's checkpoint layout (config.json, model.safetensors or
+// model.safetensors.index.json with its shards), read through memory-mapped safetensors files.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "accel/checkpoint/safetensors.hpp"
+#include "accel/errors.hpp"
+#include "accel/llm/models/causal_lm.hpp"
+#include "config/small_file.hpp"
+
+namespace accel::llm {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = accel::safetensors;
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::optional<torch::ScalarType> torch_type(st::DType dtype) {
+  switch (dtype) {
+    case st::DType::F32:
+      return torch::kFloat32;
+    case st::DType::BF16:
+      return torch::kBFloat16;
+    case st::DType::F16:
+      return torch::kFloat16;
+    case st::DType::F64:
+      return torch::kFloat64;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Where each tensor of a checkpoint lives: the mapped files and, per tensor name, the file holding it.
+struct Checkpoint {
+  std::vector<std::unique_ptr<st::File>> files;
+  std::map<std::string, const st::File*> where;
+  std::string description;  // "model.safetensors" or the index, for messages
+};
+
+Checkpoint open_sharded(const fs::path& index_path) {
+  Checkpoint ckpt;
+  ckpt.description = index_path.string();
+  const auto text = config_detail::read_small_file(index_path.string(), 64u << 20);
+  if (!text.error.empty()) throw CheckpointError("cannot read '" + index_path.string() + "': " + text.error);
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(text.text);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("'" + index_path.string() + "' is not valid JSON (" + e.what() + ")");
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw CheckpointError("'" + index_path.string() +
+                          "' has no \"weight_map\" object mapping tensors to shards");
+  std::map<std::string, const st::File*> by_file;
+  for (const auto& item : index["weight_map"].items()) {
+    if (!item.value().is_string())
+      throw CheckpointError("'" + index_path.string() + "': weight_map[\"" + item.key() +
+                            "\"] is not a file name");
+    const std::string shard = item.value().get<std::string>();
+    auto found = by_file.find(shard);
+    if (found == by_file.end()) {
+      const fs::path shard_path = index_path.parent_path() / shard;
+      if (!fs::exists(shard_path))
+        throw CheckpointError("shard '" + shard_path.string() + "' named in '" + index_path.string() +
+                              "' (for tensor '" + item.key() +
+                              "') does not exist; the checkpoint is incomplete");
+      ckpt.files.push_back(std::make_unique<st::File>(st::File::map(shard_path.string())));
+      found = by_file.emplace(shard, ckpt.files.back().get()).first;
+    }
+    if (!found->second->contains(item.key()))
+      throw CheckpointError("'" + found->second->path() + "' has no tensor '" + item.key() + "', which '" +
+                            index_path.string() + "' says it holds");
+    ckpt.where[item.key()] = found->second;
+  }
+  return ckpt;
+}
+
+Checkpoint open_checkpoint(const fs::path& dir) {
+  const fs::path single = dir / "model.safetensors";
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) return open_sharded(index);
+  if (!fs::exists(single))
+    throw CheckpointError("'" + dir.string() +
+                          "' holds neither model.safetensors nor model.safetensors.index.json; "
+                          "save the model with save_pretrained (safetensors) first");
+  Checkpoint ckpt;
+  ckpt.description = single.string();
+  ckpt.files.push_back(std::make_unique<st::File>(st::File::map(single.string())));
+  for (const auto& name : ckpt.files[0]->names())
+    ckpt.where[name] = ckpt.files[0].get();
+  return ckpt;
+}
+
+// Checkpoint tensors the model may lack: the tied head (written by some exporters) and old rotary buffers.
+bool ignorable(const std::string& name, const ModelConfig& config) {
+  if (name == "lm_head.weight" && config.tie_word_embeddings) return true;
+  return name.size() > 21 && name.compare(name.size() - 21, 21, "rotary_emb.inv_freq") == 0;
+}
+
+// Every parameter present with its shape and a floating dtype, and nothing else: checked before a byte moves.
+void check_tensors(const Checkpoint& ckpt, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                   const ModelConfig& config) {
+  std::set<std::string> expected;
+  for (const auto& [name, param] : params) {
+    expected.insert(name);
+    auto found = ckpt.where.find(name);
+    if (found == ckpt.where.end())
+      throw CheckpointError("checkpoint '" + ckpt.description + "' has no tensor '" + name + "', which the " +
+                            config.architecture() +
+                            " of config.json needs; the checkpoint belongs to another "
+                            "model or is incomplete");
+    const auto& info = found->second->info(name);
+    if (info.shape != param.sizes().vec())
+      throw CheckpointError("tensor '" + name + "' in '" + found->second->path() + "' has shape " +
+                            shape_text(info.shape) + " but config.json makes it " +
+                            shape_text(param.sizes().vec()) +
+                            "; the checkpoint and its config.json do not match");
+    if (!torch_type(info.dtype))
+      throw CheckpointError("tensor '" + name + "' in '" + found->second->path() + "' has dtype " +
+                            st::dtype_name(info.dtype) + "; model weights must be F32, BF16, F16 or F64");
+  }
+  for (const auto& [name, file] : ckpt.where) {
+    if (expected.count(name) == 0 && !ignorable(name, config))
+      throw CheckpointError("tensor '" + name + "' in '" + file->path() + "' is not a parameter of the " +
+                            config.architecture() +
+                            " that config.json describes; the checkpoint and its "
+                            "config.json do not match");
+  }
+}
+
+// The scalar type the loaded model gets.
+torch::ScalarType resolve_dtype(const LoadOptions& options, const ModelConfig& config) {
+  if (options.dtype_) {
+    const auto t = *options.dtype_;
+    if (t != torch::kFloat32 && t != torch::kBFloat16 && t != torch::kFloat16)
+      throw UsageError("accel::llm::from_pretrained: dtype must be float32, bfloat16 or float16");
+    return t;
+  }
+  if (config.dtype == "bfloat16") return torch::kBFloat16;
+  if (config.dtype == "float16") return torch::kFloat16;
+  return torch::kFloat32;
+}
+
+// Builds the model with its parameters created directly in `dtype` (no float32 copy of a bf16 model).
+CausalLM build(const ModelConfig& config, torch::ScalarType dtype) {
+  const auto previous = c10::get_default_dtype();
+  c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
+  try {
+    CausalLM model(config);
+    c10::set_default_dtype(previous);
+    return model;
+  } catch (...) {
+    c10::set_default_dtype(previous);
+    throw;
+  }
+}
+
+}  // namespace
+
+CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw CheckpointError("model directory '" + dir + "' does not exist or is not a directory");
+  const ModelConfig config = ModelConfig::from_file((root / "config.json").string());
+  const Checkpoint ckpt = open_checkpoint(root);
+  const auto dtype = resolve_dtype(options, config);
+  CausalLM model = build(config, dtype);
+  const auto params = model->named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, torch::Tensor>> list;
+  for (const auto& item : params)
+    list.emplace_back(item.key(), item.value());
+  check_tensors(ckpt, list, config);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, param] : list) {
+    const st::File* file = ckpt.where.at(name);
+    const auto& info = file->info(name);
+    // The mapped bytes, viewed in place and converted as they are copied (one tensor's pages at a time).
+    const auto source = torch::from_blob(const_cast<std::uint8_t*>(file->data(name)), info.shape,
+                                         torch::TensorOptions().dtype(*torch_type(info.dtype)));
+    param.copy_(source);
+  }
+  if (options.device_ != torch::kCPU) model->to(options.device_);
+  return model;
+}
+
+void save_pretrained(const CausalLM& model, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError("cannot create '" + dir + "': " + ec.message());
+  std::vector<torch::Tensor> keep;  // contiguous CPU copies, alive until written
+  std::vector<st::TensorView> views;
+  std::string dtype_name;
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    auto t = item.value().detach().to(torch::kCPU).contiguous();
+    st::DType dtype = st::DType::F32;
+    if (t.scalar_type() == torch::kBFloat16) {
+      dtype = st::DType::BF16;
+      dtype_name = "bfloat16";
+    } else if (t.scalar_type() == torch::kFloat16) {
+      dtype = st::DType::F16;
+      dtype_name = "float16";
+    } else if (t.scalar_type() != torch::kFloat32) {
+      throw UsageError("accel::llm::save_pretrained: parameter '" + item.key() + "' is " +
+                       std::string(c10::toString(t.scalar_type())) +
+                       "; save float32, bfloat16 or float16 models");
+    } else if (dtype_name.empty()) {
+      dtype_name = "float32";
+    }
+    keep.push_back(t);
+    views.push_back({item.key(), dtype, t.sizes().vec(), t.data_ptr(), t.nbytes()});
+  }
+  st::write_file((fs::path(dir) / "model.safetensors").string(), views, {{"format", "pt"}});
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  std::ofstream out(config_path, std::ios::trunc);
+  out << model->config().to_json(dtype_name);
+  out.close();
+  if (!out)
+    throw CheckpointError("cannot write '" + config_path + "'; check free disk space and permissions");
+}
+
+}  // namespace accel::llm

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# accel::llm models against transformers (tests/llm/models_reference.py), in three steps:
+# 1. Python makes tiny random Llama / Qwen2 / Qwen3 models and what transformers computes on them;
+# 2. accel_llm_models_tests "[.hf]" loads them, compares logits, loss and greedy tokens, and save_pretrained's
+#    each model again (cpp_saved);
+# 3. Python loads those with transformers and compares their logits with the reference.
+#   models_crosscheck.sh <accel_llm_models_tests> <python>   (exit 77 = skipped: transformers not importable)
+set -euo pipefail
+tests=$1 python=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+script=$(dirname "$0")/models_reference.py
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+"$python" "$script" make "$dir"
+if ! ACCEL_LLM_REF_DIR=$dir "$tests" "[.hf]" --use-colour no > "$dir/hf.log" 2>&1; then
+  cat "$dir/hf.log"
+  exit 1
+fi
+grep -E "^hf:|passed" "$dir/hf.log"
+"$python" "$script" check "$dir"

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Reference side of the accel::llm model checks (tests/llm/models_crosscheck.sh runs it).
+
+  models_reference.py make OUT    makes tiny random Llama / Qwen2 / Qwen3 models with transformers, saves them
+                                  (one also sharded, one with an old-style config.json), and writes what
+                                  transformers computes on them: logits (fp32, bf16), a padded batch, the loss,
+                                  greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
+  models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
+                                  (OUT/<name>/cpp_saved) and compares its logits with the reference.
+Exit 77 when transformers or safetensors is not importable (reported as skipped).
+"""
+import json
+import os
+import sys
+
+try:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+except ImportError as e:  # pragma: no cover
+    print(f"models_reference.py: {e}; skipped")
+    sys.exit(77)
+
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
+NEW_TOKENS = 32
+SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=128, rms_norm_eps=1e-6, eos_token_id=None, bos_token_id=None,
+             pad_token_id=None)
+
+
+def models():
+    """name -> (model class, config). Every family, tied and untied, GQA, biases, q/k norms, rope scalings."""
+    return {
+        "qwen2_tied": (Qwen2ForCausalLM, Qwen2Config(**SMALL, num_key_value_heads=2, tie_word_embeddings=True)),
+        "qwen2_untied": (Qwen2ForCausalLM, Qwen2Config(**SMALL, num_key_value_heads=2, tie_word_embeddings=False)),
+        "qwen2_yarn": (Qwen2ForCausalLM, Qwen2Config(
+            **SMALL, num_key_value_heads=1, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 32})),
+        "llama3": (LlamaForCausalLM, LlamaConfig(
+            **SMALL, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+        "llama_linear_oldconfig": (LlamaForCausalLM, LlamaConfig(
+            **SMALL, num_key_value_heads=4, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=32,
+                                                tie_word_embeddings=True)),
+    }
+
+
+def old_style_config(path):
+    """Rewrites a config.json as transformers 4 wrote it: rope_theta + rope_scaling {"type"}, torch_dtype."""
+    with open(path) as f:
+        config = json.load(f)
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    rope["type"] = rope.pop("rope_type")
+    config["rope_scaling"] = rope
+    config["torch_dtype"] = config.pop("dtype", "float32")
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def make(out):
+    torch.manual_seed(0)
+    names = []
+    for name, (cls, config) in models().items():
+        model = cls(config).eval()
+        # Random weights with some spread (the default init gives near-uniform logits, a weak check).
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.2 if p.dim() > 1 else 0.5)
+                if p.dim() == 1 and "norm" in [n for n, q in model.named_parameters() if q is p][0]:
+                    p.add_(1.0)
+        d = os.path.join(out, name)
+        model.save_pretrained(os.path.join(d, "model"))
+        if name.endswith("oldconfig"):
+            old_style_config(os.path.join(d, "model", "config.json"))
+        if name == "qwen2_untied":
+            model.save_pretrained(os.path.join(d, "sharded"), max_shard_size=20000)
+        g = torch.Generator().manual_seed(len(names) + 1)
+        ids = torch.randint(1, config.vocab_size, (2, 24), generator=g)
+        ref = {"input_ids": ids}
+        with torch.no_grad():
+            ref["logits"] = model(ids).logits
+            # A left-padded batch: row 1 has 5 pads, positions counted from its first real token.
+            mask = torch.ones_like(ids)
+            mask[1, :5] = 0
+            padded = ids.masked_fill(mask == 0, 0)
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            ref["padded_ids"], ref["padded_mask"], ref["padded_positions"] = padded, mask, positions
+            ref["padded_logits"] = model(padded, attention_mask=mask, position_ids=positions).logits
+            labels = ids.clone()
+            labels[0, :3] = -100
+            labels[1, 10:] = -100
+            ref["labels"] = labels
+            ref["loss"] = model(ids, labels=labels).loss.reshape(1)
+            gen = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                       eos_token_id=None)
+            ref["greedy"] = model.generate(ids[:1, :7], attention_mask=torch.ones(1, 7, dtype=torch.long), **gen)[0, 7:]
+            batch = torch.zeros(2, 7, dtype=torch.long)
+            batch_mask = torch.zeros(2, 7, dtype=torch.long)
+            batch[0], batch_mask[0] = ids[0, :7], 1
+            batch[1, 3:], batch_mask[1, 3:] = ids[1, :4], 1
+            ref["batch_greedy"] = model.generate(batch, attention_mask=batch_mask, **gen)[:, 7:]
+            if name == "qwen2_untied":
+                # As a user loads a bf16 model (model.to(bfloat16) would also round the rotary inv_freq buffer).
+                bf16 = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.bfloat16).eval()
+                ref["logits_bf16"] = bf16(ids).logits.float()
+        save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(d, "reference.safetensors"))
+        names.append(name)
+    with open(os.path.join(out, "models.txt"), "w") as f:
+        f.write("\n".join(names) + "\n")
+    print(f"reference: {len(names)} models made with transformers ({', '.join(names)})")
+
+
+def check(out):
+    with open(os.path.join(out, "models.txt")) as f:
+        names = f.read().split()
+    worst = 0.0
+    for name in names:
+        d = os.path.join(out, name)
+        ref = load_file(os.path.join(d, "reference.safetensors"))
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "cpp_saved"), dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(ref["input_ids"]).logits
+        diff = (logits - ref["logits"]).abs().max().item()
+        worst = max(worst, diff)
+        if diff > 1e-5:
+            print(f"check: {name}: transformers' logits of accel-cpp's save_pretrained differ by {diff}")
+            sys.exit(1)
+    print(f"check: {len(names)} models saved by accel::llm::save_pretrained load in transformers, "
+          f"max |logits - reference| = {worst:.3g}")
+
+
+if __name__ == "__main__":
+    {"make": make, "check": check}[sys.argv[1]](sys.argv[2])

@@ -1,0 +1,444 @@
+// accel::llm models: config.json parsing, checkpoints (load, save, bad input), the KV cache, padding and
+// generation. The comparison with transformers is [.hf] (run by models_crosscheck.sh after
+// models_reference.py has made the reference).
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/errors.hpp>
+#include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/models/generation.hpp>
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "temp_dir.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using accel::llm::CausalLM;
+using accel::llm::ModelConfig;
+using Catch::Matchers::Contains;
+
+std::string tiny_json(const std::string& model_type, const std::string& extra = "") {
+  return R"({"model_type": ")" + model_type +
+         R"(", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+      "tie_word_embeddings": false)" +
+         extra + "}";
+}
+
+ModelConfig tiny(const std::string& model_type, const std::string& extra = "") {
+  return ModelConfig::from_json(tiny_json(model_type, extra), "tiny.json");
+}
+
+std::string config_error(const std::string& text) {
+  try {
+    ModelConfig::from_json(text, "/models/x/config.json");
+  } catch (const accel::ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string checkpoint_error(const std::string& dir) {
+  try {
+    accel::llm::from_pretrained(dir);
+  } catch (const accel::CheckpointError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+CausalLM random_model(const ModelConfig& config, std::uint64_t seed = 3) {
+  torch::manual_seed(seed);
+  CausalLM model(config);
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters())
+    p.normal_(0.0, 0.3);
+  model->eval();
+  return model;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+}  // namespace
+
+TEST_CASE("ModelConfig reads the three families and both rope spellings", "[llm][models]") {
+  const auto qwen2 = tiny("qwen2");
+  CHECK(qwen2.qkv_bias);
+  CHECK_FALSE(qwen2.o_bias);
+  CHECK_FALSE(qwen2.qk_norm);
+  CHECK(qwen2.head_dim == 8);
+  CHECK(qwen2.decoder_layer_class() == "Qwen2DecoderLayer");
+  const auto qwen3 = tiny("qwen3", R"(, "head_dim": 16, "attention_bias": true)");
+  CHECK(qwen3.qk_norm);
+  CHECK(qwen3.head_dim == 16);
+  CHECK(qwen3.o_bias);
+  const auto llama_new = tiny("llama", R"(, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})");
+  CHECK(llama_new.rope.rope_type == "llama3");
+  CHECK(llama_new.rope.rope_theta == 500000.0);
+  CHECK(*llama_new.rope.original_max_position_embeddings == 16);
+  const auto llama_old = tiny("llama", R"(, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+      "torch_dtype": "bfloat16", "eos_token_id": [3, 4])");
+  CHECK(llama_old.rope.rope_type == "llama3");
+  CHECK(llama_old.rope.rope_theta == 500000.0);
+  CHECK(llama_old.dtype == "bfloat16");
+  CHECK(llama_old.eos_token_ids == std::vector<std::int64_t>{3, 4});
+  // The Qwen2.5 config.json shape: sliding_window set but unused, rope_scaling null.
+  const auto qwen25 = tiny("qwen2", R"(, "sliding_window": 32768, "use_sliding_window": false,
+      "rope_scaling": null, "rope_theta": 1000000.0, "architectures": ["Qwen2ForCausalLM"])");
+  CHECK(qwen25.rope.rope_type == "default");
+  CHECK(qwen25.rope.rope_theta == 1000000.0);
+  // to_json reads back to the same architecture.
+  const auto again = ModelConfig::from_json(llama_new.to_json(), "again.json");
+  CHECK(again.rope.rope_type == "llama3");
+  CHECK(again.rope.factor == llama_new.rope.factor);
+  CHECK(again.head_dim == llama_new.head_dim);
+}
+
+TEST_CASE("ModelConfig refuses what it does not implement, naming the file and the key", "[llm][models]") {
+  CHECK_THAT(config_error(tiny_json("mistral")), Contains("/models/x/config.json") &&
+                                                     Contains("\"model_type\"") && Contains("mistral") &&
+                                                     Contains("llama, qwen2, qwen3"));
+  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "use_sliding_window": true)")),
+             Contains("\"use_sliding_window\"") && Contains("not implemented"));
+  CHECK_THAT(config_error(tiny_json("llama", R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})")),
+             Contains("rope_scaling.rope_type") && Contains("dynamic"));
+  CHECK_THAT(
+      config_error(tiny_json("llama", R"(, "rope_scaling": {"type": "linear", "factor": 2.0, "beta": 1})")),
+      Contains("rope_scaling.beta") && Contains("linear"));
+  CHECK_THAT(config_error(tiny_json("llama", R"(, "hidden_act": "gelu")")),
+             Contains("\"hidden_act\"") && Contains("gelu"));
+  CHECK_THAT(config_error(tiny_json("llama", R"(, "moe_num_experts": 8)")),
+             Contains("\"moe_num_experts\"") && Contains("/models/x/config.json"));
+  CHECK_THAT(config_error(R"({"model_type": "qwen2", "vocab_size": 10})"),
+             Contains("\"hidden_size\" is missing"));
+  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "num_key_value_heads": 3)")),
+             Contains("num_key_value_heads"));
+  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "torch_dtype": "int8")")), Contains("\"torch_dtype\""));
+}
+
+TEST_CASE("Parameter names are transformers'; tied embeddings are listed once", "[llm][models]") {
+  CausalLM untied(tiny("qwen3"));
+  const auto names = untied->named_parameters().keys();
+  const std::vector<std::string> expected_some = {"model.embed_tokens.weight",
+                                                  "model.layers.0.self_attn.q_proj.weight",
+                                                  "model.layers.0.self_attn.q_norm.weight",
+                                                  "model.layers.1.self_attn.k_norm.weight",
+                                                  "model.layers.1.mlp.down_proj.weight",
+                                                  "model.layers.1.post_attention_layernorm.weight",
+                                                  "model.norm.weight",
+                                                  "lm_head.weight"};
+  for (const auto& n : expected_some)
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  CHECK(names.size() ==
+        1 + 2 * 11 + 1 + 1);  // embed, 2 x (4 proj + 2 qk norms + 3 mlp + 2 norms), norm, head
+  CausalLM tied(tiny("qwen2", R"(, "tie_word_embeddings": true)"));
+  const auto tied_names = tied->named_parameters().keys();
+  CHECK(std::find(tied_names.begin(), tied_names.end(), "lm_head.weight") == tied_names.end());
+  CHECK(std::find(tied_names.begin(), tied_names.end(), "model.layers.0.self_attn.q_proj.bias") !=
+        tied_names.end());
+  CHECK(tied->model->layers[0]->name() == "Qwen2DecoderLayer");
+}
+
+TEST_CASE("save_pretrained / from_pretrained round trip, KV cache and padding", "[llm][models]") {
+  accel::test::TempDir dir;
+  auto model = random_model(tiny("llama", R"(, "tie_word_embeddings": true, "attention_bias": true)"));
+  accel::llm::save_pretrained(model, dir.path.string());
+  auto loaded = accel::llm::from_pretrained(dir.path.string());
+  loaded->eval();
+  const auto a = model->named_parameters();
+  const auto b = loaded->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (const auto& item : a)
+    CHECK(torch::equal(item.value(), b[item.key()]));
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::randint(1, 64, {2, 10}, torch::kInt64);
+  const auto full = loaded->forward(ids);
+  CHECK(max_diff(full, model->forward(ids)) == 0.0);
+
+  SECTION("decoding with the cache equals the full forward") {
+    accel::llm::KVCache cache;
+    auto first = loaded->forward(ids.slice(1, 0, 6), {}, {}, &cache);
+    CHECK(cache.seq_length() == 6);
+    auto second = loaded->forward(ids.slice(1, 6, 8), {}, {}, &cache);  // two positions at once
+    auto third = loaded->forward(ids.slice(1, 8, 10), torch::ones({2, 10}, torch::kInt64), {}, &cache);
+    CHECK(max_diff(torch::cat({first, second, third}, 1), full) < 1e-5);
+  }
+  SECTION("a left-padded row with its positions equals the row alone") {
+    auto mask = torch::ones({2, 10}, torch::kInt64);
+    mask[1].slice(0, 0, 4).fill_(0);
+    const auto padded = ids.masked_fill(mask == 0, 0);
+    const auto positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0);
+    const auto out = loaded->forward(padded, mask, positions);
+    CHECK(max_diff(out[0], full[0]) < 1e-5);
+    const auto alone = loaded->forward(ids[1].slice(0, 4).unsqueeze(0));
+    CHECK(max_diff(out[1].slice(0, 4), alone[0]) < 1e-5);
+    CHECK_FALSE(torch::isnan(out).any().item<bool>());
+  }
+  SECTION("bf16 loading keeps the checkpoint's values to bf16 rounding") {
+    auto bf16 =
+        accel::llm::from_pretrained(dir.path.string(), accel::llm::LoadOptions().dtype(torch::kBFloat16));
+    for (const auto& p : bf16->parameters())
+      CHECK(p.scalar_type() == torch::kBFloat16);
+    CHECK(torch::equal(bf16->model->norm->weight, model->model->norm->weight.to(torch::kBFloat16)));
+  }
+}
+
+TEST_CASE("Bad checkpoints are refused naming the file and the tensor", "[llm][models]") {
+  accel::test::TempDir dir;
+  auto model = random_model(tiny("qwen2"));
+  const fs::path good = dir.path / "good";
+  accel::llm::save_pretrained(model, good.string());
+  auto copy = [&](const std::string& name) {
+    const fs::path to = dir.path / name;
+    fs::copy(good, to, fs::copy_options::recursive);
+    return to;
+  };
+  auto rewrite = [&](const fs::path& to, auto&& change) {
+    const auto file = accel::safetensors::File::open((to / "model.safetensors").string());
+    std::vector<torch::Tensor> keep;
+    std::vector<accel::safetensors::TensorView> views;
+    for (const auto& name : file.names()) {
+      const auto& info = file.info(name);
+      auto t =
+          torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, torch::kFloat32).clone();
+      if (!change(name, t)) continue;
+      keep.push_back(t.contiguous());
+      views.push_back({name,
+                       keep.back().scalar_type() == torch::kInt32 ? accel::safetensors::DType::I32
+                                                                  : accel::safetensors::DType::F32,
+                       keep.back().sizes().vec(), keep.back().data_ptr(), keep.back().nbytes()});
+    }
+    accel::safetensors::write_file((to / "model.safetensors").string(), views);
+  };
+  const std::string q = "model.layers.1.self_attn.q_proj.weight";
+
+  const auto missing_file = copy("missing_file");
+  fs::remove(missing_file / "model.safetensors");
+  CHECK_THAT(checkpoint_error(missing_file.string()), Contains("neither model.safetensors"));
+
+  const auto truncated = copy("truncated");
+  fs::resize_file(truncated / "model.safetensors", fs::file_size(truncated / "model.safetensors") - 100);
+  CHECK_THAT(checkpoint_error(truncated.string()), Contains("model.safetensors") && Contains("truncated"));
+
+  const auto shape = copy("shape");
+  rewrite(shape, [&](const std::string& name, torch::Tensor& t) {
+    if (name == q) t = t.slice(0, 0, 8);
+    return true;
+  });
+  CHECK_THAT(checkpoint_error(shape.string()),
+             Contains(q) && Contains("shape [8, 32]") && Contains("[32, 32]"));
+
+  const auto dtype = copy("dtype");
+  rewrite(dtype, [&](const std::string& name, torch::Tensor& t) {
+    if (name == q) t = t.to(torch::kInt32);
+    return true;
+  });
+  CHECK_THAT(checkpoint_error(dtype.string()), Contains(q) && Contains("dtype I32"));
+
+  const auto missing = copy("missing");
+  rewrite(missing, [&](const std::string& name, torch::Tensor&) { return name != q; });
+  CHECK_THAT(checkpoint_error(missing.string()), Contains("no tensor '" + q + "'"));
+
+  const auto unexpected = copy("unexpected");
+  rewrite(unexpected, [&](const std::string& name, torch::Tensor& t) {
+    if (name == q) t = torch::zeros({32, 32});
+    return true;
+  });
+  {  // add a tensor the model does not have
+    const auto file = accel::safetensors::File::open((unexpected / "model.safetensors").string());
+    std::vector<torch::Tensor> keep;
+    std::vector<accel::safetensors::TensorView> views;
+    for (const auto& name : file.names()) {
+      const auto& info = file.info(name);
+      keep.push_back(
+          torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, torch::kFloat32).clone());
+      views.push_back(
+          {name, accel::safetensors::DType::F32, info.shape, keep.back().data_ptr(), keep.back().nbytes()});
+    }
+    keep.push_back(torch::zeros({3}));
+    views.push_back({"model.layers.5.mlp.extra.weight",
+                     accel::safetensors::DType::F32,
+                     {3},
+                     keep.back().data_ptr(),
+                     keep.back().nbytes()});
+    accel::safetensors::write_file((unexpected / "model.safetensors").string(), views);
+  }
+  CHECK_THAT(checkpoint_error(unexpected.string()),
+             Contains("model.layers.5.mlp.extra.weight") && Contains("not a parameter"));
+
+  const auto shards = copy("shards");
+  fs::rename(shards / "model.safetensors", shards / "model-00001-of-00002.safetensors");
+  write_text(shards / "model.safetensors.index.json",
+             R"({"metadata": {}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                 "lm_head.weight": "model-00002-of-00002.safetensors"}})");
+  CHECK_THAT(checkpoint_error(shards.string()), Contains("model-00002-of-00002.safetensors") &&
+                                                    Contains("lm_head.weight") && Contains("does not exist"));
+
+  const auto bad_config = copy("bad_config");
+  write_text(bad_config / "config.json", tiny_json("gpt2"));
+  CHECK_THROWS_AS(accel::llm::from_pretrained(bad_config.string()), accel::ConfigError);
+}
+
+TEST_CASE("generate: greedy equals argmax decoding, sampling is seeded, eos ends a prompt", "[llm][models]") {
+  auto model = random_model(tiny("qwen2", R"(, "tie_word_embeddings": true)"));
+  const std::vector<std::int64_t> prompt = {5, 9, 12, 3};
+  accel::llm::GenerationConfig greedy;
+  greedy.max_new_tokens = 8;
+  const auto out = accel::llm::generate(model, {prompt}, greedy)[0];
+  REQUIRE(out.size() == 8);
+  {  // the same tokens by hand, without a cache
+    torch::NoGradGuard no_grad;
+    std::vector<std::int64_t> seq = prompt;
+    for (int i = 0; i < 8; ++i) {
+      const auto logits = model->forward(torch::tensor(seq, torch::kInt64).unsqueeze(0));
+      seq.push_back(logits[0][-1].argmax().item<std::int64_t>());
+    }
+    CHECK(std::vector<std::int64_t>(seq.begin() + 4, seq.end()) == out);
+  }
+  accel::llm::GenerationConfig sampled = greedy;
+  sampled.do_sample = true;
+  sampled.temperature = 1.5;
+  sampled.top_p = 0.9;
+  sampled.seed = 11;
+  const auto s1 = accel::llm::generate(model, {prompt, {7, 7}}, sampled);
+  const auto s2 = accel::llm::generate(model, {prompt, {7, 7}}, sampled);
+  CHECK(s1 == s2);
+  sampled.top_k = 1;  // one token left: greedy
+  CHECK(accel::llm::generate(model, {prompt}, sampled)[0] == out);
+  accel::llm::GenerationConfig stop = greedy;
+  stop.stop_token_ids = {out[2]};
+  const auto stopped = accel::llm::generate(model, {prompt}, stop)[0];
+  const auto first = std::find(out.begin(), out.end(), out[2]) - out.begin();
+  CHECK(stopped == std::vector<std::int64_t>(out.begin(), out.begin() + first + 1));
+  CHECK_THROWS_AS(accel::llm::generate(model, {{}}, greedy), accel::UsageError);
+}
+
+TEST_CASE("Gradient checkpointing of the blocks gives the same gradients", "[llm][models]") {
+  auto model = random_model(tiny("qwen3", R"(, "tie_word_embeddings": true)"));
+  model->train();
+  const auto ids = torch::randint(1, 64, {2, 9}, torch::kInt64);
+  auto grads = [&]() {
+    model->zero_grad();
+    accel::llm::causal_lm_loss(model->forward(ids), ids).backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters())
+      out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto plain = grads();
+  model->model->gradient_checkpointing_enable();
+  CHECK(model->model->layers[0]->as<accel::llm::DecoderLayerImpl>()->gradient_checkpointing());
+  const auto checkpointed = grads();
+  REQUIRE(plain.size() == checkpointed.size());
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    CHECK(torch::equal(plain[i], checkpointed[i]));
+}
+
+TEST_CASE("causal_lm_loss shifts the labels and ignores -100", "[llm][models]") {
+  const auto logits = torch::randn({1, 4, 7});
+  auto labels = torch::full({1, 4}, -100, torch::kInt64);
+  labels[0][2] = 3;  // predicted by position 1
+  const auto expected = -torch::log_softmax(logits[0][1], 0)[3];
+  CHECK(accel::llm::causal_lm_loss(logits, labels).item<double>() == Approx(expected.item<double>()));
+  CHECK(accel::llm::causal_lm_loss(logits, labels, 4).item<double>() == Approx(expected.item<double>() / 4));
+}
+
+// ---- against transformers (models_crosscheck.sh)
+// ---------------------------------------------------------------
+
+namespace {
+
+std::map<std::string, torch::Tensor> load_reference(const std::string& path) {
+  const auto file = accel::safetensors::File::open(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : file.names()) {
+    const auto& info = file.info(name);
+    const auto dtype = info.dtype == accel::safetensors::DType::I64 ? torch::kInt64 : torch::kFloat32;
+    out[name] = torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, dtype).clone();
+  }
+  return out;
+}
+
+std::vector<std::int64_t> to_ids(const torch::Tensor& t) {
+  const auto c = t.contiguous().to(torch::kInt64);
+  return std::vector<std::int64_t>(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel());
+}
+
+}  // namespace
+
+TEST_CASE("Logits, loss and greedy tokens equal transformers'", "[.hf]") {
+  const char* env = std::getenv("ACCEL_LLM_REF_DIR");
+  REQUIRE(env != nullptr);
+  const fs::path root(env);
+  std::ifstream list(root / "models.txt");
+  std::string name;
+  int checked = 0;
+  double worst = 0, worst_bf16 = 0;
+  torch::NoGradGuard no_grad;
+  while (list >> name) {
+    INFO("model " << name);
+    const auto ref = load_reference((root / name / "reference.safetensors").string());
+    auto model = accel::llm::from_pretrained((root / name / "model").string(),
+                                             accel::llm::LoadOptions().dtype(torch::kFloat32));
+    model->eval();
+    const auto logits = model->forward(ref.at("input_ids"));
+    const double diff = max_diff(logits, ref.at("logits"));
+    worst = std::max(worst, diff);
+    CHECK(diff <= 1e-5);
+    const auto& mask = ref.at("padded_mask");
+    const auto padded = model->forward(ref.at("padded_ids"), mask, ref.at("padded_positions"));
+    const auto valid = mask.to(torch::kBool).unsqueeze(-1);
+    CHECK(max_diff(padded.masked_fill(~valid, 0), ref.at("padded_logits").masked_fill(~valid, 0)) <= 1e-5);
+    CHECK(max_diff(padded[1].slice(0, 5),
+                   model->forward(ref.at("input_ids")[1].slice(0, 5).unsqueeze(0))[0]) <= 1e-5);
+    CHECK(std::abs(accel::llm::causal_lm_loss(logits, ref.at("labels")).item<double>() -
+                   ref.at("loss").item<double>()) <= 1e-5);
+    accel::llm::GenerationConfig gen;
+    gen.max_new_tokens = 32;
+    gen.pad_token_id = 0;
+    const auto ids = to_ids(ref.at("input_ids")[0]);
+    const std::vector<std::int64_t> p0(ids.begin(), ids.begin() + 7);
+    const auto ids1 = to_ids(ref.at("input_ids")[1]);
+    const std::vector<std::int64_t> p1(ids1.begin(), ids1.begin() + 4);
+    CHECK(accel::llm::generate(model, {p0}, gen)[0] == to_ids(ref.at("greedy")));
+    const auto batch = accel::llm::generate(model, {p0, p1}, gen);
+    CHECK(batch[0] == to_ids(ref.at("batch_greedy")[0]));
+    CHECK(batch[1] == to_ids(ref.at("batch_greedy")[1]));
+    accel::llm::save_pretrained(model, (root / name / "cpp_saved").string());
+    if (ref.count("logits_bf16")) {
+      auto bf16 = accel::llm::from_pretrained((root / name / "model").string(),
+                                              accel::llm::LoadOptions().dtype(torch::kBFloat16));
+      const auto out = bf16->forward(ref.at("input_ids")).to(torch::kFloat32);
+      // Stated tolerance: one bf16 step of these logits (|logit| < 8: 2^-5). The same kernels in the same
+      // order (at::linear's fused bias included) make them bitwise equal here.
+      const double d = max_diff(out, ref.at("logits_bf16"));
+      worst_bf16 = std::max(worst_bf16, d);
+      CHECK(d <= 0.03125);
+      CHECK(max_diff(out, ref.at("logits")) <= 0.25);  // and bf16 stays near the fp32 reference
+    }
+    if (fs::exists(root / name / "sharded")) {
+      auto sharded = accel::llm::from_pretrained((root / name / "sharded").string());
+      sharded->eval();
+      CHECK(max_diff(sharded->forward(ref.at("input_ids")), logits) == 0.0);
+    }
+    ++checked;
+  }
+  CHECK(checked >= 6);
+  std::cout << "hf: " << checked << " models: max |logits - transformers| = " << worst << " (fp32), "
+            << worst_bf16 << " (bf16); greedy and batched greedy tokens equal\n";
+}
