@@ -1,0 +1,413 @@
+"""Cross-check of accel::llm's data room against transformers and TRL (the Python peers in the project venv).
+
+1. Chat templates: the Qwen2.5, Qwen3, Llama 3.1 and Llama 3.2 templates (tests/fixtures/llm/, the files the
+   model repos ship) are rendered by transformers' tokenizer.apply_chat_template(tokenize=False) and by
+   llm_data_tool render over conversations with and without system prompts, multi-turn, generation prompts,
+   reasoning, tools and unusual characters: the texts must be equal (and the {% generation %} spans of the
+   training templates equal transformers' generation indices). Then every template TRL ships is rendered the
+   same way over a few conversations: each must render equal, or raise in both, or be refused by accel as
+   unsupported (a refusal names the construct); a different text fails.
+2. SFT data: JSONL files of every form are prepared by TRL's SFTTrainer (a tiny Qwen2 model and a byte-level BPE
+   tokenizer with ChatML tokens this script trains) and by llm_data_tool prepare: input_ids, labels, the
+   collator's attention_mask / position_ids / cu_seq_lens must be equal, with truncation, completion-only and
+   assistant-only loss, and bfd / wrapped packing. The C++ side tokenizes through a table of texts this script
+   encodes with the same tokenizer (the tool lists the texts it needs).
+
+usage: data_crosscheck.py LLM_DATA_TOOL FIXTURES_DIR      exit 0 when all equal, 77 when TRL is missing
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, processors
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: transformers / tokenizers not importable ({e})")
+    sys.exit(77)
+
+TOOL, FIXTURES = sys.argv[1], sys.argv[2]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+            "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<s>", "</s>"]
+UNICODE = "Grüße, 世界 🌍! \"double\" 'single' \\ back\\slash\n\ttab  {{ not jinja }} {% raw %} <tag> &amp;"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "description": "The city"},
+                                               "days": {"type": "integer"}}, "required": ["city"]}}}]
+
+
+def corpus():
+    words = ("the quick brown fox jumps over lazy dog what is plus minus times equals answer question "
+             "hello world assistant user system think tool call weather city paris london berlin").split()
+    lines = []
+    for i in range(400):
+        lines.append(" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(12)) + f" {i} {i * 13 % 97}.")
+    lines += [UNICODE] * 5
+    return lines
+
+
+def make_tokenizer(workdir):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    path = os.path.join(workdir, "tokenizer.json")
+    tok.save(path)
+    return path
+
+
+def tokenizer_dir(workdir, name, tokenizer_json, template, special, in_config=False):
+    """A tokenizer directory as transformers 5 saves it (chat_template.jinja), or with the template inside
+    tokenizer_config.json (in_config)."""
+    d = os.path.join(workdir, name)
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json, **special)
+    tok.chat_template = template
+    tok.save_pretrained(d)
+    if in_config:
+        cfg_path = os.path.join(d, "tokenizer_config.json")
+        cfg = json.load(open(cfg_path))
+        cfg["chat_template"] = template
+        json.dump(cfg, open(cfg_path, "w"), ensure_ascii=False, indent=2)
+        os.remove(os.path.join(d, "chat_template.jinja"))
+    return d, transformers.AutoTokenizer.from_pretrained(d)
+
+
+QWEN_SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+LLAMA_SPECIAL = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+
+
+def conversations():
+    sys_user_asst = [{"role": "system", "content": "You are terse."},
+                     {"role": "user", "content": "What is 12 plus 7?"},
+                     {"role": "assistant", "content": "12 plus 7 is 19."}]
+    multi = sys_user_asst + [{"role": "user", "content": "And times 2?"},
+                             {"role": "assistant", "content": " 38, with spaces around. "}]
+    cases = [
+        {"messages": sys_user_asst},
+        {"messages": sys_user_asst[1:]},
+        {"messages": multi},
+        {"messages": sys_user_asst[:2]},
+        {"messages": [{"role": "user", "content": UNICODE}, {"role": "assistant", "content": UNICODE[::-1]}]},
+        {"messages": [{"role": "user", "content": "Think first."},
+                      {"role": "assistant", "content": "Answer.", "reasoning_content": "Some thoughts.\n"}]},
+        {"messages": [{"role": "user", "content": "Q1"},
+                      {"role": "assistant", "content": "<think>\ninline thought\n</think>\n\nA1"},
+                      {"role": "user", "content": "Q2"}]},
+        {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"type": "function", "function": {"name": "get_weather",
+                                                            "arguments": {"city": "Paris", "days": 2}}}]},
+                      {"role": "tool", "content": "{\"temp\": 21.5}"},
+                      {"role": "assistant", "content": "It is 21.5 degrees."}], "tools": TOOLS},
+        {"messages": sys_user_asst[1:2], "tools": TOOLS},
+        {"messages": sys_user_asst[1:], "kwargs": {"enable_thinking": False}},
+        {"messages": sys_user_asst, "kwargs": {"date_string": "01 Jan 2025"}},
+    ]
+    out = []
+    for c in cases:
+        for agp in (False, True):
+            x = copy.deepcopy(c)
+            x["add_generation_prompt"] = agp
+            out.append(x)
+    return out
+
+
+def python_render(tok, case, template=None):
+    """transformers' text and generation spans (as UTF-8 byte offsets), or ("error", message)."""
+    kwargs = dict(case.get("kwargs", {}))
+    try:
+        text = tok.apply_chat_template(copy.deepcopy(case["messages"]), tools=case.get("tools"),
+                                       add_generation_prompt=case["add_generation_prompt"], tokenize=False,
+                                       chat_template=template, **kwargs)
+        tpl = template or tok.get_chat_template()
+        _, indices = render_jinja_template(
+            conversations=[_normalize_chat_messages(copy.deepcopy(case["messages"]))], tools=case.get("tools"),
+            chat_template=tpl, return_assistant_tokens_mask=True,
+            add_generation_prompt=case["add_generation_prompt"], **{**tok.special_tokens_map, **kwargs})
+    except Exception as e:  # noqa: BLE001 - any template error is a verdict
+        return {"error": f"{type(e).__name__}: {e}"}
+    spans = [[len(text[:b].encode()), len(text[:e].encode())] for b, e in indices[0]]
+    return {"text": text, "spans": spans}
+
+
+def cpp_render(template_dir, cases, workdir):
+    path = os.path.join(workdir, "cases.jsonl")
+    with open(path, "w") as f:
+        for c in cases:
+            f.write(json.dumps(c, ensure_ascii=False) + "\n")
+    out = subprocess.run([TOOL, "render", template_dir, path], capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def check_fixtures(workdir, tokenizer_json):
+    """Every case on the four model templates (and the two training variants): equal texts and spans."""
+    failures, equal = [], 0
+    fixtures = [("qwen2_5.jinja", QWEN_SPECIAL, False), ("qwen3.jinja", QWEN_SPECIAL, True),
+                ("llama3_1.jinja", LLAMA_SPECIAL, False), ("llama3_2.jinja", LLAMA_SPECIAL, True),
+                ("qwen2_5_training.jinja", QWEN_SPECIAL, False), ("qwen3_training.jinja", QWEN_SPECIAL, False)]
+    cases = conversations()
+    for name, special, in_config in fixtures:
+        template = open(os.path.join(FIXTURES, name), encoding="utf-8").read()
+        d, tok = tokenizer_dir(workdir, name.replace(".jinja", ""), tokenizer_json, template, special, in_config)
+        got = cpp_render(d, cases, workdir)
+        for case, g in zip(cases, got):
+            want = python_render(tok, case)
+            if "error" in want and "error" in g:
+                equal += 1
+                continue
+            if want != g:
+                failures.append((name, case, want, g))
+            else:
+                equal += 1
+    return equal, failures
+
+
+def check_trl_templates(workdir, tokenizer_json):
+    """Every template TRL ships: equal, raised by both, or refused by accel as unsupported."""
+    import trl
+    tdir = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+    names = sorted(n for n in os.listdir(tdir) if n.endswith(".jinja"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<|endoftext|>"}
+    _, tok = tokenizer_dir(workdir, "generic", tokenizer_json, "{{ 'x' }}", special)
+    cases = [c for i, c in enumerate(conversations()) if i in (0, 3, 5, 9, 13, 15)]
+    stats = {"equal": 0, "both_raise": 0, "refused": 0}
+    refused, failures = set(), []
+    for name in names:
+        template = open(os.path.join(tdir, name), encoding="utf-8").read()
+        d = os.path.join(workdir, "trl_" + name)
+        os.makedirs(d, exist_ok=True)
+        json.dump({**special, "chat_template": template}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+        got = cpp_render(d, cases, workdir)
+        for case, g in zip(cases, got):
+            want = python_render(tok, case, template)
+            if "error" in g and "not supported by accel" in g["error"]:
+                stats["refused"] += 1
+                refused.add(name + ": " + g["error"].split(": ", 1)[-1][:90])
+            elif "error" in g and "error" in want:
+                stats["both_raise"] += 1
+            elif want == g:
+                stats["equal"] += 1
+            else:
+                failures.append((name, case, want, g))
+    return stats, sorted(refused), failures
+
+
+# ---- SFT data against TRL ------------------------------------------------------------------------------------
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def sft_data(workdir):
+    qa = [("What is %d plus %d?" % (a, b), "%d plus %d is %d." % (a, b, a + b)) for a, b in
+          [(12, 7), (3, 4), (100, 23), (5, 5), (41, 1), (8, 13), (0, 0), (77, 22)]]
+    messages = []
+    for i, (q, a) in enumerate(qa):
+        m = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        if i % 3 == 0:
+            m = [{"role": "system", "content": "You add numbers."}] + m
+        if i % 4 == 1:
+            m += [{"role": "user", "content": "Again, longer: " + q * 3}, {"role": "assistant", "content": a * 2}]
+        messages.append({"messages": m})
+    messages.append({"messages": [{"role": "user", "content": UNICODE}, {"role": "assistant", "content": "ok"}]})
+    files = {}
+    files["messages"] = os.path.join(workdir, "messages.jsonl")
+    write_jsonl(files["messages"], messages)
+    files["text"] = os.path.join(workdir, "text.jsonl")
+    write_jsonl(files["text"], [{"text": q + " " + a * (1 + i % 3)} for i, (q, a) in enumerate(qa)] +
+                [{"text": "ends with eos already<|im_end|>"}])
+    files["prompt_completion"] = os.path.join(workdir, "pc.jsonl")
+    write_jsonl(files["prompt_completion"], [{"prompt": q, "completion": " " + a} for q, a in qa])
+    files["conv_pc"] = os.path.join(workdir, "conv_pc.jsonl")
+    write_jsonl(files["conv_pc"], [{"prompt": [{"role": "user", "content": q}],
+                                    "completion": [{"role": "assistant", "content": a}]} for q, a in qa])
+    alpaca = [{"instruction": q, "input": "" if i % 2 else "Show the sum.", "output": a} for i, (q, a) in
+              enumerate(qa)]
+    alpaca[2]["system"] = "Be exact."
+    alpaca[3]["history"] = [["What is 1 plus 1?", "1 plus 1 is 2."]]
+    files["alpaca"] = os.path.join(workdir, "alpaca.jsonl")
+    write_jsonl(files["alpaca"], alpaca)
+    # LLaMA-Factory's AlpacaDatasetConverter, written out as TRL's conversational prompt-completion.
+    conv = []
+    for r in alpaca:
+        prompt = [{"role": "system", "content": r["system"]}] if r.get("system") else []
+        for u, a in r.get("history", []):
+            prompt += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        query = "\n".join(x for x in (r.get("instruction"), r.get("input")) if x)
+        prompt.append({"role": "user", "content": query})
+        conv.append({"prompt": prompt, "completion": [{"role": "assistant", "content": r["output"]}]})
+    files["alpaca_as_trl"] = conv
+    # A directory of JSONL files read in name order.
+    d = os.path.join(workdir, "msgdir")
+    os.makedirs(d, exist_ok=True)
+    write_jsonl(os.path.join(d, "b.jsonl"), messages[4:])
+    write_jsonl(os.path.join(d, "a.jsonl"), messages[:4])
+    with open(os.path.join(d, "notes.txt"), "w") as f:
+        f.write("not data\n")
+    files["messages_dir"] = d
+    return files
+
+
+def load_rows(path_or_rows):
+    if isinstance(path_or_rows, list):
+        return path_or_rows
+    paths = [path_or_rows] if os.path.isfile(path_or_rows) else sorted(
+        os.path.join(path_or_rows, n) for n in os.listdir(path_or_rows) if n.endswith(".jsonl"))
+    rows = []
+    for p in paths:
+        rows += [json.loads(line) for line in open(p) if line.strip()]
+    return rows
+
+
+def trl_prepare(tok, model, rows, cfg, batch_size, workdir):
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+    args = SFTConfig(output_dir=os.path.join(workdir, "out"), report_to="none", use_cpu=True,
+                     per_device_train_batch_size=batch_size, max_length=cfg.get("max_length", 1024),
+                     packing=cfg.get("packing", False), packing_strategy=cfg.get("packing_strategy", "bfd"),
+                     assistant_only_loss=cfg.get("assistant_only_loss", False),
+                     completion_only_loss=cfg.get("completion_only_loss"), dataset_num_proc=None)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    ds = trainer.train_dataset
+    examples = [{"input_ids": list(ds[i]["input_ids"]), "labels": list(ds[i]["labels"]),
+                 "seq_lengths": list(ds[i].get("seq_lengths") or [])} for i in range(len(ds))]
+    batches = []
+    for at in range(0, len(ds), batch_size):
+        feats = [{k: v for k, v in ds[i].items() if k in ("input_ids", "labels", "seq_lengths")}
+                 for i in range(at, min(at + batch_size, len(ds)))]
+        b = trainer.data_collator(feats)
+        out = {"rows": int(b["input_ids"].shape[0]), "cols": int(b["input_ids"].shape[1])}
+        for k in ("input_ids", "labels", "attention_mask", "position_ids", "cu_seq_lens_q", "seq_idx"):
+            if k in b:
+                out["cu_seq_lens" if k == "cu_seq_lens_q" else k] = b[k].reshape(-1).tolist()
+        if "max_length_q" in b:
+            out["max_length"] = int(b["max_length_q"])
+        batches.append(out)
+    pad_id = trainer.data_collator.pad_token_id
+    padding_free = trainer.data_collator.padding_free
+    del torch
+    return examples, batches, pad_id, padding_free
+
+
+def cpp_prepare(tok, request, workdir):
+    table = {}
+    for _ in range(100):  # an example that fails on ids not yet encoded hides the texts after it
+        request["table"] = table
+        path = os.path.join(workdir, "request.json")
+        json.dump(request, open(path, "w"), ensure_ascii=False)
+        out = json.loads(subprocess.run([TOOL, "prepare", path], capture_output=True, text=True,
+                                        check=True).stdout)
+        if "missing" not in out:
+            return out
+        for text, special in out["missing"]:
+            table[("1" if special else "0") + text] = tok(text, add_special_tokens=special)["input_ids"]
+    raise RuntimeError(f"llm_data_tool kept asking for texts: {out['missing'][:3]}")
+
+
+def check_sft(workdir, tokenizer_json):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    files = sft_data(workdir)
+    fixtures = {n: open(os.path.join(FIXTURES, n + ".jinja"), encoding="utf-8").read()
+                for n in ("qwen2_5", "qwen2_5_training", "qwen3")}
+    dirs = {n: tokenizer_dir(workdir, "sft_" + n, tokenizer_json, t, QWEN_SPECIAL) for n, t in fixtures.items()}
+    vocab = len(dirs["qwen2_5"][1])
+    configs = [
+        ("messages, Qwen2.5 template, max_length 48", "messages", "qwen2_5", {"max_length": 48}, 3),
+        ("messages, assistant_only_loss (Qwen2.5 training template)", "messages", "qwen2_5_training",
+         {"assistant_only_loss": True}, 4),
+        ("messages, Qwen3 template", "messages", "qwen3", {}, 2),
+        ("directory of JSONL files", "messages_dir", "qwen2_5", {}, 4),
+        ("text, eos appended", "text", "qwen2_5", {}, 3),
+        ("prompt-completion, completion_only_loss default", "prompt_completion", "qwen2_5", {"max_length": 20}, 3),
+        ("prompt-completion, completion_only_loss false", "prompt_completion", "qwen2_5",
+         {"completion_only_loss": False}, 3),
+        ("conversational prompt-completion", "conv_pc", "qwen2_5", {}, 3),
+        ("Alpaca (LLaMA-Factory converter)", "alpaca", "qwen2_5_training", {"assistant_only_loss": True}, 3),
+        ("text, bfd packing 32, padding-free collator", "text", "qwen2_5", {"packing": True, "max_length": 32}, 2),
+        ("messages, bfd packing 64 + assistant_only_loss", "messages", "qwen2_5_training",
+         {"packing": True, "max_length": 64, "assistant_only_loss": True}, 3),
+        ("text, wrapped packing 16", "text", "qwen2_5",
+         {"packing": True, "max_length": 16, "packing_strategy": "wrapped"}, 4),
+        ("messages, bfd_split packing 24", "messages", "qwen2_5",
+         {"packing": True, "max_length": 24, "packing_strategy": "bfd_split"}, 3),
+    ]
+    equal, failures, tokens = 0, [], 0
+    for title, data, tpl_name, cfg, batch_size in configs:
+        d, tok = dirs[tpl_name]
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+        rows = load_rows(files["alpaca_as_trl"] if data == "alpaca" else files[data])
+        want_ex, want_b, pad_id, padding_free = trl_prepare(tok, model, rows, cfg, batch_size, workdir)
+        request = {"dataset": files[data] if data != "alpaca" else files["alpaca"], "template_dir": d,
+                   "options": {"max_length": cfg.get("max_length", 1024),
+                               "completion_only_loss": cfg.get("completion_only_loss"),
+                               "assistant_only_loss": cfg.get("assistant_only_loss", False),
+                               "packing": cfg.get("packing", False),
+                               "packing_strategy": cfg.get("packing_strategy", "bfd")},
+                   "collator": {"pad_token_id": pad_id, "padding_free": padding_free, "batch_size": batch_size}}
+        got = cpp_prepare(tok, request, workdir)
+        if got.get("examples") == want_ex and got.get("batches") == want_b:
+            equal += 1
+            tokens += sum(len(e["input_ids"]) for e in want_ex)
+        else:
+            failures.append((title, want_ex, want_b, got))
+    return equal, len(configs), tokens, failures
+
+
+def show(failures, limit=3):
+    for f in failures[:limit]:
+        print("MISMATCH", f[0])
+        for part in f[1:]:
+            print("   ", json.dumps(part, ensure_ascii=False)[:1500])
+
+
+def main():
+    start = time.time()
+    with tempfile.TemporaryDirectory() as workdir:
+        tokenizer_json = make_tokenizer(workdir)
+        eq, fixture_failures = check_fixtures(workdir, tokenizer_json)
+        stats, refused, trl_failures = check_trl_templates(workdir, tokenizer_json)
+        differ = len(fixture_failures) + len(trl_failures)
+        print(f"fixtures: {eq} renders of the Qwen2.5 / Qwen3 / Llama 3.1 / Llama 3.2 templates (and Qwen "
+              f"training variants) equal transformers, {len(fixture_failures)} differ")
+        print(f"TRL's templates: {stats['equal']} renders equal, {stats['both_raise']} raise in both, "
+              f"{stats['refused']} refused as unsupported")
+        for r in refused:
+            print("  refused:", r)
+        show(fixture_failures)
+        show(trl_failures)
+        print(f"templates: {eq + stats['equal']} renders equal, {differ} differ")
+        try:
+            import trl  # noqa: F401
+        except ImportError as e:
+            print(f"SKIP: trl is not importable ({e})")
+            return 77
+        sft_equal, sft_total, tokens, sft_failures = check_sft(workdir, tokenizer_json)
+        show(sft_failures, 2)
+        if sft_equal == sft_total:
+            print(f"sft: {sft_equal} configurations equal TRL ({tokens} tokens: input_ids, labels, "
+                  f"attention masks, packed position ids)")
+        else:
+            print(f"sft: {sft_total - sft_equal} of {sft_total} configurations differ from TRL")
+        print(f"time {time.time() - start:.1f} s")
+        return 0 if differ == 0 and sft_equal == sft_total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

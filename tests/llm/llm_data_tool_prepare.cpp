@@ -1,0 +1,128 @@
+// `llm_data_tool prepare REQUEST.json`: prepares an SFT dataset with accel::llm and prints the examples and
+// the collated batches as one JSON object. Tokenization is either the real accel::llm::Tokenizer (request key
+// "tokenizer_dir", when the tokenizers room is built) or a table of texts the Python side encoded ("table":
+// {"0" or "1" + text: ids}, the digit being add_special_tokens): texts missing from the table are printed as
+// {"missing": [[text, add_special_tokens], ...]} for the script to encode and ask again.
+
+#include "llm_data_tool_prepare.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "accel/errors.hpp"
+#include "accel/llm/data/collator.hpp"
+#include "accel/llm/data/sft_dataset.hpp"
+#ifdef ACCEL_TEST_HAVE_TOKENIZERS
+#include "accel/llm/tokenizers/tokenizer.hpp"
+#endif
+
+namespace accel::test {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json batch_json(const llm::SftBatch& b) {
+  json j = json::object();
+  j["rows"] = b.rows;
+  j["cols"] = b.cols;
+  j["input_ids"] = b.input_ids;
+  j["labels"] = b.labels;
+  if (!b.attention_mask.empty()) j["attention_mask"] = b.attention_mask;
+  if (!b.position_ids.empty()) j["position_ids"] = b.position_ids;
+  if (!b.cu_seq_lens.empty()) {
+    j["cu_seq_lens"] = b.cu_seq_lens;
+    j["max_length"] = b.max_seq_len;
+    j["seq_idx"] = b.seq_idx;
+  }
+  return j;
+}
+
+llm::SftDataOptions data_options(const json& o) {
+  llm::SftDataOptions opt;
+  if (o.contains("max_length")) {
+    opt.max_length =
+        o["max_length"].is_null() ? std::nullopt : std::optional<int64_t>(o["max_length"].get<int64_t>());
+  }
+  if (o.contains("completion_only_loss") && !o["completion_only_loss"].is_null()) {
+    opt.completion_only_loss = o["completion_only_loss"].get<bool>();
+  }
+  opt.assistant_only_loss = o.value("assistant_only_loss", false);
+  opt.packing = o.value("packing", false);
+  opt.packing_strategy = o.value("packing_strategy", std::string("bfd"));
+  opt.eos_token = o.value("eos_token", std::string());
+  return opt;
+}
+
+}  // namespace
+
+int prepare_command(const std::string& request_path) {
+  std::ifstream in(request_path);
+  const json req = json::parse(in);
+  std::set<std::pair<std::string, bool>> missing;
+  const json table = req.value("table", json::object());
+  llm::EncodeFn encode;
+#ifdef ACCEL_TEST_HAVE_TOKENIZERS
+  std::optional<llm::Tokenizer> tokenizer;
+  if (req.contains("tokenizer_dir")) {
+    tokenizer = llm::Tokenizer::from_pretrained(req["tokenizer_dir"].get<std::string>());
+    encode = [&](const std::string& text, bool special) { return tokenizer->encode(text, special); };
+  }
+#endif
+  if (!encode) {
+    if (req.contains("tokenizer_dir")) {
+      std::cout << json{{"error", "this build has no accel_llm_tokenizers"}}.dump() << "\n";
+      return 3;
+    }
+    encode = [&](const std::string& text, bool special) {
+      const std::string key = (special ? "1" : "0") + text;
+      if (table.contains(key)) return table[key].get<std::vector<int64_t>>();
+      missing.emplace(text, special);
+      return std::vector<int64_t>{};
+    };
+  }
+  json out = json::object();
+  try {
+    const auto ds = llm::JsonlDataset::read(req["dataset"].get<std::string>());
+    std::optional<llm::ChatTemplate> tpl;
+    if (req.contains("template_dir"))
+      tpl = llm::ChatTemplate::from_pretrained(req["template_dir"].get<std::string>());
+    const auto examples =
+        llm::prepare_sft_examples(ds, tpl ? &*tpl : nullptr, encode, data_options(req["options"]));
+    json ex = json::array();
+    for (const auto& e : examples) {
+      ex.push_back(json{{"input_ids", e.input_ids}, {"labels", e.labels}, {"seq_lengths", e.seq_lengths}});
+    }
+    out["examples"] = ex;
+    const json& c = req["collator"];
+    llm::CollatorOptions co;
+    co.pad_token_id = c["pad_token_id"].get<int64_t>();
+    co.padding_free = c.value("padding_free", false);
+    if (c.contains("pad_to_multiple_of") && !c["pad_to_multiple_of"].is_null()) {
+      co.pad_to_multiple_of = c["pad_to_multiple_of"].get<int64_t>();
+    }
+    const auto batch_size = c["batch_size"].get<std::size_t>();
+    json batches = json::array();
+    for (std::size_t at = 0; at < examples.size(); at += batch_size) {
+      const std::vector<llm::SftExample> part(
+          examples.begin() + static_cast<std::ptrdiff_t>(at),
+          examples.begin() + static_cast<std::ptrdiff_t>(std::min(at + batch_size, examples.size())));
+      batches.push_back(batch_json(llm::collate(part, co)));
+    }
+    out["batches"] = batches;
+  } catch (const accel::Error& e) {
+    out = json{{"error", e.what()}};
+  }
+  if (!missing.empty()) {  // a table pass: errors come from the empty ids of texts not yet encoded
+    json m = json::array();
+    for (const auto& [text, special] : missing)
+      m.push_back(json::array({text, special}));
+    out = json{{"missing", m}};
+  }
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace accel::test
