@@ -107,8 +107,7 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, uint32_t>> vocab,
   std::size_t capacity = 16;
   while (capacity < merges.size() * 2 + 16)
     capacity *= 2;
-  merge_keys_.assign(capacity, kEmptyKey);
-  merge_values_.assign(capacity, Merge{0, 0});
+  merges_.assign(capacity, MergeSlot{kEmptyKey, Merge{0, 0}});
   merge_mask_ = capacity - 1;
   const std::size_t prefix = options_.continuing_subword_prefix.size();
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
@@ -127,18 +126,65 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, uint32_t>> vocab,
                                   "\"): the merged token \"" + merged + "\" is not in the vocabulary");
     const uint64_t key = (static_cast<uint64_t>(*a_id) << 32) | *b_id;
     std::size_t i = mix64(key) & merge_mask_;
-    while (merge_keys_[i] != kEmptyKey && merge_keys_[i] != key)
+    while (merges_[i].key != kEmptyKey && merges_[i].key != key)
       i = (i + 1) & merge_mask_;
-    merge_keys_[i] = key;  // a repeated pair keeps the later rank, as HF's HashMap collect does
-    merge_values_[i] = Merge{static_cast<uint32_t>(rank), *new_id};
+    // A repeated pair keeps the later rank, as HF's HashMap collect does.
+    merges_[i] = MergeSlot{key, Merge{static_cast<uint32_t>(rank), *new_id}};
   }
   if (options_.unk_token) unk_id_ = vocab_.get(*options_.unk_token);
-  have_all_byte_ids_ = true;
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
     const auto id = vocab_.get(name);
     byte_ids_[b] = id ? *id : kNoId;
+  }
+  build_split_tables();
+}
+
+// Every pair of adjacent characters inside a vocabulary token, and the characters that are tokens alone. Two
+// neighbouring characters that are both tokens and never adjacent inside a token can never be joined by a
+// merge: the symbols on either side always end with the left character and start with the right one, and
+// their merge would be a token holding the pair. The word can be cut there and each part merged on its own
+// with the same result (merges in different parts do not interact, and the rank order within a part is
+// unchanged). Not with a subword prefix or suffix, which depend on the position in the word.
+void BpeModel::build_split_tables() {
+  if (!options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty()) return;
+  std::vector<uint64_t> pairs;
+  single_char_token_.assign(0x30000, false);
+  for (uint32_t id = 0; id < id_to_token_.size(); ++id) {
+    if (!has_token_[id]) continue;
+    const std::string& t = id_to_token_[id];
+    if (t.empty()) continue;
+    std::size_t pos = 0;
+    char32_t prev = next_code_point(t, pos);
+    if (pos == t.size() && prev < 0x30000) single_char_token_[prev] = true;
+    while (pos < t.size()) {
+      const char32_t cp = next_code_point(t, pos);
+      pairs.push_back((static_cast<uint64_t>(prev) << 32) | cp);
+      prev = cp;
+    }
+  }
+  std::size_t capacity = 16;
+  while (capacity < pairs.size() * 2 + 16)
+    capacity *= 2;
+  bigrams_.assign(capacity, kEmptyKey);
+  for (const uint64_t key : pairs) {
+    std::size_t i = mix64(key) & (capacity - 1);
+    while (bigrams_[i] != kEmptyKey && bigrams_[i] != key)
+      i = (i + 1) & (capacity - 1);
+    bigrams_[i] = key;
+  }
+  split_long_words_ = true;
+}
+
+bool BpeModel::can_join(char32_t left, char32_t right) const {
+  if (left >= 0x30000 || right >= 0x30000 || !single_char_token_[left] || !single_char_token_[right])
+    return true;
+  const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
+  const std::size_t mask = bigrams_.size() - 1;
+  for (std::size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
+    if (bigrams_[i] == key) return true;
+    if (bigrams_[i] == kEmptyKey) return false;
   }
 }
 
@@ -158,8 +204,8 @@ const std::string* BpeModel::id_to_token(uint32_t id) const {
 const BpeModel::Merge* BpeModel::find_merge(uint32_t left, uint32_t right) const {
   const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
   for (std::size_t i = mix64(key) & merge_mask_;; i = (i + 1) & merge_mask_) {
-    if (merge_keys_[i] == key) return &merge_values_[i];
-    if (merge_keys_[i] == kEmptyKey) return nullptr;
+    if (merges_[i].key == key) return &merges_[i].merge;
+    if (merges_[i].key == kEmptyKey) return nullptr;
   }
 }
 
@@ -214,36 +260,41 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<Symbol>& symbo
 }
 
 // word.rs merge_all with its binary heap, for long words: entries (rank, position) popped lowest first; an
-// entry whose pair has changed since it was pushed is skipped.
+// entry whose pair has changed since it was pushed is skipped. HF re-checks that the current pair's merge has
+// the entry's new id; comparing the pair's two ids is the same test without a lookup (a symbol's string only
+// grows, so a changed pair never makes the same token).
 void BpeModel::merge_all_heap(std::vector<Symbol>& symbols) const {
+  // (rank << 32 | position) orders the heap with one comparison; the pair's ids identify the merge.
   struct Entry {
-    uint32_t rank, new_id;
-    int32_t pos;
-    bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    uint64_t order;
+    uint32_t left, right;
+    bool operator>(const Entry& o) const { return order > o.order; }
   };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
+  std::vector<Entry> storage;
+  storage.reserve(symbols.size() * 2);
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue(std::greater<Entry>(),
+                                                                            std::move(storage));
+  auto push = [&](int32_t pos, uint32_t left, uint32_t right) {
+    if (const Merge* m = find_merge(left, right))
+      queue.push(Entry{(static_cast<uint64_t>(m->rank) << 32) | static_cast<uint32_t>(pos), left, right});
+  };
   for (std::size_t i = 0; i + 1 < symbols.size(); ++i)
-    if (const Merge* m = find_merge(symbols[i].id, symbols[i + 1].id))
-      queue.push(Entry{m->rank, m->new_id, static_cast<int32_t>(i)});
-  std::vector<bool> removed(symbols.size(), false);
+    push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
   while (!queue.empty()) {
     const Entry top = queue.top();
     queue.pop();
-    Symbol& left = symbols[top.pos];
-    if (removed[top.pos] || left.next < 0) continue;
+    const auto pos = static_cast<int32_t>(top.order & 0xFFFFFFFFu);
+    Symbol& left = symbols[pos];
+    // A merged-away symbol has prev == -2; its id no longer matters.
+    if (left.prev == -2 || left.next < 0 || left.id != top.left || symbols[left.next].id != top.right)
+      continue;
     const int32_t right = left.next;
-    const Merge* current = find_merge(left.id, symbols[right].id);
-    if (current == nullptr || current->new_id != top.new_id) continue;
-    left.id = top.new_id;
-    removed[right] = true;
+    left.id = find_merge(top.left, top.right)->new_id;
+    symbols[right].prev = -2;
     left.next = symbols[right].next;
-    if (left.next >= 0) symbols[left.next].prev = top.pos;
-    if (left.prev >= 0)
-      if (const Merge* m = find_merge(symbols[left.prev].id, left.id))
-        queue.push(Entry{m->rank, m->new_id, left.prev});
-    if (left.next >= 0)
-      if (const Merge* m = find_merge(left.id, symbols[left.next].id))
-        queue.push(Entry{m->rank, m->new_id, top.pos});
+    if (left.next >= 0) symbols[left.next].prev = pos;
+    if (left.prev >= 0) push(left.prev, symbols[left.prev].id, left.id);
+    if (left.next >= 0) push(pos, left.id, symbols[left.next].id);
   }
 }
 
@@ -311,6 +362,25 @@ void BpeModel::tokenize(std::string_view word, std::vector<int64_t>& out) const 
       return;
     }
   }
+  if (!split_long_words_ || word.size() < kSplitMinBytes) {
+    tokenize_word(word, out);
+    return;
+  }
+  std::size_t start = 0, pos = 0;
+  char32_t prev = next_code_point(word, pos);
+  while (pos < word.size()) {
+    const std::size_t at = pos;
+    const char32_t cp = next_code_point(word, pos);
+    if (!can_join(prev, cp)) {
+      tokenize_word(word.substr(start, at - start), out);
+      start = at;
+    }
+    prev = cp;
+  }
+  tokenize_word(word.substr(start), out);
+}
+
+void BpeModel::tokenize_word(std::string_view word, std::vector<int64_t>& out) const {
   const bool cacheable = word.size() < kCacheMaxWordBytes;
   if (cacheable && cache_get(word, out)) return;
   thread_local std::vector<Symbol> symbols;

@@ -73,6 +73,7 @@ class BpeModel {
   struct Merge {
     uint32_t rank, new_id;
   };
+  void build_split_tables();
   void initial_symbols(std::string_view word, std::vector<Symbol>& symbols) const;
   void merge_all(std::vector<Symbol>& symbols) const;
   void merge_all_heap(std::vector<Symbol>& symbols) const;
@@ -84,13 +85,23 @@ class BpeModel {
   std::vector<std::string> id_to_token_;
   std::vector<bool> has_token_;
   // Merges: an open-addressing table keyed by (left << 32 | right).
-  std::vector<uint64_t> merge_keys_;
-  std::vector<Merge> merge_values_;
+  struct MergeSlot {
+    uint64_t key;  // left << 32 | right; kEmptyKey when free
+    Merge merge;
+  };
+  std::vector<MergeSlot> merges_;  // key and value side by side: one cache line per probe
   uint64_t merge_mask_ = 0;
   BpeOptions options_;
   std::optional<uint32_t> unk_id_;
   uint32_t byte_ids_[256] = {};
-  bool have_all_byte_ids_ = false;
+  // Long words are cut where no merge can ever join the two characters (see split_points); the pieces are
+  // short, so they are cached. Empty when the model has a subword prefix or suffix (position-dependent).
+  void tokenize_word(std::string_view word, std::vector<int64_t>& out) const;
+  bool can_join(char32_t left, char32_t right) const;
+  std::vector<uint64_t> bigrams_;        // open-addressing set of (left << 32 | right) code-point pairs
+  std::vector<bool> single_char_token_;  // code points below 0x30000 that are tokens by themselves
+  bool split_long_words_ = false;
+  static constexpr std::size_t kSplitMinBytes = 64;
 
   // Word -> ids cache, shared by the threads that encode (readers share the lock).
   mutable std::shared_mutex cache_mutex_;
