@@ -88,7 +88,7 @@ if want examples; then
         -DRTOL=1e-5 -P tests/examples/compare_outputs.cmake 2>&1)
       echo "pipeline_example 2 GPU stages ($sched) vs 1 GPU process: rc=$? $(echo "$out" | tail -3 | tr '\n' ' ' | cut -c1-400)"
     done
-    for t in zero3 zero2_offload; do
+    for t in stage3 stage2_offload; do
       d=$(mktemp -d) && out=$(cd "$d" && timeout 150 "$R/$L" train --templates $cfg -t $t "$R/$ex/trainer/fashion_mnist_trainer" \
         --num_train_epochs 1 --train-limit 2000 --test-limit 500 --disable_tqdm 2>&1)
       echo "trainer $t rc=$? $(echo "$out" | grep -o 'test accuracy: .*' | tail -1)"
