@@ -87,6 +87,22 @@ TEST_CASE("schedules: transformers' warmup schedules give PyTorch LambdaLR's rat
 }
 
 TEST_CASE(
+    "schedules: cosine_with_min_lr gives transformers' rates (min_lr over the optimizer's default rate)") {
+  // The SGD of lambda_rates has default rate 0.1: min_lr 0.01 is min_lr_rate 0.1, on every group.
+  check_close(
+      "cosine_with_min_lr_rate",
+      lambda_rates([](auto& o) { return sched::cosine_with_min_lr(o, 3, 10, std::nullopt, 0.1); }, 12));
+  check_close(
+      "cosine_with_min_lr_2cycles",
+      lambda_rates([](auto& o) { return sched::cosine_with_min_lr(o, 2, 12, 0.01, std::nullopt, 1.5); }, 14));
+  Params p;
+  torch::optim::SGD opt({p.a}, torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH(sched::cosine_with_min_lr(opt, 1, 10, 0.01, 0.1), Catch::Matchers::Contains("not both"));
+  CHECK_THROWS_WITH(sched::cosine_with_min_lr(opt, 1, 10, std::nullopt, std::nullopt),
+                    Catch::Matchers::Contains("min_lr or min_lr_rate"));
+}
+
+TEST_CASE(
     "schedules: OneCycleLR gives PyTorch's rates and momenta, and stepping past total_steps is an error") {
   {
     Params p;

@@ -1,7 +1,7 @@
 """Learning rates of PyTorch's schedulers, which tests/optim/schedulers_test.cpp compares with accel::sched.
 
 transformers' warmup schedules are LambdaLR with the lambdas of transformers/optimization.py (copied here,
-as transformers is not installed); OneCycleLR and ReduceLROnPlateau are PyTorch's own. One line per case: its
+from before transformers was in the venv; cosine_with_min_lr calls transformers itself); OneCycleLR and ReduceLROnPlateau are PyTorch's own. One line per case: its
 name, then the rate of group 0 at steps 0..N (and for OneCycleLR the momentum after them).
 
   schedules.py                 prints them (regenerate: schedules.py > tests/data/pytorch_schedules.txt)
@@ -78,6 +78,30 @@ lambda_case("linear_with_warmup", linear_with_warmup(3, 10), 12)
 lambda_case("cosine_with_warmup", cosine_with_warmup(3, 10, 0.5), 12)
 lambda_case("cosine_with_warmup_2cycles", cosine_with_warmup(2, 12, 2.0), 14)
 lambda_case("polynomial_with_warmup", polynomial_with_warmup(0.1, 2, 10, 1e-3, 2.0), 12)
+
+
+# transformers' own cosine_with_min_lr (the Trainer's lr_scheduler_type cosine_with_min_lr with lr_scheduler_kwargs
+# min_lr or min_lr_rate), called as the Trainer calls it: min_lr is divided by optimizer.defaults["lr"] (0.1).
+def transformers_case(name, make, steps):
+    opt = torch.optim.SGD(groups(params()), lr=0.1)
+    sched = make(opt)
+    rates = [opt.param_groups[1]["lr"]]
+    for _ in range(steps):
+        opt.step()
+        sched.step()
+        rates.append(opt.param_groups[1]["lr"])
+    emit(name, rates)
+
+
+try:
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+except ImportError as e:  # pragma: no cover
+    print(f"schedules.py: skipped, transformers is not importable ({e})")
+    sys.exit(77)
+transformers_case("cosine_with_min_lr_rate",
+                  lambda o: get_cosine_with_min_lr_schedule_with_warmup(o, 3, 10, min_lr_rate=0.1), 12)
+transformers_case("cosine_with_min_lr_2cycles",
+                  lambda o: get_cosine_with_min_lr_schedule_with_warmup(o, 2, 12, num_cycles=1.5, min_lr=0.01), 14)
 
 
 def one_cycle(name, opt, momentum_of, **kwargs):

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,7 @@ TEST_CASE("TrainingArguments: unknown and unsupported keys are errors naming fil
   CHECK_THROWS_WITH(TrainingArguments::load_string("deepspeed: ds.json\n", "run.yaml"),
                     Contains("deepspeed_config_file"));
   CHECK_THROWS_WITH(TrainingArguments::load_string("optim: adafactor\n", "run.yaml"),
-                    Contains("'adafactor' is not one of") && Contains("TrainerOptions::optimizer"));
+                    Contains("'adafactor' is not one of") && Contains("Trainer::set_optimizer"));
   CHECK_THROWS_WITH(TrainingArguments::load_string("learning_rate: fast\n", "run.yaml"),
                     Contains("learning_rate") && Contains("expected a number, got 'fast'"));
   CHECK_THROWS_WITH(TrainingArguments::load_string("- a\n- b\n", "run.yaml"), Contains("a mapping"));
@@ -186,5 +187,50 @@ TEST_CASE("TrainingArguments: every training type of config_templates/trainer lo
     CHECK_NOTHROW(a.validate());
     ++types;
   }
-  CHECK(types >= 3);  // full, zero2_offload, zero3
+  CHECK(types >= 7);  // full, lora, qlora, deepspeed, stage2_offload, stage3, minimal
+}
+
+TEST_CASE("TrainingArguments: lr_scheduler_kwargs and gradient_checkpointing_kwargs, as HF's") {
+  auto a = TrainingArguments::load_string(
+      "lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n"
+      "gradient_checkpointing: true\ngradient_checkpointing_kwargs: {use_reentrant: false}\n",
+      "run.yaml");
+  a.validate();
+  CHECK(a.lr_scheduler_kwargs == std::map<std::string, double>{{"min_lr_rate", 0.1}});
+  CHECK(a.gradient_checkpointing_kwargs == std::map<std::string, bool>{{"use_reentrant", false}});
+  // Written back and read again (to_yaml, HF's JSON).
+  auto b = TrainingArguments::load_string(a.to_yaml(), "again.yaml");
+  CHECK(b.lr_scheduler_kwargs == a.lr_scheduler_kwargs);
+  CHECK(b.gradient_checkpointing_kwargs == a.gradient_checkpointing_kwargs);
+  CHECK(TrainingArguments::load_string(a.to_json(), "again.json").lr_scheduler_kwargs ==
+        a.lr_scheduler_kwargs);
+  // HF's command line takes the mapping as JSON.
+  std::vector<const char*> argv = {"prog",
+                                   "--lr_scheduler_type",
+                                   "cosine_with_min_lr",
+                                   "--lr_scheduler_kwargs",
+                                   "{\"min_lr\": 1e-5}",
+                                   "--gradient_checkpointing_kwargs",
+                                   "{\"use_reentrant\": true}"};
+  auto c = TrainingArguments::from_command_line(static_cast<int>(argv.size()), argv.data());
+  c.validate();
+  CHECK(c.lr_scheduler_kwargs.at("min_lr") == 1e-5);
+  CHECK(c.gradient_checkpointing_kwargs.at("use_reentrant"));
+  // transformers' rules: one of min_lr / min_lr_rate; a schedule refuses arguments it does not take.
+  auto none = TrainingArguments::load_string("lr_scheduler_type: cosine_with_min_lr\n", "run.yaml");
+  CHECK_THROWS_WITH(none.validate(), Contains("needs min_lr or min_lr_rate"));
+  auto both = TrainingArguments::load_string(
+      "lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-5, min_lr_rate: 0.1}\n",
+      "run.yaml");
+  CHECK_THROWS_WITH(both.validate(), Contains("not both"));
+  auto wrong = TrainingArguments::load_string(
+      "lr_scheduler_type: linear\nlr_scheduler_kwargs: {min_lr: 1.0e-5}\n", "run.yaml");
+  CHECK_THROWS_WITH(wrong.validate(), Contains("'min_lr' is not an argument of lr_scheduler_type linear"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string(
+                        "gradient_checkpointing_kwargs: {determinism_check: none}\n", "run.yaml"),
+                    Contains("run.yaml:1") && Contains("determinism_check"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("lr_scheduler_kwargs: {min_lr: low}\n", "run.yaml"),
+                    Contains("lr_scheduler_kwargs.min_lr") && Contains("'low'"));
+  CHECK_THROWS_WITH(TrainingArguments::load_string("optim: adam_weird\n", "run.yaml"),
+                    Contains("Trainer::set_optimizer"));
 }

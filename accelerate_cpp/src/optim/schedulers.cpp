@@ -92,6 +92,24 @@ std::unique_ptr<Schedule> cosine_with_warmup(torch::optim::Optimizer& optimizer,
   });
 }
 
+std::unique_ptr<Schedule> cosine_with_min_lr(torch::optim::Optimizer& optimizer, std::int64_t warmup,
+                                             std::int64_t total, std::optional<double> min_lr,
+                                             std::optional<double> min_lr_rate, double cycles) {
+  check_steps("cosine_with_min_lr", warmup, total);
+  if (min_lr.has_value() == min_lr_rate.has_value())
+    throw UsageError(min_lr ? "cosine_with_min_lr: give min_lr or min_lr_rate, not both"
+                            : "cosine_with_min_lr: give min_lr or min_lr_rate (the rate the cosine ends at)");
+  // transformers: min_lr_rate = min_lr / optimizer.defaults["lr"].
+  const double rate = min_lr_rate ? *min_lr_rate : *min_lr / optimizer.defaults().get_lr();
+  return std::make_unique<Schedule>(optimizer, [warmup, total, cycles, rate](std::int64_t s) {
+    if (s < warmup) return warmup_factor(s, warmup);
+    const double progress =
+        static_cast<double>(s - warmup) / static_cast<double>(std::max<std::int64_t>(1, total - warmup));
+    const double factor = 0.5 * (1.0 + std::cos(kPi * cycles * 2.0 * progress));
+    return std::max(0.0, factor * (1 - rate) + rate);
+  });
+}
+
 std::unique_ptr<Schedule> polynomial_with_warmup(torch::optim::Optimizer& optimizer, std::int64_t warmup,
                                                  std::int64_t total, double lr_end, double power) {
   check_steps("polynomial_with_warmup", warmup, total);

@@ -32,7 +32,44 @@ struct Value {
   bool is_sequence = false;
   bool is_map = false;
   bool map_empty = true;
+  std::vector<std::pair<std::string, std::string>> entries;  // a mapping's entries (scalars)
+  bool map_nested = false;                                   // a mapping with a non-scalar value
 };
+
+// Where the Trainer takes what the arguments do not describe: the Trainer's own API (its names are checked
+// against trainer.hpp by tests/trainer/api_names_test.cpp).
+constexpr const char* kOwnOptimizer =
+    "build one and give it to Trainer::set_optimizer(optimizer, schedule), the Trainer's way of Hugging "
+    "Face's "
+    "optimizers=(optimizer, scheduler)";
+constexpr const char* kOwnSchedule =
+    "build one and give it as the second argument of Trainer::set_optimizer(optimizer, schedule)";
+
+// The optimizers and schedules the arguments can name (one list for the doc line, the check and the message).
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adamw_torch",
+                                                 "adamw_torch_fused",
+                                                 "adamw_bnb_8bit",
+                                                 "adamw_8bit",
+                                                 "paged_adamw_8bit",
+                                                 "paged_adamw_32bit",
+                                                 "sgd",
+                                                 "lamb"};
+  return names;
+}
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {
+      "linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "polynomial"};
+  return names;
+}
+
+// The keys of lr_scheduler_kwargs each schedule takes (transformers' get_scheduler passes them on).
+std::vector<std::string> schedule_kwargs(const std::string& type) {
+  if (type == "cosine") return {"num_cycles"};
+  if (type == "cosine_with_min_lr") return {"min_lr", "min_lr_rate", "num_cycles"};
+  if (type == "polynomial") return {"lr_end", "power"};
+  return {};
+}
 
 // Where a value came from, for messages.
 struct Where {
@@ -98,6 +135,15 @@ std::string one_of(const Where& w, const std::string& key, const Value& v, const
        fmt::format("'{}' is not one of {}{}", s, fmt::join(ok, ", "), hint.empty() ? "" : "; " + hint));
 }
 
+// A mapping's entries (null or an empty mapping: none).
+std::vector<std::pair<std::string, std::string>> map_entries(const Where& w, const std::string& key,
+                                                             const Value& v) {
+  if (v.is_null || (v.is_sequence && v.items.empty())) return {};
+  if (!v.is_map) fail(w, key, fmt::format("expected a mapping (e.g. {{name: value}}), got '{}'", v.text));
+  if (v.map_nested) fail(w, key, "expected a mapping of names to plain values, got a nested list or mapping");
+  return v.entries;
+}
+
 // One implemented key: its default (as YAML), doc, and how it is set.
 struct Field {
   TrainingKey key;
@@ -133,17 +179,25 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) { a.adam_beta2 = to_double(w, k, v); }},
       {{"adam_epsilon", "1.0e-08", "Adam epsilon"},
        [](A& a, const W& w, const S& k, const V& v) { a.adam_epsilon = to_double(w, k, v); }},
-      {{"optim", "adamw_torch", "adamw_torch | adamw_torch_fused | sgd | lamb"},
+      {{"optim", "adamw_torch", fmt::format("{}", fmt::join(optimizer_names(), " | "))},
        [](A& a, const W& w, const S& k, const V& v) {
-         a.optim =
-             one_of(w, k, v, {"adamw_torch", "adamw_torch_fused", "sgd", "lamb"},
-                    "other optimizers: build one and pass it to the Trainer (TrainerOptions::optimizer)");
+         a.optim = one_of(w, k, v, optimizer_names(), std::string("for another optimizer ") + kOwnOptimizer);
        }},
-      {{"lr_scheduler_type", "linear", "linear | cosine | constant | constant_with_warmup | polynomial"},
+      {{"lr_scheduler_type", "linear", fmt::format("{}", fmt::join(schedule_names(), " | "))},
        [](A& a, const W& w, const S& k, const V& v) {
          a.lr_scheduler_type =
-             one_of(w, k, v, {"linear", "cosine", "constant", "constant_with_warmup", "polynomial"},
-                    "other schedules: build one and pass it to the Trainer (TrainerOptions::scheduler)");
+             one_of(w, k, v, schedule_names(), std::string("for another schedule ") + kOwnSchedule);
+       }},
+      {{"lr_scheduler_kwargs", "{}",
+        "the schedule's arguments: cosine num_cycles; cosine_with_min_lr min_lr or min_lr_rate, num_cycles; "
+        "polynomial lr_end, power"},
+       [](A& a, const W& w, const S& k, const V& v) {
+         a.lr_scheduler_kwargs.clear();
+         for (const auto& [name, text] : map_entries(w, k, v)) {
+           Value item;
+           item.text = text;
+           a.lr_scheduler_kwargs[name] = to_double(w, k + "." + name, item);
+         }
        }},
       {{"warmup_steps", "0", "warmup optimizer steps (a value below 1 is a ratio of the total, as HF 5)"},
        [](A& a, const W& w, const S& k, const V& v) {
@@ -167,6 +221,21 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) { a.fp16 = to_bool(w, k, v); }},
       {{"gradient_checkpointing", "false", "activation checkpointing of the model's blocks"},
        [](A& a, const W& w, const S& k, const V& v) { a.gradient_checkpointing = to_bool(w, k, v); }},
+      {{"gradient_checkpointing_kwargs", "{}",
+        "use_reentrant (true or false: the same gradients, one mechanism here), preserve_rng_state"},
+       [](A& a, const W& w, const S& k, const V& v) {
+         a.gradient_checkpointing_kwargs.clear();
+         for (const auto& [name, text] : map_entries(w, k, v)) {
+           if (name != "use_reentrant" && name != "preserve_rng_state")
+             fail(w, k,
+                  fmt::format("'{}' is not an argument accel::checkpoint takes (use_reentrant, "
+                              "preserve_rng_state); remove it",
+                              name));
+           Value item;
+           item.text = text;
+           a.gradient_checkpointing_kwargs[name] = to_bool(w, k + "." + name, item);
+         }
+       }},
       {{"logging_dir", "null", "where trackers write (default <output_dir>/runs)"},
        [](A& a, const W& w, const S& k, const V& v) { a.logging_dir = v.is_null ? "" : to_string(w, k, v); }},
       {{"logging_strategy", "steps", "no | steps | epoch"},
@@ -216,9 +285,9 @@ const std::vector<Field>& fields() {
          if (a.report_to.empty()) a.report_to = {"none"};
        }},
       {{"run_name", "null", "the run's name in trackers"},
-       [](A& a, const W& w, const S& k, const V& v) {
-         a.run_name = v.is_null ? std::nullopt : std::optional<std::string>(to_string(w, k, v));
-       }},
+       [](A& a, const W& w, const S& k,
+          const V&
+              v) { a.run_name = v.is_null ? std::nullopt : std::optional<std::string>(to_string(w, k, v)); }},
       {{"seed", "42", "seed set before training (model init happens before: seed it yourself too)"},
        [](A& a, const W& w, const S& k, const V& v) {
          const auto x = to_int(w, k, v);
@@ -347,12 +416,30 @@ Value value_of(const YAML::Node& node) {
   } else if (node.IsMap()) {
     v.is_map = true;
     v.map_empty = node.size() == 0;
+    for (const auto& entry : node) {
+      if (!entry.first.IsScalar() || !entry.second.IsScalar()) {
+        v.map_nested = true;
+        continue;
+      }
+      v.entries.emplace_back(entry.first.Scalar(), entry.second.Scalar());
+    }
   }
   return v;
 }
 
 // A value from the command line: "null"/"None" is null, "[a, b]" or "a,b" for report_to is a list.
 Value value_of_text(const std::string& key, const std::string& text) {
+  // A mapping given as JSON on the command line, as HF's parser takes it: --lr_scheduler_kwargs '{"min_lr":
+  // 1e-5}'
+  if (!text.empty() && text.front() == '{') {
+    try {
+      const YAML::Node node = YAML::Load(text);
+      if (node.IsMap()) return value_of(node);
+    } catch (const YAML::Exception&) {
+    }
+    throw ConfigError(fmt::format("command line: --{} '{}' is not a JSON or YAML mapping", key, text),
+                      "command line", 0, key);
+  }
   Value v;
   v.text = text;
   v.is_null = text == "null" || text == "None";
@@ -368,6 +455,35 @@ Value value_of_text(const std::string& key, const std::string& text) {
     v.is_sequence = true;
   }
   return v;
+}
+
+// transformers' get_scheduler passes lr_scheduler_kwargs to the schedule's function, which refuses an
+// argument it does not take; get_cosine_with_min_lr_schedule_with_warmup wants exactly one of min_lr and
+// min_lr_rate.
+void validate_schedule_kwargs(const TrainingArguments& a, const Where& w) {
+  const auto allowed = schedule_kwargs(a.lr_scheduler_type);
+  for (const auto& [name, value] : a.lr_scheduler_kwargs) {
+    if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) continue;
+    fail(w, "lr_scheduler_kwargs",
+         fmt::format("'{}' is not an argument of lr_scheduler_type {} (it takes {})", name,
+                     a.lr_scheduler_type,
+                     allowed.empty() ? std::string("none") : fmt::format("{}", fmt::join(allowed, ", "))));
+  }
+  if (a.lr_scheduler_type != "cosine_with_min_lr") return;
+  const bool lr = a.lr_scheduler_kwargs.count("min_lr") > 0,
+             rate = a.lr_scheduler_kwargs.count("min_lr_rate") > 0;
+  if (lr == rate)
+    fail(w, "lr_scheduler_kwargs",
+         lr ? "set one of min_lr and min_lr_rate, not both (as transformers' "
+              "get_cosine_with_min_lr_schedule_with_warmup)"
+            : "lr_scheduler_type cosine_with_min_lr needs min_lr or min_lr_rate in lr_scheduler_kwargs, e.g. "
+              "lr_scheduler_kwargs: {min_lr_rate: 0.1}");
+  if (rate && !(a.lr_scheduler_kwargs.at("min_lr_rate") >= 0 && a.lr_scheduler_kwargs.at("min_lr_rate") <= 1))
+    fail(w, "lr_scheduler_kwargs",
+         fmt::format("min_lr_rate must be in [0, 1], got {}", a.lr_scheduler_kwargs.at("min_lr_rate")));
+  if (lr && a.lr_scheduler_kwargs.at("min_lr") < 0)
+    fail(w, "lr_scheduler_kwargs",
+         fmt::format("min_lr must not be negative, got {}", a.lr_scheduler_kwargs.at("min_lr")));
 }
 
 bool positive_steps(double x) {
@@ -538,6 +654,7 @@ void TrainingArguments::validate() {
     fail(w, "warmup_ratio", fmt::format("must be in [0, 1], got {}", warmup_ratio));
   if (warmup_steps < 0) fail(w, "warmup_steps", fmt::format("must not be negative, got {}", warmup_steps));
   if (bf16 && fp16) fail(w, "fp16", "fp16 and bf16 are both true: choose one");
+  validate_schedule_kwargs(*this, w);
   if (logging_strategy == "steps" && !positive_steps(logging_steps))
     fail(w, "logging_steps",
          fmt::format("must be positive with logging_strategy steps, got {}", logging_steps));
@@ -623,6 +740,10 @@ std::string TrainingArguments::to_yaml() const {
   out << YAML::Key << "adam_epsilon" << YAML::Value << adam_epsilon;
   out << YAML::Key << "optim" << YAML::Value << optim;
   out << YAML::Key << "lr_scheduler_type" << YAML::Value << lr_scheduler_type;
+  out << YAML::Key << "lr_scheduler_kwargs" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  for (const auto& [k, v] : lr_scheduler_kwargs)
+    out << YAML::Key << k << YAML::Value << v;
+  out << YAML::EndMap;
   out << YAML::Key << "warmup_steps" << YAML::Value << warmup_steps;
   out << YAML::Key << "warmup_ratio" << YAML::Value << warmup_ratio;
   out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << gradient_accumulation_steps;
@@ -630,6 +751,10 @@ std::string TrainingArguments::to_yaml() const {
   out << YAML::Key << "bf16" << YAML::Value << bf16;
   out << YAML::Key << "fp16" << YAML::Value << fp16;
   out << YAML::Key << "gradient_checkpointing" << YAML::Value << gradient_checkpointing;
+  out << YAML::Key << "gradient_checkpointing_kwargs" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  for (const auto& [k, v] : gradient_checkpointing_kwargs)
+    out << YAML::Key << k << YAML::Value << v;
+  out << YAML::EndMap;
   opt_str("logging_dir", logging_dir.empty() ? std::nullopt : std::optional<std::string>(logging_dir));
   out << YAML::Key << "logging_strategy" << YAML::Value << logging_strategy;
   out << YAML::Key << "logging_steps" << YAML::Value << logging_steps;
@@ -752,12 +877,10 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"tpu_metrics_debug", "false", false, "TPUs are not available"},
       {"debug", "empty", false, "not available; remove it"},
       {"past_index", "-1", false, "not available; remove it"},
-      {"adafactor", "false", false, "Adafactor is not available: optim adamw_torch, sgd or lamb"},
-      {"optim_args", "null|empty", false, "build the optimizer yourself and pass TrainerOptions::optimizer"},
+      {"adafactor", "false", false,
+       fmt::format("Adafactor is not available: optim {}", fmt::join(optimizer_names(), ", "))},
+      {"optim_args", "null|empty", false, std::string("optimizer arguments: ") + kOwnOptimizer},
       {"optim_target_modules", "null", false, "GaLore is not available"},
-      {"lr_scheduler_kwargs", "empty", false,
-       "build the schedule yourself and pass TrainerOptions::scheduler"},
-      {"gradient_checkpointing_kwargs", "null|empty", false, "not available; remove it"},
       {"group_by_length", "false", false, "not available; order the dataset yourself"},
       {"label_smoothing_factor", "0.0", false, "apply label smoothing in compute_loss"},
       {"neftune_noise_alpha", "null", false, "not available"},
@@ -773,9 +896,9 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"include_inputs_for_metrics", "false", false, "not available"},
       {"include_for_metrics", "empty", false, "not available"},
       {"include_num_input_tokens_seen", "false|no", true,
-       "tokens are counted when TrainerOptions::count_tokens is given"},
+       "tokens are counted when the program calls Trainer::set_count_tokens"},
       {"include_tokens_per_second", "false", true,
-       "tokens/s are logged when TrainerOptions::count_tokens is given"},
+       "tokens/s are logged when the program calls Trainer::set_count_tokens"},
       {"ignore_data_skip", "false", false, "resuming always continues at the saved batch"},
       {"restore_callback_states_from_checkpoint", "false", false, "callback states are always restored"},
       {"split_batches", "null", false, "set split_batches in the Accelerate config"},

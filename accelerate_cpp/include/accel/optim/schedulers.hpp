@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,13 @@ std::unique_ptr<Schedule> linear_with_warmup(torch::optim::Optimizer& optimizer,
 /// `total` (`cycles` 0.5: half a cosine wave).
 std::unique_ptr<Schedule> cosine_with_warmup(torch::optim::Optimizer& optimizer, std::int64_t warmup,
                                              std::int64_t total, double cycles = 0.5);
+/// transformers' get_cosine_with_min_lr_schedule_with_warmup: as cosine_with_warmup, but the cosine ends at
+/// `min_lr_rate` times each group's rate instead of 0 (factor `cos * (1 - min_lr_rate) + min_lr_rate`). Give
+/// `min_lr_rate`, or `min_lr` (then min_lr_rate = min_lr / the optimizer's default rate, as transformers
+/// divides by optimizer.defaults["lr"]), not both: UsageError otherwise.
+std::unique_ptr<Schedule> cosine_with_min_lr(torch::optim::Optimizer& optimizer, std::int64_t warmup,
+                                             std::int64_t total, std::optional<double> min_lr,
+                                             std::optional<double> min_lr_rate, double cycles = 0.5);
 /// transformers' get_polynomial_decay_schedule_with_warmup: rises over `warmup` steps, then decays as
 /// `(lr - lr_end) * (1 - progress)^power + lr_end` to `lr_end` at `total`, then stays there.
 std::unique_ptr<Schedule> polynomial_with_warmup(torch::optim::Optimizer& optimizer, std::int64_t warmup,

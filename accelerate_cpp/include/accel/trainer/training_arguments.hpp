@@ -13,6 +13,7 @@
 /// with an error that says what to do (see unsupported_training_keys()).
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,10 +41,15 @@ struct TrainingArguments {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  /// adamw_torch | adamw_torch_fused (accel::optim::AdamW, ATen's fused kernel) | sgd | lamb
+  /// adamw_torch | adamw_torch_fused (accel::optim::AdamW, ATen's fused kernel) | adamw_bnb_8bit | adamw_8bit |
+  /// paged_adamw_8bit | paged_adamw_32bit (accel::optim::AdamW8bit: bitsandbytes' AdamW; paging has no meaning
+  /// on a CPU) | sgd | lamb
   std::string optim = "adamw_torch";
-  /// linear | cosine | constant | constant_with_warmup | polynomial
+  /// linear | cosine | cosine_with_min_lr | constant | constant_with_warmup | polynomial
   std::string lr_scheduler_type = "linear";
+  /// HF's lr_scheduler_kwargs, the schedule's own arguments: cosine: num_cycles; cosine_with_min_lr: min_lr
+  /// or min_lr_rate (one of them, as transformers requires), num_cycles; polynomial: lr_end, power.
+  std::map<std::string, double> lr_scheduler_kwargs;
   std::int64_t warmup_steps = 0;  ///< > 0 wins over warmup_ratio
   double warmup_ratio = 0.0;
   int gradient_accumulation_steps = 1;
@@ -51,6 +57,10 @@ struct TrainingArguments {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
+  /// HF's gradient_checkpointing_kwargs (torch.utils.checkpoint's keyword arguments): use_reentrant (true
+  /// and false give the same gradients here: one recomputing autograd node, docs/trainer.md) and
+  /// preserve_rng_state (default true).
+  std::map<std::string, bool> gradient_checkpointing_kwargs;
   std::string logging_dir;                 ///< where trackers write; default output_dir/runs
   std::string logging_strategy = "steps";  ///< no | steps | epoch
   double logging_steps = 500;
