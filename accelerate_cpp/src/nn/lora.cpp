@@ -20,6 +20,7 @@
 #include <iostream>
 #include <mutex>
 #include <regex>
+#include <cmath>
 #include <set>
 #include <shared_mutex>
 
@@ -521,9 +522,67 @@ void LoraModel::load_adapter(const std::string& dir) {
     dst.copy_(src);
 }
 
+namespace {
+
+bool is_lora_linear(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr ||
+         dynamic_cast<const quant::Linear4bitImpl*>(&m) != nullptr ||
+         dynamic_cast<const tp::ColumnParallelLinearImpl*>(&m) != nullptr ||
+         dynamic_cast<const tp::RowParallelLinearImpl*>(&m) != nullptr;
+}
+
+bool is_all_linear(const LoraConfig& c) {
+  auto lower = [](std::string s) {
+    for (auto& ch : s)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  return (c.target_modules.size() == 1 && lower(c.target_modules.front()) == "all-linear") ||
+         lower(c.target_modules_regex) == "all-linear";
+}
+
+// PEFT's _maybe_include_all_linear_layers (peft/tuners/tuners_utils.py): every Linear's path, less the output
+// head (a PreTrainedModel's get_output_embeddings(); here `output_head` when the model has such a module),
+// or, without one under task_type SEQ_CLS, the first of SEQ_CLS_HEAD_NAMES among the model's attributes, and
+// less the modules inside LoRA layers already there.
+std::vector<std::string> all_linear_targets(torch::nn::Module& model, const LoraConfig& c) {
+  std::set<std::string> exclude;
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  if (!c.output_head.empty() && modules.contains(c.output_head)) {
+    exclude.insert(c.output_head);
+  } else if (c.task_type == "SEQ_CLS") {
+    const auto children = model.named_children();
+    for (const char* head : {"score", "classifier"}) {
+      if (!children.contains(head)) continue;
+      exclude.insert(head);
+      break;
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& item : modules) {
+    const std::string& path = item.key();
+    if (!is_lora_linear(*item.value()) || exclude.count(path) > 0) continue;
+    if (path.find(".lora_A") != std::string::npos || path.find(".lora_B") != std::string::npos) continue;
+    out.push_back(path);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Module>& model,
-                                          const LoraConfig& config) {
+                                          const LoraConfig& requested) {
   if (!model) throw UsageError("get_peft_model: the model is empty");
+  LoraConfig config = requested;
+  if (is_all_linear(requested)) {
+    config.target_modules = all_linear_targets(*model, requested);
+    config.target_modules_regex.clear();
+    if (config.target_modules.empty())
+      throw UsageError(
+          "get_peft_model: target_modules all-linear, but the model has no Linear layer besides "
+          "its output head '" +
+          requested.output_head + "'");
+  }
   if (config.r < 1) throw UsageError(fmt::format("LoraConfig: r must be at least 1, got {}", config.r));
   if (!(config.lora_alpha > 0))
     throw UsageError(fmt::format("LoraConfig: lora_alpha must be positive, got {}", config.lora_alpha));
@@ -614,7 +673,9 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
       torch::NoGradGuard no_grad;
       layer->lora_B->weight.zero_();
     }
-    layer->scale = config.lora_alpha / config.r;
+    // PEFT's LoraLayer.update_layer: lora_alpha / sqrt(r) with use_rslora, else lora_alpha / r.
+    layer->scale = config.use_rslora ? config.lora_alpha / std::sqrt(static_cast<double>(config.r))
+                                     : config.lora_alpha / config.r;
     layer->dropout = config.lora_dropout;
     layers.push_back(std::move(layer));
   }

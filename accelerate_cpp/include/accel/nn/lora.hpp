@@ -44,7 +44,10 @@ struct LoraConfig {
   double lora_alpha = 8;
   double lora_dropout = 0.0;
   /// Module names: a Linear whose dotted path equals one or ends with "." + one is adapted (PEFT's list
-  /// form).
+  /// form). PEFT's shorthand `{"all-linear"}` (also as target_modules_regex, any case) adapts every Linear
+  /// (4-bit and tensor-parallel ones too) except the output head, as peft's _maybe_include_all_linear_layers:
+  /// `output_head` when the model has it, else under task_type SEQ_CLS a top-level `score` or `classifier`;
+  /// the adapted paths then become target_modules (as PEFT writes them into adapter_config.json).
   std::vector<std::string> target_modules;
   /// Or a regular expression matched against the whole dotted path (PEFT's string form).
   std::string target_modules_regex;
@@ -52,6 +55,14 @@ struct LoraConfig {
   std::string bias = "none";
   /// Modules (by name, as target_modules) trained in full besides the adapters.
   std::vector<std::string> modules_to_save;
+  /// Rank-stabilised LoRA (PEFT's use_rslora): the adapters' scaling is lora_alpha / sqrt(r), not / r.
+  bool use_rslora = false;
+  /// What all-linear leaves out: the dotted path of the model's output head (transformers'
+  /// get_output_embeddings() of a causal LM is `lm_head`); empty: no head.
+  std::string output_head = "lm_head";
+  /// PEFT's task_type (CAUSAL_LM, SEQ_CLS, ...): under SEQ_CLS without an output head, all-linear leaves out
+  /// the classification head (a top-level `score` or `classifier`, PEFT's SEQ_CLS_HEAD_NAMES).
+  std::string task_type;
 };
 
 /// The adapters put on one model: what get_peft_model returns. The adapters live in the model (its
