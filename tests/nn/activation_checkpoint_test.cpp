@@ -448,3 +448,131 @@ TEST_CASE("checkpointing: the YAML switch checkpoints a Sequential model with id
   for (std::size_t i = 0; i < plain.size(); ++i)
     REQUIRE(torch::equal(plain[i], ckpt[i]));
 }
+
+namespace {
+
+// A decoder block as transformers lays them out: called by its type from a ModuleList with a second input (an
+// additive mask that needs no gradient), dropout inside, and derived from GradientCheckpointingLayer.
+struct GcBlockImpl : torch::nn::Module, accel::GradientCheckpointingLayer {
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  GcBlockImpl() {
+    up = register_module("up", torch::nn::Linear(8, 16));
+    down = register_module("down", torch::nn::Linear(16, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask) {
+    return checkpointed_call(
+               [this](const std::vector<torch::Tensor>& in) {
+                 auto h = torch::dropout(torch::gelu(up->forward(in[0])), 0.2, is_training());
+                 return std::vector<torch::Tensor>{in[0] + down->forward(h) + in[1]};
+               },
+               {x, mask}, is_training())
+        .front();
+  }
+};
+TORCH_MODULE(GcBlock);
+
+struct GcDecoderImpl : torch::nn::Module {
+  torch::nn::ModuleList layers;
+  torch::nn::Linear head{nullptr};
+  GcDecoderImpl() {
+    for (int i = 0; i < 3; ++i)
+      layers->push_back(GcBlock());
+    register_module("layers", layers);
+    head = register_module("head", torch::nn::Linear(8, 1));
+  }
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
+    for (const auto& layer : *layers)
+      x = layer->as<GcBlockImpl>()->forward(x, mask);  // by type, as transformers' decoder loops do
+    return head->forward(x);
+  }
+};
+TORCH_MODULE(GcDecoder);
+
+// A plain block in a ModuleList: no wrapper can stand in for it.
+struct PlainBlockImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+};
+TORCH_MODULE(PlainBlock);
+
+}  // namespace
+
+TEST_CASE("checkpointing: a ModuleList of decoder blocks trains with checkpointing as without, bit for bit") {
+  // Three AdamW steps: the losses and every gradient equal the plain run's exactly (the recomputation replays
+  // the dropout masks).
+  auto run = [](bool on) {
+    torch::manual_seed(0);
+    GcDecoder model;
+    if (on) CHECK(accel::checkpoint_model_blocks(*model, "gradient_checkpointing") == 3);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    std::vector<double> losses;
+    std::vector<torch::Tensor> grads;
+    torch::manual_seed(1);
+    const auto mask = torch::zeros({4, 8});
+    for (int step = 0; step < 3; ++step) {
+      const auto x = torch::randn({4, 8}), y = torch::randn({4, 1});
+      opt.zero_grad();
+      const auto loss = torch::mse_loss(model->forward(x, mask), y);
+      loss.backward();
+      losses.push_back(loss.item<double>());
+      for (const auto& p : model->parameters())
+        grads.push_back(p.grad().clone());
+      opt.step();
+    }
+    return std::make_pair(losses, grads);
+  };
+  const auto [plain_losses, plain_grads] = run(false);
+  const auto [ckpt_losses, ckpt_grads] = run(true);
+  CHECK(plain_losses == ckpt_losses);
+  REQUIRE(plain_grads.size() == ckpt_grads.size());
+  for (std::size_t i = 0; i < plain_grads.size(); ++i)
+    REQUIRE(torch::equal(plain_grads[i], ckpt_grads[i]));
+  GcDecoder model;
+  for (const auto& layer : *model->layers)
+    CHECK_FALSE(layer->as<GcBlockImpl>()->gradient_checkpointing());
+  accel::checkpoint_model_blocks(*model, "gradient_checkpointing",
+                                 accel::CheckpointOptions().preserve_rng_state(false));
+  for (const auto& layer : *model->layers)
+    CHECK(layer->as<GcBlockImpl>()->gradient_checkpointing());
+}
+
+TEST_CASE(
+    "checkpointing: Sequential blocks of a ModuleList are checkpointed in place; other blocks are refused") {
+  struct SeqList : torch::nn::Module {
+    torch::nn::ModuleList layers;
+    SeqList() {
+      layers->push_back(torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh()));
+      layers->push_back(torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh()));
+      register_module("layers", layers);
+    }
+  };
+  auto run = [](bool on) {
+    torch::manual_seed(2);
+    auto m = std::make_shared<SeqList>();
+    if (on) CHECK(accel::checkpoint_model_blocks(*m, "gradient_checkpointing") == 2);
+    auto x = torch::randn({3, 4});
+    for (const auto& layer : *m->layers)
+      x = layer->as<torch::nn::SequentialImpl>()->forward(x);  // still a Sequential: callers by type work
+    x.sum().backward();
+    std::vector<torch::Tensor> g;
+    for (const auto& p : m->named_parameters())
+      g.push_back(p.value().grad().clone());
+    return std::make_pair(g, m->named_parameters().keys());
+  };
+  const auto [plain, plain_names] = run(false);
+  const auto [ckpt, ckpt_names] = run(true);
+  CHECK(plain_names == ckpt_names);
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    CHECK(torch::equal(plain[i], ckpt[i]));
+  struct PlainList : torch::nn::Module {
+    torch::nn::ModuleList layers;
+    PlainList() {
+      layers->push_back(PlainBlock());
+      register_module("layers", layers);
+    }
+  };
+  PlainList plain_list;
+  CHECK_THROWS_WITH(accel::checkpoint_model_blocks(plain_list, "TrainingArguments gradient_checkpointing"),
+                    Catch::Matchers::Contains("TrainingArguments gradient_checkpointing is on") &&
+                        Catch::Matchers::Contains("'layers.0'") &&
+                        Catch::Matchers::Contains("accel::GradientCheckpointingLayer"));
+}

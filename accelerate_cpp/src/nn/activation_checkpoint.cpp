@@ -7,6 +7,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/nn/modules/container/modulelist.h>
 
 #include <algorithm>
 #include <mutex>
@@ -380,27 +381,94 @@ void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& 
   }
 }
 
-int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting) {
+torch::Tensor GradientCheckpointingLayer::checkpointed_call(const CheckpointSegment& run,
+                                                            const torch::Tensor& input, bool training) const {
+  if (!enabled_ || !training || !torch::GradMode::is_enabled()) return run(input);
+  return checkpoint(run, input, options_);
+}
+
+std::vector<torch::Tensor> GradientCheckpointingLayer::checkpointed_call(
+    const CheckpointSegmentList& run, const std::vector<torch::Tensor>& inputs, bool training) const {
+  if (!enabled_ || !training || !torch::GradMode::is_enabled()) return run(inputs);
+  return checkpoint(run, inputs, options_);
+}
+
+namespace {
+
+// The blocks of every ModuleList in `model`: GradientCheckpointingLayers are switched on by the caller,
+// Sequentials checkpointed child by child; the path and type of the first block of another type go to
+// `foreign` (its callers hold it by type: no wrapper fits).
+int checkpoint_module_lists(torch::nn::Module& model, const CheckpointOptions& options,
+                            std::string& foreign) {
+  int done = 0;
+  // The model itself by reference (it may live on the stack: named_modules(include_self) needs a shared_ptr).
+  std::vector<std::pair<std::string, const torch::nn::Module*>> all{{"", &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    all.emplace_back(item.key(), item.value().get());
+  for (const auto& [name, module] : all) {
+    const auto* list = dynamic_cast<const torch::nn::ModuleListImpl*>(module);
+    if (list == nullptr) continue;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const auto block = list->ptr(i);
+      if (dynamic_cast<GradientCheckpointingLayer*>(block.get()) != nullptr) continue;  // switched on below
+      if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(block)) {
+        torch::nn::Sequential holder(seq);
+        checkpoint_sequential(holder, options);
+        ++done;
+        continue;
+      }
+      if (dynamic_cast<CheckpointedImpl*>(block.get()) != nullptr || !foreign.empty()) continue;
+      const std::string path = name.empty() ? std::to_string(i) : name + "." + std::to_string(i);
+      foreign = "'" + path + "' (a " + block->name() + ")";
+    }
+  }
+  return done;
+}
+
+}  // namespace
+
+int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting,
+                            const CheckpointOptions& options) {
   int wrapped = 0;
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&model)) {
     torch::nn::Sequential holder(
         std::static_pointer_cast<torch::nn::SequentialImpl>(seq->shared_from_this()));
-    checkpoint_sequential(holder);
+    checkpoint_sequential(holder, options);
     wrapped = 1;
   } else {
     for (const auto& child : model.children()) {
       if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(child)) {
         torch::nn::Sequential holder(seq);
-        checkpoint_sequential(holder);
+        checkpoint_sequential(holder, options);
         ++wrapped;
       }
     }
   }
+  std::string foreign;
+  wrapped += checkpoint_module_lists(model, options, foreign);
+  std::vector<torch::nn::Module*> modules{&model};
+  for (const auto& m : model.modules(/*include_self=*/false))
+    modules.push_back(m.get());
+  for (auto* m : modules) {
+    if (auto* layer = dynamic_cast<GradientCheckpointingLayer*>(m)) {
+      layer->gradient_checkpointing_enable(options);
+      ++wrapped;
+    }
+  }
+  if (wrapped == 0 && !foreign.empty()) {
+    throw UsageError(
+        setting + " is on, but the model's blocks are in a ModuleList, and block " + foreign +
+        " is called by its type, so no checkpointing wrapper can stand in for it. Derive that class from "
+        "accel::GradientCheckpointingLayer too and run its forward through checkpointed_call "
+        "(<accel/nn/activation_checkpoint.hpp>; transformers' decoder layers are GradientCheckpointingLayers "
+        "alike), or turn the option off");
+  }
   if (wrapped == 0) {
     throw UsageError(setting +
-                     " is on, but the model is not a torch::nn::Sequential and has no Sequential children to "
-                     "checkpoint; wrap its blocks explicitly with accel::Checkpointed "
-                     "(accel/activation_checkpoint.hpp) or turn the option off");
+                     " is on, but the model is not a torch::nn::Sequential and has no Sequential children, "
+                     "ModuleList blocks or accel::GradientCheckpointingLayer to checkpoint; wrap its blocks "
+                     "with accel::Checkpointed or derive them from accel::GradientCheckpointingLayer "
+                     "(<accel/nn/activation_checkpoint.hpp>), or turn the option off");
   }
   return wrapped;
 }

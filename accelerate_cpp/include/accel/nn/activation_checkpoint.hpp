@@ -164,11 +164,55 @@ TORCH_MODULE(Checkpointed);
 /// UsageError when `seq` is empty (no module). Local (no collective), but call it on every rank alike.
 void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& options = {});
 
+/// A block that can run checkpointed while staying the model's own type (transformers'
+/// GradientCheckpointingLayer, the base of every decoder layer there). For blocks that a model keeps in a
+/// torch::nn::ModuleList and calls by their type (`layers[i]->as<DecoderLayer>()->forward(x, mask)`), which
+/// no wrapper can replace: derive the block from this class too and run its forward through
+/// checkpointed_call. checkpoint_model_blocks (the Trainer's gradient_checkpointing) then switches it on.
+///
+///   struct DecoderLayerImpl : torch::nn::Module, accel::GradientCheckpointingLayer {
+///     torch::Tensor forward(const torch::Tensor& x) {
+///       return checkpointed_call([this](const torch::Tensor& h) { return forward_impl(h); }, x,
+///       is_training());
+///     }
+///   };
+class GradientCheckpointingLayer {
+ public:
+  virtual ~GradientCheckpointingLayer() = default;
+  /// Checkpoint this block's calls from now on (transformers' `gradient_checkpointing = True`).
+  void gradient_checkpointing_enable(CheckpointOptions options = {}) {
+    enabled_ = true;
+    options_ = options;
+  }
+  void gradient_checkpointing_disable() noexcept { enabled_ = false; }
+  bool gradient_checkpointing() const noexcept { return enabled_; }
+
+ protected:
+  /// `run(input)` through checkpoint() when enabled, `training` and grad mode on; plainly otherwise.
+  torch::Tensor checkpointed_call(const CheckpointSegment& run, const torch::Tensor& input,
+                                  bool training) const;
+  /// The same with several tensors in and out (masks and position ids pass as inputs that need no grad).
+  std::vector<torch::Tensor> checkpointed_call(const CheckpointSegmentList& run,
+                                               const std::vector<torch::Tensor>& inputs, bool training) const;
+
+ private:
+  bool enabled_ = false;
+  CheckpointOptions options_;
+};
+
 /// Activation checkpointing of an unmodified model, as the configs' `fsdp_activation_checkpointing` /
-/// `activation_checkpointing` and the Trainer's `gradient_checkpointing` turn it on: checkpoint_sequential on
-/// `model` when it is a Sequential, else on each of its direct Sequential children (a transformer's block
-/// list). Returns how many Sequentials it wrapped (again a no-op for those already wrapped). Throws
-/// UsageError naming `setting` (what asked for it) when the model has no Sequential to checkpoint.
-int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting);
+/// `activation_checkpointing` and the Trainer's `gradient_checkpointing` turn it on:
+///  - checkpoint_sequential on `model` when it is a Sequential, else on each of its direct Sequential
+///    children (a block list);
+///  - every GradientCheckpointingLayer anywhere in the model is switched on (transformers' layout: the
+///    decoder layers in a ModuleList);
+///  - each block of a ModuleList that is a Sequential is checkpointed child by child (checkpoint_sequential:
+///    it stays a Sequential, so code that calls it by type still works).
+/// Returns how many Sequentials and layers it switched on (again a no-op for those already on). Throws
+/// UsageError naming `setting` (what asked for it) when there is nothing to checkpoint, or when a ModuleList
+/// holds a block of another type (no wrapper can stand in for it: the error names it and says how to make it
+/// a GradientCheckpointingLayer). Local; call it on every rank alike.
+int checkpoint_model_blocks(torch::nn::Module& model, const std::string& setting,
+                            const CheckpointOptions& options = {});
 
 }  // namespace accel
