@@ -280,7 +280,8 @@ def trl_prepare(tok, model, rows, cfg, batch_size, workdir):
                      per_device_train_batch_size=batch_size, max_length=cfg.get("max_length", 1024),
                      packing=cfg.get("packing", False), packing_strategy=cfg.get("packing_strategy", "bfd"),
                      assistant_only_loss=cfg.get("assistant_only_loss", False),
-                     completion_only_loss=cfg.get("completion_only_loss"), dataset_num_proc=None)
+                     completion_only_loss=cfg.get("completion_only_loss"), dataset_num_proc=None,
+                     pad_to_multiple_of=cfg.get("pad_to_multiple_of"))
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
     ds = trainer.train_dataset
     examples = [{"input_ids": list(ds[i]["input_ids"]), "labels": list(ds[i]["labels"]),
@@ -337,9 +338,12 @@ def check_sft(workdir, tokenizer_json):
         ("prompt-completion, completion_only_loss default", "prompt_completion", "qwen2_5", {"max_length": 20}, 3),
         ("prompt-completion, completion_only_loss false", "prompt_completion", "qwen2_5",
          {"completion_only_loss": False}, 3),
-        ("conversational prompt-completion", "conv_pc", "qwen2_5", {}, 3),
+        ("conversational prompt-completion, pad_to_multiple_of 8", "conv_pc", "qwen2_5",
+         {"pad_to_multiple_of": 8}, 3),
         ("Alpaca (LLaMA-Factory converter)", "alpaca", "qwen2_5_training", {"assistant_only_loss": True}, 3),
         ("text, bfd packing 32, padding-free collator", "text", "qwen2_5", {"packing": True, "max_length": 32}, 2),
+        ("text, bfd packing 32, padding-free, pad_to_multiple_of 16", "text", "qwen2_5",
+         {"packing": True, "max_length": 32, "pad_to_multiple_of": 16}, 3),
         ("messages, bfd packing 64 + assistant_only_loss", "messages", "qwen2_5_training",
          {"packing": True, "max_length": 64, "assistant_only_loss": True}, 3),
         ("text, wrapped packing 16", "text", "qwen2_5",
@@ -347,7 +351,7 @@ def check_sft(workdir, tokenizer_json):
         ("messages, bfd_split packing 24", "messages", "qwen2_5",
          {"packing": True, "max_length": 24, "packing_strategy": "bfd_split"}, 3),
     ]
-    equal, failures, tokens = 0, [], 0
+    equal, equal_tok, failures, tokens = 0, 0, [], 0
     for title, data, tpl_name, cfg, batch_size in configs:
         d, tok = dirs[tpl_name]
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
@@ -360,14 +364,26 @@ def check_sft(workdir, tokenizer_json):
                                "assistant_only_loss": cfg.get("assistant_only_loss", False),
                                "packing": cfg.get("packing", False),
                                "packing_strategy": cfg.get("packing_strategy", "bfd")},
-                   "collator": {"pad_token_id": pad_id, "padding_free": padding_free, "batch_size": batch_size}}
+                   "collator": {"pad_token_id": pad_id, "padding_free": padding_free, "batch_size": batch_size,
+                                "pad_to_multiple_of": cfg.get("pad_to_multiple_of")}}
         got = cpp_prepare(tok, request, workdir)
+        # End to end: the same with accel::llm::Tokenizer reading the tokenizer directory.
+        request.pop("table")
+        request["tokenizer_dir"] = d
+        path = os.path.join(workdir, "request.json")
+        json.dump(request, open(path, "w"), ensure_ascii=False)
+        got_tok = json.loads(subprocess.run([TOOL, "prepare", path], capture_output=True, text=True,
+                                            check=True).stdout)
         if got.get("examples") == want_ex and got.get("batches") == want_b:
             equal += 1
             tokens += sum(len(e["input_ids"]) for e in want_ex)
         else:
-            failures.append((title, want_ex, want_b, got))
-    return equal, len(configs), tokens, failures
+            failures.append((title + " (ids from the table)", want_ex, want_b, got))
+        if got_tok.get("examples") == want_ex and got_tok.get("batches") == want_b:
+            equal_tok += 1
+        else:
+            failures.append((title + " (accel::llm::Tokenizer)", want_ex, want_b, got_tok))
+    return equal, equal_tok, len(configs), tokens, failures
 
 
 def show(failures, limit=3):
@@ -398,15 +414,17 @@ def main():
         except ImportError as e:
             print(f"SKIP: trl is not importable ({e})")
             return 77
-        sft_equal, sft_total, tokens, sft_failures = check_sft(workdir, tokenizer_json)
+        sft_equal, sft_equal_tok, sft_total, tokens, sft_failures = check_sft(workdir, tokenizer_json)
         show(sft_failures, 2)
-        if sft_equal == sft_total:
+        ok = sft_equal == sft_total and sft_equal_tok == sft_total
+        if ok:
             print(f"sft: {sft_equal} configurations equal TRL ({tokens} tokens: input_ids, labels, "
-                  f"attention masks, packed position ids)")
+                  f"attention masks, packed position ids), also through accel::llm::Tokenizer")
         else:
-            print(f"sft: {sft_total - sft_equal} of {sft_total} configurations differ from TRL")
+            print(f"sft: {sft_total - sft_equal} of {sft_total} configurations differ from TRL with table ids, "
+                  f"{sft_total - sft_equal_tok} through accel::llm::Tokenizer")
         print(f"time {time.time() - start:.1f} s")
-        return 0 if differ == 0 and sft_equal == sft_total else 1
+        return 0 if differ == 0 and ok else 1
 
 
 if __name__ == "__main__":

@@ -97,9 +97,16 @@ int prepare_command(const std::string& request_path) {
     }
     out["examples"] = ex;
     const json& c = req["collator"];
-    llm::CollatorOptions co;
-    co.pad_token_id = c["pad_token_id"].get<int64_t>();
-    co.padding_free = c.value("padding_free", false);
+    // The collator TRL chose must be the one sft_collator_options chooses.
+    const llm::SftDataOptions opt = data_options(req["options"]);
+    llm::CollatorOptions co = llm::sft_collator_options(opt, c["pad_token_id"].get<int64_t>());
+    if (co.padding_free != c.value("padding_free", false)) {
+      std::cout << json{{"error", "sft_collator_options chose padding_free=" +
+                                      std::to_string(co.padding_free) + ", TRL did not"}}
+                       .dump()
+                << "\n";
+      return 0;
+    }
     if (c.contains("pad_to_multiple_of") && !c["pad_to_multiple_of"].is_null()) {
       co.pad_to_multiple_of = c["pad_to_multiple_of"].get<int64_t>();
     }

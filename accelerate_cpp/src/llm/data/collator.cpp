@@ -70,6 +70,13 @@ SftBatch padding_free(const std::vector<SftExample>& examples, const CollatorOpt
 
 }  // namespace
 
+CollatorOptions sft_collator_options(const SftDataOptions& data, int64_t pad_token_id) {
+  CollatorOptions o;
+  o.pad_token_id = pad_token_id;
+  o.padding_free = data.packing && (data.packing_strategy == "bfd" || data.packing_strategy == "bfd_split");
+  return o;
+}
+
 SftBatch collate(const std::vector<SftExample>& examples, const CollatorOptions& o) {
   if (examples.empty()) throw UsageError("collate: the batch is empty");
   for (const auto& e : examples) {

@@ -41,6 +41,10 @@ struct SftBatch {
   std::vector<int32_t> seq_idx;         ///< padding-free: the document index of each token
 };
 
+/// The collator TRL's SFTTrainer builds for `data`: padding-free with bfd / bfd_split packing (TRL turns it
+/// on, since a padded attention mask would let attention cross the packed documents), padded otherwise.
+CollatorOptions sft_collator_options(const SftDataOptions& data, int64_t pad_token_id);
+
 /// Collates `examples` (one batch). Throws accel::UsageError for an empty batch.
 SftBatch collate(const std::vector<SftExample>& examples, const CollatorOptions& options);
 
