@@ -33,4 +33,7 @@ if __name__ == "__main__":
     # PyTorch's scheduler rates that tests/optim/schedulers_test.cpp reads from the checked-in file.
     run("schedules.py", "--check", str(HERE.parent / "data" / "pytorch_schedules.txt"))
     run("check_peft_adapter.py", peft_dir)
+    run("peft_all_linear.py", peft_dir)
     run("bnb_4bit.py", bnb_dir)
+    run("bnb_adamw8bit.py", bnb_dir)
+    run("hf_trainer_order.py", str(pathlib.Path(bnb_dir) / "hf_order.txt"))

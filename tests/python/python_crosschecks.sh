@@ -5,7 +5,11 @@
 #   PEFT loads it onto the same architecture and must compute the same output, and writes changed adapters
 #   that accelerate-cpp loads ([.peft_import]) and must compute PEFT's output;
 # - accel::quant's 4-bit NF4/FP4 codes, absmax and dequantised values against bitsandbytes' for seeded
-#   tensors (bnb_4bit.py writes them, [.bnb] compares).
+#   tensors (bnb_4bit.py writes them, [.bnb] compares);
+# - LoRA's target_modules all-linear adapts the modules PEFT adapts on Qwen2-shaped trees (peft_all_linear.py
+#   writes PEFT's choice, [.peft_all_linear] compares);
+# - bitsandbytes' 8-bit AdamW on the CPU (bnb_adamw8bit.py, [.bnb_adamw8bit]) and transformers' Trainer's sample
+#   order (hf_trainer_order.py, [.hf_order]).
 #   python_crosschecks.sh <accel_torch_tests> <python>   (exit 77 = skipped when peft or bitsandbytes is not
 #                                                          importable)
 set -euo pipefail
@@ -19,4 +23,7 @@ ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_export]" > "$dir/export.log" ||
 # same values.
 TORCH_COMPILE_DISABLE=1 OMP_NUM_THREADS=1 "$python" "$(dirname "$0")/python_crosschecks.py" "$dir/peft" "$dir/bnb"
 ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_import]" -s 2>&1 | grep -E "peft_import:|passed|failed|FAILED"
+ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_all_linear]" -s --use-colour no 2>&1 | grep -E "peft_all_linear:|passed|failed|FAILED"
 ACCEL_BNB_DIR=$dir/bnb OMP_NUM_THREADS=1 "$tests" "[.bnb]" --use-colour no
+ACCEL_BNB_DIR=$dir/bnb OMP_NUM_THREADS=1 "$tests" "[.bnb_adamw8bit]" -s --use-colour no 2>&1 | grep -E "bnb_adamw8bit:|passed|failed|FAILED"
+ACCEL_HF_ORDER_FILE=$dir/bnb/hf_order.txt OMP_NUM_THREADS=1 "$tests" "[.hf_order]" -s --use-colour no 2>&1 | grep -E "hf_order:|passed|failed|FAILED"

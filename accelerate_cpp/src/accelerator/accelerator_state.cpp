@@ -96,6 +96,7 @@ detail::StateParts Accelerator::state_parts() {
   parts.tensor_parallel_size = groups_.tensor->world_size();
   parts.tensor_parallel_rank = groups_.tensor->rank();
   parts.notice = [this](std::string notice) { add_notice(std::move(notice)); };
+  parts.trainable_only = checkpointing_.trainable_only;
   if (parts.tensor_parallel_size > 1) {
     for (const auto& m : prepared_.models)
       parts.tensor_parallel_splits.push_back(tp::split_parameters(*m.module));

@@ -492,9 +492,39 @@ void StateIO::load_layer_optimizer(LayerFiles& files, const std::vector<std::str
   });
 }
 
+namespace {
+
+// Model files written under Accelerator::set_checkpoint_trainable_only say so in their metadata.
+constexpr const char* kModelPartKey = "accelerate_cpp.model_part";
+constexpr const char* kTrainableOnly = "trainable";
+
+// Keeps, of a model's state, the parameters that require grad (LoRA adapters, modules to save).
+void keep_trainable(NamedTensors& state, const torch::nn::Module& module) {
+  std::set<std::string> trainable;
+  for (const auto& p : module.named_parameters())
+    if (p.value().requires_grad()) trainable.insert(p.key());
+  NamedTensors kept;
+  for (auto& [name, tensor] : state)
+    if (trainable.count(name) > 0) kept.emplace_back(name, std::move(tensor));
+  if (kept.size() != trainable.size()) {
+    throw CheckpointError(fmt::format(
+        "save_state with set_checkpoint_trainable_only: the model has {} trainable parameters but its state "
+        "names {} of them; the backend names parameters otherwise than the model (save without "
+        "trainable_only)",
+        trainable.size(), kept.size()));
+  }
+  state = std::move(kept);
+}
+
+}  // namespace
+
 void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& counters) {
   const fs::path tmp = tmp_dir;
   if (p_.pipeline) {
+    if (p_.trainable_only)
+      throw UsageError(
+          "save_state: set_checkpoint_trainable_only is not available with a pipeline (each stage writes its "
+          "layers whole); turn it off");
     write_layer_files(tmp_dir);
     if (p_.rank == 0) write_main_files(tmp_dir, {}, counters);
     write_random_states(tmp_dir);
@@ -508,6 +538,7 @@ void StateIO::write_files(const std::string& tmp_dir, const TrainingCounters& co
   for (std::size_t i = 0; i < p_.prepared->models.size(); ++i) {
     model_states.push_back(p_.prepared->models[i].engine->model_state());
     if (tensor_parallel) gather_tensor_parallel(model_states.back(), p_.tensor_parallel_splits.at(i));
+    if (p_.trainable_only) keep_trainable(model_states.back(), *p_.prepared->models[i].module);
   }
   const auto shapes = parameter_shapes(modules());
   // The first replica's ranks keep the consolidated state (with tensor parallelism each holds other slices).
@@ -571,7 +602,9 @@ void StateIO::write_main_files(const std::string& tmp_dir, const std::vector<Nam
   const fs::path tmp = tmp_dir;
   for (std::size_t i = 0; i < model_states.size(); ++i) {
     const auto path = (tmp / indexed("model", i, ".safetensors")).string();
-    written_[path] = write_tensors(path, model_states[i], {{"format", "pt"}});
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (p_.trainable_only) metadata[kModelPartKey] = kTrainableOnly;
+    written_[path] = write_tensors(path, model_states[i], metadata);
     for (const auto& [stem, tensors] : p_.prepared->models[i].engine->extra_model_files(model_states[i])) {
       const auto extra = (tmp / indexed(stem, i, ".safetensors")).string();
       written_[extra] = write_tensors(extra, tensors, {{"format", "pt"}});
@@ -1019,6 +1052,13 @@ void StateIO::load_models(const std::string& dir) {
     auto state = read_tensors(f);
     if (p_.tensor_parallel_size > 1)
       slice_tensor_parallel(state, p_.tensor_parallel_splits.at(i), "load_state from " + f.path());
+    const auto part = f.metadata().find(kModelPartKey);
+    if (part != f.metadata().end() && part->second == kTrainableOnly) {
+      // Only the trainable parameters were saved: the rest is the model as the program built it now (the
+      // frozen base), taken from the engine (collective under sharded parameters: every rank is here).
+      for (auto& [name, tensor] : models[i].engine->model_state())
+        state.emplace(name, tensor);  // keeps the saved tensor where there is one
+    }
     if (models.size() > 1) check_fits(models[i], i, state, f.path());
     states.push_back(std::move(state));
     paths.push_back(f.path());

@@ -85,6 +85,8 @@ struct StateParts {
   std::vector<std::map<std::string, tp::SplitParameter>> tensor_parallel_splits;
   /// Says something once to the user (the accelerator's notices); may be empty.
   std::function<void(std::string)> notice;
+  /// Model files hold only the parameters that require grad (Accelerator::set_checkpoint_trainable_only).
+  bool trainable_only = false;
 };
 
 class StateIO {

@@ -5,6 +5,7 @@
 #include <accel/accelerator/resolved_config.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
+#include <accel/optim/adamw_8bit.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/pipeline.hpp>
@@ -245,8 +246,10 @@ void TrainerBase::attach() {
   // it, and its later save_state calls must not reach a destroyed Trainer.
   std::weak_ptr<TrainerBase*> token = alive_;
   accelerator_->register_save_state_pre_hook([token](const std::string& dir) {
-    if (const auto self = token.lock(); self && (*self)->accelerator_->is_main_process())
-      (*self)->write_state(dir);
+    const auto self = token.lock();
+    if (!self) return;
+    (*self)->write_adapter(dir);  // every rank: it may gather
+    if ((*self)->accelerator_->is_main_process()) (*self)->write_state(dir);
   });
 }
 
@@ -285,6 +288,22 @@ void TrainerBase::set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimiz
   optimizer_ = std::move(optimizer);
   scheduler_ = std::move(scheduler);
   user_scheduler_ = scheduler_ != nullptr;
+}
+
+void TrainerBase::set_peft_model(std::shared_ptr<peft::LoraModel> lora) {
+  if (prepared_) throw UsageError("Trainer::set_peft_model: call it before train()");
+  if (!lora) throw UsageError("Trainer::set_peft_model: null LoRA handle");
+  lora_ = std::move(lora);
+}
+
+void TrainerBase::write_adapter(const std::string& dir) {
+  if (!lora_) return;
+  auto& acc = *accelerator_;
+  // The model's own tensors where they are whole on every rank; gathered where they are not.
+  NamedTensors state;
+  if (acc.capabilities().shards_parameters || acc.tensor_parallel_group()->world_size() > 1)
+    state = acc.get_state_dict(model_, StateDictOn::MainProcess);
+  if (acc.is_main_process()) lora_->save_adapter(dir, state);
 }
 
 void TrainerBase::zero_grads() {
@@ -444,6 +463,23 @@ void TrainerBase::build_optimizer() {
     add(decay, a.weight_decay, o);
     add(no_decay, 0.0, o);
     optimizer_ = std::make_shared<torch::optim::SGD>(groups, o);
+  } else if (a.optim == "adamw_bnb_8bit" || a.optim == "adamw_8bit" || a.optim == "paged_adamw_8bit" ||
+             a.optim == "paged_adamw_32bit") {
+    // transformers' _get_bitsandbytes_optimizer: bnb.optim.AdamW with optim_bits 8 when the name says 8bit.
+    optim::AdamW8bitOptions o(a.learning_rate);
+    o.betas({a.adam_beta1, a.adam_beta2})
+        .eps(a.adam_epsilon)
+        .optim_bits(a.optim.find("8bit") != std::string::npos ? 8 : 32);
+    add(decay, a.weight_decay, o);
+    add(no_decay, 0.0, o);
+    optimizer_ = std::make_shared<optim::AdamW8bit>(groups, o);
+    if (a.optim.rfind("paged_", 0) == 0)
+      accelerator_->print(
+          "notice: TrainingArguments optim ", a.optim,
+          ": bitsandbytes' paging (optimizer state in unified memory that the GPU driver moves to "
+          "host memory under pressure) has no meaning on a CPU and is not done on GPUs here; it "
+          "trains as ",
+          a.optim == "paged_adamw_32bit" ? "adamw bitsandbytes 32-bit" : "adamw_bnb_8bit");
   } else if (a.optim == "lamb") {
     optim::LambOptions o(a.learning_rate);
     o.betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon);
@@ -451,27 +487,41 @@ void TrainerBase::build_optimizer() {
     add(no_decay, 0.0, o);
     optimizer_ = std::make_shared<optim::Lamb>(groups, o);
   } else {
-    throw ConfigError(fmt::format("TrainingArguments optim '{}' is not supported", a.optim), a.source, 0,
-                      "optim");
+    throw ConfigError(fmt::format("TrainingArguments optim '{}' is not supported; for another optimizer give "
+                                  "it to Trainer::set_optimizer",
+                                  a.optim),
+                      a.source, 0, "optim");
   }
 }
 
 void TrainerBase::build_scheduler() {
   const auto total = state_.max_steps;
   const auto& type = args_.lr_scheduler_type;
+  // lr_scheduler_kwargs, as transformers' get_scheduler passes them (validate() checked the names).
+  const auto& kw = args_.lr_scheduler_kwargs;
+  const auto arg = [&kw](const char* name) {
+    const auto it = kw.find(name);
+    return it == kw.end() ? std::nullopt : std::optional<double>(it->second);
+  };
   std::unique_ptr<sched::Schedule> s;
   if (type == "linear") {
     s = sched::linear_with_warmup(*optimizer_, warmup_, total);
   } else if (type == "cosine") {
-    s = sched::cosine_with_warmup(*optimizer_, warmup_, total);
+    s = sched::cosine_with_warmup(*optimizer_, warmup_, total, arg("num_cycles").value_or(0.5));
+  } else if (type == "cosine_with_min_lr") {
+    s = sched::cosine_with_min_lr(*optimizer_, warmup_, total, arg("min_lr"), arg("min_lr_rate"),
+                                  arg("num_cycles").value_or(0.5));
   } else if (type == "constant") {
     s = sched::constant_with_warmup(*optimizer_, 0);
   } else if (type == "constant_with_warmup") {
     s = sched::constant_with_warmup(*optimizer_, warmup_);
   } else if (type == "polynomial") {
-    s = sched::polynomial_with_warmup(*optimizer_, warmup_, total);
+    s = sched::polynomial_with_warmup(*optimizer_, warmup_, total, arg("lr_end").value_or(1e-7),
+                                      arg("power").value_or(1.0));
   } else {
-    throw ConfigError(fmt::format("TrainingArguments lr_scheduler_type '{}' is not supported", type),
+    throw ConfigError(fmt::format("TrainingArguments lr_scheduler_type '{}' is not supported; for another "
+                                  "schedule give it as the second argument of Trainer::set_optimizer",
+                                  type),
                       args_.source, 0, "lr_scheduler_type");
   }
   scheduler_ = std::shared_ptr<torch::optim::LRScheduler>(std::move(s));
@@ -527,10 +577,17 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
   if (!prepared_) {
     // HF's gradient_checkpointing_enable(): here the model's Sequential blocks are checkpointed (the same
     // rule as fsdp_activation_checkpointing), before the optimizer sees the parameters (names unchanged).
-    if (args_.gradient_checkpointing)
-      checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing");
+    // gradient_checkpointing_kwargs: use_reentrant true or false computes the same gradients (PyTorch's two
+    // variants do too); there is one mechanism here (docs/trainer.md). preserve_rng_state is honoured.
+    if (args_.gradient_checkpointing) {
+      CheckpointOptions options;
+      const auto rng = args_.gradient_checkpointing_kwargs.find("preserve_rng_state");
+      if (rng != args_.gradient_checkpointing_kwargs.end()) options.preserve_rng_state(rng->second);
+      checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing", options);
+    }
     if (!optimizer_) build_optimizer();
     if (!scheduler_) build_scheduler();
+    if (lora_) acc.set_checkpoint_trainable_only(true);  // the frozen base is not rewritten at every save
     // HF's Trainer calls model.zero_grad() before training: gradients the program left on the model (a loop
     // run first) are not added to the first step. Before prepare, on the user's model: every parameter,
     // frozen ones too, and no gradient is left behind on another device when prepare moves the model.
@@ -828,7 +885,12 @@ void TrainerBase::save_checkpoint() {
       (fs::path(args_.output_dir) / fmt::format("checkpoint-{}", state_.global_step)).string();
   if (state_.best_global_step && *state_.best_global_step == state_.global_step)
     state_.best_model_checkpoint = dir;
-  if (args_.save_only_model) {
+  if (args_.save_only_model && lora_) {
+    // HF's Trainer with a PeftModel and save_only_model: the adapter files (and trainer_state.json) only.
+    write_adapter(dir);
+    if (acc.is_main_process()) write_state(dir);
+    acc.wait_for_everyone();
+  } else if (args_.save_only_model) {
     acc.save_model(model_, dir);
     // Beside the export, not in an atomic unit: save_only_model checkpoints are exports, not resumable.
     if (acc.is_main_process()) write_state(dir);

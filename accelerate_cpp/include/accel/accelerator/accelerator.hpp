@@ -595,6 +595,14 @@ class Accelerator {
   void register_save_state_pre_hook(std::function<void(const std::string& dir)> hook);
   /// Called on every process with the checkpoint directory before load_state reads it.
   void register_load_state_pre_hook(std::function<void(const std::string& dir)> hook);
+  /// For a run that trains part of a model (LoRA adapters on a frozen base): save_state then writes, of each
+  /// prepared model, only the parameters that require grad (the model files say so in their metadata), so a
+  /// 7B base is not rewritten at every save; load_state of such a checkpoint restores those and keeps the
+  /// rest of each model as the program built it (the same base must be loaded before resuming). Optimizer,
+  /// scheduler, RNG and loader state are saved as always. Not with a pipeline (refused by save_state). Set it
+  /// alike on every rank.
+  void set_checkpoint_trainable_only(bool on = true) noexcept { checkpointing_.trainable_only = on; }
+  bool checkpoint_trainable_only() const noexcept { return checkpointing_.trainable_only; }
 
   /// A progress bar drawn by the main process only (progress.hpp): on a terminal, or as a line every few
   /// seconds under accel-launch on a terminal; silent when output goes to a file or pipe.

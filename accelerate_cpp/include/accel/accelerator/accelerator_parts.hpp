@@ -92,6 +92,7 @@ struct CheckpointRegistry {
   ProjectConfiguration project;
   std::vector<CheckpointedObject> objects;
   std::vector<std::function<void(const std::string&)>> save_hooks, load_hooks;
+  bool trainable_only = false;  ///< set_checkpoint_trainable_only
 };
 
 /// The experiment trackers of `log_with` and the program's own.

@@ -32,6 +32,7 @@
 /// \endcode
 
 #include <accel/accelerator/accelerator.hpp>
+#include <accel/nn/lora.hpp>
 #include <accel/trainer/callbacks.hpp>
 #include <accel/trainer/training_arguments.hpp>
 
@@ -113,6 +114,15 @@ class TrainerBase {
   void set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                      std::shared_ptr<torch::optim::LRScheduler> scheduler = nullptr);
   torch::optim::Optimizer* optimizer() noexcept { return optimizer_.get(); }
+  /// A LoRA run (the model adapted by peft::get_peft_model, `lora` its handle), as Hugging Face's Trainer
+  /// treats a PeftModel: each checkpoint-N holds the adapter in PEFT's files (adapter_model.safetensors,
+  /// adapter_config.json) and the trainable state (adapters, modules to save, their optimizer state, the
+  /// schedule, RNG and data position), not the frozen base (Accelerator::set_checkpoint_trainable_only);
+  /// train("latest") resumes from it onto the same base, which the program loads as before. With
+  /// save_only_model a checkpoint is the adapter files alone. Under sharded parameters (ZeRO-3, FULL_SHARD)
+  /// the adapter files are cut from the model gathered on the main process once per save. Call before
+  /// train().
+  void set_peft_model(std::shared_ptr<peft::LoraModel> lora);
   /// The checkpoint directory train("latest") would resume from; "" when output_dir holds none.
   std::string latest_checkpoint() const;
 
@@ -174,6 +184,8 @@ class TrainerBase {
   void save_checkpoint();
   void rotate_checkpoints();
   void write_state(const std::string& dir);
+  /// A LoRA run: PEFT's adapter files into `dir`. Collective under sharded parameters.
+  void write_adapter(const std::string& dir);
   template <class F>
   void each_callback(F&& f) {
     for (auto& c : callbacks_)
@@ -189,6 +201,7 @@ class TrainerBase {
   PipelineLoss pipeline_loss_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> scheduler_;
+  std::shared_ptr<peft::LoraModel> lora_;  // set_peft_model
   std::vector<std::shared_ptr<TrainerCallback>> callbacks_;
   TrainerState state_;
   TrainerControl control_;
