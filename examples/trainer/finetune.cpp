@@ -4,70 +4,18 @@
 // ModelConfig keys says. The training types of config_templates/trainer/ carry it as <type>.model.yaml:
 //   accel-launch train -t lora build/examples/trainer/finetune [--num_train_epochs 1 ...]
 //   accel-launch train -t qlora build/examples/trainer/finetune
-// Options: --model_config FILE, --data DIR, --train-limit N, --test-limit N, --pretrain-steps N (200).
+// Options: --model_config FILE (accel::ModelArguments: TRL's ModelConfig keys, each also as --key value),
+// --data DIR, --train-limit N, --test-limit N, --pretrain-steps N (200).
 #include <accel/nn/lora.hpp>
 #include <accel/nn/quant4bit.hpp>
+#include <accel/trainer/model_arguments.hpp>
 #include <accel/trainer/trainer.hpp>
-
-#include <yaml-cpp/yaml.h>
 
 #include "../fashion_mnist/fashion_mnist.hpp"
 
 #include <set>
 
 namespace {
-
-// TRL's ModelConfig keys (trl/trainer/model_config.py) that decide the fine-tuning type.
-struct ModelConfig {
-  bool use_peft = false;
-  int lora_r = 16;
-  double lora_alpha = 32;
-  double lora_dropout = 0.05;
-  std::vector<std::string> lora_target_modules;
-  std::vector<std::string> lora_modules_to_save;
-  bool load_in_4bit = false;
-  std::string bnb_4bit_quant_type = "nf4";
-  bool use_bnb_nested_quant = false;
-};
-
-ModelConfig read_model_config(const std::string& path) {
-  ModelConfig c;
-  if (path.empty()) return c;
-  const YAML::Node root = YAML::LoadFile(path);
-  for (const auto& item : root) {
-    const auto key = item.first.as<std::string>();
-    const auto& v = item.second;
-    if (key == "use_peft")
-      c.use_peft = v.as<bool>();
-    else if (key == "lora_r")
-      c.lora_r = v.as<int>();
-    else if (key == "lora_alpha")
-      c.lora_alpha = v.as<double>();
-    else if (key == "lora_dropout")
-      c.lora_dropout = v.as<double>();
-    else if (key == "lora_target_modules")
-      c.lora_target_modules = v.as<std::vector<std::string>>();
-    else if (key == "lora_modules_to_save")
-      c.lora_modules_to_save = v.as<std::vector<std::string>>();
-    else if (key == "load_in_4bit")
-      c.load_in_4bit = v.as<bool>();
-    else if (key == "bnb_4bit_quant_type")
-      c.bnb_4bit_quant_type = v.as<std::string>();
-    else if (key == "use_bnb_nested_quant")
-      c.use_bnb_nested_quant = v.as<bool>();
-    else
-      throw std::invalid_argument(path + ": unknown key '" + key +
-                                  "' (model config keys: use_peft, lora_r, lora_alpha, lora_dropout, "
-                                  "lora_target_modules, lora_modules_to_save, load_in_4bit, "
-                                  "bnb_4bit_quant_type, use_bnb_nested_quant)");
-  }
-  if (c.load_in_4bit && !c.use_peft)
-    throw std::invalid_argument(path + ": load_in_4bit trains nothing of the 4-bit base: set use_peft: true");
-  if (c.bnb_4bit_quant_type != "nf4" && c.bnb_4bit_quant_type != "fp4")
-    throw std::invalid_argument(path + ": bnb_4bit_quant_type must be nf4 or fp4, got " +
-                                c.bnb_4bit_quant_type);
-  return c;
-}
 
 // Layers "1" and "3" are the hidden Linears, "5" the head.
 torch::nn::Sequential make_model() {
@@ -99,7 +47,8 @@ void pretrain(torch::nn::Sequential& model, const std::string& data, int steps) 
 int main(int argc, char** argv) try {
   std::vector<std::string> rest;  // this program's own options; the rest are TrainingArguments
   auto args = accel::TrainingArguments::from_command_line(argc, argv, &rest);
-  std::string data = fashion::default_data_dir(), model_config;
+  const auto mc = accel::ModelArguments::from_command_line(rest, &rest);  // --model_config FILE, --lora_r 8
+  std::string data = fashion::default_data_dir();
   std::int64_t train_limit = 0, test_limit = 0;
   int pretrain_steps = 200;
   for (std::size_t i = 0; i + 1 < rest.size(); i += 2) {
@@ -111,13 +60,10 @@ int main(int argc, char** argv) try {
       test_limit = std::stoll(rest[i + 1]);
     else if (rest[i] == "--pretrain-steps")
       pretrain_steps = std::stoi(rest[i + 1]);
-    else if (rest[i] == "--model_config")
-      model_config = rest[i + 1];
     else
       throw std::invalid_argument("unknown option " + rest[i]);
   }
   if (rest.size() % 2 != 0) throw std::invalid_argument("option " + rest.back() + " needs a value");
-  const ModelConfig mc = read_model_config(model_config);
 
   torch::manual_seed(args.seed);
   auto model = make_model();
@@ -144,7 +90,16 @@ int main(int argc, char** argv) try {
     lc.lora_alpha = mc.lora_alpha;
     lc.lora_dropout = mc.lora_dropout;
     lc.target_modules = mc.lora_target_modules;
+    // TRL's one-string form: all-linear, or PEFT's regular expression over the module path.
+    if (mc.lora_target_modules_string) {
+      if (*mc.lora_target_modules_string == "all-linear")
+        lc.target_modules = {"all-linear"};
+      else
+        lc.target_modules_regex = *mc.lora_target_modules_string;
+    }
     lc.modules_to_save = mc.lora_modules_to_save;
+    lc.use_rslora = mc.use_rslora;
+    lc.task_type = mc.lora_task_type;
     torch::manual_seed(args.seed + 1);
     lora = accel::peft::get_peft_model(model.ptr(), lc);
     if (type == "full") type = "lora";
@@ -171,6 +126,8 @@ int main(int argc, char** argv) try {
         return accel::Metrics{{"accuracy", 100.0 * p.predictions.eq(p.label_ids).sum().item<double>() /
                                                static_cast<double>(p.label_ids.size(0))}};
       });
+  // A LoRA run's checkpoints hold the adapter (PEFT's files) and the trainable state, not the frozen base.
+  if (lora) trainer.set_peft_model(lora);
   auto& acc = trainer.accelerator();
   std::int64_t trainable = 0;
   for (const auto& p : model->parameters())
