@@ -185,7 +185,7 @@ def expected_for(tok, texts, rng, transformers_tok=None):
             "random_decoded_skip": [dec(ids, skip_special_tokens=True) for ids in random_ids]}
 
 
-def write_case(root, name, tokenizer_json, texts, rng, config=None):
+def write_case(root, name, tokenizer_json, texts, rng, config=None, special_tokens_map=None):
     d = os.path.join(root, name)
     os.makedirs(d)
     path = os.path.join(d, "tokenizer.json")
@@ -196,6 +196,9 @@ def write_case(root, name, tokenizer_json, texts, rng, config=None):
     if config is not None:
         with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
+        if special_tokens_map is not None:
+            with open(os.path.join(d, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+                json.dump(special_tokens_map, f)
         from transformers import AutoTokenizer
         transformers_tok = AutoTokenizer.from_pretrained(d)
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
@@ -258,6 +261,14 @@ def run(checker, texts, root, t0):
         ]
         for name, j, config in configs:
             dirs.append(write_case(root, name, j, sample, rng, config))
+        # An older checkpoint: no added_tokens_decoder, so special_tokens_map.json is read over the config.
+        dirs.append(write_case(root, "tf_special_tokens_map", by_name["llama3"], sample, rng,
+                               {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end_of_text|>",
+                                "clean_up_tokenization_spaces": False},
+                               {"eos_token": {"content": "<extra_tok>", "lstrip": False, "rstrip": False,
+                                              "normalized": False, "single_word": False},
+                                "pad_token": "<sep>", "bos_token": "<|begin_of_text|>",
+                                "additional_special_tokens": ["<mask>"]}))
     except ImportError:
         print("transformers is not importable: the tokenizer_config.json cases are skipped")
     print(f"python: {time.time() - t0:.1f} s in all")

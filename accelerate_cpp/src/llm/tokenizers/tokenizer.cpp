@@ -139,7 +139,9 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
   detail::Pipeline pipeline = detail::read_tokenizer_json(json);
   const std::string config_path = dir + "/tokenizer_config.json";
   if (!file_exists(config_path)) return Tokenizer(build(std::move(pipeline)));
-  const detail::TokenizerConfig config = detail::read_tokenizer_config(config_path);
+  const std::string map_path = dir + "/special_tokens_map.json";
+  const detail::TokenizerConfig config =
+      detail::read_tokenizer_config(config_path, file_exists(map_path) ? map_path : std::string());
   apply_tokenizer_class(pipeline, config, config_path);
   auto impl = build(std::move(pipeline));
   apply_config(*impl, config);

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -392,10 +393,28 @@ void read_extra_special_tokens(const Reader& r, const json& root, std::vector<Ad
   }
 }
 
-TokenizerConfig read_tokenizer_config(const std::string& path) {
-  const json root = parse_file(path);
+// special_tokens_map.json's entries over tokenizer_config.json's (lists of extra tokens are joined).
+void merge_special_tokens_map(json& root, const std::string& map_path) {
+  const json map = parse_file(map_path);
+  if (!map.is_object()) Reader(map_path).fail("(root)", "expected a JSON object");
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const bool list = it.key() == "additional_special_tokens" || it.key() == "extra_special_tokens";
+    if (list && it.value().is_array() && root.contains(it.key()) && root.at(it.key()).is_array()) {
+      for (const auto& t : it.value())
+        if (std::find(root[it.key()].begin(), root[it.key()].end(), t) == root[it.key()].end())
+          root[it.key()].push_back(t);
+    } else {
+      root[it.key()] = it.value();
+    }
+  }
+}
+
+TokenizerConfig read_tokenizer_config(const std::string& path, const std::string& special_tokens_map) {
+  json root = parse_file(path);
   Reader r(path);
   if (!root.is_object()) r.fail("(root)", "expected a JSON object");
+  if (!root.contains("added_tokens_decoder") && !special_tokens_map.empty())
+    merge_special_tokens_map(root, special_tokens_map);
   TokenizerConfig c;
   if (auto cls = r.opt_str(root, "tokenizer_class", "")) {
     c.tokenizer_class = *cls;

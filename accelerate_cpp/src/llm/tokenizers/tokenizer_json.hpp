@@ -39,7 +39,9 @@ struct TokenizerConfig {
   std::vector<AddedToken> special_tokens;
   std::vector<std::pair<uint32_t, AddedToken>> added_tokens_decoder;  // sorted by id
 };
-/// Reads tokenizer_config.json. Throws accel::ConfigError (missing file, bad JSON, a key of the wrong type).
-TokenizerConfig read_tokenizer_config(const std::string& path);
+/// Reads tokenizer_config.json and, when that has no added_tokens_decoder (an older checkpoint) and
+/// `special_tokens_map` is not empty, the special tokens of special_tokens_map.json over it, as transformers
+/// 5 does. Throws accel::ConfigError (missing file, bad JSON, a key of the wrong type).
+TokenizerConfig read_tokenizer_config(const std::string& path, const std::string& special_tokens_map = "");
 
 }  // namespace accel::llm::detail

@@ -19,15 +19,16 @@ class Tokenizer {
  public:
   /// Reads `tokenizer.json`. Throws accel::ConfigError naming the file and the key it cannot honour.
   static Tokenizer from_file(const std::string& tokenizer_json);
-  /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json` (bos/eos/pad/unk tokens,
-  /// added_tokens_decoder), as transformers 5's AutoTokenizer.from_pretrained(dir) does. Like transformers 5,
-  /// add_bos_token / add_eos_token are not read when tokenizer.json exists (its post-processor decides), and
-  /// tokenizer_class LlamaTokenizer (on a file without ByteLevel) or Qwen2Tokenizer rebuilds the pipeline
-  /// around the file's vocabulary and merges as those classes do (add_prefix_space, legacy).
+  /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json` (bos/eos/pad/unk/... tokens,
+  /// extra_special_tokens, added_tokens_decoder), as transformers 5's AutoTokenizer.from_pretrained(dir)
+  /// does. Like transformers 5, add_bos_token / add_eos_token are not read when tokenizer.json exists (its
+  /// post-processor decides), and tokenizer_class LlamaTokenizer (on a file without ByteLevel) or
+  /// Qwen2Tokenizer rebuilds the pipeline around the file's vocabulary and merges as those classes do
+  /// (add_prefix_space, legacy).
   static Tokenizer from_pretrained(const std::string& dir);
 
   /// The ids of `text`; with add_special_tokens the post-processor's tokens (BOS of Llama) are added, as
-  /// `tokenizer(text)["input_ids"]` does.
+  /// `tokenizer(text)["input_ids"]` does. Throws accel::UsageError when `text` is not valid UTF-8.
   std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
   /// encode() of each text in turn, on the calling thread.
   std::vector<std::vector<int64_t>> encode_batch(const std::vector<std::string>& texts,
