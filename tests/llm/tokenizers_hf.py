@@ -164,6 +164,16 @@ def split_behaviors_json(qwen):
     return j
 
 
+def gpt2_json(qwen):
+    """GPT-2's layout: ByteLevel with its built-in regex (add_prefix_space false), no normalizer."""
+    j = json.loads(json.dumps(qwen))
+    j["normalizer"] = None
+    j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    j["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    return j
+
+
 def expected_for(tok, texts, rng, transformers_tok=None):
     """Every text encoded with special tokens; every 4th also without them and decoded (the checker compares
     what is there)."""
@@ -226,7 +236,8 @@ def main():
 def run(checker, texts, root, t0):
     rng = random.Random(7)
     qwen = qwen2_json(texts)
-    cases = [("qwen2", qwen), ("llama3", llama3_json(texts)), ("split_behaviors", split_behaviors_json(qwen))]
+    cases = [("qwen2", qwen), ("llama3", llama3_json(texts)), ("split_behaviors", split_behaviors_json(qwen)),
+             ("gpt2", gpt2_json(qwen))]
     cases += sorted(llama2_variants(texts).items())
     by_name = dict(cases)
     dirs = [write_case(root, name, j, texts, rng) for name, j in cases]
