@@ -9,12 +9,16 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -215,6 +219,39 @@ void check_launch_options(const LaunchOptions& options) {
   if (options.tee && options.log_dir.empty()) {
     throw UsageError("--tee copies the ranks' output to the console and to --log_dir files; give --log_dir");
   }
+  if (options.run_id) {
+    const std::string& id = *options.run_id;
+    const bool plain = std::all_of(id.begin(), id.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' || ch == ':';
+    });
+    if (id.empty() || id.size() > 128 || !plain) {
+      throw UsageError(
+          "--run_id '" + id +
+          "' must be 1 to 128 letters, digits, '-', '_', '.' or ':' (the same on every machine of "
+          "the job, e.g. the scheduler's job id)");
+    }
+  }
+}
+
+// The job's identity in the rendezvous: the user's --run_id, else a random one on a single machine (no other
+// launcher has to agree), else torchrun's default "none" (the machines' launchers could not agree on a random
+// one; a notice asks for --run_id).
+std::string choose_run_id(const LaunchOptions& options, const Config& config,
+                          std::vector<std::string>& notices) {
+  if (options.run_id) return *options.run_id;
+  if (config.num_machines > 1) {
+    notices.push_back(
+        "accel-launch: note: no --run_id: the job's rendezvous id is \"none\"; pass the same --run_id (e.g. "
+        "the scheduler's job id) to the launcher of every machine, so that a rank of another job on port " +
+        std::to_string(config.main_process_port) + " is refused instead of joining this one");
+    return "none";
+  }
+  std::random_device random;
+  const std::uint64_t bits =
+      (static_cast<std::uint64_t>(random()) << 32) ^ random() ^ static_cast<std::uint64_t>(::getpid());
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(bits));
+  return text;
 }
 
 // The checks and preparations that need the resolved config: restarts on one machine only, the log dir.
@@ -280,7 +317,8 @@ std::vector<std::string> inherited_environment() {
 
 SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Config& config,
                                           const std::string& executable, int local_ranks,
-                                          const OmpThreads& omp, const std::string& config_path) {
+                                          const OmpThreads& omp, const std::string& config_path,
+                                          const std::string& run_id) {
   const std::vector<std::string> base = inherited_environment();
   SupervisorOptions supervisor;
   supervisor.executable = executable;
@@ -315,6 +353,7 @@ SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Co
     add(env::kRestartCount, "0");
     add(env::kMaxRestarts, std::to_string(options.max_restarts));
     add(env::kConsoleTty, supervisor.console && ::isatty(STDERR_FILENO) ? "1" : "0");
+    add(env::kRunId, run_id);
     if (omp.set) add("OMP_NUM_THREADS", std::to_string(omp.threads));
     // Accelerate's gpu_ids: the GPUs this machine's ranks see (rank k uses the k-th of them).
     if (config.gpu_ids != "all" && !config.use_cpu) {
@@ -406,6 +445,7 @@ void run_launch(const LaunchOptions& options) {
   const int local_ranks = config.num_processes / config.num_machines;
   check_oversubscription(options, local_ranks);
   const OmpThreads omp = choose_omp_threads(options, local_ranks, notices);
+  const std::string run_id = choose_run_id(options, config, notices);
   for (const std::string& notice : notices)
     std::cerr << notice << "\n";
   std::cerr.flush();
@@ -415,7 +455,7 @@ void run_launch(const LaunchOptions& options) {
   const StopSignalsDeferred deferred;
   const TempConfigFile config_file(config.to_yaml());
   SupervisorOptions supervisor =
-      make_supervisor_options(options, config, executable, local_ranks, omp, config_file.path());
+      make_supervisor_options(options, config, executable, local_ranks, omp, config_file.path(), run_id);
   supervise_with_restarts(supervisor, config, options, local_ranks, pick_port);
 }
 
@@ -479,6 +519,13 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
   sub->add_option(both_spellings("log_dir"), options->log_dir,
                   "Also write each rank's output to <log_dir>/rank_<N>.log (console output only with --tee)");
   sub->add_flag("--tee", options->tee, "With --log_dir, show the ranks' output on the console too");
+  sub->add_option_function<std::string>(
+         both_spellings("run_id") + "," + both_spellings("rdzv_id"),
+         [options](const std::string& v) { options->run_id = v; },
+         "The job's rendezvous id, given to the ranks as TORCHELASTIC_RUN_ID (default: random per launch; "
+         "\"none\" with num_machines > 1): a rank of another job on the same port is refused. Give every "
+         "machine's launcher the same id")
+      ->type_name("ID");
   sub->add_option_function<int>(
       both_spellings("num_cpu_threads_per_process"),
       [options](const int& v) { options->num_cpu_threads_per_process = v; },

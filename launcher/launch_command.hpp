@@ -60,6 +60,10 @@ struct LaunchOptions {
   bool tee = false;
   /// `--num_cpu_threads_per_process`: OMP_NUM_THREADS of every rank (default: cores / local ranks).
   std::optional<int> num_cpu_threads_per_process;
+  /// `--run_id`: the job's identity in the rendezvous (torchrun's `--rdzv_id`), given to every rank as
+  /// TORCHELASTIC_RUN_ID. Unset: a random id per launch on one machine; "none" (torchrun's default) with
+  /// several machines, whose launchers must all be given the same id to agree on one.
+  std::optional<std::string> run_id;
   /// PROGRAM followed by its arguments (everything after PROGRAM belongs to it).
   std::vector<std::string> command;
 };

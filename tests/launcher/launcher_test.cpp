@@ -1072,3 +1072,48 @@ TEST_CASE("launcher: a rank that exited 0 before another failed in a collective 
           {"FAIL_RANK=1", "FAIL_CODE=3"});
   CHECK_FALSE(contains(alone.err, "exited with status 0"));
 }
+
+TEST_CASE("launcher: the ranks of a launch share one run id, random per launch unless --run_id names it") {
+  auto ids = [](const RunResult& r) { return values(r.out, "TORCHELASTIC_RUN_ID"); };
+  const RunResult first =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("print_env.sh")});
+  const RunResult second =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("print_env.sh")});
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(second.exit_code == 0);
+  REQUIRE(ids(first).size() == 2);
+  const std::string id = *ids(first).begin();
+  CHECK(ids(first) == std::multiset<std::string>{id, id});
+  CHECK(std::regex_match(id, std::regex("[0-9a-f]{16}")));
+  CHECK(*ids(second).begin() != id);
+  // The user's id (the same on every machine), under either spelling (torchrun's --rdzv_id too).
+  const RunResult named = run({"launch", "--num_processes", "2", "--main_process_port", "0", "--rdzv-id",
+                               "job-4711", script("print_env.sh")},
+                              {"TORCHELASTIC_RUN_ID=inherited"});
+  CHECK(ids(named) == std::multiset<std::string>{"job-4711", "job-4711"});
+  const RunResult bad =
+      run({"launch", "--run_id", "two words", "--main_process_port", "0", script("print_env.sh")});
+  CHECK(bad.exit_code == 2);
+  CHECK(
+      bad.err ==
+      "accel-launch: error: --run_id 'two words' must be 1 to 128 letters, digits, '-', '_', '.' or ':' (the "
+      "same on every machine of the job, e.g. the scheduler's job id)\n");
+  // Several machines cannot agree on a random id: torchrun's "none", and a note asking for --run_id.
+  const std::string port = std::to_string(free_port());
+  auto machine = [&port](const std::string& rank) {
+    return std::vector<std::string>{"launch",    "--num_processes",     "2",  "--num_machines",
+                                    "2",         "--machine_rank",      rank, "--main_process_ip",
+                                    "127.0.0.1", "--main_process_port", port, script("print_env.sh")};
+  };
+  Launcher machine0(machine("0"));
+  Launcher machine1(machine("1"));
+  const RunResult r0 = machine0.finish();
+  const RunResult r1 = machine1.finish();
+  CHECK(ids(r0) == std::multiset<std::string>{"none"});
+  CHECK(ids(r1) == std::multiset<std::string>{"none"});
+  CHECK(contains(r0.err,
+                 "accel-launch: note: no --run_id: the job's rendezvous id is \"none\"; pass the same "
+                 "--run_id (e.g. the scheduler's job id) to the launcher of every machine, so that a rank "
+                 "of another job on port " +
+                     port + " is refused instead of joining this one\n"));
+}

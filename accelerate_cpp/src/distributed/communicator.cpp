@@ -4,6 +4,7 @@
 
 #include "distributed/c10d_backends.hpp"
 #include "distributed/p2p_collectives.hpp"
+#include "distributed/run_id.hpp"
 
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
@@ -12,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <unistd.h>
 
 #include <map>
 #include <mutex>
@@ -223,46 +226,131 @@ torch::Tensor to_host(const torch::Tensor& t) {
   return t.detach().to(torch::kCPU).contiguous();
 }
 
-// What to do about a failed rendezvous. Rank 0 fails at once when its port is taken, and after the timeout
-// when a rank never connected (it exited early, or runs elsewhere): the port is to blame only in the first.
+// What to do about a failed connection to the store: rank 0 fails at once when its port is taken, another
+// rank after the timeout when rank 0 never listened. (A rank that never connected is named by
+// wait_for_ranks.)
 std::string rendezvous_hint(const ProcessState& st, const std::string& error) {
   if (st.rank != 0) return "; check that rank 0 runs and MASTER_ADDR/MASTER_PORT point at it";
   if (error.find("EADDRINUSE") != std::string::npos || error.find("already in use") != std::string::npos)
     return "; the port is already in use: choose another with --main_process_port (0 picks a free one)";
-  if (error.find("waiting for clients") != std::string::npos) {
-    return fmt::format(
-        "; not every one of the {} ranks connected: check that each started and is still running "
-        "(accel-launch "
-        "names a rank that exited) and that all use this MASTER_ADDR/MASTER_PORT",
-        st.world_size);
-  }
   return "; check that the port is free (--main_process_port) and every rank started";
+}
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+std::vector<std::uint8_t> bytes_of(const std::string& text) {
+  return {text.begin(), text.end()};
+}
+
+std::string text_of(const std::vector<std::uint8_t>& bytes) {
+  return {bytes.begin(), bytes.end()};
+}
+
+// The job's identity in rank 0's store. Rank 0 publishes it as soon as the store exists (the run id last:
+// readers wait for it), and every other rank reads it before it writes anything there, so that a rank of
+// another job that reached this port (two jobs given one --main_process_port) is refused before it touches
+// this job's keys. (Without it, such a rank joined the job: the two jobs' ranks trained together, or the
+// healthy job failed.)
+constexpr const char* kRunIdKey = "accel/run/id";
+constexpr const char* kRunWorldKey = "accel/run/world_size";
+constexpr const char* kRunOwnerKey = "accel/run/owner";
+
+// Rank 0's TCPStore server, or a client of it. No rank counts itself in TCPStore's own "init/" barrier
+// (waitWorkers): a stranger would count there before it could be refused; join_rendezvous waits instead.
+c10::intrusive_ptr<c10d::Store> connect_store(const ProcessState& st, std::chrono::milliseconds timeout) {
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(st.master_port);
+    so.isServer = st.rank == 0;
+    so.numWorkers = st.world_size;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    return c10::make_intrusive<c10d::TCPStore>(st.master_addr, so);
+  } catch (const std::exception& e) {
+    // The time actually waited: a refused or taken port fails at once, long before the timeout.
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    throw DistributedError(
+        fmt::format("rank {}: rendezvous with {}:{} failed after {:.1f} s (timeout {} s): {}{}", st.rank,
+                    st.master_addr, st.master_port, waited, timeout.count() / 1000.0, first_line(e.what()),
+                    rendezvous_hint(st, e.what())));
+  }
+}
+
+// Rank 0: publishes the job's identity. Every other rank: refuses a store of another job.
+void check_run_identity(c10d::Store& store, const ProcessState& st, const std::string& run_id,
+                        std::chrono::milliseconds timeout) {
+  if (st.rank == 0) {
+    char host[256] = "?";
+    ::gethostname(host, sizeof(host) - 1);
+    store.set(kRunOwnerKey, bytes_of(fmt::format("world size {}, rank 0 is pid {} on {}, port {}",
+                                                 st.world_size, ::getpid(), host, st.master_port)));
+    store.set(kRunWorldKey, bytes_of(std::to_string(st.world_size)));
+    store.set(kRunIdKey, bytes_of(run_id));
+    return;
+  }
+  try {
+    store.wait({kRunIdKey}, timeout);
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format(
+        "rank {}: the rendezvous store at {}:{} did not say which job it belongs to (timeout {} s: {}): "
+        "what listens there is not rank 0 of an accelerate-cpp job of this version (another program, or an "
+        "older accelerate-cpp), or rank 0 stopped; choose another port with --main_process_port (0 picks a "
+        "free one)",
+        st.rank, st.master_addr, st.master_port, timeout.count() / 1000.0, first_line(e.what())));
+  }
+  const std::string theirs = text_of(store.get(kRunIdKey));
+  const std::string their_world = text_of(store.get(kRunWorldKey));
+  if (theirs == run_id && their_world == std::to_string(st.world_size)) return;
+  throw DistributedError(fmt::format(
+      "rank {} of run '{}' (world size {}, port {}) reached the rendezvous store at {}:{} of another job: "
+      "run '{}' ({}). Two jobs use port {}, and this rank was refused before it touched the other job. Give "
+      "each job its own port (--main_process_port; 0 picks a free one on a single machine); the launchers of "
+      "one multi-machine job must all be given the same --run_id (it reaches the ranks as "
+      "TORCHELASTIC_RUN_ID)",
+      st.rank, run_id, st.world_size, st.master_port, st.master_addr, st.master_port, theirs,
+      text_of(store.get(kRunOwnerKey)), st.master_port));
+}
+
+// Each checked rank says so; rank 0 waits for all of them (TCPStore's own barrier, left off, did that).
+void wait_for_ranks(c10d::Store& store, const ProcessState& st, std::chrono::milliseconds timeout) {
+  auto key = [](int r) { return fmt::format("accel/run/joined/{}", r); };
+  store.set(key(st.rank), bytes_of("1"));
+  if (st.rank != 0) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < st.world_size; ++r)
+    keys.push_back(key(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int r = 0; r < st.world_size; ++r) {
+      if (!store.check({key(r)})) missing.push_back(r);
+    }
+    throw DistributedError(fmt::format(
+        "rank 0: rendezvous at {}:{}: not every one of the {} ranks connected within {} s (missing: rank(s) "
+        "{}): check that each started and is still running (accel-launch names a rank that exited) and that "
+        "all use this MASTER_ADDR/MASTER_PORT",
+        st.master_addr, st.master_port, st.world_size, timeout.count() / 1000.0, fmt::join(missing, ", ")));
+  }
+}
+
+// The job's store, once this rank is known to belong to the job it holds (run id and world size agree).
+c10::intrusive_ptr<c10d::Store> join_rendezvous(const ProcessState& st, std::chrono::milliseconds timeout) {
+  auto store = connect_store(st, timeout);
+  check_run_identity(*store, st, detail::run_id_from_environment(), timeout);
+  wait_for_ranks(*store, st, timeout);
+  return store;
 }
 
 class C10dCommunicator final : public Communicator {
  public:
   // The job's communicator: rendezvous through rank 0's TCPStore.
   C10dCommunicator(ProcessState s, torch::Device device, CommunicatorOptions o)
-      : Communicator(std::move(s), o), device_(device) {
-    const auto& st = state_;
-    const auto started = std::chrono::steady_clock::now();
-    try {
-      c10d::TCPStoreOptions so;
-      so.port = static_cast<std::uint16_t>(st.master_port);
-      so.isServer = st.rank == 0;
-      so.numWorkers = st.world_size;
-      so.waitWorkers = true;
-      so.timeout = options_.timeout;
-      store_ = c10::make_intrusive<c10d::TCPStore>(st.master_addr, so);
-    } catch (const std::exception& e) {
-      // The time actually waited: a refused or taken port fails at once, long before the timeout.
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      throw DistributedError(
-          fmt::format("rank {}: rendezvous with {}:{} failed after {:.1f} s (timeout {} s): {}{}", st.rank,
-                      st.master_addr, st.master_port, waited, options_.timeout.count() / 1000.0,
-                      first_line(e.what()), rendezvous_hint(st, e.what())));
-    }
-    me_ = fmt::format("rank {}", st.rank);
+      : Communicator(std::move(s), o), device_(device), store_(join_rendezvous(state_, options_.timeout)) {
+    me_ = fmt::format("rank {}", state_.rank);
     create_process_groups();
   }
 
@@ -542,8 +630,6 @@ class C10dCommunicator final : public Communicator {
   }
 
  private:
-  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
   // "rank 3", or for a sub-group "rank 3 (rank 1 of group [1, 3])": the job's rank first, as users and
   // accel-launch know ranks.
   const std::string& me() const noexcept { return me_; }

@@ -3,6 +3,8 @@
 #include <accel/distributed/process_state.hpp>
 #include <accel/errors.hpp>
 
+#include "distributed/run_id.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -177,6 +179,20 @@ ProcessState ProcessState::from_environment(const Getenv& getenv_in) {
   if (read_torchrun(env, s) || read_slurm(env, s)) return s;
   read_open_mpi(env, s);
   return s;
+}
+
+std::string detail::run_id_from_environment(const Getenv& getenv_in) {
+  const Getenv getenv = getenv_in ? getenv_in : Getenv([](const char* n) { return std::getenv(n); });
+  auto value = [&getenv](const char* name) {
+    const char* v = getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  if (const std::string id = value(env::kRunId); !id.empty()) return id;
+  if (const std::string job = value("SLURM_JOB_ID"); !job.empty()) {
+    const std::string step = value("SLURM_STEP_ID");
+    return "slurm-" + job + "." + (step.empty() ? "0" : step);
+  }
+  return "none";
 }
 
 }  // namespace accel

@@ -25,6 +25,11 @@ inline constexpr const char* kRestartCount =
 inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";  ///< --max_restarts
 inline constexpr const char* kConsoleTty = "ACCEL_CONSOLE_TTY";  ///< "1": the launcher's console is a
                                                                  ///< terminal (progress bars print lines)
+/// The job's identity in its rendezvous (torchrun's name: its --rdzv_id): a random id per launch from
+/// accel-launch, or its --run_id (the same on every machine of a multi-machine job). Rank 0 publishes it in
+/// its store and every other rank checks it before anything else, so a rank of another job that uses the
+/// same port is refused instead of joining.
+inline constexpr const char* kRunId = "TORCHELASTIC_RUN_ID";
 inline constexpr const char* kCollectiveTimeout = "ACCEL_COLLECTIVE_TIMEOUT";  ///< seconds (overrides YAML)
 inline constexpr const char* kDebug = "ACCEL_DEBUG";  ///< shape checks before collectives (also Accelerate's
                                                       ///< ACCELERATE_DEBUG_MODE)
@@ -33,9 +38,9 @@ inline constexpr const char* kCudaCollectives =
     "ACCEL_CUDA_COLLECTIVES";  ///< nccl | gloo (host copies; ranks may share a GPU)
 
 /// Every variable accel-launch sets for each rank (and removes from its own environment first), in order.
-inline constexpr std::array<const char*, 13> kLaunchVariables = {
+inline constexpr std::array<const char*, 14> kLaunchVariables = {
     kRank,       kLocalRank,    kWorldSize, kLocalWorldSize, kGroupRank,   kMasterAddr, kMasterPort,
-    kConfigFile, kConfigSource, kLaunched,  kRestartCount,   kMaxRestarts, kConsoleTty};
+    kConfigFile, kConfigSource, kLaunched,  kRestartCount,   kMaxRestarts, kConsoleTty, kRunId};
 
 /// Whether `name` is one of kLaunchVariables.
 constexpr bool set_by_launcher(std::string_view name) {
