@@ -83,10 +83,10 @@ void AddedVocabulary::add_tokens(const std::vector<AddedToken>& tokens, const Bp
     by_id_[id] = token;
     if (special_set_.count(token.content) == 0) classic_.push_back(token);
   }
-  refresh(model, normalizer);
+  refresh(normalizer);
 }
 
-void AddedVocabulary::refresh(const BpeModel& model, const Normalizer* normalizer) {
+void AddedVocabulary::refresh(const Normalizer* normalizer) {
   raw_trie_ = Trie{};
   normalized_trie_ = Trie{};
   auto add = [&](const AddedToken& token) {
@@ -103,7 +103,6 @@ void AddedVocabulary::refresh(const BpeModel& model, const Normalizer* normalize
     add(token);
   for (const auto& token : classic_)
     add(token);
-  (void)model;
 }
 
 std::optional<uint32_t> AddedVocabulary::token_to_id(std::string_view content) const {

@@ -67,7 +67,7 @@ class AddedVocabulary {
     bool find(std::string_view text, std::size_t from, std::size_t& start, std::size_t& end,
               uint32_t& id) const;
   };
-  void refresh(const BpeModel& model, const Normalizer* normalizer);
+  void refresh(const Normalizer* normalizer);
   void find_matches(std::string_view text, const Trie& trie,
                     std::vector<std::pair<std::size_t, std::size_t>>& spans,
                     std::vector<std::optional<uint32_t>>& ids) const;
