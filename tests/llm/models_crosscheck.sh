@@ -4,7 +4,9 @@
 # 2. accel_llm_models_tests "[.hf]" loads them, compares logits, loss and greedy tokens, and save_pretrained's
 #    each model again (cpp_saved);
 # 3. Python loads those with transformers and compares their logits with the reference.
-#   models_crosscheck.sh <accel_llm_models_tests> <python>   (exit 77 = skipped: transformers not importable)
+# 4. with the generate program: its --print_ids output on a tiny model and tokenizer equals transformers'.
+#   models_crosscheck.sh <accel_llm_models_tests> <python> [<generate>]   (exit 77 = skipped: transformers not
+#                                                                          importable)
 set -euo pipefail
 tests=$1 python=$2
 dir=$(mktemp -d)
@@ -18,3 +20,6 @@ if ! ACCEL_LLM_REF_DIR=$dir "$tests" "[.hf]" --use-colour no > "$dir/hf.log" 2>&
 fi
 grep -E "^hf:|passed" "$dir/hf.log"
 "$python" "$script" check "$dir"
+if [ $# -ge 3 ]; then
+  "$python" "$script" program "$dir" "$3"
+fi

@@ -7,6 +7,9 @@
                                   greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
+  models_reference.py program OUT GENERATE
+                                  runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
+                                  trained here and compares ids and text with transformers' generate.
 Exit 77 when transformers or safetensors is not importable (reported as skipped).
 """
 import json
@@ -137,5 +140,58 @@ def check(out):
           f"max |logits - reference| = {worst:.3g}")
 
 
+def program(out, generate_bin):
+    """build/examples/llm/generate on a tiny Qwen2 with a byte-level BPE trained here: its prompt_ids, completion_ids
+    and text equal the tokenizer's and transformers' greedy generate."""
+    import subprocess
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    text = ["The quick brown fox jumps over the lazy dog. " * 3, "Once upon a time there was a tiny model.",
+            "accelerate-cpp trains language models from C++; 12345 tokens, café, naïve, 東京."]
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(text * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    d = os.path.join(out, "program_model")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(d)
+    torch.manual_seed(5)
+    config = Qwen2Config(**dict(SMALL, vocab_size=tok.get_vocab_size()), num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(d)
+    prompt = "Once upon a time"
+    hf_tok = AutoTokenizer.from_pretrained(d)
+    prompt_ids = hf_tok(prompt)["input_ids"]
+    eos = hf_tok.eos_token_id
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    completion = ids[0, len(prompt_ids):].tolist()
+    run = subprocess.run([generate_bin, "--model_name_or_path", d, "--prompt", prompt, "--max_new_tokens", "16",
+                          "--print_ids"], capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        print(f"program: generate failed ({run.returncode}): {run.stderr}")
+        sys.exit(1)
+    lines = run.stdout.split("\n")
+    got_prompt = [int(x) for x in lines[0].removeprefix("prompt_ids:").split()]
+    got_completion = [int(x) for x in lines[1].removeprefix("completion_ids:").split()]
+    got_text = "\n".join(lines[2:]).rstrip("\n")
+    want_text = hf_tok.decode(completion, skip_special_tokens=True)
+    if (got_prompt, got_completion, got_text) != (prompt_ids, completion, want_text):
+        print(f"program: generate printed {run.stdout!r}; transformers: prompt_ids {prompt_ids}, "
+              f"completion_ids {completion}, text {want_text!r}")
+        sys.exit(1)
+    print(f"program: generate --print_ids equals transformers ({len(prompt_ids)} prompt ids, {len(completion)} "
+          f"new ids, the same text)")
+
+
 if __name__ == "__main__":
-    {"make": make, "check": check}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "program":
+        program(sys.argv[2], sys.argv[3])
+    else:
+        {"make": make, "check": check}[sys.argv[1]](sys.argv[2])

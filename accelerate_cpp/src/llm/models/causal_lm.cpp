@@ -76,6 +76,18 @@ torch::Tensor build_mask(const torch::Tensor& attention_mask, std::int64_t batch
   return mask.expand({batch, 1, length, total});
 }
 
+// Packed rows (several documents in one row, position ids restarting at each, as TRL's padding-free
+// collator makes them): which document each position belongs to, or undefined when every row holds one
+// (transformers' find_packed_sequence_indices, which create_causal_mask uses when there is no attention_mask
+// and no cache).
+torch::Tensor packed_sequence_indices(const torch::Tensor& position_ids, std::int64_t batch) {
+  auto pos = position_ids.size(0) == batch ? position_ids : position_ids.expand({batch, -1});
+  const auto diff = torch::diff(pos, 1, -1, pos.narrow(-1, 0, 1) - 1);
+  const auto indices = diff.ne(1).cumsum(-1);
+  if (indices.select(-1, -1).eq(0).all().item<bool>()) return {};
+  return indices;
+}
+
 }  // namespace
 
 std::int64_t KVCache::seq_length() const {
@@ -239,7 +251,17 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
   const auto emb = torch::cat({freqs, freqs}, -1);
   const auto cos = (emb.cos() * rotary_.attention_scaling).to(h.scalar_type());
   const auto sin = (emb.sin() * rotary_.attention_scaling).to(h.scalar_type());
-  const auto mask = build_mask(attention_mask, batch, length, past, device);
+  auto mask = build_mask(attention_mask, batch, length, past, device);
+  if (!attention_mask.defined() && position_ids.defined() && cache == nullptr) {
+    // No attention across the documents of a packed row: causal and within the same document.
+    if (const auto doc = packed_sequence_indices(positions, batch); doc.defined()) {
+      const auto causal =
+          torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(device))
+              .tril()
+              .view({1, 1, length, length});
+      mask = causal & doc.unsqueeze(-1).eq(doc.unsqueeze(-2)).unsqueeze(1);
+    }
+  }
   for (const auto& module : *layers) {
     auto* layer = module->as<DecoderLayerImpl>();
     if (layer == nullptr)

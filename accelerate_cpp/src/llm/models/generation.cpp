@@ -82,7 +82,12 @@ std::vector<std::vector<std::int64_t>> generate(CausalLM& model,
   mask = mask.to(device);
   auto positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0);
 
-  const bool was_training = model->is_training();
+  // The caller's training flag comes back however generate ends.
+  struct RestoreMode {
+    CausalLM& model;
+    bool training;
+    ~RestoreMode() { model->train(training); }
+  } restore{model, model->is_training()};
   model->eval();
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
@@ -104,7 +109,6 @@ std::vector<std::vector<std::int64_t>> generate(CausalLM& model,
     positions = positions.slice(1, -1) + 1;
     logits = model->forward(next.view({batch, 1}), mask, positions, &cache).select(1, -1).to(torch::kFloat32);
   }
-  model->train(was_training);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "accel/checkpoint/safetensors.hpp"
 #include "accel/errors.hpp"
 #include "accel/llm/models/causal_lm.hpp"
+#include "accel/nn/quant4bit.hpp"
 #include "config/small_file.hpp"
 
 namespace accel::llm {
@@ -194,6 +195,7 @@ CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
                                          torch::TensorOptions().dtype(*torch_type(info.dtype)));
     param.copy_(source);
   }
+  if (options.load_in_4bit_) quant::quantize_linears(*model, *options.load_in_4bit_, {"^lm_head$"});
   if (options.device_ != torch::kCPU) model->to(options.device_);
   return model;
 }

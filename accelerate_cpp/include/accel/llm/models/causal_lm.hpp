@@ -29,6 +29,7 @@
 
 #include "accel/llm/models/model_config.hpp"
 #include "accel/nn/activation_checkpoint.hpp"
+#include "accel/nn/quant4bit.hpp"
 
 namespace accel::llm {
 
@@ -113,7 +114,9 @@ class DecoderModelImpl : public torch::nn::Module {
  public:
   explicit DecoderModelImpl(const ModelConfig& config);
   /// The final hidden states [B, T, hidden] (after `norm`). `attention_mask` 0/1 [B, past + T] (undefined:
-  /// no padding); `position_ids` [B or 1, T] (undefined: past .. past + T - 1).
+  /// no padding); `position_ids` [B or 1, T] (undefined: past .. past + T - 1). Without attention_mask and
+  /// cache, position ids that restart inside a row mark packed documents (TRL's padding-free batches):
+  /// attention then stays inside each document, as transformers' create_causal_mask does.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& position_ids = {}, KVCache* cache = nullptr);
   /// Recompute each block in backward instead of keeping its activations (every layer's
@@ -172,8 +175,16 @@ struct LoadOptions {
     device_ = value;
     return *this;
   }
+  /// Store the blocks' projections in 4 bits (accel::quant::Linear4bit, QLoRA's NF4 by default) once loaded;
+  /// the embedding, the norms and lm_head stay in `dtype`, as transformers' `load_in_4bit` keeps them. The
+  /// whole model is held in `dtype` before it is quantised (the peak is the full-precision model).
+  LoadOptions& load_in_4bit(const quant::Quant4bitOptions& options = {}) {
+    load_in_4bit_ = options;
+    return *this;
+  }
   std::optional<torch::ScalarType> dtype_;
   torch::Device device_ = torch::kCPU;
+  std::optional<quant::Quant4bitOptions> load_in_4bit_;
 };
 
 /// Builds the model of `dir/config.json` and loads `dir/model.safetensors` or the shards of
