@@ -254,6 +254,18 @@ std::string choose_run_id(const LaunchOptions& options, const Config& config,
   return text;
 }
 
+// Ports below 1024 are privileged: binding one needs root (or CAP_NET_BIND_SERVICE) and system services own
+// many of them. Neither Accelerate nor torchrun checks; a mistyped port (80 for 8080) is then found late.
+void warn_privileged_port(const Config& config) {
+  if (config.main_process_port <= 0 || config.main_process_port >= 1024) return;
+  std::cerr
+      << "accel-launch: warning: main_process_port " << config.main_process_port
+      << " is a privileged port (below 1024): binding it needs root (or CAP_NET_BIND_SERVICE) and system "
+         "services use these ports; choose one from 1024 to 65535 (torchrun's default is 29500) or 0 "
+         "to pick a free one"
+      << std::endl;
+}
+
 // The checks and preparations that need the resolved config: restarts on one machine only, the log dir.
 void check_restarts_and_log_dir(const LaunchOptions& options, const Config& config) {
   if (options.max_restarts > 0 && config.num_machines > 1) {
@@ -440,6 +452,7 @@ void run_launch(const LaunchOptions& options) {
   Config config = resolve_launch_config(options, &notices);
   check_restarts_and_log_dir(options, config);
   const std::string executable = find_executable(options.command.front());
+  warn_privileged_port(config);
   const bool pick_port = resolve_rendezvous(config);
 
   const int local_ranks = config.num_processes / config.num_machines;

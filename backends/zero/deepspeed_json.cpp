@@ -641,6 +641,18 @@ void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
     micro = count_or_auto(f, root.at("train_micro_batch_size_per_gpu"), "train_micro_batch_size_per_gpu",
                           "train_micro_batch_size_per_gpu");
   }
+  // DeepSpeed's _batch_assertion: a batch of 0 samples trains nothing.
+  const auto refuse_zero = [&f](const char* key, const std::optional<std::uint64_t>& value,
+                                const char* what) {
+    if (value && *value == 0) {
+      f.fail(key, key,
+             fmt::format("{} is 0: it has to be greater than 0, as DeepSpeed requires; set the samples {}, "
+                         "or \"auto\"",
+                         key, what));
+    }
+  };
+  refuse_zero("train_batch_size", total, "of one optimizer step over all ranks");
+  refuse_zero("train_micro_batch_size_per_gpu", micro, "per rank and micro-step");
   const auto world = static_cast<std::uint64_t>(c.num_processes);
   const auto steps = static_cast<std::uint64_t>(c.gradient_accumulation_steps);
   // micro x steps x world, refused where it does not fit 64 bits (it would wrap and compare wrongly).
@@ -827,6 +839,7 @@ void apply_zero_optimization(const JsonFile& f, const Json& root, Config& c) {
   z.zero3_init_flag = c.zero.zero3_init_flag;
   c.zero = z;
   settle_stage1_reduce_bucket(c, f.path() + ": zero_optimization.reduce_bucket_size");
+  note_sub_group_size_zero(c, f.path() + ": zero_optimization.sub_group_size");
 }
 
 }  // namespace
@@ -839,6 +852,15 @@ void settle_stage1_reduce_bucket(Config& c, const std::string& key) {
       "reduce-scatters the flat gradients after backward in chunks, here of about one weight matrix "
       "(hidden_size² elements, as \"auto\"); results are the same",
       key));
+}
+
+void note_sub_group_size_zero(Config& c, const std::string& key) {
+  if (c.zero.sub_group_size != 0 || c.zero.stage < 1 || c.zero.stage > 2) return;
+  c.notices.push_back(fmt::format(
+      "{} is 0: every parameter is an optimizer sub-group of its own (DeepSpeed accepts 0 too), so the "
+      "optimizer steps one parameter at a time, each with its own master slice: slow with many small "
+      "parameters; the default is {} elements",
+      key, ZeroConfig{}.sub_group_size));
 }
 
 std::vector<UnsupportedKey> deepspeed_json_unsupported() {

@@ -26,4 +26,9 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported();
 /// "auto" (chunks of about one weight matrix), with a notice naming `key` (as the file spells it).
 void settle_stage1_reduce_bucket(Config& c, const std::string& key);
 
+/// sub_group_size 0 is accepted, as DeepSpeed's schema accepts it (ge=0), but in stages 1-2 it makes every
+/// parameter an optimizer sub-group of its own (many small steps, a master slice each): said in a notice
+/// naming `key` (as the file spells it). Stage 3 notes the key's lack of effect elsewhere.
+void note_sub_group_size_zero(Config& c, const std::string& key);
+
 }  // namespace accel::config_detail

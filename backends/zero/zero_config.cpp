@@ -245,6 +245,7 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
     }
     if (c.backend == "zero") {
       settle_stage1_reduce_bucket(c, kZeroSection + ".reduce_bucket_size");
+      note_sub_group_size_zero(c, kZeroSection + ".sub_group_size");
       settle_offload_param(c, kZeroSection + ".offload_param_device");
     }
     return;

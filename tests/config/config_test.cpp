@@ -483,6 +483,26 @@ TEST_CASE("config: validate checks cross-field rules", "[config]") {
   accel::Config version;
   version.config_version = 3;
   CHECK_THROWS_AS(version.validate(), accel::ConfigError);
+  // A timeout of centuries bounds nothing: a week at most (issue 49).
+  accel::Config week;
+  week.collective_timeout_seconds = 7 * 24 * 3600;
+  CHECK_NOTHROW(week.validate());
+  accel::Config centuries;
+  centuries.collective_timeout_seconds = 3.2e9;
+  CHECK_THROWS_WITH(
+      centuries.validate(),
+      "collective_timeout_seconds (3200000000) is more than 7 days (604800 s): a rank stuck in a "
+      "collective would hang the job that long before anything is reported; use at most 604800 "
+      "(the default, 1800, is PyTorch's 30 minutes)");
+  try {
+    accel::Config::load_string("num_processes: 1\ncollective_timeout_seconds: 1e10\n", "slow.yaml");
+    FAIL("a timeout of 300 years was accepted");
+  } catch (const accel::ConfigError& e) {
+    CHECK(e.line() == 2);
+    CHECK(e.key() == "collective_timeout_seconds");
+    CHECK_THAT(e.what(), Catch::StartsWith("slow.yaml:2: collective_timeout_seconds (10000000000) is more "
+                                           "than 7 days (604800 s)"));
+  }
 }
 
 TEST_CASE("config: to_string and parse functions", "[config]") {
@@ -1537,6 +1557,16 @@ TEST_CASE("config: DeepSpeed JSON errors name the file, the key and the fix", "[
       error_of(
           "{\"train_micro_batch_size_per_gpu\": 18446744073709551615, \"gradient_accumulation_steps\": 2}"),
       Catch::Contains("train_micro_batch_size_per_gpu 18446744073709551615 is out of range"));
+  // Batches of 0 samples, given or derived, as DeepSpeed's _batch_assertion refuses them (issue 49).
+  CHECK_THAT(
+      error_of("{\n  \"train_micro_batch_size_per_gpu\": 0\n}"),
+      Catch::Contains("ds.json:2: train_micro_batch_size_per_gpu is 0: it has to be greater than 0, as "
+                      "DeepSpeed requires; set the samples per rank and micro-step, or \"auto\""));
+  CHECK_THAT(error_of("{\"train_batch_size\": 0}"),
+             Catch::Contains("ds.json:1: train_batch_size is 0: it has to be greater than 0, as DeepSpeed "
+                             "requires; set the samples of one optimizer step over all ranks, or \"auto\""));
+  CHECK_THAT(error_of("{\"train_batch_size\": 0, \"train_micro_batch_size_per_gpu\": 0}"),
+             Catch::Contains("train_batch_size is 0: it has to be greater than 0"));
   CHECK_THAT(error_of("{}", "", "  zero_stage: 3\n"),
              Catch::Contains("deepspeed_config.zero_stage must not be set here"));
   CHECK_THAT(error_of("{\"zero_optimization\": [1]"), Catch::Contains("not valid JSON"));
@@ -1821,9 +1851,18 @@ TEST_CASE("config: DeepSpeed JSON zeros and \"auto\" values are read as DeepSpee
       load("\"stage\": 3, \"gather_16bit_weights_on_model_save\": \"auto\"").zero.zero3_save_16bit_model);
   CHECK(
       load("\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": true").zero.zero3_save_16bit_model);
-  // sub_group_size 0 (axolotl): one parameter per sub-group.
+  // sub_group_size 0 (axolotl): one parameter per sub-group, accepted as DeepSpeed's schema accepts it
+  // (ge=0), with a notice saying what it costs; stage 3 does not use it here.
   const auto sub0 = load("\"stage\": 2, \"sub_group_size\": 0");
   CHECK(sub0.zero.sub_group_size == 0u);
+  CHECK(has_notice(sub0,
+                   "zero_optimization.sub_group_size is 0: every parameter is an optimizer sub-group of its "
+                   "own (DeepSpeed accepts 0 too), so the optimizer steps one parameter at a time, each with "
+                   "its own master slice: slow with many small parameters; the default is 4000000 elements"));
+  CHECK_FALSE(has_notice(load("\"stage\": 3, \"sub_group_size\": 0"), "sub_group_size is 0"));
+  CHECK(has_notice(
+      accel::Config::load_string("backend: zero\ndeepspeed_config:\n  zero_stage: 1\n  sub_group_size: 0\n"),
+      "deepspeed_config.sub_group_size is 0: every parameter is an optimizer sub-group"));
   // stage3_prefetch_bucket_size 0 (transformers' tests): DeepSpeed prefetches nothing; the engine's prefetch
   // is off for 0.
   const auto prefetch0 = load("\"stage\": 3, \"stage3_prefetch_bucket_size\": 0, \"reduce_bucket_size\": 0");

@@ -1117,3 +1117,17 @@ TEST_CASE("launcher: the ranks of a launch share one run id, random per launch u
                  "of another job on port " +
                      port + " is refused instead of joining this one\n"));
 }
+
+TEST_CASE("launcher: a privileged main_process_port (below 1024) is warned about before it is used") {
+  // Root binds it (the run goes on); anyone else is refused by the port check after the warning.
+  const RunResult r = run({"launch", "--main_process_port", "1023", "/bin/true"});
+  INFO("stderr:\n" << r.err);
+  CHECK(contains(r.err,
+                 "accel-launch: warning: main_process_port 1023 is a privileged port (below 1024): "
+                 "binding it needs root (or CAP_NET_BIND_SERVICE) and system services use these "
+                 "ports; choose one from 1024 to 65535 (torchrun's default is 29500) or 0 to pick a "
+                 "free one\n"));
+  const RunResult fine = run({"launch", "--main_process_port", "0", "/bin/true"});
+  CHECK(fine.exit_code == 0);
+  CHECK_FALSE(contains(fine.err, "privileged"));
+}

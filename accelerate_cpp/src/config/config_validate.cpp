@@ -95,6 +95,18 @@ void check_numeric_settings(const Config& c, const FailKey& fail_key) {
              fmt::format("collective_timeout_seconds ({}) must be a positive number",
                          c.collective_timeout_seconds));
   }
+  // A timeout is how long a rank stuck in a collective (a crashed or diverged peer) hangs the job before it
+  // is reported: past a week it no longer bounds anything (PyTorch's default is 30 minutes, NCCL's 10).
+  constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+  if (c.collective_timeout_seconds > kMaxTimeoutSeconds) {
+    fail_key(
+        "collective_timeout_seconds",
+        fmt::format("collective_timeout_seconds ({}) is more than 7 days ({} s): a rank stuck in a "
+                    "collective would hang the job that long before anything is reported; use at most {} "
+                    "(the default, {}, is PyTorch's 30 minutes)",
+                    c.collective_timeout_seconds, kMaxTimeoutSeconds, kMaxTimeoutSeconds,
+                    Config{}.collective_timeout_seconds));
+  }
   // At most 1 TiB: the engines convert MiB to bytes in 64 bits.
   constexpr double kMaxBucketMib = 1024.0 * 1024.0;
   if (!(c.ddp_bucket_cap_mb > 0) || !(c.ddp_bucket_cap_mb <= kMaxBucketMib)) {
