@@ -665,24 +665,57 @@ void TrainerBase::epoch_begin() {
   each_callback([&](TrainerCallback& c) { c.on_epoch_begin(args_, state_, control_); });
 }
 
-void TrainerBase::micro_step(const torch::Tensor& loss, std::int64_t rows, std::int64_t tokens) {
+void TrainerBase::check_loss_value(const torch::Tensor& loss) const {
   if (!loss.defined() || loss.numel() != 1) {
-    throw UsageError(
-        fmt::format("Trainer: compute_loss must return one value (the batch's mean loss), got {}",
-                    loss.defined() ? fmt::format("a tensor of {} elements", loss.numel())
-                                   : std::string("an undefined tensor")));
+    throw UsageError(fmt::format("Trainer: compute_loss must return one value (the batch's {} loss), got {}",
+                                 count_items_set() ? "summed" : "mean",
+                                 loss.defined() ? fmt::format("a tensor of {} elements", loss.numel())
+                                                : std::string("an undefined tensor")));
   }
+}
+
+void TrainerBase::micro_step(const torch::Tensor& loss, std::int64_t rows, std::int64_t tokens) {
+  check_loss_value(loss);
+  micro_step_logged(loss, loss.detach(), rows, tokens);
+}
+
+void TrainerBase::micro_step_logged(const torch::Tensor& loss, const torch::Tensor& logged, std::int64_t rows,
+                                    std::int64_t tokens) {
   if (window_micro_ == 0) {
     each_callback([&](TrainerCallback& c) { c.on_step_begin(args_, state_, control_); });
-    window_loss_ = loss.detach().reshape({}).to(torch::kFloat64);
+    window_loss_ = logged.reshape({}).to(torch::kFloat64);
     window_rows_ = window_tokens_ = 0;
   } else {
-    window_loss_.add_(loss.detach().reshape({}));
+    window_loss_.add_(logged.reshape({}));
   }
   accelerator_->backward(loss);
   ++window_micro_;
   window_rows_ += rows;
   window_tokens_ += tokens;
+}
+
+void TrainerBase::micro_step_items(const torch::Tensor& summed_loss, double window_items,
+                                   std::int64_t window_batches, std::int64_t rows, std::int64_t tokens) {
+  auto& acc = *accelerator_;
+  check_loss_value(summed_loss);
+  // backward divides by gradient_accumulation_steps and the backends average over the replicas: multiplied
+  // back, the window's gradients are d(sum of its items' losses) / window_items, HF's num_items_in_batch
+  // rule. The logged value is scaled to the window's batches instead, so that log_training's mean over every
+  // rank's micro-batches is the window's mean loss per item.
+  const double replicas = acc.data_parallel_group()->world_size();
+  const auto per_item = summed_loss / std::max(window_items, 1.0);
+  micro_step_logged(per_item * (replicas * acc.gradient_accumulation_steps()),
+                    per_item.detach() * (replicas * static_cast<double>(window_batches)), rows, tokens);
+}
+
+double TrainerBase::window_items(std::int64_t counts) {
+  auto& acc = *accelerator_;
+  auto t = torch::tensor({static_cast<double>(counts)}, torch::kFloat64);
+  if (acc.num_processes() > 1) t = acc.reduce(t, ReduceOp::Sum).cpu();
+  // The ranks of one replica (a tensor-parallel group) read the same rows: each item is counted that often.
+  const double copies =
+      static_cast<double>(acc.num_processes()) / std::max(acc.data_parallel_group()->world_size(), 1);
+  return t.item<double>() / copies;
 }
 
 void TrainerBase::window_end() {

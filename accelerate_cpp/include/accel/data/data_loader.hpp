@@ -215,6 +215,15 @@ class DataLoader {
   std::size_t size() { return plan_for(state_->epoch).batches.size(); }
   /// Samples in the dataset.
   std::size_t dataset_size() const { return *dataset_.size(); }
+  /// The dataset indices of the next `count` batches this rank yields in the current epoch (fewer near its
+  /// end), without yielding them: what Hugging Face's Trainer reads ahead (get_batch_samples) to count the
+  /// items of an accumulation window before its first micro-step. Inside an iteration (after begin()).
+  std::vector<std::vector<std::size_t>> upcoming(std::size_t count) const {
+    std::vector<std::vector<std::size_t>> out;
+    for (std::size_t k = state_->next_batch; k < plan_.batches.size() && out.size() < count; ++k)
+      out.push_back(plan_.batches[k]);
+    return out;
+  }
   /// Epoch that the next (or current) iteration runs.
   std::uint64_t epoch() const { return state_->epoch; }
   /// Jump to an epoch (as `sampler.set_epoch` in PyTorch); resets the position within the epoch.

@@ -155,6 +155,19 @@ class TrainerBase {
   void epoch_begin();
   /// One micro-batch: callbacks, backward, counters. Call inside accelerator().accumulate(model).
   void micro_step(const torch::Tensor& loss, std::int64_t rows, std::int64_t tokens);
+  /// The same for a loss summed over the batch's items (set_num_items): divided by `window_items`, the items
+  /// of the whole accumulation window on every data-parallel replica, and scaled so that the backend's
+  /// averages (over replicas, over gradient_accumulation_steps) give that window's mean, as Hugging Face's
+  /// Trainer does with num_items_in_batch. `window_batches`: the window's micro-batches on this rank.
+  void micro_step_items(const torch::Tensor& summed_loss, double window_items, std::int64_t window_batches,
+                        std::int64_t rows, std::int64_t tokens);
+  /// The items of this rank's `counts` summed over the data-parallel replicas (collective).
+  double window_items(std::int64_t counts);
+  /// Whether the dataset-typed part counts items (set_num_items).
+  virtual bool count_items_set() const { return false; }
+  void check_loss_value(const torch::Tensor& loss) const;
+  void micro_step_logged(const torch::Tensor& loss, const torch::Tensor& logged, std::int64_t rows,
+                         std::int64_t tokens);
   /// After micro_step, still inside the accumulate scope: the optimizer step when the window ends.
   void window_end();
   /// Logs, evaluates and saves as the control says; true when training must stop.
@@ -309,7 +322,21 @@ class Trainer : public detail::TrainerBase {
   }
   /// Tokens in a batch (for num_input_tokens_seen and tokens/s).
   void set_count_tokens(std::function<std::int64_t(const Batch&)> count) { count_tokens_ = std::move(count); }
+  /// Token-level loss normalisation, as Hugging Face's Trainer does for causal LMs (num_items_in_batch with
+  /// average_tokens_across_devices): `count(batch)` is the number of items (label tokens) the batch's loss
+  /// is taken over, and compute_loss must then return the SUM of the batch's per-item losses. Before each
+  /// accumulation window the Trainer reads the window's batches ahead, counts their items on every rank, and
+  /// divides each micro-batch's sum by the total, so the gradients are those of the mean over every label
+  /// token of the window: N ranks equal one process whatever their rows' lengths, and accumulation equals
+  /// the large batch. Evaluation divides each batch's sum by its own count (HF's mean eval loss per batch).
+  /// Example (accel::llm): `trainer.set_num_items(accel::llm::sft_label_count);` with a loss of
+  /// `accel::llm::sft_loss(*model, batch, 1)`.
+  void set_num_items(std::function<std::int64_t(const Batch&)> count) { count_items_ = std::move(count); }
 
+ protected:
+  bool count_items_set() const override { return static_cast<bool>(count_items_); }
+
+ public:
   /// Trains per the arguments. `resume`: "" (args.resume_from_checkpoint, else none), "latest" (the newest
   /// checkpoint in output_dir; none there starts from scratch) or a checkpoint directory.
   TrainOutput train(const std::string& resume = "") {
@@ -348,7 +375,15 @@ class Trainer : public detail::TrainerBase {
           auto window = acc.accumulate(model());
           model()->train();
           const torch::Tensor loss = compute_loss_(batch);
-          micro_step(loss, detail::batch_rows(batch), count_tokens_ ? count_tokens_(batch) : 0);
+          const std::int64_t rows = detail::batch_rows(batch),
+                             tokens = count_tokens_ ? count_tokens_(batch) : 0;
+          if (count_items_) {
+            if (window_left_ == 0) open_items_window(batch);
+            micro_step_items(loss, window_total_, window_batches_, rows, tokens);
+            --window_left_;
+          } else {
+            micro_step(loss, rows, tokens);
+          }
           window_end();
         }
         if (after_step(evaluate_fn)) {
@@ -436,8 +471,23 @@ class Trainer : public detail::TrainerBase {
         "stage, target to the loss on the last), e.g. a dataset mapped with "
         "torch::data::transforms::Stack<>()");
   }
+  // The window that starts with `first` (already yielded): it and the loader's next batches up to
+  // gradient_accumulation_steps (fewer at the epoch's end, where the window closes too), their items counted
+  // here on every rank (each read-ahead batch built once more from the dataset, as HF's get_batch_samples
+  // holds them) and summed over the replicas.
+  void open_items_window(const Batch& first) {
+    const auto gas = static_cast<std::size_t>(accelerator().gradient_accumulation_steps());
+    const auto ahead = train_loader_->upcoming(gas > 0 ? gas - 1 : 0);
+    std::int64_t items = count_items_(first);
+    for (const auto& indices : ahead)
+      items += count_items_(train_.get_batch(indices));
+    window_batches_ = window_left_ = static_cast<std::int64_t>(ahead.size()) + 1;
+    window_total_ = window_items(items);
+  }
   torch::Tensor compute_loss_for_eval(EvalBatch& batch) {
     if constexpr (std::is_same_v<EvalBatch, Batch>) {
+      if (count_items_)
+        return compute_loss_(batch) / static_cast<double>(std::max<std::int64_t>(count_items_(batch), 1));
       return compute_loss_(batch);
     } else {
       throw UsageError(
@@ -452,6 +502,9 @@ class Trainer : public detail::TrainerBase {
   EvalStep eval_step_;
   ComputeMetrics compute_metrics_;
   std::function<std::int64_t(const Batch&)> count_tokens_;
+  std::function<std::int64_t(const Batch&)> count_items_;  // set_num_items
+  std::int64_t window_batches_ = 0, window_left_ = 0;      // the open items window's batches, those left
+  double window_total_ = 0;                                // its items over every replica
   std::unique_ptr<DataLoader<TrainDataset>> train_loader_;
   std::unique_ptr<DataLoader<EvalDataset>> eval_loader_;
 };

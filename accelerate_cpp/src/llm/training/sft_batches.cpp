@@ -1,0 +1,76 @@
+// SFT batches as tensors and the loss on them (sft_batches.hpp).
+#include <accel/errors.hpp>
+#include <accel/llm/training/sft_batches.hpp>
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace accel::llm {
+
+namespace {
+
+torch::Tensor matrix(const std::vector<int64_t>& values, int64_t rows, int64_t cols) {
+  if (values.empty()) return torch::empty({0}, torch::kInt64);
+  return torch::tensor(values, torch::kInt64).view({rows, cols});
+}
+
+torch::Tensor field(const SftTensors& batch, SftField which) {
+  if (batch.size() != 4) {
+    throw UsageError(
+        "accel::llm: an SFT batch holds 4 tensors {input_ids, labels, attention_mask, "
+        "position_ids}, got " +
+        std::to_string(batch.size()));
+  }
+  const auto& t = batch[which];
+  return t.numel() == 0 ? torch::Tensor() : t;
+}
+
+}  // namespace
+
+SftBatches::SftBatches(std::vector<SftExample> examples, CollatorOptions options)
+    : examples_(std::make_shared<const std::vector<SftExample>>(std::move(examples))),
+      options_(std::move(options)) {
+  if (examples_->empty())
+    throw UsageError(
+        "accel::llm::SftBatches: no examples (the dataset prepared to nothing: check max_length "
+        "and that every example has labels)");
+}
+
+SftTensors SftBatches::get_batch(c10::ArrayRef<std::size_t> indices) {
+  std::vector<SftExample> rows;
+  rows.reserve(indices.size());
+  for (const auto i : indices) {
+    if (i >= examples_->size())
+      throw UsageError("accel::llm::SftBatches: index " + std::to_string(i) + " is past the " +
+                       std::to_string(examples_->size()) + " examples");
+    rows.push_back((*examples_)[i]);
+  }
+  return to_tensors(collate(rows, options_));
+}
+
+std::optional<std::size_t> SftBatches::size() const {
+  return examples_->size();
+}
+
+SftTensors to_tensors(const SftBatch& b) {
+  return {matrix(b.input_ids, b.rows, b.cols), matrix(b.labels, b.rows, b.cols),
+          matrix(b.attention_mask, b.rows, b.cols), matrix(b.position_ids, b.rows, b.cols)};
+}
+
+torch::Tensor sft_logits(CausalLMImpl& model, const SftTensors& batch) {
+  return model.forward(field(batch, kInputIds), field(batch, kAttentionMask), field(batch, kPositionIds));
+}
+
+std::int64_t sft_label_count(const SftTensors& batch) {
+  const auto labels = field(batch, kLabels);
+  if (!labels.defined() || labels.size(1) < 2) return 0;
+  return labels.slice(1, 1).ne(-100).sum().item<std::int64_t>();
+}
+
+torch::Tensor sft_loss(CausalLMImpl& model, const SftTensors& batch,
+                       std::optional<std::int64_t> num_items_in_batch) {
+  return causal_lm_loss(sft_logits(model, batch), field(batch, kLabels), num_items_in_batch);
+}
+
+}  // namespace accel::llm

@@ -1,0 +1,203 @@
+// Supervised fine-tuning of a Hugging Face causal LM (Llama / Qwen2 / Qwen3 checkpoint directory) on a JSONL
+// dataset, as TRL's SFTTrainer over transformers + PEFT does it: the training type comes from the files
+// `accel-launch train -t TYPE` passes (TYPE.yaml: TrainingArguments; TYPE.accelerate.yaml: the backend;
+// TYPE.model.yaml: TRL's ModelConfig keys: full, LoRA or QLoRA), never from this code.
+//
+//   accel-launch train -t lora build/examples/llm/finetune --model_name_or_path DIR --dataset data.jsonl
+//
+// This program's own options (SFTConfig's data keys, TRL's names): --dataset FILE|DIR (required),
+// --eval_dataset FILE|DIR, --max_length N (1024), --packing (bfd; --packing_strategy bfd|bfd_split|wrapped),
+// --completion_only_loss true|false, --assistant_only_loss, --save_merged (a LoRA run also writes the merged
+// model). It writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/),
+// each with the tokenizer files beside it.
+#include <accel/llm/data/chat_template.hpp>
+#include <accel/llm/data/jsonl_dataset.hpp>
+#include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/tokenizers/tokenizer.hpp>
+#include <accel/llm/training/sft_batches.hpp>
+#include <accel/nn/lora.hpp>
+#include <accel/trainer/model_arguments.hpp>
+#include <accel/trainer/trainer.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace llm = accel::llm;
+
+struct SftOptions {
+  std::string dataset, eval_dataset;
+  llm::SftDataOptions data;
+  bool save_merged = false;
+};
+
+SftOptions parse_sft_options(const std::vector<std::string>& rest) {
+  SftOptions o;
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    const std::string& key = rest[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= rest.size()) throw accel::UsageError("finetune: " + key + " needs a value");
+      return rest[++i];
+    };
+    if (key == "--dataset") {
+      o.dataset = value();
+    } else if (key == "--eval_dataset") {
+      o.eval_dataset = value();
+    } else if (key == "--max_length") {
+      o.data.max_length = std::stoll(value());
+    } else if (key == "--packing") {
+      o.data.packing = true;
+    } else if (key == "--packing_strategy") {
+      o.data.packing_strategy = value();
+    } else if (key == "--completion_only_loss") {
+      o.data.completion_only_loss = value() == "true";
+    } else if (key == "--assistant_only_loss") {
+      o.data.assistant_only_loss = true;
+    } else if (key == "--save_merged") {
+      o.save_merged = true;
+    } else {
+      throw accel::UsageError(
+          "finetune: unknown option '" + key +
+          "' (this program's: --dataset, --eval_dataset, --max_length, --packing, "
+          "--packing_strategy, --completion_only_loss, --assistant_only_loss, --save_merged; "
+          "the rest are TrainingArguments and ModelArguments keys)");
+    }
+  }
+  if (o.dataset.empty())
+    throw accel::UsageError("finetune: give the training data with --dataset FILE.jsonl");
+  return o;
+}
+
+torch::ScalarType dtype_of(const accel::ModelArguments& m) {
+  if (m.dtype == "bfloat16") return torch::kBFloat16;
+  if (m.dtype == "float16") return torch::kFloat16;
+  return torch::kFloat32;  // float32, or auto without a config dtype to follow
+}
+
+llm::CausalLM load_model(const accel::ModelArguments& m, const std::string& dir) {
+  llm::LoadOptions options;
+  options.dtype(dtype_of(m));
+  if (m.load_in_4bit) {
+    accel::quant::Quant4bitOptions q;
+    q.type = m.bnb_4bit_quant_type == "fp4" ? accel::quant::QuantType::FP4 : accel::quant::QuantType::NF4;
+    q.double_quant = m.use_bnb_nested_quant;
+    options.load_in_4bit(q);  // each tensor read, quantised and freed: the full-precision base never exists
+  }
+  return llm::from_pretrained(dir, options);
+}
+
+std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel::ModelArguments& m) {
+  if (!m.use_peft) return nullptr;
+  accel::peft::LoraConfig c;
+  c.r = m.lora_r;
+  c.lora_alpha = m.lora_alpha;
+  c.lora_dropout = m.lora_dropout;
+  c.target_modules = m.lora_target_modules;
+  if (m.lora_target_modules_string) c.target_modules_regex = *m.lora_target_modules_string;
+  c.modules_to_save = m.lora_modules_to_save;
+  c.use_rslora = m.use_rslora;
+  c.task_type = m.lora_task_type;
+  return accel::peft::get_peft_model(model.ptr(), c);
+}
+
+llm::SftBatches prepare_data(const std::string& path, const std::string& model_dir, const llm::Tokenizer& tok,
+                             llm::SftDataOptions options) {
+  const auto dataset = llm::JsonlDataset::read(path);
+  std::optional<llm::ChatTemplate> chat;
+  const auto form = dataset.form();
+  if (form == llm::RecordForm::kConversational || form == llm::RecordForm::kConversationalPromptCompletion)
+    chat = llm::ChatTemplate::from_pretrained(model_dir);
+  if (options.eos_token.empty() && tok.eos_token_id())
+    options.eos_token = tok.id_to_token(*tok.eos_token_id()).value_or("");
+  const llm::EncodeFn encode = [&tok](const std::string& text, bool special) {
+    return tok.encode(text, special);
+  };
+  auto examples = llm::prepare_sft_examples(dataset, chat ? &*chat : nullptr, encode, options);
+  const auto pad = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
+  return llm::SftBatches(std::move(examples), llm::sft_collator_options(options, pad));
+}
+
+// The tokenizer files beside a saved model or adapter, as Hugging Face's Trainer saves them.
+void copy_tokenizer_files(const std::string& from, const fs::path& to) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "chat_template.jinja", "generation_config.json"}) {
+    if (fs::exists(fs::path(from) / name))
+      fs::copy_file(fs::path(from) / name, to / name, fs::copy_options::overwrite_existing);
+  }
+}
+
+void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::LoraModel* lora,
+                  const std::string& model_dir, const fs::path& out, bool save_merged) {
+  const auto state = acc.get_state_dict(model);  // collective: every rank
+  if (lora != nullptr) {
+    lora->save_adapter((out / "adapter").string(), state);  // safe on every rank
+    if (acc.is_main_process()) copy_tokenizer_files(model_dir, out / "adapter");
+    acc.print("finetune: PEFT adapter written to ", (out / "adapter").string());
+    if (!save_merged) return;
+    lora->merge_and_unload();
+  }
+  acc.save_model(model, (out / "model").string());
+  if (acc.is_main_process()) {
+    fs::copy_file(fs::path(model_dir) / "config.json", out / "model" / "config.json",
+                  fs::copy_options::overwrite_existing);
+    copy_tokenizer_files(model_dir, out / "model");
+  }
+  acc.wait_for_everyone();
+  acc.print("finetune: model written to ", (out / "model").string());
+}
+
+std::pair<std::int64_t, std::int64_t> count_parameters(torch::nn::Module& model) {
+  std::int64_t trainable = 0, total = 0;
+  for (const auto& p : model.parameters()) {
+    total += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  return {trainable, total};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<std::string> rest;
+  const auto args = accel::TrainingArguments::from_command_line(argc, argv, &rest);
+  const auto model_args = accel::ModelArguments::from_command_line(rest, &rest);
+  const auto sft = parse_sft_options(rest);
+  if (!model_args.model_name_or_path)
+    throw accel::UsageError("finetune: give the model directory with --model_name_or_path DIR");
+  const std::string dir = *model_args.model_name_or_path;
+
+  const auto tokenizer = llm::Tokenizer::from_pretrained(dir);
+  auto train = prepare_data(sft.dataset, dir, tokenizer, sft.data);
+  const std::size_t examples = *train.size();
+  torch::manual_seed(static_cast<std::int64_t>(args.seed));
+  auto model = load_model(model_args, dir);
+  const auto lora = adapt(model, model_args);
+
+  // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
+  // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
+  // accumulation give one process's gradients, and transformers' Trainer's.
+  accel::Trainer<llm::SftBatches> trainer(args, model, std::move(train), [&](llm::SftTensors& batch) {
+    return llm::sft_loss(*model, batch, /*num_items_in_batch=*/1);
+  });
+  trainer.set_num_items(llm::sft_label_count);
+  trainer.set_count_tokens([](const llm::SftTensors& batch) { return batch[llm::kInputIds].numel(); });
+  if (!sft.eval_dataset.empty()) trainer.set_eval(prepare_data(sft.eval_dataset, dir, tokenizer, sft.data));
+  if (lora) trainer.set_peft_model(lora);
+  auto& acc = trainer.accelerator();
+  for (const auto& notice : model_args.notices)
+    acc.print("finetune: ", notice);
+  const auto [trainable, total] = count_parameters(*model);
+  acc.print("finetune: ", lora ? (model_args.load_in_4bit ? "qlora" : "lora") : "full", " | ", examples,
+            " examples | trainable parameters ", trainable, " of ", total);
+  const auto result = trainer.train();
+  if (result.interrupted) return 0;
+  if (!sft.eval_dataset.empty()) trainer.evaluate();
+  save_outputs(acc, model, lora.get(), dir, fs::path(args.output_dir), sft.save_merged);
+  acc.print("finetune: train loss ", result.training_loss);
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "error: " << e.what() << std::endl;
+  return 1;
+}
