@@ -34,7 +34,7 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: transformers / tokenizers not importable ({e})")
     sys.exit(77)
 
-TOOL, FIXTURES = sys.argv[1], sys.argv[2]
+TOOL, FIXTURES = None, None  # set by main() from the command line
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<s>", "</s>"]
 UNICODE = "Grüße, 世界 🌍! \"double\" 'single' \\ back\\slash\n\ttab  {{ not jinja }} {% raw %} <tag> &amp;"
@@ -180,7 +180,7 @@ def check_trl_templates(workdir, tokenizer_json):
     names = sorted(n for n in os.listdir(tdir) if n.endswith(".jinja"))
     special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<|endoftext|>"}
     _, tok = tokenizer_dir(workdir, "generic", tokenizer_json, "{{ 'x' }}", special)
-    cases = [c for i, c in enumerate(conversations()) if i in (0, 3, 5, 9, 13, 15)]
+    cases = conversations()
     stats = {"equal": 0, "both_raise": 0, "refused": 0}
     refused, failures = set(), []
     for name in names:
@@ -394,6 +394,8 @@ def show(failures, limit=3):
 
 
 def main():
+    global TOOL, FIXTURES
+    TOOL, FIXTURES = sys.argv[1], sys.argv[2]
     start = time.time()
     with tempfile.TemporaryDirectory() as workdir:
         tokenizer_json = make_tokenizer(workdir)

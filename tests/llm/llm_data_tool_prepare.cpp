@@ -6,6 +6,7 @@
 
 #include "llm_data_tool_prepare.hpp"
 
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -89,8 +90,18 @@ int prepare_command(const std::string& request_path) {
     std::optional<llm::ChatTemplate> tpl;
     if (req.contains("template_dir"))
       tpl = llm::ChatTemplate::from_pretrained(req["template_dir"].get<std::string>());
+    const auto start = std::chrono::steady_clock::now();
     const auto examples =
         llm::prepare_sft_examples(ds, tpl ? &*tpl : nullptr, encode, data_options(req["options"]));
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    if (req.value("time_only", false)) {  // for timing runs: no JSON of the rows
+      int64_t tokens = 0;
+      for (const auto& e : examples)
+        tokens += static_cast<int64_t>(e.input_ids.size());
+      std::cout << json{{"seconds", seconds.count()}, {"rows", examples.size()}, {"tokens", tokens}}.dump()
+                << "\n";
+      return 0;
+    }
     json ex = json::array();
     for (const auto& e : examples) {
       ex.push_back(json{{"input_ids", e.input_ids}, {"labels", e.labels}, {"seq_lengths", e.seq_lengths}});
