@@ -287,8 +287,8 @@ TEST_CASE("Bad checkpoints are refused naming the file and the tensor", "[llm][m
     if (name == q) t = torch::zeros({32, 32});
     return true;
   });
-  {  // add a tensor the model does not have
-    const auto file = accel::safetensors::File::open((unexpected / "model.safetensors").string());
+  auto add_tensor = [&](const fs::path& to, const std::string& extra) {
+    const auto file = accel::safetensors::File::open((to / "model.safetensors").string());
     std::vector<torch::Tensor> keep;
     std::vector<accel::safetensors::TensorView> views;
     for (const auto& name : file.names()) {
@@ -299,15 +299,18 @@ TEST_CASE("Bad checkpoints are refused naming the file and the tensor", "[llm][m
           {name, accel::safetensors::DType::F32, info.shape, keep.back().data_ptr(), keep.back().nbytes()});
     }
     keep.push_back(torch::zeros({3}));
-    views.push_back({"model.layers.5.mlp.extra.weight",
-                     accel::safetensors::DType::F32,
-                     {3},
-                     keep.back().data_ptr(),
-                     keep.back().nbytes()});
-    accel::safetensors::write_file((unexpected / "model.safetensors").string(), views);
-  }
+    views.push_back(
+        {extra, accel::safetensors::DType::F32, {3}, keep.back().data_ptr(), keep.back().nbytes()});
+    accel::safetensors::write_file((to / "model.safetensors").string(), views);
+  };
+  add_tensor(unexpected, "model.layers.5.mlp.extra.weight");
   CHECK_THAT(checkpoint_error(unexpected.string()),
              Contains("model.layers.5.mlp.extra.weight") && Contains("not a parameter"));
+
+  // Old Llama checkpoints carry the rotary tables: ignored, as transformers ignores them.
+  const auto rotary = copy("rotary");
+  add_tensor(rotary, "model.layers.0.self_attn.rotary_emb.inv_freq");
+  CHECK_NOTHROW(accel::llm::from_pretrained(rotary.string()));
 
   const auto shards = copy("shards");
   fs::rename(shards / "model.safetensors", shards / "model-00001-of-00002.safetensors");

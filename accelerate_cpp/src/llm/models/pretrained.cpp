@@ -110,7 +110,9 @@ Checkpoint open_checkpoint(const fs::path& dir) {
 // Checkpoint tensors the model may lack: the tied head (written by some exporters) and old rotary buffers.
 bool ignorable(const std::string& name, const ModelConfig& config) {
   if (name == "lm_head.weight" && config.tie_word_embeddings) return true;
-  return name.size() > 21 && name.compare(name.size() - 21, 21, "rotary_emb.inv_freq") == 0;
+  const std::string rotary = "rotary_emb.inv_freq";
+  return name.size() >= rotary.size() &&
+         name.compare(name.size() - rotary.size(), rotary.size(), rotary) == 0;
 }
 
 // Every parameter present with its shape and a floating dtype, and nothing else: checked before a byte moves.
