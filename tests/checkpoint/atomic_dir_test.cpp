@@ -289,6 +289,32 @@ TEST_CASE("atomic_dir: invalid directory names are rejected") {
   }
 }
 
+TEST_CASE("atomic_dir: a name that leaves no room for the temporary sibling is refused saying so") {
+  TempDir dir;
+  // 234 bytes + the 21 of ".tmp-<pid>-<8 hex>" is the 255 a Linux file system allows.
+  const std::string fits(234, 'n');
+  {
+    AtomicDirectory out((dir.path / fits).string());
+    out.commit();
+  }
+  CHECK(fs::is_directory(dir.path / fits));
+  for (const std::size_t length : {235u, 237u, 255u}) {
+    const std::string name(length, 'n');
+    INFO(length);
+    try {
+      AtomicDirectory out((dir.path / name).string());
+      FAIL("no exception");
+    } catch (const accel::CheckpointError& error) {
+      CHECK(
+          std::string(error.what()) ==
+          "checkpoint directory name '" + name + "' is " + std::to_string(length) +
+              " bytes; a checkpoint is written into a temporary sibling whose name adds up to 21 bytes "
+              "('.tmp-<pid>-<8 hex digits>'), and this file system allows 255 bytes per name: use a name of "
+              "at most 234 bytes");
+    }
+  }
+}
+
 TEST_CASE("atomic_dir: write_file_atomic replaces a file and leaves no temporary file") {
   TempDir scratch;
   const fs::path file = scratch.path / "state.json";

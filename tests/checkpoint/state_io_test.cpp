@@ -1381,3 +1381,28 @@ TEST_CASE("fault: corrupted checkpoints and exports are refused whole or load th
     CHECK(count->refused + count->harmless == count->mutants);
   }
 }
+
+// Issue 49: one path rule for save_state and load_state ("odd/a/../b" is "odd/b" for both, "odd/a" absent),
+// and a name too long for the temporary sibling is refused saying so, not blamed on permissions.
+TEST_CASE("checkpoint: save_state and load_state read a path by one rule; a too-long name says why") {
+  test::TempDir dir;
+  const auto odd = (dir.path / "odd" / "a" / ".." / "b").string();
+  Run first(MixedPrecision::No, 1);
+  REQUIRE(first.train(1, 3));
+  first.acc.save_state(odd);
+  CHECK(std::filesystem::is_directory(dir.path / "odd" / "b"));
+  CHECK_FALSE(std::filesystem::exists(dir.path / "odd" / "a"));
+  Run resumed(MixedPrecision::No, 2);
+  resumed.acc.load_state(odd);
+  CHECK(resumed.acc.micro_steps() == first.acc.micro_steps());
+
+  const std::string name(240, 'c');
+  try {
+    first.acc.save_state((dir.path / name).string());
+    FAIL("no exception");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(),
+               Catch::Contains("is 240 bytes") && Catch::Contains("use a name of at most 234 bytes"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path / name));
+}

@@ -15,6 +15,8 @@
 
 #include "accel/errors.hpp"
 
+#include <fmt/format.h>
+
 namespace accel::detail {
 namespace fs = std::filesystem;
 
@@ -24,8 +26,25 @@ std::string errno_text(int error) {
   return std::strerror(error);
 }
 
-// "ckpt/" -> "ckpt"; rejects paths that cannot name a replaceable directory.
-fs::path normalize(const std::string& dir) {
+fs::path parent_of(const fs::path& path) {
+  fs::path parent = path.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+// The longest name the file system holding `path` (or its nearest existing ancestor) allows, in bytes.
+long name_max(const fs::path& path) {
+  std::error_code ec;
+  fs::path probe = path;
+  while (!probe.empty() && !fs::exists(probe, ec) && probe != probe.parent_path())
+    probe = probe.parent_path();
+  if (probe.empty()) probe = ".";
+  const long limit = ::pathconf(probe.c_str(), _PC_NAME_MAX);
+  return limit > 0 ? limit : 255;
+}
+
+}  // namespace
+
+fs::path normalize_checkpoint_dir(const std::string& dir) {
   fs::path path = fs::path(dir).lexically_normal();
   if (!path.empty() && path.filename().empty()) path = path.parent_path();
   const std::string name = path.filename().string();
@@ -34,12 +53,24 @@ fs::path normalize(const std::string& dir) {
         "invalid checkpoint directory '" + dir +
         "': it must name a directory below an existing or creatable parent, e.g. 'ckpt/step_100'");
   }
+  // The temporary and old siblings (`<name>.tmp-<pid>-<8 hex>`, `<name>.old-<pid>`) are longer than the name:
+  // say so here, instead of the file system's "File name too long" blamed on permissions or disk space.
+  const long limit = name_max(parent_of(path));
+  const auto longest = static_cast<long>(name.size() + kSiblingSuffixBytes);
+  if (longest > limit) {
+    throw CheckpointError(fmt::format(
+        "checkpoint directory name '{}' is {} bytes; a checkpoint is written into a temporary sibling whose "
+        "name adds up to {} bytes ('.tmp-<pid>-<8 hex digits>'), and this file system allows {} bytes per "
+        "name: use a name of at most {} bytes",
+        name, name.size(), kSiblingSuffixBytes, limit, limit - static_cast<long>(kSiblingSuffixBytes)));
+  }
   return path;
 }
 
-fs::path parent_of(const fs::path& path) {
-  fs::path parent = path.parent_path();
-  return parent.empty() ? fs::path(".") : parent;
+namespace {
+
+fs::path normalize(const std::string& dir) {
+  return normalize_checkpoint_dir(dir);
 }
 
 fs::path with_suffix(const fs::path& path, const std::string& suffix) {

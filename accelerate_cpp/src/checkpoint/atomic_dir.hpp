@@ -9,6 +9,7 @@
 /// Not designed for concurrent writers of the same path: let one process (e.g. the main process) save a given
 /// directory, and make the others wait (barrier) before reading it.
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -17,6 +18,16 @@ namespace accel::detail {
 
 /// Builds a directory next to its final location and swaps it in on `commit()`.
 ///
+/// Bytes a checkpoint directory's temporary sibling adds to its name: ".tmp-" + a pid (at most 7 digits,
+/// Linux's pid_max is 4194304) + "-" + 8 hex digits.
+inline constexpr std::size_t kSiblingSuffixBytes = 21;
+
+/// The one rule for checkpoint paths, for save_state and load_state alike: `dir` normalised lexically
+/// ("ckpt/" -> "ckpt", "odd/a/../b" -> "odd/b", whether or not "odd/a" exists). Throws CheckpointError when
+/// it names no replaceable directory ("", ".", "/") or when its last name leaves no room for the temporary
+/// sibling on this file system (naming both lengths and the limit).
+std::filesystem::path normalize_checkpoint_dir(const std::string& dir);
+
 /// Example:
 ///   AtomicDirectory out("ckpt/step_100");
 ///   safetensors::write_file((out.path() / "model.safetensors").string(), tensors);

@@ -894,8 +894,10 @@ void StateIO::check_ranges(const safetensors::File& state_file, const TrainingCo
   }
 }
 
-TrainingCounters StateIO::load(const std::string& dir,
+TrainingCounters StateIO::load(const std::string& given,
                                const std::vector<std::function<void(const std::string&)>>& hooks) {
+  // The rule save uses (AtomicDirectory): "odd/a/../b" is "odd/b" for both, whether or not "odd/a" exists.
+  const std::string dir = normalize_checkpoint_dir(given).string();
   if (p_.rank == 0) recover_interrupted(dir);
   p_.comm->barrier();
   const fs::path root(dir);
