@@ -8,8 +8,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "test_support.hpp"
 
@@ -324,4 +328,63 @@ TEST_CASE("LoRA: import of Python PEFT's adapter", "[.peft_import]") {
   CHECK(err < 1e-5);
   std::cout << "peft_import: the adapter PEFT wrote gives PEFT's output here, max difference " << err
             << std::endl;
+}
+
+// Issue 49: README's snippet calls save_adapter on every rank; two ranks raced on one temporary file and died
+// with a raw std::filesystem error. Writers at once (threads here, processes in a job) each leave the
+// complete files and nothing else, and a directory that cannot be made is a CheckpointError naming it.
+TEST_CASE("LoRA: save_adapter from several writers at once leaves one writer's complete files") {
+  test::TempDir dir;
+  torch::manual_seed(3);
+  Block model;
+  peft::LoraConfig config;
+  config.r = 2;
+  config.target_modules = {"q_proj", "v_proj"};
+  auto lora = peft::get_peft_model(model, config);
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["q_proj.lora_B.weight"].normal_();
+  }
+  const auto path = (dir.path / "adapter").string();
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  std::mutex m;
+  std::string first_error;
+  for (int w = 0; w < 4; ++w) {
+    writers.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        try {
+          lora->save_adapter(path);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(m);
+          if (failures++ == 0) first_error = e.what();
+        }
+      }
+    });
+  }
+  for (auto& t : writers)
+    t.join();
+  INFO(first_error);
+  CHECK(failures.load() == 0);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(path))
+    left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"});
+  torch::manual_seed(3);
+  Block again;
+  auto lora2 = peft::get_peft_model(again, config);
+  lora2->load_adapter(path);
+  const auto x = torch::randn({3, 6});
+  torch::NoGradGuard no_grad;
+  CHECK(torch::equal(again(x), model(x)));
+
+  // A path under a regular file: an accel::CheckpointError naming the directory, never std::filesystem's.
+  { std::ofstream(dir.path / "file") << "x"; }
+  const auto bad = (dir.path / "file" / "adapter").string();
+  CHECK_THROWS_MATCHES(
+      lora->save_adapter(bad), CheckpointError,
+      Catch::Matchers::Predicate<CheckpointError>(
+          [&](const CheckpointError& e) { return std::string(e.what()).find(bad) != std::string::npos; },
+          "names the directory"));
 }

@@ -14,15 +14,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
 #include <regex>
-#include <cmath>
 #include <set>
 #include <shared_mutex>
+#include <thread>
+
+#include <unistd.h>
 
 namespace accel::peft {
 
@@ -340,6 +343,81 @@ void LoraModel::merge_and_unload() {
   layers_.clear();
 }
 
+namespace {
+
+// PEFT's adapter_config.json for `config` (peft's LoraConfig fields as PEFT writes them).
+Json adapter_config_json(const LoraConfig& config_, const Json& modules_to_save) {
+  Json targets = Json::array();
+  for (const auto& t : config_.target_modules)
+    targets.push_back(t);
+  return {
+      {"peft_type", "LORA"},
+      {"task_type", config_.task_type.empty() ? Json(nullptr) : Json(config_.task_type)},
+      {"base_model_name_or_path", nullptr},
+      {"revision", nullptr},
+      {"inference_mode", true},
+      {"r", config_.r},
+      {"lora_alpha", config_.lora_alpha},
+      {"lora_dropout", config_.lora_dropout},
+      {"target_modules", config_.target_modules_regex.empty() ? targets : Json(config_.target_modules_regex)},
+      {"bias", config_.bias},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"modules_to_save", modules_to_save},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", Json::object()},
+      {"alpha_pattern", Json::object()},
+      {"use_rslora", config_.use_rslora},
+      {"use_dora", false}};
+}
+
+// Writes the adapter's two files into `dir`. Safe when every rank of a job calls it at once with the same
+// adapter (README's snippet does; so does a loop without a main-process guard): each process writes under
+// temporary names of its own (process and thread) and renames them into place, so the files are always one
+// writer's complete output, never a mix, and no process removes another's temporary file. Filesystem failures
+// become CheckpointError naming the file.
+void write_adapter_files(const std::string& dir,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& out, const Json& config) {
+  const fs::path tensors = fs::path(dir) / "adapter_model.safetensors";
+  const fs::path json = fs::path(dir) / "adapter_config.json";
+  const std::string tag =
+      fmt::format(".tmp.{}.{}", ::getpid(), std::hash<std::thread::id>()(std::this_thread::get_id()));
+  const std::string tensors_tmp = tensors.string() + tag;
+  const std::string json_tmp = json.string() + tag;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw CheckpointError(
+        fmt::format("save_adapter: could not create the directory '{}': {}; choose a "
+                    "writable directory",
+                    dir, ec.message()));
+  }
+  try {
+    detail::write_tensors(tensors_tmp, out, {{"format", "pt"}});
+    {
+      std::ofstream f(json_tmp, std::ios::binary | std::ios::trunc);
+      f << config.dump(2) << "\n";
+      f.close();
+      if (!f) throw CheckpointError(fmt::format("save_adapter: could not write '{}'", json_tmp));
+    }
+    for (const auto& [from, to] :
+         {std::pair{tensors_tmp, tensors.string()}, std::pair{json_tmp, json.string()}}) {
+      fs::rename(from, to, ec);
+      if (ec) {
+        throw CheckpointError(
+            fmt::format("save_adapter: could not move '{}' to '{}': {}", from, to, ec.message()));
+      }
+    }
+  } catch (...) {
+    fs::remove(tensors_tmp, ec);
+    fs::remove(json_tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace
+
 void LoraModel::save_adapter(const std::string& dir,
                              const std::vector<std::pair<std::string, torch::Tensor>>& state) const {
   std::map<std::string, torch::Tensor> given(state.begin(), state.end());
@@ -419,41 +497,7 @@ void LoraModel::save_adapter(const std::string& dir,
         take(item.key() + "." + p.key());
     }
   }
-  fs::create_directories(dir);
-  const std::string tensors = (fs::path(dir) / "adapter_model.safetensors").string();
-  detail::write_tensors(tensors + ".tmp", out, {{"format", "pt"}});
-  Json targets = Json::array();
-  for (const auto& t : config_.target_modules)
-    targets.push_back(t);
-  const Json config = {
-      {"peft_type", "LORA"},
-      {"task_type", nullptr},
-      {"base_model_name_or_path", nullptr},
-      {"revision", nullptr},
-      {"inference_mode", true},
-      {"r", config_.r},
-      {"lora_alpha", config_.lora_alpha},
-      {"lora_dropout", config_.lora_dropout},
-      {"target_modules", config_.target_modules_regex.empty() ? targets : Json(config_.target_modules_regex)},
-      {"bias", config_.bias},
-      {"fan_in_fan_out", false},
-      {"init_lora_weights", true},
-      {"modules_to_save", to_save},
-      {"layers_to_transform", nullptr},
-      {"layers_pattern", nullptr},
-      {"rank_pattern", Json::object()},
-      {"alpha_pattern", Json::object()},
-      {"use_rslora", false},
-      {"use_dora", false}};
-  const std::string json = (fs::path(dir) / "adapter_config.json").string();
-  {
-    std::ofstream f(json + ".tmp", std::ios::binary | std::ios::trunc);
-    f << config.dump(2) << "\n";
-    f.close();
-    if (!f) throw CheckpointError(fmt::format("save_adapter: could not write '{}'", json));
-  }
-  fs::rename(tensors + ".tmp", tensors);
-  fs::rename(json + ".tmp", json);
+  write_adapter_files(dir, out, adapter_config_json(config_, to_save));
 }
 
 void LoraModel::load_adapter(const std::string& dir) {
