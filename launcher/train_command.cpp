@@ -1,6 +1,7 @@
 /// \file train_command.cpp
 /// `accel-launch train -t TYPE [launch options] PROGRAM [ARGS...]`: the training types of the users' material
-/// (full, zero2_offload, zero3, ...) as named pairs of files in config_templates/trainer/:
+/// (full, lora, qlora, deepspeed, stage2_offload, stage3, minimal) as named pairs of files in
+/// config_templates/trainer/:
 /// `<type>.accelerate.yaml` (the Accelerate config: backend, precision, offload) and `<type>.yaml` (Hugging
 /// Face TrainingArguments). It is `launch --config_file <type>.accelerate.yaml PROGRAM --training_args
 /// <type>.yaml ARGS...`: a Trainer program (examples/trainer) reads both; options given here or after PROGRAM
@@ -74,7 +75,8 @@ void setup_train_command(CLI::App& app) {
                                      "Launch a Trainer program with a training type: the pair "
                                      "<type>.accelerate.yaml (Accelerate config) and "
                                      "<type>.yaml (TrainingArguments) of config_templates/trainer/");
-  sub->add_option("-t,--type", *type, "Training type (full, lora, qlora, zero2_offload, zero3, ...)")
+  sub->add_option("-t,--type", *type,
+                  "Training type (full, lora, qlora, deepspeed, stage2_offload, stage3, minimal, ...)")
       ->required();
   sub->add_option("--templates", *templates,
                   "Directory holding trainer/<type>.* (default: $ACCEL_TEMPLATES_DIR, else the installed "
