@@ -223,6 +223,12 @@ def sft_data(workdir):
             m += [{"role": "user", "content": "Again, longer: " + q * 3}, {"role": "assistant", "content": a * 2}]
         messages.append({"messages": m})
     messages.append({"messages": [{"role": "user", "content": UNICODE}, {"role": "assistant", "content": "ok"}]})
+    messages.append({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+        {"role": "tool", "content": "{\"temp\": 21.5}"},
+        {"role": "assistant", "content": "It is 21.5 degrees."}], "tools": TOOLS})
     files = {}
     files["messages"] = os.path.join(workdir, "messages.jsonl")
     write_jsonl(files["messages"], messages)
@@ -269,7 +275,9 @@ def load_rows(path_or_rows):
     rows = []
     for p in paths:
         rows += [json.loads(line) for line in open(p) if line.strip()]
-    return rows
+    # Every column in every row, as datasets' JSON loader makes them (Dataset.from_list keeps the first row's).
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in keys} for r in rows]
 
 
 def trl_prepare(tok, model, rows, cfg, batch_size, workdir):
@@ -389,6 +397,15 @@ def check_sft(workdir, tokenizer_json):
 def show(failures, limit=3):
     for f in failures[:limit]:
         print("MISMATCH", f[0])
+        if len(f) == 4 and isinstance(f[1], list) and "examples" in f[3]:  # SFT: the first differing example
+            want, got = f[1], f[3]["examples"]
+            for i, (w, g) in enumerate(zip(want, got)):
+                if w != g:
+                    print(f"    example {i}: TRL {json.dumps(w)[:700]}\n    accel {json.dumps(g)[:700]}")
+                    break
+            else:
+                print(f"    {len(want)} examples from TRL, {len(got)} from accel; batches differ")
+            continue
         for part in f[1:]:
             print("   ", json.dumps(part, ensure_ascii=False)[:1500])
 
