@@ -97,6 +97,10 @@ def make(out):
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
             ref["padded_ids"], ref["padded_mask"], ref["padded_positions"] = padded, mask, positions
             ref["padded_logits"] = model(padded, attention_mask=mask, position_ids=positions).logits
+            # Packed documents (TRL's padding-free rows): positions restart, no mask, no cache.
+            packed = torch.cat([torch.arange(10), torch.arange(14)]).unsqueeze(0).expand(2, -1).contiguous()
+            ref["packed_positions"] = packed
+            ref["packed_logits"] = model(ids, position_ids=packed, use_cache=False).logits
             labels = ids.clone()
             labels[0, :3] = -100
             labels[1, 10:] = -100

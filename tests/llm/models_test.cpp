@@ -437,6 +437,8 @@ TEST_CASE("Logits, loss and greedy tokens equal transformers'", "[.hf]") {
     CHECK(max_diff(padded.masked_fill(~valid, 0), ref.at("padded_logits").masked_fill(~valid, 0)) <= 1e-5);
     CHECK(max_diff(padded[1].slice(0, 5),
                    model->forward(ref.at("input_ids")[1].slice(0, 5).unsqueeze(0))[0]) <= 1e-5);
+    CHECK(max_diff(model->forward(ref.at("input_ids"), {}, ref.at("packed_positions")),
+                   ref.at("packed_logits")) <= 1e-5);
     CHECK(std::abs(accel::llm::causal_lm_loss(logits, ref.at("labels")).item<double>() -
                    ref.at("loss").item<double>()) <= 1e-5);
     accel::llm::GenerationConfig gen;
