@@ -44,6 +44,84 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                "days": {"type": "integer"}}, "required": ["city"]}}}]
 
 
+# Small templates for the corners of jinja2's semantics (whitespace control, scoping, Python values, every
+# filter, test and method of the subset, errors), rendered by transformers' environment and by accel.
+SNIPPETS = [
+    "a\n  {% if true %}\n  b\n  {% endif %}\nc",
+    "a  {%- if true -%}  b  {%- endif %}  c",
+    "a\n  {%+ if true %}x{% endif %}",
+    "  {{- ' v ' -}}  \n{{ 'w' }}\n",
+    "{# c1 #}\n  {#- c2 -#}  x\n{#+ c3 #}\ny",
+    "{% raw %}{{ not rendered }} {% if %}{% endraw %}\n!",
+    "{% set x %}block {{ 1 + 1 }}{% endset %}[{{ x }}]",
+    "{% set a, b = [1, 2] %}{{ b }}{{ a }}",
+    "{% macro m(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, 2, 3) }}|{{ m(a=5, c=7) }}",
+    "{% for k, v in {'b': 1, 'a': 2}.items() %}{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}",
+    "{% for x in [1, 2, 3, 4] if x is odd %}{{ loop.index }}/{{ loop.length }}:{{ x }} {% else %}none{% endfor %}",
+    "{% for x in [] %}x{% else %}empty{% endfor %}",
+    "{% for x in range(5) %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+    "{% for x in 'héy' %}[{{ x }}]{% endfor %}{% for k in {'z': 1, 'y': 2} %}{{ k }}{% endfor %}",
+    "{% for a in [1, 2] %}{% for b in [3, 4] %}{{ loop.index0 }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}{{ loop.revindex }}{% endfor %}",
+    "{{ [1, 2.5, 'x', none, true, false, [], {}, (1,), (1, 2)] }}",
+    "{{ 3 / 2 }} {{ 4 / 2 }} {{ 7 // -2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 7.5 // 2 }} {{ 1e16 }} {{ 1.5e-7 }} {{ 100.0 }} {{ 123456789.123 }}",
+    "{{ 'abc'[1:] }} {{ 'abc'[:-1] }} {{ 'abcdef'[::2] }} {{ [1, 2, 3, 4][::-1] }} {{ [1, 2, 3][5:] }} {{ 'héllo'[1] }} {{ [1,2,3][-1] }}",
+    "{{ '  a b  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ 'a,b,,c'.split(',') }}|{{ 'a b  c'.split() }}|{{ 'a-b-c'.split('-', 1) }}|{{ ' x '.lstrip() }}|{{ ' x '.rstrip() }}",
+    "{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} {{ 'a.b.c'.replace('.', '/') }} {{ 'a.b.c'.replace('.', '/', 1) }} {{ 'abc'.upper() }} {{ 'ABC'.lower() }} {{ 'hello world'.title() }} {{ 'hELLO'.capitalize() }}",
+    "{{ '-'.join(['a', 'b']) }} {{ 'abcabc'.find('c') }} {{ 'abcabc'.count('bc') }} {{ 'x' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }}",
+    "{{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 'd') }} {{ {'a': 1}.keys() | list }} {{ {'a': 1}.values() | list }}",
+    "{{ 'a' in 'cat' }} {{ 1 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'z' not in 'abc' }} {{ 2 in {'a': 2} }}",
+    "{{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ none == none }} {{ 1 != 2 }} {{ 2 >= 2 }}",
+    "{{ 'a' if false }}|{{ 'a' if true else 'b' }}|{{ none or 'x' }}|{{ 0 and 1 }}|{{ 'y' and 'z' }}|{{ not none }}",
+    "{{ x is defined }} {{ x is undefined }} {{ none is none }} {{ 'a' is string }} {{ {} is mapping }} {{ [] is sequence }} {{ 'a' is iterable }} {{ 1 is number }} {{ 1 is integer }} {{ 1.0 is float }} {{ true is boolean }} {{ false is false }} {{ true is true }} {{ 3 is divisibleby 3 }} {{ 4 is even }} {{ 'abc' is lower }} {{ 'ABC' is upper }} {{ none is sameas none }} {{ 1 is eq 1 }} {{ 2 is gt 1 }} {{ 1 is in [1] }}",
+    "{{ ' x '|trim }}|{{ 'xyx'|trim('x') }}|{{ [1, 2]|length }}|{{ 'héllo'|count }}|{{ none|string }}|{{ 5|string }}|{{ 'ab'|upper }}|{{ 'AB'|lower }}|{{ 'ab cd'|title }}|{{ 'ab'|capitalize }}",
+    "{{ x|default('d') }}|{{ none|default('d') }}|{{ ''|default('d', true) }}|{{ ''|d('e', boolean=true) }}|{{ 0|default(1) }}",
+    "{{ [1, 2, 3]|join('-') }}|{{ [{'a': 1}, {'a': 2}]|join(',', attribute='a') }}|{{ {'b': 2, 'a': 1}|items|list }}|{{ {'b': 2, 'A': 1, 'a': 3}|dictsort }}|{{ {'b': 2, 'a': 1}|dictsort(by='value', reverse=true) }}",
+    "{{ [3, 1, 2]|sort }}|{{ ['b', 'A', 'c']|sort }}|{{ ['b', 'A', 'c']|sort(case_sensitive=true) }}|{{ [3, 1]|sort(reverse=true) }}|{{ [1, 2, 1, 'a', 'A']|unique|list }}|{{ [1, 2]|first }}|{{ [1, 2]|last }}|{{ 'abc'|reverse }}|{{ [1, 2]|reverse|list }}",
+    "{{ [1, 2, 3, 4]|select('odd')|list }}|{{ [1, 2, 3, 4]|reject('odd')|list }}|{{ [0, 1, '', 'a']|select|list }}|{{ ['a', 'b', 'code_interpreter']|reject('equalto', 'code_interpreter')|join(', ') }}",
+    "{{ [{'r': 'u', 'c': 1}, {'r': 'a', 'c': 2}]|selectattr('r', 'equalto', 'a')|list }}|{{ [{'r': 'u'}, {'x': 1}]|selectattr('r', 'defined')|list }}|{{ [{'r': 1}, {'r': 0}]|rejectattr('r')|list }}",
+    "{{ [{'a': {'b': 1}}, {'a': {'b': 2}}]|map(attribute='a.b')|list }}|{{ ['a', 'b']|map('upper')|list }}|{{ [{'a': 1}, {}]|map(attribute='a', default=0)|list }}|{{ [1, 2, 3]|sum }}|{{ [3, 1]|min }}|{{ [3, 1]|max }}",
+    "{{ '3'|int }} {{ 'x'|int }} {{ 'x'|int(7) }} {{ '1.5'|float }} {{ 3|float }} {{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }} {{ 'a&<b>\"'|e }} {{ 'a'|safe }}",
+    "{{ 'a\nb\n\nc'|indent }}|{{ 'a\nb'|indent(2, true) }}|{{ 'a\n\nb'|indent(2, blank=true) }}",
+    "{{ {'a': [1, {'b': none}], 'c': 'é\"\\\\'}|tojson }}|{{ {'a': 1, 'b': [1, 2]}|tojson(indent=4) }}|{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ [1, 2]|tojson(separators=(',', ':')) }}|{{ 'x'|tojson }}|{{ 1.0|tojson }}|{{ [[], {}]|tojson(indent=2) }}",
+    "{% set ns = namespace(a=1, b=[]) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}{{ ns.b }}{% set ns2 = namespace({'x': 5}) %}{{ ns2.x }}",
+    "{{ dict(a=1, b=2) }} {{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ messages|length }} {{ add_generation_prompt }} {{ eos_token }} {{ bos_token }} {{ tools }}",
+    "{{ messages[0].role }} {{ messages[0]['content'] }} {{ messages[0].missing is defined }} {{ messages[5] is defined }} {{ messages[-1].content }} {{ messages.0.role }}",
+    "{{ 'a' ~ 1 ~ none ~ 2.0 ~ true ~ [1] }}",
+    "{%- for m in messages -%}\n  {%- if m.role == 'user' %}\n    U: {{ m.content }}\n  {%- else %}\n    A: {{ m.content }}\n  {%- endif %}\n{%- endfor %}\n",
+    "{{ 'a' \"b\" 'c' }} {{ '\\u00e9\\x41\\t|\\101|\\q' }} {{ \"it's\" }} {{ 'say \"hi\"' }}",
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% else %}{% set loop_messages = messages %}{% endif %}{{ loop_messages|length }}",
+    "{{ 10 - 2 - 3 }} {{ 2 * 3 + 4 }} {{ -2 ** 2 }} {{ (1 + 2) * 3 }} {{ 1 - -1 }} {{ not 1 == 2 }} {{ 7 % 4 }} {{ 1.5 + 1 }}",
+    "{{ [1, 2]|first is number }} {{ x|length }} {% for y in x %}never{% endfor %}{{ x|list }}",
+    "{{ raise_exception('boom: ' ~ messages|length) }}",
+    "{{ undefined_thing.attr }}",
+    "{{ messages[0].content + 1 }}",
+]
+
+
+def check_snippets(workdir):
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"}]
+    special = {"eos_token": "</s>", "bos_token": "<s>"}
+    equal, failures = 0, []
+    for i, snippet in enumerate(SNIPPETS):
+        try:
+            (text,), _ = render_jinja_template(conversations=[msgs], chat_template=snippet,
+                                               add_generation_prompt=True, **special)
+            want = {"text": text, "spans": []}
+        except Exception as e:  # noqa: BLE001 - an error is a verdict
+            want = {"error": f"{type(e).__name__}: {e}"}
+        d = os.path.join(workdir, f"snippet{i}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(snippet)
+        json.dump(special, open(os.path.join(d, "tokenizer_config.json"), "w"))
+        got = cpp_render(d, [{"messages": msgs, "add_generation_prompt": True}], workdir)[0]
+        if want == got or ("error" in want and "error" in got):
+            equal += 1
+        else:
+            failures.append((f"snippet {i}: {snippet!r}", want, got))
+    return equal, failures
+
+
 def corpus():
     words = ("the quick brown fox jumps over lazy dog what is plus minus times equals answer question "
              "hello world assistant user system think tool call weather city paris london berlin").split()
@@ -131,6 +209,8 @@ def python_render(tok, case, template=None):
                                        add_generation_prompt=case["add_generation_prompt"], tokenize=False,
                                        chat_template=template, **kwargs)
         tpl = template or tok.get_chat_template()
+        if "generation" not in tpl:
+            return {"text": text, "spans": []}
         _, indices = render_jinja_template(
             conversations=[_normalize_chat_messages(copy.deepcopy(case["messages"]))], tools=case.get("tools"),
             chat_template=tpl, return_assistant_tokens_mask=True,
@@ -416,18 +496,22 @@ def main():
     start = time.time()
     with tempfile.TemporaryDirectory() as workdir:
         tokenizer_json = make_tokenizer(workdir)
+        snippets_equal, snippet_failures = check_snippets(workdir)
         eq, fixture_failures = check_fixtures(workdir, tokenizer_json)
         stats, refused, trl_failures = check_trl_templates(workdir, tokenizer_json)
-        differ = len(fixture_failures) + len(trl_failures)
+        differ = len(fixture_failures) + len(trl_failures) + len(snippet_failures)
+        print(f"snippets: {snippets_equal} of {len(SNIPPETS)} corner-case templates equal jinja2 under transformers "
+              f"(or raise in both)")
         print(f"fixtures: {eq} renders of the Qwen2.5 / Qwen3 / Llama 3.1 / Llama 3.2 templates (and Qwen "
               f"training variants) equal transformers, {len(fixture_failures)} differ")
         print(f"TRL's templates: {stats['equal']} renders equal, {stats['both_raise']} raise in both, "
               f"{stats['refused']} refused as unsupported")
         for r in refused:
             print("  refused:", r)
+        show(snippet_failures)
         show(fixture_failures)
         show(trl_failures)
-        print(f"templates: {eq + stats['equal']} renders equal, {differ} differ ({time.time() - start:.1f} s)")
+        print(f"templates: {eq + stats['equal'] + snippets_equal} renders equal, {differ} differ ({time.time() - start:.1f} s)")
         try:
             import trl  # noqa: F401
         except ImportError as e:

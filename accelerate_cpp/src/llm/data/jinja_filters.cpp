@@ -282,7 +282,9 @@ Value filter_misc(Interpreter& in, const std::string& name, const Value& v, List
     const std::string method = py_str(arg(a, k, 1, "method", Value::string("common")));
     const double scale = std::pow(10.0, static_cast<double>(precision));
     const double x = v.as_double() * scale;
-    const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
+    const double r = method == "ceil"    ? std::ceil(x)
+                     : method == "floor" ? std::floor(x)
+                                         : std::nearbyint(x);  // Python's round: half to even
     return Value::floating(r / scale);
   }
   if (name == "sum") {
