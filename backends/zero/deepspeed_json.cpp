@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -64,7 +65,8 @@ const std::set<std::string>& mapped_top_keys() {
                                               "gradient_clipping",
                                               "fp16",
                                               "bf16",
-                                              "zero_optimization"};
+                                              "zero_optimization",
+                                              "torch_autocast"};
   return kKeys;
 }
 std::size_t line_of_key(const std::string& text, const std::string& key) {
@@ -601,6 +603,161 @@ void apply_mixed_precision(const JsonFile& f, const Json& root, const DeepSpeedJ
   report_precision_settings(f, root, c);
 }
 
+// DeepSpeed 0.17.2+'s torch_autocast block (runtime/config.py get_torch_autocast_*,
+// runtime/torch_autocast.py): the engine's forward runs under torch.autocast(dtype) over fp32 parameters,
+// which is what accelerate-cpp's mixed precision is. The dtype spellings are DeepSpeed's DtypeEnum's.
+struct AutocastDtype {
+  std::vector<std::string> spellings;
+  const char* torch_name;
+};
+const std::vector<AutocastDtype>& autocast_dtypes() {
+  static const std::vector<AutocastDtype> kDtypes = {
+      {{"torch.float16", "fp16", "float16", "half"}, "torch.float16"},
+      {{"torch.bfloat16", "bf16", "bfloat16"}, "torch.bfloat16"},
+      {{"torch.float32", "fp32", "float32", "float"}, "torch.float32"},
+      {{"torch.int8", "int8"}, "torch.int8"},
+  };
+  return kDtypes;
+}
+
+// torch_autocast.dtype as torch names it ("torch.bfloat16"), validated as DeepSpeed's DtypeEnum does.
+std::string autocast_dtype(const JsonFile& f, const Json& v) {
+  std::vector<std::string> accepted;
+  for (const AutocastDtype& d : autocast_dtypes()) {
+    for (const std::string& s : d.spellings) {
+      if (v.is_string() && v.get<std::string>() == s) return d.torch_name;
+      accepted.push_back(fmt::format("\"{}\"", s));
+    }
+  }
+  f.fail("torch_autocast.dtype", "dtype",
+         fmt::format(
+             "torch_autocast.dtype: {} is not a dtype DeepSpeed knows (it refuses it too); use one of {}",
+             v.dump(), join(accepted)));
+}
+
+// lower_precision_safe_modules: class names, as DeepSpeed's get_lower_precision_safe_modules requires.
+std::vector<std::string> autocast_modules(const JsonFile& f, const Json& b) {
+  // DeepSpeed's default (torch_autocast.py LOWER_PRECISION_SAFE_MODULES), as its engine names it.
+  std::vector<std::string> modules = {"torch.nn.modules.linear.Linear", "torch.nn.modules.conv.Conv1d",
+                                      "torch.nn.modules.conv.Conv2d", "torch.nn.modules.conv.Conv3d"};
+  if (!b.contains("lower_precision_safe_modules")) return modules;
+  const Json& v = b.at("lower_precision_safe_modules");
+  const bool strings =
+      v.is_array() && std::all_of(v.begin(), v.end(), [](const Json& item) { return item.is_string(); });
+  if (!strings) {
+    f.fail("torch_autocast.lower_precision_safe_modules", "lower_precision_safe_modules",
+           fmt::format("torch_autocast.lower_precision_safe_modules: expected a list of class names such as "
+                       "[\"torch.nn.Linear\"], got {} (DeepSpeed refuses it too)",
+                       v.dump()));
+  }
+  modules.clear();
+  for (const Json& item : v)
+    modules.push_back(item.get<std::string>());
+  return modules;
+}
+
+// An fp16 / bf16 block that enables its precision beside torch_autocast: true, or "auto" that the YAML's
+// mixed_precision resolves to true (Accelerate fills it so).
+std::optional<PrecisionBlock> enabled_block(const Json& root, const DeepSpeedJsonContext& context,
+                                            const Config& c) {
+  for (const PrecisionBlock& block : precision_blocks(root)) {
+    const Json& b = root.at(block.name);
+    if (!b.is_object() || !b.contains("enabled")) continue;
+    const Json& e = b.at("enabled");
+    if ((e.is_boolean() && e.get<bool>()) ||
+        (is_auto(e) && context.mixed_precision_set && c.mixed_precision == block.mode))
+      return block;
+  }
+  return std::nullopt;
+}
+
+// The notices of an enabled torch_autocast: what DeepSpeed does that accelerate-cpp does another way.
+void note_torch_autocast(const JsonFile& f, const std::string& dtype, const std::vector<std::string>& modules,
+                         Config& c) {
+  if (dtype == "torch.float32") {
+    c.notices.push_back(fmt::format(
+        "{}: torch_autocast.dtype torch.float32 runs every op in fp32 (CUDA autocast in fp32; CPU autocast "
+        "disables itself): mixed_precision is no",
+        f.path()));
+    return;
+  }
+  c.notices.push_back(fmt::format(
+      "{}: torch_autocast.lower_precision_safe_modules ({}): DeepSpeed reduces (and ZeRO-3 gathers) the "
+      "parameters and gradients of these classes in {}; here every gradient is reduced in fp32 (set "
+      "ddp_comm_hook: {} in the YAML to compress them all), so results differ only by that rounding",
+      f.path(), join(modules), dtype, dtype == "torch.float16" ? "fp16" : "bf16"));
+  if (dtype == "torch.float16") {
+    c.notices.push_back(fmt::format(
+        "{}: torch_autocast.dtype torch.float16: DeepSpeed scales the loss with torch.amp.GradScaler "
+        "(65536, x2 after 2000 clean steps in a row, x0.5 on each overflow); here fp16 runs DeepSpeed's fp16 "
+        "loss scaler as the fp16 block sets it (its defaults: 65536, x2 after 1000 clean steps, x0.5 after 2 "
+        "overflows, minimum 1), so skipped steps and the scale can differ",
+        f.path()));
+  }
+}
+
+// torch_autocast: enabled true sets mixed_precision from its dtype (fp16, bf16; fp32 means no), after
+// checking it agrees with the fp16 / bf16 blocks and the YAML; the rest DeepSpeed does differently is
+// noticed.
+void apply_torch_autocast(const JsonFile& f, const Json& root, const DeepSpeedJsonContext& context,
+                          Config& c) {
+  if (!root.contains("torch_autocast") || root.at("torch_autocast").is_null()) return;
+  const Json& b = root.at("torch_autocast");
+  if (!b.is_object()) {
+    f.fail("torch_autocast", "torch_autocast",
+           fmt::format("torch_autocast: expected an object such as {{\"enabled\": true, \"dtype\": "
+                       "\"bfloat16\"}}, got {}",
+                       b.dump()));
+  }
+  // DeepSpeed reads dtype and the module list whether enabled or not, and refuses bad ones either way.
+  const std::optional<std::string> dtype =
+      b.contains("dtype") ? std::optional<std::string>(autocast_dtype(f, b.at("dtype"))) : std::nullopt;
+  const std::vector<std::string> modules = autocast_modules(f, b);
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : b.items()) {
+    if (key != "enabled" && key != "dtype" && key != "lower_precision_safe_modules")
+      unknown.push_back(fmt::format("torch_autocast.{}", key));
+  }
+  if (!unknown.empty())
+    c.notices.push_back(
+        fmt::format("{}: unknown key(s) ignored (DeepSpeed ignores them too): {}", f.path(), join(unknown)));
+  if (!b.contains("enabled") || !boolean_value(f, b.at("enabled"), "torch_autocast.enabled", "enabled"))
+    return;
+  if (!dtype) {
+    f.fail("torch_autocast.enabled", "enabled",
+           "torch_autocast has no dtype: DeepSpeed then autocasts in torch's default for the device (float16 "
+           "on CUDA, bfloat16 on CPU), so the file means different precisions on different machines; set "
+           "\"dtype\": \"bfloat16\" (or \"float16\")");
+  }
+  if (*dtype == "torch.int8") {
+    f.fail("torch_autocast.dtype", "dtype",
+           "torch_autocast.dtype torch.int8: torch.autocast has no int8 mode (CPU autocast disables itself, "
+           "CUDA casts matmul inputs to int8); set \"dtype\": \"bfloat16\" or \"float16\"");
+  }
+  const MixedPrecision mode = *dtype == "torch.float16"    ? MixedPrecision::Fp16
+                              : *dtype == "torch.bfloat16" ? MixedPrecision::Bf16
+                                                           : MixedPrecision::No;
+  std::string origin = fmt::format("{} (torch_autocast.dtype)", f.path());
+  if (const std::optional<PrecisionBlock> block = enabled_block(root, context, c)) {
+    if (block->mode != mode) {
+      f.fail("torch_autocast.dtype", "dtype",
+             fmt::format("torch_autocast.dtype {} contradicts {}.enabled: the forward would autocast in one "
+                         "precision and the {} engine keep the other; make them agree or disable one",
+                         *dtype, block->name, block->name));
+    }
+    origin = fmt::format("{} (torch_autocast.dtype, {}.enabled)", f.path(), block->name);
+  }
+  if (context.mixed_precision_set && c.mixed_precision != mode) {
+    f.fail("torch_autocast.dtype", "dtype",
+           fmt::format("{} autocasts in {} (torch_autocast.dtype) but the config's mixed_precision is '{}' "
+                       "({}); make them agree",
+                       f.path(), *dtype, to_string(c.mixed_precision), context.source));
+  }
+  c.mixed_precision = mode;
+  c.origins["mixed_precision"] = origin;
+  note_torch_autocast(f, *dtype, modules, c);
+}
+
 // Gradient accumulation: "auto" (or absent) follows the YAML; a number must agree with it.
 void apply_gradient_accumulation(const JsonFile& f, const Json& root, const DeepSpeedJsonContext& context,
                                  Config& c) {
@@ -881,12 +1038,6 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
           "applies the rest later from the CPU optimizer, asynchronously (topk_ratio, update_interval, ...)",
           "remove it: zero_optimization.offload_optimizer with device cpu offloads the whole optimizer step, "
           "synchronously");
-  refused(
-      "torch_autocast", AsksNothingWhen::Disabled, "",
-      "DeepSpeed 0.17.2+ trains under torch.autocast in `dtype` (lower_precision_safe_modules) instead of "
-      "its fp16/bf16 engines",
-      "remove it and set mixed_precision: bf16 or fp16 in the YAML (accelerate-cpp's mixed precision is "
-      "autocast)");
   refused("gradient_allreduce_op", AsksNothingWhen::Value, "mean",
           "\"sum\" keeps the sum of the ranks' gradients instead of their mean (DeepSpeed after 0.19.5)",
           "remove it (or set \"mean\"): gradients are averaged over the ranks here");
@@ -976,6 +1127,7 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   refuse_unsupported(f, root, "");
   report_top_level_keys(f, root, c.notices);
   apply_mixed_precision(f, root, context, c);
+  apply_torch_autocast(f, root, context, c);
   apply_gradient_accumulation(f, root, context, c);
   check_batch_sizes(f, root, c);
   apply_gradient_clipping(f, root, c);

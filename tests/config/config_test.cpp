@@ -1337,8 +1337,6 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
       Catch::Contains("ds.json:2: zero_optimization.zenflow is not supported by accelerate-cpp: ZenFlow") &&
           !Catch::Contains("did you mean"));
   CHECK_NOTHROW(json_load("{\"zero_optimization\": {\"stage\": 2, \"zenflow\": null}}"));
-  CHECK_THAT(json_error("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"bfloat16\"}}"),
-             Catch::Contains("torch_autocast is not supported by accelerate-cpp: "));
   CHECK_NOTHROW(json_load("{\"torch_autocast\": {\"enabled\": false}}"));
   CHECK_THAT(json_error("{\"gradient_allreduce_op\": \"sum\"}"),
              Catch::Contains("gradient_allreduce_op is not supported by accelerate-cpp: "));
@@ -2007,4 +2005,77 @@ TEST_CASE("did-you-mean: the edit distance equals the full table's, and a limit 
   const std::string huge(200000, 'z');
   CHECK(accel::detail::edit_distance(huge, "zero_optimization", false, 5) == 6);
   CHECK_FALSE(accel::detail::closest(huge, {"zero_optimization", "train_batch_size"}).has_value());
+}
+
+// DeepSpeed 0.17.2+'s torch_autocast block (runtime/config.py, runtime/torch_autocast.py): autocast in
+// `dtype` over fp32 parameters is accelerate-cpp's mixed precision; the rest is refused or noticed by name.
+TEST_CASE("a DeepSpeed JSON's torch_autocast sets mixed precision from its dtype, as DeepSpeed autocasts") {
+  DeepSpeedFiles files;
+  auto load = [&](const std::string& json, const std::string& top = "") {
+    return accel::Config::load_file(files.yaml(files.write("ds.json", json), top));
+  };
+  auto error = [&](const std::string& json, const std::string& top = "") {
+    return std::string(load_error(files.yaml(files.write("ds.json", json), top)).what());
+  };
+  const std::string json = files.write("ds.json", "");
+  const auto bf16 = load("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"torch.bfloat16\"}}");
+  CHECK(bf16.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(bf16.origins.at("mixed_precision") == json + " (torch_autocast.dtype)");
+  // DeepSpeed's default module list, whose gradients it reduces in bf16 (ours: fp32).
+  CHECK(has_notice(bf16,
+                   "torch_autocast.lower_precision_safe_modules (torch.nn.modules.linear.Linear, "
+                   "torch.nn.modules.conv.Conv1d, torch.nn.modules.conv.Conv2d, "
+                   "torch.nn.modules.conv.Conv3d): DeepSpeed reduces"));
+  const auto fp16 = load(
+      "{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"half\", \"lower_precision_safe_modules\": "
+      "[\"torch.nn.Linear\"], \"cache\": 1}}");
+  CHECK(fp16.mixed_precision == accel::MixedPrecision::Fp16);
+  CHECK(has_notice(fp16, "torch_autocast.lower_precision_safe_modules (torch.nn.Linear): DeepSpeed reduces"));
+  CHECK(has_notice(fp16,
+                   "torch_autocast.dtype torch.float16: DeepSpeed scales the loss with "
+                   "torch.amp.GradScaler"));
+  CHECK(has_notice(fp16, "unknown key(s) ignored (DeepSpeed ignores them too): torch_autocast.cache"));
+  CHECK(load("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"float\"}}").mixed_precision ==
+        accel::MixedPrecision::No);
+  // The bf16 block beside it (DeepSpeedExamples' bf16_master_weight) agrees: both say bf16.
+  const auto both = load(
+      "{\"bf16\": {\"enabled\": true}, \"torch_autocast\": {\"enabled\": true, \"dtype\": "
+      "\"bfloat16\"}}");
+  CHECK(both.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(both.origins.at("mixed_precision") == json + " (torch_autocast.dtype, bf16.enabled)");
+  // Disabled: the dtype and modules are still checked (DeepSpeed reads them either way), nothing set.
+  CHECK(load("{\"torch_autocast\": {\"dtype\": \"fp16\"}}").mixed_precision == accel::MixedPrecision::No);
+  CHECK_THAT(error("{\"torch_autocast\": {\"enabled\": false, \"dtype\": \"float8\"}}"),
+             Catch::Contains("ds.json:1: torch_autocast.dtype: \"float8\" is not a dtype DeepSpeed knows (it "
+                             "refuses it too); use one of \"torch.float16\", \"fp16\""));
+  CHECK_THAT(
+      error("{\"torch_autocast\": {\"enabled\": true,\n \"lower_precision_safe_modules\": "
+            "\"torch.nn.Linear\", \"dtype\": \"bf16\"}}"),
+      Catch::Contains("ds.json:2: torch_autocast.lower_precision_safe_modules: expected a list of class "
+                      "names such as [\"torch.nn.Linear\"], got \"torch.nn.Linear\""));
+  CHECK_THAT(error("{\"torch_autocast\": {\"enabled\": true}}"),
+             Catch::Contains("torch_autocast has no dtype: DeepSpeed then autocasts in torch's default for "
+                             "the device (float16 on CUDA, bfloat16 on CPU)") &&
+                 Catch::Contains("set \"dtype\": \"bfloat16\""));
+  CHECK_THAT(error("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"int8\"}}"),
+             Catch::Contains("torch_autocast.dtype torch.int8: torch.autocast has no int8 mode"));
+  CHECK_THAT(error("{\"torch_autocast\": {\"enabled\": \"auto\", \"dtype\": \"bf16\"}}"),
+             Catch::Contains("torch_autocast.enabled: expected true or false, got \"auto\""));
+  CHECK_THAT(error("{\"torch_autocast\": [true]}"),
+             Catch::Contains("torch_autocast: expected an object such as {\"enabled\": true"));
+  CHECK_THAT(error("{\"fp16\": {\"enabled\": true}, \"torch_autocast\": {\"enabled\": true, \"dtype\": "
+                   "\"bf16\"}}"),
+             Catch::Contains("torch_autocast.dtype torch.bfloat16 contradicts fp16.enabled"));
+  // "auto" follows the YAML's mixed_precision, as Accelerate fills it.
+  CHECK_THAT(error("{\"bf16\": {\"enabled\": \"auto\"}, \"torch_autocast\": {\"enabled\": true, \"dtype\": "
+                   "\"fp16\"}}",
+                   "mixed_precision: bf16\n"),
+             Catch::Contains("torch_autocast.dtype torch.float16 contradicts bf16.enabled"));
+  CHECK_THAT(
+      error("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"fp16\"}}", "mixed_precision: bf16\n"),
+      Catch::Contains("autocasts in torch.float16 (torch_autocast.dtype) but the config's "
+                      "mixed_precision is 'bf16'") &&
+          Catch::Contains("make them agree"));
+  CHECK(load("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"fp16\"}}", "mixed_precision: fp16\n")
+            .mixed_precision == accel::MixedPrecision::Fp16);
 }
