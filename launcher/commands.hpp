@@ -30,6 +30,10 @@ void setup_test_command(CLI::App& app);
 /// `~/.config/accelerate-cpp/default_config.yaml`.
 std::string default_config_path();
 
+/// The directory holding trainer/<type>.*: `given` (--templates), else $ACCEL_TEMPLATES_DIR, else the
+/// installed PREFIX/share/accelerate_cpp/config_templates, else the source tree's (train_command.cpp).
+std::string config_templates_dir(const std::string& given);
+
 /// The registered backends' names joined by `separator` ("local | ddp | fsdp | zero"), for help texts.
 std::string backend_names_help(const std::string& separator = " | ");
 

@@ -2,13 +2,19 @@
 // parameter count, world size, backend, stage, precision and optimizer (the layouts of accelerate-cpp itself,
 // checked against measured runs by the test suite); with --pipeline_stages, per stage: the stage's share of
 // the parameters (by the partition of --layer_parameters, else 1/p) and the schedule's activation bound.
+#include <accel/config/config.hpp>
+#include <accel/llm/models/parameter_count.hpp>
 #include <accel/monitor/memory.hpp>
+#include <accel/trainer/model_arguments.hpp>
+#include <accel/trainer/training_arguments.hpp>
 
 #include "commands.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -16,6 +22,70 @@
 
 namespace accel::launcher {
 namespace {
+
+// --model_config / --type: a Hugging Face config.json and a training type of config_templates/trainer/.
+struct ModelOptions {
+  std::string model_config, type, templates;
+};
+
+// The optimizer of a TrainingArguments `optim` as the estimate counts it (8-bit states are not modelled).
+std::string estimate_optimizer(const std::string& optim) {
+  if (optim.rfind("adamw", 0) == 0 && optim.find("8bit") == std::string::npos) return "adamw";
+  if (optim == "sgd") return "sgd";
+  if (optim == "adagrad") return "adagrad";
+  if (optim == "rmsprop") return "rmsprop";
+  throw ConfigError("estimate-memory: the training type's optim '" + optim +
+                    "' is not modelled by the estimate (its 8-bit or paged state); give --optimizer instead");
+}
+
+// Fills `in` from the model's config.json (sizes) and, with --type, the type's three files (layout,
+// adapters, optimizer), as `accel-launch train -t TYPE` would run them; explicit options given on the
+// command line win.
+void apply_model(MemoryEstimateInput& in, const ModelOptions& mo, const CLI::App& cmd) {
+  namespace fs = std::filesystem;
+  const auto config = llm::ModelConfig::from_file(mo.model_config);
+  const auto count = llm::count_parameters(config);
+  auto given = [&](const char* option) { return cmd.count(option) > 0; };
+  if (!given("--largest_unit_parameters"))
+    in.largest_unit_parameters = static_cast<std::uint64_t>(count.largest_unit());
+  in.num_parameters = static_cast<std::uint64_t>(count.total());
+  std::cout << fmt::format(
+      "Model: {} ({}), {} parameters: {} layers of {}, embedding {}{}\n", mo.model_config,
+      config.architecture(), count.total(), config.num_hidden_layers, count.per_layer, count.embedding,
+      count.lm_head > 0 ? fmt::format(", lm_head {}", count.lm_head) : std::string(" (tied head)"));
+  if (mo.type.empty()) return;
+  const fs::path dir = fs::path(config_templates_dir(mo.templates)) / "trainer";
+  const Config layout = Config::load_file((dir / (mo.type + ".accelerate.yaml")).string());
+  if (!given("--backend")) in.backend = layout.backend;
+  if (!given("--zero_stage")) in.zero_stage = layout.zero.stage;
+  if (!given("--fsdp_sharding_strategy"))
+    in.fsdp_sharding_strategy = to_string(layout.fsdp.sharding_strategy);
+  if (!given("--offload_optimizer")) in.offload_optimizer = to_string(layout.zero.offload_optimizer_device);
+  if (!given("--offload_param")) in.offload_param = to_string(layout.zero.offload_param_device);
+  if (!given("--mixed_precision")) in.mixed_precision = to_string(layout.mixed_precision);
+  if (!given("--num_processes")) in.num_processes = layout.num_processes;
+  const auto args = TrainingArguments::load_file((dir / (mo.type + ".yaml")).string());
+  if (!given("--optimizer")) in.optimizer = estimate_optimizer(args.optim);
+  const fs::path model_file = dir / (mo.type + ".model.yaml");
+  if (!fs::exists(model_file)) return;
+  const auto model = ModelArguments::load_file(model_file.string());
+  if (!model.use_peft) return;
+  std::vector<std::string> targets = model.lora_target_modules;
+  if (model.lora_target_modules_string) targets = {*model.lora_target_modules_string};
+  in.num_parameters = static_cast<std::uint64_t>(llm::count_lora_parameters(config, targets, model.lora_r));
+  in.frozen_parameters = static_cast<std::uint64_t>(count.total());
+  if (!given("--frozen_dtype")) {
+    in.frozen_dtype = model.load_in_4bit          ? (model.use_bnb_nested_quant ? "4bit" : "4bit_single")
+                      : model.dtype == "bfloat16" ? "bf16"
+                      : model.dtype == "float16"  ? "fp16"
+                                                  : "fp32";
+  }
+  std::cout << fmt::format(
+      "Training type {}: {} on {} rank(s), LoRA r {} on {}: {} trainable, the base frozen "
+      "in {}\n",
+      mo.type, describe_backend(in), in.num_processes, model.lora_r, fmt::join(targets, ","),
+      in.num_parameters, in.frozen_dtype);
+}
 
 std::string bytes_line(const MemoryReport& r) {
   return fmt::format(
@@ -155,7 +225,21 @@ void setup_estimate_memory_command(CLI::App& app) {
   cmd->add_option("--activation_bytes,--activation-bytes", in->activation_bytes,
                   "Bytes autograd keeps for one micro-batch through the whole model (0: unknown)")
       ->default_val(0);
-  cmd->callback([in] {
+  auto model = std::make_shared<ModelOptions>();
+  cmd->add_option("--model_config,--model-config", model->model_config,
+                  "A Hugging Face config.json (Llama, Qwen2, Qwen3): the parameter counts come from it");
+  cmd->add_option("--type,-t", model->type,
+                  "With --model_config: a training type of config_templates/trainer/ (full, lora, qlora, "
+                  "deepspeed, stage2_offload, stage3, minimal): its backend, ranks, adapters and optimizer; "
+                  "options given here win");
+  cmd->add_option("--templates", model->templates,
+                  "Directory holding trainer/<type>.* (as accel-launch train)");
+  cmd->callback([in, model, cmd] {
+    if (!model->model_config.empty()) {
+      apply_model(*in, *model, *cmd);
+    } else if (!model->type.empty()) {
+      throw CLI::ValidationError("--type", "give the model's config.json with --model_config too");
+    }
     if (in->num_parameters == 0 && in->layer_parameters.empty()) {
       throw CLI::ValidationError("--num_parameters",
                                  "give --num_parameters, or --layer_parameters for a pipeline's layers");

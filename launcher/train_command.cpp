@@ -38,7 +38,9 @@ fs::path installed_templates_dir() {
 
 // --templates, else ACCEL_TEMPLATES_DIR, else the installed templates, else the source tree's
 // config_templates (the build tree's launcher).
-std::string templates_dir(const std::string& given) {
+}  // namespace
+
+std::string config_templates_dir(const std::string& given) {
   if (!given.empty()) return given;
   if (const char* env = std::getenv("ACCEL_TEMPLATES_DIR"); env != nullptr && *env != '\0') return env;
   if (const fs::path installed = installed_templates_dir(); !installed.empty()) return installed.string();
@@ -48,6 +50,8 @@ std::string templates_dir(const std::string& given) {
   return "config_templates";
 #endif
 }
+
+namespace {
 
 std::vector<std::string> training_types(const fs::path& dir) {
   std::vector<std::string> types;
@@ -83,7 +87,7 @@ void setup_train_command(CLI::App& app) {
                   "PREFIX/share/accelerate_cpp/config_templates, else the source tree's config_templates)");
   add_launch_options(sub, options);
   sub->callback([options, type, templates] {
-    const fs::path dir = fs::path(templates_dir(*templates)) / "trainer";
+    const fs::path dir = fs::path(config_templates_dir(*templates)) / "trainer";
     const auto types = training_types(dir);
     if (std::find(types.begin(), types.end(), *type) == types.end()) {
       throw UsageError(

@@ -1,0 +1,87 @@
+"""accel-launch estimate-memory --model_config: the parameter counts it reads from a config.json equal
+transformers' (sum of p.numel() over the model built on the meta device, no weights) for the shapes users fine-tune
+(Qwen2.5 0.5B / 1.5B / 7B, Qwen3 0.6B, Llama 3.1 8B, a tied and an untied case), and the LoRA adapters' trainable
+count equals PEFT's on the same model (r 16 on q/k/v/o and on all-linear).
+
+    python estimate_memory_check.py build/launcher/accel-launch
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+except ImportError as e:  # the venv lacks a peer: skipped, and counted as such
+    print(f"estimate_memory_check: skipped ({e})")
+    sys.exit(77)
+
+SHAPES = {
+    "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-7b": Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                              num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "llama-3.1-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+}
+
+
+def ours(launch, config_path, extra):
+    out = subprocess.run([launch, "estimate-memory", "--model_config", config_path, *extra], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"estimate-memory failed: {out.stderr}")
+    return out.stdout
+
+
+def main():
+    launch = sys.argv[1]
+    failures = 0
+    with tempfile.TemporaryDirectory() as work:
+        for name, config in SHAPES.items():
+            path = os.path.join(work, name + ".json")
+            config.to_json_file(path)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+            expected = sum(p.numel() for p in model.parameters())
+            text = ours(launch, path, ["--num_processes", "1"])
+            got = int(re.search(r"(\d+) parameters:", text).group(1))
+            ok = got == expected
+            failures += not ok
+            print(f"{name}: transformers {expected}, estimate-memory {got} {'ok' if ok else 'DIFFERENT'}")
+            for targets in (["q_proj", "k_proj", "v_proj", "o_proj"], "all-linear"):
+                peft_model = get_peft_model(model, LoraConfig(r=16, target_modules=targets))
+                trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+                peft_model.unload()
+                model_file = os.path.join(work, "lora.model.yaml")
+                flat = targets if isinstance(targets, str) else "[" + ", ".join(targets) + "]"
+                with open(model_file, "w") as f:
+                    f.write(f"use_peft: true\nlora_r: 16\nlora_target_modules: {flat}\n")
+                templates = os.path.join(work, "templates", "trainer")
+                os.makedirs(templates, exist_ok=True)
+                os.replace(model_file, os.path.join(templates, "lora.model.yaml"))
+                for suffix in ("accelerate.yaml", "yaml"):
+                    src = os.path.join(os.path.dirname(__file__), "..", "..", "config_templates", "trainer",
+                                       "lora." + suffix)
+                    with open(src) as s, open(os.path.join(templates, "lora." + suffix), "w") as d:
+                        d.write(s.read())
+                text = ours(launch, path, ["--type", "lora", "--templates", os.path.join(work, "templates")])
+                got = int(re.search(r"(\d+) trainable", text).group(1))
+                ok = got == trainable
+                failures += not ok
+                print(f"{name} LoRA r 16 on {flat}: PEFT {trainable}, estimate-memory {got} "
+                      f"{'ok' if ok else 'DIFFERENT'}")
+    print(f"estimate_memory_check: {len(SHAPES)} models, {failures} different")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
