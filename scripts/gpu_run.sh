@@ -96,7 +96,8 @@ if want examples; then
     done
     for t in lora qlora; do
       d=$(mktemp -d) && out=$(cd "$d" && timeout 150 "$R/$L" train --templates $cfg -t $t "$R/$ex/trainer/finetune" \
-        --num_train_epochs 1 --train-limit 2000 --test-limit 500 --disable_tqdm 2>&1)
+        --num_train_epochs 1 --train-limit 2000 --test-limit 500 --disable_tqdm \
+        --model_config "$R/examples/trainer/fashion_$t.model.yaml" 2>&1)
       echo "finetune $t rc=$? $(echo "$out" | grep -o "$t test accuracy: .*" | tail -1)"
       echo "$out" | grep -i -E "error" | head -3
     done
