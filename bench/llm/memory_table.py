@@ -1,0 +1,51 @@
+"""README's memory table for real model sizes: per-rank training state of every training type at 1, 2 and 8
+ranks, from `accel-launch estimate-memory --model_config config.json --type TYPE --num_processes N` (the
+config.json files written here from transformers' configurations of Qwen2.5 0.5B / 1.5B / 7B; no weights).
+
+    python bench/llm/memory_table.py build/launcher/accel-launch
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from transformers import Qwen2Config
+
+SIZES = {
+    "Qwen2.5-0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "Qwen2.5-1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+}
+TYPES = ["full", "deepspeed", "stage2_offload", "stage3", "lora", "qlora", "minimal"]
+RANKS = [1, 2, 8]
+
+
+def estimate(launch, config, kind, ranks):
+    out = subprocess.run([launch, "estimate-memory", "--model_config", config, "--type", kind, "--num_processes",
+                          str(ranks)], capture_output=True, text=True, env=dict(os.environ, ACCEL_CONFIG_FILE=""))
+    if out.returncode != 0:
+        return "refused: " + out.stderr.strip().splitlines()[-1][:80]
+    total = int(re.search(r"total=(\d+)", out.stdout).group(1))
+    gathered = re.search(r"gathered=(\d+)", out.stdout)
+    return f"{total / 1e9:.1f}" + (f" (+{int(gathered.group(1)) / 1e9:.1f})" if gathered else "")
+
+
+def main():
+    launch = sys.argv[1]
+    with tempfile.TemporaryDirectory() as work:
+        print("| model | type | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in RANKS) + " |")
+        print("|---|---|" + "---|" * len(RANKS))
+        for name, shape in SIZES.items():
+            config = os.path.join(work, name + ".json")
+            Qwen2Config(**shape).to_json_file(config)
+            for kind in TYPES:
+                cells = [estimate(launch, config, kind, n) for n in RANKS]
+                print(f"| {name} | {kind} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
