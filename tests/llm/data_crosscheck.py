@@ -19,6 +19,7 @@ usage: data_crosscheck.py LLM_DATA_TOOL FIXTURES_DIR      exit 0 when all equal,
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,9 +156,11 @@ def tokenizer_dir(workdir, name, tokenizer_json, template, special, in_config=Fa
     if in_config:
         cfg_path = os.path.join(d, "tokenizer_config.json")
         cfg = json.load(open(cfg_path))
-        cfg["chat_template"] = template
+        cfg["chat_template"] = template if isinstance(template, str) else [
+            {"name": k, "template": v} for k, v in template.items()]  # the legacy list of named templates
         json.dump(cfg, open(cfg_path, "w"), ensure_ascii=False, indent=2)
         os.remove(os.path.join(d, "chat_template.jinja"))
+        shutil.rmtree(os.path.join(d, "additional_chat_templates"), ignore_errors=True)
     return d, transformers.AutoTokenizer.from_pretrained(d)
 
 
@@ -236,10 +239,18 @@ def check_fixtures(workdir, tokenizer_json):
     fixtures = [("qwen2_5.jinja", QWEN_SPECIAL, False), ("qwen3.jinja", QWEN_SPECIAL, True),
                 ("llama3_1.jinja", LLAMA_SPECIAL, False), ("llama3_2.jinja", LLAMA_SPECIAL, True),
                 ("qwen2_5_training.jinja", QWEN_SPECIAL, False), ("qwen3_training.jinja", QWEN_SPECIAL, False)]
+    # Named templates ("tool_use" is rendered when tools are passed): as files, and as tokenizer_config's list.
+    fixtures += [("qwen2_5.jinja+tool_use=llama3_1.jinja", LLAMA_SPECIAL, False),
+                 ("qwen2_5.jinja+tool_use=llama3_1.jinja", LLAMA_SPECIAL, True)]
     cases = conversations()
     for name, special, in_config in fixtures:
-        template = open(os.path.join(FIXTURES, name), encoding="utf-8").read()
-        d, tok = tokenizer_dir(workdir, name.replace(".jinja", ""), tokenizer_json, template, special, in_config)
+        parts = name.split("+tool_use=")
+        template = open(os.path.join(FIXTURES, parts[0]), encoding="utf-8").read()
+        if len(parts) == 2:
+            template = {"default": template,
+                        "tool_use": open(os.path.join(FIXTURES, parts[1]), encoding="utf-8").read()}
+        d, tok = tokenizer_dir(workdir, name.replace(".jinja", "").replace("+", "_") + str(in_config), tokenizer_json,
+                               template, special, in_config)
         got = cpp_render(d, cases, workdir)
         for case, g in zip(cases, got):
             want = python_render(tok, case)

@@ -135,10 +135,25 @@ TEST_CASE("chat templates: {% generation %} spans, and the templates of the fixt
   CHECK(r.text.substr(0, b).size() > 0);
   // Without chat_template.jinja the key of tokenizer_config.json is read; without either, a clear error.
   std::filesystem::remove(dir.file("chat_template.jinja"));
-  CHECK_THROWS_WITH(ChatTemplate::from_pretrained(dir.path.string()), Contains("has no \"chat_template\""));
-  write(dir.file("tokenizer_config.json"),
-        R"({"chat_template": [{"name": "default", "template": "D{{ 1 }}"}]})");
-  CHECK(ChatTemplate::from_pretrained(dir.path.string()).render(R"([{"role":"user"}])").text == "D1");
+  CHECK_THROWS_WITH(ChatTemplate::from_pretrained(dir.path.string()),
+                    Contains("no chat template in " + dir.path.string()));
+  // Named templates: "tool_use" is rendered when tools are passed, as transformers' get_chat_template picks
+  // it.
+  write(dir.file("tokenizer_config.json"), R"({"chat_template": [{"name": "default", "template": "D{{ 1 }}"},
+                                                                  {"name": "tool_use", "template": "T{{ tools|length }}"}]})");
+  const ChatTemplate named = ChatTemplate::from_pretrained(dir.path.string());
+  CHECK(named.render(R"([{"role":"user"}])").text == "D1");
+  accel::llm::ChatRenderOptions with_tools;
+  with_tools.tools_json = R"([{"name": "f"}, {"name": "g"}])";
+  CHECK(named.render(R"([{"role":"user"}])", with_tools).text == "T2");
+  // Files take priority over the config's key: chat_template.jinja and
+  // additional_chat_templates/tool_use.jinja.
+  write(dir.file("chat_template.jinja"), "F");
+  std::filesystem::create_directory(dir.path / "additional_chat_templates");
+  write(dir.file("additional_chat_templates/tool_use.jinja"), "FT");
+  const ChatTemplate files = ChatTemplate::from_pretrained(dir.path.string());
+  CHECK(files.render(R"([{"role":"user"}])").text == "F");
+  CHECK(files.render(R"([{"role":"user"}])", with_tools).text == "FT");
 }
 
 TEST_CASE("JSONL: every form, a directory read in name order, Alpaca as LLaMA-Factory converts it") {

@@ -135,40 +135,74 @@ ChatTemplate ChatTemplate::from_string(const std::string& source, const std::str
   return ChatTemplate(std::move(impl));
 }
 
-ChatTemplate ChatTemplate::from_pretrained(const std::string& dir) {
-  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
-  const std::string jinja_path = (fs::path(dir) / "chat_template.jinja").string();
-  SpecialTokens tokens;
-  if (fs::exists(config_path)) tokens = SpecialTokens::from_tokenizer_config(config_path);
-  if (fs::exists(jinja_path)) return from_string(read_text(jinja_path), jinja_path, tokens);
-  if (!fs::exists(config_path)) {
-    throw ConfigError(
-        "no chat template in " + dir + ": neither chat_template.jinja nor tokenizer_config.json exists", dir);
-  }
-  const ojson config = read_json(config_path);
+namespace {
+
+struct NamedTemplates {
+  std::optional<std::pair<std::string, std::string>> default_;  // (source, origin)
+  std::optional<std::pair<std::string, std::string>> tool_use;
+};
+
+// transformers 5: chat_template.jinja and additional_chat_templates/NAME.jinja take priority over the
+// tokenizer_config.json key.
+NamedTemplates template_files(const std::string& dir) {
+  NamedTemplates t;
+  const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+  const fs::path tool_use = fs::path(dir) / "additional_chat_templates" / "tool_use.jinja";
+  if (fs::exists(jinja)) t.default_ = std::make_pair(read_text(jinja.string()), jinja.string());
+  if (fs::exists(tool_use)) t.tool_use = std::make_pair(read_text(tool_use.string()), tool_use.string());
+  return t;
+}
+
+NamedTemplates config_templates(const ojson& config, const std::string& path) {
+  NamedTemplates t;
   const ojson* tpl =
       config.is_object() && config.contains("chat_template") ? &config["chat_template"] : nullptr;
-  if (tpl == nullptr || tpl->is_null()) {
-    throw ConfigError(config_path +
-                          " has no \"chat_template\" (and there is no chat_template.jinja beside it): "
-                          "this tokenizer has no chat template; pass one with ChatTemplate::from_string",
-                      config_path, 0, "chat_template");
+  if (tpl == nullptr || tpl->is_null()) return t;
+  if (tpl->is_string()) {
+    t.default_ = std::make_pair(tpl->get<std::string>(), path);
+    return t;
   }
-  if (tpl->is_string()) return from_string(tpl->get<std::string>(), config_path, tokens);
-  if (tpl->is_array()) {
-    for (const auto& named : *tpl) {
-      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
-          named["template"].is_string()) {
-        return from_string(named["template"].get<std::string>(), config_path + " (template \"default\")",
-                           tokens);
-      }
+  if (!tpl->is_array()) {
+    throw ConfigError(path + ": \"chat_template\" must be a string or a list of {name, template}", path, 0,
+                      "chat_template");
+  }
+  for (const auto& named : *tpl) {
+    if (!named.is_object() || !named.contains("template") || !named["template"].is_string()) continue;
+    const std::string name = named.value("name", "");
+    auto entry = std::make_pair(named["template"].get<std::string>(), path + " (template \"" + name + "\")");
+    if (name == "default") t.default_ = entry;
+    if (name == "tool_use") t.tool_use = entry;
+  }
+  return t;
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_pretrained(const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
+  SpecialTokens tokens;
+  if (fs::exists(config_path)) tokens = SpecialTokens::from_tokenizer_config(config_path);
+  NamedTemplates named = template_files(dir);
+  if (!named.default_ && !named.tool_use && fs::exists(config_path)) {
+    named = config_templates(read_json(config_path), config_path);
+  }
+  if (!named.default_) {
+    if (named.tool_use) {
+      throw ConfigError(named.tool_use->second + " is a \"tool_use\" chat template without a \"default\" one",
+                        named.tool_use->second, 0, "chat_template");
     }
-    throw ConfigError(
-        config_path + ": \"chat_template\" is a list of named templates without a \"default\" one",
-        config_path, 0, "chat_template");
+    throw ConfigError("no chat template in " + dir +
+                          ": neither chat_template.jinja nor a \"chat_template\" in "
+                          "tokenizer_config.json; pass one with ChatTemplate::from_string",
+                      dir, 0, "chat_template");
   }
-  throw ConfigError(config_path + ": \"chat_template\" must be a string or a list of {name, template}",
-                    config_path, 0, "chat_template");
+  ChatTemplate t = from_string(named.default_->first, named.default_->second, tokens);
+  if (named.tool_use) {
+    auto impl = std::make_shared<Impl>(*t.impl_);
+    impl->tool_use = jinja::parse_template(named.tool_use->first, named.tool_use->second);
+    t.impl_ = std::move(impl);
+  }
+  return t;
 }
 
 RenderedChat ChatTemplate::render(const std::string& messages_json, const ChatRenderOptions& options) const {
@@ -251,7 +285,9 @@ RenderedChat render_chat(const ChatTemplate& t, const ojson& messages, bool add_
   context->set("tools", to_value(tools));
   context->set("documents", to_value(documents));
   context->set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  jinja::Interpreter interpreter(*impl.tpl, context);
+  // transformers' get_chat_template: the "tool_use" template when tools are passed and the model has one.
+  const jinja::Template& tpl = (!tools.is_null() && impl.tool_use) ? *impl.tool_use : *impl.tpl;
+  jinja::Interpreter interpreter(tpl, context);
   RenderedChat out;
   out.text = interpreter.render(&out.generation_spans);
   return out;

@@ -17,6 +17,8 @@ struct ChatTemplate::Impl {
   std::string origin;
   SpecialTokens special_tokens;
   std::shared_ptr<detail::jinja::Template> tpl;
+  /// The named "tool_use" template, which transformers renders instead when tools are passed.
+  std::shared_ptr<detail::jinja::Template> tool_use;
 };
 
 namespace detail {

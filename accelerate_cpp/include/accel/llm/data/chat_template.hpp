@@ -60,10 +60,11 @@ struct RenderedChat {
 class ChatTemplate {
  public:
   /// The template of a Hugging Face model or tokenizer directory, as `AutoTokenizer.from_pretrained(dir)`
-  /// finds it: `chat_template.jinja` if present, else the `chat_template` key of `tokenizer_config.json` (a
-  /// string, or a list of {"name", "template"} of which "default" is taken). Special tokens from
-  /// tokenizer_config.json. Throws accel::ConfigError naming the file when there is no template or it cannot
-  /// be rendered exactly.
+  /// finds it: `chat_template.jinja` (and `additional_chat_templates/tool_use.jinja`) if present, else the
+  /// `chat_template` key of `tokenizer_config.json` (a string, or a list of {"name", "template"}: "default",
+  /// and "tool_use", which render() uses instead when tools are passed, as transformers does). Special tokens
+  /// from tokenizer_config.json. Throws accel::ConfigError naming the file when there is no template or it
+  /// cannot be rendered exactly.
   static ChatTemplate from_pretrained(const std::string& dir);
   /// A template from text; `origin` names it in errors (a file path, say).
   static ChatTemplate from_string(const std::string& source, const std::string& origin,
