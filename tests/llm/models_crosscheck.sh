@@ -4,7 +4,8 @@
 # 2. accel_llm_models_tests "[.hf]" loads them, compares logits, loss and greedy tokens, and save_pretrained's
 #    each model again (cpp_saved);
 # 3. Python loads those with transformers and compares their logits with the reference.
-# 4. with the generate program: its --print_ids output on a tiny model and tokenizer equals transformers'.
+# and, given the generate program, (in step 1) its --print_ids output on a tiny model and tokenizer equals
+# transformers'.
 #   models_crosscheck.sh <accel_llm_models_tests> <python> [<generate>]   (exit 77 = skipped: transformers not
 #                                                                          importable)
 set -euo pipefail
@@ -13,13 +14,10 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 script=$(dirname "$0")/models_reference.py
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-"$python" "$script" make "$dir"
+"$python" "$script" make "$dir" "${@:3}"
 if ! ACCEL_LLM_REF_DIR=$dir "$tests" "[.hf]" --use-colour no > "$dir/hf.log" 2>&1; then
   cat "$dir/hf.log"
   exit 1
 fi
 grep -E "^hf:|passed" "$dir/hf.log"
 "$python" "$script" check "$dir"
-if [ $# -ge 3 ]; then
-  "$python" "$script" program "$dir" "$3"
-fi

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Reference side of the accel::llm model checks (tests/llm/models_crosscheck.sh runs it).
 
-  models_reference.py make OUT    makes tiny random Llama / Qwen2 / Qwen3 models with transformers, saves them
+  models_reference.py make OUT [GENERATE]
+                                  makes tiny random Llama / Qwen2 / Qwen3 models with transformers, saves them
                                   (one also sharded, one with an old-style config.json), and writes what
                                   transformers computes on them: logits (fp32, bf16), a padded batch, the loss,
                                   greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
-  models_reference.py program OUT GENERATE
-                                  runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
+  With GENERATE, make also runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
                                   trained here and compares ids and text with transformers' generate.
 Exit 77 when transformers or safetensors is not importable (reported as skipped).
 """
@@ -195,7 +195,9 @@ def program(out, generate_bin):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "program":
-        program(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make":
+        make(sys.argv[2])
+        if len(sys.argv) > 3:  # the program's check too, in the same Python start (imports cost seconds)
+            program(sys.argv[2], sys.argv[3])
     else:
-        {"make": make, "check": check}[sys.argv[1]](sys.argv[2])
+        {"check": check}[sys.argv[1]](sys.argv[2])
