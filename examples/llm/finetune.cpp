@@ -8,8 +8,10 @@
 // This program's own options (SFTConfig's data keys, TRL's names): --dataset FILE|DIR (required),
 // --eval_dataset FILE|DIR, --max_length N (1024), --packing (bfd; --packing_strategy bfd|bfd_split|wrapped),
 // --completion_only_loss true|false, --assistant_only_loss, --save_merged (a LoRA run also writes the merged
-// model). It writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/),
-// each with the tokenizer files beside it.
+// model), --adapter_init DIR (a LoRA run starts from these PEFT adapter files, loaded after get_peft_model,
+// instead of a fresh initialisation: to continue from an adapter, or to start from exactly Python PEFT's). It
+// writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/), each with
+// the tokenizer files beside it.
 #include <accel/llm/data/chat_template.hpp>
 #include <accel/llm/data/jsonl_dataset.hpp>
 #include <accel/llm/models/causal_lm.hpp>
@@ -28,7 +30,7 @@ namespace fs = std::filesystem;
 namespace llm = accel::llm;
 
 struct SftOptions {
-  std::string dataset, eval_dataset;
+  std::string dataset, eval_dataset, adapter_init;
   llm::SftDataOptions data;
   bool save_merged = false;
 };
@@ -55,13 +57,15 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
       o.data.completion_only_loss = value() == "true";
     } else if (key == "--assistant_only_loss") {
       o.data.assistant_only_loss = true;
+    } else if (key == "--adapter_init") {
+      o.adapter_init = value();
     } else if (key == "--save_merged") {
       o.save_merged = true;
     } else {
       throw accel::UsageError(
           "finetune: unknown option '" + key +
           "' (this program's: --dataset, --eval_dataset, --max_length, --packing, "
-          "--packing_strategy, --completion_only_loss, --assistant_only_loss, --save_merged; "
+          "--packing_strategy, --completion_only_loss, --assistant_only_loss, --adapter_init, --save_merged; "
           "the rest are TrainingArguments and ModelArguments keys)");
     }
   }
@@ -174,6 +178,12 @@ int main(int argc, char** argv) try {
   torch::manual_seed(static_cast<std::int64_t>(args.seed));
   auto model = load_model(model_args, dir);
   const auto lora = adapt(model, model_args);
+  if (!sft.adapter_init.empty()) {
+    if (!lora)
+      throw accel::UsageError("finetune: --adapter_init " + sft.adapter_init +
+                              " needs a LoRA run (use_peft: true in the model config, or --use_peft true)");
+    lora->load_adapter(sft.adapter_init);  // keys, shapes, r and lora_alpha checked against this config
+  }
 
   // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
   // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
