@@ -3,19 +3,29 @@
 //
 //   build/examples/llm/generate --model_name_or_path DIR --prompt "Once upon a time" --max_new_tokens 32
 //       [--do_sample --temperature 0.7 --top_k 50 --top_p 0.9 --seed 0] [--dtype float32|bfloat16|float16]
-//       [--print_ids]
+//       [--print_ids] [--adapter ADAPTER_DIR] [--prompts_file FILE.jsonl]
 //
-// Greedy unless --do_sample. With --print_ids it also prints `prompt_ids: ...` (the prompt as the tokenizer
-// encodes it) and `completion_ids: ...` (the generated ids), to hold against transformers' generate. The
-// generation ends at max_new_tokens or at an eos id (config.json's eos_token_id and the tokenizer's).
+// Greedy unless --do_sample. --adapter loads a PEFT LoRA adapter directory (adapter_config.json +
+// adapter_model.safetensors, as the finetune recipe or Python's PEFT writes it) onto the model: the adapters
+// are put on with the file's r, lora_alpha, target_modules, modules_to_save and use_rslora
+// (accel::peft::get_peft_model), their weights read (LoraModel::load_adapter) and merged into the base
+// (merge_and_unload: the same outputs, no adapter term to add at each step). --prompts_file generates for
+// every line of a file (each a JSON string, or an object with a "prompt" string) as one left-padded batch and
+// prints each completion as one JSON string per line, in the file's order. With --print_ids it also prints
+// `prompt_ids: ...` (the prompt as the tokenizer encodes it) and `completion_ids: ...` (the generated ids),
+// to hold against transformers' generate. The generation ends at max_new_tokens or at an eos id
+// (config.json's eos_token_id and the tokenizer's).
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/generation.hpp>
 #include <accel/llm/tokenizers/tokenizer.hpp>
+#include <accel/nn/lora.hpp>
 
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -23,17 +33,24 @@
 namespace {
 
 struct Args {
-  std::string model, prompt, dtype = "float32";
+  std::string model, prompt, dtype = "float32", adapter, prompts_file;
   accel::llm::GenerationConfig gen;
   bool print_ids = false;
 };
 
 const char* kUsage =
     "usage: generate --model_name_or_path DIR --prompt TEXT [--max_new_tokens N] [--do_sample] "
-    "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--dtype float32|bfloat16|float16] [--print_ids]";
+    "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--dtype float32|bfloat16|float16] [--print_ids] "
+    "[--adapter PEFT_ADAPTER_DIR] [--prompts_file FILE.jsonl]";
 
+// Flags over the checkpoint's generation_config.json (its eos ids, pad id and sampling settings), greedy
+// unless --do_sample, 32 new tokens unless --max_new_tokens.
 Args parse(int argc, char** argv) {
   Args a;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--model_name_or_path")
+      a.gen = accel::llm::generation_config_from_pretrained(argv[i + 1]);
+  a.gen.do_sample = false;
   a.gen.max_new_tokens = 32;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -64,6 +81,10 @@ Args parse(int argc, char** argv) {
       a.gen.seed = std::stoull(v);
     } else if (k == "--dtype") {
       a.dtype = v;
+    } else if (k == "--adapter") {
+      a.adapter = v;
+    } else if (k == "--prompts_file") {
+      a.prompts_file = v;
     } else {
       throw std::invalid_argument("unknown argument " + k + "; " + kUsage);
     }
@@ -87,26 +108,96 @@ std::string join(const std::vector<std::int64_t>& ids) {
   return out;
 }
 
+using Json = nlohmann::json;
+
+Json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open '" + path + "'");
+  try {
+    return Json::parse(in);
+  } catch (const Json::exception& e) {
+    throw std::runtime_error("'" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+// A PEFT LoRA adapter directory onto `model`, merged into its weights.
+void load_adapter(accel::llm::CausalLM& model, const std::string& dir) {
+  const std::string path = dir + "/adapter_config.json";
+  const Json c = read_json(path);
+  if (c.value("peft_type", std::string()) != "LORA")
+    throw std::runtime_error("'" + path + "' is not a LoRA adapter (peft_type is not \"LORA\")");
+  accel::peft::LoraConfig lora;
+  lora.r = c.at("r").get<int>();
+  lora.lora_alpha = c.at("lora_alpha").get<double>();
+  lora.use_rslora = c.value("use_rslora", false);
+  lora.bias = c.value("bias", std::string("none"));
+  const Json& targets = c.at("target_modules");
+  if (targets.is_string())
+    lora.target_modules_regex = targets.get<std::string>();
+  else
+    lora.target_modules = targets.get<std::vector<std::string>>();
+  if (c.contains("modules_to_save") && c.at("modules_to_save").is_array())
+    lora.modules_to_save = c.at("modules_to_save").get<std::vector<std::string>>();
+  const auto peft = accel::peft::get_peft_model(model, lora);
+  peft->load_adapter(dir);
+  peft->merge_and_unload();
+}
+
+// The prompts of a --prompts_file: one JSON string, or {"prompt": string}, per non-empty line.
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open --prompts_file '" + path + "'");
+  std::vector<std::string> prompts;
+  std::string line;
+  for (std::size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_string()) {
+      prompts.push_back(j.get<std::string>());
+    } else if (j.is_object() && j.contains("prompt") && j.at("prompt").is_string()) {
+      prompts.push_back(j.at("prompt").get<std::string>());
+    } else {
+      throw std::runtime_error("--prompts_file '" + path + "' line " + std::to_string(n) +
+                               ": not a JSON string or an object with a \"prompt\" string");
+    }
+  }
+  if (prompts.empty()) throw std::runtime_error("--prompts_file '" + path + "' holds no prompt");
+  return prompts;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   Args args = parse(argc, argv);
   const auto tokenizer = accel::llm::Tokenizer::from_pretrained(args.model);
   auto model = accel::llm::from_pretrained(args.model, accel::llm::LoadOptions().dtype(dtype_of(args.dtype)));
-  const auto prompt_ids = tokenizer.encode(args.prompt);
-  if (prompt_ids.empty())
-    throw std::invalid_argument("the prompt encodes to no token; give a non-empty --prompt");
-  auto eos = model->config().eos_token_ids;
+  if (!args.adapter.empty()) load_adapter(model, args.adapter);
+  auto eos = args.gen.eos_token_ids.empty() ? model->config().eos_token_ids : args.gen.eos_token_ids;
   if (const auto id = tokenizer.eos_token_id(); id && std::find(eos.begin(), eos.end(), *id) == eos.end())
     eos.push_back(*id);
   args.gen.eos_token_ids = eos;
-  if (const auto pad = tokenizer.pad_token_id()) args.gen.pad_token_id = *pad;
-  const auto completion = accel::llm::generate(model, {prompt_ids}, args.gen)[0];
-  if (args.print_ids) {
-    std::cout << "prompt_ids: " << join(prompt_ids) << "\n";
-    std::cout << "completion_ids: " << join(completion) << "\n";
+  if (const auto pad = tokenizer.pad_token_id(); pad && !args.gen.pad_token_id) args.gen.pad_token_id = *pad;
+  const std::vector<std::string> texts =
+      args.prompts_file.empty() ? std::vector<std::string>{args.prompt} : read_prompts(args.prompts_file);
+  std::vector<std::vector<std::int64_t>> prompts;
+  for (const auto& text : texts) {
+    prompts.push_back(tokenizer.encode(text));
+    if (prompts.back().empty())
+      throw std::invalid_argument("a prompt encodes to no token; give a non-empty --prompt");
   }
-  std::cout << tokenizer.decode(completion, /*skip_special_tokens=*/true) << std::endl;
+  const auto completions = accel::llm::generate(model, prompts, args.gen);
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    if (args.print_ids) {
+      std::cout << "prompt_ids: " << join(prompts[i]) << "\n";
+      std::cout << "completion_ids: " << join(completions[i]) << "\n";
+    }
+    const std::string text = tokenizer.decode(completions[i], /*skip_special_tokens=*/true);
+    if (args.prompts_file.empty())
+      std::cout << text << std::endl;
+    else
+      std::cout << Json(text).dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+  }
+  std::cout.flush();
   return 0;
 } catch (const std::invalid_argument& e) {
   std::cerr << "generate: " << e.what() << "\n";

@@ -380,6 +380,30 @@ TEST_CASE("Gradient checkpointing of the blocks gives the same gradients", "[llm
     CHECK(torch::equal(plain[i], checkpointed[i]));
 }
 
+TEST_CASE("generation_config.json gives generate's defaults", "[llm][models]") {
+  accel::test::TempDir dir;
+  CHECK(accel::llm::generation_config_from_pretrained(dir.path.string()).eos_token_ids.empty());
+  write_text(
+      dir.path / "generation_config.json",
+      R"({"bos_token_id": 1, "eos_token_id": [151645, 151643], "pad_token_id": 151643, "do_sample": true,
+                 "temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.05})");
+  const auto g = accel::llm::generation_config_from_pretrained(dir.path.string());
+  CHECK(g.eos_token_ids == std::vector<std::int64_t>{151645, 151643});
+  CHECK(*g.pad_token_id == 151643);
+  CHECK(g.do_sample);
+  CHECK(g.temperature == 0.7);
+  CHECK(g.top_k == 20);
+  CHECK(g.top_p == 0.8);
+  write_text(dir.path / "generation_config.json", R"({"temperature": "hot"})");
+  try {
+    accel::llm::generation_config_from_pretrained(dir.path.string());
+    FAIL("no error");
+  } catch (const accel::ConfigError& e) {
+    CHECK_THAT(e.what(),
+               Contains("generation_config.json") && Contains("\"temperature\"") && Contains("hot"));
+  }
+}
+
 TEST_CASE("causal_lm_loss shifts the labels and ignores -100", "[llm][models]") {
   const auto logits = torch::randn({1, 4, 7});
   auto labels = torch::full({1, 4}, -100, torch::kInt64);

@@ -4,10 +4,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "accel/errors.hpp"
+#include "config/small_file.hpp"
 
 namespace accel::llm {
 namespace {
@@ -52,6 +56,50 @@ torch::Tensor sample(torch::Tensor scores, const GenerationConfig& g, at::Genera
 }
 
 }  // namespace
+
+GenerationConfig generation_config_from_pretrained(const std::string& dir) {
+  GenerationConfig g;
+  const std::string path = (std::filesystem::path(dir) / "generation_config.json").string();
+  if (!std::filesystem::exists(path)) return g;
+  const auto file = config_detail::read_small_file(path, 1u << 20);
+  if (!file.error.empty()) throw ConfigError("cannot read '" + path + "': " + file.error, path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(file.text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(path + ": not valid JSON (" + std::string(e.what()) + ")", path);
+  }
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw ConfigError(path + ": key \"" + key + "\" is " + j[key].dump() + " but must be " + what, path, 0,
+                      key);
+  };
+  auto id = [&](const nlohmann::json& v, const std::string& key) {
+    if (!v.is_number_integer()) fail(key, "an integer id or a list of them");
+    return v.get<std::int64_t>();
+  };
+  auto has = [&](const char* key) { return j.is_object() && j.contains(key) && !j[key].is_null(); };
+  if (has("eos_token_id")) {
+    if (j["eos_token_id"].is_array()) {
+      for (const auto& v : j["eos_token_id"])
+        g.eos_token_ids.push_back(id(v, "eos_token_id"));
+    } else {
+      g.eos_token_ids.push_back(id(j["eos_token_id"], "eos_token_id"));
+    }
+  }
+  if (has("pad_token_id")) g.pad_token_id = id(j["pad_token_id"], "pad_token_id");
+  if (has("do_sample")) {
+    if (!j["do_sample"].is_boolean()) fail("do_sample", "true or false");
+    g.do_sample = j["do_sample"].get<bool>();
+  }
+  for (const char* key : {"temperature", "top_p"}) {
+    if (!has(key)) continue;
+    if (!j[key].is_number()) fail(key, "a number");
+    (std::string(key) == "temperature" ? g.temperature : g.top_p) = j[key].get<double>();
+  }
+  if (has("top_k")) g.top_k = id(j["top_k"], "top_k");
+  if (has("max_new_tokens")) g.max_new_tokens = id(j["max_new_tokens"], "max_new_tokens");
+  return g;
+}
 
 std::vector<std::vector<std::int64_t>> generate(CausalLM& model,
                                                 const std::vector<std::vector<std::int64_t>>& prompts,

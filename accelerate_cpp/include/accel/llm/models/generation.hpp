@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "accel/llm/models/causal_lm.hpp"
@@ -41,6 +42,12 @@ struct GenerationConfig {
   /// id, else 0). Only the model sees it: the returned ids carry no padding.
   std::optional<std::int64_t> pad_token_id;
 };
+
+/// The defaults a checkpoint directory's `generation_config.json` gives transformers' `generate`:
+/// `eos_token_id` (one id or a list), `pad_token_id`, `do_sample`, `temperature`, `top_k`, `top_p`,
+/// `max_new_tokens`; the rest of GenerationConfig's defaults otherwise, and all of them when the file is
+/// absent. Throws accel::ConfigError naming the file and the key on a value of the wrong type.
+GenerationConfig generation_config_from_pretrained(const std::string& dir);
 
 /// Generates a continuation of every prompt (each a list of ids, non-empty) in one batch with a KV cache.
 /// Returns, per prompt, the new ids (ending with the eos / stop id when one was generated). The model runs in
