@@ -10,9 +10,9 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
   lora   LoRA r 8 on q/k/v/o, dropout 0, AdamW + linear warmup, clipping 1.0: SFTTrainer + PEFT from an adapter
          initialised by PEFT and saved; finetune --adapter_init from the same files. Gradient accumulation 1 and
          2, and all-linear (every Linear but lm_head) with accumulation 2. Per-step losses within 1e-4, trained
-         adapters within 1e-5 (same keys), PEFT loads our adapter with
-         our losses' model (logits within 1e-5 of PEFT's trained model); our load_adapter on PEFT's trained
-         adapter, merged and saved, gives PEFT's logits in transformers.
+         adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our adapter (logits within 1e-4 of
+         PEFT's trained model); our load_adapter of PEFT's trained adapter, merged and saved (--save_merged at
+         learning rate 0), gives PEFT's logits in transformers (1e-4).
   full   full fine-tuning, the same (losses 1e-4, model tensors 1e-5).
   ranks  accel-launch 2 ranks x half the batch on ddp_cpu, zero_stage2, zero_stage3, fsdp_full_shard equal
          one process: losses within 1e-5, saved adapter / model within 1e-6.
