@@ -690,9 +690,13 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
       bad_file_message("config_version.yaml") ==
       "config_version.yaml:1: config_version: this build of accelerate-cpp reads config_version 1 only, got "
       "'2'; upgrade accelerate-cpp or write a new file with 'accel-launch config'");
-  CHECK(bad_file_message("fp8.yaml") ==
-        "fp8.yaml:1: mixed_precision: 'fp8' is not supported by accelerate-cpp; allowed values: no, fp16, "
-        "bf16");
+  CHECK(
+      bad_file_message("fp8.yaml") ==
+      "fp8.yaml:1: mixed_precision: fp8 (torchao's float8 training (Accelerate picks torchao first when no "
+      "backend is named): tensor-wise scales, E4M3 forward, E5M2 gradients) is not supported by "
+      "accelerate-cpp yet: fp8 training needs an fp8 matmul (LibTorch's torch._scaled_mm, on CUDA GPUs of "
+      "compute capability 8.9 or newer); a CPU has none, and accelerate-cpp's CUDA fp8 path is not built yet "
+      "(its scaling arithmetic is: accel/precision/fp8_scaling.hpp). Use mixed_precision: bf16");
   CHECK(bad_file_message("bad_bool.yaml") == "bad_bool.yaml:1: debug: expected true or false, got 'maybe'");
   CHECK(bad_file_message("bad_port.yaml") ==
         "bad_port.yaml:1: main_process_port: expected a port number from 0 to 65535, got '70000'");
@@ -1363,11 +1367,10 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
     CHECK_FALSE(key.instead.empty());
     listed.push_back(key.file + " " + key.path);
   }
-  for (const char* expected :
-       {"Accelerate YAML fp8_config", "Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
-        "Accelerate YAML fsdp_config.fsdp_ignored_modules",
-        "Accelerate YAML deepspeed_config.seq_parallel_communication_data_type",
-        "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON optimizer"}) {
+  for (const char* expected : {"Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
+                               "Accelerate YAML fsdp_config.fsdp_ignored_modules",
+                               "Accelerate YAML deepspeed_config.seq_parallel_communication_data_type",
+                               "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON optimizer"}) {
     INFO(expected);
     CHECK(std::find(listed.begin(), listed.end(), expected) != listed.end());
   }
@@ -2078,4 +2081,77 @@ TEST_CASE("a DeepSpeed JSON's torch_autocast sets mixed precision from its dtype
           Catch::Contains("make them agree"));
   CHECK(load("{\"torch_autocast\": {\"enabled\": true, \"dtype\": \"fp16\"}}", "mixed_precision: fp16\n")
             .mixed_precision == accel::MixedPrecision::Fp16);
+}
+
+// Accelerate's fp8_config, checked as Accelerate's launcher and recipe classes check it (commands/launch.py
+// --fp8_*, utils/dataclasses.py TERecipeKwargs / MSAMPRecipeKwargs / AORecipeKwargs; Transformer Engine's
+// DelayedScaling asserts), then mixed_precision: fp8 refused with the recipe it asked for.
+TEST_CASE("config: fp8_config is checked as Accelerate checks it, and mixed_precision: fp8 refused by name",
+          "[config]") {
+  auto message = [](const std::string& yaml) { return std::string(string_error(yaml).what()); };
+  const std::string te =
+      "mixed_precision: fp8\nfp8_config:\n  backend: te\n  fp8_format: e4m3\n  amax_history_len: 16\n"
+      "  amax_compute_algo: MAX\n  margin: 1\n  interval: 1\n  override_linear_precision: (false, false, "
+      "true)\n"
+      "  use_autocast_during_eval: false\n";
+  CHECK_THAT(
+      message(te),
+      Catch::StartsWith("inline.yaml:1: mixed_precision: fp8 (backend TE (Transformer Engine's delayed "
+                        "scaling: fp8_format e4m3, amax_history_len 16, amax_compute_algo MAX, margin 1)) "
+                        "is not supported by accelerate-cpp yet: fp8 training needs an fp8 matmul") &&
+          Catch::Contains("a CPU has none") && Catch::EndsWith("Use mixed_precision: bf16"));
+  CHECK_THAT(message("fp8_config:\n  backend: AO\nmixed_precision: fp8\n"),
+             Catch::StartsWith("inline.yaml:3: mixed_precision: fp8 (backend AO (torchao's float8 training"));
+  CHECK_THAT(message("fp8_config: {backend: MSAMP, opt_level: O1}\nmixed_precision: FP8\n"),
+             Catch::Contains("mixed_precision: fp8 (backend MSAMP (MS-AMP, opt_level O1))"));
+  // Bad values and keys are named before the refusal, wherever mixed_precision stands.
+  CHECK(message("mixed_precision: fp8\nfp8_config:\n  backend: XLA\n") ==
+        "inline.yaml:3: fp8_config.backend: invalid value 'XLA'; allowed values: AO, TE, MSAMP (Accelerate "
+        "refuses it too)");
+  CHECK(
+      message("mixed_precision: fp8\nfp8_config:\n  fp8_format: HYBRD\n") ==
+      "inline.yaml:3: fp8_config.fp8_format: invalid value 'HYBRD' (did you mean 'HYBRID'?); allowed values: "
+      "HYBRID, E4M3, E5M2 (Accelerate refuses it too)");
+  CHECK_THAT(message("mixed_precision: fp8\nfp8_config:\n  amax_compute_algo: mean\n"),
+             Catch::Contains("fp8_config.amax_compute_algo: invalid value 'mean'; allowed values: max, "
+                             "most_recent"));
+  CHECK(message("mixed_precision: fp8\nfp8_config:\n  amax_history_len: 0\n") ==
+        "inline.yaml:3: fp8_config.amax_history_len: expected a positive integer, got '0'");
+  CHECK(message("mixed_precision: fp8\nfp8_config:\n  margin: -1\n") ==
+        "inline.yaml:3: fp8_config.margin: expected a non-negative integer, got '-1'");
+  CHECK(message("mixed_precision: fp8\nfp8_config:\n  amax_history_lenght: 8\n") ==
+        "inline.yaml:3: unknown key 'fp8_config.amax_history_lenght' (did you mean 'amax_history_len'?); the "
+        "fp8_config keys are backend, fp8_format, amax_history_len, amax_compute_algo, margin, interval, "
+        "override_linear_precision, use_autocast_during_eval, use_mxfp8_block_scaling, opt_level, "
+        "enable_fsdp_float8_all_gather, pad_inner_dim");
+  CHECK(message("mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: E5M2\n") ==
+        "inline.yaml:4: fp8_config.fp8_format: E5M2 with backend TE: Transformer Engine refuses pure E5M2 "
+        "training (\"Pure E5M2 training is not supported.\"); use HYBRID (E4M3 forward, E5M2 gradients) or "
+        "E4M3");
+  CHECK_THAT(
+      message("mixed_precision: fp8\nfp8_config:\n  override_linear_precision: [true, false, false]\n"),
+      Catch::Contains("fp8_config.override_linear_precision: Transformer Engine runs only the wgrad GEMM "
+                      "in higher precision"));
+  CHECK_THAT(message("mixed_precision: fp8\nfp8_config:\n  override_linear_precision: [false, false]\n"),
+             Catch::Contains("fp8_config.override_linear_precision: expected three booleans (fprop, dgrad, "
+                             "wgrad)"));
+  CHECK_THAT(message("mixed_precision: fp8\nfp8_config:\n  pad_inner_dim: maybe\n"),
+             Catch::Contains("fp8_config.pad_inner_dim: expected true or false, got 'maybe'"));
+  // Without mixed_precision: fp8 the section is read (and checked) but has no effect, as in Accelerate.
+  const auto bf16 = accel::Config::load_string(
+      "mixed_precision: bf16\nfp8_config:\n  backend: TE\n  amax_history_length: 1024\n  opt_level: O1\n",
+      "inline.yaml");
+  CHECK(bf16.mixed_precision == accel::MixedPrecision::Bf16);
+  CHECK(has_notice(bf16, "inline.yaml:2: fp8_config has no effect without mixed_precision: fp8"));
+  CHECK(has_notice(bf16,
+                   "inline.yaml:4: fp8_config.amax_history_length: `accelerate config` writes this key, "
+                   "but no Accelerate recipe reads it (they read amax_history_len)"));
+  CHECK(has_notice(bf16,
+                   "inline.yaml:5: fp8_config.opt_level: read only by the MSAMP recipe; no effect with "
+                   "backend TE"));
+  CHECK_NOTHROW(accel::Config::load_string("fp8_config: {}\n"));
+  CHECK(accel::Config::load_string("fp8_config: {}\n").notices.empty());
+  // Other values of mixed_precision keep their message.
+  CHECK(message("mixed_precision: fp4\n") ==
+        "inline.yaml:1: mixed_precision: invalid value 'fp4'; allowed values: no, fp16, bf16");
 }

@@ -1,6 +1,7 @@
 // Reading accel::Config from YAML: the file, its single document, the config version, then every key through
 // the schema's rows, the values that depend on each other, and validation.
 #include "config/config_detail.hpp"
+#include "config/fp8_config.hpp"
 #include "config/message_text.hpp"
 #include "config/small_file.hpp"
 
@@ -200,6 +201,7 @@ void resolve(const Reader& r, Config& c, const Pending& p) {
   if (const Entry* fp16 = p.find("fp16"); fp16 && !p.find("mixed_precision") && r.boolean(*fp16)) {
     c.mixed_precision = MixedPrecision::Fp16;
   }
+  resolve_fp8(r, c, p);
   record_origin(r, p, c, "mixed_precision", {"mixed_precision", "fp16"}, "default: 'no', as Accelerate's");
   record_origin(r, p, c, "gradient_accumulation_steps",
                 {"gradient_accumulation_steps", "deepspeed_config.gradient_accumulation_steps"},

@@ -2,6 +2,7 @@
 // Everything else about keys (operator==, to_yaml, key lists, "did you mean", the docs table) is derived from
 // these rows, so a key is written once.
 #include "config/config_detail.hpp"
+#include "config/fp8_config.hpp"
 
 namespace accel::config_detail {
 
@@ -181,8 +182,14 @@ std::vector<KeyRow> make_schema() {
         "mixed_precision", kTop, "no | fp16 | bf16 (fp16 with dynamic loss scaling)",
         [](auto& c) -> auto& { return c.mixed_precision; }, choice(mixed_precision_choices),
         [](MixedPrecision m) { return "'" + to_string(m) + "'"; }, "bf16");
+    // fp8 is refused once the whole file is read (resolve_fp8), naming the fp8_config recipe it asks for.
+    r.read = [](Reader& rd, const Entry& e, Config& c, Pending&) {
+      if (e.value.IsScalar() && lower(e.value.Scalar()) == "fp8") return;
+      c.mixed_precision = rd.choice(e, mixed_precision_choices());
+    };
     add(r);
   }
+  add(fp8_config_row());
   {
     KeyRow r = setting(
         "gradient_accumulation_steps", kTop, "micro-steps (batches) per optimizer step",

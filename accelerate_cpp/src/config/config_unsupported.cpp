@@ -24,9 +24,6 @@ std::vector<UnsupportedKey> core_rows() {
   auto noticed = [&rows](const char* path, AsksNothingWhen when, const char* what, const char* instead) {
     rows.push_back({kAccelerateYaml, path, false, when, "", what, instead});
   };
-  refused("fp8_config", AsksNothingWhen::Empty,
-          "fp8 training through Transformer Engine, MS-AMP or torchao (backend, fp8_format, amax_*, ...)",
-          "remove it (or leave it empty): mixed_precision is no, fp16 or bf16 here");
   refused(
       "ipex_config", AsksNothingWhen::AllFalse,
       "Intel Extension for PyTorch (Accelerate 0.19 to 1.12; removed in 1.13): ipex: true runs "
