@@ -35,9 +35,9 @@ fi
 #    peers used by tests and benchmarks.
 venv="$root/.venv"
 py_pkgs=("torch==$torch_version" safetensors numpy tensorboard "peft==0.21.2" "bitsandbytes==0.50.2"
-  "transformers==5.24.0" "tokenizers==0.23.3" "jinja2" "trl")
+  "transformers==5.24.0" "tokenizers==0.23.3" "jinja2" "trl" "torchao==0.18.0")
 if [[ -z ${ACCEL_TORCH_PREFIX:-} ]]; then
-  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft, bitsandbytes, transformers, tokenizers, jinja2, trl; assert torch.__version__.split('+')[0] == '$torch_version'" \
+  if ! "$venv/bin/python" -c "import torch, safetensors, numpy, tensorboard, peft, bitsandbytes, transformers, tokenizers, jinja2, trl, torchao; assert torch.__version__.split('+')[0] == '$torch_version'" \
       2>/dev/null; then
     log "creating $venv with ${py_pkgs[*]} (first time: ~5 GB, mostly CUDA libraries)"
     venv_start=$SECONDS
