@@ -3,6 +3,8 @@
 
 #include "launch_command.hpp"
 
+#include <fmt/format.h>
+
 #include <pwd.h>
 #include <sched.h>
 #include <unistd.h>
@@ -543,11 +545,23 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
       both_spellings("num_cpu_threads_per_process"),
       [options](const int& v) { options->num_cpu_threads_per_process = v; },
       "OMP_NUM_THREADS of every rank (default: cores / ranks on this machine)");
-  sub->add_option("PROGRAM", options->command,
-                  "The program to run, then its arguments (everything after PROGRAM is passed to it)")
-      ->type_name("[ARGS...]");
-  // Everything from PROGRAM on is the program's, even arguments that look like our options.
-  sub->positionals_at_end();
+  // Everything from PROGRAM on is the program's, passed exactly as given: even arguments that look like our
+  // options, and arguments CLI11 would otherwise split ("[q_proj, v_proj]" is a vector's syntax to it).
+  sub->prefix_command();
+  sub->footer(
+      "PROGRAM [ARGS...]: the program to run and its arguments, passed to every rank exactly as given "
+      "(everything after PROGRAM is the program's, even what looks like an option here)");
+  sub->parse_complete_callback([sub, options] {
+    auto args = sub->remaining();
+    if (!args.empty() && args.front() == "--") args.erase(args.begin());
+    if (!args.empty() && args.front().size() > 1 && args.front()[0] == '-') {
+      throw UsageError(
+          fmt::format("{}: unknown option '{}': options of accel-launch {} come before PROGRAM "
+                      "(accel-launch {} --help lists them)",
+                      sub->get_name(), args.front(), sub->get_name(), sub->get_name()));
+    }
+    options->command = std::move(args);
+  });
 }
 
 void setup_launch_command(CLI::App& app) {
