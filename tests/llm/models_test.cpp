@@ -5,6 +5,7 @@
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/generation.hpp>
+#include <accel/monitor/memory.hpp>
 #include <accel/nn/quant4bit.hpp>
 
 #include <torch/torch.h>
@@ -498,4 +499,38 @@ TEST_CASE("Logits, loss and greedy tokens equal transformers'", "[.hf]") {
   CHECK(checked >= 6);
   std::cout << "hf: " << checked << " models: max |logits - transformers| = " << worst << " (fp32), "
             << worst_bf16 << " (bf16); greedy and batched greedy tokens equal\n";
+}
+
+// Issue 51: QLoRA must not need the full-precision base in memory. Each block's projections are quantised as
+// the block is built and each weight is read, quantised and freed, so loading peaks near one block's
+// full-precision projections on top of the 4-bit model, far below the full-precision model (the mapped file's
+// pages are the kernel's, not the allocator's).
+TEST_CASE("load_in_4bit never holds the full-precision projections together", "[llm][models]") {
+  accel::test::TempDir dir;
+  const auto config = ModelConfig::from_json(
+      R"({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 256, "intermediate_size": 512,
+          "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+          "max_position_embeddings": 64, "tie_word_embeddings": false})",
+      "deep.json");
+  std::uint64_t full_bytes = 0;
+  {
+    auto model = random_model(config);
+    for (const auto& p : model->parameters())
+      full_bytes += static_cast<std::uint64_t>(p.numel() * p.element_size());
+    accel::llm::save_pretrained(model, dir.path.string());
+  }
+  accel::CpuMemoryCounter::install();
+  const auto before = accel::CpuMemoryCounter::current();
+  accel::CpuMemoryCounter::reset_peak();
+  {
+    auto q = accel::llm::from_pretrained(dir.path.string(), accel::llm::LoadOptions().load_in_4bit());
+    const auto peak = accel::CpuMemoryCounter::peak() - before;
+    INFO("peak while loading in 4 bits: " << peak << " bytes; the full-precision model: " << full_bytes);
+    CHECK(peak < full_bytes / 2);
+  }
+  accel::CpuMemoryCounter::reset_peak();
+  {
+    auto whole = accel::llm::from_pretrained(dir.path.string());
+    CHECK(accel::CpuMemoryCounter::peak() - before >= full_bytes);  // the check can see a whole model
+  }
 }

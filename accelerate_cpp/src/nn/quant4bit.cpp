@@ -247,16 +247,28 @@ torch::Tensor Linear4bitImpl::dequantized_weight(torch::ScalarType dtype) const 
   return dequantize_4bit(q, dtype);
 }
 
-void Linear4bitImpl::requantize(const torch::Tensor& weight) {
+void Linear4bitImpl::check_shape(const torch::Tensor& weight, const char* call) const {
   if (weight.sizes() != torch::IntArrayRef(weight_.shape)) {
-    throw UsageError(fmt::format("Linear4bit::requantize: the weight has shape {}, the layer's is {}",
+    throw UsageError(fmt::format("Linear4bit::{}: the weight has shape {}, the layer's is {}", call,
                                  fmt::join(weight.sizes().vec(), "x"), fmt::join(weight_.shape, "x")));
   }
+}
+
+void Linear4bitImpl::requantize(const torch::Tensor& weight) {
+  check_shape(weight, "requantize");
   // The layer's absmax offset stays: a checkpoint written before or after the merge then decodes alike in any
   // layer quantised from the same weights (the offset is not in the state dict).
-  Quantized4bit q = quantize_with_offset(
+  store(quantize_with_offset(
       weight.detach().to(torch::kCPU, weight_.dtype), weight_.options,
-      weight_.options.double_quant ? std::optional<float>(weight_.absmax_offset) : std::nullopt);
+      weight_.options.double_quant ? std::optional<float>(weight_.absmax_offset) : std::nullopt));
+}
+
+void Linear4bitImpl::load_weight(const torch::Tensor& weight) {
+  check_shape(weight, "load_weight");
+  store(quantize_4bit(weight.detach().cpu(), weight_.options));
+}
+
+void Linear4bitImpl::store(Quantized4bit q) {
   // The registered buffers keep their identity (state dicts, to(device) and optimizers that saw them).
   torch::NoGradGuard no_grad;
   const auto device = packed_.device();

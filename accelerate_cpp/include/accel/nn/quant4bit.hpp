@@ -84,6 +84,10 @@ class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
   /// (its type, blocksize and double quantisation), in its place: PEFT's merge of LoRA adapters into a 4-bit
   /// base (dequantise, add, quantise again). UsageError for another shape.
   void requantize(const torch::Tensor& weight);
+  /// Replaces the weight by `weight` quantised afresh (its own absmax offset), exactly as constructing the
+  /// layer from a Linear holding it would: loading a checkpoint's tensor into a layer built already quantised
+  /// (accel::llm's load_in_4bit). UsageError for another shape.
+  void load_weight(const torch::Tensor& weight);
   std::int64_t in_features() const noexcept { return weight_.shape.at(1); }
   std::int64_t out_features() const noexcept { return weight_.shape.at(0); }
   torch::Tensor bias;  ///< undefined without a bias
@@ -92,6 +96,8 @@ class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
   std::function<torch::Tensor(const torch::Tensor& input, const torch::Tensor& output)> output_hook;
 
  private:
+  void check_shape(const torch::Tensor& weight, const char* call) const;
+  void store(Quantized4bit q);  // into the registered buffers, which keep their identity
   Quantized4bit weight_;
   torch::Tensor packed_, absmax_, absmax_scale_;  // registered buffers (moved by to(), seen by state dicts)
 };

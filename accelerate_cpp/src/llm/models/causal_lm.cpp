@@ -220,15 +220,19 @@ torch::Tensor DecoderLayerImpl::forward_block(const torch::Tensor& x, const torc
   return h + std::static_pointer_cast<MlpImpl>(children["mlp"])->forward(norm("post_attention_layernorm", h));
 }
 
-DecoderModelImpl::DecoderModelImpl(const ModelConfig& c)
+DecoderModelImpl::DecoderModelImpl(const ModelConfig& c,
+                                   const std::function<void(torch::nn::Module& block)>& on_block)
     : torch::nn::Module(class_name(c, "Model")), rotary_(rotary_tables(c)) {
   auto options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
   if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size)
     options.padding_idx(*c.pad_token_id);  // as transformers: the pad row gets no gradient
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(options));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(DecoderLayer(c, i));
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    DecoderLayer block(c, i);
+    if (on_block) on_block(*block);
+    layers->push_back(block);
+  }
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, class_name(c, "RMSNorm")));
 }
 
@@ -283,9 +287,11 @@ void DecoderModelImpl::gradient_checkpointing_enable(bool enable) {
   }
 }
 
-CausalLMImpl::CausalLMImpl(const ModelConfig& c) : torch::nn::Module(c.architecture()), config_(c) {
+CausalLMImpl::CausalLMImpl(const ModelConfig& c,
+                           const std::function<void(torch::nn::Module& block)>& on_block)
+    : torch::nn::Module(c.architecture()), config_(c) {
   check_config(c);
-  model = register_module("model", DecoderModel(c));
+  model = register_module("model", DecoderModel(c, on_block));
   if (!c.tie_word_embeddings)
     register_module("lm_head",
                     torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));

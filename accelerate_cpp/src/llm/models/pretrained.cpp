@@ -159,12 +159,14 @@ torch::ScalarType resolve_dtype(const LoadOptions& options, const ModelConfig& c
   return torch::kFloat32;
 }
 
-// Builds the model with its parameters created directly in `dtype` (no float32 copy of a bf16 model).
-CausalLM build(const ModelConfig& config, torch::ScalarType dtype) {
+// Builds the model with its parameters created directly in `dtype` (no float32 copy of a bf16 model);
+// `on_block` runs on each block as soon as it is built.
+CausalLM build(const ModelConfig& config, torch::ScalarType dtype,
+               const std::function<void(torch::nn::Module&)>& on_block = {}) {
   const auto previous = c10::get_default_dtype();
   c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
   try {
-    CausalLM model(config);
+    CausalLM model(config, on_block);
     c10::set_default_dtype(previous);
     return model;
   } catch (...) {
@@ -182,11 +184,29 @@ CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
   const ModelConfig config = ModelConfig::from_file((root / "config.json").string());
   const Checkpoint ckpt = open_checkpoint(root);
   const auto dtype = resolve_dtype(options, config);
-  CausalLM model = build(config, dtype);
-  const auto params = model->named_parameters(/*recurse=*/true);
+  // load_in_4bit: each block's projections are quantised as soon as the block is built, and each of their
+  // weights is read, quantised into its layer and freed, as transformers' load_in_4bit does: the
+  // full-precision projections never exist together (the embedding, the norms and lm_head stay in dtype).
+  std::function<void(torch::nn::Module&)> quantize_block;
+  if (options.load_in_4bit_) {
+    quantize_block = [&](torch::nn::Module& block) {
+      quant::quantize_linears(block, *options.load_in_4bit_);
+    };
+  }
+  CausalLM model = build(config, dtype, quantize_block);
   std::vector<std::pair<std::string, torch::Tensor>> list;
-  for (const auto& item : params)
+  for (const auto& item : model->named_parameters(/*recurse=*/true))
     list.emplace_back(item.key(), item.value());
+  // A quantised projection's weight is no parameter: a shape-only stand-in lets check_tensors check it.
+  std::map<std::string, quant::Linear4bitImpl*> quantized;
+  for (const auto& item : model->named_modules()) {
+    if (auto* q = dynamic_cast<quant::Linear4bitImpl*>(item.value().get())) {
+      const std::string name = item.key() + ".weight";
+      quantized[name] = q;
+      list.emplace_back(name, torch::empty({q->out_features(), q->in_features()},
+                                           torch::TensorOptions().dtype(dtype).device(torch::kMeta)));
+    }
+  }
   check_tensors(ckpt, list, config);
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : list) {
@@ -195,9 +215,12 @@ CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
     // The mapped bytes, viewed in place and converted as they are copied (one tensor's pages at a time).
     const auto source = torch::from_blob(const_cast<std::uint8_t*>(file->data(name)), info.shape,
                                          torch::TensorOptions().dtype(*torch_type(info.dtype)));
-    param.copy_(source);
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      q->second->load_weight(source.to(dtype));  // as the weight loaded in dtype would be quantised
+    } else {
+      param.copy_(source);
+    }
   }
-  if (options.load_in_4bit_) quant::quantize_linears(*model, *options.load_in_4bit_, {"^lm_head$"});
   if (options.device_ != torch::kCPU) model->to(options.device_);
   return model;
 }

@@ -23,6 +23,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,7 +113,11 @@ TORCH_MODULE(DecoderLayer);
 /// prefix of every parameter name).
 class DecoderModelImpl : public torch::nn::Module {
  public:
-  explicit DecoderModelImpl(const ModelConfig& config);
+  /// `on_block`, when set, runs on each block right after it is built, before the next one is
+  /// (from_pretrained quantises a block's projections there, so that the full-precision model never exists
+  /// whole).
+  explicit DecoderModelImpl(const ModelConfig& config,
+                            const std::function<void(torch::nn::Module& block)>& on_block = {});
   /// The final hidden states [B, T, hidden] (after `norm`). `attention_mask` 0/1 [B, past + T] (undefined:
   /// no padding); `position_ids` [B or 1, T] (undefined: past .. past + T - 1). Without attention_mask and
   /// cache, position ids that restart inside a row mark packed documents (TRL's padding-free batches):
@@ -139,7 +144,8 @@ class CausalLMImpl : public torch::nn::Module {
  public:
   /// Built with LibTorch's default initialisation (from_pretrained then loads the weights). Throws
   /// UsageError on an inconsistent config (sizes not positive, heads not divisible).
-  explicit CausalLMImpl(const ModelConfig& config);
+  explicit CausalLMImpl(const ModelConfig& config,
+                        const std::function<void(torch::nn::Module& block)>& on_block = {});
   /// Logits [B, T, vocab] in the model's dtype. See DecoderModelImpl::forward for the arguments.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& position_ids = {}, KVCache* cache = nullptr);
