@@ -631,7 +631,8 @@ class Accelerator {
   /// Releases everything `prepare` took over, as Accelerate's `free_memory()`: each model is handed back as a
   /// plain, whole, current LibTorch module (sharded backends gather it; its optimizer no longer steps it),
   /// loaders stop refreshing parameters, the step counters start again. The backend-agnostic end of a
-  /// training program: `accelerator.free_memory(); torch::save(model, "model.pt");` works on every backend.
+  /// training program: `accelerator.free_memory(); if (accelerator.is_main_process()) torch::save(model,
+  /// "model.pt");` works on every backend.
   /// Objects can be prepared again afterwards. Collective.
   void free_memory();
 

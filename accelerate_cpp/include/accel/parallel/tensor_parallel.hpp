@@ -20,7 +20,8 @@
 /// size is a UsageError naming the layer, the size and the group size (splits are even, as in Megatron).
 ///
 /// With data parallelism as well (`tp x dp`), build the tensor-parallel group with Communicator::split and
-/// average every parameter's gradient over the data-parallel group; see README "Tensor parallelism".
+/// average every parameter's gradient over the data-parallel group; see docs/parallelism.md "Tensor
+/// parallelism".
 
 #include <accel/distributed/communicator.hpp>
 

@@ -9,7 +9,7 @@
 /// \code
 ///   auto args = accel::TrainingArguments::from_command_line(argc, argv);
 ///   Net model;
-///   accel::Trainer trainer(args, model, train_set, [&](auto& batch) {
+///   accel::Trainer trainer(args, model, train_set, [&](torch::data::Example<>& batch) {
 ///     return torch::cross_entropy_loss(model(batch.data), batch.target);
 ///   });
 ///   trainer.set_eval(test_set, eval_step, compute_metrics);  // optional
