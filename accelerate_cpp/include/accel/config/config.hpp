@@ -309,7 +309,8 @@ struct Config {
   std::vector<std::string> notices;
   /// Where the settings that silently change training came from, for `accel-launch env`: keys
   /// `mixed_precision`, `gradient_accumulation_steps` and `gradient_clipping`, each "FILE:LINE", a DeepSpeed
-  /// JSON file, or whose default applied (Accelerate's, DeepSpeed's, the backend's). Not compared, not written.
+  /// JSON file, or whose default applied (Accelerate's, DeepSpeed's, the backend's). Not compared, not
+  /// written.
   std::map<std::string, std::string> origins;
 
   /// Reads and validates a YAML file. An empty file means all defaults.

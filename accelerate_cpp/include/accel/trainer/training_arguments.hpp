@@ -41,9 +41,9 @@ struct TrainingArguments {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  /// adamw_torch | adamw_torch_fused (accel::optim::AdamW, ATen's fused kernel) | adamw_bnb_8bit | adamw_8bit |
-  /// paged_adamw_8bit | paged_adamw_32bit (accel::optim::AdamW8bit: bitsandbytes' AdamW; paging has no meaning
-  /// on a CPU) | sgd | lamb
+  /// adamw_torch | adamw_torch_fused (accel::optim::AdamW, ATen's fused kernel) | adamw_bnb_8bit | adamw_8bit
+  /// | paged_adamw_8bit | paged_adamw_32bit (accel::optim::AdamW8bit: bitsandbytes' AdamW; paging has no
+  /// meaning on a CPU) | sgd | lamb
   std::string optim = "adamw_torch";
   /// linear | cosine | cosine_with_min_lr | constant | constant_with_warmup | polynomial
   std::string lr_scheduler_type = "linear";
