@@ -925,3 +925,19 @@ TEST_CASE("accelerator: pipeline_step before prepare_pipeline names the call to 
   CHECK_THROWS_WITH(acc.pipeline_step(torch::zeros({4, 6}), torch::zeros({4, 1}), mse),
                     Catch::Contains("call accelerator.prepare_pipeline(model) first"));
 }
+
+// Issue 49: ACCEL_COLLECTIVE_TIMEOUT overrides collective_timeout_seconds and is held to the key's bounds (a
+// timeout of centuries would leave a hung collective unreported that long).
+TEST_CASE("accelerator: ACCEL_COLLECTIVE_TIMEOUT is held to collective_timeout_seconds' bounds") {
+  ::setenv("ACCEL_COLLECTIVE_TIMEOUT", "3153600000", 1);
+  try {
+    Accelerator acc(AcceleratorOptions().config(test::make_config()));
+    FAIL("no exception");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("ACCEL_COLLECTIVE_TIMEOUT='3153600000'") &&
+                             Catch::Contains("more than 7 days"));
+  }
+  ::setenv("ACCEL_COLLECTIVE_TIMEOUT", "600", 1);
+  CHECK_NOTHROW(Accelerator(AcceleratorOptions().config(test::make_config())));
+  ::unsetenv("ACCEL_COLLECTIVE_TIMEOUT");
+}

@@ -92,6 +92,15 @@ double timeout_seconds(const Config& config) {
                     v),
         {}, 0, "ACCEL_COLLECTIVE_TIMEOUT");
   }
+  // The config key's bounds, checked where they are written once (Config::validate).
+  Config probe = config;
+  probe.collective_timeout_seconds = x;
+  try {
+    probe.validate();
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("environment variable ACCEL_COLLECTIVE_TIMEOUT='{}': {}", v, e.what()), {},
+                      0, "ACCEL_COLLECTIVE_TIMEOUT");
+  }
   return x;
 }
 
