@@ -3,6 +3,7 @@
 #include <accel/errors.hpp>
 #include <accel/trainer/model_arguments.hpp>
 
+#include "config/command_line.hpp"
 #include "config/message_text.hpp"
 #include "config/small_file.hpp"
 #include "config/text_distance.hpp"
@@ -314,23 +315,8 @@ ModelArguments from_command_line_impl(const std::vector<std::string>& given,
                                       std::vector<std::string>* remaining) {
   std::vector<std::string> args = given;
   ModelArguments m;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string file;
-    if (args[i] == "--model_config" || args[i] == "--model-config") {
-      if (i + 1 >= args.size())
-        throw ConfigError("command line: --model_config needs a file (TYPE.model.yaml)");
-      file = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
-                 args.begin() + static_cast<std::ptrdiff_t>(i + 2));
-    } else if (args[i].rfind("--model_config=", 0) == 0) {
-      file = args[i].substr(15);
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      continue;
-    }
-    m = load_file_impl(file);
-    break;
-  }
+  if (const auto file = config_detail::take_file_option(args, "model_config", "TYPE.model.yaml"))
+    m = load_file_impl(*file);
   const std::string source = m.source.empty() ? "command line" : "command line (over " + m.source + ")";
   std::vector<std::string> rest;
   for (std::size_t i = 0; i < args.size(); ++i) {

@@ -3,6 +3,7 @@
 #include <accel/errors.hpp>
 #include <accel/trainer/training_arguments.hpp>
 
+#include "config/command_line.hpp"
 #include "config/message_text.hpp"
 #include "config/small_file.hpp"
 #include "config/text_distance.hpp"
@@ -561,23 +562,9 @@ TrainingArguments TrainingArguments::from_command_line(int argc, const char* con
   std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
   TrainingArguments a;
   // The file first, wherever it is on the line.
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string file;
-    if (args[i] == "--training_args" || args[i] == "--training-args") {
-      if (i + 1 >= args.size())
-        throw ConfigError("command line: --training_args needs a file (YAML or HF's training_args.json)");
-      file = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
-                 args.begin() + static_cast<std::ptrdiff_t>(i + 2));
-    } else if (args[i].rfind("--training_args=", 0) == 0) {
-      file = args[i].substr(16);
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      continue;
-    }
-    a = load_file(file);
-    break;
-  }
+  if (const auto file =
+          config_detail::take_file_option(args, "training_args", "YAML or HF's training_args.json"))
+    a = load_file(*file);
   const std::string source = a.source.empty() ? "command line" : "command line (over " + a.source + ")";
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
