@@ -32,11 +32,7 @@ NamedTensors module_buffers(torch::nn::Module& module) {
   return out;
 }
 
-void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
-  torch::NoGradGuard no_grad;
-  // Every tensor is checked before the first is copied: a checkpoint of another architecture leaves the
-  // model as it was.
-  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+void check_module_state(const torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
   auto check = [&](const std::string& name, const torch::Tensor& dst) {
     auto it = state.find(name);
     if (it == state.end()) {
@@ -55,14 +51,22 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, to
           "into each other; was it saved from the same model?",
           name, c10::toString(it->second.scalar_type()), c10::toString(dst.scalar_type())));
     }
-    copies.emplace_back(dst, &it->second);
   };
   for (const auto& item : module.named_parameters())
     check(item.key(), item.value());
   for (const auto& item : module.named_buffers())
     check(item.key(), item.value());
-  for (auto& [dst, src] : copies)
-    dst.copy_(*src);
+}
+
+void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  // Every tensor is checked before the first is copied: a checkpoint of another architecture leaves the
+  // model as it was.
+  check_module_state(module, state);
+  for (const auto& item : module.named_parameters())
+    item.value().copy_(state.at(item.key()));
+  for (const auto& item : module.named_buffers())
+    item.value().copy_(state.at(item.key()));
 }
 
 NamedTensors converted(const NamedTensors& state, c10::ScalarType dtype) {

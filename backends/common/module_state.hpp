@@ -19,6 +19,9 @@ NamedTensors module_state(torch::nn::Module& module);
 NamedTensors module_state_copy(torch::nn::Module& module);
 /// The module's buffers by name (detached, not copied).
 NamedTensors module_buffers(torch::nn::Module& module);
+/// CheckpointError when `state` lacks a parameter or buffer of `module`, or holds one with another shape or
+/// kind (integer vs floating point); reads no tensor's data.
+void check_module_state(const torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);
 /// Copies every parameter and buffer of `module` from `state`; CheckpointError on a missing or mis-shaped
 /// entry.
 void load_module_state(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& state);

@@ -65,6 +65,34 @@ struct ParamSlot {
   std::int64_t offset = 0;
 };
 
+// A parameter built without memory (accel::llm::from_pretrained_empty, Accelerate's init_empty_weights): its
+// storage has the tensor's size but a null data pointer, and reading it throws. Such a model is taken over
+// without the broadcast, each rank's slices start at zero and Accelerator::load_model fills them.
+bool memoryless(const torch::Tensor& p) {
+  const auto* s = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  return p.numel() > 0 && s != nullptr &&
+         s->nbytes() == static_cast<std::size_t>(p.numel()) * p.element_size() &&
+         const_cast<c10::StorageImpl*>(s)->_mutable_data_ptr_no_checks().get() == nullptr;
+}
+
+// This rank's slice of a flat vector whose memoryless members read as zeros (detail::flat_slice otherwise).
+torch::Tensor deferred_flat_slice(const std::vector<torch::Tensor>& params,
+                                  const std::vector<std::size_t>& indices,
+                                  const std::vector<std::int64_t>& offsets, std::int64_t shard,
+                                  const Communicator& comm, bool to_cpu) {
+  torch::NoGradGuard no_grad;
+  const auto& first = params[indices.front()];
+  const auto begin = comm.rank() * shard;
+  auto slice = torch::zeros({shard}, first.options().requires_grad(false));
+  for (std::size_t m = 0; m < indices.size(); ++m) {
+    const auto& p = params[indices[m]];
+    const auto lo = std::max(offsets[m], begin), hi = std::min(offsets[m] + p.numel(), begin + shard);
+    if (memoryless(p) || lo >= hi) continue;
+    slice.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offsets[m], hi - lo));
+  }
+  return to_cpu ? slice.to(torch::kCPU) : slice;
+}
+
 class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
  public:
   using ShardedEngine::ShardedEngine;
@@ -101,7 +129,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   void prepare_model(torch::nn::Module& model) override {
     model_ = &model;
     std::map<const c10::StorageImpl*, std::string> owner;
-    for (auto& [name, p] : detail::take_over_model(world_, model, options_.name)) {
+    for (auto& [name, p] : take_over(model)) {
       const auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
       if (!owner.emplace(storage, name).second) {
         throw UnsupportedOperation(
@@ -174,8 +202,9 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
         f.shard = detail::shard_size(f.numel, n);
         // NVMe offload: the shards stay in CPU memory (or their own files), their optimizer state goes to the
         // files.
-        f.master = detail::flat_slice(params_, f.params, f.offset, f.shard, comm_,
-                                      options_.offload || options_.nvme.has_value() || param_tier_);
+        const bool to_cpu = options_.offload || options_.nvme.has_value() || param_tier_;
+        f.master = deferred_ ? deferred_flat_slice(params_, f.params, f.offset, f.shard, comm_, to_cpu)
+                             : detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, to_cpu);
         if (nvme_) nvme_->add_group(flats_.size(), f.master, &optimizer);
         // With either NVMe tier each shard has its own tag: the optimizer's step on it is seen per shard.
         trigger_.watch(f.master, nvme_ || param_tier_ ? kNvmeTagBase + flats_.size() : kUnitMasterTag);
@@ -311,6 +340,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   }
 
   NamedTensors model_state() override {
+    require_loaded("get_state_dict / save_state");
     std::lock_guard lock(mu_);
     detail::Quiet quiet;
     gather_all();
@@ -324,6 +354,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   }
 
   void visit_model_state(const std::function<void(NamedTensors)>& sink) override {
+    require_loaded("save_model");
     std::lock_guard lock(mu_);
     detail::Quiet quiet;
     release_all();
@@ -339,28 +370,42 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     sink(detail::module_buffers(*model_));
   }
 
+  // A sharded operation: each rank copies into its slices the parts of the parameters they hold, straight
+  // from `state` (which load_model maps from the files), and nothing is gathered: no rank holds the whole
+  // model, and a model built without memory (empty weights) gets its values here.
   void load_model_state(const std::map<std::string, torch::Tensor>& state) override {
     std::lock_guard lock(mu_);
     detail::Quiet quiet;
-    gather_all();
-    try {
-      detail::load_module_state(*model_, state);  // checks every tensor before it copies any
-    } catch (...) {
-      release_all();  // the model as it was, its units released as after any other call
-      throw;
-    }
+    release_all();
+    detail::check_module_state(*model_, state);  // every tensor checked before any is copied
     torch::NoGradGuard no_grad;
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       auto& f = flats_[fi];
-      if (!f.gathered.defined()) continue;
       if (param_tier_) {
         param_tier_->load(fi);
         param_tier_->mark_changed(fi);
       }
-      f.master.copy_(f.gathered.narrow(0, comm_.rank() * f.shard, f.shard));
+      const auto begin = comm_.rank() * f.shard;
+      for (std::size_t m = 0; m < f.params.size(); ++m) {
+        const auto index = f.params[m];
+        const auto lo = std::max(f.offset[m], begin);
+        const auto hi = std::min(f.offset[m] + params_[index].numel(), begin + f.shard);
+        if (lo >= hi) continue;
+        const auto source = state.at(names_[index]).reshape({-1}).narrow(0, lo - f.offset[m], hi - lo);
+        f.master.narrow(0, lo - begin, hi - lo).copy_(source);
+      }
       if (param_tier_ && !is_stepping(fi)) param_tier_->evict(fi, {f.master});
     }
-    release_all();
+    // Parameters outside every optimizer stay whole on each rank, as they do without sharding.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!slot_.empty() && slot_[i]) continue;
+      auto& p = params_[i];
+      if (memoryless(p)) detail::point_storage_into(p, torch::empty({p.numel()}, p.options()), 0);
+      p.detach().copy_(state.at(names_[i]));
+    }
+    for (const auto& item : model_->named_buffers())
+      item.value().detach().copy_(state.at(item.key()));
+    unloaded_.assign(params_.size(), false);
   }
 
   // --- called by the trigger ---
@@ -425,6 +470,11 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   void touch(const std::vector<std::size_t>& used) noexcept {
     std::lock_guard lock(mu_);
     try {
+      for (auto u : used) {
+        for (auto index : units_[u].params) {
+          if (unloaded_[index]) throw UsageError(unloaded_message(index, "a forward"));
+        }
+      }
       for (auto u : used)
         units_[u].pins += 1;
       const bool backward = torch::autograd::get_current_graph_task_id() != -1;
@@ -468,6 +518,50 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     for (auto index : u.params)
       trigger_.watch(params_[index], units_.size());
     units_.push_back(std::move(u));
+  }
+
+  // detail::take_over_model, except that memoryless parameters (a model built with empty weights, the same
+  // ones on every rank) are not broadcast: each rank fills its own slices in load_model_state.
+  std::vector<std::pair<std::string, torch::Tensor>> take_over(torch::nn::Module& model) {
+    detail::check_same_model_everywhere(world_, model, options_.name);
+    std::string flags;
+    for (const auto& item : model.named_parameters())
+      flags += memoryless(item.value()) ? '1' : '0';
+    const auto all = world_.exchange(flags);
+    for (std::size_t r = 1; r < all.size(); ++r) {
+      if (all[r] != all[0]) {
+        throw DistributedError(fmt::format(
+            "{}: rank {} built the model with other parameters empty (without memory) than rank 0; build it "
+            "the same way on every rank (accel::llm::from_pretrained_empty everywhere, or nowhere)",
+            options_.name, r));
+      }
+    }
+    torch::NoGradGuard no_grad;
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : model.named_parameters()) {
+      auto p = item.value();
+      const bool empty = flags[out.size()] == '1';
+      unloaded_.push_back(empty);
+      if (!empty) world_.broadcast(p, 0);
+      deferred_ = deferred_ || empty;
+      out.emplace_back(item.key(), p);
+    }
+    for (auto& b : model.buffers())
+      world_.broadcast(b, 0);
+    return out;
+  }
+
+  std::string unloaded_message(std::size_t index, const std::string& what) const {
+    return fmt::format(
+        "{}: parameter '{}' was built without memory (empty weights) and has not been loaded; {} needs its "
+        "values: call accelerator.load_model(model, dir) after prepare (each rank reads the slices it owns)",
+        options_.name, names_[index], what);
+  }
+
+  void require_loaded(const std::string& what) const {
+    for (std::size_t i = 0; i < unloaded_.size(); ++i) {
+      if (unloaded_[i]) throw UsageError(unloaded_message(i, what));
+    }
   }
 
   std::size_t index_of(const torch::Tensor& p) const {
@@ -737,7 +831,9 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   std::unique_ptr<detail::NvmeTier> param_tier_;  // offload_param_device: nvme: one group per flat
   std::vector<std::size_t> stepping_;             // flats the optimizer's step has changed in memory
   bool warned_multi_shard_ = false;
-  GradReadyHooks hooks_;  // last member: removed first, before what the callbacks use
+  std::vector<bool> unloaded_;  // by parameter: built without memory, not loaded yet
+  bool deferred_ = false;       // some parameter was built without memory
+  GradReadyHooks hooks_;        // last member: removed first, before what the callbacks use
 };
 
 }  // namespace

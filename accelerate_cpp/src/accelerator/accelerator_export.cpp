@@ -181,7 +181,8 @@ void Accelerator::load_model_at(std::size_t index, const std::string& dir) {
   std::map<std::string, torch::Tensor> state;
   std::string failure;
   try {
-    state = detail::read_model_export(dir);
+    // Mapped, not read: each engine copies what this rank keeps (ZeRO-3 and FULL_SHARD: its slices only).
+    state = detail::map_model_export(dir);
     detail::slice_tensor_parallel(state, tp::split_parameters(*prepared_.models.at(index).module),
                                   fmt::format("load_model from '{}'", dir));
   } catch (const std::exception& e) {

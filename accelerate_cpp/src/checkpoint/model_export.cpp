@@ -252,18 +252,44 @@ void require_listed(const fs::path& dir, const std::vector<std::string>& listed,
 
 }  // namespace
 
-std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir);
+std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir, bool mapped);
 
 std::map<std::string, torch::Tensor> read_model_export(const fs::path& dir) {
   try {
-    return read_model_export_unbounded(dir);
+    return read_model_export_unbounded(dir, false);
   } catch (const CheckpointError& e) {
     // Names from a hostile index (a 100,000-character tensor name) are quoted short and printable.
     throw CheckpointError(bounded_message(e.what()));
   }
 }
 
-std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir) {
+std::map<std::string, torch::Tensor> map_model_export(const fs::path& dir) {
+  try {
+    return read_model_export_unbounded(dir, true);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(bounded_message(e.what()));
+  }
+}
+
+namespace {
+
+// `names` of one safetensors file: copied into memory, or (mapped) views of the mapped file.
+void take_tensors(const fs::path& path, const std::vector<std::string>& names, bool mapped,
+                  std::map<std::string, torch::Tensor>& out) {
+  if (!mapped) {
+    const safetensors::File file = safetensors::File::open(path.string());
+    for (const auto& name : names)
+      out[name] = read_tensor(file, name);
+    return;
+  }
+  const auto file = std::make_shared<const safetensors::File>(safetensors::File::map(path.string()));
+  for (const auto& name : names)
+    out[name] = mapped_tensor(file, name);
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path& dir, bool mapped) {
   const fs::path index_path = dir / kIndex;
   std::map<std::string, torch::Tensor> out;
   const std::vector<std::string> listed = verify_export(dir);
@@ -276,7 +302,12 @@ std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path&
                       dir.string(), kSingle, kIndex));
     }
     require_listed(dir, listed, kSingle);
-    return read_tensors(safetensors::File::open((dir / kSingle).string()));
+    if (!mapped) return read_tensors(safetensors::File::open((dir / kSingle).string()));
+    const auto file =
+        std::make_shared<const safetensors::File>(safetensors::File::map((dir / kSingle).string()));
+    for (const auto& name : file->names())
+      out[name] = mapped_tensor(file, name);
+    return out;
   }
   require_listed(dir, listed, kIndex);
   std::error_code ec;
@@ -338,9 +369,7 @@ std::map<std::string, torch::Tensor> read_model_export_unbounded(const fs::path&
                       index_path.string(), file.substr(0, 200), names.front().substr(0, 200),
                       ec ? " (" + ec.message() + ")" : std::string()));
     }
-    const safetensors::File shard = safetensors::File::open(path.string());
-    for (const auto& name : names)
-      out[name] = read_tensor(shard, name);
+    take_tensors(path, names, mapped, out);
   }
   return out;
 }

@@ -92,5 +92,9 @@ class ShardedExportWriter {
 /// Every tensor of an export in `dir` (the index and its shards, or `model.safetensors`), on CPU. Throws
 /// CheckpointError naming the directory or file and the fix.
 std::map<std::string, torch::Tensor> read_model_export(const std::filesystem::path& dir);
+/// The same checks, but the files are memory-mapped and each tensor is a read-only view of its bytes
+/// (detail::mapped_tensor): nothing is copied, so a rank that reads only its slices of each tensor
+/// (ZeRO-3, FULL_SHARD) touches only their pages.
+std::map<std::string, torch::Tensor> map_model_export(const std::filesystem::path& dir);
 
 }  // namespace accel::detail

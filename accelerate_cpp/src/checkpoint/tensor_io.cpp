@@ -153,6 +153,16 @@ torch::Tensor read_tensor(const safetensors::File& file, const std::string& name
   return t;
 }
 
+torch::Tensor mapped_tensor(const std::shared_ptr<const safetensors::File>& file, const std::string& name) {
+  const auto& info = file->info(name);
+  const auto type = to_scalar_type(info.dtype, name);
+  // The deleter holds the mapping: the view stays valid however long the caller keeps it.
+  auto* keep = new std::shared_ptr<const safetensors::File>(file);
+  return torch::from_blob(
+      const_cast<std::uint8_t*>(file->data(name)), info.shape, [keep](void*) { delete keep; },
+      torch::TensorOptions().dtype(type));
+}
+
 std::map<std::string, torch::Tensor> read_tensors(const safetensors::File& file) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& name : file.names())

@@ -7,6 +7,7 @@
 #include "checkpoint/xxh64.hpp"
 
 #include <map>
+#include <memory>
 #include <string>
 
 namespace torch::serialize {
@@ -34,5 +35,9 @@ FileDigest write_optimizer(const torch::optim::Optimizer& optimizer, const std::
 std::map<std::string, torch::Tensor> read_tensors(const safetensors::File& file);
 /// One tensor of a safetensors file as an owning CPU tensor; throws CheckpointError if missing.
 torch::Tensor read_tensor(const safetensors::File& file, const std::string& name);
+/// One tensor of a memory-mapped safetensors file (safetensors::File::map) as a CPU tensor over the mapped
+/// bytes, without a copy: pages are read as the tensor is read. Read-only (writing into it is a fault); it
+/// keeps `file` mapped while it lives. Throws CheckpointError if missing.
+torch::Tensor mapped_tensor(const std::shared_ptr<const safetensors::File>& file, const std::string& name);
 
 }  // namespace accel::detail

@@ -1,5 +1,6 @@
 // from_pretrained / save_pretrained: Hugging Face's checkpoint layout (config.json, model.safetensors or
 // model.safetensors.index.json with its shards), read through memory-mapped safetensors files.
+#include <c10/core/StorageImpl.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "accel/checkpoint/safetensors.hpp"
 #include "accel/errors.hpp"
 #include "accel/llm/models/causal_lm.hpp"
+#include "accel/llm/models/empty_weights.hpp"
 #include "accel/nn/quant4bit.hpp"
 #include "config/small_file.hpp"
 
@@ -175,7 +177,67 @@ CausalLM build(const ModelConfig& config, torch::ScalarType dtype,
   }
 }
 
+// Gives every parameter of `module` not emptied yet a storage of its size without memory (a null data
+// pointer: the sharding engines' test for "fill me from load_model") on `device`, which throws on data
+// access.
+void empty_parameters(torch::nn::Module& module, torch::Device device) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto p = item.value();
+    auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (storage->_mutable_data_ptr_no_checks().get() == nullptr) continue;  // emptied with its block
+    if (p.device() != device) {
+      // The same parameter (its impl, which the modules hold) on `device`; the memory goes again below.
+      p.set_data(torch::empty(p.sizes(), p.options().device(device)));
+      storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    }
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+    storage->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
+    storage->release_data_and_set_meta_custom_data_ptr_error_msg_(
+        "accel::llm: parameter '" + item.key() +
+        "' was built empty (from_pretrained_empty) and holds no memory yet: prepare the model with a "
+        "backend that shards parameters (ZeRO stage 3, FSDP FULL_SHARD) and its optimizer, then fill it with "
+        "accelerator.load_model(model, dir); elsewhere load it with from_pretrained");
+  }
+}
+
+// config.json, the checkpoint (opened and mapped, nothing read) and the dtype of a load.
+struct Opened {
+  ModelConfig config;
+  Checkpoint ckpt;
+  torch::ScalarType dtype;
+};
+
+Opened open_model_dir(const std::string& dir, const LoadOptions& options) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw CheckpointError("model directory '" + dir + "' does not exist or is not a directory");
+  ModelConfig config = ModelConfig::from_file((root / "config.json").string());
+  Checkpoint ckpt = open_checkpoint(root);
+  const auto dtype = resolve_dtype(options, config);
+  return Opened{std::move(config), std::move(ckpt), dtype};
+}
+
 }  // namespace
+
+CausalLM from_pretrained_empty(const std::string& dir, const LoadOptions& options) {
+  if (options.load_in_4bit_) {
+    throw UsageError("accel::llm::from_pretrained_empty('" + dir +
+                     "'): load_in_4bit is not available with empty weights: 4-bit weights are buffers that "
+                     "ZeRO-3 / FULL_SHARD do not shard (nor does DeepSpeed); load a 4-bit model with "
+                     "from_pretrained on one device");
+  }
+  const Opened opened = open_model_dir(dir, options);
+  const torch::Device device = options.device_;
+  // Each block emptied as soon as it is built: building never holds more than the embedding and one block.
+  CausalLM model =
+      build(opened.config, opened.dtype, [&](torch::nn::Module& block) { empty_parameters(block, device); });
+  empty_parameters(*model, device);
+  std::vector<std::pair<std::string, torch::Tensor>> list;
+  for (const auto& item : model->named_parameters(/*recurse=*/true))
+    list.emplace_back(item.key(), item.value());
+  check_tensors(opened.ckpt, list, opened.config);
+  return model;
+}
 
 CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
   const fs::path root(dir);

@@ -1,0 +1,121 @@
+// The C++ side of sharded_load_check.py (issue 50: "under ZeRO-3 or FULL_SHARD a model larger than one
+// rank's memory loads without any rank holding it whole").
+//
+//   sharded_load_check whole   MODEL_DIR IDS_FILE OUT.safetensors   one process: from_pretrained, no
+//   Accelerator sharded_load_check sharded MODEL_DIR IDS_FILE OUT_PREFIX         each rank of accel-launch
+//   (zero3_init_flag /
+//                                                                    fsdp_cpu_ram_efficient_loading config)
+//
+// Both write the logits of IDS_FILE's batch, the loss, and the logits after one SGD step (lr 0.5) on that
+// batch. The sharded run builds the model empty (from_pretrained_empty), prepares it and fills it with
+// Accelerator::load_model, and prints what LibTorch allocated on this rank's CPU meanwhile
+// (CpuMemoryCounter, installed before anything is allocated):
+//   rank R: load peak P bytes, held after load H bytes, model M bytes, largest tensor L bytes
+#include <accel/accelerator/accelerator.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/config/weight_loading.hpp>
+#include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/models/empty_weights.hpp>
+#include <accel/monitor/memory.hpp>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+torch::Tensor read_ids(const std::string& path) {
+  std::ifstream in(path);
+  std::int64_t rows = 0, cols = 0;
+  in >> rows >> cols;
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(rows * cols));
+  for (auto& id : ids)
+    in >> id;
+  if (!in) throw std::runtime_error("cannot read ids from " + path);
+  return torch::tensor(ids, torch::kInt64).reshape({rows, cols});
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& ids) {
+  const auto v = logits.size(-1);
+  return torch::nn::functional::cross_entropy(logits.narrow(1, 0, logits.size(1) - 1).reshape({-1, v}),
+                                              ids.narrow(1, 1, ids.size(1) - 1).reshape({-1}));
+}
+
+void write(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::vector<torch::Tensor> keep;
+  std::vector<accel::safetensors::TensorView> views;
+  for (const auto& [name, t] : tensors) {
+    keep.push_back(t.detach().to(torch::kFloat32).contiguous());
+    views.push_back({name, accel::safetensors::DType::F32, keep.back().sizes().vec(), keep.back().data_ptr(),
+                     keep.back().nbytes()});
+  }
+  accel::safetensors::write_file(path, views);
+}
+
+int whole(const std::string& dir, const torch::Tensor& ids, const std::string& out) {
+  auto model = accel::llm::from_pretrained(dir);
+  torch::optim::SGD optimizer(model->parameters(), 0.5);
+  const auto logits = model(ids);
+  const auto loss = lm_loss(logits, ids);
+  loss.backward();
+  optimizer.step();
+  torch::NoGradGuard no_grad;
+  write(out, {{"logits", logits}, {"loss", loss}, {"logits_after_step", model(ids)}});
+  return 0;
+}
+
+int sharded(const std::string& dir, const torch::Tensor& ids, const std::string& prefix) {
+  using accel::CpuMemoryCounter;
+  accel::Accelerator acc;
+  if (!accel::loads_weights_sharded(acc.config())) {
+    std::cerr << "sharded_load_check: the config does not load weights sharded (zero3_init_flag / "
+                 "fsdp_cpu_ram_efficient_loading on ZeRO-3 / FULL_SHARD)\n";
+    return 2;
+  }
+  CpuMemoryCounter::reset_peak();
+  const auto base = CpuMemoryCounter::current();
+  auto model = accel::llm::from_pretrained_empty(dir);
+  torch::optim::SGD optimizer(model->parameters(), 0.5);
+  acc.prepare(model, optimizer);
+  acc.load_model(model, dir);
+  const auto peak = CpuMemoryCounter::peak() - base;
+  const auto held = CpuMemoryCounter::current() - base;
+  std::int64_t model_bytes = 0, largest = 0;
+  for (const auto& p : model->parameters()) {
+    model_bytes += p.numel() * p.element_size();
+    largest = std::max<std::int64_t>(largest, p.numel() * p.element_size());
+  }
+  std::cout << "rank " << acc.process_index() << ": load peak " << peak << " bytes, held after load " << held
+            << " bytes, model " << model_bytes << " bytes, largest tensor " << largest << " bytes"
+            << std::endl;
+  const auto logits = model(ids);
+  const auto loss = lm_loss(logits, ids);
+  acc.backward(loss);
+  optimizer.step();
+  optimizer.zero_grad();
+  torch::NoGradGuard no_grad;
+  const auto after = model(ids);
+  write(prefix + std::to_string(acc.process_index()) + ".safetensors",
+        {{"logits", logits}, {"loss", loss}, {"logits_after_step", after}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  accel::CpuMemoryCounter::install();  // first: every allocation of the load is counted
+  if (argc != 5) {
+    std::cerr << "usage: sharded_load_check whole|sharded MODEL_DIR IDS_FILE OUT\n";
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const auto ids = read_ids(argv[3]);
+  return mode == "whole" ? whole(argv[2], ids, argv[4]) : sharded(argv[2], ids, argv[4]);
+} catch (const std::exception& e) {
+  std::cerr << "sharded_load_check: " << e.what() << std::endl;
+  return 1;
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Issue 50: under ZeRO-3 or FULL_SHARD a model larger than one rank's memory loads without any rank holding it
+whole (DeepSpeed's zero3_init_flag, FSDP's fsdp_cpu_ram_efficient_loading).
+
+  sharded_load_check.py SHARDED_LOAD_CHECK ACCEL_LAUNCH
+
+A tiny untied Qwen2 (8 blocks, ~2.3 M parameters) is made and saved by transformers (one model.safetensors,
+and cut into shards with an index). For each row (ZeRO stage 3 + zero3_init_flag on the single file; FSDP
+FULL_SHARD + fsdp_cpu_ram_efficient_loading on the shards), 2 ranks under accel-launch build the model empty
+(accel::llm::from_pretrained_empty), prepare it with SGD and fill it with Accelerator::load_model. Checks:
+  - every rank's logits equal transformers' within 1e-5 and the fully loaded one-process model's
+    (accel::llm::from_pretrained, no Accelerator) within 1e-6; the losses too; after one SGD step on the
+    batch, the logits equal the one-process model's after the same step within 1e-5;
+  - no rank allocated the whole model: the peak of LibTorch's CPU allocations during build + prepare + load
+    (CpuMemoryCounter) is at most model/2 + the largest tensor + 10% of the model, and below the model's size.
+Exit 77 when transformers is not importable.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+except ImportError as e:  # pragma: no cover
+    print(f"sharded load: skipped ({e})")
+    sys.exit(77)
+
+torch.set_num_threads(1)
+FAILED = []
+
+
+def check(ok, line):
+    print(("ok    " if ok else "FAIL  ") + line, flush=True)
+    if not ok:
+        FAILED.append(line)
+
+
+def make_model(root):
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False, rope_theta=10000.0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # weights of a visible scale (the default init gives near-uniform logits)
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    single, shards = os.path.join(root, "single"), os.path.join(root, "shards")
+    model.save_pretrained(single, safe_serialization=True)
+    model.save_pretrained(shards, safe_serialization=True, max_shard_size="2MB")
+    return model, single, shards
+
+
+def main():
+    check_bin, launch = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as root:
+        model, single, shards = make_model(root)
+        n_files = len([f for f in os.listdir(shards) if f.endswith(".safetensors")])
+        ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
+        ids_file = os.path.join(root, "ids.txt")
+        with open(ids_file, "w") as f:
+            f.write(f"{ids.shape[0]} {ids.shape[1]}\n" + " ".join(str(int(i)) for i in ids.reshape(-1)) + "\n")
+        with torch.no_grad():
+            hf_logits = model(ids).logits
+        env = dict(os.environ, OMP_NUM_THREADS="1", ACCEL_CONFIG_FILE="")
+        whole_out = os.path.join(root, "whole.safetensors")
+        subprocess.run([check_bin, "whole", single, ids_file, whole_out], check=True, env=env)
+        whole = load_file(whole_out)
+        d = (whole["logits"] - hf_logits).abs().max().item()
+        check(d <= 1e-5, f"one process: from_pretrained's logits equal transformers' (max diff {d:.2e})")
+        rows = [("zero_stage3", single, "1 file", "backend: zero\ndeepspeed_config:\n  zero_stage: 3\n"
+                 "  zero3_init_flag: true\n"),
+                ("fsdp_full_shard", shards, f"{n_files} shards",
+                 "backend: fsdp\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+                 "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_cpu_ram_efficient_loading: true\n")]
+        for name, model_dir, files, section in rows:
+            cfg = os.path.join(root, name + ".yaml")
+            with open(cfg, "w") as f:
+                f.write("config_version: 1\nuse_cpu: true\nnum_processes: 2\nmain_process_port: 0\n"
+                        "mixed_precision: 'no'\n" + section)
+            prefix = os.path.join(root, name + "_rank")
+            r = subprocess.run([launch, "launch", "--config_file", cfg, check_bin, "sharded", model_dir, ids_file,
+                                prefix], capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                print(r.stdout[-3000:], r.stderr[-3000:])
+                check(False, f"{name}: 2 ranks ran")
+                continue
+            for rank in range(2):
+                m = re.search(rf"rank {rank}: load peak (\d+) bytes, held after load (\d+) bytes, model (\d+) "
+                              rf"bytes, largest tensor (\d+) bytes", r.stdout)
+                if not m:
+                    print(r.stdout[-3000:])
+                    check(False, f"{name} rank {rank}: reported its memory")
+                    continue
+                peak, held, size, largest = map(int, m.groups())
+                bound = size // 2 + largest + size // 10
+                check(peak <= bound and peak < size,
+                      f"{name} ({files}) rank {rank}: load peak {peak / 2**20:.2f} MiB <= model/2 + largest tensor "
+                      f"+ 10% = {bound / 2**20:.2f} MiB (model {size / 2**20:.2f} MiB; held after load "
+                      f"{held / 2**20:.2f} MiB)")
+                out = load_file(f"{prefix}{rank}.safetensors")
+                d_hf = (out["logits"] - hf_logits).abs().max().item()
+                d_whole = (out["logits"] - whole["logits"]).abs().max().item()
+                d_loss = abs(out["loss"].item() - whole["loss"].item())
+                d_step = (out["logits_after_step"] - whole["logits_after_step"]).abs().max().item()
+                check(d_hf <= 1e-5 and d_whole <= 1e-6 and d_loss <= 1e-6 and d_step <= 1e-5,
+                      f"{name} rank {rank}: logits equal transformers' ({d_hf:.2e}) and one process's "
+                      f"({d_whole:.2e}), loss ({d_loss:.2e}), logits after an SGD step ({d_step:.2e})")
+    if FAILED:
+        print(f"sharded load: {len(FAILED)} failed")
+        return 1
+    print("sharded load: no rank held the whole model, all equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
