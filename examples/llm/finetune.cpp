@@ -15,7 +15,9 @@
 #include <accel/llm/data/chat_template.hpp>
 #include <accel/llm/data/jsonl_dataset.hpp>
 #include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/models/sequence_parallel.hpp>
 #include <accel/llm/tokenizers/tokenizer.hpp>
+#include <accel/llm/training/sequence_shard.hpp>
 #include <accel/llm/training/sft_batches.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/trainer/model_arguments.hpp>
@@ -188,7 +190,9 @@ int main(int argc, char** argv) try {
   // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
   // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
   // accumulation give one process's gradients, and transformers' Trainer's.
+  bool split = false;  // sequence / context parallelism (the config's sp_size / cp_size), set below
   accel::Trainer<llm::SftBatches> trainer(args, model, std::move(train), [&](llm::SftTensors& batch) {
+    if (split) return llm::sequence_parallel_sft_loss(*model, batch, /*num_items_in_batch=*/1);
     return llm::sft_loss(*model, batch, /*num_items_in_batch=*/1);
   });
   trainer.set_num_items(llm::sft_label_count);
@@ -196,6 +200,19 @@ int main(int argc, char** argv) try {
   if (!sft.eval_dataset.empty()) trainer.set_eval(prepare_data(sft.eval_dataset, dir, tokenizer, sft.data));
   if (lora) trainer.set_peft_model(lora);
   auto& acc = trainer.accelerator();
+  // Long sequences: parallelism_config_sp_size (Ulysses) or cp_size split each batch's positions over the
+  // group; the loss is then the whole sequence's on every rank of it.
+  if (acc.sequence_parallel_group()->world_size() > 1) {
+    split = true;
+    const bool context = acc.config().context_parallel_size > 1;
+    if (context) {
+      llm::enable_context_parallel(*model, acc.sequence_parallel_group());
+    } else {
+      llm::enable_sequence_parallel(*model, acc.sequence_parallel_group());
+    }
+    acc.print("finetune: ", context ? "context" : "sequence", " parallelism over groups of ",
+              acc.sequence_parallel_group()->world_size(), " ranks: each holds that share of every sequence");
+  }
   for (const auto& notice : model_args.notices)
     acc.print("finetune: ", notice);
   const auto [trainable, total] = count_parameters(*model);

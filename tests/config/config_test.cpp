@@ -1424,13 +1424,22 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
   CHECK(accel::Config::load_string(fsdp + mesh("  parallelism_config_dp_shard_size: 1\n")) ==
         accel::Config::load_string(fsdp));  // total 1: Accelerate replicates over every process
   // What accelerate-cpp does not run from a config file: refused, naming the key and what to set.
-  CHECK_THAT(message(fsdp + mesh("  parallelism_config_cp_size: 2\n")),
-             Catch::StartsWith("inline.yaml:4: parallelism_config.parallelism_config_cp_size: 2 asks for "
-                               "context parallelism, which is not supported by accelerate-cpp; set it to 1"));
+  // Sequence (DeepSpeed Ulysses) and context parallelism (issue 52): the group sizes, written back by
+  // to_yaml.
+  const auto cp = accel::Config::load_string(fsdp + mesh("  parallelism_config_cp_size: 2\n"), "inline.yaml");
+  CHECK(cp.context_parallel_size == 2);
+  CHECK(accel::Config::load_string(cp.to_yaml(), "resolved.yaml").context_parallel_size == 2);
+  const auto sp = accel::Config::load_string(
+      zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"),
+      "inline.yaml");
+  CHECK(sp.sequence_parallel_size == 2);
+  CHECK(accel::Config::load_string(sp.to_yaml(), "resolved.yaml").sequence_parallel_size == 2);
   CHECK_THAT(
-      message(zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n")),
-      Catch::StartsWith("inline.yaml:6: parallelism_config.parallelism_config_sp_size: 2 asks for "
-                        "sequence parallelism (DeepSpeed Ulysses), which is not supported"));
+      message(zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: torch\n")),
+      Catch::StartsWith("inline.yaml:7: parallelism_config.parallelism_config_sp_backend: 'torch' is not a "
+                        "sequence-parallel backend"));
+  CHECK_THAT(message(zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_tp_size: 2\n")),
+             Catch::Contains("together with tensor parallelism is not supported"));
   CHECK_THAT(message(fsdp + mesh("  parallelism_config_cp_size: 2\n  parallelism_config_sp_size: 2\n")),
              Catch::Contains("mutually exclusive"));
   CHECK(message(fsdp + mesh("  parallelism_config_dp_shard_size: 4\n")) ==

@@ -156,6 +156,41 @@ void Accelerator::setup_tensor_parallel(int size) {
   groups_.data = groups_.job->split(data);
 }
 
+void Accelerator::setup_sequence_parallel(int size) {
+  const char* key =
+      config_.sequence_parallel_size > 1 ? "parallelism_config_sp_size" : "parallelism_config_cp_size";
+  const std::string source = config_.source.empty() ? "" : " (" + config_.source + ")";
+  if (config_.sequence_parallel_size > 1 && config_.context_parallel_size > 1) {
+    throw UsageError(
+        fmt::format("parallelism_config_sp_size {} and parallelism_config_cp_size {}{}: sequence and "
+                    "context parallelism are mutually exclusive (as in Accelerate); set one to 1",
+                    config_.sequence_parallel_size, config_.context_parallel_size, source));
+  }
+  if (size < 1 || state_.world_size % size != 0) {
+    throw UsageError(
+        fmt::format("{} {}{} does not divide the {} process(es): each group holds {} consecutive "
+                    "ranks; run a multiple of {} processes",
+                    key, size, source, state_.world_size, size, size));
+  }
+  if (groups_.tensor->world_size() > 1 || config_.pipeline.stages > 1) {
+    throw UsageError(
+        fmt::format("{} {}{}: sequence or context parallelism with tensor parallelism or a pipeline "
+                    "is not supported by accelerate-cpp; set {}: 1, or tp_size 1 and no "
+                    "pipeline_config",
+                    key, size, source, key));
+  }
+  // Rank = replica x size + sequence rank: a group's ranks are neighbours (their all-to-alls run in every
+  // attention); the ranks of the same sequence rank read different batches (the loaders' groups).
+  const int groups = state_.world_size / size;
+  std::vector<std::vector<int>> seq(static_cast<std::size_t>(groups)), data(static_cast<std::size_t>(size));
+  for (int r = 0; r < state_.world_size; ++r) {
+    seq[static_cast<std::size_t>(r / size)].push_back(r);
+    data[static_cast<std::size_t>(r % size)].push_back(r);
+  }
+  groups_.sequence = groups_.job->split(seq);
+  groups_.data = groups_.job->split(data);
+}
+
 void Accelerator::connect_sync_batchnorm(torch::nn::Module& model, Communicator* comm) {
   for (const auto& m : model.modules()) {
     torch::nn::Module* layer = m.get();
@@ -208,11 +243,17 @@ Accelerator::Accelerator(AcceleratorOptions options)
   groups_.tensor = Communicator::create(ProcessState{}, device_, comm_options);  // a group of one
   if (const int size = chosen_tensor_parallel_size(options.tensor_parallel_size(), config_); size != 1)
     setup_tensor_parallel(size);
+  groups_.sequence = Communicator::create(ProcessState{}, device_, comm_options);  // a group of one
+  if (const int size = std::max(config_.sequence_parallel_size, config_.context_parallel_size); size != 1)
+    setup_sequence_parallel(size);
   backend_.context.config = &config_;
   backend_.context.device = device_;
   // The engines of prepare(model) reduce over these replicas for the Accelerator's life (prepare_pipeline
   // narrows groups_.data to the stage's replicas; engines made before keep theirs alive here).
-  groups_.replicas = groups_.data;
+  // Under sequence parallelism the ranks of a group hold the same parameters with gradients of different
+  // positions: the engines reduce over every rank (as DeepSpeed's ZeRO over its sequence-data-parallel
+  // group), while the loaders shard over groups_.data (one rank per sequence-parallel group).
+  groups_.replicas = groups_.sequence->world_size() > 1 ? groups_.job : groups_.data;
   backend_.context.rank = groups_.replicas->rank();
   backend_.context.world_size = groups_.replicas->world_size();
   backend_.context.comm = groups_.replicas.get();

@@ -92,7 +92,8 @@ detail::StateParts Accelerator::state_parts() {
   parts.mixed_precision = config_.mixed_precision;
   if (pipeline_.engine)
     parts.pipeline = detail::StateParts::Pipeline{config_.pipeline.stages, groups_.data.get()};
-  parts.replicas = groups_.data.get();
+  // Under sequence parallelism the engines shard over every rank (groups_.replicas), not the loaders' groups.
+  parts.replicas = groups_.sequence->world_size() > 1 ? groups_.replicas.get() : groups_.data.get();
   parts.tensor_parallel_size = groups_.tensor->world_size();
   parts.tensor_parallel_rank = groups_.tensor->rank();
   parts.notice = [this](std::string notice) { add_notice(std::move(notice)); };

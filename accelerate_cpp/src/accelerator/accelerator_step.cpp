@@ -402,7 +402,9 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
     auto part = groups_.tensor->world_size() > 1
                     ? torch::tensor({split.sliced[0], split.sliced[1]}, torch::kFloat64)
                     : torch::tensor({split.sliced[0]}, torch::kFloat64);
-    if (groups_.data->world_size() > 1) groups_.data->all_reduce(part, op);
+    // Under sequence parallelism the engines shard over every rank (groups_.replicas).
+    auto& holders = groups_.sequence->world_size() > 1 ? *groups_.replicas : *groups_.data;
+    if (holders.world_size() > 1) holders.all_reduce(part, op);
     if (!inf) part.div_(copies);  // each slice was summed once per rank holding it
     add_norm_term(total, part[0].item<double>(), norm_type);
     if (part.numel() > 1) add_norm_term(replicated, part[1].item<double>(), norm_type);

@@ -74,30 +74,40 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
                            "Accelerate); set one of them to 1",
                            sp.value));
   }
-  if (cp.value > 1) {
-    refuse(cp,
-           "asks for context parallelism, which is not supported by accelerate-cpp; set it to 1 (to fit "
-           "long sequences, use activation checkpointing or ZeRO-3)");
+  if ((cp.value > 1 || sp.value > 1) && tp.value > 1) {
+    refuse(tp, fmt::format("with {} {}: sequence or context parallelism together with tensor parallelism is "
+                           "not supported by accelerate-cpp; set tp_size: 1 or {}: 1",
+                           cp.value > 1 ? "cp_size" : "sp_size", std::max(cp.value, sp.value),
+                           cp.value > 1 ? "cp_size" : "sp_size"));
   }
   if (sp.value > 1) {
-    refuse(sp,
-           "asks for sequence parallelism (DeepSpeed Ulysses), which is not supported by accelerate-cpp; "
-           "set it to 1");
+    // Accelerate's ALST: sp_backend "deepspeed" (its only value) runs DeepSpeed's Ulysses.
+    if (const Entry* backend = p.find("parallelism_config.parallelism_config_sp_backend");
+        backend != nullptr) {
+      const std::string value = r.scalar(*backend, "deepspeed");
+      if (value != "deepspeed") {
+        r.fail_at(*backend, fmt::format("{}: '{}' is not a sequence-parallel backend; Accelerate's and "
+                                        "accelerate-cpp's only one is deepspeed (Ulysses)",
+                                        backend->path, value));
+      }
+    }
   }
+  c.sequence_parallel_size = static_cast<int>(sp.value);
+  c.context_parallel_size = static_cast<int>(cp.value);
   c.tensor_parallel_size = static_cast<int>(tp.value);
   const std::int64_t data = replicate.value * shard.value;
   // Accelerate then replicates over every process: what the file says without it.
   if (data == 1) return;
   const std::int64_t stages = std::max(1, c.pipeline.stages);
-  if (data * tp.value * stages != c.num_processes) {
+  if (data * tp.value * cp.value * sp.value * stages != c.num_processes) {
     r.fail_at(
         *first,
-        fmt::format("parallelism_config: dp_replicate_size {} x dp_shard_size {} x tp_size {} x cp_size 1 "
-                    "x sp_size 1{} = {} does not match num_processes {} (Accelerate refuses this too); "
+        fmt::format("parallelism_config: dp_replicate_size {} x dp_shard_size {} x tp_size {} x cp_size {} "
+                    "x sp_size {}{} = {} does not match num_processes {} (Accelerate refuses this too); "
                     "adjust the sizes",
-                    replicate.value, shard.value, tp.value,
+                    replicate.value, shard.value, tp.value, cp.value, sp.value,
                     stages > 1 ? fmt::format(" x pipeline_config.stages {}", stages) : std::string(),
-                    data * tp.value * stages, c.num_processes));
+                    data * tp.value * cp.value * sp.value * stages, c.num_processes));
   }
   const bool sharded_backend = c.backend == "fsdp" || c.backend == "zero";
   if (replicate.value > 1 && shard.value > 1) {

@@ -75,8 +75,16 @@ const Section kParallelism = "parallelism_config";
 // of the file), else the section with tp_size alone (the data-parallel ranks are the rest: num_processes /
 // (tp_size x pipeline stages)). Starts with a newline: the section's keys go below its name.
 std::string parallelism_section(const Config& c) {
-  if (c.tensor_parallel_size == 1) return "";
-  return fmt::format("\n  parallelism_config_tp_size: {}", c.tensor_parallel_size);
+  std::string out;
+  if (c.tensor_parallel_size != 1)
+    out += fmt::format("\n  parallelism_config_tp_size: {}", c.tensor_parallel_size);
+  if (c.sequence_parallel_size != 1) {
+    out += fmt::format("\n  parallelism_config_sp_size: {}\n  parallelism_config_sp_backend: deepspeed",
+                       c.sequence_parallel_size);
+  }
+  if (c.context_parallel_size != 1)
+    out += fmt::format("\n  parallelism_config_cp_size: {}", c.context_parallel_size);
+  return out;
 }
 
 // dynamo_config: LibTorch has no torch.compile, so only "no dynamo" is accepted.
@@ -298,9 +306,12 @@ std::vector<KeyRow> make_schema() {
             "ranks a model is sharded over: num_processes under FSDP or DEEPSPEED, or with "
             "dp_replicate_size > 1 each shard group's consecutive ranks (FSDP's hybrid sharding: "
             "fsdp_hybrid_shard_size)"},
-           {"parallelism_config_cp_size", "1 only: context parallelism is not supported"},
+           {"parallelism_config_cp_size",
+            "ranks per context-parallel group (accelerate-cpp: K/V all-gathered, positions load-balanced "
+            "in 2 x cp_size chunks; accel::llm::enable_context_parallel on sequence_parallel_group())"},
            {"parallelism_config_sp_size",
-            "1 only: sequence parallelism (DeepSpeed Ulysses) is not supported"}}) {
+            "ranks per sequence-parallel group (DeepSpeed Ulysses: heads exchanged for positions by "
+            "all-to-all; accel::llm::enable_sequence_parallel on sequence_parallel_group())"}}) {
     KeyRow r = ignored(name, kParallelism, doc);
     r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { positive_int()(rd, e); };  // see resolve
     add(r);
@@ -315,7 +326,10 @@ std::vector<KeyRow> make_schema() {
        {"parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
         "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
         "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation"}) {
-    add(ignored(name, kParallelism, "settings of cp_size/sp_size > 1 (not supported); ignored at size 1"));
+    add(ignored(name, kParallelism,
+                "settings of cp_size/sp_size: sp_backend must be deepspeed (checked); the others are read "
+                "without effect (accelerate-cpp pads each batch to a multiple of the group and attends "
+                "with scaled_dot_product_attention)"));
   }
   {
     KeyRow r = section_row(kDynamo, "dynamo_*", "only dynamo_backend: 'NO' (LibTorch has no torch.compile)");

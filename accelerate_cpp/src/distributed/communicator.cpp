@@ -40,6 +40,8 @@ const char* to_string(Collective c) {
       return "exchange";
     case Collective::PointToPoint:
       return "send_recv";
+    case Collective::AllToAll:
+      return "all_to_all";
     case Collective::kCount:
       break;
   }
@@ -158,6 +160,7 @@ class SingleProcessCommunicator final : public Communicator {
   void broadcast(torch::Tensor&, int) override {}
   torch::Tensor all_gather(const torch::Tensor& t) override { return t.dim() == 0 ? t.reshape({1}) : t; }
   torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp) override { return input; }
+  torch::Tensor all_to_all(const torch::Tensor& input) override { return input; }
   std::unique_ptr<CollectiveHandle> all_gather_async(torch::Tensor output, torch::Tensor input) override {
     output.view({-1}).copy_(input.view({-1}));
     return all_reduce_async({});
@@ -505,6 +508,27 @@ class C10dCommunicator final : public Communicator {
       run("all_gather", [&] { return backend_for(in)->_allgather_base(out, in, o); });
     }
     count(Collective::AllGather, in.nbytes(), in.nbytes() * static_cast<std::uint64_t>(world_size() - 1));
+    return out;
+  }
+
+  torch::Tensor all_to_all(const torch::Tensor& input) override {
+    if (input.dim() == 0 || input.size(0) % world_size() != 0) {
+      throw UsageError(
+          fmt::format("{}: all_to_all of {}: dim 0 must be a multiple of the group size {} (one "
+                      "equal block per rank)",
+                      me(), describe(input), world_size()));
+    }
+    if (staged(input)) return all_to_all(to_host(input)).to(input.device());
+    check("all_to_all", describe(input));
+    auto in = input.contiguous();
+    auto out = torch::empty_like(in);
+    c10d::AllToAllOptions o;
+    o.timeout = options_.timeout;
+    std::vector<std::int64_t> equal;  // empty split sizes: equal blocks
+    run("all_to_all", [&] { return backend_for(in)->alltoall_base(out, in, equal, equal, o); });
+    count(Collective::AllToAll, in.nbytes(),
+          in.nbytes() / static_cast<std::uint64_t>(world_size()) *
+              static_cast<std::uint64_t>(world_size() - 1));
     return out;
   }
 

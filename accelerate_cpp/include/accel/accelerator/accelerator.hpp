@@ -524,6 +524,12 @@ class Accelerator {
   Communicator& communicator() noexcept { return *groups_.job; }
   /// This rank's tensor-parallel group (AcceleratorOptions::tensor_parallel_size; a group of one without).
   std::shared_ptr<Communicator> tensor_parallel_group() const { return groups_.tensor; }
+  /// This rank's sequence-parallel group: the `parallelism_config_sp_size` (DeepSpeed Ulysses) or
+  /// `parallelism_config_cp_size` (context parallelism) consecutive ranks that read the same batch, each
+  /// keeping its part of the positions (accel::llm::enable_sequence_parallel and shard_sequence); a group
+  /// of one without. Its ranks replicate the model: the engines reduce gradients over every rank, while
+  /// prepared loaders shard the data over data_parallel_group() (one rank of each group).
+  std::shared_ptr<Communicator> sequence_parallel_group() const { return groups_.sequence; }
   /// The ranks that hold the same part of the model as this one (every rank without tensor or pipeline
   /// parallelism): the backends reduce gradients over it and prepared loaders shard the data over it.
   std::shared_ptr<Communicator> data_parallel_group() const { return groups_.data; }
@@ -720,6 +726,7 @@ class Accelerator {
   SplitRange split_range(std::size_t n) const;
   detail::LoaderState* active_loader() const;
   void setup_tensor_parallel(int size);
+  void setup_sequence_parallel(int size);
 
   // What the facade delegates to, one member per concern. Order matters for destruction: the process groups
   // outlive the engines, which communicate while destroyed.

@@ -39,7 +39,9 @@ struct ProcessGroups {
   std::shared_ptr<Communicator> replicas;  ///< what the engines of prepare(model) reduce over (context.comm)
   std::shared_ptr<Communicator>
       data;  ///< this rank's data-parallel replicas (prepared loaders shard over it)
-  std::shared_ptr<Communicator> tensor;    ///< this rank's tensor-parallel group (one rank without)
+  std::shared_ptr<Communicator> tensor;  ///< this rank's tensor-parallel group (one rank without)
+  /// The ranks sharing one batch's positions (sequence or context parallelism; one rank without).
+  std::shared_ptr<Communicator> sequence;
   std::shared_ptr<Communicator> pipeline;  ///< this replica's stages, rank = stage (prepare_pipeline)
 };
 

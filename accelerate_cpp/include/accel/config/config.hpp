@@ -295,6 +295,14 @@ struct Config {
   /// `tensor_parallel_group()`; the same as AcceleratorOptions().tensor_parallel_size(n) (the two must agree
   /// when both are set). dp_replicate_size x dp_shard_size x tp_size must be num_processes, as in Accelerate.
   int tensor_parallel_size = 1;
+  /// `parallelism_config.parallelism_config_sp_size` with `parallelism_config_sp_backend: deepspeed`
+  /// (Accelerate's ALST / DeepSpeed Ulysses): ranks per sequence-parallel group (consecutive ranks reading
+  /// the same batch, each its contiguous part of the positions; `sequence_parallel_group()`).
+  int sequence_parallel_size = 1;
+  /// `parallelism_config.parallelism_config_cp_size` (Accelerate's context parallelism): ranks per
+  /// context-parallel group (the same group as sequence_parallel_size, positions load-balanced in 2 x cp
+  /// chunks); exclusive with sequence_parallel_size.
+  int context_parallel_size = 1;
   /// `pipeline_config:` section.
   PipelineConfig pipeline;
   /// `fsdp_config:` section.

@@ -33,6 +33,7 @@ enum class Collective {
   Barrier,
   Exchange,
   PointToPoint,  ///< `send_async` / `recv_async` ("send_recv"): payload = bytes sent or received, wire = sent
+  AllToAll,      ///< `all_to_all`: payload = input bytes, wire = the (N-1)/N of them sent to other ranks
   kCount
 };
 
@@ -136,6 +137,12 @@ class Communicator {
   /// (collective).
   virtual std::unique_ptr<CollectiveHandle> reduce_scatter_async(torch::Tensor output,
                                                                  torch::Tensor input) = 0;
+  /// All-to-all with equal blocks (torch.distributed.all_to_all_single without split sizes): `input`'s dim 0,
+  /// a multiple of world_size(), is cut into world_size() equal blocks and block j is sent to rank j; the
+  /// result (the shape of `input`) holds in rank order the block every rank sent to this one. Sequence
+  /// parallelism (DeepSpeed Ulysses) exchanges attention heads for positions with it. UsageError (naming the
+  /// shape and the group size) when dim 0 is not a multiple of world_size(). Collective.
+  virtual torch::Tensor all_to_all(const torch::Tensor& input) = 0;
   /// Blocks until all ranks arrive (collective).
   virtual void barrier() = 0;
   /// Every rank's string, indexed by rank; goes through the store, not the process group (collective).

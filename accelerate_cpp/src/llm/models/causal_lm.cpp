@@ -7,6 +7,7 @@
 #include "accel/errors.hpp"
 #include "accel/nn/activation_checkpoint.hpp"
 #include "accel/nn/quant4bit.hpp"
+#include "llm/models/sequence_parallel_detail.hpp"
 
 namespace accel::llm {
 namespace {
@@ -148,6 +149,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = q * c + rotate_half(q) * s;
   k = k * c + rotate_half(k) * s;
+  if (sequence_.group) {  // sequence / context parallelism: the heads or the keys travel (no cache)
+    const auto out = detail::sequence_parallel_attention(sequence_, q, k, v, mask, num_heads_ / num_kv_heads_,
+                                                         1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    return project(*this, "o_proj", out);
+  }
   if (cache != nullptr) {
     if (cache->keys.size() <= static_cast<std::size_t>(layer_index_)) {
       cache->keys.resize(layer_index_ + 1);
@@ -255,8 +261,10 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
   const auto emb = torch::cat({freqs, freqs}, -1);
   const auto cos = (emb.cos() * rotary_.attention_scaling).to(h.scalar_type());
   const auto sin = (emb.sin() * rotary_.attention_scaling).to(h.scalar_type());
-  auto mask = build_mask(attention_mask, batch, length, past, device);
-  if (!attention_mask.defined() && position_ids.defined() && cache == nullptr) {
+  auto mask = sequence_.group
+                  ? detail::sequence_parallel_mask(sequence_, attention_mask, positions, batch, cache)
+                  : build_mask(attention_mask, batch, length, past, device);
+  if (!sequence_.group && !attention_mask.defined() && position_ids.defined() && cache == nullptr) {
     // No attention across the documents of a packed row: causal and within the same document.
     if (const auto doc = packed_sequence_indices(positions, batch); doc.defined()) {
       const auto causal =

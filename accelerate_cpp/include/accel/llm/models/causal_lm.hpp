@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,7 +33,19 @@
 #include "accel/nn/activation_checkpoint.hpp"
 #include "accel/nn/quant4bit.hpp"
 
+namespace accel {
+class Communicator;
+}  // namespace accel
+
 namespace accel::llm {
+
+namespace detail {
+/// How attention is split over ranks (accel/llm/models/sequence_parallel.hpp); no group: not split.
+struct SequenceParallelism {
+  std::shared_ptr<Communicator> group;  ///< the ranks holding the parts of each sequence
+  bool context = false;                 ///< context parallelism (K/V all-gathered) rather than Ulysses
+};
+}  // namespace detail
 
 /// Keys and values of every layer seen so far, for generation (transformers' DynamicCache). Each forward
 /// with a cache appends the new positions; `attention_mask`, when given, must cover past and new positions.
@@ -78,10 +91,13 @@ class AttentionImpl : public torch::nn::Module {
   /// (causal over T when T > 1); `cache` gets this layer's keys and values appended.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, KVCache* cache);
+  /// Set by enable_sequence_parallel / enable_context_parallel (sequence_parallel.hpp).
+  void set_sequence_parallelism(detail::SequenceParallelism s) { sequence_ = std::move(s); }
 
  private:
   std::int64_t layer_index_, num_heads_, num_kv_heads_, head_dim_;
   bool qk_norm_;
+  detail::SequenceParallelism sequence_;
 };
 TORCH_MODULE(Attention);
 
@@ -127,6 +143,11 @@ class DecoderModelImpl : public torch::nn::Module {
   /// Recompute each block in backward instead of keeping its activations (every layer's
   /// GradientCheckpointingLayer switch; only while training with grad mode on and no cache).
   void gradient_checkpointing_enable(bool enable = true);
+  /// Set by enable_sequence_parallel / enable_context_parallel (sequence_parallel.hpp): input_ids,
+  /// attention_mask and position_ids are then this rank's part of each sequence (shard_sequence).
+  void set_sequence_parallelism(detail::SequenceParallelism s) { sequence_ = std::move(s); }
+  /// The split set by enable_sequence_parallel / enable_context_parallel (no group: none).
+  const detail::SequenceParallelism& sequence_parallelism() const noexcept { return sequence_; }
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};  ///< the blocks (DecoderLayer): units of wrapping and checkpointing
@@ -134,6 +155,7 @@ class DecoderModelImpl : public torch::nn::Module {
 
  private:
   RotaryTables rotary_;
+  detail::SequenceParallelism sequence_;
 };
 TORCH_MODULE(DecoderModel);
 

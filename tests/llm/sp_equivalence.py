@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Issue 52's sequence and context parallelism: examples/llm/finetune on 2 (and 4) CPU ranks through
+accel-launch with parallelism_config_sp_size 2 (DeepSpeed Ulysses) or cp_size 2 (context parallelism) trains
+a tiny Qwen2 made here (by transformers, random weights) on sequences of 1024 tokens with the per-step losses
+and final weights of one process on the whole sequences.
+
+  sp_equivalence.py FINETUNE ACCEL_LAUNCH
+
+Rows (each prints one line; the last "sp equivalence: all equal" only when every check passed):
+  sp2 packed   packed rows of exactly 1024 tokens (packing_strategy wrapped: documents restart their
+               position ids inside a row), 2 ranks sp_size 2 vs one process: losses within 1e-5, model 1e-5.
+  cp2 packed   the same with cp_size 2.
+  sp2 padded   unpacked rows of different lengths (padding, attention mask; the length padded to a multiple
+               of the group), gradient accumulation 2.
+  sp2 x dp2    4 ranks (2 sequence-parallel groups x 2 data-parallel replicas, batch 1 each) vs one process
+               with batch 2.
+  sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank).
+Exit 77 when torch / transformers / tokenizers / safetensors are not importable.
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+except ImportError as e:  # pragma: no cover
+    print(f"sp equivalence: skipped ({e})")
+    sys.exit(77)
+
+FAILED = []
+SEED = 42
+
+
+def check(ok, line):
+    print(("ok    " if ok else "FAIL  ") + line, flush=True)
+    if not ok:
+        FAILED.append(line)
+
+
+def make(out):
+    """A byte-level BPE tokenizer, a tiny Qwen2 (4 heads, 2 kv heads, q/k/v biases) and text documents of
+    ~100-900 tokens."""
+    rng = random.Random(0)
+    words = "the a cat dog sum of plus minus is what number tell me please quickly answer river stone".split()
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(60, 500))) for _ in range(24)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(out)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # larger weights than the 0.02 init, so that training moves the loss visibly
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.1)
+    model.save_pretrained(out)
+    data = os.path.join(out, "text.jsonl")
+    with open(data, "w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    return [len(fast(d)["input_ids"]) for d in docs]
+
+
+def config(tmp, name, backend, ranks, sizes):
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"backend: {backend}\nuse_cpu: true\nnum_processes: {ranks}\nmain_process_port: 0\n"
+                "mixed_precision: 'no'\n" + ("deepspeed_config:\n  zero_stage: 2\n  gradient_clipping: 1.0\n" if backend == "zero" else "")
+                + "parallelism_config:\n" + "".join(f"  parallelism_config_{k}: {v}\n" for k, v in sizes.items()))
+    return path
+
+
+def run(fin, launch, cfg, model_dir, out, batch, accum, extra, kind="sequence"):
+    cmd = [fin, "--model_name_or_path", model_dir, "--dataset", os.path.join(model_dir, "text.jsonl"),
+           "--output_dir", out, "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps",
+           str(accum), "--max_steps", "3", "--learning_rate", "1e-3", "--lr_scheduler_type", "linear",
+           "--warmup_steps", "1", "--weight_decay", "0", "--max_grad_norm", "1.0", "--seed", str(SEED),
+           "--logging_steps", "1", "--save_strategy", "no", "--report_to", "jsonl", "--max_length", "1024",
+           *extra]
+    if launch:
+        cmd = [launch, "launch", "--config_file", cfg, *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if r.returncode != 0:
+        raise RuntimeError(f"finetune failed ({r.returncode}): {r.stdout[-3000:]} {r.stderr[-3000:]}")
+    if launch and f"{kind} parallelism over groups of 2 ranks" not in r.stdout:
+        print(r.stdout[-2000:])
+        raise RuntimeError(f"finetune did not say it split the sequences ({kind} parallelism)")
+    with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
+        losses = [row["train/loss"] for row in map(json.loads, f) if "train/loss" in row]
+    return losses, load_file(os.path.join(out, "model", "model.safetensors"))
+
+
+def compare(name, one, got):
+    (la, ta), (lb, tb) = one, got
+    d = max(abs(a - b) for a, b in zip(la, lb)) if len(la) == len(lb) and la else float("inf")
+    md = max((ta[k] - tb[k]).abs().max().item() for k in ta) if set(ta) == set(tb) else float("inf")
+    check(d <= 1e-5 and md <= 1e-5, f"{name}: {len(lb)} step losses equal one process (max |diff| {d:.2e} "
+          f"<= 1e-5; first {la[0]:.5f}, last {la[-1]:.5f} / {lb[-1]:.5f}), final model within 1e-5 "
+          f"(max |diff| {md:.2e})")
+
+
+def main():
+    fin, launch = sys.argv[1:3]
+    t0 = time.time()
+    tmp = tempfile.mkdtemp(prefix="sp_equivalence_")
+    try:
+        base = os.path.join(tmp, "base")
+        lengths = make(base)
+        print(f"made: tiny Qwen2 (hidden 64, 4 heads, 2 kv heads, 2 layers), {len(lengths)} documents of "
+              f"{min(lengths)}-{max(lengths)} tokens", flush=True)
+        packed = ["--packing", "--packing_strategy", "wrapped"]
+        one = run(fin, None, None, base, os.path.join(tmp, "one_packed"), 2, 1, packed)
+        for name, sizes in [("sp2 packed", {"sp_size": 2, "sp_backend": "deepspeed"}),
+                            ("cp2 packed", {"cp_size": 2})]:
+            cfg = config(tmp, name.split()[0], "ddp", 2, sizes)
+            compare(name + " (2 ranks, rows of 1024 tokens)",
+                    one, run(fin, launch, cfg, base, os.path.join(tmp, name.replace(" ", "_")), 2, 1, packed,
+                             "context" if name.startswith("cp") else "sequence"))
+        cfg = config(tmp, "zero2", "zero", 2, {"sp_size": 2, "sp_backend": "deepspeed"})
+        compare("sp2 zero2 packed (2 ranks, ZeRO-2)", one,
+                run(fin, launch, cfg, base, os.path.join(tmp, "zero2"), 2, 1, packed))
+        cfg = config(tmp, "sp2dp2", "ddp", 4, {"sp_size": 2, "sp_backend": "deepspeed"})
+        compare("sp2 x dp2 packed (4 ranks, batch 1 per replica)", one,
+                run(fin, launch, cfg, base, os.path.join(tmp, "sp2dp2"), 1, 1, packed))
+        one = run(fin, None, None, base, os.path.join(tmp, "one_padded"), 2, 2, [])
+        cfg = config(tmp, "sp2", "ddp", 2, {"sp_size": 2, "sp_backend": "deepspeed"})
+        compare("sp2 padded (2 ranks, rows of different lengths, accumulation 2)", one,
+                run(fin, launch, cfg, base, os.path.join(tmp, "sp2_padded"), 2, 2, []))
+        cfg = config(tmp, "sp4", "ddp", 4, {"sp_size": 4})
+        try:
+            run(fin, launch, cfg, base, os.path.join(tmp, "sp4"), 2, 1, packed)
+            check(False, "sp4: trained, but 2 kv heads do not split over 4 ranks")
+        except RuntimeError as e:
+            want = "num_attention_heads 4 and num_key_value_heads 2 must both be divisible by the sequence-parallel size 4"
+            check(want in str(e), f"sp4 refused: '{want}'")
+        print(f"time {time.time() - t0:.1f} s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if FAILED:
+        print(f"sp equivalence: {len(FAILED)} checks failed")
+        return 1
+    print("sp equivalence: all equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
