@@ -324,15 +324,57 @@ def nearest_absmax_codes(qmodel, base):
     return changed, total
 
 
-def qlora_row(fin, tmp, base, tok, data):
+def qlora_merged_check(base, tok, rows, out):
+    """finetune --save_merged of a QLoRA run: transformers loads out/model as an ordinary model (no missing or
+    unexpected keys, float32 tensors: the dtype the base was loaded in, as transformers' dequantize() gives),
+    each projection equal to bitsandbytes' dequantize_4bit of the same NF4 base (nearest absmax codes) plus
+    our adapter's scale * B @ A, and its logits equal PEFT + bitsandbytes' 4-bit model with our trained adapter
+    (the model the run trained, unmerged)."""
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig
+    merged_dir = os.path.join(out, "model")
+    m, info = AutoModelForCausalLM.from_pretrained(merged_dir, output_loading_info=True)
+    bad_keys = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
+    tensors = our_model_tensors(merged_dir)
+    dtypes = sorted({str(t.dtype) for t in tensors.values()})
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.float32)
+    qmodel = AutoModelForCausalLM.from_pretrained(base, quantization_config=q, device_map="cpu", dtype=torch.float32)
+    nearest_absmax_codes(qmodel, base)
+    adapter = load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
+    scale = LORA["lora_alpha"] / LORA["r"]
+    wd = 0.0
+    for name, mod in qmodel.named_modules():
+        if not isinstance(mod, bnb.nn.Linear4bit):
+            continue
+        w = bnb.functional.dequantize_4bit(mod.weight.data, mod.weight.quant_state).float()
+        a = adapter.get(f"base_model.model.{name}.lora_A.weight")
+        if a is not None:
+            w = w + scale * (adapter[f"base_model.model.{name}.lora_B.weight"] @ a)
+        got = tensors.get(name + ".weight")
+        wd = max(wd, float("inf") if got is None else (got.float() - w).abs().max().item())
+    peft = PeftModel.from_pretrained(qmodel, os.path.join(out, "adapter"))
+    # Train mode (dropout 0): in eval mode bitsandbytes 0.50's CPU Linear4bit repacks the weight for its
+    # AVX512-BF16 kernel, which moves these logits by ~5e-2 from its own dequantize_4bit's.
+    peft.train()
+    ld = (logits_of(peft, tok, rows) - logits_of(m, tok, rows)).abs().max().item()
+    check(not bad_keys and dtypes == ["torch.float32"] and wd <= 1e-6 and ld <= 1e-4,
+          f"qlora --save_merged: transformers loads an ordinary model ({len(tensors)} tensors, dtypes {dtypes}, "
+          f"missing/unexpected keys {bad_keys[:4]}), projections = dequantize_4bit(NF4) + scale B A (max |diff| "
+          f"{wd:.2e} <= 1e-6), logits equal PEFT + bitsandbytes' 4-bit model with our adapter (max |diff| "
+          f"{ld:.2e} <= 1e-4)")
+
+
+def qlora_row(fin, tmp, base, tok, data, rows):
     """QLoRA: NF4 (nested) base + LoRA against transformers' load_in_4bit + PEFT on bitsandbytes' CPU
     Linear4bit, with each library's own absmax codes and with the same (nearest) codes."""
     from transformers import BitsAndBytesConfig
     init = os.path.join(tmp, "adapter_init")
     out = os.path.join(tmp, "our_qlora")
     ours(fin, None, None, base, data, out, 4, 1, 8, 1e-2,
-         ["--model_config", model_config(tmp, "qlora"), "--adapter_init", init])
+         ["--model_config", model_config(tmp, "qlora"), "--adapter_init", init, "--save_merged"])
     got = our_losses(out)
+    qlora_merged_check(base, tok, rows, out)
     mine = load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
     print("  qlora losses, ours:                 ", " ".join(f"{v:.6f}" for v in got))
     for same in (False, True):
@@ -377,7 +419,7 @@ def main():
         check(md <= 1e-4, f"lora: our load_adapter of PEFT's trained adapter, merged and saved, gives PEFT's "
               f"logits in transformers (max |diff| {md:.2e} <= 1e-4)")
         full = full_row(fin, tmp, base, tok, data)
-        qlora_row(fin, tmp, base, tok, data)
+        qlora_row(fin, tmp, base, tok, data, rows)
         rank_rows(fin, launch, templates, tmp, base, data, lora, full)
         print(f"time {time.time() - t0:.1f} s")
     finally:
