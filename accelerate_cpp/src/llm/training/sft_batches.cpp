@@ -1,5 +1,6 @@
 // SFT batches as tensors and the loss on them (sft_batches.hpp).
 #include <accel/errors.hpp>
+#include <accel/llm/training/fused_linear_cross_entropy.hpp>
 #include <accel/llm/training/sft_batches.hpp>
 
 #include <torch/torch.h>
@@ -68,9 +69,35 @@ std::int64_t sft_label_count(const SftTensors& batch) {
   return labels.slice(1, 1).ne(-100).sum().item<std::int64_t>();
 }
 
+torch::Tensor plain_head_weight(CausalLMImpl& model) {
+  auto plain = [](const std::shared_ptr<torch::nn::Module>& m) {
+    return m != nullptr && m->children().empty();  // no lora_A / lora_B (nor anything else) inside
+  };
+  if (model.config().tie_word_embeddings) {
+    const auto children = model.model->named_children();
+    if (!children.contains("embed_tokens") || !plain(children["embed_tokens"])) return {};
+    auto* embedding = children["embed_tokens"]->as<torch::nn::EmbeddingImpl>();
+    return embedding != nullptr ? embedding->weight : torch::Tensor();
+  }
+  const auto children = model.named_children();
+  if (!children.contains("lm_head") || !plain(children["lm_head"])) return {};
+  auto* linear = children["lm_head"]->as<torch::nn::LinearImpl>();  // not Linear4bit, not tensor-parallel
+  if (linear == nullptr || (linear->bias.defined() && linear->bias.numel() > 0)) return {};
+  return linear->weight;
+}
+
 torch::Tensor sft_loss(CausalLMImpl& model, const SftTensors& batch,
-                       std::optional<std::int64_t> num_items_in_batch) {
-  return causal_lm_loss(sft_logits(model, batch), field(batch, kLabels), num_items_in_batch);
+                       std::optional<std::int64_t> num_items_in_batch, const SftLossOptions& options) {
+  const auto labels = field(batch, kLabels);
+  if (options.fused_) {
+    if (const auto weight = plain_head_weight(model); weight.defined()) {
+      const auto hidden = model.model->forward(field(batch, kInputIds), field(batch, kAttentionMask),
+                                               field(batch, kPositionIds));
+      return fused_linear_cross_entropy(hidden, weight, labels.to(hidden.device()), num_items_in_batch,
+                                        FusedCrossEntropyOptions().chunk_tokens(options.chunk_tokens_));
+    }
+  }
+  return causal_lm_loss(sft_logits(model, batch), labels, num_items_in_batch);
 }
 
 }  // namespace accel::llm

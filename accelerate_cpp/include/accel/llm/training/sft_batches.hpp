@@ -61,10 +61,35 @@ torch::Tensor sft_logits(CausalLMImpl& model, const SftTensors& batch);
 /// Trainer's num_items_in_batch count over `labels[..., 1:]`).
 std::int64_t sft_label_count(const SftTensors& batch);
 
+/// How sft_loss computes the loss. Example: `SftLossOptions().fused_linear_cross_entropy(false)`.
+struct SftLossOptions {
+  /// true (the default): the loss from the final hidden states and the head's weight, chunk by chunk
+  /// (fused_linear_cross_entropy.hpp): the [B, T, vocab] float32 logits and their gradient never exist
+  /// whole, and ignored tokens get no logits. Used when the head is a plain weight (the tied embedding, or an
+  /// lm_head Linear without bias or adapters); a head LoRA adapts, quantised or split over ranks takes the
+  /// model's logits, as false does. Equal to false within float arithmetic.
+  SftLossOptions& fused_linear_cross_entropy(bool value) {
+    fused_ = value;
+    return *this;
+  }
+  /// Tokens per chunk of the fused loss (0: automatic, see FusedCrossEntropyOptions::chunk_tokens).
+  SftLossOptions& chunk_tokens(std::int64_t value) {
+    chunk_tokens_ = value;
+    return *this;
+  }
+  bool fused_ = true;
+  std::int64_t chunk_tokens_ = 0;
+};
+
 /// The causal-LM loss of `model` on a batch (transformers' ForCausalLMLoss): the mean over the batch's
 /// counted labels, or with `num_items_in_batch` their sum divided by it (Trainer::set_num_items passes the
 /// count of the whole accumulation window over every rank, as Hugging Face's Trainer does).
 torch::Tensor sft_loss(CausalLMImpl& model, const SftTensors& batch,
-                       std::optional<std::int64_t> num_items_in_batch = std::nullopt);
+                       std::optional<std::int64_t> num_items_in_batch = std::nullopt,
+                       const SftLossOptions& options = {});
+
+/// The output head's weight when the head is a plain weight that fused_linear_cross_entropy can use in its
+/// place (see SftLossOptions::fused_linear_cross_entropy), else an undefined tensor.
+torch::Tensor plain_head_weight(CausalLMImpl& model);
 
 }  // namespace accel::llm

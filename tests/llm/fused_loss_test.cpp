@@ -1,0 +1,375 @@
+// accel::llm::fused_linear_cross_entropy and sft_loss's fused path against the unfused computation
+// (torch::linear + causal_lm_loss): loss and every gradient, ignore tokens, packing, tied and untied heads,
+// bf16, a LoRA head falling back; peak CPU bytes against the unfused loss; and, with ACCEL_LLM_FUSED_REF_DIR
+// (fused_loss_reference.py), transformers' loss and gradients.
+#include <torch/torch.h>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/errors.hpp>
+#include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/training/fused_linear_cross_entropy.hpp>
+#include <accel/llm/training/sft_batches.hpp>
+#include <accel/monitor/memory.hpp>
+#include <accel/nn/lora.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace llm = accel::llm;
+using Catch::Matchers::Contains;
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>();
+}
+
+// Largest difference relative to the reference's largest magnitude.
+double rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = want.to(torch::kFloat32).abs().max().item<double>();
+  return max_diff(got, want) / (scale > 0 ? scale : 1.0);
+}
+
+llm::ModelConfig tiny(bool tied, std::int64_t vocab = 97) {
+  return llm::ModelConfig::from_json(
+      R"({"model_type": "qwen2", "vocab_size": )" + std::to_string(vocab) +
+          R"(, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+          "tie_word_embeddings": )" +
+          (tied ? "true" : "false") + "}",
+      "tiny.json");
+}
+
+llm::CausalLM random_model(const llm::ModelConfig& config, std::uint64_t seed = 5) {
+  torch::manual_seed(static_cast<std::int64_t>(seed));
+  llm::CausalLM model(config);
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters())
+    p.normal_(0.0, 0.3);
+  return model;
+}
+
+// Labels with ignored tokens: row 0's first 3 (a prompt), row 1's tail (padding).
+torch::Tensor labels_for(const torch::Tensor& ids) {
+  auto labels = ids.clone();
+  labels.index_put_({0, torch::indexing::Slice(0, 3)}, -100);
+  labels.index_put_({1, torch::indexing::Slice(ids.size(1) - 6, torch::indexing::None)}, -100);
+  return labels;
+}
+
+struct Grads {
+  torch::Tensor loss;
+  std::map<std::string, torch::Tensor> grads;
+};
+
+Grads run(llm::CausalLM& model, const llm::SftTensors& batch, std::optional<std::int64_t> items, bool fused,
+          std::int64_t chunk = 0) {
+  model->zero_grad();
+  auto loss = llm::sft_loss(*model, batch, items,
+                            llm::SftLossOptions().fused_linear_cross_entropy(fused).chunk_tokens(chunk));
+  loss.backward();
+  Grads g{loss.detach(), {}};
+  for (const auto& p : model->named_parameters())
+    if (p.value().grad().defined()) g.grads[p.key()] = p.value().grad().clone();
+  return g;
+}
+
+void require_equal(const Grads& fused, const Grads& plain, double loss_tol, double grad_tol) {
+  INFO("loss fused " << fused.loss.item<double>() << " unfused " << plain.loss.item<double>());
+  CHECK(std::abs(fused.loss.item<double>() - plain.loss.item<double>()) <= loss_tol);
+  REQUIRE(fused.grads.size() == plain.grads.size());
+  for (const auto& [name, g] : plain.grads) {
+    INFO("gradient of " << name);
+    REQUIRE(fused.grads.count(name) == 1);
+    CHECK(rel_diff(fused.grads.at(name), g) <= grad_tol);
+  }
+}
+
+std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const accel::UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("fused_linear_cross_entropy equals linear + causal_lm_loss: loss, hidden and weight gradients",
+          "[llm][fused]") {
+  torch::manual_seed(1);
+  const auto hidden = torch::randn({2, 9, 16}, torch::requires_grad());
+  const auto weight = torch::randn({50, 16}, torch::requires_grad());
+  auto labels = torch::randint(0, 50, {2, 9}, torch::kInt64);
+  labels.index_put_({0, torch::indexing::Slice(0, 4)}, -100);
+  labels.index_put_({1, 7}, -100);
+  for (const std::optional<std::int64_t> items :
+       {std::optional<std::int64_t>(), std::optional<std::int64_t>(23)}) {
+    auto ref = llm::causal_lm_loss(torch::linear(hidden, weight), labels, items);
+    const auto ref_grads = torch::autograd::grad({ref}, {hidden, weight});
+    for (const std::int64_t chunk : {0, 1, 3, 5, 1000}) {
+      INFO("num_items " << (items ? *items : -1) << ", chunk " << chunk);
+      auto loss = llm::fused_linear_cross_entropy(hidden, weight, labels, items,
+                                                  llm::FusedCrossEntropyOptions().chunk_tokens(chunk));
+      CHECK(loss.scalar_type() == torch::kFloat32);
+      // float32 sums in another order: a few units in the last place of a loss near 10.
+      CHECK(std::abs(loss.item<double>() - ref.item<double>()) <=
+            1e-6 * std::max(1.0, std::abs(ref.item<double>())));
+      const auto grads = torch::autograd::grad({loss * 3.0}, {hidden, weight});  // a grad_output other than 1
+      CHECK(max_diff(grads[0], ref_grads[0] * 3.0) <= 1e-6);
+      CHECK(max_diff(grads[1], ref_grads[1] * 3.0) <= 1e-6);
+    }
+  }
+  SECTION("no grad: the loss alone, as the unfused one") {
+    torch::NoGradGuard no_grad;
+    const auto loss = llm::fused_linear_cross_entropy(hidden, weight, labels);
+    CHECK(!loss.requires_grad());
+    CHECK(std::abs(loss.item<double>() -
+                   llm::causal_lm_loss(torch::linear(hidden, weight), labels).item<double>()) <= 1e-6);
+  }
+  SECTION("every label ignored: NaN (mean) or 0 (sum), as cross_entropy") {
+    const auto none = torch::full({2, 9}, -100, torch::kInt64);
+    CHECK(std::isnan(llm::fused_linear_cross_entropy(hidden, weight, none).item<double>()));
+    CHECK(std::isnan(llm::causal_lm_loss(torch::linear(hidden, weight), none).item<double>()));
+    CHECK(llm::fused_linear_cross_entropy(hidden, weight, none, 4).item<double>() == 0.0);
+  }
+}
+
+TEST_CASE("fused_linear_cross_entropy in bf16: logits in bf16 upcast to float32, as transformers",
+          "[llm][fused]") {
+  torch::manual_seed(2);
+  const auto hidden = torch::randn({2, 12, 32}).to(torch::kBFloat16).requires_grad_();
+  const auto weight = (torch::randn({64, 32}) * 0.3).to(torch::kBFloat16).requires_grad_();
+  auto labels = torch::randint(0, 64, {2, 12}, torch::kInt64);
+  labels.index_put_({1, torch::indexing::Slice(0, 5)}, -100);
+  auto ref = llm::causal_lm_loss(torch::linear(hidden, weight), labels);
+  const auto ref_grads = torch::autograd::grad({ref}, {hidden, weight});
+  auto loss = llm::fused_linear_cross_entropy(hidden, weight, labels, std::nullopt,
+                                              llm::FusedCrossEntropyOptions().chunk_tokens(4));
+  const auto grads = torch::autograd::grad({loss}, {hidden, weight});
+  CHECK(loss.scalar_type() == torch::kFloat32);
+  CHECK(grads[0].scalar_type() == torch::kBFloat16);
+  CHECK(grads[1].scalar_type() == torch::kBFloat16);
+  CHECK(std::abs(loss.item<double>() - ref.item<double>()) <= 1e-5);
+  CHECK(rel_diff(grads[0], ref_grads[0]) <= 1e-2);  // bf16 rounding of the products
+  CHECK(rel_diff(grads[1], ref_grads[1]) <= 1e-2);
+}
+
+TEST_CASE(
+    "sft_loss fused equals unfused on a model: every parameter's gradient, tied and untied, padded and "
+    "packed",
+    "[llm][fused]") {
+  for (const bool tied : {true, false}) {
+    auto model = random_model(tiny(tied));
+    model->train();
+    const auto ids = torch::randint(1, 97, {2, 20}, torch::kInt64);
+    auto mask = torch::ones({2, 20}, torch::kInt64);
+    mask.index_put_({1, torch::indexing::Slice(14, torch::indexing::None)}, 0);
+    const llm::SftTensors padded{ids, labels_for(ids), mask, torch::empty({0}, torch::kInt64)};
+    // Padding-free: two documents per row, positions restarting at 0, -100 at each document's first label.
+    const auto pos =
+        torch::cat({torch::arange(8), torch::arange(12)}).unsqueeze(0).expand({2, 20}).contiguous();
+    auto packed_labels = ids.clone();
+    packed_labels.index_put_({torch::indexing::Slice(), 0}, -100);
+    packed_labels.index_put_({torch::indexing::Slice(), 8}, -100);
+    const llm::SftTensors packed{ids, packed_labels, torch::empty({0}, torch::kInt64), pos};
+    for (const auto* batch : {&padded, &packed}) {
+      for (const std::optional<std::int64_t> items :
+           {std::optional<std::int64_t>(), std::optional<std::int64_t>(50)}) {
+        INFO((tied ? "tied" : "untied")
+             << (batch == &padded ? ", padded" : ", packed") << (items ? ", num_items 50" : ", mean"));
+        const auto plain = run(model, *batch, items, false);
+        CHECK(plain.grads.size() == model->parameters().size());
+        require_equal(run(model, *batch, items, true, 7), plain, 1e-6, 1e-5);
+        require_equal(run(model, *batch, items, true, 0), plain, 1e-6, 1e-5);
+      }
+    }
+    CHECK(llm::plain_head_weight(*model).is_same(model->output_weight()));
+  }
+}
+
+TEST_CASE(
+    "sft_loss with LoRA: adapters off the head use the fused loss, a LoRA head falls back to the logits",
+    "[llm][fused]") {
+  for (const std::string target : {"q_proj", "lm_head"}) {
+    INFO("LoRA on " << target);
+    auto model = random_model(tiny(false));
+    accel::peft::LoraConfig c;
+    c.r = 4;
+    c.lora_alpha = 8;
+    c.target_modules = {target, "v_proj"};
+    auto lora = accel::peft::get_peft_model(model, c);
+    {
+      torch::NoGradGuard no_grad;  // B non-zero, so that the adapters change the loss
+      for (auto& p : model->named_parameters())
+        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.2);
+    }
+    model->train();
+    CHECK(llm::plain_head_weight(*model).defined() == (target != "lm_head"));
+    const auto ids = torch::randint(1, 97, {2, 16}, torch::kInt64);
+    const llm::SftTensors batch{ids, labels_for(ids), torch::ones({2, 16}, torch::kInt64),
+                                torch::empty({0}, torch::kInt64)};
+    const auto plain = run(model, batch, std::nullopt, false);
+    // A and B of v_proj and q_proj in each of 2 layers, or of v_proj's 2 and the head.
+    CHECK(plain.grads.size() == (target == "lm_head" ? 6u : 8u));
+    require_equal(run(model, batch, std::nullopt, true, 5), plain, 1e-6, 1e-5);
+  }
+}
+
+TEST_CASE("fused_linear_cross_entropy refuses bad input, naming the value and the fix", "[llm][fused]") {
+  const auto hidden = torch::randn({1, 4, 8}, torch::requires_grad());
+  const auto weight = torch::randn({10, 8});
+  CHECK_THAT(usage_error([&] {
+               llm::fused_linear_cross_entropy(hidden, weight, torch::tensor({{1, 2, 10, 3}}));
+             }),
+             Contains("label 10 is outside the vocabulary [0, 10)"));
+  CHECK_THAT(usage_error([&] {
+               llm::fused_linear_cross_entropy(hidden, weight.to(torch::kBFloat16),
+                                               torch::ones({1, 4}, torch::kInt64));
+             }),
+             Contains("one floating dtype"));
+  CHECK_THAT(usage_error([&] {
+               llm::fused_linear_cross_entropy(hidden, weight, torch::ones({1, 5}, torch::kInt64));
+             }),
+             Contains("shapes do not agree"));
+  CHECK_THAT(usage_error([&] {
+               llm::fused_linear_cross_entropy(hidden, weight, torch::ones({1, 4}, torch::kInt64),
+                                               std::nullopt,
+                                               llm::FusedCrossEntropyOptions().chunk_tokens(-1));
+             }),
+             Contains("chunk_tokens must be 0 (automatic) or positive, got -1"));
+  auto loss = llm::fused_linear_cross_entropy(hidden, weight, torch::ones({1, 4}, torch::kInt64));
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK_THAT(usage_error([&] { loss.backward(); }), Contains("a second time (retain_graph)"));
+}
+
+namespace {
+
+// Peak CPU bytes above what is allocated before, of one forward + backward through sft_loss; `seconds` gets
+// its wall time.
+std::uint64_t peak_bytes(llm::CausalLM& model, const llm::SftTensors& batch, bool fused, double* seconds) {
+  model->zero_grad(/*set_to_none=*/true);
+  const auto before = accel::CpuMemoryCounter::current();
+  accel::CpuMemoryCounter::reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  llm::sft_loss(*model, batch, std::nullopt, llm::SftLossOptions().fused_linear_cross_entropy(fused))
+      .backward();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto peak = accel::CpuMemoryCounter::peak() - before;
+  model->zero_grad(/*set_to_none=*/true);
+  return peak;
+}
+
+void measure(std::int64_t vocab, std::int64_t hidden, std::int64_t layers, std::int64_t batch,
+             std::int64_t length, bool tied, double* ratio) {
+  accel::CpuMemoryCounter::install();
+  const auto config = llm::ModelConfig::from_json(
+      R"({"model_type": "qwen2", "vocab_size": )" + std::to_string(vocab) + R"(, "hidden_size": )" +
+          std::to_string(hidden) + R"(, "intermediate_size": )" + std::to_string(hidden * 2) +
+          R"(, "num_hidden_layers": )" + std::to_string(layers) +
+          R"(, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+          "tie_word_embeddings": )" +
+          (tied ? "true" : "false") + "}",
+      "memory.json");
+  auto model = random_model(config);
+  model->train();
+  const auto ids = torch::randint(0, vocab, {batch, length}, torch::kInt64);
+  const llm::SftTensors b{ids, ids, torch::ones({batch, length}, torch::kInt64),
+                          torch::empty({0}, torch::kInt64)};
+  double t_unfused = 0, t_fused = 0;
+  const auto unfused = peak_bytes(model, b, false, &t_unfused);
+  const auto fused = peak_bytes(model, b, true, &t_fused);
+  const double mib = 1024.0 * 1024.0;
+  std::cout << "fused loss memory: vocab " << vocab << ", hidden " << hidden << ", " << layers << " layers, "
+            << (tied ? "tied" : "untied") << ", batch " << batch << " x " << length << " tokens: peak "
+            << static_cast<double>(unfused) / mib << " MiB unfused, " << static_cast<double>(fused) / mib
+            << " MiB fused (" << static_cast<double>(fused) / static_cast<double>(unfused)
+            << "x); logits alone " << static_cast<double>(batch * length * vocab * 4) / mib
+            << " MiB; forward + backward " << t_unfused << " s unfused, " << t_fused << " s fused"
+            << std::endl;
+  *ratio = static_cast<double>(fused) / static_cast<double>(unfused);
+}
+
+}  // namespace
+
+TEST_CASE("The fused loss needs a fraction of the unfused loss's peak memory on a large vocabulary",
+          "[llm][fused][memory]") {
+  // 32,768 tokens of vocabulary, 2 x 256 tokens: the logits are 64 MiB, their log-softmax and gradient as
+  // much.
+  double ratio = 1.0;
+  measure(32768, 64, 1, 2, 256, /*tied=*/true, &ratio);
+  CHECK(ratio <= 0.5);
+}
+
+TEST_CASE("Peak memory of one training step, Qwen2.5-0.5B's head (ACCEL_FUSED_MEMORY_LAYERS, _LENGTH)",
+          "[.qwen_memory]") {
+  // Qwen2.5-0.5B's vocabulary and width (151,936 x 896, tied), its 24 layers or fewer.
+  const char* layers = std::getenv("ACCEL_FUSED_MEMORY_LAYERS");
+  const char* length = std::getenv("ACCEL_FUSED_MEMORY_LENGTH");
+  double ratio = 1.0;
+  measure(151936, 896, layers ? std::atoll(layers) : 2, 1, length ? std::atoll(length) : 2048, true, &ratio);
+  CHECK(ratio < 1.0);
+}
+
+namespace {
+
+std::map<std::string, torch::Tensor> load_tensors(const std::string& path) {
+  const auto file = accel::safetensors::File::open(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : file.names()) {
+    const auto& info = file.info(name);
+    const auto dtype = info.dtype == accel::safetensors::DType::I64 ? torch::kInt64 : torch::kFloat32;
+    out[name] = torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, dtype).clone();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("The fused loss and its gradients equal transformers' (ACCEL_LLM_FUSED_REF_DIR)", "[.hf]") {
+  const char* env = std::getenv("ACCEL_LLM_FUSED_REF_DIR");
+  REQUIRE(env != nullptr);
+  const fs::path root(env);
+  std::ifstream list(root / "cases.txt");
+  std::string name;
+  int cases = 0;
+  double worst_loss = 0, worst_grad = 0;
+  while (list >> name) {
+    INFO("case " << name);
+    const auto ref = load_tensors((root / name / "reference.safetensors").string());
+    const bool bf16 = name.find("bf16") != std::string::npos;
+    auto model = llm::from_pretrained((root / name / "model").string(),
+                                      llm::LoadOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+    model->train();
+    const auto empty = torch::empty({0}, torch::kInt64);
+    const llm::SftTensors batch{ref.at("input_ids"), ref.at("labels"),
+                                ref.count("attention_mask") ? ref.at("attention_mask") : empty,
+                                ref.count("position_ids") ? ref.at("position_ids") : empty};
+    std::optional<std::int64_t> items;
+    if (ref.count("num_items_in_batch")) items = ref.at("num_items_in_batch").item<std::int64_t>();
+    const auto got = run(model, batch, items, true, 5);
+    const double dl = std::abs(got.loss.item<double>() - ref.at("loss").item<double>());
+    worst_loss = std::max(worst_loss, dl);
+    CHECK(dl <= (bf16 ? 2e-2 : 1e-5));
+    for (const auto& [key, value] : ref) {
+      if (key.rfind("grad.", 0) != 0) continue;
+      INFO("gradient of " << key.substr(5));
+      REQUIRE(got.grads.count(key.substr(5)) == 1);
+      const double d = rel_diff(got.grads.at(key.substr(5)), value);
+      if (!bf16) worst_grad = std::max(worst_grad, d);
+      CHECK(d <= (bf16 ? 5e-2 : 1e-4));
+    }
+    ++cases;
+  }
+  CHECK(cases >= 4);
+  std::cout << "hf: " << cases << " cases: fused loss equals transformers' (max |diff| fp32/bf16 "
+            << worst_loss << "), every gradient (fp32, max relative diff " << worst_grad << ")" << std::endl;
+}
