@@ -66,7 +66,8 @@ const std::set<std::string>& mapped_top_keys() {
                                               "fp16",
                                               "bf16",
                                               "zero_optimization",
-                                              "torch_autocast"};
+                                              "torch_autocast",
+                                              "tensor_parallel"};
   return kKeys;
 }
 std::size_t line_of_key(const std::string& text, const std::string& key) {
@@ -810,7 +811,11 @@ void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
   };
   refuse_zero("train_batch_size", total, "of one optimizer step over all ranks");
   refuse_zero("train_micro_batch_size_per_gpu", micro, "per rank and micro-step");
-  const auto world = static_cast<std::uint64_t>(c.num_processes);
+  // The ranks of a tensor-parallel group (AutoTP) read the same batches: DeepSpeed's world here is the
+  // data-parallel size.
+  const int tp = std::max(1, c.tensor_parallel_size);
+  const auto world =
+      static_cast<std::uint64_t>(c.num_processes % tp == 0 ? c.num_processes / tp : c.num_processes);
   const auto steps = static_cast<std::uint64_t>(c.gradient_accumulation_steps);
   // micro x steps x world, refused where it does not fit 64 bits (it would wrap and compare wrongly).
   std::uint64_t product = 0;
@@ -1041,10 +1046,6 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   refused("gradient_allreduce_op", AsksNothingWhen::Value, "mean",
           "\"sum\" keeps the sum of the ranks' gradients instead of their mean (DeepSpeed after 0.19.5)",
           "remove it (or set \"mean\"): gradients are averaged over the ranks here");
-  refused("tensor_parallel", AsksNothingWhen::SizesAtMostOne, "",
-          "DeepSpeed's AutoTP training splits each layer's matrices over autotp_size ranks",
-          "remove it: tensor parallelism is parallelism_config_tp_size in the YAML (or "
-          "AcceleratorOptions().tensor_parallel_size(n)) with accel::tp layers");
   refused("amp", AsksNothingWhen::Disabled, "", "NVIDIA Apex AMP mixed precision (opt_level, ...)",
           "remove it and set mixed_precision: fp16 or bf16 in the YAML");
   refused("elasticity", AsksNothingWhen::Disabled, "",
@@ -1121,6 +1122,53 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   return rows;
 }
 
+// DeepSpeed AutoTP training (`tensor_parallel: {autotp_size: N}`, deepspeed/runtime/tensor_parallel/config.py
+// TPTrainingConfig; 0 or 1 is off): the tensor-parallel size, as parallelism_config_tp_size (the program
+// splits its model over accelerator.tensor_parallel_group(): examples/llm/finetune does for the accel::llm
+// family, as DeepSpeed's tp_model_init does for transformers' models). Keys that only tune DeepSpeed's own
+// kernels are listed as having no effect; a custom partition plan is refused.
+void apply_autotp(const JsonFile& f, const Json& root, Config& c) {
+  if (!root.contains("tensor_parallel")) return;
+  const Json& block = root.at("tensor_parallel");
+  if (block.is_null()) return;
+  if (!block.is_object()) f.fail("tensor_parallel", "tensor_parallel", "tensor_parallel: expected an object");
+  std::vector<std::string> no_effect;
+  for (const auto& [key, v] : block.items()) {
+    const std::string p = "tensor_parallel." + key;
+    if (key == "autotp_size") {
+      const auto n = count_or_auto(f, v, p, key);
+      if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+        f.fail(p, key, fmt::format("{}: expected a number of ranks, got {}", p, v.dump()));
+      c.tensor_parallel_size = std::max(1, static_cast<int>(*n));
+      c.origins["tensor_parallel_size"] = fmt::format("{} (tensor_parallel.autotp_size)", f.path());
+    } else if (key == "tp_overlap_comm" || key == "keep_module_on_host" || key == "tp_grain_size" ||
+               key == "dtype" || key == "preset_model") {
+      no_effect.push_back(key);
+    } else {
+      f.fail(p, key,
+             fmt::format("{} is not supported by accelerate-cpp: its AutoTP splits the accel::llm models' "
+                         "projections by one fixed plan (q/k/v/gate/up by output rows, o/down by input "
+                         "columns; embedding, norms and lm_head whole); remove it",
+                         p));
+    }
+  }
+  if (!no_effect.empty()) {
+    c.notices.push_back(fmt::format("{}: tensor_parallel settings with no effect in accelerate-cpp: {}",
+                                    f.path(), join(no_effect)));
+  }
+}
+
+// AutoTP composes with ZeRO stages 0-2 over the data-parallel replicas, as in DeepSpeed (whose AutoTP
+// training refuses stage 3 too).
+void check_autotp_stage(const JsonFile& f, const Config& c) {
+  if (c.tensor_parallel_size <= 1 || c.zero.stage != 3) return;
+  f.fail("tensor_parallel.autotp_size", "autotp_size",
+         fmt::format("tensor_parallel.autotp_size {} with zero_optimization.stage 3: AutoTP trains with ZeRO "
+                     "stages 0, 1 and 2 (DeepSpeed's AutoTP training does not support stage 3 either); set "
+                     "stage 2, or remove tensor_parallel",
+                     c.tensor_parallel_size));
+}
+
 void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& context, Config& c) {
   const JsonFile f(path, read_text(path, context));
   const Json root = parse(path, f.text());
@@ -1129,9 +1177,11 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   apply_mixed_precision(f, root, context, c);
   apply_torch_autocast(f, root, context, c);
   apply_gradient_accumulation(f, root, context, c);
+  apply_autotp(f, root, c);
   check_batch_sizes(f, root, c);
   apply_gradient_clipping(f, root, c);
   apply_zero_optimization(f, root, c);
+  check_autotp_stage(f, c);
   read_loss_scaler(f, root, c);  // into the zero settings apply_zero_optimization made
 }
 

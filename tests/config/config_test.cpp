@@ -1345,9 +1345,21 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
   CHECK_THAT(json_error("{\"gradient_allreduce_op\": \"sum\"}"),
              Catch::Contains("gradient_allreduce_op is not supported by accelerate-cpp: "));
   CHECK_NOTHROW(json_load("{\"gradient_allreduce_op\": \"mean\"}"));
-  CHECK_THAT(json_error("{\"tensor_parallel\": {\"autotp_size\": 2}}"),
-             Catch::Contains("tensor_parallel is not supported by accelerate-cpp: "));
-  CHECK_NOTHROW(json_load("{\"tensor_parallel\": {\"autotp_size\": 1}}"));
+  // DeepSpeed AutoTP: autotp_size is the tensor-parallel size (0 and 1: off), with ZeRO stages 0-2; a custom
+  // partition plan and stage 3 are refused; parallelism_config_tp_size in the YAML must agree.
+  CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 2}}").tensor_parallel_size == 2);
+  CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 0}}").tensor_parallel_size == 1);
+  CHECK_THAT(
+      json_error("{\"zero_optimization\": {\"stage\": 3},\n \"tensor_parallel\": {\"autotp_size\": 2}}"),
+      Catch::Contains("ds.json:2: tensor_parallel.autotp_size 2 with zero_optimization.stage 3"));
+  CHECK_THAT(json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"partition_config\": {}}}"),
+             Catch::Contains("tensor_parallel.partition_config is not supported by accelerate-cpp"));
+  CHECK_THAT(
+      std::string(load_error(files.yaml(files.write("ds.json", "{\"tensor_parallel\": {\"autotp_size\": 2}}"),
+                                        "parallelism_config:\n  parallelism_config_tp_size: 4\n", "", 4))
+                      .what()),
+      Catch::Contains("parallelism_config.parallelism_config_tp_size: 4 disagrees with") &&
+          Catch::Contains("(tensor_parallel.autotp_size): 2"));
   CHECK_THAT(json_error("{\"amp\": {\"enabled\": true, \"opt_level\": \"O1\"}}"),
              Catch::Contains("amp is not supported by accelerate-cpp: "));
   // Real keys of newer DeepSpeed releases that change nothing here are accepted (listed as no effect).

@@ -94,6 +94,13 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
   }
   c.sequence_parallel_size = static_cast<int>(sp.value);
   c.context_parallel_size = static_cast<int>(cp.value);
+  // A DeepSpeed JSON's tensor_parallel.autotp_size (read before) and tp_size here must agree.
+  if (const auto json = c.origins.find("tensor_parallel_size"); json != c.origins.end()) {
+    if (tp.entry == nullptr) tp.value = c.tensor_parallel_size;
+    if (tp.value != c.tensor_parallel_size)
+      refuse(tp, fmt::format("disagrees with {}: {}; make them equal or remove one", json->second,
+                             c.tensor_parallel_size));
+  }
   c.tensor_parallel_size = static_cast<int>(tp.value);
   const std::int64_t data = replicate.value * shard.value;
   // Accelerate then replicates over every process: what the file says without it.

@@ -7,6 +7,7 @@
 #include "accel/errors.hpp"
 #include "accel/nn/activation_checkpoint.hpp"
 #include "accel/nn/quant4bit.hpp"
+#include "accel/parallel/tensor_parallel.hpp"
 #include "llm/models/sequence_parallel_detail.hpp"
 
 namespace accel::llm {
@@ -32,9 +33,13 @@ torch::Tensor project(const torch::nn::Module& parent, const char* name, const t
   if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child->get()))
     return torch::linear(x, linear->weight, linear->bias);
   if (auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get())) return q->forward(x);
+  // Tensor parallelism (apply_tensor_parallel): this rank's slice of the heads / MLP features.
+  if (auto* c = dynamic_cast<tp::ColumnParallelLinearImpl*>(child->get())) return c->forward(x);
+  if (auto* r = dynamic_cast<tp::RowParallelLinearImpl*>(child->get())) return r->forward(x);
   throw UsageError("accel::llm: '" + std::string(name) + "' of '" + parent.name() + "' is a " +
                    (*child)->name() +
-                   "; the model's projections must be torch::nn::Linear or quant::Linear4bit");
+                   "; the model's projections must be torch::nn::Linear, quant::Linear4bit or "
+                   "tp::ColumnParallelLinear / RowParallelLinear");
 }
 
 torch::Tensor rotate_half(const torch::Tensor& x) {

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""AutoTP (issues 50 and 52): examples/llm/finetune on 2 ranks with a tensor-parallel size of 2 (each block's
+q/k/v/gate/up split by output rows, o/down by input columns over the two ranks, which read the same batches)
+against the same recipe in one process, on tiny models transformers makes here (no download).
+
+  autotp_equivalence.py FINETUNE ACCEL_LAUNCH LLAMA_FACTORY_AUTOTP_JSON
+
+Checks (each prints one line; the last line "autotp equivalence: all equal" only when every check passed):
+  full tp_size     Qwen2 (tied embeddings, GQA 4/2 heads, q/k/v biases), full fine-tuning, accumulation 2,
+                   clipping 1.0: Accelerate's parallelism_config_tp_size 2 (DDP YAML) on 2 ranks; per-step
+                   losses within 1e-5 of one process, the saved model (gathered: transformers' names and full
+                   shapes) within 1e-5.
+  full autotp      the same through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
+                   deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes).
+  lora tp_size     LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A by
+                   columns under a row split) from one PEFT-made adapter: losses 1e-5, saved adapter 1e-5
+                   (PEFT's keys and shapes).
+  qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), untied lm_head,
+                   full fine-tuning through the DeepSpeed file: losses and model within 1e-5.
+  refusal          tp 2 over a model with 1 key/value head is refused naming num_key_value_heads 1.
+The saved models load in transformers (the full model's logits computed there equal the one-process run's).
+Exit 77 when transformers / peft / tokenizers are not importable.
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import (AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+except ImportError as e:  # pragma: no cover
+    print(f"autotp equivalence: skipped ({e})")
+    sys.exit(77)
+
+torch.set_num_threads(1)
+FAILED = []
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def check(ok, line):
+    print(("ok    " if ok else "FAIL  ") + line, flush=True)
+    if not ok:
+        FAILED.append(line)
+
+
+def make_data(out):
+    """A byte-level BPE tokenizer trained here and a plain-text JSONL of varied lengths (padding differs)."""
+    rng = random.Random(0)
+    words = "the a cat dog sum of plus minus is what number tell me please quickly answer".split()
+    rows = [{"text": " ".join(rng.choice(words) for _ in range(rng.randint(6, 40)))} for _ in range(32)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([r["text"] for r in rows] * 3, trainers.BpeTrainer(
+        vocab_size=264, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    data = os.path.join(out, "text.jsonl")
+    with open(data, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return fast, data
+
+
+def make_model(out, fast, kind, kv_heads=2):
+    torch.manual_seed(0)
+    common = dict(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=kv_heads,
+                  max_position_embeddings=256, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
+    if kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, tie_word_embeddings=False, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
+    with torch.no_grad():  # larger weights than the 0.02 init; biases and norms not at their init values
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+            elif "bias" in name:
+                p.normal_(0, 0.1)
+            else:
+                p.normal_(1, 0.1)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+def write_yaml(tmp, name, body):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(body)
+    return path
+
+
+def finetune(fin, launch, cfg, model_dir, data, out, extra, steps=4, lr=1e-3, check_rc=True):
+    cmd = [fin, "--model_name_or_path", model_dir, "--dataset", data, "--output_dir", out,
+           "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_steps", str(steps),
+           "--learning_rate", repr(lr), "--lr_scheduler_type", "linear", "--warmup_steps", "1",
+           "--weight_decay", "0", "--max_grad_norm", "1.0", "--seed", "42", "--logging_steps", "1",
+           "--save_strategy", "no", "--max_length", "64", *extra]
+    cmd += ["--report_to", "jsonl"]
+    if launch:
+        cmd = [launch, "launch", "--config_file", cfg, *cmd]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCEL_CONFIG_FILE="")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if check_rc and r.returncode != 0:
+        print(" ".join(cmd))
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        raise RuntimeError(f"finetune failed ({r.returncode})")
+    return r
+
+
+def losses(out, project_dir=None):
+    path = os.path.join(project_dir or out, "runs", "trainer", "metrics.jsonl")
+    with open(path) as f:
+        return [r["train/loss"] for r in map(json.loads, f) if "train/loss" in r]
+
+
+# The elements of the tiny Qwen2's split projections (2 blocks: q 64x64+64, k and v 32x64+32, o 64x64, gate
+# and up 128x64, down 64x128).
+SPLIT_QWEN2 = 2 * ((64 * 64 + 64) + 2 * (32 * 64 + 32) + 64 * 64 + 3 * 128 * 64)
+
+
+def parameters(run):
+    """The "trainable parameters X of Y" line the recipe prints (rank 0's own count): Y."""
+    for line in run.stdout.splitlines():
+        if "trainable parameters" in line:
+            return int(line.split(" of ")[-1])
+    raise RuntimeError("finetune printed no parameter count:\n" + run.stdout[-1500:])
+
+
+def max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
+
+
+def tensors_diff(a, b):
+    if set(a) != set(b):
+        print("  keys differ:", sorted(set(a) ^ set(b))[:6])
+        return float("inf")
+    if any(a[k].shape != b[k].shape for k in a):
+        print("  shapes differ:", [k for k in a if a[k].shape != b[k].shape][:6])
+        return float("inf")
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def compare(label, one, two, sub, name, launched):
+    d = max_diff(losses(one), losses(two))
+    td = tensors_diff(load_file(os.path.join(one, sub, name)), load_file(os.path.join(two, sub, name)))
+    check(d <= 1e-5 and td <= 1e-5,
+          f"{label}: {len(losses(one))} step losses equal one process (max |diff| {d:.2e} <= 1e-5), saved {sub} "
+          f"(full names and shapes) within 1e-5 (max |diff| {td:.2e}){launched}")
+
+
+def main():
+    fin, launch, ds_json = sys.argv[1:4]
+    t0 = time.time()
+    tmp = tempfile.mkdtemp(prefix="autotp_equivalence_")
+    try:
+        fast, data = make_data(tmp)
+        qwen2 = make_model(os.path.join(tmp, "qwen2"), fast, "qwen2")
+        qwen3 = make_model(os.path.join(tmp, "qwen3"), fast, "qwen3")
+        bad = make_model(os.path.join(tmp, "kv1"), fast, "qwen2", kv_heads=1)
+        print(f"made: tiny Qwen2 (tied, 4/2 heads, biases) and Qwen3 (untied, q/k norms), 32 texts", flush=True)
+        head = "use_cpu: true\nnum_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\n"
+        tp_yaml = write_yaml(tmp, "tp.yaml", "backend: ddp\n" + head +
+                             "parallelism_config:\n  parallelism_config_tp_size: 2\n")
+        ds_yaml = write_yaml(tmp, "autotp.yaml", "distributed_type: DEEPSPEED\n" + head +
+                             f"deepspeed_config:\n  deepspeed_config_file: {ds_json}\n")
+
+        one = os.path.join(tmp, "one_full")
+        whole = parameters(finetune(fin, None, None, qwen2, data, one, []))
+        for label, cfg in [("full tp_size 2 (parallelism_config_tp_size, DDP)", tp_yaml),
+                           ("full autotp 2 (LLaMA-Factory ds_z2_autotp_config.json: ZeRO-2)", ds_yaml)]:
+            out = os.path.join(tmp, "tp_" + os.path.basename(cfg))
+            held = parameters(finetune(fin, launch, cfg, qwen2, data, out, []))
+            # Rank 0 holds half of every projection: the whole model less half of the blocks' projections.
+            compare(label, one, out, "model", "model.safetensors",
+                    f"; rank 0 holds {held} of the {whole} parameters")
+            if held != whole - SPLIT_QWEN2 // 2:
+                check(False, f"{label}: rank 0 holds {held} parameters, expected {whole} - {SPLIT_QWEN2} / 2")
+        m_one = AutoModelForCausalLM.from_pretrained(os.path.join(one, "model"))
+        m_tp = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "tp_autotp.yaml", "model"))
+        ids = fast(["the cat is what number", "tell me please"], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            ld = (m_one(**ids).logits - m_tp(**ids).logits).abs().max().item()
+        check(ld <= 1e-4, f"the AutoTP run's saved model loads in transformers, logits within 1e-4 of the "
+              f"one-process model's (max |diff| {ld:.2e})")
+
+        init = os.path.join(tmp, "adapter_init")
+        torch.manual_seed(1)
+        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(qwen2),
+                              LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, lora_dropout=0.0,
+                                         target_modules=LORA_TARGETS))
+        with torch.no_grad():  # B non-zero, so that every split adapter matters from the first step
+            for n, p in peft.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.05)
+        peft.save_pretrained(init)
+        model_cfg = write_yaml(tmp, "lora.model.yaml", "use_peft: true\nlora_r: 8\nlora_alpha: 16\n"
+                               f"lora_dropout: 0.0\nlora_target_modules: [{', '.join(LORA_TARGETS)}]\n")
+        lora_args = ["--model_config", model_cfg, "--adapter_init", init]
+        one_lora = os.path.join(tmp, "one_lora")
+        finetune(fin, None, None, qwen2, data, one_lora, lora_args, lr=1e-2)
+        tp_lora = os.path.join(tmp, "tp_lora")
+        finetune(fin, launch, tp_yaml, qwen2, data, tp_lora, lora_args, lr=1e-2)
+        compare("lora tp_size 2 (q/k/v/o/gate/up/down adapters split with their layers)", one_lora, tp_lora,
+                "adapter", "adapter_model.safetensors", "")
+
+        one3 = os.path.join(tmp, "one_qwen3")
+        finetune(fin, None, None, qwen3, data, one3, [])
+        tp3 = os.path.join(tmp, "tp_qwen3")
+        finetune(fin, launch, ds_yaml, qwen3, data, tp3, [])
+        compare("qwen3 autotp 2 (q/k norms, untied lm_head; ZeRO-2)", one3, tp3, "model", "model.safetensors", "")
+
+        r = finetune(fin, launch, tp_yaml, bad, data, os.path.join(tmp, "bad"), [], steps=1, check_rc=False)
+        said = "num_key_value_heads 1" in (r.stdout + r.stderr) and "tensor-parallel size 2" in (r.stdout + r.stderr)
+        if r.returncode == 0 or not said:
+            print((r.stdout + r.stderr)[-1500:])
+        check(r.returncode != 0 and said, "refusal: 1 key/value head over tp 2 stops with an error naming "
+              "num_key_value_heads 1 and the tensor-parallel size 2")
+        print(f"time {time.time() - t0:.1f} s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if FAILED:
+        print(f"autotp equivalence: {len(FAILED)} checks failed")
+        return 1
+    print("autotp equivalence: all equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
