@@ -11,7 +11,8 @@ Checks (each prints one line; the last line "autotp equivalence: all equal" only
                    losses within 1e-5 of one process, the saved model (gathered: transformers' names and full
                    shapes) within 1e-5.
   full autotp      the same through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
-                   deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes).
+                   deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes);
+                   and on 4 ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over the replicas).
   lora tp_size     LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A by
                    columns under a row split) from one PEFT-made adapter: losses 1e-5, saved adapter 1e-5
                    (PEFT's keys and shapes).
@@ -100,9 +101,9 @@ def write_yaml(tmp, name, body):
     return path
 
 
-def finetune(fin, launch, cfg, model_dir, data, out, extra, steps=4, lr=1e-3, check_rc=True):
+def finetune(fin, launch, cfg, model_dir, data, out, extra, steps=4, lr=1e-3, check_rc=True, batch=4):
     cmd = [fin, "--model_name_or_path", model_dir, "--dataset", data, "--output_dir", out,
-           "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_steps", str(steps),
+           "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps", "2", "--max_steps", str(steps),
            "--learning_rate", repr(lr), "--lr_scheduler_type", "linear", "--warmup_steps", "1",
            "--weight_decay", "0", "--max_grad_norm", "1.0", "--seed", "42", "--logging_steps", "1",
            "--save_strategy", "no", "--max_length", "64", *extra]
@@ -186,6 +187,14 @@ def main():
                     f"; rank 0 holds {held} of the {whole} parameters")
             if held != whole - SPLIT_QWEN2 // 2:
                 check(False, f"{label}: rank 0 holds {held} parameters, expected {whole} - {SPLIT_QWEN2} / 2")
+        # tp 2 x dp 2 on 4 ranks: ZeRO-2 shards gradients and optimizer state over the 2 replicas, each reading
+        # half of the batch (2 rows of one process's 4).
+        ds4_yaml = write_yaml(tmp, "autotp4.yaml", "distributed_type: DEEPSPEED\n" + head.replace("num_processes: 2", "num_processes: 4") +
+                              f"deepspeed_config:\n  deepspeed_config_file: {ds_json}\n")
+        out = os.path.join(tmp, "tp_dp")
+        finetune(fin, launch, ds4_yaml, qwen2, data, out, [], batch=2)
+        compare("full autotp 2 x 2 replicas on 4 ranks (LLaMA-Factory's file: ZeRO-2 over the replicas)", one, out,
+                "model", "model.safetensors", "")
         m_one = AutoModelForCausalLM.from_pretrained(os.path.join(one, "model"))
         m_tp = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "tp_autotp.yaml", "model"))
         ids = fast(["the cat is what number", "tell me please"], return_tensors="pt", padding=True)
