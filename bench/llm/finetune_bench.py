@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Fine-tuning throughput and memory of a Qwen2-0.5B-shaped model (random weights, fp32) on 2 CPU ranks x 1
+thread: our recipe against transformers' Trainer + PEFT, side by side in one run (issue 51, "Performance and
+memory").
+
+  ours:   build/launcher/accel-launch launch --config_file config_templates/trainer/TYPE.accelerate.yaml
+              build/examples/llm/finetune --model_name_or_path M --dataset D ... (DDP, 2 ranks)
+  theirs: torchrun --standalone --nproc_per_node 2 (Gloo) this file --hf-worker ...: transformers' Trainer
+              (+ PEFT for LoRA) on the same model directory, the same token ids, the same batch
+
+Both sides: per_device_train_batch_size 1 (2 rows of SEQ tokens per step), AdamW (adamw_torch), constant
+learning rate, max_grad_norm 1.0, logging every step, OMP_NUM_THREADS=1 per rank, no saving inside training;
+LoRA r 8, alpha 16, dropout 0 on q_proj and v_proj; gradient checkpointing off or on (non-reentrant on both
+sides). The data are SEQ - 1 random digits per row plus the end-of-text token (the tokenizer, a byte-level BPE
+in Qwen2's layout made here, splits digits one by one, as Qwen2's does), so both sides see exactly SEQ tokens
+per row: the script checks it from our log's num_input_tokens_seen and from the rows the worker builds.
+
+Measured per run (each side in its own processes, the sides alternating: ours, theirs, ours, ...):
+- step times from the wall-clock time at which each step's log line reaches this script (ours: the Trainer's
+  log line, theirs: a TrainerCallback's on_step_end line), the first --warmup steps dropped; tokens/s =
+  tokens per step / median step time (the spread across steps is printed as min-max);
+- peak RSS per rank: each rank process's VmHWM (/proc/PID/status) read when the last step's line arrives (so
+  the model load is included, the final save of our recipe is not), summed over the ranks and printed per
+  rank (the largest rank);
+- the GEMM-roofline ratio as bench/llm/models_bench.py has it: model FLOPs per step / step time / the fp32
+  GEMM rate build/bench/llm/bench_models measures on 2 threads (shape SEQ x hidden x intermediate). Model
+  FLOPs per token: forward 2 x (matmul parameters, lm_head included) + 4 x layers x seq x hidden (attention);
+  a full fine-tuning step counts 3 forwards, a LoRA step 2 (the frozen weights get no weight gradient); the
+  recomputation of gradient checkpointing is not counted (MFU's convention).
+
+Memory guard: before each run its need is estimated (weights, gradients and AdamW state of each rank plus
+activations per token as measured for transformers, the larger side) and compared with the smaller of
+--max-gib and MemAvailable - --reserve-gib; a run that would not fit is SKIPPED with its estimate printed
+(never silently). Pass --force to run anyway.
+
+  .venv/bin/python bench/llm/finetune_bench.py                   # every case, 3 measured steps
+  .venv/bin/python bench/llm/finetune_bench.py --types lora --seqs 512 --gc off --steps 2 --warmup 1
+  .venv/bin/python bench/llm/finetune_bench.py --layers 4 --types full   # 0.5B width, 4 of 24 layers
+
+Options pick the cases (--types, --seqs, --gc, --sides), the steps (--warmup, --steps), the rounds
+(--rounds: each case's pair repeated, the medians of all measured steps taken), the depth (--layers) and the
+output (--json FILE). It is a program, not a test: CI never runs it.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                 tie_word_embeddings=True, hidden_act="silu", rope_theta=1000000.0)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+RANKS = 2
+GIB = 1024 ** 3
+
+
+# ---- the model, tokenizer and data (made once per run of this script) -------------------------------------
+def make_tokenizer(out_dir):
+    """Byte-level BPE in Qwen2's tokenizer.json layout; digits are single pre-tokens (Qwen2's pattern)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False)
+    corpus = ["the quick brown fox jumps over the lazy dog 0123456789"] * 20
+    tok.train_from_iterator(corpus, BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_model(out_dir, layers):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = make_tokenizer(out_dir)
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(0)
+    shape = dict(QWEN2_05B, num_hidden_layers=layers)
+    config = Qwen2Config(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out_dir)
+    del model
+    return shape
+
+
+def write_data(path, seq, rows, seed=0):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"text": "".join(rng.choice("0123456789") for _ in range(seq - 1))}) + "\n")
+
+
+# ---- transformers' side (run under torchrun) --------------------------------------------------------------
+def hf_worker(a):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    rows = []
+    with open(a.data) as f:
+        for line in f:
+            ids = tok(json.loads(line)["text"], add_special_tokens=False)["input_ids"] + [eos]
+            assert len(ids) == a.seq, f"row of {len(ids)} tokens, expected {a.seq}"
+            rows.append({"input_ids": ids, "labels": list(ids), "attention_mask": [1] * len(ids)})
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    if a.type == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.is_world_process_zero:
+                print(f"bench-step {state.global_step}", flush=True)
+
+    args = TrainingArguments(
+        output_dir=a.out, per_device_train_batch_size=1, max_steps=a.max_steps, learning_rate=1e-4,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch",
+        logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, dataloader_num_workers=0,
+        gradient_checkpointing=a.gc == "on", gradient_checkpointing_kwargs={"use_reentrant": False}, seed=0)
+    Trainer(model=model, args=args, train_dataset=rows, callbacks=[StepClock()]).train()
+
+
+# ---- running one side, timing its steps and polling its ranks' memory -------------------------------------
+def proc_status(pid):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class RankWatcher(threading.Thread):
+    """Polls the launcher's process tree: the rank processes' VmHWM (peak RSS) and RssAnon."""
+
+    def __init__(self, root_pid, is_rank, interval=0.2):
+        super().__init__(daemon=True)
+        self.root, self.is_rank, self.interval = root_pid, is_rank, interval
+        self.ranks = {}  # pid -> {"hwm": bytes, "anon": max RssAnon}
+        self.series = []  # (seconds since start, pid, RssAnon)
+        self.t0 = time.perf_counter()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def poll(self):
+        import psutil
+        try:
+            kids = psutil.Process(self.root).children(recursive=True)
+        except psutil.Error:
+            return
+        for k in kids:
+            try:
+                if not self.is_rank(k.cmdline()):
+                    continue
+            except psutil.Error:
+                continue
+            s = proc_status(k.pid)
+            if not s:
+                continue
+            with self.lock:
+                self.series.append((time.perf_counter() - self.t0, k.pid, s.get("RssAnon", 0)))
+                r = self.ranks.setdefault(k.pid, {"hwm": 0, "anon": 0})
+                r["hwm"] = max(r["hwm"], s.get("VmHWM", 0))
+                r["anon"] = max(r["anon"], s.get("RssAnon", 0))
+
+    def snapshot(self):
+        self.poll()
+        with self.lock:
+            return {pid: dict(v) for pid, v in self.ranks.items()}
+
+    def run(self):
+        while not self.stop.wait(self.interval):
+            self.poll()
+
+
+def run_side(cmd, env, is_rank, step_re, total_steps, log_path):
+    """Runs cmd, timestamps the step lines; returns step end times and the ranks' peaks at the last step."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        watcher = RankWatcher(p.pid, is_rank)
+        watcher.start()
+        times, tokens, peaks = [], [], None
+        for line in p.stdout:
+            t = time.perf_counter()
+            log.write(line)
+            m = step_re.search(line)
+            if m:
+                times.append(t)
+                tok = re.search(r"'num_input_tokens_seen': ([0-9.e+]+)", line)
+                if tok:
+                    tokens.append(float(tok.group(1)))
+                if len(times) == total_steps:
+                    peaks = watcher.snapshot()
+        rc = p.wait()
+        watcher.stop.set()
+    if rc != 0 or peaks is None:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}, {len(times)} steps seen):\n{tail}")
+    return {"times": [t - start for t in times], "tokens": tokens, "peaks": peaks,
+            "wall_s": time.perf_counter() - start, "series": watcher.series}
+
+
+def our_cmd(a, kind, seq, gc, steps, work, model_dir, data):
+    model_cfg = os.path.join(work, f"{kind}.model.yaml")
+    with open(model_cfg, "w") as f:
+        if kind == "lora":
+            f.write("use_peft: true\nlora_r: 8\nlora_alpha: 16\nlora_dropout: 0.0\n"
+                    "lora_target_modules: [q_proj, v_proj]\nlora_modules_to_save: null\n")
+        else:
+            f.write("use_peft: false\n")
+    return [os.path.join(a.build, "launcher", "accel-launch"), "launch", "--config_file",
+            os.path.join(ROOT, "config_templates", "trainer", f"{kind}.accelerate.yaml"),
+            os.path.join(a.build, "examples", "llm", "finetune"), "--model_name_or_path", model_dir,
+            "--dataset", data, "--max_length", str(seq), "--model_config", model_cfg,
+            "--output_dir", os.path.join(work, "ours_out"), "--per_device_train_batch_size", "1",
+            "--max_steps", str(steps), "--learning_rate", "1e-4", "--lr_scheduler_type", "constant",
+            "--warmup_steps", "0", "--weight_decay", "0", "--max_grad_norm", "1.0", "--optim", "adamw_torch",
+            "--logging_steps", "1", "--save_strategy", "no", "--eval_strategy", "no",
+            "--load_best_model_at_end", "false", "--report_to", "none", "--disable_tqdm", "true",
+            "--seed", "0", "--gradient_checkpointing", "true" if gc == "on" else "false"]
+
+
+def their_cmd(a, kind, seq, gc, steps, work, model_dir, data):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
+            os.path.abspath(__file__), "--hf-worker", "--type", kind, "--seq", str(seq), "--gc", gc,
+            "--max_steps", str(steps), "--model", model_dir, "--data", data, "--out", os.path.join(work, "hf_out")]
+
+
+# ---- arithmetic: FLOPs, memory guess -----------------------------------------------------------------------
+def matmul_params(c):
+    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+    return L * (h * (2 * h + 2 * kv) + 3 * h * i) + h * v
+
+
+def flops_per_step(c, seq, kind):
+    forward = 2 * seq * matmul_params(c) + 4 * c["num_hidden_layers"] * seq * seq * c["hidden_size"]
+    return RANKS * forward * (3 if kind == "full" else 2)
+
+
+def total_params(c):
+    h, L = c["hidden_size"], c["num_hidden_layers"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+    per_layer = h * (2 * h + 2 * kv) + 3 * h * c["intermediate_size"] + (h + 2 * kv) + 2 * h
+    return L * per_layer + h * c["vocab_size"] + h
+
+
+def need_gib(c, seq, kind, gc):
+    """A rough upper estimate of both ranks' memory: state + activations (transformers' measured order:
+    ~4.5 MB per token at Qwen2-0.5B without checkpointing, of which the logits ~1.8 MB) + 0.6 GB runtime."""
+    n = total_params(c)
+    state = n * 4 + (n * 12 + n * 4 if kind == "full" else 0)  # weights, grads + AdamW + DDP buckets
+    layer_bytes_per_token = 112e3 * c["hidden_size"] / 896
+    logits = 12 * c["vocab_size"]
+    act = seq * (logits + (layer_bytes_per_token if gc == "on" else layer_bytes_per_token * c["num_hidden_layers"])
+                 + 4 * c["hidden_size"] * c["num_hidden_layers"])
+    return RANKS * (state + act + 0.6e9) / GIB
+
+
+def mem_available_gib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / GIB
+    return 0.0
+
+
+def gemm_rate(a, config_path, seq):
+    out = subprocess.run([os.path.join(a.build, "bench", "llm", "bench_models"), "--config", config_path, "--mode",
+                          "gemm", "--seq", str(seq), "--threads", "2"], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="2")).stdout
+    return float(re.search(r"gflops=([0-9.e+]+)", out).group(1))
+
+
+# ---- the benchmark ------------------------------------------------------------------------------------------
+def summarize(runs, warmup, tokens_per_step, flops, gemm):
+    steps = []
+    for r in runs:
+        t = r["times"]
+        steps += [t[i] - t[i - 1] for i in range(max(warmup, 1), len(t))]
+    med = statistics.median(steps)
+    per_rank = [max(v["hwm"] for v in r["peaks"].values()) for r in runs]
+    anon = [max(v["anon"] for v in r["peaks"].values()) for r in runs]
+    sums = [sum(v["hwm"] for v in r["peaks"].values()) for r in runs]
+    return {"step_s": med, "step_min": min(steps), "step_max": max(steps), "n": len(steps), "steps": steps,
+            "tokens_per_s": tokens_per_step / med, "roofline": flops / med / 1e9 / gemm,
+            "peak_rank_gb": max(per_rank) / 1e9, "peak_anon_gb": max(anon) / 1e9, "peak_sum_gb": max(sums) / 1e9,
+            "ranks_seen": [len(r["peaks"]) for r in runs],
+            "raw": [{"times": r["times"], "peaks": list(r["peaks"].values())} for r in runs]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--types", default="lora,full")
+    ap.add_argument("--seqs", default="512,2048")
+    ap.add_argument("--gc", default="on,off", help="gradient checkpointing settings, in the order run")
+    ap.add_argument("--sides", default="ours,theirs")
+    ap.add_argument("--warmup", type=int, default=1, help="steps dropped from the timing")
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per run")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=24, help="decoder layers (24: Qwen2-0.5B)")
+    ap.add_argument("--max-gib", type=float, default=16.0, help="the most a run may need (both ranks)")
+    ap.add_argument("--reserve-gib", type=float, default=3.0, help="MemAvailable kept free for others")
+    ap.add_argument("--force", action="store_true", help="run cases the memory guard would skip")
+    ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--keep", help="keep logs and the model in this directory")
+    a = ap.parse_args()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
+    sides = a.sides.split(",")
+    work = a.keep or tempfile.mkdtemp(prefix="finetune_bench_")
+    os.makedirs(work, exist_ok=True)
+    model_dir = os.path.join(work, "model")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}", flush=True)
+    fin = os.path.join(a.build, "examples", "llm", "finetune")
+    head = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"], capture_output=True,
+                          text=True).stdout.strip()[:80]
+    print(f"# git {head}; {fin} built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(os.path.getmtime(fin)))}; "
+          f"MemAvailable {mem_available_gib():.1f} GiB; load average {os.getloadavg()[0]:.1f}", flush=True)
+    start_mtime = os.path.getmtime(fin)
+    shape = make_model(model_dir, a.layers)
+    print(f"# model: Qwen2-0.5B shape, {a.layers} layers, {total_params(shape) / 1e6:.1f} M parameters, fp32, "
+          f"random weights ({model_dir}); {RANKS} ranks x 1 thread, batch 1 row per rank", flush=True)
+    results, skipped = [], []
+    gemm_seen = []  # GEMM rates measured so far (GFLOP/s)
+    total = a.warmup + a.steps
+    try:
+        for seq in map(int, a.seqs.split(",")):
+            data = os.path.join(work, f"data_{seq}.jsonl")
+            write_data(data, seq, RANKS * total + 2)
+            for kind in a.types.split(","):
+                for gc in a.gc.split(","):
+                    need = need_gib(shape, seq, kind, gc)
+                    avail = mem_available_gib()
+                    limit = min(a.max_gib, avail - a.reserve_gib)
+                    case = f"{kind} seq {seq} checkpointing {gc}"
+                    if need > limit and not a.force:
+                        msg = (f"SKIPPED {case}: needs ~{need:.1f} GiB for {RANKS} ranks, limit {limit:.1f} GiB "
+                               f"(--max-gib {a.max_gib}, MemAvailable {avail:.1f} - --reserve-gib {a.reserve_gib})")
+                        print(msg, flush=True)
+                        skipped.append(msg)
+                        continue
+                    runs = {s: [] for s in sides}
+                    for rnd in range(a.rounds):
+                        # The GEMM rate before each pair (others' load varies): the roofline uses the highest.
+                        gemm_seen.append(gemm_rate(a, os.path.join(model_dir, "config.json"), 512))
+                        for side in sides:
+                            make = our_cmd if side == "ours" else their_cmd
+                            cmd = make(a, kind, seq, gc, total, work, model_dir, data)
+                            is_rank = ((lambda c: bool(c) and c[0].endswith("/finetune")) if side == "ours" else
+                                       (lambda c: "--hf-worker" in c))
+                            step_re = (re.compile(r"'step': (\d+)") if side == "ours" else
+                                       re.compile(r"^bench-step (\d+)"))
+                            log = os.path.join(work, f"{side}_{kind}_{seq}_{gc}_{rnd}.log")
+                            r = run_side(cmd, env, is_rank, step_re, total, log)
+                            if side == "ours" and r["tokens"] and r["tokens"][-1] != RANKS * seq * total:
+                                raise RuntimeError(f"ours saw {r['tokens'][-1]} tokens, expected "
+                                                   f"{RANKS * seq * total} ({log})")
+                            runs[side].append(r)
+                            st = [r["times"][i] - r["times"][i - 1] for i in range(max(a.warmup, 1), len(r["times"]))]
+                            peaks = " ".join(f"{v['hwm'] / 1e9:.2f}" for v in r["peaks"].values())
+                            anon = " ".join(f"{v['anon'] / 1e9:.2f}" for v in r["peaks"].values())
+                            print(f"  {case} round {rnd} {side:6s}: steps "
+                                  f"{' '.join(f'{x:.1f}' for x in st)} s, peak RSS per rank {peaks} GB "
+                                  f"(anonymous {anon} GB), "
+                                  f"run {r['wall_s']:.0f} s", flush=True)
+                    flops = flops_per_step(shape, seq, kind)
+                    summary = {s: summarize(runs[s], a.warmup, RANKS * seq, flops, max(gemm_seen)) for s in sides}
+                    results.append({"type": kind, "seq": seq, "gc": gc, "flops_per_step": flops,
+                                    "gemm_gflops": max(gemm_seen), **summary})
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    built = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(os.path.getmtime(fin)))
+    print(f"# {fin} built {built} at the end" + (" (REBUILT DURING THE RUN: the rows may mix two builds)"
+                                                 if os.path.getmtime(fin) > start_mtime else ""))
+    print_table(results, skipped, sides, a)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv, "layers": a.layers, "results": results, "skipped": skipped}, f, indent=1)
+
+
+def print_table(results, skipped, sides, a):
+    if not results:
+        print("no case ran")
+    gemm = max([r["gemm_gflops"] for r in results] or [0])
+    print(f"\nfp32 GEMM rate (2 threads, bench_models --mode gemm, 512 x 896 x 4864, measured before each pair; "
+          f"the highest, {gemm:.1f} GFLOP/s, is the roofline's); {a.warmup} warm-up step(s) dropped, "
+          f"{a.steps} measured x {a.rounds} round(s); step time: median (min-max)\n")
+    if sides != ["ours", "theirs"]:
+        for r in results:
+            print(json.dumps(r))
+        return
+    print("| type | seq | checkpointing | ours tokens/s | theirs tokens/s | ratio | ours s/step | theirs s/step | "
+          "roofline ours | roofline theirs | peak RSS/rank ours | theirs | ratio | peak anonymous/rank ours | "
+          "theirs | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        o, t = r["ours"], r["theirs"]
+        print(f"| {r['type']} | {r['seq']} | {r['gc']} | {o['tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
+              f"{o['tokens_per_s'] / t['tokens_per_s']:.2f}x | {o['step_s']:.1f} ({o['step_min']:.1f}-"
+              f"{o['step_max']:.1f}) | {t['step_s']:.1f} ({t['step_min']:.1f}-{t['step_max']:.1f}) | "
+              f"{o['roofline']:.0%} | {t['roofline']:.0%} | {o['peak_rank_gb']:.2f} GB | "
+              f"{t['peak_rank_gb']:.2f} GB | {o['peak_rank_gb'] / t['peak_rank_gb']:.2f}x | "
+              f"{o['peak_anon_gb']:.2f} GB | {t['peak_anon_gb']:.2f} GB | {o['peak_anon_gb'] / t['peak_anon_gb']:.2f}x |")
+    for s in skipped:
+        print(s)
+
+
+if __name__ == "__main__":
+    if "--hf-worker" in sys.argv:
+        wp = argparse.ArgumentParser()
+        wp.add_argument("--hf-worker", action="store_true")
+        for k in ("--type", "--gc", "--model", "--data", "--out"):
+            wp.add_argument(k)
+        wp.add_argument("--seq", type=int)
+        wp.add_argument("--max_steps", type=int)
+        hf_worker(wp.parse_args())
+    else:
+        main()

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The memory table of docs/llm.md (bench/llm/memory_table.py: `accel-launch estimate-memory --model_config
+config.json --type TYPE --num_processes N`) against measured per-rank peaks, for the sizes this machine holds.
+
+For each model size and training type: `accel-launch train -t TYPE build/examples/llm/finetune` (the type's
+three files of config_templates/trainer/, 2 CPU ranks) for a few steps of tiny batches (one row of --seq
+tokens per rank), each rank's VmHWM (peak RSS) and largest RssAnon (its anonymous memory: what the process
+allocated, without the pages of mapped files such as the memory-mapped checkpoint) polled from /proc every
+0.2 s and read when the last step's log line arrives (the recipe's final save is not included).
+
+The estimate counts training state only (parameters, gradients, optimizer state); a process also holds the
+runtime (LibTorch, the allocator's caches, the data) and activations. Both are taken from a baseline run: the
+same type on a model of the same vocabulary and sequence length but hidden size 64 and 1 layer
+(--baseline-layers), whose estimate is subtracted from its measured peak; what remains (the runtime and the
+logits' activations, which depend on tokens x vocabulary only) is subtracted from each larger run:
+
+    measured state = peak RssAnon - (peak RssAnon of the baseline - estimate of the baseline)
+
+and compared with the estimate (% difference). The raw peaks are printed too.
+
+  .venv/bin/python bench/llm/memory_check.py [--sizes 0.5B-8L,0.5B] [--types lora,full,deepspeed]
+      [--seq 32] [--steps 3] [--max-gib 14]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import finetune_bench as fb  # noqa: E402  (the tokenizer, data, process watcher)
+
+ROOT = fb.ROOT
+SIZES = {  # name -> overrides of Qwen2-0.5B's shape
+    "0.5B": {},
+    "0.5B-8L": {"num_hidden_layers": 8},
+    "0.5B-4L": {"num_hidden_layers": 4},
+    "0.5B-2L": {"num_hidden_layers": 2},
+    "0.5B-2L-untied": {"num_hidden_layers": 2, "tie_word_embeddings": False},
+}
+
+
+def make_model(out_dir, overrides):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = fb.make_tokenizer(out_dir)
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(0)
+    shape = dict(fb.QWEN2_05B, **overrides)
+    Qwen2ForCausalLM(Qwen2Config(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)).save_pretrained(
+        out_dir)
+    return shape
+
+
+def estimate(build, model_dir, kind, ranks):
+    out = subprocess.run([os.path.join(build, "launcher", "accel-launch"), "estimate-memory", "--model_config",
+                          os.path.join(model_dir, "config.json"), "--type", kind, "--num_processes", str(ranks)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    total = int(re.search(r"total=(\d+)", out).group(1))
+    gathered = re.search(r"gathered=(\d+)", out)
+    return total, int(gathered.group(1)) if gathered else 0
+
+
+def run(build, model_dir, data, kind, seq, steps, work, extra=()):
+    cmd = [os.path.join(build, "launcher", "accel-launch"), "train", "-t", kind,
+           os.path.join(build, "examples", "llm", "finetune"), "--model_name_or_path", model_dir, "--dataset", data,
+           "--max_length", str(seq), "--output_dir", os.path.join(work, "out"), "--per_device_train_batch_size", "1",
+           "--max_steps", str(steps), "--logging_steps", "1", "--save_strategy", "no", "--eval_strategy", "no",
+           "--load_best_model_at_end", "false", "--report_to", "none", "--disable_tqdm", "true", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    r = fb.run_side(cmd, env, lambda c: bool(c) and c[0].endswith("/finetune"), re.compile(r"'step': (\d+)"),
+                    steps, os.path.join(work, f"{kind}.log"))
+    if os.environ.get("MEMORY_CHECK_SERIES"):  # the ranks' RssAnon over time and the step lines, for a look
+        with open(os.environ["MEMORY_CHECK_SERIES"], "a") as f:
+            f.write(json.dumps({"model": model_dir, "type": kind, "steps": r["times"], "series": r["series"]}) + "\n")
+    peaks = list(r["peaks"].values())
+    return max(p["hwm"] for p in peaks), max(p["anon"] for p in peaks), len(peaks)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--sizes", default="0.5B-8L,0.5B")
+    ap.add_argument("--types", default="lora,full,deepspeed")
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max-gib", type=float, default=14.0, help="the most both ranks may need")
+    ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--extra", default="", help="more recipe arguments (one string, split on spaces)")
+    a = ap.parse_args()
+    ranks = 2
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}", flush=True)
+    rows, skipped = [], []
+    with tempfile.TemporaryDirectory(prefix="memory_check_") as work:
+        data = os.path.join(work, "data.jsonl")
+        fb.write_data(data, a.seq, ranks * a.steps + 2)
+        base_dir = os.path.join(work, "baseline")
+        make_model(base_dir, {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+                              "num_attention_heads": 4, "num_key_value_heads": 2})
+        baseline = {}
+        for size in a.sizes.split(","):
+            model_dir = os.path.join(work, size)
+            make_model(model_dir, SIZES[size])
+            for kind in a.types.split(","):
+                if kind not in baseline:
+                    b_est, _ = estimate(a.build, base_dir, kind, ranks)
+                    b_hwm, b_anon, _ = run(a.build, base_dir, data, kind, a.seq, a.steps, work, a.extra.split())
+                    baseline[kind] = b_anon - b_est
+                    print(f"  baseline {kind}: peak RssAnon {b_anon / 1e9:.3f} GB (VmHWM {b_hwm / 1e9:.3f}), "
+                          f"estimate {b_est / 1e9:.3f} GB: runtime + activations {baseline[kind] / 1e9:.3f} GB",
+                          flush=True)
+                est, gathered = estimate(a.build, model_dir, kind, ranks)
+                need = ranks * (est + gathered + baseline[kind]) * 1.2 / fb.GIB
+                limit = min(a.max_gib, fb.mem_available_gib() - 3)
+                if need > limit:
+                    msg = f"SKIPPED {size} {kind}: needs ~{need:.1f} GiB for {ranks} ranks, limit {limit:.1f} GiB"
+                    print(msg, flush=True)
+                    skipped.append(msg)
+                    continue
+                hwm, anon, seen = run(a.build, model_dir, data, kind, a.seq, a.steps, work, a.extra.split())
+                measured = anon - baseline[kind]
+                row = {"size": size, "type": kind, "ranks": ranks, "estimate": est, "gathered": gathered,
+                       "vmhwm": hwm, "rss_anon": anon, "baseline": baseline[kind], "measured_state": measured,
+                       "diff": (est + gathered - measured) / measured, "ranks_seen": seen}
+                rows.append(row)
+                print(f"  {size} {kind}: estimate {est / 1e9:.3f} GB (+{gathered / 1e9:.3f} gathered), peak VmHWM "
+                      f"{hwm / 1e9:.3f} GB, RssAnon {anon / 1e9:.3f} GB, state measured {measured / 1e9:.3f} GB, "
+                      f"estimate {row['diff']:+.1%}", flush=True)
+    print(f"\n| model | type | ranks | estimate per rank | peak RSS (VmHWM) | peak RssAnon | runtime + activations "
+          f"(baseline) | measured state | estimate vs measured |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        est = f"{r['estimate'] / 1e9:.2f}" + (f" (+{r['gathered'] / 1e9:.2f})" if r["gathered"] else "")
+        print(f"| {r['size']} | {r['type']} | {r['ranks']} | {est} GB | {r['vmhwm'] / 1e9:.2f} GB | "
+              f"{r['rss_anon'] / 1e9:.2f} GB | {r['baseline'] / 1e9:.2f} GB | {r['measured_state'] / 1e9:.2f} GB | "
+              f"{r['diff']:+.1%} |")
+    for s in skipped:
+        print(s)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv, "rows": rows, "skipped": skipped}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
