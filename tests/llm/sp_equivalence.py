@@ -8,13 +8,18 @@ and final weights of one process on the whole sequences.
 
 Rows (each prints one line; the last "sp equivalence: all equal" only when every check passed):
   sp2 packed   packed rows of exactly 1024 tokens (packing_strategy wrapped: documents restart their
-               position ids inside a row), 2 ranks sp_size 2 vs one process: losses within 1e-5, model 1e-5.
+               position ids inside a row), 2 ranks sp_size 2 vs one process: losses within 1e-5, gradient
+               norms before clipping within 1e-5 relative (AdamW alone would hide a gradient scaled by a
+               constant), model 1e-5.
   cp2 packed   the same with cp_size 2.
   sp2 padded   unpacked rows of different lengths (padding, attention mask; the length padded to a multiple
                of the group), gradient accumulation 2.
+  sp4 refused  sp_size 4 with 2 kv heads: the UsageError naming both head counts.
   sp2 x dp2    4 ranks (2 sequence-parallel groups x 2 data-parallel replicas, batch 1 each) vs one process
                with batch 2.
-  sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank).
+  sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank), with
+               gradient checkpointing (the all-to-alls run again in backward); SGD at learning rate 0.1 without
+               clipping, against one process trained so (ZeRO's engine clips before the Trainer logs a norm).
 Exit 77 when torch / transformers / tokenizers / safetensors are not importable.
 """
 import json
@@ -79,20 +84,20 @@ def make(out):
     return [len(fast(d)["input_ids"]) for d in docs]
 
 
-def config(tmp, name, backend, ranks, sizes):
+def config(tmp, name, backend, ranks, sizes, clipping=1.0):
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(f"backend: {backend}\nuse_cpu: true\nnum_processes: {ranks}\nmain_process_port: 0\n"
-                "mixed_precision: 'no'\n" + ("deepspeed_config:\n  zero_stage: 2\n  gradient_clipping: 1.0\n" if backend == "zero" else "")
+                "mixed_precision: 'no'\n" + (f"deepspeed_config:\n  zero_stage: 2\n  gradient_clipping: {clipping}\n" if backend == "zero" else "")
                 + "parallelism_config:\n" + "".join(f"  parallelism_config_{k}: {v}\n" for k, v in sizes.items()))
     return path
 
 
-def run(fin, launch, cfg, model_dir, out, batch, accum, extra, kind="sequence"):
+def run(fin, launch, cfg, model_dir, out, batch, accum, extra, kind="sequence", lr="1e-3", clip="1.0"):
     cmd = [fin, "--model_name_or_path", model_dir, "--dataset", os.path.join(model_dir, "text.jsonl"),
            "--output_dir", out, "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps",
-           str(accum), "--max_steps", "3", "--learning_rate", "1e-3", "--lr_scheduler_type", "linear",
-           "--warmup_steps", "1", "--weight_decay", "0", "--max_grad_norm", "1.0", "--seed", str(SEED),
+           str(accum), "--max_steps", "3", "--learning_rate", lr, "--lr_scheduler_type", "linear",
+           "--warmup_steps", "1", "--weight_decay", "0", "--max_grad_norm", clip, "--seed", str(SEED),
            "--logging_steps", "1", "--save_strategy", "no", "--report_to", "jsonl", "--max_length", "1024",
            *extra]
     if launch:
@@ -100,21 +105,25 @@ def run(fin, launch, cfg, model_dir, out, batch, accum, extra, kind="sequence"):
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if r.returncode != 0:
         raise RuntimeError(f"finetune failed ({r.returncode}): {r.stdout[-3000:]} {r.stderr[-3000:]}")
-    if launch and f"{kind} parallelism over groups of 2 ranks" not in r.stdout:
+    if launch and kind != "x" and f"{kind} parallelism over groups of 2 ranks" not in r.stdout:
         print(r.stdout[-2000:])
         raise RuntimeError(f"finetune did not say it split the sequences ({kind} parallelism)")
     with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
-        losses = [row["train/loss"] for row in map(json.loads, f) if "train/loss" in row]
-    return losses, load_file(os.path.join(out, "model", "model.safetensors"))
+        rows = [row for row in map(json.loads, f) if "train/loss" in row]
+    # The gradient norm before clipping: AdamW would hide a gradient off by a constant factor, this does not.
+    return ([r["train/loss"] for r in rows], [r["train/grad_norm"] for r in rows if "train/grad_norm" in r],
+            load_file(os.path.join(out, "model", "model.safetensors")))
 
 
 def compare(name, one, got):
-    (la, ta), (lb, tb) = one, got
+    (la, ga, ta), (lb, gb, tb) = one, got
     d = max(abs(a - b) for a, b in zip(la, lb)) if len(la) == len(lb) and la else float("inf")
+    gd = max((abs(a - b) / a for a, b in zip(ga, gb)), default=0.0) if len(ga) == len(gb) else float("inf")
     md = max((ta[k] - tb[k]).abs().max().item() for k in ta) if set(ta) == set(tb) else float("inf")
-    check(d <= 1e-5 and md <= 1e-5, f"{name}: {len(lb)} step losses equal one process (max |diff| {d:.2e} "
-          f"<= 1e-5; first {la[0]:.5f}, last {la[-1]:.5f} / {lb[-1]:.5f}), final model within 1e-5 "
-          f"(max |diff| {md:.2e})")
+    check(d <= 1e-5 and gd <= 1e-5 and md <= 1e-5,
+          f"{name}: {len(lb)} step losses equal one process (max |diff| {d:.2e} <= 1e-5; first {la[0]:.5f}, "
+          f"last {la[-1]:.5f} / {lb[-1]:.5f}), gradient norms (max relative diff {gd:.2e} <= 1e-5; first "
+          f"{ga[0] if ga else 0:.4f}), final model within 1e-5 (max |diff| {md:.2e})")
 
 
 def main():
@@ -134,9 +143,14 @@ def main():
             compare(name + " (2 ranks, rows of 1024 tokens)",
                     one, run(fin, launch, cfg, base, os.path.join(tmp, name.replace(" ", "_")), 2, 1, packed,
                              "context" if name.startswith("cp") else "sequence"))
-        cfg = config(tmp, "zero2", "zero", 2, {"sp_size": 2, "sp_backend": "deepspeed"})
-        compare("sp2 zero2 packed (2 ranks, ZeRO-2)", one,
-                run(fin, launch, cfg, base, os.path.join(tmp, "zero2"), 2, 1, packed))
+        # ZeRO's engine clips before the Trainer sees the norm: this row trains with SGD and no clipping
+        # instead, so that the weights show a gradient off by any factor.
+        sgd = dict(lr="0.1", clip="0")
+        one_sgd = run(fin, None, None, base, os.path.join(tmp, "one_sgd"), 2, 1, packed + ["--optim", "sgd"], **sgd)
+        cfg = config(tmp, "zero2", "zero", 2, {"sp_size": 2, "sp_backend": "deepspeed"}, clipping=0.0)
+        compare("sp2 zero2 packed (2 ranks, ZeRO-2, SGD, gradient checkpointing)", one_sgd,
+                run(fin, launch, cfg, base, os.path.join(tmp, "zero2"), 2, 1,
+                    packed + ["--optim", "sgd", "--gradient_checkpointing", "true"], **sgd))
         cfg = config(tmp, "sp2dp2", "ddp", 4, {"sp_size": 2, "sp_backend": "deepspeed"})
         compare("sp2 x dp2 packed (4 ranks, batch 1 per replica)", one,
                 run(fin, launch, cfg, base, os.path.join(tmp, "sp2dp2"), 1, 1, packed))
