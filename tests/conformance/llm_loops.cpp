@@ -41,20 +41,21 @@ constexpr std::int64_t kPadId = 0;
 constexpr double kLlmTol = 2e-5;
 
 // Qwen2 at toy sizes: q/k/v biases (Qwen2 always has them), 4 query heads over 2 key-value heads, the head
-// tied to the embedding.
-llm::ModelConfig tiny_qwen2() {
+// tied to the embedding (or its own lm_head).
+llm::ModelConfig tiny_qwen2(bool tied = true) {
   return llm::ModelConfig::from_json(
       R"({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-          "max_position_embeddings": 64, "tie_word_embeddings": true})",
+          "max_position_embeddings": 64, "tie_word_embeddings": )" +
+          std::string(tied ? "true" : "false") + "}",
       "llm_loops.cpp (tiny Qwen2)");
 }
 
 // The model as transformers initialises it (_init_weights: normal with initializer_range 0.02, biases zero,
 // norms one): logits near zero at the start, a loss near ln(vocab).
-llm::CausalLM tiny_model(std::uint64_t seed) {
+llm::CausalLM tiny_model(std::uint64_t seed, bool tied = true) {
   torch::manual_seed(seed);
-  llm::CausalLM model(tiny_qwen2());
+  llm::CausalLM model(tiny_qwen2(tied));
   torch::NoGradGuard no_grad;
   for (const auto& item : model->named_parameters()) {
     if (item.key().find("norm") != std::string::npos) continue;
@@ -289,13 +290,13 @@ void llm_qwen2_tied() {
       /*control=*/Normalisation::PerMicroBatchItems);
 }
 
-// The tied Qwen2 as pipeline stages (llm::pipeline_layers: embedding on the first stage, the blocks spread
-// evenly, norm and head on the last), one stage per rank through Accelerator::prepare_pipeline: the embedding
-// is held by the first and the last stage, whose copies' gradients the engine sums, and every step's loss
-// and every stage's parameters equal one process training the CausalLM itself. Batches without padding
+// The Qwen2 as pipeline stages (llm::pipeline_layers: embedding on the first stage, the blocks spread
+// evenly, norm and head on the last), one stage per rank through Accelerator::prepare_pipeline: tied, the
+// embedding is held by the first and the last stage, whose copies' gradients the engine sums; every step's
+// loss and every stage's parameters equal one process training the CausalLM itself. Batches without padding
 // (one tensor crosses the stages: no attention mask).
-void llm_pipeline() {
-  auto model = tiny_model(21), reference = tiny_model(21);
+void llm_pipeline_case(bool tied) {
+  auto model = tiny_model(21, tied), reference = tiny_model(21, tied);
   auto layers = llm::pipeline_layers(model);
   auto ref_layers = llm::pipeline_layers(reference);
   const auto blocks = model->config().num_hidden_layers;
@@ -328,11 +329,14 @@ void llm_pipeline() {
   Accelerator acc(AcceleratorOptions().config(config));
   auto& stage = acc.prepare_pipeline(layers);
   const auto head = std::to_string(blocks + 1);
-  CHECK_MSG(
-      world == 1 || (stage.ties().size() == 1 && stage.ties()[0].stages == std::vector<int>{0, world - 1} &&
-                     stage.ties()[0].names ==
-                         std::vector<std::string>{"0.embed_tokens.weight", head + ".embed_tokens.weight"}),
-      "the tied embedding must be one tie of the first and the last stage; ties: " << stage.ties().size());
+  CHECK_MSG(world == 1 || !tied
+                ? stage.ties().empty()
+                : (stage.ties().size() == 1 && stage.ties()[0].stages == std::vector<int>{0, world - 1} &&
+                   stage.ties()[0].names ==
+                       std::vector<std::string>{"0.embed_tokens.weight", head + ".embed_tokens.weight"}),
+            (tied ? "the tied embedding must be one tie of the first and the last stage"
+                  : "an untied model shares no parameter across stages")
+                << "; ties: " << stage.ties().size());
   torch::optim::SGD optimizer(stage.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD ref_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   acc.prepare(optimizer);
@@ -357,22 +361,25 @@ void llm_pipeline() {
     }
   }
   double moved = 0;
-  const auto initial = tiny_model(21);
+  const auto initial = tiny_model(21, tied);
   for (std::size_t k = 0; k < initial->parameters().size(); ++k)
     moved =
         std::max(moved, (reference->parameters()[k] - initial->parameters()[k]).abs().max().item<double>());
   CHECK_MSG(moved > 100 * kLlmTol, "one process moved the weights by " << moved << " only");
   if (acc.is_main_process())
-    std::cout
-        << "llm_pipeline: " << world << " stages (partition " << config.pipeline.partition
-        << ", the tied embedding on the first and the last) match one process over 3 steps (weights moved "
-        << moved << ")" << std::endl;
+    std::cout << "llm_pipeline" << (tied ? "" : " (untied)") << ": " << world << " stages (partition "
+              << config.pipeline.partition
+              << (tied ? ", the tied embedding on the first and the last" : ", lm_head on the last")
+              << ") match one process over 3 steps (weights moved " << moved << ")" << std::endl;
 }
 
 }  // namespace
 
 std::map<std::string, std::function<void()>> llm_scenarios() {
-  return {{"llm", llm_qwen2_tied}, {"llm_pipeline", llm_pipeline}};
+  return {{"llm", llm_qwen2_tied}, {"llm_pipeline", [] {
+                                      llm_pipeline_case(/*tied=*/false);
+                                      llm_pipeline_case(/*tied=*/true);
+                                    }}};
 }
 
 }  // namespace dist
