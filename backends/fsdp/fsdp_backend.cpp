@@ -107,10 +107,13 @@ std::vector<std::string> fsdp_notices(const BackendContext& context) {
         "fsdp_config.fsdp_state_dict_type: SHARDED_STATE_DICT has no effect: save_state always writes the "
         "whole model, each rank's optimizer shard and the per-parameter optimizer state");
   }
-  if (f.cpu_ram_efficient_loading) {
-    out.push_back(
-        "fsdp_config.fsdp_cpu_ram_efficient_loading: true has no effect: every rank builds the model before "
-        "prepare(), which then broadcasts rank 0's weights");
+  // FULL_SHARD and HYBRID_SHARD honour it: a model built empty (accel::llm::from_pretrained_empty) is filled
+  // by load_model, each rank reading only its slices (accel::loads_weights_sharded).
+  if (f.cpu_ram_efficient_loading && !sharding_of(*context.config).shards_parameters) {
+    out.push_back(fmt::format(
+        "fsdp_config.fsdp_cpu_ram_efficient_loading: true has no effect: {} keeps every parameter whole on "
+        "each rank; FULL_SHARD and HYBRID_SHARD load weights sharded (each rank reading the slices it owns)",
+        to_string(f.sharding_strategy)));
   }
   return out;
 }

@@ -153,7 +153,8 @@ std::vector<KeyRow> fsdp_rows() {
       "fsdp_version", kFsdpSection, "1 or 2 (both run the same implementation)",
       [](auto& c) -> auto& { return c.fsdp.version; }, int_in(1, 2, "1 or 2"), write_int, "2"));
   rows.push_back(setting(
-      "fsdp_cpu_ram_efficient_loading", kFsdpSection, "only rank 0 materialises full weights when loading",
+      "fsdp_cpu_ram_efficient_loading", kFsdpSection,
+      "FULL_SHARD: a model built empty is loaded by each rank's slices (load_model)",
       [](auto& c) -> auto& { return c.fsdp.cpu_ram_efficient_loading; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
       "fsdp_sync_module_states", kFsdpSection, "broadcast rank 0's parameters and buffers at prepare",

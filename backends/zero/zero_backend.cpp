@@ -673,10 +673,13 @@ std::vector<std::string> zero_notices(const BackendContext& context) {
     if (z.offload_param_device == OffloadDevice::Cpu)
       out.push_back(fmt::format("deepspeed_config.offload_param_device: cpu has no effect: {}", why));
   }
-  if (z.zero3_init_flag) {
-    out.push_back(
-        "deepspeed_config.zero3_init_flag: true has no effect: LibTorch modules build their parameters whole "
-        "before prepare(); stage 3 frees all but this rank's shard during prepare()");
+  // Stage 3 honours it: a model built empty (accel::llm::from_pretrained_empty) is filled by load_model,
+  // each rank reading only its slices (accel::loads_weights_sharded).
+  if (z.zero3_init_flag && z.stage != 3) {
+    out.push_back(fmt::format(
+        "deepspeed_config.zero3_init_flag: true has no effect: zero_stage {} keeps every parameter whole on "
+        "each rank; only stage 3 loads weights sharded (each rank reading the slices it owns)",
+        z.stage));
   }
   return out;
 }

@@ -100,7 +100,8 @@ std::vector<KeyRow> zero_rows() {
     rows.push_back(r);
   }
   rows.push_back(setting(
-      "zero3_init_flag", kZeroSection, "construct parameters already partitioned (no effect in LibTorch)",
+      "zero3_init_flag", kZeroSection,
+      "stage 3: a model built empty is loaded by each rank's slices (load_model)",
       [](auto& c) -> auto& { return c.zero.zero3_init_flag; }, boolean(), write_bool, "true"));
   rows.push_back(setting(
       "zero3_save_16bit_model", kZeroSection, "save_state also writes a consolidated 16-bit model",

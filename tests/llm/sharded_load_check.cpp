@@ -10,7 +10,9 @@
 // batch. The sharded run builds the model empty (from_pretrained_empty), prepares it and fills it with
 // Accelerator::load_model, and prints what LibTorch allocated on this rank's CPU meanwhile
 // (CpuMemoryCounter, installed before anything is allocated):
-//   rank R: load peak P bytes, held after load H bytes, model M bytes, largest tensor L bytes
+//   rank R: load peak P bytes, held after load H bytes, model M bytes, largest tensor L bytes; resident: ...
+// (the resident figures, from /proc/self/status, are for information: they include the mapped checkpoint
+// pages this rank read, which the kernel may drop again)
 #include <accel/accelerator/accelerator.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/config/weight_loading.hpp>
@@ -56,6 +58,16 @@ void write(const std::string& path, const std::vector<std::pair<std::string, tor
   accel::safetensors::write_file(path, views);
 }
 
+// A field of /proc/self/status in bytes (VmRSS, VmHWM, RssAnon, RssFile); 0 where there is none.
+std::int64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
 int whole(const std::string& dir, const torch::Tensor& ids, const std::string& out) {
   auto model = accel::llm::from_pretrained(dir);
   torch::optim::SGD optimizer(model->parameters(), 0.5);
@@ -78,6 +90,8 @@ int sharded(const std::string& dir, const torch::Tensor& ids, const std::string&
   }
   CpuMemoryCounter::reset_peak();
   const auto base = CpuMemoryCounter::current();
+  const auto rss_before = status_bytes("VmRSS"), anon_before = status_bytes("RssAnon");
+  const auto file_before = status_bytes("RssFile");
   auto model = accel::llm::from_pretrained_empty(dir);
   torch::optim::SGD optimizer(model->parameters(), 0.5);
   acc.prepare(model, optimizer);
@@ -90,8 +104,10 @@ int sharded(const std::string& dir, const torch::Tensor& ids, const std::string&
     largest = std::max<std::int64_t>(largest, p.numel() * p.element_size());
   }
   std::cout << "rank " << acc.process_index() << ": load peak " << peak << " bytes, held after load " << held
-            << " bytes, model " << model_bytes << " bytes, largest tensor " << largest << " bytes"
-            << std::endl;
+            << " bytes, model " << model_bytes << " bytes, largest tensor " << largest
+            << " bytes; resident: peak growth " << status_bytes("VmHWM") - rss_before << " bytes, anonymous "
+            << status_bytes("RssAnon") - anon_before << " bytes and file pages "
+            << status_bytes("RssFile") - file_before << " bytes more after load" << std::endl;
   const auto logits = model(ids);
   const auto loss = lm_loss(logits, ids);
   acc.backward(loss);
