@@ -6,18 +6,22 @@ against the same recipe in one process, on tiny models transformers makes here (
   autotp_equivalence.py FINETUNE ACCEL_LAUNCH LLAMA_FACTORY_AUTOTP_JSON
 
 Checks (each prints one line; the last line "autotp equivalence: all equal" only when every check passed):
-  full tp_size     Qwen2 (tied embeddings, GQA 4/2 heads, q/k/v biases), full fine-tuning, accumulation 2,
-                   clipping 1.0: Accelerate's parallelism_config_tp_size 2 (DDP YAML) on 2 ranks; per-step
-                   losses within 1e-5 of one process, the saved model (gathered: transformers' names and full
-                   shapes) within 1e-5.
+  full tp_size     Qwen2 (tied embeddings, GQA 4/2 heads, q/k/v biases), full fine-tuning (AdamW), accumulation
+                   2, clipping 1.0: Accelerate's parallelism_config_tp_size 2 (DDP YAML) on 2 ranks; per-step
+                   losses and gradient norms before clipping (which AdamW's step would not show off by a
+                   factor) within 1e-5 of one process, the saved model (gathered: transformers' names and full
+                   shapes) within 1e-5; rank 0's parameter count shows the split.
   full autotp      the same through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
-                   deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes);
-                   and on 4 ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over the replicas).
+                   deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes; its
+                   gradient_clipping clips inside the engine, so norms are not compared there); and with
+                   gradient_clipping 0 on 4 ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over
+                   the replicas), norms compared.
   lora tp_size     LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A by
                    columns under a row split) from one PEFT-made adapter: losses 1e-5, saved adapter 1e-5
                    (PEFT's keys and shapes).
   qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), untied lm_head,
-                   full fine-tuning through the DeepSpeed file: losses and model within 1e-5.
+                   full fine-tuning through the DeepSpeed file (gradient_clipping 0): losses, norms and model
+                   within 1e-5 (without the q/k norm gradient sum this row misses by 2.7e-3).
   refusal          tp 2 over a model with 1 key/value head is refused naming num_key_value_heads 1.
 The saved models load in transformers (the full model's logits computed there equal the one-process run's).
 Exit 77 when transformers / peft / tokenizers are not importable.
@@ -119,10 +123,9 @@ def finetune(fin, launch, cfg, model_dir, data, out, extra, steps=4, lr=1e-3, ch
     return r
 
 
-def losses(out, project_dir=None):
-    path = os.path.join(project_dir or out, "runs", "trainer", "metrics.jsonl")
-    with open(path) as f:
-        return [r["train/loss"] for r in map(json.loads, f) if "train/loss" in r]
+def losses(out, key="train/loss"):
+    with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
+        return [r[key] for r in map(json.loads, f) if key in r]
 
 
 # The elements of the tiny Qwen2's split projections (2 blocks: q 64x64+64, k and v 32x64+32, o 64x64, gate
@@ -152,12 +155,20 @@ def tensors_diff(a, b):
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def compare(label, one, two, sub, name, launched):
+def compare(label, one, two, sub, name, launched, norms=True):
     d = max_diff(losses(one), losses(two))
+    # Gradient norms before clipping: AdamW's step (and clipping) would hide a gradient off by a constant
+    # factor, the norm does not. Not with a DeepSpeed file's gradient_clipping: the ZeRO engine clips before
+    # the Trainer measures.
+    gd = 0.0
+    if norms:
+        g1, g2 = losses(one, "train/grad_norm"), losses(two, "train/grad_norm")
+        gd = max_diff([x / g1[0] for x in g1], [x / g1[0] for x in g2]) if g1 else float("inf")
+    said = f"gradient norms (relative {gd:.2e} <= 1e-5)" if norms else "gradient norms not compared (clipped by ZeRO)"
     td = tensors_diff(load_file(os.path.join(one, sub, name)), load_file(os.path.join(two, sub, name)))
-    check(d <= 1e-5 and td <= 1e-5,
-          f"{label}: {len(losses(one))} step losses equal one process (max |diff| {d:.2e} <= 1e-5), saved {sub} "
-          f"(full names and shapes) within 1e-5 (max |diff| {td:.2e}){launched}")
+    check(d <= 1e-5 and gd <= 1e-5 and td <= 1e-5,
+          f"{label}: {len(losses(one))} step losses equal one process (max |diff| {d:.2e} <= 1e-5), {said}, "
+          f"saved {sub} (full names and shapes) within 1e-5 (max |diff| {td:.2e}){launched}")
 
 
 def main():
@@ -175,6 +186,10 @@ def main():
                              "parallelism_config:\n  parallelism_config_tp_size: 2\n")
         ds_yaml = write_yaml(tmp, "autotp.yaml", "distributed_type: DEEPSPEED\n" + head +
                              f"deepspeed_config:\n  deepspeed_config_file: {ds_json}\n")
+        # The same file with gradient_clipping 0 (the Trainer clips at max_grad_norm 1.0 and logs the norm before
+        # clipping, as in the one-process run), for the rows that compare gradient norms.
+        unclipped = dict(json.load(open(ds_json)), gradient_clipping=0)
+        ds_noclip = write_yaml(tmp, "ds_noclip.json", json.dumps(unclipped))
 
         one = os.path.join(tmp, "one_full")
         whole = parameters(finetune(fin, None, None, qwen2, data, one, []))
@@ -184,16 +199,19 @@ def main():
             held = parameters(finetune(fin, launch, cfg, qwen2, data, out, []))
             # Rank 0 holds half of every projection: the whole model less half of the blocks' projections.
             compare(label, one, out, "model", "model.safetensors",
-                    f"; rank 0 holds {held} of the {whole} parameters")
+                    f"; rank 0 holds {held} of the {whole} parameters", norms=cfg == tp_yaml)
             if held != whole - SPLIT_QWEN2 // 2:
                 check(False, f"{label}: rank 0 holds {held} parameters, expected {whole} - {SPLIT_QWEN2} / 2")
         # tp 2 x dp 2 on 4 ranks: ZeRO-2 shards gradients and optimizer state over the 2 replicas, each reading
         # half of the batch (2 rows of one process's 4).
-        ds4_yaml = write_yaml(tmp, "autotp4.yaml", "distributed_type: DEEPSPEED\n" + head.replace("num_processes: 2", "num_processes: 4") +
-                              f"deepspeed_config:\n  deepspeed_config_file: {ds_json}\n")
+        ds4_yaml = write_yaml(tmp, "autotp4.yaml", "distributed_type: DEEPSPEED\n" +
+                              head.replace("num_processes: 2", "num_processes: 4") +
+                              f"deepspeed_config:\n  deepspeed_config_file: {ds_noclip}\n")
+        ds_noclip_yaml = write_yaml(tmp, "autotp_noclip.yaml", "distributed_type: DEEPSPEED\n" + head +
+                                    f"deepspeed_config:\n  deepspeed_config_file: {ds_noclip}\n")
         out = os.path.join(tmp, "tp_dp")
         finetune(fin, launch, ds4_yaml, qwen2, data, out, [], batch=2)
-        compare("full autotp 2 x 2 replicas on 4 ranks (LLaMA-Factory's file: ZeRO-2 over the replicas)", one, out,
+        compare("full autotp 2 x 2 replicas on 4 ranks (the file, gradient_clipping 0: ZeRO-2 over the replicas)", one, out,
                 "model", "model.safetensors", "")
         m_one = AutoModelForCausalLM.from_pretrained(os.path.join(one, "model"))
         m_tp = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "tp_autotp.yaml", "model"))
@@ -226,8 +244,8 @@ def main():
         one3 = os.path.join(tmp, "one_qwen3")
         finetune(fin, None, None, qwen3, data, one3, [])
         tp3 = os.path.join(tmp, "tp_qwen3")
-        finetune(fin, launch, ds_yaml, qwen3, data, tp3, [])
-        compare("qwen3 autotp 2 (q/k norms, untied lm_head; ZeRO-2)", one3, tp3, "model", "model.safetensors", "")
+        finetune(fin, launch, ds_noclip_yaml, qwen3, data, tp3, [])
+        compare("qwen3 autotp 2 (q/k norms, untied lm_head; the file, gradient_clipping 0)", one3, tp3, "model", "model.safetensors", "")
 
         r = finetune(fin, launch, tp_yaml, bad, data, os.path.join(tmp, "bad"), [], steps=1, check_rc=False)
         said = "num_key_value_heads 1" in (r.stdout + r.stderr) and "tensor-parallel size 2" in (r.stdout + r.stderr)
