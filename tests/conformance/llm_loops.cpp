@@ -322,16 +322,19 @@ void llm_pipeline_case(bool tied) {
   config.use_cpu = true;
   config.collective_timeout_seconds = 60;
   const auto world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
+  // 2 stages (1 on one rank): 2 ranks are one pipeline, 4 ranks two data-parallel replicas of it.
+  const int stages = world >= 2 ? 2 : 1;
+  REQUIRE(world % stages == 0);
   config.num_processes = world;
-  config.pipeline.stages = world;
+  config.pipeline.stages = stages;
   config.pipeline.micro_batches = 4;
-  config.pipeline.partition = llm::pipeline_partition(model, world);
+  config.pipeline.partition = llm::pipeline_partition(model, stages);
   Accelerator acc(AcceleratorOptions().config(config));
   auto& stage = acc.prepare_pipeline(layers);
   const auto head = std::to_string(blocks + 1);
-  CHECK_MSG(world == 1 || !tied
+  CHECK_MSG(stages == 1 || !tied
                 ? stage.ties().empty()
-                : (stage.ties().size() == 1 && stage.ties()[0].stages == std::vector<int>{0, world - 1} &&
+                : (stage.ties().size() == 1 && stage.ties()[0].stages == std::vector<int>{0, stages - 1} &&
                    stage.ties()[0].names ==
                        std::vector<std::string>{"0.embed_tokens.weight", head + ".embed_tokens.weight"}),
             (tied ? "the tied embedding must be one tie of the first and the last stage"
@@ -367,8 +370,8 @@ void llm_pipeline_case(bool tied) {
         std::max(moved, (reference->parameters()[k] - initial->parameters()[k]).abs().max().item<double>());
   CHECK_MSG(moved > 100 * kLlmTol, "one process moved the weights by " << moved << " only");
   if (acc.is_main_process())
-    std::cout << "llm_pipeline" << (tied ? "" : " (untied)") << ": " << world << " stages (partition "
-              << config.pipeline.partition
+    std::cout << "llm_pipeline" << (tied ? "" : " (untied)") << ": " << stages << " stages x "
+              << world / stages << " replica(s) (partition " << config.pipeline.partition
               << (tied ? ", the tied embedding on the first and the last" : ", lm_head on the last")
               << ") match one process over 3 steps (weights moved " << moved << ")" << std::endl;
 }
