@@ -244,7 +244,7 @@ def our_cmd(a, kind, seq, gc, steps, work, model_dir, data):
             "--warmup_steps", "0", "--weight_decay", "0", "--max_grad_norm", "1.0", "--optim", "adamw_torch",
             "--logging_steps", "1", "--save_strategy", "no", "--eval_strategy", "no",
             "--load_best_model_at_end", "false", "--report_to", "none", "--disable_tqdm", "true",
-            "--seed", "0", "--gradient_checkpointing", "true" if gc == "on" else "false"]
+            "--seed", "0", "--gradient_checkpointing", "true" if gc == "on" else "false", *a.ours_extra.split()]
 
 
 def their_cmd(a, kind, seq, gc, steps, work, model_dir, data):
@@ -331,6 +331,8 @@ def main():
     ap.add_argument("--reserve-gib", type=float, default=3.0, help="MemAvailable kept free for others")
     ap.add_argument("--force", action="store_true", help="run cases the memory guard would skip")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--ours-extra", default="", help="more arguments for our recipe, one string (e.g. "
+                    "'--fused_linear_cross_entropy false')")
     ap.add_argument("--keep", help="keep logs and the model in this directory")
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
