@@ -10,20 +10,23 @@ memory").
 
 Both sides: per_device_train_batch_size 1 (2 rows of SEQ tokens per step), AdamW (adamw_torch), constant
 learning rate, max_grad_norm 1.0, logging every step, OMP_NUM_THREADS=1 per rank, no saving inside training;
-LoRA r 8, alpha 16, dropout 0 on q_proj and v_proj; gradient checkpointing off or on (non-reentrant on both
-sides). The data are SEQ - 1 random digits per row plus the end-of-text token (the tokenizer, a byte-level BPE
+LoRA r 8, alpha 16, dropout 0 on q_proj and v_proj; gradient checkpointing off or on on both sides
+(transformers with use_reentrant False; ours has one mechanism, which computes the same gradients). The data are SEQ - 1 random digits per row plus the end-of-text token (the tokenizer, a byte-level BPE
 in Qwen2's layout made here, splits digits one by one, as Qwen2's does), so both sides see exactly SEQ tokens
 per row: the script checks it from our log's num_input_tokens_seen and from the rows the worker builds.
 
 Measured per run (each side in its own processes, the sides alternating: ours, theirs, ours, ...):
 - step times from the wall-clock time at which each step's log line reaches this script (ours: the Trainer's
-  log line, theirs: a TrainerCallback's on_step_end line), the first --warmup steps dropped; tokens/s =
+  log line, theirs: a TrainerCallback's on_step_end line), the first max(1, --warmup) steps dropped (the
+  first step has no start mark); tokens/s =
   tokens per step / median step time (the spread across steps is printed as min-max);
 - peak RSS per rank: each rank process's VmHWM (/proc/PID/status) read when the last step's line arrives (so
-  the model load is included, the final save of our recipe is not), summed over the ranks and printed per
-  rank (the largest rank);
+  the model load is included, the final save of our recipe is not), and its largest RssAnon polled every
+  0.2 s (anonymous memory, without the pages of the memory-mapped checkpoint); the table gives the largest
+  rank's, --json also the sum over the ranks;
 - the GEMM-roofline ratio as bench/llm/models_bench.py has it: model FLOPs per step / step time / the fp32
-  GEMM rate build/bench/llm/bench_models measures on 2 threads (shape SEQ x hidden x intermediate). Model
+  GEMM rate build/bench/llm/bench_models measures on 2 threads (512 x hidden x intermediate), measured
+  before each pair, the highest used (others' load depresses it). Model
   FLOPs per token: forward 2 x (matmul parameters, lm_head included) + 4 x layers x seq x hidden (attention);
   a full fine-tuning step counts 3 forwards, a LoRA step 2 (the frozen weights get no weight gradient); the
   recomputation of gradient checkpointing is not counted (MFU's convention).
@@ -39,7 +42,8 @@ activations per token as measured for transformers, the larger side) and compare
 
 Options pick the cases (--types, --seqs, --gc, --sides), the steps (--warmup, --steps), the rounds
 (--rounds: each case's pair repeated, the medians of all measured steps taken), the depth (--layers) and the
-output (--json FILE). It is a program, not a test: CI never runs it.
+output (--json FILE: every step time and peak); --ours-extra passes more arguments to our recipe (e.g.
+'--fused_linear_cross_entropy false'). It is a program, not a test: CI never runs it.
 """
 import argparse
 import json

@@ -19,7 +19,12 @@ logits' activations, which depend on tokens x vocabulary only) is subtracted fro
 and compared with the estimate (% difference). The raw peaks are printed too.
 
   .venv/bin/python bench/llm/memory_check.py [--sizes 0.5B-8L,0.5B] [--types lora,full,deepspeed]
-      [--seq 32] [--steps 3] [--max-gib 14]
+      [--seq 32] [--steps 3] [--max-gib 14] [--extra 'MORE RECIPE ARGS'] [--json FILE]
+
+Sizes: 0.5B (Qwen2.5-0.5B), 0.5B-8L / 0.5B-4L / 0.5B-2L (its width with fewer layers), 0.5B-2L-untied. A run
+whose estimate (x 1.2, both ranks, with the baseline) exceeds --max-gib or MemAvailable - 3 GiB is SKIPPED and
+listed. MEMORY_CHECK_SERIES=FILE appends each run's RssAnon trace and step-line times (JSON lines), to see
+where the peak is.
 """
 import argparse
 import json
