@@ -4,10 +4,15 @@
 /// (Accelerator::prepare_pipeline, the Trainer's Sequential constructor): the token embedding, one layer per
 /// block, then the final norm and the output projection. The blocks are the units of the stages.
 ///
-///   accel::llm::CausalLM model(config);
+///   accel::llm::CausalLM model(model_config);
 ///   auto layers = accel::llm::pipeline_layers(model);
-///   config_file.pipeline.partition = accel::llm::pipeline_partition(model, 2);  // "0,2,4" for 2 blocks
+///   accel::Config config;  // or the Accelerate YAML: pipeline_config {stages: 2, partition: ...}
+///   config.pipeline.stages = 2;
+///   config.pipeline.partition = accel::llm::pipeline_partition(model, 2);  // "0,2,4" for 2 blocks
+///   accel::Accelerator accelerator(accel::AcceleratorOptions().config(config));
 ///   auto& stage = accelerator.prepare_pipeline(layers);
+///   torch::optim::SGD optimizer(stage.parameters(), 0.1);
+///   accelerator.prepare(optimizer);
 ///   double loss = accelerator.pipeline_step(input_ids, labels, accel::llm::pipeline_loss());
 ///
 /// Local to a rank: no collective.
