@@ -15,8 +15,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -255,12 +257,14 @@ namespace {
 
 // Peak CPU bytes above what is allocated before, of one forward + backward through sft_loss; `seconds` gets
 // its wall time.
-std::uint64_t peak_bytes(llm::CausalLM& model, const llm::SftTensors& batch, bool fused, double* seconds) {
+std::uint64_t peak_bytes(llm::CausalLM& model, const llm::SftTensors& batch, bool fused, std::int64_t chunk,
+                         double* seconds) {
   model->zero_grad(/*set_to_none=*/true);
   const auto before = accel::CpuMemoryCounter::current();
   accel::CpuMemoryCounter::reset_peak();
   const auto start = std::chrono::steady_clock::now();
-  llm::sft_loss(*model, batch, std::nullopt, llm::SftLossOptions().fused_linear_cross_entropy(fused))
+  llm::sft_loss(*model, batch, std::nullopt,
+                llm::SftLossOptions().fused_linear_cross_entropy(fused).chunk_tokens(chunk))
       .backward();
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto peak = accel::CpuMemoryCounter::peak() - before;
@@ -269,7 +273,7 @@ std::uint64_t peak_bytes(llm::CausalLM& model, const llm::SftTensors& batch, boo
 }
 
 void measure(std::int64_t vocab, std::int64_t hidden, std::int64_t layers, std::int64_t batch,
-             std::int64_t length, bool tied, double* ratio) {
+             std::int64_t length, bool tied, std::int64_t chunk, double* ratio) {
   accel::CpuMemoryCounter::install();
   const auto config = llm::ModelConfig::from_json(
       R"({"model_type": "qwen2", "vocab_size": )" + std::to_string(vocab) + R"(, "hidden_size": )" +
@@ -285,8 +289,8 @@ void measure(std::int64_t vocab, std::int64_t hidden, std::int64_t layers, std::
   const llm::SftTensors b{ids, ids, torch::ones({batch, length}, torch::kInt64),
                           torch::empty({0}, torch::kInt64)};
   double t_unfused = 0, t_fused = 0;
-  const auto unfused = peak_bytes(model, b, false, &t_unfused);
-  const auto fused = peak_bytes(model, b, true, &t_fused);
+  const auto unfused = peak_bytes(model, b, false, 0, &t_unfused);
+  const auto fused = peak_bytes(model, b, true, chunk, &t_fused);
   const double mib = 1024.0 * 1024.0;
   std::cout << "fused loss memory: vocab " << vocab << ", hidden " << hidden << ", " << layers << " layers, "
             << (tied ? "tied" : "untied") << ", batch " << batch << " x " << length << " tokens: peak "
@@ -302,10 +306,10 @@ void measure(std::int64_t vocab, std::int64_t hidden, std::int64_t layers, std::
 
 TEST_CASE("The fused loss needs a fraction of the unfused loss's peak memory on a large vocabulary",
           "[llm][fused][memory]") {
-  // 32,768 tokens of vocabulary, 2 x 256 tokens: the logits are 64 MiB, their log-softmax and gradient as
-  // much.
+  // 32,768 tokens of vocabulary, 2 x 256 tokens in chunks of 128 (the automatic size would take them in one):
+  // the logits are 64 MiB, their log-softmax and gradient as much.
   double ratio = 1.0;
-  measure(32768, 64, 1, 2, 256, /*tied=*/true, &ratio);
+  measure(32768, 64, 1, 2, 256, /*tied=*/true, /*chunk=*/128, &ratio);
   CHECK(ratio <= 0.5);
 }
 
@@ -315,7 +319,8 @@ TEST_CASE("Peak memory of one training step, Qwen2.5-0.5B's head (ACCEL_FUSED_ME
   const char* layers = std::getenv("ACCEL_FUSED_MEMORY_LAYERS");
   const char* length = std::getenv("ACCEL_FUSED_MEMORY_LENGTH");
   double ratio = 1.0;
-  measure(151936, 896, layers ? std::atoll(layers) : 2, 1, length ? std::atoll(length) : 2048, true, &ratio);
+  measure(151936, 896, layers ? std::atoll(layers) : 2, 1, length ? std::atoll(length) : 2048, true,
+          /*chunk=*/0, &ratio);
   CHECK(ratio < 1.0);
 }
 
@@ -372,4 +377,38 @@ TEST_CASE("The fused loss and its gradients equal transformers' (ACCEL_LLM_FUSED
   CHECK(cases >= 4);
   std::cout << "hf: " << cases << " cases: fused loss equals transformers' (max |diff| fp32/bf16 "
             << worst_loss << "), every gradient (fp32, max relative diff " << worst_grad << ")" << std::endl;
+}
+
+TEST_CASE("Time of the head's loss, fused (chunk sizes) against unfused (ACCEL_FUSED_SPEED_LENGTH)",
+          "[.fused_speed]") {
+  // Qwen2.5-0.5B's head (151,936 x 896) on one row, weight trained (full fine-tuning) or frozen (LoRA).
+  const char* env = std::getenv("ACCEL_FUSED_SPEED_LENGTH");
+  const std::int64_t length = env ? std::atoll(env) : 1024;
+  torch::manual_seed(0);
+  const auto ids = torch::randint(0, 151936, {1, length}, torch::kInt64);
+  for (const bool train_weight : {true, false}) {
+    const auto hidden = torch::randn({1, length, 896}, torch::requires_grad());
+    const auto weight = (torch::randn({151936, 896}) * 0.02).requires_grad_(train_weight);
+    auto time = [&](const std::function<torch::Tensor()>& loss) {
+      const auto c0 = std::clock();
+      const auto w0 = std::chrono::steady_clock::now();
+      loss().backward();
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+      hidden.mutable_grad() = torch::Tensor();
+      if (train_weight) weight.mutable_grad() = torch::Tensor();
+      return std::make_pair(wall, cpu);
+    };
+    const auto unfused = time([&] { return llm::causal_lm_loss(torch::linear(hidden, weight), ids); });
+    std::cout << "head loss, " << length << " tokens, weight " << (train_weight ? "trained" : "frozen")
+              << ": unfused " << unfused.first << " s wall, " << unfused.second << " s cpu" << std::endl;
+    for (const std::int64_t chunk : {0, 64, 256, 1024, 2048}) {
+      const auto fused = time([&] {
+        return llm::fused_linear_cross_entropy(hidden, weight, ids, std::nullopt,
+                                               llm::FusedCrossEntropyOptions().chunk_tokens(chunk));
+      });
+      std::cout << "  fused chunk " << chunk << ": " << fused.first << " s wall, " << fused.second << " s cpu"
+                << std::endl;
+    }
+  }
 }

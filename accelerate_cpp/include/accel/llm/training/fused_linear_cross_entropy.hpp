@@ -27,9 +27,8 @@ namespace accel::llm {
 /// Options of fused_linear_cross_entropy. Example: `FusedCrossEntropyOptions().chunk_tokens(512)`.
 struct FusedCrossEntropyOptions {
   /// Tokens per chunk (each chunk's logits are chunk_tokens x vocab float32). 0: automatic, at least 16
-  /// tokens and about 32 MiB of float32 logits per chunk (Qwen's 151,936 vocabulary: 55 tokens), or when the
-  /// head's weight is trained, a quarter of its float32 bytes (Qwen2.5-0.5B's 151,936 x 896 head: 224 tokens,
-  /// 130 MiB), since each chunk adds into the whole weight gradient.
+  /// tokens and about 256 MiB of float32 logits per chunk (Qwen's 151,936 vocabulary: 441 tokens; smaller
+  /// chunks cost time on a CPU, see BENCHMARKS.md).
   FusedCrossEntropyOptions& chunk_tokens(std::int64_t value) {
     chunk_tokens_ = value;
     return *this;
