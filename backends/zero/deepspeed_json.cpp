@@ -1133,9 +1133,22 @@ void apply_autotp(const JsonFile& f, const Json& root, Config& c) {
   if (block.is_null()) return;
   if (!block.is_object()) f.fail("tensor_parallel", "tensor_parallel", "tensor_parallel: expected an object");
   std::vector<std::string> no_effect;
+  bool enabled = true;
   for (const auto& [key, v] : block.items()) {
     const std::string p = "tensor_parallel." + key;
-    if (key == "autotp_size") {
+    if (key == "enabled") {
+      enabled = boolean_value(f, v, p, key);
+    } else if (key == "vocab_parallel_lm_head") {
+      // DeepSpeed's default (false) keeps lm_head whole, as here.
+      if (boolean_value(f, v, p, key))
+        f.fail(p, key,
+               fmt::format(
+                   "{}: true is not supported by accelerate-cpp: lm_head and the embedding stay whole on "
+                   "every rank of a tensor-parallel group; set it to false or remove it",
+                   p));
+    } else if (key == "vocab_parallel_ce_backend") {
+      no_effect.push_back(key);
+    } else if (key == "autotp_size") {
       const auto n = count_or_auto(f, v, p, key);
       if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
         f.fail(p, key, fmt::format("{}: expected a number of ranks, got {}", p, v.dump()));
@@ -1152,6 +1165,7 @@ void apply_autotp(const JsonFile& f, const Json& root, Config& c) {
                          p));
     }
   }
+  if (!enabled) c.tensor_parallel_size = 1;
   if (!no_effect.empty()) {
     c.notices.push_back(fmt::format("{}: tensor_parallel settings with no effect in accelerate-cpp: {}",
                                     f.path(), join(no_effect)));

@@ -1349,6 +1349,13 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
   // partition plan and stage 3 are refused; parallelism_config_tp_size in the YAML must agree.
   CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 2}}").tensor_parallel_size == 2);
   CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 0}}").tensor_parallel_size == 1);
+  CHECK(json_load("{\"tensor_parallel\": {\"enabled\": false, \"autotp_size\": 2}}").tensor_parallel_size ==
+        1);
+  CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": false}}")
+            .tensor_parallel_size == 2);
+  CHECK_THAT(
+      json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true}}"),
+      Catch::Contains("tensor_parallel.vocab_parallel_lm_head: true is not supported by accelerate-cpp"));
   CHECK_THAT(
       json_error("{\"zero_optimization\": {\"stage\": 3},\n \"tensor_parallel\": {\"autotp_size\": 2}}"),
       Catch::Contains("ds.json:2: tensor_parallel.autotp_size 2 with zero_optimization.stage 3"));
