@@ -15,6 +15,9 @@ Rows (each prints one line; the last "sp equivalence: all equal" only when every
   sp2 padded   unpacked rows of different lengths (padding, attention mask; the length padded to a multiple
                of the group), gradient accumulation 2.
   sp4 refused  sp_size 4 with 2 kv heads: the UsageError naming both head counts.
+  sp2 / cp2 causal  one unpadded row per batch (lengths not multiples of the group): attention without a mask
+               (Ulysses: SDPA's causal flag over the whole sequence; context: each chunk causally over the keys
+               before it).
   sp2 x dp2    4 ranks (2 sequence-parallel groups x 2 data-parallel replicas, batch 1 each) vs one process
                with batch 2.
   sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank), with
@@ -165,6 +168,13 @@ def main():
         except RuntimeError as e:
             want = "num_attention_heads 4 and num_key_value_heads 2 must both be divisible by the sequence-parallel size 4"
             check(want in str(e), f"sp4 refused: '{want}'")
+        # One unpadded row per batch: causal attention without a mask (SDPA's causal flag; context
+        # parallelism's two chunks with zero rows before them), the length padded to a multiple of the group.
+        one = run(fin, None, None, base, os.path.join(tmp, "one_single"), 1, 1, [])
+        for name, sizes, kind in [("sp2", {"sp_size": 2}, "sequence"), ("cp2", {"cp_size": 2}, "context")]:
+            compare(f"{name} causal (2 ranks, one row of up to 1024 tokens per batch, no mask)", one,
+                    run(fin, launch, config(tmp, name + "_single", "ddp", 2, sizes), base,
+                        os.path.join(tmp, name + "_single"), 1, 1, [], kind))
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

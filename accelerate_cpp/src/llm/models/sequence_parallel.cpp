@@ -160,7 +160,7 @@ torch::Tensor sequence_parallel_mask(const SequenceParallelism& s, const torch::
       attention_mask.defined() ? gather_columns(attention_mask.to(device), group) : torch::Tensor();
   const bool padded = padding.defined() && !padding.to(torch::kBool).all().item<bool>();
   const auto documents = attention_mask.defined() ? torch::Tensor() : packed_documents(pos);
-  if (!s.context && !padded && !documents.defined()) return {};  // SDPA's causal flag over T
+  if (!padded && !documents.defined()) return {};  // causal only: SDPA's causal flag (see the attention)
   // Ulysses: queries and keys in global order (keys == 0..T-1); context: this rank's queries, keys gathered.
   auto mask = (keys.view({1, -1}) <= queries.view({-1, 1})).view({1, 1, queries.size(0), total});
   if (padded) mask = mask & padding.to(torch::kBool).view({batch, 1, 1, total});
@@ -170,6 +170,39 @@ torch::Tensor sequence_parallel_mask(const SequenceParallelism& s, const torch::
   }
   return mask.expand({batch, 1, queries.size(0), total});
 }
+
+namespace {
+
+// Context parallelism without padding or packed documents: each of this rank's two chunks (global chunk c of
+// length L) attends to the keys [0, (c + 1) L) causally, which is SDPA's causal flag (aligned top-left) once
+// c L rows of zeros stand before the chunk's queries: no [t, T] mask to convert and keep per layer (the
+// masked kernel keeps a float copy of it for backward), at the price of computing the zero rows.
+torch::Tensor context_causal_attention(const SequenceParallelism& s, const torch::Tensor& q,
+                                       const torch::Tensor& kf, const torch::Tensor& vf, std::int64_t groups,
+                                       double scale) {
+  Communicator& group = *s.group;
+  const int size = group.world_size();
+  const auto batch = q.size(0), heads = q.size(1), length = q.size(2), dim = q.size(3);
+  const std::int64_t total = kf.size(2), chunk = length / 2;
+  std::vector<torch::Tensor> order;
+  for (int r = 0; r < size; ++r)
+    order.push_back(sequence_shard_index(total, r, size, /*load_balanced=*/true));
+  const auto to_global = torch::argsort(torch::cat(order)).to(q.device());
+  const auto k = kf.index_select(2, to_global), v = vf.index_select(2, to_global);
+  const std::int64_t chunks[2] = {group.rank(), 2 * size - 1 - group.rank()};
+  std::vector<torch::Tensor> outs;
+  for (int i = 0; i < 2; ++i) {
+    const std::int64_t c = chunks[i], visible = (c + 1) * chunk;
+    auto rows = q.narrow(2, i * chunk, chunk);
+    if (c > 0) rows = torch::cat({torch::zeros({batch, heads, c * chunk, dim}, q.options()), rows}, 2);
+    const auto out = torch::scaled_dot_product_attention(
+        rows, k.narrow(2, 0, visible), v.narrow(2, 0, visible), {}, 0.0, true, scale, groups > 1);
+    outs.push_back(out.narrow(2, c * chunk, chunk));
+  }
+  return torch::cat(outs, 2).transpose(1, 2).reshape({batch, length, heads * dim});
+}
+
+}  // namespace
 
 torch::Tensor sequence_parallel_attention(const SequenceParallelism& s, const torch::Tensor& q,
                                           const torch::Tensor& k, const torch::Tensor& v,
@@ -183,6 +216,7 @@ torch::Tensor sequence_parallel_attention(const SequenceParallelism& s, const to
       return all_gather(x.unsqueeze(0), group).permute({1, 2, 0, 3, 4}).reshape({batch, x.size(1), -1, dim});
     };
     auto kf = gather(k), vf = gather(v);
+    if (!mask.defined()) return context_causal_attention(s, q, kf, vf, groups, scale);
     if (groups > 1) {
       kf = kf.repeat_interleave(groups, 1);
       vf = vf.repeat_interleave(groups, 1);

@@ -7,9 +7,10 @@
 namespace accel::llm::detail {
 
 /// The boolean mask (true = attend) of the split attention, from this rank's `attention_mask` [B, t] (0/1,
-/// or undefined) and `positions` [B or 1, t]: Ulysses [B, 1, T, T] in global order, or undefined where
-/// SDPA's causal flag over T gives the same (no padding, one document per row); context parallelism
-/// [B, 1, t, T] over the keys in the order the group's all-gather holds them. UsageError with a cache.
+/// or undefined) and `positions` [B or 1, t]: Ulysses [B, 1, T, T] in global order, context parallelism
+/// [B, 1, t, T] over the keys in the order the group's all-gather holds them; undefined when the attention is
+/// causal only (no padding, one document per row), which sequence_parallel_attention then runs with SDPA's
+/// causal flag. UsageError with a cache.
 torch::Tensor sequence_parallel_mask(const SequenceParallelism& s, const torch::Tensor& attention_mask,
                                      const torch::Tensor& positions, std::int64_t batch,
                                      const KVCache* cache);

@@ -46,8 +46,10 @@ SftTensors shard_sequence(const SftTensors& batch, const CausalLMImpl& model, st
     const auto last = positions.narrow(1, cols - 1, 1);
     positions = torch::cat({positions, last + torch::arange(1, extra + 1, ids.options()).unsqueeze(0)}, 1);
   }
+  // The added columns come after every token of the row: causal attention never shows them to a real token,
+  // so they are marked "attend" (a row without padding then keeps SDPA's causal flag instead of a mask).
   auto mask = part(batch, kAttentionMask);
-  if (mask.defined()) mask = pad_columns(mask, extra, 0);
+  if (mask.defined()) mask = pad_columns(mask, extra, 1);
   const auto index = sequence_shard_index(cols + extra, rank, size, s.context).to(ids.device());
   auto cut = [&](const torch::Tensor& t) { return t.defined() ? t.index_select(1, index) : torch::Tensor(); };
   return {cut(pad_columns(ids, extra, pad_id)), cut(shifted), mask.defined() ? cut(mask) : torch::empty({0}),

@@ -19,8 +19,9 @@ namespace accel::llm {
 
 /// This rank's part of `batch` for a model split by enable_sequence_parallel / enable_context_parallel
 /// (unsplit: the batch with labels shifted). The columns are first padded on the right to a multiple of the
-/// group's size (2 x size for context parallelism): `pad_id` tokens, labels -100, attention mask 0 (when
-/// the batch has one), position ids continuing each row. The labels are shifted BEFORE the cut (ALST's
+/// group's size (2 x size for context parallelism): `pad_id` tokens, labels -100, attention mask 1 (when
+/// the batch has one: causal attention never shows a later column to a real token), position ids continuing
+/// each row. The labels are shifted BEFORE the cut (ALST's
 /// shift_labels: position t holds labels[t + 1], the last -100), so that the token after a part's last
 /// position is still predicted. Position ids are the batch's, or 0..T-1 when it has none. Returns
 /// {input_ids, shift_labels, attention_mask (or empty), position_ids}, each int64 [rows, part].
