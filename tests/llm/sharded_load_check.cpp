@@ -93,8 +93,10 @@ int sharded(const std::string& dir, const torch::Tensor& ids, const std::string&
   const auto rss_before = status_bytes("VmRSS"), anon_before = status_bytes("RssAnon");
   const auto file_before = status_bytes("RssFile");
   auto model = accel::llm::from_pretrained_empty(dir);
+  const auto anon_built = status_bytes("RssAnon") - anon_before;
   torch::optim::SGD optimizer(model->parameters(), 0.5);
   acc.prepare(model, optimizer);
+  const auto anon_prepared = status_bytes("RssAnon") - anon_before;
   acc.load_model(model, dir);
   const auto peak = CpuMemoryCounter::peak() - base;
   const auto held = CpuMemoryCounter::current() - base;
@@ -105,8 +107,9 @@ int sharded(const std::string& dir, const torch::Tensor& ids, const std::string&
   }
   std::cout << "rank " << acc.process_index() << ": load peak " << peak << " bytes, held after load " << held
             << " bytes, model " << model_bytes << " bytes, largest tensor " << largest
-            << " bytes; resident: peak growth " << status_bytes("VmHWM") - rss_before << " bytes, anonymous "
-            << status_bytes("RssAnon") - anon_before << " bytes and file pages "
+            << " bytes; resident: anonymous growth " << anon_built << " bytes after building, "
+            << anon_prepared << " after prepare; peak growth " << status_bytes("VmHWM") - rss_before
+            << " bytes, anonymous " << status_bytes("RssAnon") - anon_before << " bytes and file pages "
             << status_bytes("RssFile") - file_before << " bytes more after load" << std::endl;
   const auto logits = model(ids);
   const auto loss = lm_loss(logits, ids);

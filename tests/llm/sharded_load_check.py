@@ -13,6 +13,8 @@ FULL_SHARD + fsdp_cpu_ram_efficient_loading on the shards), 2 ranks under accel-
     batch, the logits equal the one-process model's after the same step within 1e-5;
   - no rank allocated the whole model: the peak of LibTorch's CPU allocations during build + prepare + load
     (CpuMemoryCounter) is at most model/2 + the largest tensor + 10% of the model, and below the model's size.
+Each rank's resident figures (/proc/self/status: anonymous growth after building, prepare and load; the peak,
+which counts the checkpoint pages read through the mapping) are printed for information, not checked.
 Exit 77 when transformers is not importable.
 """
 import os
