@@ -6,9 +6,11 @@
 //   (zero3_init_flag /
 //                                                                    fsdp_cpu_ram_efficient_loading config)
 //
-// Both write the logits of IDS_FILE's batch, the loss, and the logits after one SGD step (lr 0.5) on that
-// batch. The sharded run builds the model empty (from_pretrained_empty), prepares it and fills it with
-// Accelerator::load_model, and prints what LibTorch allocated on this rank's CPU meanwhile
+//   sharded_load_check refuse  MODEL_DIR IDS_FILE -                 each rank of accel-launch on DDP: prepare
+//                                                                    refuses the empty model, naming the fix
+// whole and sharded write the logits of IDS_FILE's batch, the loss, and the logits after one SGD step (lr
+// 0.5) on that batch. The sharded run builds the model empty (from_pretrained_empty), prepares it and fills
+// it with Accelerator::load_model, and prints what LibTorch allocated on this rank's CPU meanwhile
 // (CpuMemoryCounter, installed before anything is allocated):
 //   rank R: load peak P bytes, held after load H bytes, model M bytes, largest tensor L bytes; resident: ...
 // (the resident figures, from /proc/self/status, are for information: they include the mapped checkpoint
@@ -123,6 +125,23 @@ int sharded(const std::string& dir, const torch::Tensor& ids, const std::string&
   return 0;
 }
 
+// A backend that keeps parameters whole (DDP) cannot take an empty model: prepare must stop with the
+// parameter's message, naming from_pretrained_empty and the fix.
+int refuse(const std::string& dir) {
+  accel::Accelerator acc;
+  auto model = accel::llm::from_pretrained_empty(dir);
+  torch::optim::SGD optimizer(model->parameters(), 0.5);
+  try {
+    acc.prepare(model, optimizer);
+  } catch (const std::exception& e) {
+    std::cout << "rank " << acc.process_index() << " refused: " << e.what() << std::endl;
+    return 0;
+  }
+  std::cout << "rank " << acc.process_index() << " prepared an empty model on " << acc.backend_name()
+            << std::endl;
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -133,6 +152,7 @@ int main(int argc, char** argv) try {
   }
   const std::string mode = argv[1];
   const auto ids = read_ids(argv[3]);
+  if (mode == "refuse") return refuse(argv[2]);
   return mode == "whole" ? whole(argv[2], ids, argv[4]) : sharded(argv[2], ids, argv[4]);
 } catch (const std::exception& e) {
   std::cerr << "sharded_load_check: " << e.what() << std::endl;

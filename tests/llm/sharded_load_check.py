@@ -122,6 +122,19 @@ def main():
                 check(d_hf <= 1e-5 and d_whole <= 1e-6 and d_loss <= 1e-6 and d_step <= 1e-5,
                       f"{name} rank {rank}: logits equal transformers' ({d_hf:.2e}) and one process's "
                       f"({d_whole:.2e}), loss ({d_loss:.2e}), logits after an SGD step ({d_step:.2e})")
+        # DDP keeps parameters whole: it cannot take an empty model, and says why (naming the parameter).
+        cfg = os.path.join(root, "ddp.yaml")
+        with open(cfg, "w") as f:
+            f.write("config_version: 1\nbackend: ddp\nuse_cpu: true\nnum_processes: 2\nmain_process_port: 0\n")
+        r = subprocess.run([launch, "launch", "--config_file", cfg, check_bin, "refuse", single, ids_file, "-"],
+                           capture_output=True, text=True, env=env)
+        refused = re.findall(r"rank \d refused: .*parameter '([^']+)' was built empty \(from_pretrained_empty\).*"
+                             r"accelerator\.load_model\(model, dir\)", r.stdout)
+        check(r.returncode == 0 and len(refused) == 2,
+              f"ddp: prepare refuses the empty model on both ranks, naming the parameter ({refused[:1]}) and "
+              f"the fix")
+        if r.returncode != 0 or len(refused) != 2:
+            print(r.stdout[-2000:], r.stderr[-2000:])
     if FAILED:
         print(f"sharded load: {len(FAILED)} failed")
         return 1
