@@ -8,6 +8,7 @@
 //
 //   sharded_load_check refuse  MODEL_DIR IDS_FILE -                 each rank of accel-launch on DDP: prepare
 //                                                                    refuses the empty model, naming the fix
+//   sharded_load_check early   MODEL_DIR IDS_FILE -                 ZeRO-3: a forward before load_model stops
 // whole and sharded write the logits of IDS_FILE's batch, the loss, and the logits after one SGD step (lr
 // 0.5) on that batch. The sharded run builds the model empty (from_pretrained_empty), prepares it and fills
 // it with Accelerator::load_model, and prints what LibTorch allocated on this rank's CPU meanwhile
@@ -142,6 +143,19 @@ int refuse(const std::string& dir) {
   return 1;
 }
 
+// A forward on a prepared empty model before load_model: the engine stops the rank (an error cannot leave
+// LibTorch's operator callback) with a message naming the parameter and the call.
+int early(const std::string& dir, const torch::Tensor& ids) {
+  accel::Accelerator acc;
+  auto model = accel::llm::from_pretrained_empty(dir);
+  torch::optim::SGD optimizer(model->parameters(), 0.5);
+  acc.prepare(model, optimizer);
+  torch::NoGradGuard no_grad;
+  model(ids);
+  std::cout << "rank " << acc.process_index() << " ran a forward on an empty model" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -153,6 +167,7 @@ int main(int argc, char** argv) try {
   const std::string mode = argv[1];
   const auto ids = read_ids(argv[3]);
   if (mode == "refuse") return refuse(argv[2]);
+  if (mode == "early") return early(argv[2], ids);
   return mode == "whole" ? whole(argv[2], ids, argv[4]) : sharded(argv[2], ids, argv[4]);
 } catch (const std::exception& e) {
   std::cerr << "sharded_load_check: " << e.what() << std::endl;

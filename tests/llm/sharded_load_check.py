@@ -122,6 +122,17 @@ def main():
                 check(d_hf <= 1e-5 and d_whole <= 1e-6 and d_loss <= 1e-6 and d_step <= 1e-5,
                       f"{name} rank {rank}: logits equal transformers' ({d_hf:.2e}) and one process's "
                       f"({d_whole:.2e}), loss ({d_loss:.2e}), logits after an SGD step ({d_step:.2e})")
+        # A forward before load_model stops the rank with the parameter's name and the call to make.
+        r = subprocess.run([launch, "launch", "--config_file", os.path.join(root, "zero_stage3.yaml"), check_bin,
+                            "early", single, ids_file, "-"], capture_output=True, text=True, env=env)
+        said = re.search(r"parameter '([^']+)' was built without memory \(empty weights\) and has not been loaded; "
+                         r"a forward needs its values: call accelerator\.load_model\(model, dir\)",
+                         r.stdout + r.stderr)
+        check(r.returncode != 0 and said is not None and "ran a forward" not in r.stdout,
+              f"zero_stage3: a forward before load_model stops, naming the parameter "
+              f"({said.group(1) if said else None}) and load_model")
+        if r.returncode == 0 or said is None:
+            print(r.stdout[-2000:], r.stderr[-2000:])
         # DDP keeps parameters whole: it cannot take an empty model, and says why (naming the parameter).
         cfg = os.path.join(root, "ddp.yaml")
         with open(cfg, "w") as f:
