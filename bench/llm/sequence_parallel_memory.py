@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Peak memory per rank of examples/llm/finetune on one long sequence: one process vs sequence parallelism
+(sp_size 2) and context parallelism (cp_size 2) on 2 CPU ranks (issue 52's long-sequence table).
+
+  sequence_parallel_memory.py FINETUNE ACCEL_LAUNCH [--seq 8192] [--hidden 512] [--layers 4] [--heads 8]
+                              [--kv_heads 2] [--intermediate 1536]
+
+A Qwen2 of the given shape (random weights, a 300-token byte-level BPE vocabulary so that the logits do not
+dominate) and documents longer than --seq are made in a temporary directory; each run trains 2 steps of
+batch 1 (full fine-tuning, fp32, rows truncated to --seq, no padding) and reports each rank's peak resident
+set (getrusage's ru_maxrss through /usr/bin/time). The same run at sequence 256 gives its fixed part
+(LibTorch, the model, AdamW's state, DDP's buckets): the difference is what the long sequence costs a rank.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+
+def make(out, a):
+    rng = random.Random(0)
+    words = "the a cat dog sum of plus minus is what number tell me please quickly answer river stone".split()
+    docs = [" ".join(rng.choice(words) for _ in range(a.seq * 2)) for _ in range(4)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(docs[:1], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(out)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(fast), hidden_size=a.hidden, intermediate_size=a.intermediate,
+                      num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                      max_position_embeddings=2 * a.seq, tie_word_embeddings=True)
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    with open(os.path.join(out, "text.jsonl"), "w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+
+
+def run(fin, launch, cfg, model, out, seq):
+    cmd = ["/usr/bin/time", "-f", "peak_rss_kb %M", fin, "--model_name_or_path", model, "--dataset",
+           os.path.join(model, "text.jsonl"), "--output_dir", out, "--per_device_train_batch_size", "1",
+           "--max_steps", "2", "--learning_rate", "1e-4", "--save_strategy", "no", "--report_to", "none",
+           "--max_length", str(seq), "--logging_steps", "1"]
+    if launch:
+        cmd = [launch, "launch", "--config_file", cfg, *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    text = r.stdout + r.stderr
+    if r.returncode != 0:
+        raise RuntimeError(text[-3000:])
+    return [int(k) / 1024 for k in re.findall(r"peak_rss_kb (\d+)", text)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("finetune")
+    p.add_argument("launch")
+    for name, value in [("seq", 8192), ("hidden", 512), ("layers", 4), ("heads", 8), ("kv_heads", 2),
+                        ("intermediate", 1536)]:
+        p.add_argument("--" + name, type=int, default=value)
+    a = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="sp_memory_")
+    try:
+        model = os.path.join(tmp, "model")
+        make(model, a)
+        # A copy: a rebuild of the tree meanwhile must not swap the binary under a run.
+        a.finetune = shutil.copy2(a.finetune, os.path.join(tmp, "finetune"))
+        configs = {}
+        for name, sizes in [("sp2", "  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"),
+                            ("cp2", "  parallelism_config_cp_size: 2\n")]:
+            configs[name] = os.path.join(tmp, name + ".yaml")
+            with open(configs[name], "w") as f:
+                f.write("backend: ddp\nuse_cpu: true\nnum_processes: 2\nmain_process_port: 0\n"
+                        "mixed_precision: 'no'\nparallelism_config:\n" + sizes)
+        print(f"shape: hidden {a.hidden}, {a.layers} layers, {a.heads} heads / {a.kv_heads} kv heads, "
+              f"intermediate {a.intermediate}, vocab 300; batch 1, fp32, full fine-tuning, 2 steps")
+        print(f"| run | sequence | peak RSS per rank (MiB) | the same run at sequence 256 | the sequence's part "
+              f"(difference) |")
+        print("|---|---|---|---|---|")
+        for name, cfg in [("one process", None), ("sp_size 2 (2 ranks)", configs["sp2"]),
+                          ("cp_size 2 (2 ranks)", configs["cp2"])]:
+            launch = a.launch if cfg else None
+            fixed = run(a.finetune, launch, cfg, model, os.path.join(tmp, "fixed"), 256)
+            peaks = run(a.finetune, launch, cfg, model, os.path.join(tmp, "run"), a.seq)
+            print(f"| {name} | {a.seq} | {', '.join(f'{x:.0f}' for x in peaks)} | "
+                  f"{', '.join(f'{x:.0f}' for x in fixed)} | "
+                  f"{', '.join(f'{x - y:.0f}' for x, y in zip(peaks, fixed))} |", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
