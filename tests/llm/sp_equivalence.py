@@ -23,6 +23,8 @@ Rows (each prints one line; the last "sp equivalence: all equal" only when every
   sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank), with
                gradient checkpointing (the all-to-alls run again in backward); SGD at learning rate 0.1 without
                clipping, against one process trained so (ZeRO's engine clips before the Trainer logs a norm).
+  sp2 zero3 / cp2 fsdp   the same (SGD) with ZeRO-3 (TRL's ALST file's stage) and with FSDP FULL_SHARD (its
+               context-parallel file's backend).
 Exit 77 when torch / transformers / tokenizers / safetensors are not importable.
 """
 import json
@@ -154,6 +156,18 @@ def main():
         compare("sp2 zero2 packed (2 ranks, ZeRO-2, SGD, gradient checkpointing)", one_sgd,
                 run(fin, launch, cfg, base, os.path.join(tmp, "zero2"), 2, 1,
                     packed + ["--optim", "sgd", "--gradient_checkpointing", "true"], **sgd))
+        # TRL's ALST file shards with ZeRO-3, its context-parallel file with FSDP: both sharded over every rank.
+        for name, text, kind in [
+                ("sp2 zero3", "backend: zero\ndeepspeed_config:\n  zero_stage: 3\n  gradient_clipping: 0.0\n"
+                 "parallelism_config:\n  parallelism_config_sp_size: 2\n", "sequence"),
+                ("cp2 fsdp", "backend: fsdp\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+                 "parallelism_config:\n  parallelism_config_cp_size: 2\n", "context")]:
+            cfg = os.path.join(tmp, name.replace(" ", "_") + ".yaml")
+            with open(cfg, "w") as f:
+                f.write("use_cpu: true\nnum_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\n" + text)
+            compare(f"{name} packed (2 ranks, {'ZeRO-3' if 'zero' in name else 'FULL_SHARD'}, SGD)", one_sgd,
+                    run(fin, launch, cfg, base, os.path.join(tmp, name.replace(" ", "_")), 2, 1,
+                        packed + ["--optim", "sgd"], kind, **sgd))
         cfg = config(tmp, "sp2dp2", "ddp", 4, {"sp_size": 2, "sp_backend": "deepspeed"})
         compare("sp2 x dp2 packed (4 ranks, batch 1 per replica)", one,
                 run(fin, launch, cfg, base, os.path.join(tmp, "sp2dp2"), 1, 1, packed))
