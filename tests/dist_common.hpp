@@ -38,6 +38,9 @@ bool close(const torch::Tensor& a, const torch::Tensor& b, double tol);
 std::map<std::string, std::function<void()>> real_loop_scenarios();
 /// accel::Trainer on the row: equal to the hand-written loop, resume, best/rotation, early stop, NaN losses.
 std::map<std::string, std::function<void()>> trainer_scenarios();
+/// The language-model scenarios (llm_loops.cpp): `llm`, a tiny tied-embedding Qwen2 trained on padded
+/// batches, N ranks equal to one process (losses per step and weights); `llm_pipeline`, its pipeline stages.
+std::map<std::string, std::function<void()>> llm_scenarios();
 
 }  // namespace dist
 

@@ -2016,6 +2016,8 @@ int main(int argc, char** argv) {
     scenarios.emplace(name, f);
   for (const auto& [name, f] : dist::trainer_scenarios())
     scenarios.emplace(name, f);
+  for (const auto& [name, f] : dist::llm_scenarios())
+    scenarios.emplace(name, f);
   if (argc > 3) argc = 0;  // usage
   if (argc == 3) backend_variant = argv[2];
   // Every scenario of the comma-separated list runs in this process group, each as a Catch2 test case.
