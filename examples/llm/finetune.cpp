@@ -8,15 +8,21 @@
 // This program's own options (SFTConfig's data keys, TRL's names): --dataset FILE|DIR (required),
 // --eval_dataset FILE|DIR, --max_length N (1024), --packing (bfd; --packing_strategy bfd|bfd_split|wrapped),
 // --completion_only_loss true|false, --assistant_only_loss, --save_merged (a LoRA run also writes the merged
-// model), --adapter_init DIR (a LoRA run starts from these PEFT adapter files, loaded after get_peft_model,
-// instead of a fresh initialisation: to continue from an adapter, or to start from exactly Python PEFT's). It
-// writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/), each with
-// the tokenizer files beside it.
+// model), --fused_linear_cross_entropy true|false (true: the loss chunk by chunk from the hidden states, the
+// vocabulary's logits never whole; docs/llm.md), --adapter_init DIR (a LoRA run starts from these PEFT
+// adapter files, loaded after get_peft_model, instead of a fresh initialisation: to continue from an adapter,
+// or to start from exactly Python PEFT's). It writes what users ship into output_dir: the PEFT adapter
+// (adapter/) or the full model (model/), each with the tokenizer files beside it.
+#include <accel/accelerator/resolved_config.hpp>
+#include <accel/config/weight_loading.hpp>
 #include <accel/llm/data/chat_template.hpp>
 #include <accel/llm/data/jsonl_dataset.hpp>
 #include <accel/llm/models/causal_lm.hpp>
+#include <accel/llm/models/empty_weights.hpp>
 #include <accel/llm/models/sequence_parallel.hpp>
+#include <accel/llm/models/tensor_parallel.hpp>
 #include <accel/llm/tokenizers/tokenizer.hpp>
+#include <accel/llm/training/merge_export.hpp>
 #include <accel/llm/training/sequence_shard.hpp>
 #include <accel/llm/training/sft_batches.hpp>
 #include <accel/nn/lora.hpp>
@@ -35,6 +41,7 @@ struct SftOptions {
   std::string dataset, eval_dataset, adapter_init;
   llm::SftDataOptions data;
   bool save_merged = false;
+  llm::SftLossOptions loss;
 };
 
 SftOptions parse_sft_options(const std::vector<std::string>& rest) {
@@ -63,11 +70,18 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
       o.adapter_init = value();
     } else if (key == "--save_merged") {
       o.save_merged = true;
+    } else if (key == "--fused_linear_cross_entropy") {
+      const std::string& v = value();
+      if (v != "true" && v != "false")
+        throw accel::UsageError("finetune: --fused_linear_cross_entropy takes true or false, got '" + v +
+                                "'");
+      o.loss.fused_linear_cross_entropy(v == "true");
     } else {
       throw accel::UsageError(
           "finetune: unknown option '" + key +
           "' (this program's: --dataset, --eval_dataset, --max_length, --packing, "
-          "--packing_strategy, --completion_only_loss, --assistant_only_loss, --adapter_init, --save_merged; "
+          "--packing_strategy, --completion_only_loss, --assistant_only_loss, --adapter_init, --save_merged, "
+          "--fused_linear_cross_entropy; "
           "the rest are TrainingArguments and ModelArguments keys)");
     }
   }
@@ -82,9 +96,12 @@ torch::ScalarType dtype_of(const accel::ModelArguments& m) {
   return torch::kFloat32;  // float32, or auto without a config dtype to follow
 }
 
-llm::CausalLM load_model(const accel::ModelArguments& m, const std::string& dir) {
+// `empty`: the parameters hold no memory until the Trainer has prepared (sharded) the model
+// (LoadShardedWeights).
+llm::CausalLM load_model(const accel::ModelArguments& m, const std::string& dir, bool empty) {
   llm::LoadOptions options;
   options.dtype(dtype_of(m));
+  if (empty) return llm::from_pretrained_empty(dir, options);
   if (m.load_in_4bit) {
     accel::quant::Quant4bitOptions q;
     q.type = m.bnb_4bit_quant_type == "fp4" ? accel::quant::QuantType::FP4 : accel::quant::QuantType::NF4;
@@ -142,7 +159,12 @@ void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::Lo
     if (acc.is_main_process()) copy_tokenizer_files(model_dir, out / "adapter");
     acc.print("finetune: PEFT adapter written to ", (out / "adapter").string());
     if (!save_merged) return;
-    lora->merge_and_unload();
+    // A 4-bit base (QLoRA) is dequantised with the adapters added in float32: ordinary tensors in the dtype
+    // the base was loaded in, which transformers loads (the 4-bit buffers would load as nothing).
+    const auto replaced = llm::merge_and_dequantize(*model, *lora);
+    if (!replaced.empty())
+      acc.print("finetune: ", replaced.size(),
+                " 4-bit layers merged in float32 and written dequantised (not quantised again)");
   }
   acc.save_model(model, (out / "model").string());
   if (acc.is_main_process()) {
@@ -163,6 +185,38 @@ std::pair<std::int64_t, std::int64_t> count_parameters(torch::nn::Module& model)
   return {trainable, total};
 }
 
+// zero3_init_flag / fsdp_cpu_ram_efficient_loading on ZeRO-3 / FULL_SHARD: the model was built empty; once
+// the Trainer has prepared it, each rank reads the slices it owns from the checkpoint
+// (Accelerator::load_model), so that no rank holds the whole model. A run resumed from a checkpoint
+// (global_step > 0) has its weights from there.
+class LoadShardedWeights : public accel::TrainerCallback {
+ public:
+  LoadShardedWeights(accel::Accelerator& acc, llm::CausalLM model, std::string dir)
+      : acc_(acc), model_(std::move(model)), dir_(std::move(dir)) {}
+  std::string name() const override { return "LoadShardedWeights"; }
+  void on_train_begin(const accel::TrainingArguments&, accel::TrainerState& state,
+                      accel::TrainerControl&) override {
+    if (done_) return;
+    done_ = true;
+    if (state.global_step == 0) acc_.load_model(model_, dir_);
+  }
+
+ private:
+  accel::Accelerator& acc_;
+  llm::CausalLM model_;
+  std::string dir_;
+  bool done_ = false;
+};
+
+// Whether the model is built empty and loaded sharded: the config asks for it (accel::loads_weights_sharded),
+// on a full fine-tuning (LoRA's frozen base and a 4-bit base stay outside the sharded optimizer, and the
+// tensor-parallel split reads the weights).
+bool sharded_loading(const accel::ModelArguments& m) {
+  const auto config = accel::resolved_config({});
+  return accel::loads_weights_sharded(config) && !m.use_peft && !m.load_in_4bit &&
+         config.tensor_parallel_size <= 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -178,14 +232,8 @@ int main(int argc, char** argv) try {
   auto train = prepare_data(sft.dataset, dir, tokenizer, sft.data);
   const std::size_t examples = *train.size();
   torch::manual_seed(static_cast<std::int64_t>(args.seed));
-  auto model = load_model(model_args, dir);
-  const auto lora = adapt(model, model_args);
-  if (!sft.adapter_init.empty()) {
-    if (!lora)
-      throw accel::UsageError("finetune: --adapter_init " + sft.adapter_init +
-                              " needs a LoRA run (use_peft: true in the model config, or --use_peft true)");
-    lora->load_adapter(sft.adapter_init);  // keys, shapes, r and lora_alpha checked against this config
-  }
+  const bool sharded = sharded_loading(model_args);
+  auto model = load_model(model_args, dir, sharded);
 
   // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
   // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
@@ -193,13 +241,32 @@ int main(int argc, char** argv) try {
   bool split = false;  // sequence / context parallelism (the config's sp_size / cp_size), set below
   accel::Trainer<llm::SftBatches> trainer(args, model, std::move(train), [&](llm::SftTensors& batch) {
     if (split) return llm::sequence_parallel_sft_loss(*model, batch, /*num_items_in_batch=*/1);
-    return llm::sft_loss(*model, batch, /*num_items_in_batch=*/1);
+    return llm::sft_loss(*model, batch, /*num_items_in_batch=*/1, sft.loss);
   });
   trainer.set_num_items(llm::sft_label_count);
   trainer.set_count_tokens([](const llm::SftTensors& batch) { return batch[llm::kInputIds].numel(); });
   if (!sft.eval_dataset.empty()) trainer.set_eval(prepare_data(sft.eval_dataset, dir, tokenizer, sft.data));
-  if (lora) trainer.set_peft_model(lora);
   auto& acc = trainer.accelerator();
+  if (sharded && !accel::loads_weights_sharded(acc.config())) {
+    throw accel::UsageError(
+        "finetune: the Accelerate config asks for sharded loading (zero3_init_flag / "
+        "fsdp_cpu_ram_efficient_loading) but the training arguments' config does not shard parameters; "
+        "remove the flag or train with ZeRO stage 3 / FULL_SHARD");
+  }
+  if (sharded) {
+    trainer.add_callback(std::make_shared<LoadShardedWeights>(acc, model, dir));
+    acc.print("finetune: ", dir,
+              " loads sharded (zero3_init_flag / fsdp_cpu_ram_efficient_loading): each rank reads the "
+              "slices it owns");
+  } else if (accel::loads_weights_sharded(acc.config())) {
+    acc.print("finetune: note: ", dir,
+              " is loaded whole on every rank: sharded loading covers full "
+              "fine-tuning (not LoRA, 4-bit or tensor-parallel runs)");
+  }
+  // AutoTP: a tensor-parallel size in the config (parallelism_config_tp_size, or a DeepSpeed JSON's
+  // tensor_parallel.autotp_size) splits the blocks' projections over the group, before LoRA adapts them.
+  if (acc.tensor_parallel_group()->world_size() > 1)
+    llm::apply_tensor_parallel(*model, acc.tensor_parallel_group());
   // Long sequences: parallelism_config_sp_size (Ulysses) or cp_size split each batch's positions over the
   // group; the loss is then the whole sequence's on every rank of it.
   if (acc.sequence_parallel_group()->world_size() > 1) {
@@ -213,6 +280,14 @@ int main(int argc, char** argv) try {
     acc.print("finetune: ", context ? "context" : "sequence", " parallelism over groups of ",
               acc.sequence_parallel_group()->world_size(), " ranks: each holds that share of every sequence");
   }
+  const auto lora = adapt(model, model_args);
+  if (!sft.adapter_init.empty()) {
+    if (!lora)
+      throw accel::UsageError("finetune: --adapter_init " + sft.adapter_init +
+                              " needs a LoRA run (use_peft: true in the model config, or --use_peft true)");
+    lora->load_adapter(sft.adapter_init);  // keys, shapes, r and lora_alpha checked against this config
+  }
+  if (lora) trainer.set_peft_model(lora);
   for (const auto& notice : model_args.notices)
     acc.print("finetune: ", notice);
   const auto [trainable, total] = count_parameters(*model);
