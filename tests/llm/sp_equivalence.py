@@ -12,6 +12,8 @@ Rows (each prints one line; the last "sp equivalence: all equal" only when every
                norms before clipping within 1e-5 relative (AdamW alone would hide a gradient scaled by a
                constant), model 1e-5.
   cp2 packed   the same with cp_size 2.
+  sp2 unfused  sp2 packed with --fused_linear_cross_entropy false (the rows above take each rank's loss through
+               the fused linear + cross-entropy, the default; this one through the model's logits).
   sp2 padded   unpacked rows of different lengths (padding, attention mask; the length padded to a multiple
                of the group), gradient accumulation 2.
   sp4 refused  sp_size 4 with 2 kv heads: the UsageError naming both head counts.
@@ -148,6 +150,12 @@ def main():
             compare(name + " (2 ranks, rows of 1024 tokens)",
                     one, run(fin, launch, cfg, base, os.path.join(tmp, name.replace(" ", "_")), 2, 1, packed,
                              "context" if name.startswith("cp") else "sequence"))
+        # The loss under sp: each rank's part through the fused linear + cross-entropy (the default, the rows
+        # above) or, with it off, the model's logits: both equal one process (which took the fused loss).
+        cfg = config(tmp, "sp2_unfused", "ddp", 2, {"sp_size": 2, "sp_backend": "deepspeed"})
+        compare("sp2 unfused packed (2 ranks, --fused_linear_cross_entropy false)", one,
+                run(fin, launch, cfg, base, os.path.join(tmp, "sp2_unfused"), 2, 1,
+                    packed + ["--fused_linear_cross_entropy", "false"]))
         # ZeRO's engine clips before the Trainer sees the norm: this row trains with SGD and no clipping
         # instead, so that the weights show a gradient off by any factor.
         sgd = dict(lr="0.1", clip="0")

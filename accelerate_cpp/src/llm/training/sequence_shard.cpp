@@ -1,6 +1,7 @@
 #include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
 #include <accel/llm/models/sequence_parallel.hpp>
+#include <accel/llm/training/fused_linear_cross_entropy.hpp>
 #include <accel/llm/training/sequence_shard.hpp>
 
 #include <torch/torch.h>
@@ -26,6 +27,31 @@ torch::Tensor part(const SftTensors& batch, SftField which) {
 // `x` [rows, cols] padded on the right to `cols` + `extra` columns of `value`.
 torch::Tensor pad_columns(const torch::Tensor& x, std::int64_t extra, std::int64_t value) {
   return extra == 0 ? x : torch::constant_pad_nd(x, {0, extra}, static_cast<double>(value));
+}
+
+// This rank's token losses summed over its part (`local`, labels already shifted by shard_sequence): through
+// fused_linear_cross_entropy when `options` ask for it and the head is a plain weight (sft_loss's rule), else
+// from the model's logits.
+torch::Tensor local_loss_sum(CausalLMImpl& model, const SftTensors& local, const SftLossOptions& options) {
+  const auto mask = local[kAttentionMask].numel() > 0 ? local[kAttentionMask] : torch::Tensor();
+  if (options.fused_) {
+    if (const auto weight = plain_head_weight(model); weight.defined()) {
+      const auto hidden = model.model->forward(local[kInputIds], mask, local[kPositionIds]);
+      // The fused loss shifts its labels itself (position t predicts labels[t + 1], the last position none);
+      // the part's labels are shifted already. One position of zeros after each row and the labels moved one
+      // to the right give position t its own label local[t] and the zeros none (a copy of the hidden states,
+      // a fraction of the logits the fused loss saves).
+      const auto padded = torch::constant_pad_nd(hidden, {0, 0, 0, 1});
+      const auto labels = torch::constant_pad_nd(local[kLabels], {1, 0}, -100).to(hidden.device());
+      return fused_linear_cross_entropy(padded, weight, labels, /*num_items_in_batch=*/1,
+                                        FusedCrossEntropyOptions().chunk_tokens(options.chunk_tokens_));
+    }
+  }
+  const auto logits = model.forward(local[kInputIds], mask, local[kPositionIds]);
+  namespace F = torch::nn::functional;
+  const auto labels = local[kLabels].reshape({-1}).to(logits.device());
+  return F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), labels,
+                          F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
 }
 
 }  // namespace
@@ -57,16 +83,11 @@ SftTensors shard_sequence(const SftTensors& batch, const CausalLMImpl& model, st
 }
 
 torch::Tensor sequence_parallel_sft_loss(CausalLMImpl& model, const SftTensors& batch,
-                                         std::optional<std::int64_t> num_items_in_batch) {
+                                         std::optional<std::int64_t> num_items_in_batch,
+                                         const SftLossOptions& options) {
   const auto& s = model.model->sequence_parallelism();
   const auto items = num_items_in_batch ? *num_items_in_batch : sft_label_count(batch);
-  const auto local = shard_sequence(batch, model);
-  const auto mask = local[kAttentionMask].numel() > 0 ? local[kAttentionMask] : torch::Tensor();
-  const auto logits = model.forward(local[kInputIds], mask, local[kPositionIds]);
-  namespace F = torch::nn::functional;
-  const auto labels = local[kLabels].reshape({-1}).to(logits.device());
-  auto sum = F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), labels,
-                              F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  auto sum = local_loss_sum(model, shard_sequence(batch, model), options);
   if (s.group) sum = detail::all_reduce_sum(sum, *s.group);
   return sum / static_cast<double>(std::max<std::int64_t>(items, 1));
 }

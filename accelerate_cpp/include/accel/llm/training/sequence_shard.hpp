@@ -7,7 +7,8 @@
 ///
 ///   enable_sequence_parallel(*model, accelerator.sequence_parallel_group());
 ///   Trainer trainer(args, model, batches, [&](SftTensors& b) { return sequence_parallel_sft_loss(*model, b,
-///   1); }); trainer.set_num_items(sft_label_count);  // counted on the whole batch, as for one process
+///   1, loss_options); }); trainer.set_num_items(sft_label_count);  // counted on the whole batch, as for one
+///   process
 
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/training/sft_batches.hpp>
@@ -33,8 +34,12 @@ SftTensors shard_sequence(const SftTensors& batch, const CausalLMImpl& model, st
 /// `num_items_in_batch`, or by the batch's counted labels (sft_label_count) without it. The value is the same
 /// on every rank of the group and equals sft_loss of one process; the Accelerator's engines, which average
 /// gradients over every rank under sequence parallelism, then give one process's gradients. Collective over
-/// the group. An unsplit model gives sft_loss.
+/// the group. An unsplit model gives sft_loss. `options` as sft_loss's: by default each rank's sum comes from
+/// fused_linear_cross_entropy (its part's logits never exist whole) when the head is a plain weight (tied or
+/// untied; a LoRA, quantised or tensor-parallel head, or `fused_linear_cross_entropy(false)`, takes the
+/// model's logits), equal within float arithmetic.
 torch::Tensor sequence_parallel_sft_loss(CausalLMImpl& model, const SftTensors& batch,
-                                         std::optional<std::int64_t> num_items_in_batch = std::nullopt);
+                                         std::optional<std::int64_t> num_items_in_batch = std::nullopt,
+                                         const SftLossOptions& options = {});
 
 }  // namespace accel::llm
