@@ -240,7 +240,7 @@ int main(int argc, char** argv) try {
   // accumulation give one process's gradients, and transformers' Trainer's.
   bool split = false;  // sequence / context parallelism (the config's sp_size / cp_size), set below
   accel::Trainer<llm::SftBatches> trainer(args, model, std::move(train), [&](llm::SftTensors& batch) {
-    if (split) return llm::sequence_parallel_sft_loss(*model, batch, /*num_items_in_batch=*/1);
+    if (split) return llm::sequence_parallel_sft_loss(*model, batch, /*num_items_in_batch=*/1, sft.loss);
     return llm::sft_loss(*model, batch, /*num_items_in_batch=*/1, sft.loss);
   });
   trainer.set_num_items(llm::sft_label_count);
