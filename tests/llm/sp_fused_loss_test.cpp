@@ -41,15 +41,15 @@ llm::CausalLM random_model(const llm::ModelConfig& config) {
 
 // Whether the autograd graph behind `loss` holds fused_linear_cross_entropy's node.
 bool fused_in_graph(const torch::Tensor& loss) {
-  std::vector<torch::autograd::Node*> todo{loss.grad_fn().get()};
+  std::vector<torch::autograd::Node*> pending{loss.grad_fn().get()};
   std::set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    auto* node = todo.back();
-    todo.pop_back();
+  while (!pending.empty()) {
+    auto* node = pending.back();
+    pending.pop_back();
     if (node == nullptr || !seen.insert(node).second) continue;
     if (node->name().find("FusedLinearCrossEntropy") != std::string::npos) return true;
     for (const auto& edge : node->next_edges())
-      todo.push_back(edge.function.get());
+      pending.push_back(edge.function.get());
   }
   return false;
 }
