@@ -251,6 +251,45 @@ void trainer_equals_loop() {
                                             << " (relative) over " << partial_norms.size() << " and "
                                             << zero_lr_norms.size() << " logs");
   }
+  // The backend's own clipping (DeepSpeed's gradient_clipping at max_grad_norm, on the rows that have it)
+  // trains as the Trainer's clipping does and logs the same grad_norm: the norm before clipping, as HF's
+  // Trainer logs DeepSpeed's get_global_grad_norm() (it logged the clipped gradients' norm, 0.05 at each
+  // step).
+  {
+    Config configured = cpu_config();
+    configured.zero.gradient_clipping = 0.05;
+    if (automatic_gradient_clipping(configured) > 0) {
+      auto tight = a;
+      tight.max_grad_norm = 0.05;
+      auto run = [&](const Config& c) {
+        torch::manual_seed(3);
+        Mlp model(6, 0.1);
+        Trainer<Data> t(
+            tight, model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); },
+            AcceleratorOptions().config(c));
+        t.train();
+        std::vector<double> norms;
+        for (const auto& entry : t.state().log_history)
+          if (entry.count("grad_norm") != 0) norms.push_back(entry.at("grad_norm"));
+        return std::make_pair(whole(t.accelerator(), model), norms);
+      };
+      const auto [by_backend, backend_norms] = run(configured);
+      const auto [by_trainer, trainer_norms] = run(cpu_config());
+      CHECK_MSG(
+          max_diff(by_backend, by_trainer) < 1e-7,
+          backend_variant << ": the backend's gradient_clipping trains other weights than max_grad_norm, "
+                          << "by up to " << max_diff(by_backend, by_trainer));
+      double worst = backend_norms.size() == trainer_norms.size() && !trainer_norms.empty() ? 0.0 : 1.0;
+      bool clipped = false;
+      for (std::size_t i = 0; i < std::min(backend_norms.size(), trainer_norms.size()); ++i) {
+        worst = std::max(worst, std::abs(backend_norms[i] - trainer_norms[i]) / trainer_norms[i]);
+        clipped = clipped || trainer_norms[i] > 0.05;
+      }
+      CHECK_MSG(clipped, "no step's gradient norm exceeded 0.05: the check would not see clipped norms");
+      CHECK_MSG(worst < 1e-6, backend_variant << ": under gradient_clipping the logged grad_norm differs by "
+                                              << worst << " (relative) from the norm before clipping");
+    }
+  }
   // A train() that threw inside an optimizer step (after the first of its 2 micro-batches) leaves that step's
   // gradients held: a second train() with no checkpoint to resume is refused, naming the way out.
   {

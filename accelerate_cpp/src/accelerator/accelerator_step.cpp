@@ -132,15 +132,20 @@ void Accelerator::clip_configured_gradients() {
   const double max_norm = automatic_gradient_clipping(config_);
   if (max_norm <= 0) return;
   if (pipeline_.engine) {
-    clip_grad_norm_(max_norm);
+    configured_grad_norm_ = clip_grad_norm_(max_norm);
     return;
   }
   const auto& owners = prepared_.optimizer_model;
+  double squares = 0.0;
+  bool clipped = false;
   for (std::size_t i = 0; i < prepared_.models.size(); ++i) {
     const auto& m = prepared_.models[i];
     if (m.no_sync > 0 || std::find(owners.begin(), owners.end(), i) == owners.end()) continue;
-    clip_grad_norm_(m.module->parameters(), max_norm);
+    const double norm = clip_grad_norm_(m.module->parameters(), max_norm);
+    squares += norm * norm;
+    clipped = true;
   }
+  if (clipped) configured_grad_norm_ = std::sqrt(squares);
 }
 
 void Accelerator::unscale_and_check() {

@@ -762,7 +762,15 @@ void TrainerBase::window_end() {
       interval_micro_ += window_micro_;
     }
   } else {
-    if (args_.max_grad_norm > 0) last_grad_norm_ = acc.clip_grad_norm_(args_.max_grad_norm);
+    // Under the backend's own clipping (DeepSpeed's gradient_clipping, equal to max_grad_norm: checked at
+    // construction) the sync backward clipped the gradients already: the norm logged is the one it measured
+    // before clipping, as HF's Trainer logs model.get_global_grad_norm() under DeepSpeed (the clipped
+    // gradients' norm would read max_grad_norm at every clipped step).
+    if (args_.max_grad_norm > 0) {
+      last_grad_norm_ = automatic_gradient_clipping(acc.config()) > 0 && acc.global_grad_norm() >= 0
+                            ? acc.global_grad_norm()
+                            : acc.clip_grad_norm_(args_.max_grad_norm);
+    }
     each_callback([&](TrainerCallback& c) { c.on_pre_optimizer_step(args_, state_, control_); });
     optimizer_->step();
     each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });

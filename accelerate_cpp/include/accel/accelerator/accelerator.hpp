@@ -320,6 +320,12 @@ class Accelerator {
   /// model's. Collective on sync steps.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                          double norm_type = 2.0);
+  /// The gradient norm before clipping that the backend's own clipping (deepspeed_config's
+  /// gradient_clipping) measured at the last synchronising backward, over the models it clipped (the square
+  /// root of the sum of their squared norms): DeepSpeed's `engine.get_global_grad_norm()`, which Hugging
+  /// Face's Trainer logs as grad_norm under DeepSpeed. -1 while the backend has clipped nothing (no
+  /// configured clipping: clip_grad_norm_ returns the norm instead).
+  double global_grad_norm() const noexcept { return configured_grad_norm_; }
 
   /// RAII scope of one batch, as Accelerate's `with accelerator.accumulate(model):` — every `backward` in it
   /// belongs to one micro-step. Needed only when the loop feeds batches without a prepared data loader and
@@ -699,7 +705,8 @@ class Accelerator {
   void load_model_at(std::size_t index, const std::string& dir);
   void begin_backward();
   void unscale_and_check();
-  // Clips to the backend's configured norm (automatic_gradient_clipping) after a sync backward.
+  // Clips to the backend's configured norm (automatic_gradient_clipping) after a sync backward, keeping the
+  // norm before clipping in configured_grad_norm_.
   void clip_configured_gradients();
   void rescale_gradients();
   std::vector<std::size_t> engines_for(const std::vector<torch::Tensor>& parameters,
@@ -745,6 +752,7 @@ class Accelerator {
   std::vector<std::string> notices_;
   std::optional<std::uint64_t> seed_;  // the default shuffling seed of loaders prepared later
   bool trigger_ = false;               // set_trigger() since the last check_trigger()
+  double configured_grad_norm_ = -1;   // global_grad_norm()
 };
 
 }  // namespace accel
