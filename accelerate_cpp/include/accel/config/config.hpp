@@ -303,6 +303,11 @@ struct Config {
   /// context-parallel group (the same group as sequence_parallel_size, positions load-balanced in 2 x cp
   /// chunks); exclusive with sequence_parallel_size.
   int context_parallel_size = 1;
+  /// `parallelism_config.parallelism_config_cp_comm_strategy` (Accelerate's TorchContextParallelConfig,
+  /// PyTorch's set_rotate_method): how context parallelism moves keys and values, "allgather" (Accelerate's
+  /// default: all-gathered once per layer) or "alltoall" (ring attention: each block passed to the next rank
+  /// point to point while the current one is attended, outputs merged by log-sum-exp).
+  std::string context_parallel_comm_strategy = "allgather";
   /// `pipeline_config:` section.
   PipelineConfig pipeline;
   /// `fsdp_config:` section.

@@ -43,7 +43,8 @@ namespace detail {
 /// How attention is split over ranks (accel/llm/models/sequence_parallel.hpp); no group: not split.
 struct SequenceParallelism {
   std::shared_ptr<Communicator> group;  ///< the ranks holding the parts of each sequence
-  bool context = false;                 ///< context parallelism (K/V all-gathered) rather than Ulysses
+  bool context = false;                 ///< context parallelism (load-balanced chunks) rather than Ulysses
+  bool ring = false;  ///< context parallelism with K/V passed around a ring (cp_comm_strategy "alltoall")
 };
 }  // namespace detail
 
