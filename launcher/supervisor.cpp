@@ -59,6 +59,23 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+// A rank makes itself the leader of a new session (and so of its own process group) as the first thing
+// after fork; the launcher waits for that, so that kill(-pid) reaches it from then on. torchrun does the
+// same (start_new_session): under the kernel's autogroup scheduling (sched_autogroup_enabled) CPU time is
+// shared between sessions first, so ranks left in the launcher's session would share one session's share of
+// a loaded machine between them, where torchrun's ranks get one each. Bounded: a child that never gets there
+// (killed before it ran) is put in its own process group from here, as before.
+void wait_for_own_session(pid_t pid) {
+  for (int i = 0; i < 20000; ++i) {  // 2 s in steps of 100 us
+    if (::getsid(pid) == pid) return;
+    struct timespec pause {
+      0, 100000
+    };
+    ::nanosleep(&pause, nullptr);
+  }
+  ::setpgid(pid, pid);
+}
+
 // Writes everything, retrying on EINTR/EAGAIN; gives up silently when the reader is gone (EPIPE), because the
 // ranks must still be supervised when nobody reads the launcher's output any more.
 void write_all(int fd, const std::string& text) {
@@ -352,8 +369,9 @@ class Supervisor {
       const pid_t launcher_pid = ::getpid();
       const pid_t pid = ::fork();
       if (pid == 0) {
-        // Child: only async-signal-safe calls from here on.
-        ::setpgid(0, 0);
+        // Child: only async-signal-safe calls from here on. Its own session and process group
+        // (wait_for_own_session).
+        if (::setsid() < 0) ::setpgid(0, 0);
         // The rank dies with the launcher, also when the launcher is killed with SIGKILL and cannot stop it
         // (its own process group would otherwise keep it training, orphaned); and not at all if the launcher
         // is already gone.
@@ -372,7 +390,7 @@ class Supervisor {
       }
       const int fork_error = errno;
       if (pid > 0) {
-        ::setpgid(pid, pid);  // also here, so that kill(-pid) works before the child ran
+        wait_for_own_session(pid);  // so that kill(-pid) works from here on
         watchdog.watch(pid);
       }
       sigprocmask(SIG_SETMASK, &previous, nullptr);
