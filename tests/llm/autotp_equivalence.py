@@ -5,25 +5,36 @@ against the same recipe in one process, on tiny models transformers makes here (
 
   autotp_equivalence.py FINETUNE ACCEL_LAUNCH LLAMA_FACTORY_AUTOTP_JSON
 
-Checks (each prints one line; the last line "autotp equivalence: all equal" only when every check passed):
+Every tensor-parallel run builds its model empty and reads only its slices from the checkpoint
+(load_pretrained_slices). Checks (each prints one line; the last line "autotp equivalence: all equal" only when
+every check passed):
   full tp_size     Qwen2 (tied embeddings, GQA 4/2 heads, q/k/v biases), full fine-tuning (AdamW), accumulation
-                   2, clipping 1.0: Accelerate's parallelism_config_tp_size 2 (DDP YAML) on 2 ranks; per-step
-                   losses and gradient norms before clipping (which AdamW's step would not show off by a
-                   factor) within 1e-5 of one process, the saved model (gathered: transformers' names and full
-                   shapes) within 1e-5; rank 0's parameter count shows the split.
-  full autotp      the same through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
+                   2, clipping 1.0: Accelerate's parallelism_config_tp_size 2 (DDP YAML) on 2 ranks with
+                   --vocab_parallel true (the tied embedding = head split over the vocabulary, one shard; the
+                   fused loss computed vocabulary-parallel); per-step losses and gradient norms before clipping
+                   (which AdamW's step would not show off by a factor) within 1e-5 of one process, the saved
+                   model (gathered: transformers' names and full shapes) within 1e-5; rank 0's parameter count
+                   shows the split (embedding included).
+  full autotp      through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
                    deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes; its
-                   gradient_clipping clips inside the engine, so norms are not compared there); and with
-                   gradient_clipping 0 on 4 ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over
-                   the replicas), norms compared.
-  lora tp_size     LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A by
-                   columns under a row split) from one PEFT-made adapter: losses 1e-5, saved adapter 1e-5
-                   (PEFT's keys and shapes).
-  qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), untied lm_head,
-                   full fine-tuning through the DeepSpeed file (gradient_clipping 0): losses, norms and model
-                   within 1e-5 (without the q/k norm gradient sum this row misses by 2.7e-3).
-  refusal          tp 2 over a model with 1 key/value head is refused naming num_key_value_heads 1.
-The saved models load in transformers (the full model's logits computed there equal the one-process run's).
+                   gradient_clipping clips inside the engine, so norms are not compared there), the default
+                   split (embedding and head whole, as DeepSpeed's AutoTP); and with gradient_clipping 0 on 4
+                   ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over the replicas), norms
+                   compared, vocabulary-parallel with the unfused loss (logits [tokens, V / 2] per rank).
+  loaded bytes     rank 0's CPU allocations while reading its slices (CpuMemoryCounter, printed by the
+                   recipe) equal the replicated tensors plus half of the split ones (the embedding among them
+                   under --vocab_parallel), computed here from the checkpoint.
+  lora tp_size     Qwen3, LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A
+                   by columns under a row split) from one PEFT-made adapter, untied head split over the
+                   vocabulary (frozen), fused loss: losses 1e-5, saved adapter 1e-5 (PEFT's keys and shapes).
+  qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), untied lm_head split
+                   over the vocabulary, unfused loss, full fine-tuning through the DeepSpeed file
+                   (gradient_clipping 0): losses, norms and model within 1e-5 (without the q/k norm gradient
+                   sum this row misses by 2.7e-3).
+  refusal          tp 2 over a model with 1 key/value head and vocab_size 265 under --vocab_parallel is refused
+                   naming both (num_key_value_heads 1, vocab_size 265) and the tensor-parallel size 2.
+The saved models load in transformers (the full model's logits computed there equal the one-process run's):
+the default split's, the tied vocabulary-parallel one's and the untied vocabulary-parallel one's.
 Exit 77 when transformers / peft / tokenizers are not importable.
 """
 import json
@@ -76,9 +87,9 @@ def make_data(out):
     return fast, data
 
 
-def make_model(out, fast, kind, kv_heads=2):
+def make_model(out, fast, kind, kv_heads=2, vocab=None):
     torch.manual_seed(0)
-    common = dict(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=vocab or len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=kv_heads,
                   max_position_embeddings=256, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
     if kind == "qwen3":
@@ -141,6 +152,38 @@ def parameters(run):
     raise RuntimeError("finetune printed no parameter count:\n" + run.stdout[-1500:])
 
 
+SPLIT_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj.weight", "gate_proj", "up_proj", "down_proj.weight")
+
+
+def slice_bytes(model_dir, vocab_parallel, tp=2):
+    """What a rank of tp allocates reading its slices: the replicated tensors whole, the split ones 1 / tp."""
+    total = 0
+    for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
+        split = any(k in name for k in SPLIT_NAMES) or (vocab_parallel and ("embed_tokens" in name or
+                                                                              "lm_head" in name))
+        total += t.numel() * t.element_size() // (tp if split else 1)
+    return total
+
+
+def loaded_bytes(run):
+    """The "tensor-parallel slices loaded: X bytes" line the recipe prints (rank 0's allocations): X."""
+    for line in run.stdout.splitlines():
+        if "tensor-parallel slices loaded:" in line:
+            return int(line.split("loaded:")[1].split()[0])
+    raise RuntimeError("finetune printed no slice-loading line:\n" + run.stdout[-1500:])
+
+
+def reloads(label, one, two, fast):
+    """Both saved models load in transformers; their logits agree within 1e-4."""
+    m_one = AutoModelForCausalLM.from_pretrained(os.path.join(one, "model"))
+    m_tp = AutoModelForCausalLM.from_pretrained(os.path.join(two, "model"))
+    ids = fast(["the cat is what number", "tell me please"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ld = (m_one(**ids).logits - m_tp(**ids).logits).abs().max().item()
+    check(ld <= 1e-4, f"{label}: the saved model loads in transformers, logits within 1e-4 of the "
+          f"one-process model's (max |diff| {ld:.2e})")
+
+
 def max_diff(a, b):
     return max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
 
@@ -179,7 +222,7 @@ def main():
         fast, data = make_data(tmp)
         qwen2 = make_model(os.path.join(tmp, "qwen2"), fast, "qwen2")
         qwen3 = make_model(os.path.join(tmp, "qwen3"), fast, "qwen3")
-        bad = make_model(os.path.join(tmp, "kv1"), fast, "qwen2", kv_heads=1)
+        bad = make_model(os.path.join(tmp, "kv1"), fast, "qwen2", kv_heads=1, vocab=len(fast) + 1)
         print(f"made: tiny Qwen2 (tied, 4/2 heads, biases) and Qwen3 (untied, q/k norms), 32 texts", flush=True)
         head = "use_cpu: true\nnum_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\n"
         tp_yaml = write_yaml(tmp, "tp.yaml", "backend: ddp\n" + head +
@@ -193,15 +236,27 @@ def main():
 
         one = os.path.join(tmp, "one_full")
         whole = parameters(finetune(fin, None, None, qwen2, data, one, []))
-        for label, cfg in [("full tp_size 2 (parallelism_config_tp_size, DDP)", tp_yaml),
-                           ("full autotp 2 (LLaMA-Factory ds_z2_autotp_config.json: ZeRO-2)", ds_yaml)]:
+        embedding = len(fast) * 64
+        vp = ["--vocab_parallel", "true"]
+        for label, cfg, extra in [
+                ("full tp_size 2 vocab-parallel (tied embedding = head, one shard; fused loss; "
+                 "parallelism_config_tp_size, DDP)", tp_yaml, vp),
+                ("full autotp 2 (LLaMA-Factory ds_z2_autotp_config.json: ZeRO-2; embedding and head whole)",
+                 ds_yaml, [])]:
             out = os.path.join(tmp, "tp_" + os.path.basename(cfg))
-            held = parameters(finetune(fin, launch, cfg, qwen2, data, out, []))
-            # Rank 0 holds half of every projection: the whole model less half of the blocks' projections.
+            run = finetune(fin, launch, cfg, qwen2, data, out, extra)
+            held = parameters(run)
+            # Rank 0 holds half of every projection (and of the embedding under --vocab_parallel).
+            split = SPLIT_QWEN2 + (embedding if extra else 0)
             compare(label, one, out, "model", "model.safetensors",
                     f"; rank 0 holds {held} of the {whole} parameters", norms=cfg == tp_yaml)
-            if held != whole - SPLIT_QWEN2 // 2:
-                check(False, f"{label}: rank 0 holds {held} parameters, expected {whole} - {SPLIT_QWEN2} / 2")
+            if held != whole - split // 2:
+                check(False, f"{label}: rank 0 holds {held} parameters, expected {whole} - {split} / 2")
+            got, want = loaded_bytes(run), slice_bytes(qwen2, bool(extra))
+            check(want <= got <= want * 1.01 + 4096,
+                  f"loaded bytes, {label.split(' (')[0]}: rank 0 allocated "
+                  f"{got} bytes reading its slices = the replicated tensors + half of the split ones "
+                  f"({want}; the whole checkpoint: {slice_bytes(qwen2, True, tp=1)})")
         # tp 2 x dp 2 on 4 ranks: ZeRO-2 shards gradients and optimizer state over the 2 replicas, each reading
         # half of the batch (2 rows of one process's 4).
         ds4_yaml = write_yaml(tmp, "autotp4.yaml", "distributed_type: DEEPSPEED\n" +
@@ -210,20 +265,15 @@ def main():
         ds_noclip_yaml = write_yaml(tmp, "autotp_noclip.yaml", "distributed_type: DEEPSPEED\n" + head +
                                     f"deepspeed_config:\n  deepspeed_config_file: {ds_noclip}\n")
         out = os.path.join(tmp, "tp_dp")
-        finetune(fin, launch, ds4_yaml, qwen2, data, out, [], batch=2)
-        compare("full autotp 2 x 2 replicas on 4 ranks (the file, gradient_clipping 0: ZeRO-2 over the replicas)", one, out,
-                "model", "model.safetensors", "")
-        m_one = AutoModelForCausalLM.from_pretrained(os.path.join(one, "model"))
-        m_tp = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "tp_autotp.yaml", "model"))
-        ids = fast(["the cat is what number", "tell me please"], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            ld = (m_one(**ids).logits - m_tp(**ids).logits).abs().max().item()
-        check(ld <= 1e-4, f"the AutoTP run's saved model loads in transformers, logits within 1e-4 of the "
-              f"one-process model's (max |diff| {ld:.2e})")
+        finetune(fin, launch, ds4_yaml, qwen2, data, out, vp + ["--fused_linear_cross_entropy", "false"], batch=2)
+        compare("full autotp 2 x 2 replicas on 4 ranks vocab-parallel, unfused loss (the file, gradient_clipping 0: "
+                "ZeRO-2 over the replicas)", one, out, "model", "model.safetensors", "")
+        reloads("the AutoTP run (embedding and head whole)", one, os.path.join(tmp, "tp_autotp.yaml"), fast)
+        reloads("the tied vocabulary-parallel run", one, os.path.join(tmp, "tp_tp.yaml"), fast)
 
         init = os.path.join(tmp, "adapter_init")
         torch.manual_seed(1)
-        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(qwen2),
+        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(qwen3),
                               LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, lora_dropout=0.0,
                                          target_modules=LORA_TARGETS))
         with torch.no_grad():  # B non-zero, so that every split adapter matters from the first step
@@ -235,24 +285,27 @@ def main():
                                f"lora_dropout: 0.0\nlora_target_modules: [{', '.join(LORA_TARGETS)}]\n")
         lora_args = ["--model_config", model_cfg, "--adapter_init", init]
         one_lora = os.path.join(tmp, "one_lora")
-        finetune(fin, None, None, qwen2, data, one_lora, lora_args, lr=1e-2)
+        finetune(fin, None, None, qwen3, data, one_lora, lora_args, lr=1e-2)
         tp_lora = os.path.join(tmp, "tp_lora")
-        finetune(fin, launch, tp_yaml, qwen2, data, tp_lora, lora_args, lr=1e-2)
-        compare("lora tp_size 2 (q/k/v/o/gate/up/down adapters split with their layers)", one_lora, tp_lora,
-                "adapter", "adapter_model.safetensors", "")
+        finetune(fin, launch, tp_yaml, qwen3, data, tp_lora, lora_args + vp, lr=1e-2)
+        compare("lora tp_size 2 (Qwen3: q/k/v/o/gate/up/down adapters split with their layers; untied head split "
+                "over the vocabulary, fused loss)", one_lora, tp_lora, "adapter", "adapter_model.safetensors", "")
 
         one3 = os.path.join(tmp, "one_qwen3")
         finetune(fin, None, None, qwen3, data, one3, [])
         tp3 = os.path.join(tmp, "tp_qwen3")
-        finetune(fin, launch, ds_noclip_yaml, qwen3, data, tp3, [])
-        compare("qwen3 autotp 2 (q/k norms, untied lm_head; the file, gradient_clipping 0)", one3, tp3, "model", "model.safetensors", "")
+        finetune(fin, launch, ds_noclip_yaml, qwen3, data, tp3, vp + ["--fused_linear_cross_entropy", "false"])
+        compare("qwen3 autotp 2 (q/k norms, untied lm_head split over the vocabulary, unfused loss; the file, "
+                "gradient_clipping 0)", one3, tp3, "model", "model.safetensors", "")
+        reloads("the untied vocabulary-parallel run", one3, tp3, fast)
 
-        r = finetune(fin, launch, tp_yaml, bad, data, os.path.join(tmp, "bad"), [], steps=1, check_rc=False)
-        said = "num_key_value_heads 1" in (r.stdout + r.stderr) and "tensor-parallel size 2" in (r.stdout + r.stderr)
+        r = finetune(fin, launch, tp_yaml, bad, data, os.path.join(tmp, "bad"), vp, steps=1, check_rc=False)
+        said = all(w in (r.stdout + r.stderr) for w in ("num_key_value_heads 1", "vocab_size 265",
+                                                         "tensor-parallel size 2"))
         if r.returncode == 0 or not said:
             print((r.stdout + r.stderr)[-1500:])
-        check(r.returncode != 0 and said, "refusal: 1 key/value head over tp 2 stops with an error naming "
-              "num_key_value_heads 1 and the tensor-parallel size 2")
+        check(r.returncode != 0 and said, "refusal: 1 key/value head and vocab_size 265 over tp 2 (vocab-parallel) "
+              "stop with one error naming num_key_value_heads 1, vocab_size 265 and the tensor-parallel size 2")
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

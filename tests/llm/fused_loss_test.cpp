@@ -4,10 +4,13 @@
 // (fused_loss_reference.py), transformers' loss and gradients.
 #include <torch/torch.h>
 #include <accel/checkpoint/safetensors.hpp>
+#include <accel/distributed/communicator.hpp>
+#include <accel/distributed/process_state.hpp>
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/training/fused_linear_cross_entropy.hpp>
 #include <accel/llm/training/sft_batches.hpp>
+#include <accel/llm/training/vocab_parallel_loss.hpp>
 #include <accel/monitor/memory.hpp>
 #include <accel/nn/lora.hpp>
 
@@ -224,6 +227,50 @@ TEST_CASE(
     CHECK(plain.grads.size() == (target == "lm_head" ? 6u : 8u));
     require_equal(run(model, batch, std::nullopt, true, 5), plain, 1e-6, 1e-5);
   }
+}
+
+// The vocabulary-parallel losses (tensor parallelism with vocab_parallel) over a group of one hold the whole
+// head: their arithmetic (global max, sum of exponentials, target logit, softmax - one-hot) must give the
+// whole head's loss and gradients. The group of 2 runs in autotp_equivalence.py against one process.
+TEST_CASE("vocab_parallel losses over a group of one equal the whole head's loss and gradients",
+          "[llm][fused]") {
+  auto solo = accel::Communicator::create(accel::ProcessState(), torch::kCPU);
+  torch::manual_seed(3);
+  const auto hidden = torch::randn({2, 9, 16}).requires_grad_();
+  const auto weight = (torch::randn({37, 16}) * 0.5).requires_grad_();
+  const auto labels = labels_for(torch::randint(0, 37, {2, 9}));
+  for (const std::optional<std::int64_t> items :
+       {std::optional<std::int64_t>(), std::optional<std::int64_t>(20)}) {
+    const auto grads = [&](const torch::Tensor& loss) {
+      return torch::autograd::grad({loss}, {hidden, weight});
+    };
+    const auto want = llm::causal_lm_loss(torch::linear(hidden, weight), labels, items);
+    const auto want_g = grads(want);
+    const auto fused = llm::vocab_parallel_fused_linear_cross_entropy(
+        hidden, weight, labels, solo, items, llm::FusedCrossEntropyOptions().chunk_tokens(5));
+    const auto fused_g = grads(fused);
+    const auto unfused =
+        llm::vocab_parallel_causal_lm_loss(torch::linear(hidden, weight), labels, solo, items);
+    const auto unfused_g = grads(unfused);
+    INFO("num_items_in_batch " << (items ? std::to_string(*items) : "none"));
+    CHECK(max_diff(fused, want) < 1e-5);
+    CHECK(max_diff(unfused, want) < 1e-5);
+    for (std::size_t i = 0; i < 2; ++i) {
+      CHECK(rel_diff(fused_g[i], want_g[i]) < 1e-5);
+      CHECK(rel_diff(unfused_g[i], want_g[i]) < 1e-5);
+    }
+  }
+  const auto ignored = torch::full({2, 9}, -100, torch::kInt64);
+  CHECK(
+      llm::vocab_parallel_causal_lm_loss(torch::linear(hidden, weight), ignored, solo).isnan().item<bool>());
+  auto bad = labels.clone();
+  bad.index_put_({0, 5}, 37);
+  CHECK_THROWS_WITH(llm::vocab_parallel_fused_linear_cross_entropy(hidden, weight, bad, solo),
+                    Contains("label 37 is outside the vocabulary [0, 37)"));
+  CHECK_THROWS_WITH(llm::vocab_parallel_causal_lm_loss(torch::linear(hidden, weight), bad, solo),
+                    Contains("label 37 is outside the vocabulary [0, 37)"));
+  CHECK_THROWS_WITH(llm::vocab_parallel_causal_lm_loss(torch::linear(hidden, weight), labels, nullptr),
+                    Contains("tensor-parallel group is null"));
 }
 
 TEST_CASE("fused_linear_cross_entropy refuses bad input, naming the value and the fix", "[llm][fused]") {

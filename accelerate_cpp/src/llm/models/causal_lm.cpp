@@ -9,6 +9,7 @@
 #include "accel/nn/quant4bit.hpp"
 #include "accel/parallel/tensor_parallel.hpp"
 #include "llm/models/sequence_parallel_detail.hpp"
+#include "llm/models/tensor_parallel_detail.hpp"
 
 namespace accel::llm {
 namespace {
@@ -254,7 +255,14 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
                      " dimensions");
   const auto batch = input_ids.size(0), length = input_ids.size(1);
   const std::int64_t past = cache != nullptr ? cache->seq_length() : 0;
-  auto h = embed_tokens->forward(input_ids);
+  // A vocabulary-parallel embedding (apply_tensor_parallel with vocab_parallel) replaced the registered child
+  // and left the member empty.
+  auto h = embed_tokens.is_empty()
+               ? detail::vocab_parallel_embed(*named_children()["embed_tokens"], input_ids)
+               : embed_tokens->forward(input_ids);
+  if (!h.defined())
+    throw UsageError("accel::llm: model.embed_tokens is a " + named_children()["embed_tokens"]->name() +
+                     ", not an embedding this model can call");
   const auto device = h.device();
   auto positions =
       position_ids.defined()
@@ -311,6 +319,11 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c,
 }
 
 torch::Tensor CausalLMImpl::output_weight() const {
+  if (detail::vocab_parallel_group(*this))
+    throw UsageError(
+        "accel::llm::CausalLM::output_weight: the head is split over the vocabulary (apply_tensor_parallel "
+        "with vocab_parallel): each rank holds only its rows; use vocab_parallel_fused_linear_cross_entropy "
+        "(accel/llm/training/vocab_parallel_loss.hpp) or the model's gathered logits");
   if (config_.tie_word_embeddings) return model->embed_tokens->weight;
   const auto children = named_children();
   auto* linear = dynamic_cast<torch::nn::LinearImpl*>(children["lm_head"].get());
@@ -322,6 +335,9 @@ torch::Tensor CausalLMImpl::output_weight() const {
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                     const torch::Tensor& position_ids, KVCache* cache) {
   const auto h = model->forward(input_ids, attention_mask, position_ids, cache);
+  // Split over the vocabulary: every rank's logits gathered (transformers' colwise_gather_output).
+  if (const auto group = detail::vocab_parallel_group(*this))
+    return tp::gather_from_tensor_parallel(detail::vocab_parallel_logits(*this, h), group);
   if (config_.tie_word_embeddings) return torch::linear(h, model->embed_tokens->weight);
   return project(*this, "lm_head", h);
 }

@@ -125,7 +125,7 @@ std::vector<std::vector<std::int64_t>> generate(CausalLM& model,
     ids[b].slice(0, longest - n).copy_(torch::tensor(prompts[b], torch::kInt64));
     mask[b].slice(0, longest - n).fill_(1);
   }
-  const auto device = model->model->embed_tokens->weight.device();
+  const auto device = model->model->norm->weight.device();  // embed_tokens may be split (vocab_parallel)
   ids = ids.to(device);
   mask = mask.to(device);
   auto positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0);

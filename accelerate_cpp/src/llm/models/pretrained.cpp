@@ -20,6 +20,7 @@
 #include "accel/llm/models/empty_weights.hpp"
 #include "accel/nn/quant4bit.hpp"
 #include "config/small_file.hpp"
+#include "llm/models/tensor_parallel_detail.hpp"
 
 namespace accel::llm {
 namespace {
@@ -178,29 +179,6 @@ CausalLM build(const ModelConfig& config, torch::ScalarType dtype,
   }
 }
 
-// Gives every parameter of `module` not emptied yet a storage of its size without memory (a null data
-// pointer: the sharding engines' test for "fill me from load_model") on `device`, which throws on data
-// access.
-void empty_parameters(torch::nn::Module& module, torch::Device device) {
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    auto p = item.value();
-    auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (storage->_mutable_data_ptr_no_checks().get() == nullptr) continue;  // emptied with its block
-    if (p.device() != device) {
-      // The same parameter (its impl, which the modules hold) on `device`; the memory goes again below.
-      p.set_data(torch::empty(p.sizes(), p.options().device(device)));
-      storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    }
-    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
-    storage->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
-    storage->release_data_and_set_meta_custom_data_ptr_error_msg_(
-        "accel::llm: parameter '" + item.key() +
-        "' was built empty (from_pretrained_empty) and holds no memory yet: prepare the model with a "
-        "backend that shards parameters (ZeRO stage 3, FSDP FULL_SHARD) and its optimizer, then fill it with "
-        "accelerator.load_model(model, dir); elsewhere load it with from_pretrained");
-  }
-}
-
 // config.json, the checkpoint (opened and mapped, nothing read) and the dtype of a load.
 struct Opened {
   ModelConfig config;
@@ -220,6 +198,66 @@ Opened open_model_dir(const std::string& dir, const LoadOptions& options) {
 
 }  // namespace
 
+namespace detail {
+
+bool is_empty_parameter(const torch::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return false;
+  auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  return storage != nullptr && storage->_mutable_data_ptr_no_checks().get() == nullptr;
+}
+
+// Gives every parameter of `module` not emptied yet a storage of its size without memory (a null data
+// pointer: the sharding engines' test for "fill me from load_model") on `device`, which throws on data
+// access.
+void empty_parameters(torch::nn::Module& module, torch::Device device) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto p = item.value();
+    auto* storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (storage->_mutable_data_ptr_no_checks().get() == nullptr) continue;  // emptied with its block
+    if (p.device() != device) {
+      // The same parameter (its impl, which the modules hold) on `device`; the memory goes again below.
+      p.set_data(torch::empty(p.sizes(), p.options().device(device)));
+      storage = p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    }
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+    storage->set_nbytes(static_cast<std::size_t>(p.numel()) * p.element_size());
+    storage->release_data_and_set_meta_custom_data_ptr_error_msg_(
+        "accel::llm: parameter '" + item.key() +
+        "' was built empty (from_pretrained_empty) and holds no memory yet: prepare the model with a "
+        "backend that shards parameters (ZeRO stage 3, FSDP FULL_SHARD) and its optimizer, then fill it with "
+        "accelerator.load_model(model, dir) (split by apply_tensor_parallel: "
+        "accel::llm::load_pretrained_slices); "
+        "elsewhere load it with from_pretrained");
+  }
+}
+
+void read_checkpoint_parts(const std::string& dir, std::vector<CheckpointPart>& parts,
+                           const ModelConfig& model_config) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw CheckpointError("model directory '" + dir + "' does not exist or is not a directory");
+  const Checkpoint ckpt = open_checkpoint(root);
+  std::vector<std::pair<std::string, torch::Tensor>>
+      list;  // the full shapes, checked as from_pretrained does
+  for (const auto& part : parts)
+    list.emplace_back(part.name, torch::empty(part.full_shape, torch::TensorOptions().device(torch::kMeta)));
+  check_tensors(ckpt, list, model_config);
+  torch::NoGradGuard no_grad;
+  for (auto& part : parts) {
+    const st::File* file = ckpt.where.at(part.name);
+    const auto& info = file->info(part.name);
+    // The mapped bytes viewed in place; a part reads only its own rows / columns as it is copied.
+    auto source = torch::from_blob(const_cast<std::uint8_t*>(file->data(part.name)), info.shape,
+                                   torch::TensorOptions().dtype(*torch_type(info.dtype)));
+    if (part.dim >= 0) source = source.narrow(part.dim, part.first, part.length);
+    if (is_empty_parameter(part.into))
+      part.into.set_data(torch::empty(part.into.sizes(), part.into.options()));
+    part.into.copy_(source);
+  }
+}
+
+}  // namespace detail
+
 CausalLM from_pretrained_empty(const std::string& dir, const LoadOptions& options) {
   if (options.load_in_4bit_) {
     throw UsageError("accel::llm::from_pretrained_empty('" + dir +
@@ -230,9 +268,9 @@ CausalLM from_pretrained_empty(const std::string& dir, const LoadOptions& option
   const Opened opened = open_model_dir(dir, options);
   const torch::Device device = options.device_;
   // Each block emptied as soon as it is built: building never holds more than the embedding and one block.
-  CausalLM model =
-      build(opened.config, opened.dtype, [&](torch::nn::Module& block) { empty_parameters(block, device); });
-  empty_parameters(*model, device);
+  CausalLM model = build(opened.config, opened.dtype,
+                         [&](torch::nn::Module& block) { detail::empty_parameters(block, device); });
+  detail::empty_parameters(*model, device);
 #ifdef __GLIBC__
   // The blocks' memory went back to the allocator, but glibc keeps freed heap pages resident (its mmap
   // threshold rises to the block tensors' size, and small allocations in between pin the heap): give them

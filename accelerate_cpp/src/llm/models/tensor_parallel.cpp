@@ -2,12 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "accel/distributed/communicator.hpp"
 #include "accel/errors.hpp"
+#include "accel/llm/models/empty_weights.hpp"
 #include "accel/parallel/tensor_parallel.hpp"
+#include "llm/models/tensor_parallel_detail.hpp"
 
 namespace accel::llm {
 namespace {
@@ -21,20 +24,30 @@ struct Site {
   bool column = true;
 };
 
-void check_divisible(const ModelConfig& c, int size) {
-  const auto refuse = [&](const char* key, std::int64_t value, const char* what) {
-    throw UsageError("accel::llm::apply_tensor_parallel: " + std::string(key) + " " + std::to_string(value) +
-                     " of the model (config.json) is not divisible by the tensor-parallel size " +
-                     std::to_string(size) + ": each rank computes " + what +
-                     "; choose a tensor-parallel size (parallelism_config_tp_size / "
-                     "tensor_parallel.autotp_size) that divides it");
+// Every size that does not split over the group, named in one UsageError (a user fixes them all at once).
+void check_divisible(const ModelConfig& c, int size, bool vocab_parallel) {
+  std::string problems;
+  const auto check = [&](const char* key, std::int64_t value, const std::string& what) {
+    if (value % size == 0) return;
+    problems += (problems.empty() ? "" : "; ") + std::string(key) + " " + std::to_string(value) +
+                " is not divisible by " + std::to_string(size) + " (each rank " + what + ")";
   };
-  if (c.num_attention_heads % size != 0)
-    refuse("num_attention_heads", c.num_attention_heads, "num_attention_heads / size query heads");
-  if (c.num_key_value_heads % size != 0)
-    refuse("num_key_value_heads", c.num_key_value_heads, "num_key_value_heads / size key/value heads");
-  if (c.intermediate_size % size != 0)
-    refuse("intermediate_size", c.intermediate_size, "intermediate_size / size MLP features");
+  check("num_attention_heads", c.num_attention_heads, "computes num_attention_heads / size query heads");
+  check("num_key_value_heads", c.num_key_value_heads, "computes num_key_value_heads / size key/value heads");
+  check("intermediate_size", c.intermediate_size, "computes intermediate_size / size MLP features");
+  if (vocab_parallel) {
+    check(
+        "vocab_size", c.vocab_size,
+        "holds vocab_size / size rows of the embedding and the head under vocab_parallel; the vocabulary is "
+        "not padded: pad vocab_size in config.json and the checkpoint, or leave vocab_parallel off");
+  }
+  if (problems.empty()) return;
+  throw UsageError(
+      "accel::llm::apply_tensor_parallel: the model (config.json) does not split over the "
+      "tensor-parallel size " +
+      std::to_string(size) + ": " + problems +
+      "; choose a tensor-parallel size (parallelism_config_tp_size / "
+      "tensor_parallel.autotp_size) that divides them");
 }
 
 // The registered child `name` of `parent` (path `path`) as a full Linear, or a UsageError saying why not.
@@ -99,25 +112,121 @@ void sum_gradient_over_group(torch::Tensor& weight, const std::shared_ptr<Commun
   });
 }
 
+// A Megatron VocabParallelEmbedding with transformers' padding_idx (the pad row gets no gradient from the
+// lookup, as nn.Embedding(..., padding_idx)): accel::tp's layer holds the slice and is what
+// tp::split_parameters finds; the lookup is this one's.
+class LlmVocabParallelEmbeddingImpl : public tp::VocabParallelEmbeddingImpl {
+ public:
+  LlmVocabParallelEmbeddingImpl(const torch::nn::Embedding& full, std::shared_ptr<Communicator> group,
+                                std::optional<std::int64_t> padding_idx)
+      : tp::VocabParallelEmbeddingImpl(full, std::move(group)), padding_idx_(padding_idx) {}
+
+  torch::Tensor lookup(const torch::Tensor& ids) {
+    if (at::isFloatingType(ids.scalar_type()) || at::isComplexType(ids.scalar_type()) ||
+        ids.scalar_type() == torch::kBool)
+      throw UsageError(std::string("accel::llm: input_ids of type ") + c10::toString(ids.scalar_type()) +
+                       "; pass integer ids (torch::kLong)");
+    // The same ids on every rank: an id no rank holds is refused everywhere alike, not looked up as zeros.
+    if (ids.numel() > 0) {
+      const auto low = ids.min().item<std::int64_t>(), high = ids.max().item<std::int64_t>();
+      if (low < 0 || high >= options.num_embeddings())
+        throw UsageError("accel::llm: input id " + std::to_string(low < 0 ? low : high) +
+                         " is outside the vocabulary [0, " + std::to_string(options.num_embeddings()) +
+                         ") of model.embed_tokens (vocab_size); check the tokenizer against config.json");
+    }
+    const auto first = first_row(), rows = local_rows();
+    const auto outside = ids.lt(first).logical_or(ids.ge(first + rows));
+    std::int64_t pad = -1;  // ATen's "no padding row"
+    if (padding_idx_ && *padding_idx_ >= first && *padding_idx_ < first + rows) pad = *padding_idx_ - first;
+    auto looked_up = torch::embedding(weight, (ids - first).masked_fill(outside, 0), pad);
+    return tp::reduce_from_tensor_parallel(looked_up.masked_fill(outside.unsqueeze(-1), 0), communicator());
+  }
+
+ private:
+  std::optional<std::int64_t> padding_idx_;
+};
+
+// `p` made readable without memory (zeros broadcast to its shape), so that a layer can be split from a
+// model built empty; the split layer is emptied again afterwards.
+void zero_stand_in(torch::Tensor p) {
+  if (detail::is_empty_parameter(p)) p.set_data(torch::zeros({}, p.options()).expand(p.sizes()));
+}
+
+// The tensor-parallel layer for the full Linear `full`: column (output rows) or row (input columns). From an
+// empty model (from_pretrained_empty) the slices are empty too, for load_pretrained_slices.
+std::shared_ptr<torch::nn::Module> split_linear(const std::shared_ptr<torch::nn::LinearImpl>& full,
+                                                const std::shared_ptr<Communicator>& group, bool column) {
+  const bool empty = detail::is_empty_parameter(full->weight);
+  const auto device = full->weight.device();
+  for (auto& p : full->parameters())
+    zero_stand_in(p);
+  const torch::nn::Linear holder(full);
+  std::shared_ptr<torch::nn::Module> layer;
+  if (column) {
+    layer = tp::ColumnParallelLinear(holder, group).ptr();
+  } else {
+    layer = tp::RowParallelLinear(holder, group, /*input_is_parallel=*/true).ptr();
+  }
+  if (empty) detail::empty_parameters(*layer, device);
+  return layer;
+}
+
+// Where the embedding and an untied head are, checked before any change.
+struct VocabSites {
+  std::shared_ptr<torch::nn::EmbeddingImpl> embedding;
+  std::shared_ptr<torch::nn::LinearImpl> head;  // null when tied
+};
+
+VocabSites collect_vocab_sites(CausalLMImpl& model) {
+  VocabSites v;
+  const auto inner = model.model->named_children();
+  const auto* embed = inner.find("embed_tokens");
+  if (embed != nullptr) v.embedding = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(*embed);
+  if (!v.embedding)
+    throw UsageError(
+        "accel::llm::apply_tensor_parallel: vocab_parallel needs model.embed_tokens to be a "
+        "torch::nn::Embedding; it is " +
+        (embed == nullptr ? std::string("missing") : "a " + (*embed)->name()) +
+        " (already split over the vocabulary?)");
+  if (model.config().tie_word_embeddings) return v;
+  v.head = full_linear(model, "lm_head", "lm_head");
+  return v;
+}
+
+void split_vocabulary(CausalLMImpl& model, const VocabSites& v, const std::shared_ptr<Communicator>& group) {
+  const auto& full = v.embedding->weight;
+  const bool empty = detail::is_empty_parameter(full);
+  const auto device = full.device();
+  // A stand-in without padding_idx over the same values (no copy), which accel::tp's layer slices.
+  const auto values = empty ? torch::zeros({}, full.options()).expand(full.sizes()) : full.detach();
+  const torch::nn::Embedding stand_in(
+      torch::nn::EmbeddingOptions(full.size(0), full.size(1))._weight(values));
+  auto split =
+      std::make_shared<LlmVocabParallelEmbeddingImpl>(stand_in, group, v.embedding->options.padding_idx());
+  if (empty) detail::empty_parameters(*split, device);
+  model.model->replace_module("embed_tokens", split);
+  model.model->embed_tokens = torch::nn::Embedding(nullptr);  // the full table is freed
+  if (v.head) model.replace_module("lm_head", split_linear(v.head, group, /*column=*/true));
+}
+
 }  // namespace
 
-void apply_tensor_parallel(CausalLMImpl& model, const std::shared_ptr<Communicator>& group) {
+void apply_tensor_parallel(CausalLMImpl& model, const std::shared_ptr<Communicator>& group,
+                           const TensorParallelOptions& options) {
   if (!group)
     throw UsageError(
         "accel::llm::apply_tensor_parallel: the tensor-parallel group is null (pass "
         "accelerator.tensor_parallel_group())");
   const int size = group->world_size();
   if (size == 1) return;
-  check_divisible(model.config(), size);
+  check_divisible(model.config(), size, options.vocab_parallel_);
   auto sites = collect_sites(model);  // every check before any change
-  for (auto& site : sites) {
-    const torch::nn::Linear full(std::move(site.full));
-    if (site.column) {
-      site.parent->replace_module(site.name, tp::ColumnParallelLinear(full, group));
-    } else {
-      site.parent->replace_module(site.name, tp::RowParallelLinear(full, group, /*input_is_parallel=*/true));
-    }
-  }
+  std::optional<VocabSites> vocab;
+  if (options.vocab_parallel_) vocab = collect_vocab_sites(model);
+  for (auto& site : sites)
+    site.parent->replace_module(site.name, split_linear(site.full, group, site.column));
+  sites.clear();  // the full layers are freed
+  if (vocab) split_vocabulary(model, *vocab, group);
   if (!model.config().qk_norm) return;
   for (const auto& block : *model.model->layers) {
     const auto attention = block->named_children()["self_attn"];
@@ -128,5 +237,81 @@ void apply_tensor_parallel(CausalLMImpl& model, const std::shared_ptr<Communicat
     }
   }
 }
+
+void load_pretrained_slices(CausalLMImpl& model, const std::string& dir) {
+  const auto splits = tp::split_parameters(model);
+  std::vector<detail::CheckpointPart> parts;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    detail::CheckpointPart part;
+    part.name = item.key();
+    part.into = item.value();
+    part.full_shape = item.value().sizes().vec();
+    if (const auto s = splits.find(item.key()); s != splits.end()) {
+      part.full_shape[static_cast<std::size_t>(s->second.dim)] = s->second.full;
+      part.dim = s->second.dim;
+      part.first = s->second.first;
+      part.length = s->second.length;
+    }
+    parts.push_back(std::move(part));
+  }
+  detail::read_checkpoint_parts(dir, parts, model.config());
+}
+
+CausalLM from_pretrained_tensor_parallel(const std::string& dir, const std::shared_ptr<Communicator>& group,
+                                         const LoadOptions& load, const TensorParallelOptions& options) {
+  if (load.load_in_4bit_)
+    throw UsageError("accel::llm::from_pretrained_tensor_parallel('" + dir +
+                     "'): load_in_4bit is refused: tensor parallelism splits full-precision projections only "
+                     "(load without load_in_4bit)");
+  auto model = from_pretrained_empty(dir, load);
+  apply_tensor_parallel(*model, group, options);
+  load_pretrained_slices(*model, dir);
+  return model;
+}
+
+namespace detail {
+
+torch::Tensor vocab_parallel_embed(torch::nn::Module& embedding, const torch::Tensor& ids) {
+  if (auto* e = dynamic_cast<LlmVocabParallelEmbeddingImpl*>(&embedding)) return e->lookup(ids);
+  if (auto* e = dynamic_cast<tp::VocabParallelEmbeddingImpl*>(&embedding)) return e->forward(ids);
+  return {};
+}
+
+std::shared_ptr<Communicator> vocab_parallel_group(const CausalLMImpl& model) {
+  if (model.config().tie_word_embeddings) {
+    const auto children = model.model->named_children();
+    const auto* embed = children.find("embed_tokens");
+    if (embed == nullptr) return nullptr;
+    const auto* e = dynamic_cast<const tp::VocabParallelEmbeddingImpl*>(embed->get());
+    return e != nullptr ? e->communicator() : nullptr;
+  }
+  const auto children = model.named_children();
+  const auto* head = children.find("lm_head");
+  if (head == nullptr) return nullptr;
+  const auto* c = dynamic_cast<const tp::ColumnParallelLinearImpl*>(head->get());
+  return c != nullptr && !c->options.gather_output() ? c->communicator() : nullptr;
+}
+
+torch::Tensor vocab_parallel_logits(CausalLMImpl& model, const torch::Tensor& hidden) {
+  if (model.config().tie_word_embeddings) {
+    auto* e = model.model->named_children()["embed_tokens"]->as<tp::VocabParallelEmbeddingImpl>();
+    return torch::linear(tp::copy_to_tensor_parallel(hidden, e->communicator()), e->weight);
+  }
+  return model.named_children()["lm_head"]->as<tp::ColumnParallelLinearImpl>()->forward(hidden);
+}
+
+torch::Tensor vocab_parallel_plain_weight(CausalLMImpl& model) {
+  if (model.config().tie_word_embeddings) {
+    const auto embed = model.model->named_children()["embed_tokens"];
+    auto* e = embed->as<tp::VocabParallelEmbeddingImpl>();
+    return e != nullptr && embed->children().empty() ? e->weight : torch::Tensor();
+  }
+  const auto head = model.named_children()["lm_head"];
+  auto* c = head->as<tp::ColumnParallelLinearImpl>();
+  if (c == nullptr || !head->children().empty() || (c->bias.defined() && c->bias.numel() > 0)) return {};
+  return c->weight;
+}
+
+}  // namespace detail
 
 }  // namespace accel::llm

@@ -2,10 +2,13 @@
 #include <accel/errors.hpp>
 #include <accel/llm/training/fused_linear_cross_entropy.hpp>
 #include <accel/llm/training/sft_batches.hpp>
+#include <accel/llm/training/vocab_parallel_loss.hpp>
 
 #include <torch/torch.h>
 
 #include <string>
+
+#include "llm/models/tensor_parallel_detail.hpp"
 
 namespace accel::llm {
 
@@ -89,6 +92,19 @@ torch::Tensor plain_head_weight(CausalLMImpl& model) {
 torch::Tensor sft_loss(CausalLMImpl& model, const SftTensors& batch,
                        std::optional<std::int64_t> num_items_in_batch, const SftLossOptions& options) {
   const auto labels = field(batch, kLabels);
+  // A head split over the vocabulary (apply_tensor_parallel with vocab_parallel): the loss over the group,
+  // no rank holding all of any token's logits.
+  if (const auto group = detail::vocab_parallel_group(model)) {
+    const auto hidden = model.model->forward(field(batch, kInputIds), field(batch, kAttentionMask),
+                                             field(batch, kPositionIds));
+    const auto weight = options.fused_ ? detail::vocab_parallel_plain_weight(model) : torch::Tensor();
+    if (weight.defined())
+      return vocab_parallel_fused_linear_cross_entropy(
+          hidden, weight, labels.to(hidden.device()), group, num_items_in_batch,
+          FusedCrossEntropyOptions().chunk_tokens(options.chunk_tokens_));
+    return vocab_parallel_causal_lm_loss(detail::vocab_parallel_logits(model, hidden),
+                                         labels.to(hidden.device()), group, num_items_in_batch);
+  }
   if (options.fused_) {
     if (const auto weight = plain_head_weight(model); weight.defined()) {
       const auto hidden = model.model->forward(field(batch, kInputIds), field(batch, kAttentionMask),
