@@ -1,6 +1,8 @@
 // DDP: buckets of gradients in reverse parameter order (first bucket small so communication starts early),
 // each all-reduced asynchronously as soon as the AccumulateGrad hooks of all its parameters fired, in bucket
 // order on every rank (Gloo/NCCL need the same collective order everywhere); one wait at the end of backward.
+// With ddp_gradient_as_bucket_view (the default) each .grad is its bucket slice from the moment its hook
+// fires (PyTorch's reducer does the same): the bucket is reduced in place and no gradient exists twice.
 #include "ddp_backend.hpp"
 
 #include <accel/errors.hpp>
@@ -66,6 +68,7 @@ class DdpBackend final : public Backend {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       hooks_.add(params_[i], i, [this](std::size_t index) { on_grad_ready(index); });
     }
+    as_view_ = ctx_.config->ddp_gradient_as_bucket_view;
   }
 
   void prepare_optimizer(torch::optim::Optimizer&) override {}
@@ -127,6 +130,8 @@ class DdpBackend final : public Backend {
 
   // Called from the gradient hooks during backward.
   void on_grad_ready(std::size_t index) {
+    // Micro-steps too: what they accumulate is then added in place, in the bucket (idle until the sync).
+    if (as_view_) move_into_bucket(index);
     if (!syncing_ || seen_[index]) return;  // micro-steps communicate nothing
     any_seen_ = true;
     mark_ready(index);
@@ -140,20 +145,48 @@ class DdpBackend final : public Backend {
       launch(buckets_[b]);
   }
 
+  // The slice of its bucket that holds parameter `index`'s gradient.
+  torch::Tensor slot(std::size_t index) const {
+    return buckets_[bucket_of_[index]].flat.narrow(0, offset_of_[index], params_[index].numel());
+  }
+
+  // True when `g` is the bucket slice `dst` itself (a gradient already moved into its bucket).
+  static bool is_slot(const torch::Tensor& g, const torch::Tensor& dst) {
+    return g.has_storage() && g.storage().is_alias_of(dst.storage()) &&
+           g.storage_offset() == dst.storage_offset() && g.is_contiguous();
+  }
+
+  // gradient_as_bucket_view: the gradient autograd just wrote is copied into its bucket slice and .grad
+  // re-pointed there, so the copy autograd made is freed at once (one parameter's gradient exists twice, for
+  // a moment). It aliases the storage rather than being an autograd view: LibTorch's zero_grad() detach_()es
+  // gradients, which views refuse.
+  void move_into_bucket(std::size_t index) {
+    auto& p = params_[index];
+    auto& g = p.mutable_grad();
+    if (!g.defined() || g.layout() != torch::kStrided) return;  // launch() copies (or refuses) the rest
+    const auto dst = slot(index);
+    if (is_slot(g, dst)) return;  // accumulated in place
+    torch::NoGradGuard no_grad;
+    dst.copy_(g.reshape({-1}));
+    g = alias(dst, p);
+  }
+
+  static torch::Tensor alias(const torch::Tensor& dst, const torch::Tensor& p) {
+    auto g = torch::empty({0}, dst.options());
+    g.set_(dst.storage(), dst.storage_offset(), p.sizes());
+    return g;
+  }
+
   void launch(Bucket& b) {
-    std::size_t offset = 0;
     torch::NoGradGuard no_grad;
     for (auto i : b.params) {
-      const auto& p = params_[i];
-      const auto n = p.numel();
-      auto dst = b.flat.narrow(0, static_cast<std::int64_t>(offset), n);
-      const auto& g = p.grad();
-      if (g.defined()) {
-        dst.copy_(g.reshape({-1}));
-      } else {
+      auto dst = slot(i);
+      const auto& g = params_[i].grad();
+      if (!g.defined()) {
         dst.zero_();  // an unused parameter tolerated by ddp_find_unused_parameters
+      } else if (!is_slot(g, dst)) {
+        dst.copy_(g.reshape({-1}));
       }
-      offset += static_cast<std::size_t>(n);
     }
     // PowerSGD needs two dependent all-reduces with matrix products between them: run after backward.
     b.compressed = ctx_.config->ddp_comm_hook == CommHook::PowerSgd &&
@@ -278,20 +311,22 @@ class DdpBackend final : public Backend {
     }
   }
 
+  // The reduced bucket becomes the gradients: each .grad is its slice (gradient_as_bucket_view), or, with
+  // ddp_gradient_as_bucket_view: false, a copy of it in the gradient's own memory (PyTorch's default).
   void unflatten(Bucket& b) {
     torch::NoGradGuard no_grad;
     if (!b.compressed) b.flat.div_(comm_.world_size());
-    std::size_t offset = 0;
     for (auto i : b.params) {
       auto& p = params_[i];
-      const auto n = p.numel();
-      // The gradient shares its bucket's memory (PyTorch's gradient_as_bucket_view), so gradients are not
-      // held twice. It aliases the storage rather than being an autograd view: LibTorch's zero_grad()
-      // detach_()es gradients, which views refuse.
-      auto g = torch::empty({0}, b.flat.options());
-      g.set_(b.flat.storage(), b.flat.storage_offset() + static_cast<std::int64_t>(offset), p.sizes());
-      p.mutable_grad() = g;
-      offset += static_cast<std::size_t>(n);
+      auto& g = p.mutable_grad();
+      const auto dst = slot(i);
+      if (as_view_) {
+        if (!g.defined() || !is_slot(g, dst)) g = alias(dst, p);
+      } else if (g.defined() && !is_slot(g, dst) && g.sizes() == p.sizes() && g.layout() == torch::kStrided) {
+        g.copy_(dst.view(p.sizes()));
+      } else {
+        g = dst.clone().view(p.sizes());
+      }
     }
   }
 
@@ -301,6 +336,7 @@ class DdpBackend final : public Backend {
     for (const auto& p : params_)
       bytes.push_back(static_cast<std::uint64_t>(p.numel()) * p.element_size());
     bucket_of_.assign(params_.size(), 0);
+    offset_of_.assign(params_.size(), 0);
     std::vector<std::size_t> sizes;
     for (auto& members : detail::plan_buckets(bytes, mib(ctx_.config->ddp_first_bucket_cap_mb),
                                               mib(ctx_.config->ddp_bucket_cap_mb))) {
@@ -321,6 +357,7 @@ class DdpBackend final : public Backend {
             fmt::format("ddp: parameters of one model must share dtype and device; '{}' differs", names_[i]));
       }
       bucket_of_[i] = buckets_.size();
+      offset_of_[i] = numel;
       numel += params_[i].numel();
     }
     b.flat = torch::zeros({numel}, options.requires_grad(false));
@@ -334,10 +371,12 @@ class DdpBackend final : public Backend {
   std::vector<torch::Tensor> params_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
+  std::vector<std::int64_t> offset_of_;  // each parameter's offset in its bucket
   detail::BucketClock clock_;
   std::vector<bool> seen_;
   bool any_seen_ = false;
   bool syncing_ = false;
+  bool as_view_ = true;           // ddp_gradient_as_bucket_view
   std::uint64_t sync_steps_ = 0;  // sync backward passes so far (PowerSGD's iteration count)
   GradReadyHooks hooks_;          // last member: removed first, before what the callbacks use
 };

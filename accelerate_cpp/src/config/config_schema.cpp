@@ -234,6 +234,10 @@ std::vector<KeyRow> make_schema() {
       "ddp_find_unused_parameters", kTop, "reduce parameters that get no gradient in a step as zeros",
       [](auto& c) -> auto& { return c.ddp_find_unused_parameters; }, boolean(), write_bool, "true"));
   add(setting(
+      "ddp_gradient_as_bucket_view", kTop,
+      "DDP: each .grad is a slice of its all-reduce bucket (one copy of the gradients); false: two copies",
+      [](auto& c) -> auto& { return c.ddp_gradient_as_bucket_view; }, boolean(), write_bool, "false"));
+  add(setting(
       "ddp_broadcast_buffers", kTop,
       "after every sync step copy rank 0's buffers (BatchNorm statistics) to every rank",
       [](auto& c) -> auto& { return c.ddp_broadcast_buffers; }, boolean(), write_bool, "false"));

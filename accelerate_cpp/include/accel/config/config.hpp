@@ -280,6 +280,10 @@ struct Config {
   double ddp_first_bucket_cap_mb = 1;
   /// `ddp_find_unused_parameters`: tolerate parameters that get no gradient in a step.
   bool ddp_find_unused_parameters = false;
+  /// `ddp_gradient_as_bucket_view` (PyTorch DDP's gradient_as_bucket_view): each parameter's .grad is a
+  /// slice of its all-reduce bucket, so DDP holds one copy of the gradients, as estimate-memory counts; false
+  /// keeps them apart (a second copy, PyTorch's default). The reduced gradients are the same either way.
+  bool ddp_gradient_as_bucket_view = true;
   /// `ddp_broadcast_buffers`: after every sync step, copy rank 0's buffers (BatchNorm statistics) to every
   /// rank, as PyTorch DDP's `broadcast_buffers=True`, so all ranks evaluate and save the same model.
   bool ddp_broadcast_buffers = true;
