@@ -527,6 +527,17 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
     auto& b = buckets_[ref_.at(index).bucket];
     auto& g = groups_[b.group];
     auto& p = params_[index];
+    // A bucket of one parameter (a parameter above reduce_bucket_size: the embedding, the LM head) is reduced
+    // in the gradient autograd made, which this rank alone holds: no copy of it exists beside it.
+    const auto& grad = p.grad();
+    if (b.members.size() == 1 && grad.defined() && sole_owner(grad) && grad.is_contiguous() &&
+        grad.layout() == torch::kStrided && grad.scalar_type() == p.scalar_type()) {
+      b.filling = grad.view({-1});
+      p.mutable_grad() = torch::Tensor();
+      for (auto launchable : clock_.mark(ref_.at(index).bucket))
+        launch(launchable);
+      return;
+    }
     // Copy on arrival and free the gradient at once: a rank holds the bucket being filled, not its gradients
     // plus a copy.
     if (!b.filling.defined()) b.filling = torch::zeros({b.end - b.begin}, p.options().requires_grad(false));
