@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# accel::llm models against transformers (tests/llm/models_reference.py), in three steps:
+# accel::llm models against transformers (tests/llm/models_reference.py all), in three steps of one Python
+# process (a second start cost ~5 s of CPU importing torch and transformers again):
 # 1. Python makes tiny random Llama / Qwen2 / Qwen3 models and what transformers computes on them;
-# 2. accel_llm_models_tests "[.hf]" loads them, compares logits, loss and greedy tokens, and save_pretrained's
-#    each model again (cpp_saved);
+# 2. accel_llm_models_tests "[.hf]" (run by it) loads them, compares logits, loss and greedy tokens, and
+#    save_pretrained's each model again (cpp_saved);
 # 3. Python loads those with transformers and compares their logits with the reference.
 # and, given the generate program, (in step 1) its --print_ids output on a tiny model and tokenizer equals
 # transformers'.
@@ -14,10 +15,4 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 script=$(dirname "$0")/models_reference.py
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-"$python" "$script" make "$dir" "${@:3}"
-if ! ACCEL_LLM_REF_DIR=$dir "$tests" "[.hf]" --use-colour no > "$dir/hf.log" 2>&1; then
-  cat "$dir/hf.log"
-  exit 1
-fi
-grep -E "^hf:|passed" "$dir/hf.log"
-"$python" "$script" check "$dir"
+"$python" "$script" all "$dir" "$tests" "${@:3}"

@@ -8,6 +8,10 @@
                                   greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
+  models_reference.py all OUT TESTS [GENERATE]
+                                  make, then TESTS "[.hf]" (accel_llm_models_tests: compares and writes
+                                  cpp_saved), then check: one Python start (importing torch and transformers
+                                  costs ~5 s of CPU a time).
   With GENERATE, make also runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
                                   trained here and compares ids and text with transformers' generate.
 Exit 77 when transformers or safetensors is not importable (reported as skipped).
@@ -194,10 +198,28 @@ def program(out, generate_bin):
           f"new ids, the same text)")
 
 
+def cpp_side(out, tests):
+    """accel_llm_models_tests "[.hf]" on the models made in OUT: prints its summary lines; its whole log and exit
+    1 when it fails."""
+    import subprocess
+    run = subprocess.run([tests, "[.hf]", "--use-colour", "no"], env=dict(os.environ, ACCEL_LLM_REF_DIR=out),
+                         capture_output=True, text=True, check=False)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        print(log)
+        sys.exit(1)
+    print("\n".join(line for line in log.splitlines() if line.startswith("hf:") or "passed" in line), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "make":
-        make(sys.argv[2])
-        if len(sys.argv) > 3:  # the program's check too, in the same Python start (imports cost seconds)
-            program(sys.argv[2], sys.argv[3])
+    if sys.argv[1] in ("make", "all"):
+        out, extra = sys.argv[2], sys.argv[3:]
+        tests = extra.pop(0) if sys.argv[1] == "all" else None
+        make(out)
+        if extra:  # the program's check too, in the same Python start (imports cost seconds)
+            program(out, extra[0])
+        if tests is not None:
+            cpp_side(out, tests)
+            check(out)
     else:
         {"check": check}[sys.argv[1]](sys.argv[2])
