@@ -65,6 +65,21 @@ void resolve_parallelism(const Reader& r, Config& c, const Pending& p) {
     s->value = r.integer(*s->entry, 1, std::numeric_limits<int>::max(), kPositiveInt);
     if (first == nullptr || s->entry->line < first->line) first = s->entry;
   }
+  // Accelerate's TorchContextParallelConfig: "allgather" (its default) or "alltoall" (the ring).
+  if (const Entry* strategy = p.find("parallelism_config.parallelism_config_cp_comm_strategy");
+      strategy != nullptr) {
+    const std::string value = r.scalar(*strategy, "allgather or alltoall");
+    if (value != "allgather" && value != "alltoall") {
+      const std::vector<std::string> allowed = {"allgather", "alltoall"};
+      const std::optional<std::string> guess = closest(value, allowed);
+      r.fail_at(*strategy,
+                fmt::format("{}: invalid value '{}'{}; allowed values: allgather (K/V all-gathered, "
+                            "the default), alltoall (ring attention)",
+                            strategy->path, value,
+                            guess ? fmt::format(" (did you mean '{}'?)", *guess) : std::string()));
+    }
+    c.context_parallel_comm_strategy = value;
+  }
   if (first == nullptr) return;
   const auto refuse = [&r](const Size& s, const std::string& why) {
     r.fail_at(*s.entry, fmt::format("{}: {} {}", s.entry->path, s.value, why));

@@ -84,6 +84,8 @@ std::string parallelism_section(const Config& c) {
   }
   if (c.context_parallel_size != 1)
     out += fmt::format("\n  parallelism_config_cp_size: {}", c.context_parallel_size);
+  if (c.context_parallel_comm_strategy != "allgather")
+    out += fmt::format("\n  parallelism_config_cp_comm_strategy: {}", c.context_parallel_comm_strategy);
   return out;
 }
 
@@ -311,8 +313,8 @@ std::vector<KeyRow> make_schema() {
             "dp_replicate_size > 1 each shard group's consecutive ranks (FSDP's hybrid sharding: "
             "fsdp_hybrid_shard_size)"},
            {"parallelism_config_cp_size",
-            "ranks per context-parallel group (accelerate-cpp: K/V all-gathered, positions load-balanced "
-            "in 2 x cp_size chunks; accel::llm::enable_context_parallel on sequence_parallel_group())"},
+            "ranks per context-parallel group (positions load-balanced in 2 x cp_size chunks; "
+            "accel::llm::enable_context_parallel on sequence_parallel_group())"},
            {"parallelism_config_sp_size",
             "ranks per sequence-parallel group (DeepSpeed Ulysses: heads exchanged for positions by "
             "all-to-all; accel::llm::enable_sequence_parallel on sequence_parallel_group())"}}) {
@@ -320,6 +322,11 @@ std::vector<KeyRow> make_schema() {
     r.read = [](Reader& rd, const Entry& e, Config&, Pending&) { positive_int()(rd, e); };  // see resolve
     add(r);
   }
+  // Read (and checked: allgather or alltoall) with the sizes in resolve_parallelism.
+  add(ignored(
+      "parallelism_config_cp_comm_strategy", kParallelism,
+      "how context parallelism moves keys and values: allgather (all-gathered per layer, Accelerate's "
+      "default) or alltoall (ring attention: blocks passed point to point, merged by log-sum-exp)"));
   add(setting(
       "parallelism_config_tp_size", kParallelism,
       "ranks per tensor-parallel group (rank = replica x tp_size + tp rank), for programs whose layers "
@@ -327,8 +334,7 @@ std::vector<KeyRow> make_schema() {
       "AcceleratorOptions().tensor_parallel_size(n)",
       [](auto& c) -> auto& { return c.tensor_parallel_size; }, positive_int(), write_int, "2"));
   for (const char* name :
-       {"parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
-        "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
+       {"parallelism_config_cp_backend", "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
         "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation"}) {
     add(ignored(name, kParallelism,
                 "settings of cp_size/sp_size: sp_backend must be deepspeed (checked); the others are read "

@@ -74,11 +74,12 @@ torch::Tensor packed_documents(const torch::Tensor& pos) {
   return indices;
 }
 
-void enable(CausalLMImpl& model, std::shared_ptr<Communicator> group, bool context) {
+void enable(CausalLMImpl& model, std::shared_ptr<Communicator> group, bool context, bool ring) {
   detail::SequenceParallelism s;
   if (group && group->world_size() > 1) {
     s.group = std::move(group);
     s.context = context;
+    s.ring = ring;
   }
   model.model->set_sequence_parallelism(s);
   for (const auto& module : model.modules(/*include_self=*/false))
@@ -116,11 +117,18 @@ void enable_sequence_parallel(CausalLMImpl& model, std::shared_ptr<Communicator>
                      " (Ulysses gives each rank that share of the heads); choose parallelism_config_sp_size "
                      "dividing both, or use parallelism_config_cp_size");
   }
-  enable(model, std::move(group), /*context=*/false);
+  enable(model, std::move(group), /*context=*/false, /*ring=*/false);
 }
 
-void enable_context_parallel(CausalLMImpl& model, std::shared_ptr<Communicator> group) {
-  enable(model, std::move(group), /*context=*/true);
+void enable_context_parallel(CausalLMImpl& model, std::shared_ptr<Communicator> group,
+                             const std::string& comm_strategy) {
+  if (comm_strategy != "allgather" && comm_strategy != "alltoall") {
+    throw UsageError(
+        "accel::llm::enable_context_parallel: comm_strategy '" + comm_strategy +
+        "' is not one of allgather (K/V all-gathered) or alltoall (ring attention), the values of "
+        "Accelerate's parallelism_config_cp_comm_strategy");
+  }
+  enable(model, std::move(group), /*context=*/true, /*ring=*/comm_strategy == "alltoall");
 }
 
 namespace detail {
@@ -210,6 +218,10 @@ torch::Tensor sequence_parallel_attention(const SequenceParallelism& s, const to
   Communicator& group = *s.group;
   const std::int64_t size = group.world_size();
   const auto batch = q.size(0), heads = q.size(1), length = q.size(2), dim = q.size(3);
+  if (s.context && s.ring) {
+    const auto out = ring_attention(q, k, v, mask, group, scale);
+    return out.transpose(1, 2).reshape({batch, length, heads * dim});
+  }
   if (s.context) {
     // Keys and values of every rank ([B, Hkv, size x t, D] in the group's order; the mask says which).
     auto gather = [&](const torch::Tensor& x) {
