@@ -20,6 +20,12 @@ Measured per run (each side in its own processes, the sides alternating: ours, t
   log line, theirs: a TrainerCallback's on_step_end line), the first max(1, --warmup) steps dropped (the
   first step has no start mark); tokens/s =
   tokens per step / median step time (the spread across steps is printed as min-max);
+- CPU time per rank: each rank process's user + system time (/proc/PID/stat, all its threads) read when each
+  step's line arrives; the step's CPU seconds per rank, and CPU seconds per 1000 tokens per rank (the
+  median over the measured steps and both ranks). On a machine loaded by others this is the comparable
+  figure: wall time depends on the share of the cores each side gets. (Under the kernel's autogroup
+  scheduling the share is per session: torchrun starts each worker in its own session, and so does
+  accel-launch since issue 51's fix; before it, our two ranks shared the launcher's session's one share.)
 - peak RSS per rank: each rank process's VmHWM (/proc/PID/status) read when the last step's line arrives (so
   the model load is included, the final save of our recipe is not), and its largest RssAnon polled every
   0.2 s (anonymous memory, without the pages of the memory-mapped checkpoint); the table gives the largest
@@ -146,6 +152,16 @@ def hf_worker(a):
 
 
 # ---- running one side, timing its steps and polling its ranks' memory -------------------------------------
+def proc_cpu_s(pid):
+    """utime + stime of a process (all its threads), seconds; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def proc_status(pid):
     out = {}
     try:
@@ -197,6 +213,13 @@ class RankWatcher(threading.Thread):
         with self.lock:
             return {pid: dict(v) for pid, v in self.ranks.items()}
 
+    def cpu(self):
+        """{rank pid: CPU seconds so far} of the rank processes seen (found now if not yet polled)."""
+        self.poll()
+        with self.lock:
+            pids = list(self.ranks)
+        return {pid: proc_cpu_s(pid) for pid in pids}
+
     def run(self):
         while not self.stop.wait(self.interval):
             self.poll()
@@ -209,13 +232,14 @@ def run_side(cmd, env, is_rank, step_re, total_steps, log_path):
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         watcher = RankWatcher(p.pid, is_rank)
         watcher.start()
-        times, tokens, peaks = [], [], None
+        times, tokens, peaks, cpu = [], [], None, []
         for line in p.stdout:
             t = time.perf_counter()
             log.write(line)
             m = step_re.search(line)
             if m:
                 times.append(t)
+                cpu.append(watcher.cpu())
                 tok = re.search(r"'num_input_tokens_seen': ([0-9.e+]+)", line)
                 if tok:
                     tokens.append(float(tok.group(1)))
@@ -227,7 +251,7 @@ def run_side(cmd, env, is_rank, step_re, total_steps, log_path):
         with open(log_path) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}, {len(times)} steps seen):\n{tail}")
-    return {"times": [t - start for t in times], "tokens": tokens, "peaks": peaks,
+    return {"times": [t - start for t in times], "tokens": tokens, "peaks": peaks, "cpu": cpu,
             "wall_s": time.perf_counter() - start, "series": watcher.series}
 
 
@@ -255,6 +279,16 @@ def their_cmd(a, kind, seq, gc, steps, work, model_dir, data):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
             os.path.abspath(__file__), "--hf-worker", "--type", kind, "--seq", str(seq), "--gc", gc,
             "--max_steps", str(steps), "--model", model_dir, "--data", data, "--out", os.path.join(work, "hf_out")]
+
+
+def step_cpu(r, warmup):
+    """CPU seconds (user + system) of each measured step, per rank: [[rank a, rank b], ...]."""
+    out = []
+    for i in range(max(warmup, 1), len(r["cpu"])):
+        before, after = r["cpu"][i - 1], r["cpu"][i]
+        pids = [p for p in after if after[p] is not None and before.get(p) is not None]
+        out.append([after[p] - before[p] for p in sorted(pids)])
+    return out
 
 
 # ---- arithmetic: FLOPs, memory guess -----------------------------------------------------------------------
@@ -305,19 +339,24 @@ def gemm_rate(a, config_path, seq):
 
 # ---- the benchmark ------------------------------------------------------------------------------------------
 def summarize(runs, warmup, tokens_per_step, flops, gemm):
-    steps = []
+    steps, cpu = [], []
     for r in runs:
         t = r["times"]
         steps += [t[i] - t[i - 1] for i in range(max(warmup, 1), len(t))]
+        cpu += [x for per_rank in step_cpu(r, warmup) for x in per_rank]
     med = statistics.median(steps)
+    cpu_med = statistics.median(cpu) if cpu else float("nan")
     per_rank = [max(v["hwm"] for v in r["peaks"].values()) for r in runs]
     anon = [max(v["anon"] for v in r["peaks"].values()) for r in runs]
     sums = [sum(v["hwm"] for v in r["peaks"].values()) for r in runs]
     return {"step_s": med, "step_min": min(steps), "step_max": max(steps), "n": len(steps), "steps": steps,
             "tokens_per_s": tokens_per_step / med, "roofline": flops / med / 1e9 / gemm,
+            "cpu_rank_step_s": cpu_med, "cpu_s_per_1k_tokens_rank": cpu_med / (tokens_per_step / RANKS) * 1000,
+            "cpu_rank_steps": cpu,
             "peak_rank_gb": max(per_rank) / 1e9, "peak_anon_gb": max(anon) / 1e9, "peak_sum_gb": max(sums) / 1e9,
             "ranks_seen": [len(r["peaks"]) for r in runs],
-            "raw": [{"times": r["times"], "peaks": list(r["peaks"].values())} for r in runs]}
+            "raw": [{"times": r["times"], "peaks": list(r["peaks"].values()), "cpu": step_cpu(r, warmup)}
+                    for r in runs]}
 
 
 def main():
@@ -394,8 +433,10 @@ def main():
                             st = [r["times"][i] - r["times"][i - 1] for i in range(max(a.warmup, 1), len(r["times"]))]
                             peaks = " ".join(f"{v['hwm'] / 1e9:.2f}" for v in r["peaks"].values())
                             anon = " ".join(f"{v['anon'] / 1e9:.2f}" for v in r["peaks"].values())
+                            cpu = " ".join("/".join(f"{x:.1f}" for x in s) for s in step_cpu(r, a.warmup))
                             print(f"  {case} round {rnd} {side:6s}: steps "
-                                  f"{' '.join(f'{x:.1f}' for x in st)} s, peak RSS per rank {peaks} GB "
+                                  f"{' '.join(f'{x:.1f}' for x in st)} s (CPU s per rank {cpu}; load average "
+                                  f"{os.getloadavg()[0]:.1f}), peak RSS per rank {peaks} GB "
                                   f"(anonymous {anon} GB), "
                                   f"run {r['wall_s']:.0f} s", flush=True)
                     flops = flops_per_step(shape, seq, kind)
@@ -426,14 +467,17 @@ def print_table(results, skipped, sides, a):
             print(json.dumps(r))
         return
     print("| type | seq | checkpointing | ours tokens/s | theirs tokens/s | ratio | ours s/step | theirs s/step | "
+          "ours CPU s/1k tokens/rank | theirs | ratio (theirs/ours) | "
           "roofline ours | roofline theirs | peak RSS/rank ours | theirs | ratio | peak anonymous/rank ours | "
           "theirs | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         o, t = r["ours"], r["theirs"]
         print(f"| {r['type']} | {r['seq']} | {r['gc']} | {o['tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
               f"{o['tokens_per_s'] / t['tokens_per_s']:.2f}x | {o['step_s']:.1f} ({o['step_min']:.1f}-"
               f"{o['step_max']:.1f}) | {t['step_s']:.1f} ({t['step_min']:.1f}-{t['step_max']:.1f}) | "
+              f"{o['cpu_s_per_1k_tokens_rank']:.2f} | {t['cpu_s_per_1k_tokens_rank']:.2f} | "
+              f"{t['cpu_s_per_1k_tokens_rank'] / o['cpu_s_per_1k_tokens_rank']:.2f}x | "
               f"{o['roofline']:.0%} | {t['roofline']:.0%} | {o['peak_rank_gb']:.2f} GB | "
               f"{t['peak_rank_gb']:.2f} GB | {o['peak_rank_gb'] / t['peak_rank_gb']:.2f}x | "
               f"{o['peak_anon_gb']:.2f} GB | {t['peak_anon_gb']:.2f} GB | {o['peak_anon_gb'] / t['peak_anon_gb']:.2f}x |")

@@ -27,6 +27,18 @@ std::int64_t chunk_rows(std::int64_t requested, std::int64_t vocab) {
   return std::max(kMinAutoChunk, kAutoChunkBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
 }
 
+// The rows of each chunk for `counted` tokens. A requested size is kept (the last chunk takes the rest). The
+// automatic size is a target: the tokens go in equal chunks of at most 1.25 x it, so that no small tail chunk
+// is left (each chunk packs the whole [V, H] weight for its two matmuls: at 512 tokens and Qwen's
+// vocabulary, 441 + 70 rows cost two packings of the 545 MB head and a 70-row matmul; one chunk of 511 rows
+// holds 311 MB of logits).
+std::int64_t balanced_rows(std::int64_t requested, std::int64_t target, std::int64_t counted) {
+  if (requested > 0 || counted <= 0) return target;
+  const std::int64_t most = target + target / 4;
+  const std::int64_t chunks = (counted + most - 1) / most;
+  return (counted + chunks - 1) / chunks;
+}
+
 // labels[t + 1] for position t, ignore_index after each row's last position, flattened (ForCausalLMLoss).
 torch::Tensor shifted_labels(const torch::Tensor& labels, std::int64_t ignore_index, torch::Device device) {
   return torch::constant_pad_nd(labels, {0, 1}, ignore_index).slice(1, 1).contiguous().view(-1).to(device);
@@ -64,7 +76,7 @@ void add_chunk(Sums& s, const torch::Tensor& rows, const torch::Tensor& hc, cons
 
 class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
  public:
-  // `denominator` < 0: the mean over the counted labels.
+  // `denominator` < 0: the mean over the counted labels; `chunk` 0: automatic (balanced_rows).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
                                const torch::Tensor& labels, double denominator, std::int64_t chunk,
                                std::int64_t ignore_index, bool need_hidden, bool need_weight) {
@@ -86,6 +98,7 @@ class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCros
     s.loss = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
     if (need_hidden) s.grad_hidden = torch::zeros_like(flat, torch::MemoryFormat::Contiguous);
     if (need_weight) s.grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+    chunk = balanced_rows(chunk, chunk_rows(chunk, vocab), counted);
     for (std::int64_t start = 0; start < counted; start += chunk) {
       const auto r = rows.slice(0, start, std::min(counted, start + chunk));
       add_chunk(s, r, flat.index_select(0, r), weight, targets.slice(0, start, start + r.numel()), denom);
@@ -157,10 +170,10 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
                                          const FusedCrossEntropyOptions& options) {
   check_inputs(hidden, weight, labels, num_items_in_batch, options);
   const bool grad = torch::GradMode::is_enabled();
-  return FusedLinearCrossEntropy::apply(
-      hidden, weight, labels, num_items_in_batch ? static_cast<double>(*num_items_in_batch) : -1.0,
-      chunk_rows(options.chunk_tokens_, weight.size(0)), options.ignore_index_,
-      grad && hidden.requires_grad(), grad && weight.requires_grad());
+  return FusedLinearCrossEntropy::apply(hidden, weight, labels,
+                                        num_items_in_batch ? static_cast<double>(*num_items_in_batch) : -1.0,
+                                        options.chunk_tokens_, options.ignore_index_,
+                                        grad && hidden.requires_grad(), grad && weight.requires_grad());
 }
 
 }  // namespace accel::llm

@@ -27,8 +27,9 @@ namespace accel::llm {
 /// Options of fused_linear_cross_entropy. Example: `FusedCrossEntropyOptions().chunk_tokens(512)`.
 struct FusedCrossEntropyOptions {
   /// Tokens per chunk (each chunk's logits are chunk_tokens x vocab float32). 0: automatic, at least 16
-  /// tokens and about 256 MiB of float32 logits per chunk (Qwen's 151,936 vocabulary: 441 tokens; smaller
-  /// chunks cost time on a CPU, see BENCHMARKS.md).
+  /// tokens and about 256 MiB of float32 logits per chunk (Qwen's 151,936 vocabulary: 441 tokens), the
+  /// tokens split into equal chunks of at most 1.25 x that so that no small tail chunk is left (511 tokens:
+  /// one chunk, 2,047: four of 512); smaller chunks cost time on a CPU, see BENCHMARKS.md.
   FusedCrossEntropyOptions& chunk_tokens(std::int64_t value) {
     chunk_tokens_ = value;
     return *this;
