@@ -1799,6 +1799,43 @@ class OperatorProbe {
   at::CallbackHandle handle_ = 0;
 };
 
+// ddp_gradient_as_bucket_view: false (PyTorch's default) keeps each gradient apart from its bucket (two
+// copies after a sync backward); the gradients are the same as with the view (the default), bit for bit,
+// whether zero_grad() drops them or zeroes them in place.
+void ddp_without_bucket_view() {
+  std::vector<torch::Tensor> grads[2];
+  std::uint64_t held[2] = {0, 0}, p_bytes = 0;
+  for (int view = 0; view < 2; ++view) {
+    auto config = cpu_config();
+    config.ddp_gradient_as_bucket_view = view == 1;
+    Accelerator acc(AcceleratorOptions().config(config));
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    acc.prepare(model, opt);
+    torch::manual_seed(1 + acc.process_index());
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad(step == 0);  // dropped, then zeroed where they are
+      const auto x = torch::randn({4, 64}), y = torch::randn({4, 1});
+      acc.backward(torch::mse_loss(model->forward(x), y));
+      if (step == 0) opt.step();
+    }
+    held[view] = acc.memory_report().gradients;
+    p_bytes = 0;
+    for (const auto& p : model->parameters()) {
+      grads[view].push_back(p.grad().clone());
+      p_bytes += p.nbytes();
+    }
+  }
+  for (std::size_t k = 0; k < grads[0].size(); ++k)
+    CHECK_MSG(torch::equal(grads[0][k], grads[1][k]),
+              "ddp_gradient_as_bucket_view false: gradient " << k << " differs from the bucket view's");
+  CHECK_MSG(held[1] == p_bytes,
+            "with the bucket view the gradients hold " << held[1] << " bytes, want " << p_bytes);
+  CHECK_MSG(held[0] == 2 * p_bytes, "without the bucket view gradients and buckets hold "
+                                        << held[0] << " bytes, want " << 2 * p_bytes);
+}
+
 void peak() {
   CpuMemoryCounter::install();
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
@@ -1879,7 +1916,20 @@ void peak() {
                                              : "whole gradients (DDP, stage 1)";
   if (acc.is_main_process()) std::cout << backend_variant << ": checked as " << kind << std::endl;
   if (!caps.shards_gradients && !caps.shards_parameters) {
-    CHECK_MSG(extra >= p_bytes * 9 / 10, "backward must hold every gradient, measured " << extra);
+    if (caps.shards_optimizer_state) {
+      CHECK_MSG(extra >= p_bytes * 9 / 10, "backward must hold every gradient, measured " << extra);
+    } else {
+      // DDP (and FSDP's NO_SHARD, its engine) with ddp_gradient_as_bucket_view, the default: each gradient
+      // is its bucket slice from the moment backward writes it, so the gradients exist once (the buckets,
+      // allocated at prepare) plus, for a moment, the one parameter's gradient autograd made before it moves
+      // into its slice.
+      CHECK_MSG(max_grad_bytes >= p_bytes && max_grad_bytes <= p_bytes + unit + 4096,
+                "DDP gradients reached " << max_grad_bytes << " bytes; want every gradient once (" << p_bytes
+                                         << ") + one parameter's (" << unit << ")");
+      CHECK_MSG(extra <= p_bytes / 4, "DDP backward added " << extra << " bytes besides the buckets of "
+                                                            << p_bytes << ": a second copy of the gradients");
+      ddp_without_bucket_view();
+    }
     // Every parameter, plus (stage 1) the fp32 master slice of this rank's 1/N the optimizer updates.
     const std::uint64_t masters = caps.shards_optimizer_state ? shard : 0;
     CHECK_MSG(max_param_bytes >= p_bytes + masters * 99 / 100 && max_param_bytes <= p_bytes + masters + 4096,
