@@ -26,7 +26,22 @@ namespace {
 // --model_config / --type: a Hugging Face config.json and a training type of config_templates/trainer/.
 struct ModelOptions {
   std::string model_config, type, templates;
+  /// Bytes of autograd's gradient of the trained embedding while it exists beside its bucket or shard (0
+  /// when the embedding is frozen or the layout gathers units, whose own term counts it).
+  std::uint64_t transient = 0;
 };
+
+// Full fine-tuning trains the embedding: its [vocab, hidden] gradient exists, for a moment, as autograd made
+// it beside the bucket or shard it moves into (DDP, ZeRO-1/2, SHARD_GRAD_OP), twice when the head is tied
+// (the head's contribution waits in autograd's buffer while the lookup's dense gradient is formed). The
+// layouts that gather units count it in their gathered units.
+std::uint64_t embedding_transient(const MemoryEstimateInput& in, const llm::ParameterCount& count) {
+  const bool gathers = (in.backend == "zero" && in.zero_stage == 3) ||
+                       (in.backend == "fsdp" && in.fsdp_sharding_strategy != "SHARD_GRAD_OP" &&
+                        in.fsdp_sharding_strategy != "NO_SHARD");
+  if (gathers) return 0;
+  return static_cast<std::uint64_t>(count.embedding) * 4 * (count.lm_head == 0 ? 2 : 1);
+}
 
 // The optimizer of a TrainingArguments `optim` as the estimate counts it (8-bit states are not modelled).
 std::string estimate_optimizer(const std::string& optim) {
@@ -41,7 +56,7 @@ std::string estimate_optimizer(const std::string& optim) {
 // Fills `in` from the model's config.json (sizes) and, with --type, the type's three files (layout,
 // adapters, optimizer), as `accel-launch train -t TYPE` would run them; explicit options given on the
 // command line win.
-void apply_model(MemoryEstimateInput& in, const ModelOptions& mo, const CLI::App& cmd) {
+void apply_model(MemoryEstimateInput& in, ModelOptions& mo, const CLI::App& cmd) {
   namespace fs = std::filesystem;
   const auto config = llm::ModelConfig::from_file(mo.model_config);
   const auto count = llm::count_parameters(config);
@@ -67,9 +82,11 @@ void apply_model(MemoryEstimateInput& in, const ModelOptions& mo, const CLI::App
   const auto args = TrainingArguments::load_file((dir / (mo.type + ".yaml")).string());
   if (!given("--optimizer")) in.optimizer = estimate_optimizer(args.optim);
   const fs::path model_file = dir / (mo.type + ".model.yaml");
+  mo.transient = embedding_transient(in, count);
   if (!fs::exists(model_file)) return;
   const auto model = ModelArguments::load_file(model_file.string());
   if (!model.use_peft) return;
+  mo.transient = 0;  // the base (the embedding with it) is frozen
   std::vector<std::string> targets = model.lora_target_modules;
   if (model.lora_target_modules_string) targets = {*model.lora_target_modules_string};
   in.num_parameters = static_cast<std::uint64_t>(llm::count_lora_parameters(config, targets, model.lora_r));
@@ -132,7 +149,7 @@ void print_pipeline(const MemoryEstimateInput& in, const std::vector<StageMemory
   std::cout << fmt::format("Heaviest stage: {}\n", heaviest);
 }
 
-void run_estimate(const MemoryEstimateInput& in) {
+void run_estimate(const MemoryEstimateInput& in, std::uint64_t transient) {
   const auto stages = estimate_pipeline_memory(in);
   const auto r = estimate_memory(in);
   std::uint64_t parameters = 0;  // --num_parameters, or the sum of --layer_parameters
@@ -145,8 +162,15 @@ void run_estimate(const MemoryEstimateInput& in) {
       in.frozen_parameters > 0 ? fmt::format(", and {} frozen in {}", in.frozen_parameters, in.frozen_dtype)
                                : std::string());
   if (in.pipeline_stages > 1) print_pipeline(in, stages);
-  std::cout << r.to_string() << "\n"
-            << "bytes: " << bytes_line(r) << "\n";
+  std::cout << r.to_string() << "\n";
+  if (transient > 0) {
+    std::cout << fmt::format(
+        "while training, autograd's gradient of the embedding beside its bucket or shard (twice with a tied "
+        "head; not in total): {:.3f} MiB\n",
+        static_cast<double>(transient) / (1024.0 * 1024.0));
+  }
+  std::cout << "bytes: " << bytes_line(r) << (transient > 0 ? fmt::format(" transient={}", transient) : "")
+            << "\n";
 }
 
 }  // namespace
@@ -244,7 +268,7 @@ void setup_estimate_memory_command(CLI::App& app) {
       throw CLI::ValidationError("--num_parameters",
                                  "give --num_parameters, or --layer_parameters for a pipeline's layers");
     }
-    run_estimate(*in);
+    run_estimate(*in, model->transient);
   });
 }
 

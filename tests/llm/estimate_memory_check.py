@@ -1,7 +1,10 @@
 """accel-launch estimate-memory --model_config: the parameter counts it reads from a config.json equal
 transformers' (sum of p.numel() over the model built on the meta device, no weights) for the shapes users fine-tune
 (Qwen2.5 0.5B / 1.5B / 7B, Qwen3 0.6B, Llama 3.1 8B, a tied and an untied case), and the LoRA adapters' trainable
-count equals PEFT's on the same model (r 16 on q/k/v/o and on all-linear).
+count equals PEFT's on the same model (r 16 on q/k/v/o and on all-linear). With a training type that trains the
+embedding (full, deepspeed) the estimate names its transient (autograd's [vocab, hidden] fp32 gradient beside its
+bucket or shard, twice with a tied head: transformers' tie_word_embeddings); none where the embedding is frozen
+(lora) or the layout counts it among its gathered units (stage3).
 
     python estimate_memory_check.py build/launcher/accel-launch
 """
@@ -57,6 +60,16 @@ def main():
             ok = got == expected
             failures += not ok
             print(f"{name}: transformers {expected}, estimate-memory {got} {'ok' if ok else 'DIFFERENT'}")
+            tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+            embedding = model.get_input_embeddings().weight.numel()
+            trained = 4 * embedding * (2 if tied else 1)
+            for kind, want in (("full", trained), ("deepspeed", trained), ("lora", 0), ("stage3", 0)):
+                found = re.search(r"transient=(\d+)", ours(launch, path, ["--type", kind]))
+                got = int(found.group(1)) if found else 0
+                ok = got == want
+                failures += not ok
+                print(f"{name} {kind}: transient {got}, want {want} ({'tied' if tied else 'untied'} head) "
+                      f"{'ok' if ok else 'DIFFERENT'}")
             for targets in (["q_proj", "k_proj", "v_proj", "o_proj"], "all-linear"):
                 # On the meta device too: the adapters' shapes are all that is counted (allocating and
                 # initialising an 8B model's adapters in memory cost ~10 s of CPU).
