@@ -568,12 +568,21 @@ bool OptimizerStateOffload::on_operator(const std::vector<std::size_t>& tags) {
   return true;
 }
 
+void OptimizerStateOffload::prefetch_first() {
+  for (std::size_t g = 0; g < optimizers_.size(); ++g) {
+    if (optimizers_[g] != nullptr) {
+      tier_->prefetch(g);
+      return;
+    }
+  }
+}
+
 void OptimizerStateOffload::end_step() {
   if (holding_ || ending_ || resident_.empty()) return;
   for (const auto r : resident_)
     evict(r);
   resident_.clear();
-  if (!masters_.empty()) tier_->prefetch(0);
+  prefetch_first();
 }
 
 void OptimizerStateOffload::hold(bool hold) {
@@ -589,7 +598,7 @@ void OptimizerStateOffload::hold(bool hold) {
   for (std::size_t g = 0; g < masters_.size(); ++g)
     evict(g);
   tier_->drain();
-  if (!masters_.empty()) tier_->prefetch(0);
+  prefetch_first();
 }
 
 void OptimizerStateOffload::restore_all() {

@@ -168,6 +168,9 @@ class OptimizerStateOffload {
  private:
   void evict(std::size_t group);
   std::vector<torch::Tensor> state_of(std::size_t group) const;
+  /// Reads ahead the first sub-group an optimizer steps (the lowest numbers may be none: ZeRO-3's frozen
+  /// shards).
+  void prefetch_first();
 
   ParameterTrigger& trigger_;
   std::size_t tag_base_;

@@ -49,6 +49,9 @@ struct Flat {
   std::size_t grads_seen = 0;
   std::size_t trainable = 0;  // parameters with requires_grad: the gradients a complete backward delivers
   bool launched = false;      // reduce-scatter of this backward launched
+  // Parameters without gradient (requires_grad false at prepare): gathered with their unit, never reduced,
+  // in no optimizer; `master` is this rank's slice of them.
+  bool frozen = false;
 };
 
 struct Unit {
@@ -153,18 +156,19 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     }
     for (const auto& unit : units)
       add_unit(unit.name, unit.params);
+    shard_frozen();
   }
 
   void prepare_optimizer(torch::optim::Optimizer& optimizer) override {
     adopt_optimizer(optimizer, kNvmeTagBase);
-    if (options_.param_nvme && !param_tier_) {
+    const bool new_tier = options_.param_nvme && !param_tier_;
+    if (new_tier) {
       param_tier_ = std::make_unique<detail::NvmeTier>(
           *options_.param_nvme, fmt::format("{} rank {}", options_.name, comm_.rank()));
       if (!param_tier_->notice().empty() && comm_.rank() == 0)
         std::cerr << "[accelerate-cpp] " << param_tier_->notice() << std::endl;
     }
     const auto n = comm_.world_size();
-    if (slot_.empty()) slot_.assign(params_.size(), std::nullopt);
     const auto first_new_flat = flats_.size();
     trigger_.stop();
     detail::Quiet quiet;
@@ -173,6 +177,10 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
       std::vector<bool> in_group(params_.size(), false);
       for (const auto& p : pg.params()) {
         const auto index = index_of(p);
+        // A frozen parameter handed to the optimizer (`model->parameters()` after freezing) stays in its
+        // frozen shard and out of the optimizer, as DeepSpeed's ZeRO-3 leaves it out: it gets no gradient, so
+        // the optimizer would skip it (no state, no weight decay) on one process too.
+        if (slot_[index] && flats_[slot_[index]->flat].frozen) continue;
         if (slot_[index]) {
           throw UsageError(
               fmt::format("{}: parameter '{}' is in two optimizer groups", options_.name, names_[index]));
@@ -227,6 +235,10 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
       }
       if (param_tier_) param_tier_->evict(fi, {flats_[fi].master});  // the shard to its file
     }
+    // The frozen shards (made by prepare_model, before the tier) go to their files too.
+    for (std::size_t fi = 0; new_tier && fi < first_new_flat; ++fi) {
+      if (flats_[fi].frozen) param_tier_->evict(fi, {flats_[fi].master});
+    }
     trigger_.start();
   }
 
@@ -267,7 +279,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     if (syncing_ && (any_seen_ || holds)) {
       std::vector<std::string> unused;
       for (const auto& f : flats_) {
-        if (f.launched || !any_seen_) continue;
+        if (f.launched || f.frozen || !any_seen_) continue;
         for (auto index : f.params) {
           if (!seen_[index] && params_[index].requires_grad()) unused.push_back(names_[index]);
         }
@@ -280,7 +292,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
       }
       detail::check_unused(options_.name, unused, ctx_.config->ddp_find_unused_parameters);
       for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
-        if (!flats_[fi].launched) launch_reduce(fi);
+        if (!flats_[fi].launched && !flats_[fi].frozen) launch_reduce(fi);
       }
       finish_reduce();
     }
@@ -299,8 +311,13 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   }
 
   GradientTensors gradients() const override {
-    return gradients_of(flats_,
-                        [&](std::size_t index) { return !slot_.empty() && slot_[index].has_value(); });
+    std::vector<torch::Tensor> masters;  // the frozen shards get no gradient: not in norms or clipping
+    for (const auto& f : flats_) {
+      if (!f.frozen) masters.push_back(f.master);
+    }
+    return detail::sharded_gradients(
+        std::move(masters), shards_.copies(),
+        detail::loose_parameters(params_, [&](std::size_t index) { return slot_[index].has_value(); }));
   }
 
   void sync_parameters() override {
@@ -326,6 +343,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     }
     for (const auto& f : flats_) {
       if (f.secondary.defined()) out.push_back(f.secondary);  // hpZ's copies
+      if (f.frozen) out.push_back(f.master);                  // frozen shards: no optimizer holds them
     }
     return out;
   }
@@ -377,7 +395,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     std::lock_guard lock(mu_);
     detail::Quiet quiet;
     release_all();
-    detail::check_module_state(*model_, state);  // every tensor checked before any is copied
+    check_state(state);  // every tensor checked before any is copied
     torch::NoGradGuard no_grad;
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       auto& f = flats_[fi];
@@ -390,15 +408,17 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
         const auto index = f.params[m];
         const auto lo = std::max(f.offset[m], begin);
         const auto hi = std::min(f.offset[m] + params_[index].numel(), begin + f.shard);
-        if (lo >= hi) continue;
-        const auto source = state.at(names_[index]).reshape({-1}).narrow(0, lo - f.offset[m], hi - lo);
+        const auto it = state.find(names_[index]);
+        if (lo >= hi || it == state.end()) continue;  // absent: kept (check_state)
+        const auto source = it->second.reshape({-1}).narrow(0, lo - f.offset[m], hi - lo);
         f.master.narrow(0, lo - begin, hi - lo).copy_(source);
       }
       if (param_tier_ && !is_stepping(fi)) param_tier_->evict(fi, {f.master});
     }
-    // Parameters outside every optimizer stay whole on each rank, as they do without sharding.
+    // Trainable parameters outside every optimizer (and frozen views) stay whole on each rank, as they do
+    // without sharding.
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!slot_.empty() && slot_[i]) continue;
+      if (slot_[i] || state.count(names_[i]) == 0) continue;
       auto& p = params_[i];
       if (memoryless(p)) detail::point_storage_into(p, torch::empty({p.numel()}, p.options()), 0);
       p.detach().copy_(state.at(names_[i]));
@@ -551,6 +571,21 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     return out;
   }
 
+  // detail::check_module_state, except on the first load of a model built without memory, which takes from
+  // `state` what it was built without: a parameter built with memory (LoRA adapters added after
+  // accel::llm::from_pretrained_empty) that `state` lacks keeps its value.
+  void check_state(const std::map<std::string, torch::Tensor>& state) const {
+    if (std::find(unloaded_.begin(), unloaded_.end(), true) == unloaded_.end()) {
+      detail::check_module_state(*model_, state);
+      return;
+    }
+    auto filled = state;  // the tensors are shared, not copied; the check reads shapes and types only
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!unloaded_[i]) filled.emplace(names_[i], params_[i]);
+    }
+    detail::check_module_state(*model_, filled);
+  }
+
   std::string unloaded_message(std::size_t index, const std::string& what) const {
     return fmt::format(
         "{}: parameter '{}' was built without memory (empty weights) and has not been loaded; {} needs its "
@@ -568,10 +603,57 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     return detail::parameter_index(params_, p, options_.name);
   }
 
-  void check_ownership(std::size_t index) const {
+  // DeepSpeed's ZeRO-3 and FSDP shard every parameter, frozen ones too: each unit's parameters without
+  // gradient (a LoRA model's base, a frozen teacher) form flat vectors of their own, one per dtype and
+  // device, sharded as the optimizer's are, gathered with their unit and never reduced. Frozen views stay
+  // whole.
+  void shard_frozen() {
+    slot_.assign(params_.size(), std::nullopt);
+    detail::Quiet quiet;
+    torch::NoGradGuard no_grad;
+    const bool to_cpu = options_.offload || options_.nvme.has_value() || options_.param_nvme.has_value();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      std::vector<Flat> made;
+      for (auto index : units_[u].params) {
+        const auto& p = params_[index];
+        if (p.requires_grad() || !owns_storage(index)) continue;
+        auto same = [&](const Flat& f) {
+          const auto& q = params_[f.params.front()];
+          return q.scalar_type() == p.scalar_type() && q.device() == p.device();
+        };
+        auto it = std::find_if(made.begin(), made.end(), same);
+        if (it == made.end()) {
+          made.emplace_back();
+          made.back().frozen = true;
+          it = made.end() - 1;
+        }
+        it->params.push_back(index);
+        it->offset.push_back(it->numel);
+        it->numel += p.numel();
+      }
+      for (auto& f : made) {
+        f.shard = detail::shard_size(f.numel, comm_.world_size());
+        f.master = deferred_ ? deferred_flat_slice(params_, f.params, f.offset, f.shard, comm_, to_cpu)
+                             : detail::flat_slice(params_, f.params, f.offset, f.shard, comm_, to_cpu);
+        for (std::size_t m = 0; m < f.params.size(); ++m) {
+          slot_[f.params[m]] = ParamSlot{flats_.size(), f.offset[m]};
+          free_storage(f.params[m]);
+        }
+        units_[u].flats.push_back(flats_.size());
+        flats_.push_back(std::move(f));
+      }
+    }
+    if (!flats_.empty()) trigger_.start();  // a model without optimizer (a frozen teacher) gathers too
+  }
+
+  bool owns_storage(std::size_t index) const {
     const auto& p = params_[index];
-    if (!p.is_contiguous() || p.storage_offset() != 0 ||
-        p.storage().nbytes() != static_cast<std::size_t>(p.numel()) * p.element_size()) {
+    return p.is_contiguous() && p.storage_offset() == 0 &&
+           p.storage().nbytes() == static_cast<std::size_t>(p.numel()) * p.element_size();
+  }
+
+  void check_ownership(std::size_t index) const {
+    if (!owns_storage(index)) {
       throw UnsupportedOperation(fmt::format(
           "{}: parameter '{}' does not own its storage (a view of another tensor, or non-contiguous); "
           "sharded parameters must be plain contiguous tensors",

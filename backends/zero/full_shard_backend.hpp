@@ -13,6 +13,10 @@
 ///   freed parameter (see docs/zero3_design.md for the mechanism and its pitfalls).
 /// - Gradients are accumulated into the unit's flat gradient as backward produces them, and the complete
 ///   flat gradient is reduce-scattered (asynchronously) into the owner's shard.
+/// - Frozen parameters (requires_grad false at prepare: a LoRA model's base, a frozen teacher) are sharded
+///   too, as DeepSpeed's ZeRO-3 and FSDP shard them: each unit's frozen parameters form flat vectors of their
+///   own, gathered with the unit, never reduced, in no optimizer (an optimizer handed them leaves them out,
+///   as DeepSpeed's does) and outside gradient norms.
 /// Communication per step: all-gather in forward, again in backward, and one reduce-scatter: 1.5 x DDP.
 
 #include <accel/backend/backend.hpp>

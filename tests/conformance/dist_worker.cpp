@@ -1603,13 +1603,21 @@ std::vector<torch::Tensor> one_process_adam(Model model, int world) {
 }
 
 // The same through an Accelerator on this run's ranks (a prepared loader of 4 rows per rank); `inspect` sees
-// the trained model while the Accelerator still lives. Returns the world size and the parameters after.
+// the trained model while the Accelerator still lives, with the counting allocator's bytes just before
+// prepare. With `trainable_only` the optimizer gets only the parameters that require gradients (as PEFT's
+// recipes and the Trainer build it). Returns the world size and the parameters after.
 template <class Model>
-std::pair<int, std::vector<torch::Tensor>> accelerated_adam(Model model,
-                                                            const std::function<void(Model&)>& inspect) {
+std::pair<int, std::vector<torch::Tensor>> accelerated_adam(
+    Model model, const std::function<void(Model&, Accelerator&, std::uint64_t)>& inspect,
+    bool trainable_only = false) {
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
   const int world = acc.num_processes();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  std::vector<torch::Tensor> params;
+  for (const auto& p : model->parameters()) {
+    if (p.requires_grad() || !trainable_only) params.push_back(p);
+  }
+  torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-2));
+  const auto before_prepare = CpuMemoryCounter::current();
   acc.prepare(model, opt);
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
       Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
@@ -1619,14 +1627,14 @@ std::pair<int, std::vector<torch::Tensor>> accelerated_adam(Model model,
     opt.step();
   }
   acc.wait_for_everyone();  // refreshes the model on the sharding engines
-  inspect(model);
+  inspect(model, acc, before_prepare);
   return {world, test::snapshot(*model)};
 }
 
 // A frozen layer (requires_grad false) whose parameters are still handed to the optimizer, as
 // `model->parameters()` after freezing gives them: it trains, the frozen layer stays as it was, and the
 // result matches one process with batch N*B.
-void frozen() {
+void frozen_in_optimizer() {
   auto build = [] {
     torch::manual_seed(0);
     Mlp model;
@@ -1636,12 +1644,99 @@ void frozen() {
   };
   auto model = build();
   const auto initial = test::snapshot(*model);
-  const auto [world, got] = accelerated_adam<Mlp>(model, [](Mlp&) {});
+  const auto [world, got] = accelerated_adam<Mlp>(model, [](Mlp&, Accelerator&, std::uint64_t) {});
   const auto want = one_process_adam(build(), world);
   CHECK_MSG(torch::equal(got[0], initial[0]) && torch::equal(got[1], initial[1]), "the frozen layer changed");
   CHECK_MSG(!torch::equal(got[2], initial[2]), "the trainable layer did not train");
   for (std::size_t k = 0; k < want.size(); ++k)
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
+}
+
+// The shape of a LoRA model: a frozen base (two layers, 264 KiB) under a small trainable head.
+struct FrozenBaseImpl : torch::nn::Module {
+  FrozenBaseImpl()
+      : base(register_module("base", torch::nn::Sequential(torch::nn::Linear(6, 256), torch::nn::ReLU(),
+                                                           torch::nn::Linear(256, 256)))),
+        head(register_module("head", torch::nn::Linear(256, 1))) {
+    for (auto& p : base->parameters())
+      p.set_requires_grad(false);
+  }
+  torch::Tensor forward(torch::Tensor x) { return head(torch::relu(base->forward(x))); }
+  torch::nn::Sequential base;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(FrozenBase);
+
+// Bytes of memory `t`'s storage holds (0 for a sharded engine's released parameter).
+std::uint64_t held_bytes(const torch::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  return s->_mutable_data_ptr_no_checks().get() == nullptr ? 0 : s->nbytes();
+}
+
+// The frozen base outside the optimizer (only the trainable parameters in it): where the backend shards
+// parameters (ZeRO-3, FULL_SHARD), it shards the frozen ones too, as DeepSpeed's ZeRO-3 and FSDP do: at rest
+// (between steps) each rank holds about 1/N of their bytes, counted by the allocator (not the engine's own
+// report), and none in the parameters themselves; the run still equals one process with batch N*B.
+void frozen_base_sharded() {
+  CpuMemoryCounter::install();  // before the model is built: its bytes are counted
+  auto build = [] {
+    torch::manual_seed(0);
+    return FrozenBase();
+  };
+  auto model = build();
+  std::uint64_t frozen_bytes = 0, all_bytes = 0;
+  for (const auto& p : model->parameters()) {
+    all_bytes += p.nbytes();
+    if (!p.requires_grad()) frozen_bytes += p.nbytes();
+  }
+  const auto initial = test::snapshot(*model);
+  auto inspect = [&](FrozenBase& m, Accelerator& acc, std::uint64_t before_prepare) {
+    if (!acc.capabilities().shards_parameters) return;  // DDP and ZeRO-1/2 keep every parameter whole
+    const auto rest = CpuMemoryCounter::current();
+    const double n = acc.num_processes();
+    std::uint64_t in_parameters = 0;
+    for (const auto& p : m->parameters()) {
+      if (!p.requires_grad()) in_parameters += held_bytes(p);
+    }
+    // Prepare and training freed the (N-1)/N of the model's bytes no rank keeps; Adam's state and the
+    // gradient of the head (3/N of its bytes), the loader and padding fit in 2% of the frozen bytes.
+    const double freed = static_cast<double>(before_prepare) - static_cast<double>(rest);
+    const double want_freed = static_cast<double>(frozen_bytes) * (1.0 - 1.0 / n);
+    const auto reported = acc.memory_report().parameters;
+    if (acc.is_main_process()) {
+      std::cout
+          << fmt::format(
+                 "frozen base on {} ({} ranks): {} frozen bytes; at rest the frozen parameters hold {}, "
+                 "the allocator freed {:.0f} (want >= {:.0f}); memory_report parameters {} (all/N {:.0f})",
+                 backend_variant, acc.num_processes(), frozen_bytes, in_parameters, freed, want_freed,
+                 reported, static_cast<double>(all_bytes) / n)
+          << std::endl;
+    }
+    CHECK_MSG(in_parameters == 0, backend_variant << ": at rest the frozen parameters hold " << in_parameters
+                                                  << " bytes of memory (whole on every rank)");
+    CHECK_MSG(freed >= want_freed - 0.02 * static_cast<double>(frozen_bytes),
+              backend_variant << ": at rest this rank's allocations are " << freed
+                              << " bytes below what it held before prepare, want at least the frozen base's "
+                                 "(N-1)/N, "
+                              << want_freed << " of " << frozen_bytes
+                              << " bytes: the frozen base is not sharded");
+    CHECK_MSG(std::abs(static_cast<double>(reported) - static_cast<double>(all_bytes) / n) <=
+                  0.02 * static_cast<double>(all_bytes) / n,
+              backend_variant << ": memory_report counts " << reported << " parameter bytes, want about "
+                              << static_cast<double>(all_bytes) / n << " (all parameters / N)");
+  };
+  const auto [world, got] = accelerated_adam<FrozenBase>(model, inspect, /*trainable_only=*/true);
+  const auto want = one_process_adam(build(), world);
+  for (std::size_t k = 0; k < 4; ++k)
+    CHECK_MSG(torch::equal(got[k], initial[k]), "frozen parameter " << k << " changed");
+  CHECK_MSG(!torch::equal(got[4], initial[4]), "the trainable head did not train");
+  for (std::size_t k = 0; k < want.size(); ++k)
+    CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
+}
+
+void frozen() {
+  frozen_in_optimizer();
+  frozen_base_sharded();
 }
 
 // A parameter that is a view into a larger tensor (it cannot move into a sharded engine's flat buffer, so it
@@ -1701,15 +1796,16 @@ void view_parameter() {
   };
   auto model = build();
   REQUIRE(model->scale.storage_offset() == 8);
-  const auto [world, got] = accelerated_adam<ViewParam>(model, [](ViewParam& model) {
-    CHECK_MSG(model->scale.storage_offset() == 8 &&
-                  model->scale.data_ptr() == static_cast<float*>(model->base.data_ptr()) + 8,
-              "the view parameter must stay a view of its base tensor");
-    if (backend_variant == "fsdp_grad_op") {
-      CHECK_MSG(model->fc1->bias.data_ptr() == static_cast<float*>(model->fc1->weight.data_ptr()) + 96,
-                "fc1's weight and bias must be adjacent in the flat parameter buffer");
-    }
-  });
+  const auto [world, got] =
+      accelerated_adam<ViewParam>(model, [](ViewParam& model, Accelerator&, std::uint64_t) {
+        CHECK_MSG(model->scale.storage_offset() == 8 &&
+                      model->scale.data_ptr() == static_cast<float*>(model->base.data_ptr()) + 8,
+                  "the view parameter must stay a view of its base tensor");
+        if (backend_variant == "fsdp_grad_op") {
+          CHECK_MSG(model->fc1->bias.data_ptr() == static_cast<float*>(model->fc1->weight.data_ptr()) + 96,
+                    "fc1's weight and bias must be adjacent in the flat parameter buffer");
+        }
+      });
   const auto want = one_process_adam(build(), world);
   for (std::size_t k = 0; k < want.size(); ++k)
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
