@@ -7,7 +7,9 @@ whole (DeepSpeed's zero3_init_flag, FSDP's fsdp_cpu_ram_efficient_loading).
 A tiny untied Qwen2 (8 blocks, ~2.3 M parameters) is made and saved by transformers (one model.safetensors,
 and cut into shards with an index). For each row (ZeRO stage 3 + zero3_init_flag on the single file; FSDP
 FULL_SHARD + fsdp_cpu_ram_efficient_loading on the shards), 2 ranks under accel-launch build the model empty
-(accel::llm::from_pretrained_empty), prepare it with SGD and fill it with Accelerator::load_model. Checks:
+(accel::llm::from_pretrained_empty), prepare it with SGD and fill it with Accelerator::load_model; then, in the
+same launch, the same with LoRA adapters (r 4 on q_proj and v_proj, added to the empty model, the optimizer over
+them): the frozen base is sharded as the rest and loaded sharded, the adapters keep their values. Checks, for both:
   - every rank's logits equal transformers' within 1e-5 and the fully loaded one-process model's
     (accel::llm::from_pretrained, no Accelerator) within 1e-6; the losses too; after one SGD step on the
     batch, the logits equal the one-process model's after the same step within 1e-5;
@@ -101,27 +103,36 @@ def main():
                 check(False, f"{name}: 2 ranks ran")
                 continue
             for rank in range(2):
-                m = re.search(rf"rank {rank}: load peak (\d+) bytes, held after load (\d+) bytes, model (\d+) "
-                              rf"bytes, largest tensor (\d+) bytes; resident: (.*)", r.stdout)
-                if not m:
-                    print(r.stdout[-3000:])
-                    check(False, f"{name} rank {rank}: reported its memory")
-                    continue
-                peak, held, size, largest = map(int, m.groups()[:4])
-                print(f"      {name} rank {rank} resident (information only): {m.group(5)}")
-                bound = size // 2 + largest + size // 10
-                check(peak <= bound and peak < size,
-                      f"{name} ({files}) rank {rank}: load peak {peak / 2**20:.2f} MiB <= model/2 + largest tensor "
-                      f"+ 10% = {bound / 2**20:.2f} MiB (model {size / 2**20:.2f} MiB; held after load "
-                      f"{held / 2**20:.2f} MiB)")
-                out = load_file(f"{prefix}{rank}.safetensors")
-                d_hf = (out["logits"] - hf_logits).abs().max().item()
-                d_whole = (out["logits"] - whole["logits"]).abs().max().item()
-                d_loss = abs(out["loss"].item() - whole["loss"].item())
-                d_step = (out["logits_after_step"] - whole["logits_after_step"]).abs().max().item()
-                check(d_hf <= 1e-5 and d_whole <= 1e-6 and d_loss <= 1e-6 and d_step <= 1e-5,
-                      f"{name} rank {rank}: logits equal transformers' ({d_hf:.2e}) and one process's "
-                      f"({d_whole:.2e}), loss ({d_loss:.2e}), logits after an SGD step ({d_step:.2e})")
+                for lora in ("", "lora_"):
+                    case = f"{name}{' LoRA' if lora else ''}"
+                    m = re.search(rf"(?<!lora ){'lora ' if lora else ''}rank {rank}: load peak (\d+) bytes, held after "
+                                  rf"load (\d+) bytes, model (\d+) bytes, largest tensor (\d+) bytes, frozen (\d+) "
+                                  rf"bytes; resident: (.*)", r.stdout)
+                    if not m:
+                        print(r.stdout[-3000:])
+                        check(False, f"{case} rank {rank}: reported its memory")
+                        continue
+                    peak, held, size, largest, frozen = map(int, m.groups()[:5])
+                    print(f"      {case} rank {rank} resident (information only): {m.group(6)}")
+                    # LoRA: the frozen base is most of the model, and sharded like the rest.
+                    bound = size // 2 + largest + size // 10
+                    check(peak <= bound and peak < size and (not lora or frozen > 0.95 * size),
+                          f"{case} ({files}) rank {rank}: load peak {peak / 2**20:.2f} MiB <= model/2 + largest "
+                          f"tensor + 10% = {bound / 2**20:.2f} MiB (model {size / 2**20:.2f} MiB, frozen "
+                          f"{frozen / 2**20:.2f} MiB; held after load {held / 2**20:.2f} MiB)")
+                    out = load_file(f"{prefix}{rank}.safetensors")
+                    d_hf = (out[lora + "logits"] - hf_logits).abs().max().item()
+                    d_whole = (out[lora + "logits"] - whole[lora + "logits"]).abs().max().item()
+                    d_loss = abs(out[lora + "loss"].item() - whole[lora + "loss"].item())
+                    d_step = (out[lora + "logits_after_step"] - whole[lora + "logits_after_step"]).abs().max().item()
+                    # LoRA's B starts at zero: the logits are the base's until the step moves the adapters.
+                    moved = (whole[lora + "logits_after_step"] - whole[lora + "logits"]).abs().max().item()
+                    step_tol = 1e-6 if lora else 1e-5  # LoRA's step moves the logits less (1e-4)
+                    check(d_hf <= 1e-5 and d_whole <= 1e-6 and d_loss <= 1e-6 and d_step <= step_tol and
+                          moved > 10 * step_tol,
+                          f"{case} rank {rank}: logits equal transformers' ({d_hf:.2e}) and one process's "
+                          f"({d_whole:.2e}), loss ({d_loss:.2e}), logits after an SGD step ({d_step:.2e}; the "
+                          f"step moved them {moved:.2e})")
         # A forward before load_model stops the rank with the parameter's name and the call to make.
         r = subprocess.run([launch, "launch", "--config_file", os.path.join(root, "zero_stage3.yaml"), check_bin,
                             "early", single, ids_file, "-"], capture_output=True, text=True, env=env)
