@@ -217,9 +217,11 @@ void setup_estimate_memory_command(CLI::App& app) {
   cmd->add_option("--layer_parameters,--layer-parameters", in->layer_parameters,
                   "Trainable parameters of each layer of the Sequential, in order (comma-separated)")
       ->delimiter(',');
-  cmd->add_option("--frozen_parameters,--frozen-parameters", in->frozen_parameters,
-                  "Frozen elements beside the trainable ones (the base of LoRA/QLoRA: then --num_parameters "
-                  "is the adapters'), held whole on every rank");
+  cmd->add_option(
+      "--frozen_parameters,--frozen-parameters", in->frozen_parameters,
+      "Frozen elements beside the trainable ones (the base of LoRA/QLoRA: then --num_parameters "
+      "is the adapters'): whole on every rank, or 1/N of them where the backend shards parameters "
+      "(ZeRO-3, FULL_SHARD; a 4-bit base is never sharded)");
   cmd->add_option(
          "--frozen_dtype,--frozen-dtype", in->frozen_dtype,
          "fp32 | bf16 | fp16 | 4bit (QLoRA: NF4/FP4 with double quantisation, 0.516 B) | 4bit_single")

@@ -1648,6 +1648,48 @@ TEST_CASE("estimate_memory: a frozen LoRA or QLoRA base adds its bytes only", "[
   CHECK_THROWS_WITH(accel::estimate_memory(in), Catch::Contains("frozen_dtype 'int8' is not one of"));
 }
 
+TEST_CASE("estimate_memory: ZeRO-3 and FULL_SHARD shard a frozen base over the ranks, as DeepSpeed does",
+          "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 8388608;
+  in.frozen_parameters = 7000000000;  // bf16: 2 bytes each
+  in.num_processes = 4;
+  in.backend = "zero";
+  in.zero_stage = 3;
+  // The frozen base's bytes on one rank: the estimate with it less the one without.
+  const auto frozen_share = [&in] {
+    auto without = in;
+    without.frozen_parameters = 0;
+    return accel::estimate_memory(in).parameters - accel::estimate_memory(without).parameters;
+  };
+  // DeepSpeed's ZeRO-3 (estimate_zero3_model_states_mem_needs) and FSDP: every parameter, frozen ones too,
+  // 1/N.
+  CHECK(frozen_share() == 2ULL * 7000000000 / 4);
+  in.backend = "fsdp";
+  in.fsdp_sharding_strategy = "FULL_SHARD";
+  CHECK(frozen_share() == 2ULL * 7000000000 / 4);
+  in.fsdp_sharding_strategy = "HYBRID_SHARD";  // over each machine's 2 ranks
+  in.num_machines = 2;
+  CHECK(frozen_share() == 2ULL * 7000000000 / 2);
+  // Stage 2 and a 4-bit base (buffers, not parameters) keep it whole on every rank.
+  in.num_machines = 1;
+  in.backend = "zero";
+  in.zero_stage = 2;
+  CHECK(frozen_share() == 2ULL * 7000000000);
+  in.zero_stage = 3;
+  in.frozen_dtype = "4bit";
+  CHECK(frozen_share() == 3611300000ULL);
+  // Parameter shards on NVMe: the frozen shards go to the files with the others.
+  in.frozen_dtype = "bf16";
+  in.offload_param = "nvme";
+  in.largest_unit_parameters = 1000000;
+  auto without = in;
+  without.frozen_parameters = 0;
+  CHECK(accel::estimate_memory(in).nvme_parameters ==
+        accel::estimate_memory(without).nvme_parameters + 2ULL * 7000000000 / 4);
+  CHECK(accel::estimate_memory(in).parameters == accel::estimate_memory(without).parameters);
+}
+
 TEST_CASE("estimate_memory: NVMe offload moves the optimizer state to disk but its sub-group buffers",
           "[config]") {
   accel::MemoryEstimateInput in;

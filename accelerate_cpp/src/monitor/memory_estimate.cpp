@@ -267,6 +267,27 @@ std::uint64_t frozen_bytes(const MemoryEstimateInput& in) {
   return (in.frozen_parameters * per_10k + 9999) / 10000;
 }
 
+// The frozen base's bytes on one rank: whole, except under a layout that shards parameters (ZeRO-3,
+// FULL_SHARD, HYBRID_SHARD), which shards frozen parameters too, over the shard group's ranks (DeepSpeed's
+// ZeRO-3 and FSDP do). A 4-bit base is buffers (accel::quant), never sharded: whole on every rank.
+struct FrozenShare {
+  std::uint64_t held = 0;
+  bool sharded = false;
+};
+
+FrozenShare frozen_held(const MemoryEstimateInput& in) {
+  const auto bytes = frozen_bytes(in);
+  const BackendCapabilities layout = sharding_of(estimate_config(in));
+  const int ranks = in.num_processes / in.pipeline_stages;
+  const int shard_ranks = !layout.shards_per_machine ? ranks
+                          : in.hybrid_shard_size > 0 ? in.hybrid_shard_size
+                                                     : ranks / in.num_machines;
+  const bool four_bit = in.frozen_dtype == "4bit" || in.frozen_dtype == "4bit_single";
+  if (!layout.shards_parameters || shard_ranks <= 1 || four_bit) return {bytes, false};
+  const auto n = static_cast<std::uint64_t>(shard_ranks);
+  return {(bytes + n - 1) / n, true};
+}
+
 // Elements of the largest unit a stage-3 or FULL_SHARD layout gathers: --largest_unit_parameters, else the
 // largest of --layer_parameters, else 0 (unknown).
 std::uint64_t largest_unit(const MemoryEstimateInput& in) {
@@ -281,7 +302,8 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   auto r = std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
              return a.state.total() < b.state.total();
            })->state;
-  r.parameters += frozen_bytes(in);
+  const auto frozen = frozen_held(in);
+  r.parameters += frozen.held;
   if (in.offload_optimizer == "nvme") {
     if (in.backend != "zero" || in.zero_stage < 1) {
       throw field_error("offload_optimizer",
@@ -311,7 +333,7 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
     // step's writes behind), each at most the largest unit's shard: from --largest_unit_parameters, else
     // the largest of --layer_parameters, else unknown (then counted whole, an upper bound).
     const std::uint64_t unit = largest_unit(in);
-    const std::uint64_t shards = r.parameters - frozen_bytes(in);
+    const std::uint64_t shards = r.parameters - (frozen.sharded ? 0 : frozen.held);
     const auto n = static_cast<std::uint64_t>(in.num_processes);
     const std::uint64_t buffers =
         unit > 0 ? static_cast<std::uint64_t>(in.param_nvme_buffer_count) * ((unit + n - 1) / n) * 4 : shards;

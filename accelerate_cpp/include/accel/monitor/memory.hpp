@@ -79,7 +79,8 @@ struct MemoryEstimateInput {
   /// spread evenly over the layers (over the stages without layer_parameters).
   std::uint64_t activation_bytes = 0;
   /// Frozen elements beside the trainable ones (a LoRA or QLoRA base): no gradient, no optimizer state,
-  /// held whole on every rank in `frozen_dtype`.
+  /// in `frozen_dtype`; whole on every rank, except that layouts sharding parameters (ZeRO-3, FULL_SHARD,
+  /// HYBRID_SHARD) hold 1/N of them (of the shard group), as DeepSpeed's ZeRO-3 and FSDP do.
   std::uint64_t frozen_parameters = 0;
   /// fp32 | bf16 | fp16 | 4bit (NF4/FP4 with double quantisation: 0.516 bytes) | 4bit_single (0.5625 bytes).
   std::string frozen_dtype = "bf16";
