@@ -528,10 +528,12 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
     auto& g = groups_[b.group];
     auto& p = params_[index];
     // A bucket of one parameter (a parameter above reduce_bucket_size: the embedding, the LM head) is reduced
-    // in the gradient autograd made, which this rank alone holds: no copy of it exists beside it.
+    // in the gradient autograd made, which nothing else holds: no copy of it exists beside it. (While post
+    // hooks run, autograd's engine keeps the gradient it handed to AccumulateGrad in its list of the node's
+    // inputs, which it drops after them: that is the second reference to a stolen gradient.)
     const auto& grad = p.grad();
-    if (b.members.size() == 1 && grad.defined() && sole_owner(grad) && grad.is_contiguous() &&
-        grad.layout() == torch::kStrided && grad.scalar_type() == p.scalar_type()) {
+    if (b.members.size() == 1 && grad.defined() && grad.use_count() <= 2 && grad.storage().use_count() == 1 &&
+        grad.is_contiguous() && grad.layout() == torch::kStrided && grad.scalar_type() == p.scalar_type()) {
       b.filling = grad.view({-1});
       p.mutable_grad() = torch::Tensor();
       for (auto launchable : clock_.mark(ref_.at(index).bucket))
