@@ -1,6 +1,8 @@
 """README's memory table for real model sizes: per-rank training state of every training type at 1, 2 and 8
 ranks, from `accel-launch estimate-memory --model_config config.json --type TYPE --num_processes N` (the
 config.json files written here from transformers' configurations of Qwen2.5 0.5B / 1.5B / 7B; no weights).
+In parentheses, what the estimate names beside the state as held for a moment while training (not in its total):
+autograd's gradient of a trained embedding beside its bucket or shard (twice with a tied head; `transient=`).
 
     python bench/llm/memory_table.py build/launcher/accel-launch
 """
@@ -30,8 +32,8 @@ def estimate(launch, config, kind, ranks):
     if out.returncode != 0:
         return "refused: " + out.stderr.strip().splitlines()[-1][:80]
     total = int(re.search(r"total=(\d+)", out.stdout).group(1))
-    gathered = re.search(r"gathered=(\d+)", out.stdout)
-    return f"{total / 1e9:.1f}" + (f" (+{int(gathered.group(1)) / 1e9:.1f})" if gathered else "")
+    extra = sum(int(m.group(1)) for m in re.finditer(r"(?:gathered|transient)=(\d+)", out.stdout))
+    return f"{total / 1e9:.1f}" + (f" (+{extra / 1e9:.1f})" if extra else "")
 
 
 def main():
