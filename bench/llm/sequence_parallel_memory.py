@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Peak memory per rank of examples/llm/finetune on one long sequence: one process vs sequence parallelism
-(sp_size 2) and context parallelism (cp_size 2) on 2 CPU ranks (issue 52's long-sequence table).
+(sp_size 2) and context parallelism (cp_size 2, K/V all-gathered or passed around a ring:
+cp_comm_strategy allgather / alltoall) on 2 CPU ranks (issue 52's long-sequence table).
 
   sequence_parallel_memory.py FINETUNE ACCEL_LAUNCH [--seq 8192] [--hidden 512] [--layers 4] [--heads 8]
-                              [--kv_heads 2] [--intermediate 1536]
+                              [--kv_heads 2] [--intermediate 1536] [--runs one,sp2,cp2,cp2ring]
 
 A Qwen2 of the given shape (random weights, a 300-token byte-level BPE vocabulary so that the logits do not
 dominate) and documents longer than --seq are made in a temporary directory; each run trains 2 steps of
@@ -68,6 +69,7 @@ def main():
     for name, value in [("seq", 8192), ("hidden", 512), ("layers", 4), ("heads", 8), ("kv_heads", 2),
                         ("intermediate", 1536)]:
         p.add_argument("--" + name, type=int, default=value)
+    p.add_argument("--runs", default="one,sp2,cp2,cp2ring", help="which rows, comma-separated")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="sp_memory_")
     try:
@@ -77,7 +79,8 @@ def main():
         a.finetune = shutil.copy2(a.finetune, os.path.join(tmp, "finetune"))
         configs = {}
         for name, sizes in [("sp2", "  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"),
-                            ("cp2", "  parallelism_config_cp_size: 2\n")]:
+                            ("cp2", "  parallelism_config_cp_size: 2\n"),
+                            ("cp2ring", "  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: alltoall\n")]:
             configs[name] = os.path.join(tmp, name + ".yaml")
             with open(configs[name], "w") as f:
                 f.write("backend: ddp\nuse_cpu: true\nnum_processes: 2\nmain_process_port: 0\n"
@@ -87,8 +90,11 @@ def main():
         print(f"| run | sequence | peak RSS per rank (MiB) | the same run at sequence 256 | the sequence's part "
               f"(difference) |")
         print("|---|---|---|---|---|")
-        for name, cfg in [("one process", None), ("sp_size 2 (2 ranks)", configs["sp2"]),
-                          ("cp_size 2 (2 ranks)", configs["cp2"])]:
+        for key, name, cfg in [("one", "one process", None), ("sp2", "sp_size 2 (2 ranks)", configs["sp2"]),
+                               ("cp2", "cp_size 2, allgather (2 ranks)", configs["cp2"]),
+                               ("cp2ring", "cp_size 2, alltoall: ring (2 ranks)", configs["cp2ring"])]:
+            if key not in a.runs.split(","):
+                continue
             launch = a.launch if cfg else None
             fixed = run(a.finetune, launch, cfg, model, os.path.join(tmp, "fixed"), 256)
             peaks = run(a.finetune, launch, cfg, model, os.path.join(tmp, "run"), a.seq)

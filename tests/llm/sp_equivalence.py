@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 52's sequence and context parallelism: examples/llm/finetune on 2 (and 4) CPU ranks through
+"""Issue 52's sequence and context parallelism: examples/llm/finetune on 2 (3 and 4) CPU ranks through
 accel-launch with parallelism_config_sp_size 2 (DeepSpeed Ulysses) or cp_size 2 (context parallelism) trains
 a tiny Qwen2 made here (by transformers, random weights) on sequences of 1024 tokens with the per-step losses
 and final weights of one process on the whole sequences.
@@ -11,27 +11,31 @@ Rows (each prints one line; the last "sp equivalence: all equal" only when every
                position ids inside a row), 2 ranks sp_size 2 vs one process: losses within 1e-5, gradient
                norms before clipping within 1e-5 relative (AdamW alone would hide a gradient scaled by a
                constant), model 1e-5.
-  cp2 packed   the same with cp_size 2.
+  cp3 ring packed  the same on 3 ranks with cp_size 3 and cp_comm_strategy alltoall (ring attention: key/value
+               blocks passed around the ring point to point, merged by log-sum-exp, the document mask per
+               block pair; 3 ranks so that the ring's next and previous rank differ).
   sp2 unfused  sp2 packed with --fused_linear_cross_entropy false (the rows above take each rank's loss through
                the fused linear + cross-entropy, the default; this one through the model's logits).
   sp2 padded   unpacked rows of different lengths (padding, attention mask; the length padded to a multiple
                of the group), gradient accumulation 2.
   sp4 refused  sp_size 4 with 2 kv heads: the UsageError naming both head counts.
-  sp2 / cp2 causal  one unpadded row per batch (lengths not multiples of the group): attention without a mask
-               (Ulysses: SDPA's causal flag over the whole sequence; context: each chunk causally over the keys
-               before it).
+  sp2 / cp2 / cp2 ring causal  one unpadded row per batch (lengths not multiples of the group): attention
+               without a mask (Ulysses: SDPA's causal flag over the whole sequence; context, allgather: each
+               chunk causally over the keys before it; ring: the causal flag on a rank's own block, the hidden
+               block pairs skipped).
   sp2 x dp2    4 ranks (2 sequence-parallel groups x 2 data-parallel replicas, batch 1 each) vs one process
                with batch 2.
   sp2 zero2    2 ranks sp_size 2 under ZeRO stage 2 (gradients reduce-scattered over every rank), with
                gradient checkpointing (the all-to-alls run again in backward); SGD at learning rate 0.1 without
                clipping, against one process trained so (ZeRO's engine clips before the Trainer logs a norm).
   sp2 zero3 / cp2 fsdp   the same (SGD) with ZeRO-3 (TRL's ALST file's stage) and with FSDP FULL_SHARD (its
-               context-parallel file's backend).
+               context-parallel file's backend; cp_comm_strategy unset: allgather, Accelerate's default).
 Exit 77 when torch / transformers / tokenizers / safetensors are not importable.
 """
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -112,9 +116,15 @@ def run(fin, launch, cfg, model_dir, out, batch, accum, extra, kind="sequence", 
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if r.returncode != 0:
         raise RuntimeError(f"finetune failed ({r.returncode}): {r.stdout[-3000:]} {r.stderr[-3000:]}")
-    if launch and kind != "x" and f"{kind} parallelism over groups of 2 ranks" not in r.stdout:
+    group = re.search(r"parallelism_config_[cs]p_size: (\d+)", open(cfg).read()) if launch else None
+    if launch and kind != "x" and f"{kind} parallelism over groups of {group[1]} ranks" not in r.stdout:
         print(r.stdout[-2000:])
         raise RuntimeError(f"finetune did not say it split the sequences ({kind} parallelism)")
+    if launch and kind == "context":
+        strategy = "alltoall" if "cp_comm_strategy: alltoall" in open(cfg).read() else "allgather"
+        if f"(cp_comm_strategy {strategy})" not in r.stdout:
+            print(r.stdout[-2000:])
+            raise RuntimeError(f"finetune did not say it moved keys and values by {strategy}")
     with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
         rows = [row for row in map(json.loads, f) if "train/loss" in row]
     # The gradient norm before clipping: AdamW would hide a gradient off by a constant factor, this does not.
@@ -144,10 +154,13 @@ def main():
               f"{min(lengths)}-{max(lengths)} tokens", flush=True)
         packed = ["--packing", "--packing_strategy", "wrapped"]
         one = run(fin, None, None, base, os.path.join(tmp, "one_packed"), 2, 1, packed)
-        for name, sizes in [("sp2 packed", {"sp_size": 2, "sp_backend": "deepspeed"}),
-                            ("cp2 packed", {"cp_size": 2})]:
-            cfg = config(tmp, name.split()[0], "ddp", 2, sizes)
-            compare(name + " (2 ranks, rows of 1024 tokens)",
+        # cp3 ring: cp_comm_strategy alltoall (ring attention, blocks passed point to point) on 3 ranks, where
+        # the next and the previous rank differ; the FULL_SHARD row below keeps Accelerate's default
+        # (allgather).
+        for name, sizes, ranks in [("sp2 packed", {"sp_size": 2, "sp_backend": "deepspeed"}, 2),
+                                   ("cp3 ring packed", {"cp_size": 3, "cp_comm_strategy": "alltoall"}, 3)]:
+            cfg = config(tmp, name.split()[0], "ddp", ranks, sizes)
+            compare(f"{name} ({ranks} ranks, rows of 1024 tokens)",
                     one, run(fin, launch, cfg, base, os.path.join(tmp, name.replace(" ", "_")), 2, 1, packed,
                              "context" if name.startswith("cp") else "sequence"))
         # The loss under sp: each rank's part through the fused linear + cross-entropy (the default, the rows
@@ -193,10 +206,12 @@ def main():
         # One unpadded row per batch: causal attention without a mask (SDPA's causal flag; context
         # parallelism's two chunks with zero rows before them), the length padded to a multiple of the group.
         one = run(fin, None, None, base, os.path.join(tmp, "one_single"), 1, 1, [])
-        for name, sizes, kind in [("sp2", {"sp_size": 2}, "sequence"), ("cp2", {"cp_size": 2}, "context")]:
+        for name, sizes, kind in [("sp2", {"sp_size": 2}, "sequence"),
+                                  ("cp2", {"cp_size": 2}, "context"),
+                                  ("cp2 ring", {"cp_size": 2, "cp_comm_strategy": "alltoall"}, "context")]:
             compare(f"{name} causal (2 ranks, one row of up to 1024 tokens per batch, no mask)", one,
-                    run(fin, launch, config(tmp, name + "_single", "ddp", 2, sizes), base,
-                        os.path.join(tmp, name + "_single"), 1, 1, [], kind))
+                    run(fin, launch, config(tmp, name.replace(" ", "_") + "_single", "ddp", 2, sizes), base,
+                        os.path.join(tmp, name.replace(" ", "_") + "_single"), 1, 1, [], kind))
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -137,9 +137,10 @@ class Rotation {
   std::unique_ptr<CollectiveHandle> send_, recv_;
 };
 
-// The block of `source` (a rank of the group) in the mask's columns (the group's key order).
+// The block of `source` (a rank of the group) in the mask's columns (the group's key order); none (causal
+// only) when the mask is empty.
 torch::Tensor source_mask(const torch::Tensor& mask, int source, std::int64_t length) {
-  return mask.defined() ? mask.narrow(3, source * length, length) : torch::Tensor();
+  return mask.numel() > 0 ? mask.narrow(3, source * length, length) : torch::Tensor();
 }
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
@@ -275,7 +276,9 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
                      " positions do not hold two equal chunks (context parallelism's load-balanced layout); "
                      "cut the sequence with shard_sequence");
   }
-  return RingAttention::apply(q, k, v, mask, pointer_of(group), scale);
+  // A custom Function's tensor inputs must be defined: no mask travels as an empty one.
+  const auto m = mask.defined() ? mask : torch::empty({0}, q.options().dtype(torch::kBool));
+  return RingAttention::apply(q, k, v, m, pointer_of(group), scale);
 }
 
 }  // namespace accel::llm::detail
