@@ -16,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "llm/llm_test_fixtures.hpp"
+
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -42,23 +44,10 @@ double rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
   return max_diff(got, want) / (scale > 0 ? scale : 1.0);
 }
 
-llm::ModelConfig tiny(bool tied, std::int64_t vocab = 97) {
-  return llm::ModelConfig::from_json(
-      R"({"model_type": "qwen2", "vocab_size": )" + std::to_string(vocab) +
-          R"(, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-          "tie_word_embeddings": )" +
-          (tied ? "true" : "false") + "}",
-      "tiny.json");
-}
+using llm_test::tiny_qwen2;
 
-llm::CausalLM random_model(const llm::ModelConfig& config, std::uint64_t seed = 5) {
-  torch::manual_seed(static_cast<std::int64_t>(seed));
-  llm::CausalLM model(config);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters())
-    p.normal_(0.0, 0.3);
-  return model;
+llm::CausalLM random_model(const llm::ModelConfig& config) {
+  return llm_test::random_model(config, 5);
 }
 
 // Labels with ignored tokens: row 0's first 3 (a prompt), row 1's tail (padding).
@@ -173,7 +162,7 @@ TEST_CASE(
     "packed",
     "[llm][fused]") {
   for (const bool tied : {true, false}) {
-    auto model = random_model(tiny(tied));
+    auto model = random_model(tiny_qwen2(tied));
     model->train();
     const auto ids = torch::randint(1, 97, {2, 20}, torch::kInt64);
     auto mask = torch::ones({2, 20}, torch::kInt64);
@@ -206,17 +195,8 @@ TEST_CASE(
     "[llm][fused]") {
   for (const std::string target : {"q_proj", "lm_head"}) {
     INFO("LoRA on " << target);
-    auto model = random_model(tiny(false));
-    accel::peft::LoraConfig c;
-    c.r = 4;
-    c.lora_alpha = 8;
-    c.target_modules = {target, "v_proj"};
-    auto lora = accel::peft::get_peft_model(model, c);
-    {
-      torch::NoGradGuard no_grad;  // B non-zero, so that the adapters change the loss
-      for (auto& p : model->named_parameters())
-        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.2);
-    }
+    auto model = random_model(tiny_qwen2(false));
+    const auto lora = llm_test::lora_on(model, target);
     model->train();
     CHECK(llm::plain_head_weight(*model).defined() == (target != "lm_head"));
     const auto ids = torch::randint(1, 97, {2, 16}, torch::kInt64);

@@ -11,6 +11,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "llm/llm_test_fixtures.hpp"
+
 #include <map>
 #include <optional>
 #include <set>
@@ -21,23 +23,7 @@ namespace {
 
 namespace llm = accel::llm;
 
-llm::ModelConfig tiny(bool tied) {
-  return llm::ModelConfig::from_json(
-      std::string(R"({"model_type": "qwen2", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-          "max_position_embeddings": 512, "tie_word_embeddings": )") +
-          (tied ? "true" : "false") + "}",
-      "tiny.json");
-}
-
-llm::CausalLM random_model(const llm::ModelConfig& config) {
-  torch::manual_seed(11);
-  llm::CausalLM model(config);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters())
-    p.normal_(0.0, 0.3);
-  return model;
-}
+using llm_test::tiny_qwen2;
 
 // Whether the autograd graph behind `loss` holds fused_linear_cross_entropy's node.
 bool fused_in_graph(const torch::Tensor& loss) {
@@ -112,7 +98,7 @@ TEST_CASE("sequence_parallel_sft_loss takes the fused loss by default: equal to 
   torch::manual_seed(3);
   const auto padded = padded_batch(), packed = packed_batch();
   for (const bool tied : {true, false}) {
-    auto model = random_model(tiny(tied));
+    auto model = llm_test::random_model(tiny_qwen2(tied), 11);
     model->train();
     for (const auto* batch : {&padded, &packed}) {
       for (const std::optional<std::int64_t> items :
@@ -149,17 +135,8 @@ TEST_CASE("sequence_parallel_sft_loss with a LoRA head falls back to the logits,
           "[llm][sp][fused]") {
   for (const std::string target : {"q_proj", "lm_head"}) {
     INFO("LoRA on " << target);
-    auto model = random_model(tiny(false));
-    accel::peft::LoraConfig c;
-    c.r = 4;
-    c.lora_alpha = 8;
-    c.target_modules = {target, "v_proj"};
-    auto lora = accel::peft::get_peft_model(model, c);
-    {
-      torch::NoGradGuard no_grad;  // B non-zero, so that the adapters change the loss
-      for (auto& p : model->named_parameters())
-        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.2);
-    }
+    auto model = llm_test::random_model(tiny_qwen2(false), 11);
+    const auto lora = llm_test::lora_on(model, target);
     model->train();
     torch::manual_seed(4);
     const auto batch = padded_batch();
