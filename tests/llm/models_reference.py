@@ -8,10 +8,11 @@
                                   greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
-  models_reference.py all OUT TESTS [GENERATE]
+  models_reference.py all OUT TESTS FUSED_TESTS [GENERATE]
                                   make, then TESTS "[.hf]" (accel_llm_models_tests: compares and writes
-                                  cpp_saved), then check: one Python start (importing torch and transformers
-                                  costs ~5 s of CPU a time).
+                                  cpp_saved), then check, then fused_loss_reference.py FUSED_TESTS (the fused
+                                  loss against transformers' loss and gradients): one Python start (importing
+                                  torch and transformers costs ~5 s of CPU a time).
   With GENERATE, make also runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
                                   trained here and compares ids and text with transformers' generate.
 Exit 77 when transformers or safetensors is not importable (reported as skipped).
@@ -214,12 +215,17 @@ def cpp_side(out, tests):
 if __name__ == "__main__":
     if sys.argv[1] in ("make", "all"):
         out, extra = sys.argv[2], sys.argv[3:]
-        tests = extra.pop(0) if sys.argv[1] == "all" else None
+        tests, fused_tests = (extra.pop(0), extra.pop(0)) if sys.argv[1] == "all" else (None, None)
         make(out)
         if extra:  # the program's check too, in the same Python start (imports cost seconds)
             program(out, extra[0])
         if tests is not None:
             cpp_side(out, tests)
             check(out)
+            # The fused loss against transformers (its own script, as its own __main__), same process.
+            import runpy
+            sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_loss_reference.py"),
+                        fused_tests]
+            runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         {"check": check}[sys.argv[1]](sys.argv[2])
