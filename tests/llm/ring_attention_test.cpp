@@ -5,7 +5,8 @@
 // recomputing each pair's gradients from the merged output (ring_block_backward). The merged outputs and
 // the gradients of q, k and v, gathered back into global order, equal attention over the whole sequence:
 // SDPA's causal path, and a float64 masked softmax for a padding + packed-documents mask (a row that sees no
-// key at all included). The point-to-point exchange itself runs in sp_equivalence.py (cp2 ring rows).
+// key at all included); with both kernels (CPU's flash attention, and the float32 matrix products other
+// devices use). The point-to-point exchange itself runs in sp_equivalence.py (cp3 / cp2 ring rows).
 #include <torch/torch.h>
 #include <accel/llm/models/sequence_parallel.hpp>
 
@@ -30,7 +31,7 @@ struct Grads {
 // (undefined: causal only); each rank sees it as sequence_parallel_mask makes it: its query rows, the keys
 // in the group's order (rank after rank, each its load-balanced positions).
 Grads simulate_ring(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                    const torch::Tensor& grad, const torch::Tensor& keep, int size, double scale) {
+                    const torch::Tensor& grad, const torch::Tensor& keep, int size, double scale, bool math) {
   const std::int64_t total = q.size(2), length = total / size;
   std::vector<torch::Tensor> index;
   for (int r = 0; r < size; ++r)
@@ -53,7 +54,7 @@ Grads simulate_ring(const torch::Tensor& q, const torch::Tensor& k, const torch:
     for (int step = 0; step < size; ++step) {
       const int source = (r + size - step) % size;
       ring::ring_attend_block(state, ql, local(k, source), local(v, source), source_mask(mask, source),
-                              ring::ring_pair(r, source, length), scale);
+                              ring::ring_pair(r, source, length), scale, math);
     }
     local_out[r] = state.out;
     local_lse[r] = state.lse;
@@ -66,7 +67,7 @@ Grads simulate_ring(const torch::Tensor& q, const torch::Tensor& k, const torch:
       const int source = (r + size - step) % size;
       const auto [dk, dv] = ring::ring_block_backward(local(grad, r), ql, local(k, source), local(v, source),
                                                       local_out[r], local_lse[r], source_mask(mask, source),
-                                                      ring::ring_pair(r, source, length), scale, dq);
+                                                      ring::ring_pair(r, source, length), scale, dq, math);
       g.dk.index_add_(2, index[source], dk);
       g.dv.index_add_(2, index[source], dv);
     }
@@ -116,12 +117,13 @@ TEST_CASE("ring attention: block pairs merged by log-sum-exp equal causal attent
           "[llm][context_parallel]") {
   torch::manual_seed(5);
   const int size = GENERATE(2, 3);
+  const bool math = GENERATE(false, true);  // CPU's flash kernel, and the float32 products of other devices
   const std::int64_t batch = 2, heads = 4, kv_heads = 2, dim = 8, total = 2 * size * 5;
   const auto q = torch::randn({batch, heads, total, dim}), k = torch::randn({batch, kv_heads, total, dim}),
              v = torch::randn({batch, kv_heads, total, dim}), grad = torch::randn({batch, heads, total, dim});
   const double scale = 0.4;
-  INFO("group of " << size);
-  check_equal(simulate_ring(q, k, v, grad, {}, size, scale), reference(q, k, v, grad, {}, scale));
+  INFO("group of " << size << (math ? ", matrix products" : ", flash kernel"));
+  check_equal(simulate_ring(q, k, v, grad, {}, size, scale, math), reference(q, k, v, grad, {}, scale));
   // The pairs ring_pair skips are exactly the causally hidden ones: a rank's own block causal, a lower
   // rank's first chunk and a higher rank's whole block to the second chunk only.
   CHECK(ring::ring_pair(1, 1, 10).causal);
@@ -135,6 +137,7 @@ TEST_CASE(
     "[llm][context_parallel]") {
   torch::manual_seed(6);
   const int size = GENERATE(2, 3);
+  const bool math = GENERATE(false, true);  // CPU's flash kernel, and the float32 products of other devices
   const std::int64_t batch = 2, heads = 2, kv_heads = 1, dim = 4, total = 2 * size * 4;
   const auto q = torch::randn({batch, heads, total, dim}), k = torch::randn({batch, kv_heads, total, dim}),
              v = torch::randn({batch, kv_heads, total, dim}), grad = torch::randn({batch, heads, total, dim});
@@ -148,8 +151,8 @@ TEST_CASE(
   padding.narrow(0, 0, 3).fill_(false);
   padding.narrow(0, total - 5, 5).fill_(false);
   keep[1].bitwise_and_(padding.view({1, 1, -1}));
-  INFO("group of " << size);
-  const auto result = simulate_ring(q, k, v, grad, keep, size, 0.5);
+  INFO("group of " << size << (math ? ", matrix products" : ", flash kernel"));
+  const auto result = simulate_ring(q, k, v, grad, keep, size, 0.5, math);
   check_equal(result, reference(q, k, v, grad, keep, 0.5));
   CHECK(result.out[1].narrow(1, 0, 3).abs().max().item<double>() == 0.0);  // rows without a key: 0, no NaN
   CHECK(!result.dq.isnan().any().item<bool>());

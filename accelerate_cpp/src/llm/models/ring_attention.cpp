@@ -39,9 +39,9 @@ torch::Tensor additive_mask(const torch::Tensor& keep, torch::ScalarType dtype) 
 // One block pair's attention output (q's dtype) and log-sum-exp (float32, -inf on rows that see no key).
 std::pair<torch::Tensor, torch::Tensor> block_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, const torch::Tensor& keep,
-                                                      bool causal, double scale) {
+                                                      bool causal, double scale, bool math) {
   const auto groups = q.size(1) / k.size(1);
-  if (q.device().is_cpu()) {
+  if (q.device().is_cpu() && !math) {
     // The flash kernel (grouped heads and strided rows allowed) returns the log-sum-exp; a row whose mask
     // hides every key gets output 0 and log-sum-exp 0, which the merge must see as -inf.
     std::optional<torch::Tensor> bias;
@@ -65,12 +65,12 @@ std::pair<torch::Tensor, torch::Tensor> block_forward(const torch::Tensor& q, co
 // The gradients (float32) of one block pair from the merged output and log-sum-exp.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> block_backward(
     const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& keep, bool causal,
-    double scale) {
+    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& keep, bool causal, double scale,
+    bool math) {
   const auto groups = q.size(1) / k.size(1);
   // Rows that saw no key anywhere (-inf) have probability 0 for every key: any finite value does.
   const auto safe_lse = lse.masked_fill(lse.isinf(), 0);
-  if (q.device().is_cpu()) {
+  if (q.device().is_cpu() && !math) {
     std::optional<torch::Tensor> bias;
     if (keep.defined()) bias = additive_mask(keep, q.scalar_type());
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
@@ -230,12 +230,12 @@ RingPair ring_pair(int rank, int source, std::int64_t length) {
 }
 
 void ring_attend_block(RingMerge& state, const torch::Tensor& q, const torch::Tensor& k,
-                       const torch::Tensor& v, const torch::Tensor& keep, const RingPair& pair,
-                       double scale) {
+                       const torch::Tensor& v, const torch::Tensor& keep, const RingPair& pair, double scale,
+                       bool math) {
   const auto rows = q.narrow(2, pair.q_begin, pair.q_length);
   const auto kp = k.narrow(2, pair.k_begin, pair.k_length), vp = v.narrow(2, pair.k_begin, pair.k_length);
   const bool causal = pair.causal && !keep.defined();  // a mask already holds the causal part
-  const auto [block_out, block_lse] = block_forward(rows, kp, vp, pair_mask(keep, pair), causal, scale);
+  const auto [block_out, block_lse] = block_forward(rows, kp, vp, pair_mask(keep, pair), causal, scale, math);
   auto out = state.out.narrow(2, pair.q_begin, pair.q_length);
   auto lse = state.lse.narrow(2, pair.q_begin, pair.q_length);
   // Online softmax: out = (e^lse out + e^block_lse block_out) / (e^lse + e^block_lse), shifted by the larger
@@ -255,14 +255,14 @@ std::pair<torch::Tensor, torch::Tensor> ring_block_backward(const torch::Tensor&
                                                             const torch::Tensor& v, const torch::Tensor& out,
                                                             const torch::Tensor& lse,
                                                             const torch::Tensor& keep, const RingPair& pair,
-                                                            double scale, torch::Tensor& dq) {
+                                                            double scale, torch::Tensor& dq, bool math) {
   auto dk = torch::zeros(k.sizes(), k.options().dtype(torch::kFloat));
   auto dv = torch::zeros(v.sizes(), v.options().dtype(torch::kFloat));
   const auto rows = [&](const torch::Tensor& x) { return x.narrow(2, pair.q_begin, pair.q_length); };
   const auto columns = [&](const torch::Tensor& x) { return x.narrow(2, pair.k_begin, pair.k_length); };
   const bool causal = pair.causal && !keep.defined();
   const auto [gq, gk, gv] = block_backward(rows(grad_out), rows(q), columns(k), columns(v), rows(out),
-                                           rows(lse), pair_mask(keep, pair), causal, scale);
+                                           rows(lse), pair_mask(keep, pair), causal, scale, math);
   rows(dq).add_(gq);
   columns(dk).add_(gk);
   columns(dv).add_(gv);

@@ -50,19 +50,19 @@ struct RingMerge {
 
 /// Attends `q` [B, H, t, D] to the key block `k`, `v` [B, Hkv, t, D] of the block pair `pair` and merges the
 /// partial result into `state` by its log-sum-exp (online softmax). `keep` is the block's boolean mask
-/// [B, 1, t, t] (true = attend; undefined: only the pair's causal flag).
+/// [B, 1, t, t] (true = attend; undefined: only the pair's causal flag). The kernel: CPU's flash attention
+/// on CPU, float32 matrix products elsewhere or with `math` (the unit test runs both on CPU).
 void ring_attend_block(RingMerge& state, const torch::Tensor& q, const torch::Tensor& k,
-                       const torch::Tensor& v, const torch::Tensor& keep, const RingPair& pair, double scale);
+                       const torch::Tensor& v, const torch::Tensor& keep, const RingPair& pair, double scale,
+                       bool math = false);
 
 /// The gradients of one block pair recomputed from the merged `out` (q's dtype) and `lse` of the forward:
 /// adds the query gradient into `dq` [B, H, t, D] and returns the block's key and value gradients
 /// ([B, Hkv, t, D] each, float32, zero outside the pair's columns).
-std::pair<torch::Tensor, torch::Tensor> ring_block_backward(const torch::Tensor& grad_out,
-                                                            const torch::Tensor& q, const torch::Tensor& k,
-                                                            const torch::Tensor& v, const torch::Tensor& out,
-                                                            const torch::Tensor& lse,
-                                                            const torch::Tensor& keep, const RingPair& pair,
-                                                            double scale, torch::Tensor& dq);
+std::pair<torch::Tensor, torch::Tensor> ring_block_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& keep, const RingPair& pair,
+    double scale, torch::Tensor& dq, bool math = false);
 
 /// Ring attention over `group` (context parallelism, cp_comm_strategy "alltoall"): this rank's output
 /// [B, H, t, D] from its `q` [B, H, t, D], `k`, `v` [B, Hkv, t, D] and `mask` ([B, 1, t, size x t] in the
