@@ -11,8 +11,10 @@
 // model), --fused_linear_cross_entropy true|false (true: the loss chunk by chunk from the hidden states, the
 // vocabulary's logits never whole; docs/llm.md), --adapter_init DIR (a LoRA run starts from these PEFT
 // adapter files, loaded after get_peft_model, instead of a fresh initialisation: to continue from an adapter,
-// or to start from exactly Python PEFT's). It writes what users ship into output_dir: the PEFT adapter
-// (adapter/) or the full model (model/), each with the tokenizer files beside it.
+// or to start from exactly Python PEFT's), --vocab_parallel true|false (under tensor parallelism, also split
+// the embedding and the head over the vocabulary, the loss computed vocabulary-parallel; docs/llm.md). It
+// writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/), each with
+// the tokenizer files beside it.
 #include <accel/accelerator/resolved_config.hpp>
 #include <accel/config/weight_loading.hpp>
 #include <accel/llm/data/chat_template.hpp>
@@ -25,6 +27,7 @@
 #include <accel/llm/training/merge_export.hpp>
 #include <accel/llm/training/sequence_shard.hpp>
 #include <accel/llm/training/sft_batches.hpp>
+#include <accel/monitor/memory.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/trainer/model_arguments.hpp>
 #include <accel/trainer/trainer.hpp>
@@ -41,6 +44,7 @@ struct SftOptions {
   std::string dataset, eval_dataset, adapter_init;
   llm::SftDataOptions data;
   bool save_merged = false;
+  bool vocab_parallel = false;
   llm::SftLossOptions loss;
 };
 
@@ -76,12 +80,17 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
         throw accel::UsageError("finetune: --fused_linear_cross_entropy takes true or false, got '" + v +
                                 "'");
       o.loss.fused_linear_cross_entropy(v == "true");
+    } else if (key == "--vocab_parallel") {
+      const std::string& v = value();
+      if (v != "true" && v != "false")
+        throw accel::UsageError("finetune: --vocab_parallel takes true or false, got '" + v + "'");
+      o.vocab_parallel = v == "true";
     } else {
       throw accel::UsageError(
           "finetune: unknown option '" + key +
           "' (this program's: --dataset, --eval_dataset, --max_length, --packing, "
           "--packing_strategy, --completion_only_loss, --assistant_only_loss, --adapter_init, --save_merged, "
-          "--fused_linear_cross_entropy; "
+          "--fused_linear_cross_entropy, --vocab_parallel; "
           "the rest are TrainingArguments and ModelArguments keys)");
     }
   }
@@ -209,12 +218,31 @@ class LoadShardedWeights : public accel::TrainerCallback {
 };
 
 // Whether the model is built empty and loaded sharded: the config asks for it (accel::loads_weights_sharded),
-// on a full fine-tuning (LoRA's frozen base and a 4-bit base stay outside the sharded optimizer, and the
-// tensor-parallel split reads the weights).
-bool sharded_loading(const accel::ModelArguments& m) {
+// on a full fine-tuning or LoRA (ZeRO-3 / FULL_SHARD shard the frozen base too; the adapters, added to the
+// empty model, keep their values), not on a 4-bit base (buffers, never sharded), a tensor-parallel split (it
+// reads the weights) or a LoRA run that resumes (its checkpoints hold the adapters only: the base is read
+// whole).
+bool sharded_loading(const accel::TrainingArguments& args, const accel::ModelArguments& m) {
   const auto config = accel::resolved_config({});
-  return accel::loads_weights_sharded(config) && !m.use_peft && !m.load_in_4bit &&
-         config.tensor_parallel_size <= 1;
+  return accel::loads_weights_sharded(config) && !m.load_in_4bit && config.tensor_parallel_size <= 1 &&
+         !(m.use_peft && args.resume_from_checkpoint);
+}
+
+// Tensor parallelism reads each rank's slices only: the model is built empty, split, then filled
+// (accel::llm::load_pretrained_slices). A 4-bit model is refused by the split.
+bool tensor_parallel_loading(const accel::ModelArguments& m) {
+  return accel::resolved_config({}).tensor_parallel_size > 1 && !m.load_in_4bit;
+}
+
+// Fills the split model from its checkpoint and says what this rank allocated for it (CpuMemoryCounter).
+void load_slices(accel::Accelerator& acc, llm::CausalLMImpl& model, const std::string& dir) {
+  accel::CpuMemoryCounter::install();
+  const auto before = accel::CpuMemoryCounter::current();
+  accel::CpuMemoryCounter::reset_peak();
+  llm::load_pretrained_slices(model, dir);
+  acc.print("finetune: tensor-parallel slices loaded: ", accel::CpuMemoryCounter::current() - before,
+            " bytes allocated for the weights on the main process (peak ",
+            accel::CpuMemoryCounter::peak() - before, ")");
 }
 
 }  // namespace
@@ -232,8 +260,9 @@ int main(int argc, char** argv) try {
   auto train = prepare_data(sft.dataset, dir, tokenizer, sft.data);
   const std::size_t examples = *train.size();
   torch::manual_seed(static_cast<std::int64_t>(args.seed));
-  const bool sharded = sharded_loading(model_args);
-  auto model = load_model(model_args, dir, sharded);
+  const bool sharded = sharded_loading(args, model_args);
+  const bool tp_slices = tensor_parallel_loading(model_args);
+  auto model = load_model(model_args, dir, sharded || tp_slices);
 
   // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
   // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
@@ -261,24 +290,29 @@ int main(int argc, char** argv) try {
   } else if (accel::loads_weights_sharded(acc.config())) {
     acc.print("finetune: note: ", dir,
               " is loaded whole on every rank: sharded loading covers full "
-              "fine-tuning (not LoRA, 4-bit or tensor-parallel runs)");
+              "fine-tuning and LoRA (not 4-bit, tensor-parallel or resumed LoRA runs)");
   }
   // AutoTP: a tensor-parallel size in the config (parallelism_config_tp_size, or a DeepSpeed JSON's
   // tensor_parallel.autotp_size) splits the blocks' projections over the group, before LoRA adapts them.
-  if (acc.tensor_parallel_group()->world_size() > 1)
-    llm::apply_tensor_parallel(*model, acc.tensor_parallel_group());
+  if (acc.tensor_parallel_group()->world_size() > 1) {
+    llm::apply_tensor_parallel(*model, acc.tensor_parallel_group(),
+                               llm::TensorParallelOptions().vocab_parallel(sft.vocab_parallel));
+  }
+  if (tp_slices) load_slices(acc, *model, dir);
   // Long sequences: parallelism_config_sp_size (Ulysses) or cp_size split each batch's positions over the
   // group; the loss is then the whole sequence's on every rank of it.
   if (acc.sequence_parallel_group()->world_size() > 1) {
     split = true;
     const bool context = acc.config().context_parallel_size > 1;
     if (context) {
-      llm::enable_context_parallel(*model, acc.sequence_parallel_group());
+      llm::enable_context_parallel(*model, acc.sequence_parallel_group(),
+                                   acc.config().context_parallel_comm_strategy);
     } else {
       llm::enable_sequence_parallel(*model, acc.sequence_parallel_group());
     }
     acc.print("finetune: ", context ? "context" : "sequence", " parallelism over groups of ",
-              acc.sequence_parallel_group()->world_size(), " ranks: each holds that share of every sequence");
+              acc.sequence_parallel_group()->world_size(), " ranks: each holds that share of every sequence",
+              context ? " (cp_comm_strategy " + acc.config().context_parallel_comm_strategy + ")" : "");
   }
   const auto lora = adapt(model, model_args);
   if (!sft.adapter_init.empty()) {
