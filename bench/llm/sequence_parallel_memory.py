@@ -11,6 +11,7 @@ dominate) and documents longer than --seq are made in a temporary directory; eac
 batch 1 (full fine-tuning, fp32, rows truncated to --seq, no padding) and reports each rank's peak resident
 set (getrusage's ru_maxrss through /usr/bin/time). The same run at sequence 256 gives its fixed part
 (LibTorch, the model, AdamW's state, DDP's buckets): the difference is what the long sequence costs a rank.
+Each rank's CPU time (user + sys of the whole process at --seq) is printed beside it.
 """
 import argparse
 import json
@@ -49,7 +50,7 @@ def make(out, a):
 
 
 def run(fin, launch, cfg, model, out, seq):
-    cmd = ["/usr/bin/time", "-f", "peak_rss_kb %M", fin, "--model_name_or_path", model, "--dataset",
+    cmd = ["/usr/bin/time", "-f", "peak_rss_kb %M cpu_s %U %S", fin, "--model_name_or_path", model, "--dataset",
            os.path.join(model, "text.jsonl"), "--output_dir", out, "--per_device_train_batch_size", "1",
            "--max_steps", "2", "--learning_rate", "1e-4", "--save_strategy", "no", "--report_to", "none",
            "--max_length", str(seq), "--logging_steps", "1"]
@@ -59,7 +60,8 @@ def run(fin, launch, cfg, model, out, seq):
     text = r.stdout + r.stderr
     if r.returncode != 0:
         raise RuntimeError(text[-3000:])
-    return [int(k) / 1024 for k in re.findall(r"peak_rss_kb (\d+)", text)]
+    found = re.findall(r"peak_rss_kb (\d+) cpu_s ([\d.]+) ([\d.]+)", text)
+    return [int(k) / 1024 for k, _, _ in found], [float(u) + float(s) for _, u, s in found]
 
 
 def main():
@@ -88,19 +90,20 @@ def main():
         print(f"shape: hidden {a.hidden}, {a.layers} layers, {a.heads} heads / {a.kv_heads} kv heads, "
               f"intermediate {a.intermediate}, vocab 300; batch 1, fp32, full fine-tuning, 2 steps")
         print(f"| run | sequence | peak RSS per rank (MiB) | the same run at sequence 256 | the sequence's part "
-              f"(difference) |")
-        print("|---|---|---|---|---|")
+              f"(difference) | CPU s per rank (user+sys) at the sequence |")
+        print("|---|---|---|---|---|---|")
         for key, name, cfg in [("one", "one process", None), ("sp2", "sp_size 2 (2 ranks)", configs["sp2"]),
                                ("cp2", "cp_size 2, allgather (2 ranks)", configs["cp2"]),
                                ("cp2ring", "cp_size 2, alltoall: ring (2 ranks)", configs["cp2ring"])]:
             if key not in a.runs.split(","):
                 continue
             launch = a.launch if cfg else None
-            fixed = run(a.finetune, launch, cfg, model, os.path.join(tmp, "fixed"), 256)
-            peaks = run(a.finetune, launch, cfg, model, os.path.join(tmp, "run"), a.seq)
+            fixed, _ = run(a.finetune, launch, cfg, model, os.path.join(tmp, "fixed"), 256)
+            peaks, cpu = run(a.finetune, launch, cfg, model, os.path.join(tmp, "run"), a.seq)
             print(f"| {name} | {a.seq} | {', '.join(f'{x:.0f}' for x in peaks)} | "
                   f"{', '.join(f'{x:.0f}' for x in fixed)} | "
-                  f"{', '.join(f'{x - y:.0f}' for x, y in zip(peaks, fixed))} |", flush=True)
+                  f"{', '.join(f'{x - y:.0f}' for x, y in zip(peaks, fixed))} | "
+                  f"{', '.join(f'{x:.0f}' for x in cpu)} |", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
