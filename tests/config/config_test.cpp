@@ -1448,6 +1448,21 @@ TEST_CASE("config: parallelism_config is checked against the layout the file des
   const auto cp = accel::Config::load_string(fsdp + mesh("  parallelism_config_cp_size: 2\n"), "inline.yaml");
   CHECK(cp.context_parallel_size == 2);
   CHECK(accel::Config::load_string(cp.to_yaml(), "resolved.yaml").context_parallel_size == 2);
+  // cp_comm_strategy (Accelerate's TorchContextParallelConfig): allgather by default, alltoall the ring;
+  // anything else refused naming the key and both values.
+  CHECK(cp.context_parallel_comm_strategy == "allgather");
+  const auto ring = accel::Config::load_string(
+      fsdp + mesh("  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: alltoall\n"),
+      "inline.yaml");
+  CHECK(ring.context_parallel_comm_strategy == "alltoall");
+  CHECK(accel::Config::load_string(ring.to_yaml(), "resolved.yaml").context_parallel_comm_strategy ==
+        "alltoall");
+  CHECK(message(
+            fsdp +
+            mesh("  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: alltogather\n")) ==
+        "inline.yaml:5: parallelism_config.parallelism_config_cp_comm_strategy: invalid value 'alltogather' "
+        "(did you mean 'allgather'?); allowed values: allgather (K/V all-gathered, the default), alltoall "
+        "(ring attention)");
   const auto sp = accel::Config::load_string(
       zero + mesh("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"),
       "inline.yaml");
