@@ -8,11 +8,13 @@
                                   greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
-  models_reference.py all OUT TESTS FUSED_TESTS [GENERATE]
+  models_reference.py all OUT TESTS FUSED_TESTS ACCEL_LAUNCH [GENERATE]
                                   make, then TESTS "[.hf]" (accel_llm_models_tests: compares and writes
                                   cpp_saved), then check, then fused_loss_reference.py FUSED_TESTS (the fused
-                                  loss against transformers' loss and gradients): one Python start (importing
-                                  torch and transformers costs ~5 s of CPU a time).
+                                  loss against transformers' loss and gradients) and estimate_memory_check.py
+                                  ACCEL_LAUNCH (parameter counts against transformers and PEFT): one Python
+                                  start (importing torch and transformers costs ~5 s of CPU a time). Exit 77
+                                  (skipped) when one of them cannot run here, never half of it.
   With GENERATE, make also runs build/examples/llm/generate --print_ids on a tiny Qwen2 with a tokenizer
                                   trained here and compares ids and text with transformers' generate.
 Exit 77 when transformers or safetensors is not importable (reported as skipped).
@@ -199,6 +201,21 @@ def program(out, generate_bin):
           f"new ids, the same text)")
 
 
+def run_script(name, *args):
+    """Runs tests/llm/NAME as its own __main__ with its own argv in this process; exits with its code when that
+    is not 0 (77: it cannot run here)."""
+    import runpy
+    sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), name), *args]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0:
+            print(f"models_reference: {name} exited with code {code}")
+            sys.exit(code)
+    sys.stdout.flush()
+
+
 def cpp_side(out, tests):
     """accel_llm_models_tests "[.hf]" on the models made in OUT: prints its summary lines; its whole log and exit
     1 when it fails."""
@@ -215,17 +232,17 @@ def cpp_side(out, tests):
 if __name__ == "__main__":
     if sys.argv[1] in ("make", "all"):
         out, extra = sys.argv[2], sys.argv[3:]
-        tests, fused_tests = (extra.pop(0), extra.pop(0)) if sys.argv[1] == "all" else (None, None)
+        tests, fused_tests, launch = (extra.pop(0), extra.pop(0), extra.pop(0)) if sys.argv[1] == "all" \
+            else (None, None, None)
         make(out)
         if extra:  # the program's check too, in the same Python start (imports cost seconds)
             program(out, extra[0])
         if tests is not None:
             cpp_side(out, tests)
             check(out)
-            # The fused loss against transformers (its own script, as its own __main__), same process.
-            import runpy
-            sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_loss_reference.py"),
-                        fused_tests]
-            runpy.run_path(sys.argv[0], run_name="__main__")
+            # The fused loss against transformers and estimate-memory's counts against transformers and PEFT:
+            # their own scripts, in this process.
+            run_script("fused_loss_reference.py", fused_tests)
+            run_script("estimate_memory_check.py", launch)
     else:
         {"check": check}[sys.argv[1]](sys.argv[2])
