@@ -388,3 +388,40 @@ TEST_CASE("LoRA: save_adapter from several writers at once leaves one writer's c
           [&](const CheckpointError& e) { return std::string(e.what()).find(bad) != std::string::npos; },
           "names the directory"));
 }
+
+TEST_CASE("LoRA: the adapters keep applying when the handle get_peft_model returned is dropped") {
+  // lora.hpp promises that dropping the handle changes nothing: the adapters live in the model. The layers
+  // used to be held by the handle alone, so a dropped handle left lora_A / lora_B registered (trainable,
+  // saved) but no longer added to the outputs: silently the base model's outputs.
+  torch::manual_seed(0);
+  Block model;
+  peft::LoraConfig config;
+  config.r = 2;
+  config.lora_alpha = 4;
+  config.target_modules = {"q_proj", "v_proj"};
+  peft::get_peft_model(model, config);  // the handle is dropped at once
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
+  }
+  auto named = model->named_parameters();
+  const auto Aq = named["q_proj.lora_A.weight"], Bq = named["q_proj.lora_B.weight"];
+  const auto Av = named["v_proj.lora_A.weight"], Bv = named["v_proj.lora_B.weight"];
+  const auto x = torch::randn({5, 6});
+  const auto got = model(x);
+  torch::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    // Copies of the weights: the observer adds the term to any product with the adapted weights themselves.
+    const auto wq = model->q_proj->weight.clone(), wv = model->v_proj->weight.clone();
+    auto h = torch::relu(reference(x, model->q_proj, wq, Aq, Bq, 2.0)) +
+             reference(x, model->v_proj, wv, Av, Bv, 2.0);
+    want = model->out(model->norm(h));
+  }
+  CHECK(torch::allclose(got, want, 1e-5, 1e-6));
+  // And the adapters train: the loss reaches them.
+  got.pow(2).sum().backward();
+  REQUIRE(Bq.grad().defined());
+  CHECK(Bq.grad().abs().sum().item<double>() > 0);
+}

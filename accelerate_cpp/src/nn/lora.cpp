@@ -80,9 +80,12 @@ using Json = nlohmann::json;
 thread_local bool tl_inside = false;  // our own operators
 thread_local int tl_active = 0;       // inside an operator we adapt: its inner operators are not ours
 
+// The adapted layers of every live model, held strongly: the adapters belong to the model, so they keep
+// applying when the handle get_peft_model returned is dropped (its own comment promises it), until the
+// layer's module is gone (purged at the next add / remove) or merge_and_unload removes them.
 struct Registry {
   std::shared_mutex mu;
-  std::vector<std::weak_ptr<Layer>> layers;
+  std::vector<std::shared_ptr<Layer>> layers;
   at::CallbackHandle handle = 0;
   bool started = false;
 };
@@ -127,9 +130,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   {
     auto& r = registry();
     std::shared_lock lock(r.mu);
-    for (const auto& weak : r.layers) {
-      auto layer = weak.lock();
-      if (!layer || layer->module.expired() || layer->merged.load() || layer->base4 != nullptr) continue;
+    for (const auto& layer : r.layers) {
+      if (layer->module.expired() || layer->merged.load() || layer->base4 != nullptr) continue;
       const auto& w = layer->weight();
       if (!w.defined() || !w.has_storage() ||
           w.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() != storage)
@@ -197,10 +199,7 @@ void add_layers(const std::vector<std::shared_ptr<Layer>>& layers) {
   auto& r = registry();
   std::unique_lock lock(r.mu);
   r.layers.erase(std::remove_if(r.layers.begin(), r.layers.end(),
-                                [](const std::weak_ptr<Layer>& w) {
-                                  auto l = w.lock();
-                                  return !l || l->module.expired();
-                                }),
+                                [](const std::shared_ptr<Layer>& l) { return l->module.expired(); }),
                  r.layers.end());
   for (const auto& l : layers)
     r.layers.push_back(l);
@@ -217,9 +216,8 @@ void remove_layers(const std::vector<std::shared_ptr<Layer>>& layers) {
   auto& r = registry();
   std::unique_lock lock(r.mu);
   r.layers.erase(std::remove_if(r.layers.begin(), r.layers.end(),
-                                [&](const std::weak_ptr<Layer>& w) {
-                                  auto l = w.lock();
-                                  return !l || l->module.expired() ||
+                                [&](const std::shared_ptr<Layer>& l) {
+                                  return l->module.expired() ||
                                          std::find(layers.begin(), layers.end(), l) != layers.end();
                                 }),
                  r.layers.end());
