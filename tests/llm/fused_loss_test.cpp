@@ -354,14 +354,7 @@ TEST_CASE("Peak memory of one training step, Qwen2.5-0.5B's head (ACCEL_FUSED_ME
 namespace {
 
 std::map<std::string, torch::Tensor> load_tensors(const std::string& path) {
-  const auto file = accel::safetensors::File::open(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& name : file.names()) {
-    const auto& info = file.info(name);
-    const auto dtype = info.dtype == accel::safetensors::DType::I64 ? torch::kInt64 : torch::kFloat32;
-    out[name] = torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, dtype).clone();
-  }
-  return out;
+  return llm_test::load_reference_tensors(path);
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
-// Shared set-up of the LLM loss tests (fused_loss_test.cpp, sp_fused_loss_test.cpp): a tiny Qwen2 config,
-// a model with random weights of some spread, and LoRA adapters whose B is non-zero.
+// Shared set-up of the LLM tests (fused_loss_test.cpp, sp_fused_loss_test.cpp, models_test.cpp): a tiny Qwen2
+// config, a model with random weights of some spread, LoRA adapters whose B is non-zero, and the reading of
+// the reference tensors the Python side wrote.
 #pragma once
 
 #include <torch/torch.h>
+#include <accel/checkpoint/safetensors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/model_config.hpp>
 #include <accel/nn/lora.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -49,6 +52,18 @@ inline std::shared_ptr<accel::peft::LoraModel> lora_on(accel::llm::CausalLM& mod
   for (auto& p : model->named_parameters())
     if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.2);
   return lora;
+}
+
+/// Every tensor of a safetensors file the Python side wrote (int64 ids and masks, float32 values), copied.
+inline std::map<std::string, torch::Tensor> load_reference_tensors(const std::string& path) {
+  const auto file = accel::safetensors::File::open(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : file.names()) {
+    const auto& info = file.info(name);
+    const auto dtype = info.dtype == accel::safetensors::DType::I64 ? torch::kInt64 : torch::kFloat32;
+    out[name] = torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, dtype).clone();
+  }
+  return out;
 }
 
 }  // namespace llm_test

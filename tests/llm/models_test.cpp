@@ -12,6 +12,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "llm/llm_test_fixtures.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -420,14 +422,7 @@ TEST_CASE("causal_lm_loss shifts the labels and ignores -100", "[llm][models]") 
 namespace {
 
 std::map<std::string, torch::Tensor> load_reference(const std::string& path) {
-  const auto file = accel::safetensors::File::open(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& name : file.names()) {
-    const auto& info = file.info(name);
-    const auto dtype = info.dtype == accel::safetensors::DType::I64 ? torch::kInt64 : torch::kFloat32;
-    out[name] = torch::from_blob(const_cast<std::uint8_t*>(file.data(name)), info.shape, dtype).clone();
-  }
-  return out;
+  return llm_test::load_reference_tensors(path);
 }
 
 std::vector<std::int64_t> to_ids(const torch::Tensor& t) {
