@@ -4,12 +4,13 @@
 #      (ChatML tokens, Qwen2.5's chat template) trained on licence texts that ship with Debian and Python and on
 #      the demo's arithmetic text (scripts/llm_demo.py make);
 #   2. pretrains it with every parameter (accel-launch train -t full, 2 CPU ranks) on plain text: sums written
-#      as prose ("12 + 7 = 19.", "The sum of 12 and 7 is 19.") mixed with licence prose: the base knows
-#      addition but has never seen a chat;
+#      as prose, one a line ("What is 12 plus 7? 12 plus 7 equals 19."; --quick: several a line, mixed forms,
+#      with licence prose): the base has never seen a chat;
 #   3. asks it held-out chat questions ("What is 12 plus 7?", sums in neither training set) with
 #      build/examples/llm/generate, before fine-tuning;
 #   4. fine-tunes LoRA adapters (accel-launch train -t lora, 2 CPU ranks) on chat data
-#      ("What is 12 plus 7?" -> "12 plus 7 is 19.", conversational prompt-completion: loss on the reply only) and asks the same questions again with the adapter
+#      ("What is 12 plus 7?" -> "12 plus 7 is 19.", conversational prompt-completion: loss on the reply only;
+#      embed_tokens trained with the adapters, PEFT's modules_to_save) and asks the same questions again with the adapter
 #      (generate --adapter), then shows the accuracy before / after and the loss curves (ASCII here, SVG files).
 # Usage: scripts/llm_demo.sh [--quick] [WORKDIR]   (WORKDIR: build/llm_demo; --quick: the test's tiny sizes)
 # Environment: ACCEL_BUILD_DIR (build), ACCEL_DEMO_SKIP_SETUP=1 (do not run setup.sh), ACCEL_DEMO_BUILD (an
@@ -36,9 +37,12 @@ done
 
 # Sizes of the two runs: demo (the README command) and test (the ctest entry, tiny).
 if [[ $size == demo ]]; then
-  pre_epochs=10 pre_lr=2e-3 pre_batch=16 lora_epochs=8 lora_lr=5e-3 lora_r=16 lora_batch=16 log=10
+  # embed_tokens trains with the adapters (PEFT's modules_to_save, as for tokens a base never saw: the ChatML
+  # tokens and the system prompt's words); frozen, the LoRA loss stayed at ~1.0 per reply token.
+  pre_epochs=4 pre_lr=3e-3 pre_batch=64 lora_epochs=60 lora_lr=5e-3 lora_r=16 lora_batch=32 log=20
+  save='[embed_tokens]'
 else
-  pre_epochs=8 pre_lr=5e-3 pre_batch=16 lora_epochs=10 lora_lr=1e-2 lora_r=16 lora_batch=16 log=5
+  pre_epochs=8 pre_lr=5e-3 pre_batch=16 lora_epochs=10 lora_lr=1e-2 lora_r=16 lora_batch=16 log=5 save=null
 fi
 common=(--eval_strategy no --load_best_model_at_end false --save_strategy epoch --save_total_limit 1
   --report_to none --logging_steps "$log" --warmup_ratio 0.05 --lr_scheduler_type linear --seed 0)
@@ -87,7 +91,7 @@ ask before "$work/pretrain/model"
 section "4. LoRA fine-tuning on chat data (accel-launch train -t lora, 2 CPU ranks)"
 t=$SECONDS
 "$launch" train -t lora "$finetune" --model_name_or_path "$work/pretrain/model" --dataset "$work/chat.jsonl" \
-  --max_length 128 --output_dir "$work/lora" --lora_target_modules all-linear --lora_modules_to_save null \
+  --max_length 128 --output_dir "$work/lora" --lora_target_modules all-linear --lora_modules_to_save "$save" \
   --lora_r "$lora_r" --lora_alpha $((2 * lora_r)) --lora_dropout 0.0 --num_train_epochs "$lora_epochs" \
   --learning_rate "$lora_lr" --per_device_train_batch_size "$lora_batch" "${common[@]}" \
   >"$work/lora.log" 2>&1 || { tail -20 "$work/lora.log" >&2; exit 1; }
