@@ -188,6 +188,23 @@ TEST_CASE("safetensors: no tensors and no metadata") {
   CHECK(file.data_size() == 0);
 }
 
+TEST_CASE("safetensors: rewriting a mapped file leaves the mapping's contents whole") {
+  // load_model maps an export and copies from the mapping; another process replacing the file meanwhile (the
+  // main process writing a new one) must not change or truncate what the mapping reads.
+  TempDir dir;
+  const std::string path = dir.file("model.safetensors");
+  const std::vector<float> old_values = {1, 2, 3, 4, 5, 6}, new_values = {9};
+  st::write_file(path, {view("w", st::DType::F32, {2, 3}, old_values)});
+  const st::File mapped = st::File::map(path);
+  st::write_file(path, {view("v", st::DType::F32, {1}, new_values)});
+  REQUIRE(mapped.names() == std::vector<std::string>{"w"});
+  std::vector<float> seen(6);
+  std::memcpy(seen.data(), mapped.data("w"), sizeof(float) * seen.size());
+  CHECK(seen == old_values);
+  CHECK(st::File::open(path).names() == std::vector<std::string>{"v"});
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path), {}) == 1);  // no temporary left
+}
+
 TEST_CASE("safetensors: the writer rejects invalid tensors") {
   TempDir dir;
   const std::string path = dir.file("bad.safetensors");

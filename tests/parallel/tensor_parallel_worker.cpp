@@ -1138,7 +1138,10 @@ void export_on(const std::string& backend) {
               "load_model did not restore " << after[i].first);
   }
   // An export whose column layer is narrower than this one's (written by another program: no manifest, which
-  // would refuse the replaced file before its shapes are read).
+  // would refuse the replaced file before its shapes are read). As with Accelerate's load_state, load_model
+  // returning on this rank does not mean the others have finished reading the files (with hybrid sharding
+  // ranks 4-7 share no group with rank 0 after the load): wait for everyone before changing them.
+  acc.wait_for_everyone();
   if (acc.is_main_process()) {
     std::filesystem::remove(dir + "/model.safetensors.manifest.json");
     const auto narrow = torch::zeros({kHidden - 2, kIn});

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -467,7 +468,10 @@ std::string make_header(const std::vector<const TensorView*>& order,
   return header;
 }
 
-// The 8-byte little-endian header length, the header, then the tensors' bytes in `order`.
+// The 8-byte little-endian header length, the header, then the tensors' bytes in `order`, written to a
+// temporary file beside `path` that then replaces it (a rename): a process that has the old file open or
+// mapped (File::open, load_model on another rank still copying its slices) keeps reading the old contents
+// whole, never a truncated or half-rewritten file, and a failed write leaves the old file as it was.
 accel::detail::FileDigest write_contents(const std::string& path, const std::string& prefix,
                                          const std::string& header,
                                          const std::vector<const TensorView*>& order) {
@@ -476,7 +480,9 @@ accel::detail::FileDigest write_contents(const std::string& path, const std::str
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<std::uint8_t>(header_size >> (8 * i));
 
-  std::FILE* raw = std::fopen(path.c_str(), "wb");
+  static std::atomic<unsigned> serial{0};
+  const std::string temp = path + "." + std::to_string(::getpid()) + "." + std::to_string(serial++) + ".tmp";
+  std::FILE* raw = std::fopen(temp.c_str(), "wb");
   if (raw == nullptr) {
     throw CheckpointError(prefix + errno_text() + "; check that the directory exists and is writable");
   }
@@ -498,8 +504,12 @@ accel::detail::FileDigest write_contents(const std::string& path, const std::str
       throw CheckpointError(prefix + "closing the file after writing " + std::to_string(hash.size()) +
                             " bytes failed: " + errno_text() + "; check free disk space");
     }
+    if (std::rename(temp.c_str(), path.c_str()) != 0) {
+      throw CheckpointError(prefix + "replacing it with the written file '" + temp +
+                            "' failed: " + errno_text() + "; check that the path is not a directory");
+    }
   } catch (...) {
-    std::remove(path.c_str());  // a partial file is never left behind (a full disk would keep it full)
+    std::remove(temp.c_str());  // a partial file is never left behind (a full disk would keep it full)
     throw;
   }
   return {hash.size(), hash.digest()};
