@@ -2,6 +2,8 @@
 #include <accel/errors.hpp>
 #include <accel/llm/training/fused_linear_cross_entropy.hpp>
 
+#include "llm/training/chunked_loss_detail.hpp"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,63 +17,22 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// float32 logits per chunk when chunk_tokens is 0. Small chunks are slow on a CPU (measured on Qwen2.5-0.5B's
-// 151,936 x 896 head, 1,024 tokens: 55-token chunks took 1.8x the unfused loss's CPU time with a frozen head,
-// 256-token ones 1.3x, one chunk 1.0x), and the weight gradient's addmm reads and writes the whole [V, H]
-// accumulator once per chunk: 256 MiB keeps a few chunks per sequence while the logits stay a fraction.
-constexpr std::int64_t kAutoChunkBytes = 256LL << 20;
-constexpr std::int64_t kMinAutoChunk = 16;
-
-std::int64_t chunk_rows(std::int64_t requested, std::int64_t vocab) {
-  if (requested > 0) return requested;
-  return std::max(kMinAutoChunk, kAutoChunkBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
-}
-
-// The rows of each chunk for `counted` tokens. A requested size is kept (the last chunk takes the rest). The
-// automatic size is a target: the tokens go in equal chunks of at most 1.25 x it, so that no small tail chunk
-// is left (each chunk packs the whole [V, H] weight for its two matmuls: at 512 tokens and Qwen's
-// vocabulary, 441 + 70 rows cost two packings of the 545 MB head and a 70-row matmul; one chunk of 511 rows
-// holds 311 MB of logits).
-std::int64_t balanced_rows(std::int64_t requested, std::int64_t target, std::int64_t counted) {
-  if (requested > 0 || counted <= 0) return target;
-  const std::int64_t most = target + target / 4;
-  const std::int64_t chunks = (counted + most - 1) / most;
-  return (counted + chunks - 1) / chunks;
-}
-
-// labels[t + 1] for position t, ignore_index after each row's last position, flattened (ForCausalLMLoss).
-torch::Tensor shifted_labels(const torch::Tensor& labels, std::int64_t ignore_index, torch::Device device) {
-  return torch::constant_pad_nd(labels, {0, 1}, ignore_index).slice(1, 1).contiguous().view(-1).to(device);
-}
-
-struct Sums {
-  torch::Tensor loss;         // float32 scalar: the summed token losses
-  torch::Tensor grad_hidden;  // [N, H] in hidden's dtype, or undefined
-  torch::Tensor grad_weight;  // [V, H] float32 accumulator, or undefined
-};
+using detail::ChunkSums;
 
 // One chunk of counted tokens: the summed losses, and (scaled by 1 / denominator) the gradients.
-void add_chunk(Sums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& weight,
+void add_chunk(ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& weight,
                const torch::Tensor& targets, double denominator) {
   // As transformers: logits in the model's dtype, then float32.
   auto logits = torch::linear(hc, weight).to(torch::kFloat32);
   const auto lse = logits.logsumexp(1);
   const auto target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
   s.loss.add_((lse - target_logits).sum());
-  if (!s.grad_hidden.defined() && !s.grad_weight.defined()) return;
+  if (!s.needs_gradients()) return;
   // d loss / d logits = (softmax - one_hot) / denominator, in place of the logits.
   auto grad = logits.sub_(lse.unsqueeze(1)).exp_();
   grad.scatter_add_(1, targets.unsqueeze(1), torch::full({targets.size(0), 1}, -1.0, grad.options()));
   grad.div_(denominator);
-  const auto g = grad.to(hc.scalar_type());  // the upcast's backward
-  if (s.grad_hidden.defined()) s.grad_hidden.index_copy_(0, rows, g.mm(weight));
-  if (s.grad_weight.defined()) {
-    if (s.grad_weight.scalar_type() == g.scalar_type()) {
-      s.grad_weight.addmm_(g.t(), hc);
-    } else {
-      s.grad_weight.add_(g.t().mm(hc));
-    }
-  }
+  s.add_gradients(grad, rows, hc, weight);
 }
 
 class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
@@ -82,7 +43,7 @@ class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCros
                                std::int64_t ignore_index, bool need_hidden, bool need_weight) {
     const auto size = hidden.size(-1), vocab = weight.size(0);
     const auto flat = hidden.reshape({-1, size});
-    const auto shifted = shifted_labels(labels, ignore_index, hidden.device());
+    const auto shifted = detail::shifted_labels(labels, ignore_index, hidden.device());
     const auto rows = shifted.ne(ignore_index).nonzero().view(-1);
     const auto targets = shifted.index_select(0, rows);
     if (targets.numel() > 0) {
@@ -94,48 +55,23 @@ class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCros
     }
     const auto counted = rows.numel();
     const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
-    Sums s;
-    s.loss = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
-    if (need_hidden) s.grad_hidden = torch::zeros_like(flat, torch::MemoryFormat::Contiguous);
-    if (need_weight) s.grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
-    chunk = balanced_rows(chunk, chunk_rows(chunk, vocab), counted);
+    ChunkSums s(flat, weight, need_hidden, need_weight);
+    chunk = detail::balanced_rows(chunk, detail::chunk_rows(chunk, vocab), counted);
     for (std::int64_t start = 0; start < counted; start += chunk) {
       const auto r = rows.slice(0, start, std::min(counted, start + chunk));
       add_chunk(s, r, flat.index_select(0, r), weight, targets.slice(0, start, start + r.numel()), denom);
     }
-    if (need_hidden) ctx->saved_data["grad_hidden"] = s.grad_hidden.view(hidden.sizes());
-    if (need_weight) ctx->saved_data["grad_weight"] = s.grad_weight.to(weight.scalar_type());
-    ctx->saved_data["taken"] = false;
+    s.keep(ctx, hidden, weight);
     if (counted == 0 && denominator < 0)
       return torch::full({}, std::numeric_limits<float>::quiet_NaN(), s.loss.options());
     return s.loss.div_(denom);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (ctx->saved_data["taken"].toBool())
-      throw UsageError(
-          "accel::llm::fused_linear_cross_entropy: backward through the same loss a second time "
-          "(retain_graph) "
-          "is not supported: its gradients were handed over by the first; use causal_lm_loss for that");
-    ctx->saved_data["taken"] = true;
-    const auto& go = grad_outputs[0];
-    const bool unit = go.device().is_cpu() && go.item<double>() == 1.0;
-    auto take = [&](const char* key) {
-      if (!ctx->saved_data.count(key)) return torch::Tensor();
-      auto t = ctx->saved_data[key].toTensor();
-      ctx->saved_data[key] = torch::Tensor();  // the gradient can become the parameter's .grad without a copy
-      return unit ? t : t.mul_(go.to(t.scalar_type()));
-    };
-    auto gh = take("grad_hidden");
-    auto gw = take("grad_weight");
-    return {gh,
-            gw,
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+    return detail::hand_over_gradients(
+        ctx, grad_outputs[0], 6,
+        "accel::llm::fused_linear_cross_entropy: backward through the same loss a second time (retain_graph) "
+        "is not supported: its gradients were handed over by the first; use causal_lm_loss for that");
   }
 };
 

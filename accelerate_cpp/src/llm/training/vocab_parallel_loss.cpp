@@ -5,6 +5,8 @@
 #include <accel/llm/training/vocab_parallel_loss.hpp>
 #include <accel/parallel/tensor_parallel.hpp>
 
+#include "llm/training/chunked_loss_detail.hpp"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -18,18 +20,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr std::int64_t kAutoChunkBytes = 256LL << 20;  // as fused_linear_cross_entropy's automatic chunks
-constexpr std::int64_t kMinAutoChunk = 16;
+using detail::ChunkSums;
 
 void check_group(const char* fn, const std::shared_ptr<Communicator>& group) {
   if (!group)
     throw UsageError(std::string("accel::llm::") + fn +
                      ": the tensor-parallel group is null (pass accelerator.tensor_parallel_group())");
-}
-
-// labels[t + 1] for position t, ignore_index after each row's last position, flattened (ForCausalLMLoss).
-torch::Tensor shifted_labels(const torch::Tensor& labels, std::int64_t ignore_index, torch::Device device) {
-  return torch::constant_pad_nd(labels, {0, 1}, ignore_index).slice(1, 1).contiguous().view(-1).to(device);
 }
 
 // The same check on every rank (the labels are the same): a label the vocabulary does not have.
@@ -112,33 +108,14 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
   }
 };
 
-std::int64_t chunk_rows(std::int64_t requested, std::int64_t vocab) {
-  if (requested > 0) return requested;
-  return std::max(kMinAutoChunk, kAutoChunkBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
-}
-
-struct Sums {
-  torch::Tensor loss;         // float32 scalar: the summed token losses
-  torch::Tensor grad_hidden;  // [N, H] in hidden's dtype (this rank's part), or undefined
-  torch::Tensor grad_weight;  // [V / N, H] float32 accumulator, or undefined
-};
-
-void add_chunk(Sums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& weight,
+void add_chunk(ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& weight,
                const torch::Tensor& targets, double denominator, Communicator& group) {
   auto logits = torch::linear(hc, weight).to(torch::kFloat32);  // as transformers: model dtype, then float32
   const Block b = block_losses(logits, targets, group);
   s.loss.add_(b.token_loss.sum());
-  if (!s.grad_hidden.defined() && !s.grad_weight.defined()) return;
+  if (!s.needs_gradients()) return;
   to_gradient(logits, b, torch::full({targets.size(0)}, 1.0 / denominator, logits.options()));
-  const auto g = logits.to(hc.scalar_type());
-  if (s.grad_hidden.defined()) s.grad_hidden.index_copy_(0, rows, g.mm(weight));
-  if (s.grad_weight.defined()) {
-    if (s.grad_weight.scalar_type() == g.scalar_type()) {
-      s.grad_weight.addmm_(g.t(), hc);
-    } else {
-      s.grad_weight.add_(g.t().mm(hc));
-    }
-  }
+  s.add_gradients(logits, rows, hc, weight);
 }
 
 class VocabParallelFusedCrossEntropy : public torch::autograd::Function<VocabParallelFusedCrossEntropy> {
@@ -149,47 +126,34 @@ class VocabParallelFusedCrossEntropy : public torch::autograd::Function<VocabPar
                                std::shared_ptr<Communicator> group) {
     const auto size = hidden.size(-1);
     const auto flat = hidden.reshape({-1, size});
-    const auto shifted = shifted_labels(labels, ignore_index, hidden.device());
+    const auto shifted = detail::shifted_labels(labels, ignore_index, hidden.device());
     const auto rows = shifted.ne(ignore_index).nonzero().view(-1);
     const auto targets = shifted.index_select(0, rows);
     check_targets("vocab_parallel_fused_linear_cross_entropy", targets, weight.size(0) * group->world_size(),
                   ignore_index);
     const auto counted = rows.numel();
     const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
-    Sums s;
-    s.loss = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
-    if (need_hidden) s.grad_hidden = torch::zeros_like(flat, torch::MemoryFormat::Contiguous);
-    if (need_weight) s.grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+    ChunkSums s(flat, weight, need_hidden, need_weight);
+    // The same chunks on every rank of the group (the same labels, the same slice width): their collectives
+    // pair up.
+    chunk = detail::balanced_rows(chunk, detail::chunk_rows(chunk, weight.size(0)), counted);
     for (std::int64_t start = 0; start < counted; start += chunk) {
       const auto r = rows.slice(0, start, std::min(counted, start + chunk));
       add_chunk(s, r, flat.index_select(0, r), weight, targets.slice(0, start, start + r.numel()), denom,
                 *group);
     }
-    if (need_hidden) ctx->saved_data["grad_hidden"] = s.grad_hidden.view(hidden.sizes());
-    if (need_weight) ctx->saved_data["grad_weight"] = s.grad_weight.to(weight.scalar_type());
-    ctx->saved_data["taken"] = false;
+    s.keep(ctx, hidden, weight);
     if (counted == 0 && denominator < 0)
       return torch::full({}, std::numeric_limits<float>::quiet_NaN(), s.loss.options());
     return s.loss.div_(denom);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (ctx->saved_data["taken"].toBool())
-      throw UsageError(
-          "accel::llm::vocab_parallel_fused_linear_cross_entropy: backward through the same loss a second "
-          "time (retain_graph) is not supported: its gradients were handed over by the first; use "
-          "vocab_parallel_causal_lm_loss for that");
-    ctx->saved_data["taken"] = true;
-    const auto& go = grad_outputs[0];
-    auto take = [&](const char* key) {
-      if (!ctx->saved_data.count(key)) return torch::Tensor();
-      auto t = ctx->saved_data[key].toTensor();
-      ctx->saved_data[key] = torch::Tensor();
-      return t.mul_(go.to(t.scalar_type()));
-    };
-    auto gh = take("grad_hidden");
-    auto gw = take("grad_weight");
-    return {gh, gw, {}, {}, {}, {}, {}, {}, {}};
+    return detail::hand_over_gradients(
+        ctx, grad_outputs[0], 7,
+        "accel::llm::vocab_parallel_fused_linear_cross_entropy: backward through the same loss a second time "
+        "(retain_graph) is not supported: its gradients were handed over by the first; use "
+        "vocab_parallel_causal_lm_loss for that");
   }
 };
 
@@ -211,7 +175,7 @@ torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits, const t
     throw UsageError("accel::llm::vocab_parallel_causal_lm_loss: num_items_in_batch must be positive, got " +
                      std::to_string(*num_items_in_batch));
   const auto width = logits.size(-1);
-  const auto targets = shifted_labels(labels, ignore_index, logits.device());
+  const auto targets = detail::shifted_labels(labels, ignore_index, logits.device());
   check_targets(kFn, targets.masked_select(targets.ne(ignore_index)), width * group->world_size(),
                 ignore_index);
   const auto flat = logits.to(torch::kFloat32).reshape({-1, width});
@@ -249,8 +213,8 @@ torch::Tensor vocab_parallel_fused_linear_cross_entropy(const torch::Tensor& hid
   const bool grad = torch::GradMode::is_enabled();
   return VocabParallelFusedCrossEntropy::apply(
       h, weight, labels, num_items_in_batch ? static_cast<double>(*num_items_in_batch) : -1.0,
-      chunk_rows(options.chunk_tokens_, weight.size(0)), options.ignore_index_, grad && h.requires_grad(),
-      grad && weight.requires_grad(), group);
+      options.chunk_tokens_, options.ignore_index_, grad && h.requires_grad(), grad && weight.requires_grad(),
+      group);
 }
 
 }  // namespace accel::llm

@@ -1,0 +1,103 @@
+// What the two chunked linear + cross-entropy losses share (fused_linear_cross_entropy.cpp over the whole
+// vocabulary, vocab_parallel_loss.cpp over a tensor-parallel group's slices): the chunk sizes, the shifted
+// labels, the sums each chunk adds to, and handing the gradients computed in forward over to autograd.
+#pragma once
+
+#include <accel/errors.hpp>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace accel::llm::detail {
+
+// float32 logits per chunk when chunk_tokens is 0. Small chunks are slow on a CPU (measured on Qwen2.5-0.5B's
+// 151,936 x 896 head, 1,024 tokens: 55-token chunks took 1.8x the unfused loss's CPU time with a frozen head,
+// 256-token ones 1.3x, one chunk 1.0x), and the weight gradient's addmm reads and writes the whole [V, H]
+// accumulator once per chunk: 256 MiB keeps a few chunks per sequence while the logits stay a fraction.
+constexpr std::int64_t kAutoChunkBytes = 256LL << 20;
+constexpr std::int64_t kMinAutoChunk = 16;
+
+/// The requested rows per chunk, or the automatic target for a head of `vocab` rows (this rank's).
+inline std::int64_t chunk_rows(std::int64_t requested, std::int64_t vocab) {
+  if (requested > 0) return requested;
+  return std::max(kMinAutoChunk, kAutoChunkBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
+}
+
+/// The rows of each chunk for `counted` tokens. A requested size is kept (the last chunk takes the rest). The
+/// automatic size is a target: the tokens go in equal chunks of at most 1.25 x it, so that no small tail
+/// chunk is left (each chunk packs the whole [V, H] weight for its two matmuls: at 512 tokens and Qwen's
+/// vocabulary, 441 + 70 rows cost two packings of the 545 MB head and a 70-row matmul; one chunk of 511 rows
+/// holds 311 MB of logits).
+inline std::int64_t balanced_rows(std::int64_t requested, std::int64_t target, std::int64_t counted) {
+  if (requested > 0 || counted <= 0) return target;
+  const std::int64_t most = target + target / 4;
+  const std::int64_t chunks = (counted + most - 1) / most;
+  return (counted + chunks - 1) / chunks;
+}
+
+/// labels[t + 1] for position t, ignore_index after each row's last position, flattened (ForCausalLMLoss).
+inline torch::Tensor shifted_labels(const torch::Tensor& labels, std::int64_t ignore_index,
+                                    torch::Device device) {
+  return torch::constant_pad_nd(labels, {0, 1}, ignore_index).slice(1, 1).contiguous().view(-1).to(device);
+}
+
+/// What the chunks add to: the summed token losses and the gradients (undefined where not needed).
+struct ChunkSums {
+  torch::Tensor loss;         // float32 scalar
+  torch::Tensor grad_hidden;  // [N, H] in hidden's dtype
+  torch::Tensor grad_weight;  // [V, H] (this rank's rows) float32 accumulator
+
+  ChunkSums(const torch::Tensor& flat, const torch::Tensor& weight, bool need_hidden, bool need_weight)
+      : loss(torch::zeros({}, flat.options().dtype(torch::kFloat32))) {
+    if (need_hidden) grad_hidden = torch::zeros_like(flat, torch::MemoryFormat::Contiguous);
+    if (need_weight) grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+  }
+  bool needs_gradients() const { return grad_hidden.defined() || grad_weight.defined(); }
+
+  /// Adds one chunk's d loss / d logits (float32 [c, V]) to the gradients: `rows` of the flat hidden states,
+  /// `hc` their values.
+  void add_gradients(const torch::Tensor& grad_logits, const torch::Tensor& rows, const torch::Tensor& hc,
+                     const torch::Tensor& weight) {
+    const auto g = grad_logits.to(hc.scalar_type());  // the upcast's backward
+    if (grad_hidden.defined()) grad_hidden.index_copy_(0, rows, g.mm(weight));
+    if (grad_weight.defined()) {
+      if (grad_weight.scalar_type() == g.scalar_type()) {
+        grad_weight.addmm_(g.t(), hc);
+      } else {
+        grad_weight.add_(g.t().mm(hc));
+      }
+    }
+  }
+
+  /// Keeps the gradients in `ctx` for backward (hand_over_gradients) in the inputs' shapes and dtypes.
+  void keep(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight) {
+    if (grad_hidden.defined()) ctx->saved_data["grad_hidden"] = grad_hidden.view(hidden.sizes());
+    if (grad_weight.defined()) ctx->saved_data["grad_weight"] = grad_weight.to(weight.scalar_type());
+    ctx->saved_data["taken"] = false;
+  }
+};
+
+/// The backward of a loss whose gradients were computed in forward: {d hidden, d weight} scaled by the
+/// incoming gradient, then `others` undefined gradients. A second backward is refused (`what` names the
+/// function and the unfused alternative).
+inline torch::autograd::variable_list hand_over_gradients(torch::autograd::AutogradContext* ctx,
+                                                          const torch::Tensor& go, std::size_t others,
+                                                          const std::string& what) {
+  if (ctx->saved_data["taken"].toBool()) throw UsageError(what);
+  ctx->saved_data["taken"] = true;
+  const bool unit = go.device().is_cpu() && go.item<double>() == 1.0;
+  auto take = [&](const char* key) {
+    if (!ctx->saved_data.count(key)) return torch::Tensor();
+    auto t = ctx->saved_data[key].toTensor();
+    ctx->saved_data[key] = torch::Tensor();  // the gradient can become the parameter's .grad without a copy
+    return unit ? t : t.mul_(go.to(t.scalar_type()));
+  };
+  torch::autograd::variable_list out{take("grad_hidden"), take("grad_weight")};
+  out.resize(2 + others);
+  return out;
+}
+
+}  // namespace accel::llm::detail
