@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
+#include <accel/llm/models/sequence_parallel.hpp>
 
 #include <cstdint>
 #include <limits>
@@ -99,12 +100,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> block_backward(
   return {dq, dk, dv};
 }
 
-// The pair's part of a block's mask (undefined stays undefined).
-torch::Tensor pair_mask(const torch::Tensor& keep, const RingPair& pair) {
-  if (!keep.defined()) return {};
-  return keep.narrow(2, pair.q_begin, pair.q_length).narrow(3, pair.k_begin, pair.k_length);
-}
-
 std::int64_t pointer_of(Communicator& group) {
   return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&group));
 }
@@ -137,10 +132,10 @@ class Rotation {
   std::unique_ptr<CollectiveHandle> send_, recv_;
 };
 
-// The block of `source` (a rank of the group) in the mask's columns (the group's key order); none (causal
-// only) when the mask is empty.
-torch::Tensor source_mask(const torch::Tensor& mask, int source, std::int64_t length) {
-  return mask.numel() > 0 ? mask.narrow(3, source * length, length) : torch::Tensor();
+// The boolean mask of this rank's block pair with `source` from the ring's mask information, built for the
+// step at hand and dropped after it; none (causal only) when the information is empty.
+torch::Tensor step_mask(const torch::Tensor& info, int rank, int source, int size, const RingPair& pair) {
+  return info.numel() > 0 ? ring_block_mask(info, rank, source, size, pair) : torch::Tensor();
 }
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
@@ -150,8 +145,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     auto& group = *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(group_pointer));
     const int size = group.world_size(), rank = group.rank();
     const auto length = q.size(2);
-    RingMerge state{torch::zeros(q.sizes(), q.options().dtype(torch::kFloat)),
-                    torch::full({q.size(0), q.size(1), length}, kNegInf, q.options().dtype(torch::kFloat))};
+    auto state = ring_merge_start(q);
     Rotation ring(group, torch::cat({k.contiguous().flatten(), v.contiguous().flatten()}));
     for (int step = 0; step < size; ++step) {
       ring.post(step);  // the next block travels while this one is attended
@@ -159,8 +153,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const auto& block = ring.block();
       const auto kb = block.narrow(0, 0, k.numel()).view(k.sizes());
       const auto vb = block.narrow(0, k.numel(), v.numel()).view(v.sizes());
-      ring_attend_block(state, q, kb, vb, source_mask(mask, source, length), ring_pair(rank, source, length),
-                        scale);
+      const auto pair = ring_pair(rank, source, length);
+      ring_attend_block(state, q, kb, vb, step_mask(mask, rank, source, size, pair), pair, scale);
       ring.advance();
     }
     auto out = state.out.to(q.scalar_type());
@@ -198,8 +192,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const auto& block = ring.block();
       const auto kb = block.narrow(0, 0, k.numel()).view(k.sizes());
       const auto vb = block.narrow(0, k.numel(), v.numel()).view(v.sizes());
-      auto [dk, dv] = ring_block_backward(grad_out, q, kb, vb, out, lse, source_mask(mask, source, length),
-                                          ring_pair(rank, source, length), scale, dq);
+      const auto pair = ring_pair(rank, source, length);
+      auto [dk, dv] = ring_block_backward(grad_out, q, kb, vb, out, lse,
+                                          step_mask(mask, rank, source, size, pair), pair, scale, dq);
       auto total = torch::cat({dk.flatten(), dv.flatten()});
       if (receiving) {
         receiving->wait();
@@ -229,13 +224,41 @@ RingPair ring_pair(int rank, int source, std::int64_t length) {
   return {half, length - half, 0, length, false};  // both its chunks precede only this rank's second one
 }
 
+RingMerge ring_merge_start(const torch::Tensor& q) {
+  const auto opts = q.options().dtype(torch::kFloat);
+  return {torch::zeros(q.sizes(), opts), torch::full({q.size(0), q.size(1), q.size(2)}, kNegInf, opts)};
+}
+
+torch::Tensor ring_mask_info(const torch::Tensor& is_key, const torch::Tensor& documents) {
+  const auto doc = documents.defined() ? documents.to(torch::kLong) : torch::zeros_like(is_key, torch::kLong);
+  return torch::stack({is_key.to(torch::kLong), doc.expand_as(is_key)}, 1);
+}
+
+torch::Tensor ring_block_mask(const torch::Tensor& info, int rank, int source, int size,
+                              const RingPair& pair) {
+  const auto total = info.size(2);
+  const auto device = info.device();
+  const auto rows = sequence_shard_index(total, rank, size, /*load_balanced=*/true)
+                        .narrow(0, pair.q_begin, pair.q_length)
+                        .to(device);
+  const auto columns = sequence_shard_index(total, source, size, /*load_balanced=*/true)
+                           .narrow(0, pair.k_begin, pair.k_length)
+                           .to(device);
+  const auto is_key = info.select(1, 0).index_select(1, columns).to(torch::kBool);  // [B, k]
+  const auto documents = info.select(1, 1);
+  const auto same_document =
+      documents.index_select(1, rows).unsqueeze(-1).eq(documents.index_select(1, columns).unsqueeze(1));
+  const auto causal = columns.view({1, 1, -1}) <= rows.view({1, -1, 1});  // global positions
+  return (causal & is_key.unsqueeze(1) & same_document).unsqueeze(1);     // [B, 1, q, k]
+}
+
 void ring_attend_block(RingMerge& state, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, const torch::Tensor& keep, const RingPair& pair, double scale,
                        bool math) {
   const auto rows = q.narrow(2, pair.q_begin, pair.q_length);
   const auto kp = k.narrow(2, pair.k_begin, pair.k_length), vp = v.narrow(2, pair.k_begin, pair.k_length);
   const bool causal = pair.causal && !keep.defined();  // a mask already holds the causal part
-  const auto [block_out, block_lse] = block_forward(rows, kp, vp, pair_mask(keep, pair), causal, scale, math);
+  const auto [block_out, block_lse] = block_forward(rows, kp, vp, keep, causal, scale, math);
   auto out = state.out.narrow(2, pair.q_begin, pair.q_length);
   auto lse = state.lse.narrow(2, pair.q_begin, pair.q_length);
   // Online softmax: out = (e^lse out + e^block_lse block_out) / (e^lse + e^block_lse), shifted by the larger
@@ -262,7 +285,7 @@ std::pair<torch::Tensor, torch::Tensor> ring_block_backward(const torch::Tensor&
   const auto columns = [&](const torch::Tensor& x) { return x.narrow(2, pair.k_begin, pair.k_length); };
   const bool causal = pair.causal && !keep.defined();
   const auto [gq, gk, gv] = block_backward(rows(grad_out), rows(q), columns(k), columns(v), rows(out),
-                                           rows(lse), pair_mask(keep, pair), causal, scale, math);
+                                           rows(lse), keep, causal, scale, math);
   rows(dq).add_(gq);
   columns(dk).add_(gk);
   columns(dv).add_(gv);
@@ -275,6 +298,13 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
     throw UsageError("accel::llm::ring_attention: this rank's " + std::to_string(q.size(2)) +
                      " positions do not hold two equal chunks (context parallelism's load-balanced layout); "
                      "cut the sequence with shard_sequence");
+  }
+  const auto total = q.size(2) * group.world_size();
+  if (mask.defined() &&
+      (mask.dim() != 3 || mask.size(0) != q.size(0) || mask.size(1) != 2 || mask.size(2) != total)) {
+    throw UsageError("accel::llm::ring_attention: mask of sizes " + torch::str(mask.sizes()) +
+                     " is not the ring's mask information [batch " + std::to_string(q.size(0)) + ", 2, " +
+                     std::to_string(total) + "] (ring_mask_info; sequence_parallel_mask makes it)");
   }
   // A custom Function's tensor inputs must be defined: no mask travels as an empty one.
   const auto m = mask.defined() ? mask : torch::empty({0}, q.options().dtype(torch::kBool));

@@ -169,6 +169,11 @@ torch::Tensor sequence_parallel_mask(const SequenceParallelism& s, const torch::
   const bool padded = padding.defined() && !padding.to(torch::kBool).all().item<bool>();
   const auto documents = attention_mask.defined() ? torch::Tensor() : packed_documents(pos);
   if (!padded && !documents.defined()) return {};  // causal only: SDPA's causal flag (see the attention)
+  if (s.ring) {  // O(T): each block pair's mask is built from it when the pair is attended
+    const auto is_key = padded ? torch::empty_like(padding).index_copy_(1, keys, padding)  // global order
+                               : torch::ones_like(pos);
+    return ring_mask_info(is_key, documents);
+  }
   // Ulysses: queries and keys in global order (keys == 0..T-1); context: this rank's queries, keys gathered.
   auto mask = (keys.view({1, -1}) <= queries.view({-1, 1})).view({1, 1, queries.size(0), total});
   if (padded) mask = mask & padding.to(torch::kBool).view({batch, 1, 1, total});
