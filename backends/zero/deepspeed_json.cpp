@@ -505,6 +505,26 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   return rows;
 }
 
+// tensor_parallel.vocab_parallel_ce_backend (DeepSpeed's "torch", default, or "liger": Liger's fused
+// vocabulary-parallel cross entropy on CUDA, else DeepSpeed's torch loss; the same loss either way). "liger"
+// needs a vocabulary-parallel head, as DeepSpeed's engine refuses it without one; here the loss is always
+// accelerate-cpp's own vocabulary-parallel one (chunked and fused with the recipe's
+// --fused_linear_cross_entropy). Without tensor parallelism (autotp_size or the YAML's tp_size, read later)
+// vocab_parallel_lm_head splits nothing, as in DeepSpeed.
+void apply_autotp_loss_backend(const JsonFile& f, const std::string& ce_backend, Config& c,
+                               std::vector<std::string>& no_effect) {
+  if (ce_backend == "liger" && !c.zero.vocab_parallel_lm_head)
+    f.fail(
+        "tensor_parallel.vocab_parallel_ce_backend", "vocab_parallel_ce_backend",
+        "tensor_parallel.vocab_parallel_ce_backend: \"liger\" needs tensor_parallel.vocab_parallel_lm_head: "
+        "true (DeepSpeed refuses it too: a vocabulary-parallel loss needs a vocabulary-parallel head); set "
+        "vocab_parallel_lm_head: true or remove vocab_parallel_ce_backend");
+  if (ce_backend == "liger")
+    no_effect.push_back(
+        "vocab_parallel_ce_backend \"liger\" (no Liger kernel: the loss is accelerate-cpp's "
+        "vocabulary-parallel one, the same value)");
+}
+
 // DeepSpeed AutoTP training (`tensor_parallel: {autotp_size: N}`, deepspeed/runtime/tensor_parallel/config.py
 // TPTrainingConfig; 0 or 1 is off): the tensor-parallel size, as parallelism_config_tp_size (the program
 // splits its model over accelerator.tensor_parallel_group(): examples/llm/finetune does for the accel::llm
@@ -517,20 +537,20 @@ void apply_autotp(const JsonFile& f, const Json& root, Config& c) {
   if (!block.is_object()) f.fail("tensor_parallel", "tensor_parallel", "tensor_parallel: expected an object");
   std::vector<std::string> no_effect;
   bool enabled = true;
+  std::string ce_backend = "torch";
   for (const auto& [key, v] : block.items()) {
     const std::string p = "tensor_parallel." + key;
     if (key == "enabled") {
       enabled = boolean_value(f, v, p, key);
     } else if (key == "vocab_parallel_lm_head") {
-      // DeepSpeed's default (false) keeps lm_head whole, as here.
-      if (boolean_value(f, v, p, key))
-        f.fail(p, key,
-               fmt::format(
-                   "{}: true is not supported by accelerate-cpp: lm_head and the embedding stay whole on "
-                   "every rank of a tensor-parallel group; set it to false or remove it",
-                   p));
+      // null: DeepSpeed decides from the model's transformers tp_plan (an `embedding_rowwise` entry turns it
+      // on); the Qwen2 / Llama / Qwen3 plans have none, so null is its default, false.
+      c.zero.vocab_parallel_lm_head = !v.is_null() && boolean_value(f, v, p, key);
     } else if (key == "vocab_parallel_ce_backend") {
-      no_effect.push_back(key);
+      if (!v.is_string() || (v.get<std::string>() != "torch" && v.get<std::string>() != "liger"))
+        f.fail(p, key,
+               fmt::format("{}: expected \"torch\" or \"liger\" (DeepSpeed's choices), got {}", p, v.dump()));
+      ce_backend = v.get<std::string>();
     } else if (key == "autotp_size") {
       const auto n = count_or_auto(f, v, p, key);
       if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
@@ -544,11 +564,13 @@ void apply_autotp(const JsonFile& f, const Json& root, Config& c) {
       f.fail(p, key,
              fmt::format("{} is not supported by accelerate-cpp: its AutoTP splits the accel::llm models' "
                          "projections by one fixed plan (q/k/v/gate/up by output rows, o/down by input "
-                         "columns; embedding, norms and lm_head whole); remove it",
+                         "columns; norms whole; embedding and lm_head whole unless vocab_parallel_lm_head); "
+                         "remove it",
                          p));
     }
   }
   if (!enabled) c.tensor_parallel_size = 1;
+  apply_autotp_loss_backend(f, ce_backend, c, no_effect);
   if (!no_effect.empty()) {
     c.notices.push_back(fmt::format("{}: tensor_parallel settings with no effect in accelerate-cpp: {}",
                                     f.path(), join(no_effect)));

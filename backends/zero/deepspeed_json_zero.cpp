@@ -133,7 +133,8 @@ struct ZeroNotices {
   std::vector<std::string> no_effect, autos;
 };
 
-// DeepSpeed's defaults for what zero_optimization leaves out; clipping and activation checkpointing as read.
+// DeepSpeed's defaults for what zero_optimization leaves out; clipping, activation checkpointing and
+// tensor_parallel.vocab_parallel_lm_head as read.
 ZeroConfig zero_defaults(const Config& c) {
   ZeroConfig z;
   z.stage = 0;
@@ -143,6 +144,7 @@ ZeroConfig zero_defaults(const Config& c) {
   z.stage3_prefetch_bucket_size = 50000000;
   z.gradient_clipping = c.zero.gradient_clipping;
   z.activation_checkpointing = c.zero.activation_checkpointing;
+  z.vocab_parallel_lm_head = c.zero.vocab_parallel_lm_head;  // tensor_parallel's, read before
   return z;
 }
 

@@ -142,6 +142,13 @@ std::vector<KeyRow> zero_rows() {
   rows.push_back(setting(
       "activation_checkpointing", kZeroSection, "(accelerate-cpp) recompute activations in backward",
       [](auto& c) -> auto& { return c.zero.activation_checkpointing; }, boolean(), write_bool, "true"));
+  rows.push_back(setting(
+      "vocab_parallel_lm_head", kZeroSection,
+      "(accelerate-cpp) DeepSpeed's tensor_parallel.vocab_parallel_lm_head: under AutoTP the accel::llm "
+      "models' head is split over the vocabulary (untied: lm_head alone; tied: with embed_tokens) and the "
+      "loss "
+      "computed vocabulary-parallel",
+      [](auto& c) -> auto& { return c.zero.vocab_parallel_lm_head; }, boolean(), write_bool, "true"));
   // DeepSpeed's fp16 loss scaler (a DeepSpeed JSON's fp16 block, which DeepSpeed's defaults fill).
   rows.push_back(setting(
       "fp16_loss_scale", kZeroSection,

@@ -293,10 +293,13 @@ int main(int argc, char** argv) try {
               "fine-tuning and LoRA (not 4-bit, tensor-parallel or resumed LoRA runs)");
   }
   // AutoTP: a tensor-parallel size in the config (parallelism_config_tp_size, or a DeepSpeed JSON's
-  // tensor_parallel.autotp_size) splits the blocks' projections over the group, before LoRA adapts them.
+  // tensor_parallel.autotp_size) splits the blocks' projections over the group, before LoRA adapts them;
+  // the JSON's tensor_parallel.vocab_parallel_lm_head splits the head too (tensor_parallel_options), and
+  // --vocab_parallel the embedding and the head (both set: refused).
   if (acc.tensor_parallel_group()->world_size() > 1) {
-    llm::apply_tensor_parallel(*model, acc.tensor_parallel_group(),
-                               llm::TensorParallelOptions().vocab_parallel(sft.vocab_parallel));
+    auto options = llm::tensor_parallel_options(acc.config());
+    if (sft.vocab_parallel) options.vocab_parallel(true);
+    llm::apply_tensor_parallel(*model, acc.tensor_parallel_group(), options);
   }
   if (tp_slices) load_slices(acc, *model, dir);
   // Long sequences: parallelism_config_sp_size (Ulysses) or cp_size split each batch's positions over the

@@ -735,7 +735,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "gradient_accumulation_steps, gradient_clipping, zero3_init_flag, zero3_save_16bit_model, "
         "reduce_bucket_size, overlap_comm, allgather_bucket_size, sub_group_size, zero_hpz_partition_size, "
         "stage3_prefetch_bucket_size, "
-        "activation_checkpointing, fp16_loss_scale, fp16_initial_scale_power, fp16_loss_scale_window, "
+        "activation_checkpointing, vocab_parallel_lm_head, fp16_loss_scale, fp16_initial_scale_power, "
+        "fp16_loss_scale_window, "
         "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_multinode_launcher, "
         "deepspeed_config_file");
   CHECK(bad_file_message("sagemaker.yaml") ==
@@ -1353,9 +1354,50 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
         1);
   CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": false}}")
             .tensor_parallel_size == 2);
-  CHECK_THAT(
-      json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true}}"),
-      Catch::Contains("tensor_parallel.vocab_parallel_lm_head: true is not supported by accelerate-cpp"));
+  // vocab_parallel_lm_head (DeepSpeed's default false; null: from the model's tp_plan, false for these
+  // families): the head split over the vocabulary (accel::llm::tensor_parallel_options reads it); it survives
+  // the resolved YAML the launcher hands the ranks. vocab_parallel_ce_backend: "torch" or "liger" (no Liger
+  // kernel here: a notice), "liger" only with a vocabulary-parallel head, as DeepSpeed's engine checks.
+  {
+    const auto vp =
+        json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true}}");
+    CHECK(vp.tensor_parallel_size == 2);
+    CHECK(vp.zero.vocab_parallel_lm_head);
+    const auto again = accel::Config::load_string(vp.to_yaml());
+    CHECK(again.zero.vocab_parallel_lm_head);
+    CHECK(again == vp);
+    CHECK_FALSE(json_load("{\"tensor_parallel\": {\"autotp_size\": 2}}").zero.vocab_parallel_lm_head);
+    CHECK_FALSE(json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": null}}")
+                    .zero.vocab_parallel_lm_head);
+    CHECK_FALSE(json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": false}}")
+                    .zero.vocab_parallel_lm_head);
+    // Read before zero_optimization, which must keep it.
+    CHECK(json_load("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true},\n"
+                    "\"zero_optimization\": {\"stage\": 1}}")
+              .zero.vocab_parallel_lm_head);
+    CHECK_THAT(json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": \"yes\"}}"),
+               Catch::Contains("tensor_parallel.vocab_parallel_lm_head: expected true or false"));
+    const auto torch_ce = json_load(
+        "{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true, "
+        "\"vocab_parallel_ce_backend\": \"torch\"}}");
+    CHECK(torch_ce.zero.vocab_parallel_lm_head);
+    const auto liger = json_load(
+        "{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true, "
+        "\"vocab_parallel_ce_backend\": \"liger\"}}");
+    CHECK(liger.zero.vocab_parallel_lm_head);
+    bool noticed = false;
+    for (const auto& n : liger.notices)
+      noticed =
+          noticed || n.find("vocab_parallel_ce_backend \"liger\" (no Liger kernel") != std::string::npos;
+    CHECK(noticed);
+    CHECK_THAT(
+        json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_ce_backend\": \"liger\"}}"),
+        Catch::Contains("tensor_parallel.vocab_parallel_ce_backend: \"liger\" needs "
+                        "tensor_parallel.vocab_parallel_lm_head: true"));
+    CHECK_THAT(json_error("{\"tensor_parallel\": {\"autotp_size\": 2, \"vocab_parallel_lm_head\": true, "
+                          "\"vocab_parallel_ce_backend\": \"apex\"}}"),
+               Catch::Contains("tensor_parallel.vocab_parallel_ce_backend: expected \"torch\" or \"liger\""));
+  }
   CHECK_THAT(
       json_error("{\"zero_optimization\": {\"stage\": 3},\n \"tensor_parallel\": {\"autotp_size\": 2}}"),
       Catch::Contains("ds.json:2: tensor_parallel.autotp_size 2 with zero_optimization.stage 3"));

@@ -27,10 +27,13 @@ every check passed):
   lora tp_size     Qwen3, LoRA r 8 on q/k/v/o/gate/up/down (split adapters: B by rows under a column split, A
                    by columns under a row split) from one PEFT-made adapter, untied head split over the
                    vocabulary (frozen), fused loss: losses 1e-5, saved adapter 1e-5 (PEFT's keys and shapes).
-  qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), untied lm_head split
-                   over the vocabulary, unfused loss, full fine-tuning through the DeepSpeed file
-                   (gradient_clipping 0): losses, norms and model within 1e-5 (without the q/k norm gradient
-                   sum this row misses by 2.7e-3).
+  qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), full fine-tuning
+                   through the DeepSpeed file (gradient_clipping 0) with DeepSpeed's own key
+                   tensor_parallel.vocab_parallel_lm_head: true instead of --vocab_parallel: the untied lm_head
+                   split over the vocabulary, embed_tokens whole (DeepSpeed's meaning), unfused loss computed
+                   vocabulary-parallel: losses, norms and model within 1e-5 (without the q/k norm gradient sum
+                   this row misses by 2.7e-3); rank 0's parameter count and slice reading show the head split
+                   and the embedding whole.
   refusal          tp 2 over a model with 1 key/value head and vocab_size 265 under --vocab_parallel is refused
                    naming both (num_key_value_heads 1, vocab_size 265) and the tensor-parallel size 2.
 The saved models load in transformers (the full model's logits computed there equal the one-process run's):
@@ -155,13 +158,13 @@ def parameters(run):
 SPLIT_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj.weight", "gate_proj", "up_proj", "down_proj.weight")
 
 
-def slice_bytes(model_dir, vocab_parallel, tp=2):
-    """What a rank of tp allocates reading its slices: the replicated tensors whole, the split ones 1 / tp."""
+def slice_bytes(model_dir, vocab_parallel, tp=2, vocab=("embed_tokens", "lm_head"), elements=False):
+    """What a rank of tp allocates reading its slices: the replicated tensors whole, the split ones 1 / tp
+    (`vocab`: which vocabulary tensors are split under vocab_parallel). elements: count elements, not bytes."""
     total = 0
     for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
-        split = any(k in name for k in SPLIT_NAMES) or (vocab_parallel and ("embed_tokens" in name or
-                                                                              "lm_head" in name))
-        total += t.numel() * t.element_size() // (tp if split else 1)
+        split = any(k in name for k in SPLIT_NAMES) or (vocab_parallel and any(v in name for v in vocab))
+        total += t.numel() * (1 if elements else t.element_size()) // (tp if split else 1)
     return total
 
 
@@ -294,9 +297,22 @@ def main():
         one3 = os.path.join(tmp, "one_qwen3")
         finetune(fin, None, None, qwen3, data, one3, [])
         tp3 = os.path.join(tmp, "tp_qwen3")
-        finetune(fin, launch, ds_noclip_yaml, qwen3, data, tp3, vp + ["--fused_linear_cross_entropy", "false"])
-        compare("qwen3 autotp 2 (q/k norms, untied lm_head split over the vocabulary, unfused loss; the file, "
+        # DeepSpeed's key in the user's file (no --vocab_parallel): the untied head split, the embedding whole.
+        with_key = dict(unclipped, tensor_parallel=dict(unclipped["tensor_parallel"], vocab_parallel_lm_head=True))
+        ds_key_yaml = write_yaml(tmp, "autotp_vp_key.yaml", "distributed_type: DEEPSPEED\n" + head +
+                                 "deepspeed_config:\n  deepspeed_config_file: " +
+                                 write_yaml(tmp, "ds_vp_key.json", json.dumps(with_key)) + "\n")
+        run3 = finetune(fin, launch, ds_key_yaml, qwen3, data, tp3, ["--fused_linear_cross_entropy", "false"])
+        compare("qwen3 autotp 2 (q/k norms, untied lm_head split over the vocabulary by DeepSpeed's "
+                "tensor_parallel.vocab_parallel_lm_head: true, embed_tokens whole, unfused loss; the file, "
                 "gradient_clipping 0)", one3, tp3, "model", "model.safetensors", "")
+        whole3, held3 = slice_bytes(qwen3, False, tp=1, elements=True), parameters(run3)
+        want3 = slice_bytes(qwen3, True, vocab=("lm_head",), elements=True)
+        got3, bytes3 = loaded_bytes(run3), slice_bytes(qwen3, True, vocab=("lm_head",))
+        check(held3 == want3 and bytes3 <= got3 <= bytes3 * 1.01 + 4096,
+              f"qwen3 autotp 2, vocab_parallel_lm_head: rank 0 holds {held3} of the {whole3} parameters "
+              f"(expected {want3}: half of the projections and of lm_head, embed_tokens whole) and read "
+              f"{got3} bytes (expected {bytes3})")
         reloads("the untied vocabulary-parallel run", one3, tp3, fast)
 
         r = finetune(fin, launch, tp_yaml, bad, data, os.path.join(tmp, "bad"), vp, steps=1, check_rc=False)

@@ -2,9 +2,12 @@
 // generation. The comparison with transformers is [.hf] (run by models_crosscheck.sh after
 // models_reference.py has made the reference).
 #include <accel/checkpoint/safetensors.hpp>
+#include <accel/config/config.hpp>
+#include <accel/distributed/communicator.hpp>
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/generation.hpp>
+#include <accel/llm/models/tensor_parallel.hpp>
 #include <accel/monitor/memory.hpp>
 #include <accel/nn/quant4bit.hpp>
 
@@ -528,4 +531,28 @@ TEST_CASE("load_in_4bit never holds the full-precision projections together", "[
     auto whole = accel::llm::from_pretrained(dir.path.string());
     CHECK(accel::CpuMemoryCounter::peak() - before >= full_bytes);  // the check can see a whole model
   }
+}
+
+TEST_CASE(
+    "AutoTP options: DeepSpeed's vocab_parallel_lm_head comes from the config; with vocab_parallel refused",
+    "[llm][models]") {
+  accel::Config config;
+  CHECK_FALSE(accel::llm::tensor_parallel_options(config).vocab_parallel_lm_head_);
+  config.zero.vocab_parallel_lm_head = true;
+  // A deepspeed_config setting means something under the zero backend only (as Accelerate reads it).
+  CHECK_FALSE(accel::llm::tensor_parallel_options(config).vocab_parallel_lm_head_);
+  config.backend = "zero";
+  const auto options = accel::llm::tensor_parallel_options(config);
+  CHECK(options.vocab_parallel_lm_head_);
+  CHECK_FALSE(options.vocab_parallel_);
+  auto solo = accel::Communicator::create(accel::ProcessState(), torch::kCPU);
+  CausalLM model(tiny("qwen3"));
+  auto both = options;
+  both.vocab_parallel(true);
+  CHECK_THROWS_WITH(accel::llm::apply_tensor_parallel(*model, solo, both),
+                    Contains("vocab_parallel and vocab_parallel_lm_head (DeepSpeed's "
+                             "tensor_parallel.vocab_parallel_lm_head) are both set"));
+  accel::llm::apply_tensor_parallel(*model, solo, options);  // a group of one: unchanged
+  CHECK(model->named_children().contains("lm_head"));
+  CHECK(model->named_children()["lm_head"]->as<torch::nn::LinearImpl>() != nullptr);
 }

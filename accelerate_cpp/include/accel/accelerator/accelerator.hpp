@@ -245,7 +245,11 @@ class Accelerator {
   }
   /// Loads an export written by `save_model` (one file or shards with their index; by any backend and number
   /// of processes) into a prepared model. Throws CheckpointError naming the missing file or tensor.
-  /// Collective.
+  /// Collective. Contract (as Accelerate's `load_state`): there is no closing barrier. Each rank maps the
+  /// files and copies what it keeps (its slices under ZeRO-3, FULL_SHARD or tensor parallelism) at its own
+  /// pace, so a rank may return while others still read `dir`. Before any rank rewrites or deletes those
+  /// files (a later `save_model` into `dir`, a test replacing model.safetensors), call
+  /// `wait_for_everyone()`.
   template <class M>
   void load_model(M& model, const std::string& dir) {
     load_model_at(model_index(as_module(model)), dir);

@@ -58,8 +58,15 @@ struct TensorView {
   std::size_t nbytes = 0;      ///< must equal product(shape) * dtype_size(dtype)
 };
 
-/// Writes `tensors` and `metadata` to `path` (created or truncated; not atomic by itself: write into an
-/// `accel::detail::AtomicDirectory` or use `write_file_atomic` for crash safety).
+/// Writes `tensors` and `metadata` to `path`. The bytes go to a temporary file beside it
+/// (`<path>.<pid>.<n>.tmp`, same directory) that is then renamed over `path`: a reader that has the old file
+/// open or mapped keeps the old contents whole (never a truncated or half-written file), and a failed write
+/// leaves the old file as it was (the temporary file is removed). Because `path` is replaced, not written
+/// through: a symlink at `path` is replaced by a regular file (the link is not followed; its target is left
+/// unchanged), hard links to the old file keep the old contents (the link is broken), and the new file has
+/// a new file's owner and mode (umask), not the old one's. The directory must be writable. Not synced to
+/// disk (no fsync): for crash safety write into an `accel::detail::AtomicDirectory` or use
+/// `write_file_atomic`.
 /// Tensors are laid out by element size (largest first) then by name, so every tensor is aligned to its
 /// element size when the buffer is (the same order as the reference implementation, up to ties). The header
 /// lists

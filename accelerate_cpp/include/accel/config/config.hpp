@@ -207,6 +207,12 @@ struct ZeroConfig {
   std::optional<uint64_t> stage3_prefetch_bucket_size = 50000000;
   /// `activation_checkpointing` (accelerate-cpp only): recompute activations in backward.
   bool activation_checkpointing = false;
+  /// `vocab_parallel_lm_head` (a DeepSpeed JSON's `tensor_parallel.vocab_parallel_lm_head`; DeepSpeed's
+  /// default false): under AutoTP (tensor_parallel_size > 1) the accel::llm models' output head is split over
+  /// the vocabulary and the loss computed vocabulary-parallel, as DeepSpeed's AutoTP training does: an untied
+  /// lm_head alone (embed_tokens stays whole), a tied one together with embed_tokens (one parameter, split
+  /// once). Read by accel::llm::tensor_parallel_options(config); no effect on other models.
+  bool vocab_parallel_lm_head = false;
   /// DeepSpeed's fp16 loss scaler (a DeepSpeed JSON's `fp16` block; YAML keys `fp16_<name>`), in effect under
   /// `mixed_precision: fp16`. The defaults are DeepSpeed's, which Accelerate's DeepSpeed plugin runs too.
   /// `fp16_loss_scale` (`fp16.loss_scale`): 0 scales dynamically; > 0 is a static scale (overflowing steps

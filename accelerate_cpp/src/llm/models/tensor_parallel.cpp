@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "accel/config/config.hpp"
 #include "accel/distributed/communicator.hpp"
 #include "accel/errors.hpp"
 #include "accel/llm/models/empty_weights.hpp"
@@ -36,10 +37,11 @@ void check_divisible(const ModelConfig& c, int size, bool vocab_parallel) {
   check("num_key_value_heads", c.num_key_value_heads, "computes num_key_value_heads / size key/value heads");
   check("intermediate_size", c.intermediate_size, "computes intermediate_size / size MLP features");
   if (vocab_parallel) {
-    check(
-        "vocab_size", c.vocab_size,
-        "holds vocab_size / size rows of the embedding and the head under vocab_parallel; the vocabulary is "
-        "not padded: pad vocab_size in config.json and the checkpoint, or leave vocab_parallel off");
+    check("vocab_size", c.vocab_size,
+          "holds vocab_size / size rows of the head (and embedding) under vocab_parallel / "
+          "vocab_parallel_lm_head; the vocabulary is not padded or split unevenly: pad vocab_size in "
+          "config.json and the checkpoint, or leave vocab_parallel and DeepSpeed's "
+          "tensor_parallel.vocab_parallel_lm_head off");
   }
   if (problems.empty()) return;
   throw UsageError(
@@ -171,14 +173,19 @@ std::shared_ptr<torch::nn::Module> split_linear(const std::shared_ptr<torch::nn:
   return layer;
 }
 
-// Where the embedding and an untied head are, checked before any change.
+// Where the embedding and an untied head are, checked before any change. `embedding` is null when it stays
+// whole (DeepSpeed's vocab_parallel_lm_head on an untied model).
 struct VocabSites {
   std::shared_ptr<torch::nn::EmbeddingImpl> embedding;
   std::shared_ptr<torch::nn::LinearImpl> head;  // null when tied
 };
 
-VocabSites collect_vocab_sites(CausalLMImpl& model) {
+VocabSites collect_vocab_sites(CausalLMImpl& model, bool head_only) {
   VocabSites v;
+  if (head_only && !model.config().tie_word_embeddings) {
+    v.head = full_linear(model, "lm_head", "lm_head");
+    return v;
+  }
   const auto inner = model.model->named_children();
   const auto* embed = inner.find("embed_tokens");
   if (embed != nullptr) v.embedding = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(*embed);
@@ -194,6 +201,8 @@ VocabSites collect_vocab_sites(CausalLMImpl& model) {
 }
 
 void split_vocabulary(CausalLMImpl& model, const VocabSites& v, const std::shared_ptr<Communicator>& group) {
+  if (v.head) model.replace_module("lm_head", split_linear(v.head, group, /*column=*/true));
+  if (!v.embedding) return;
   const auto& full = v.embedding->weight;
   const bool empty = detail::is_empty_parameter(full);
   const auto device = full.device();
@@ -206,7 +215,6 @@ void split_vocabulary(CausalLMImpl& model, const VocabSites& v, const std::share
   if (empty) detail::empty_parameters(*split, device);
   model.model->replace_module("embed_tokens", split);
   model.model->embed_tokens = torch::nn::Embedding(nullptr);  // the full table is freed
-  if (v.head) model.replace_module("lm_head", split_linear(v.head, group, /*column=*/true));
 }
 
 }  // namespace
@@ -217,12 +225,18 @@ void apply_tensor_parallel(CausalLMImpl& model, const std::shared_ptr<Communicat
     throw UsageError(
         "accel::llm::apply_tensor_parallel: the tensor-parallel group is null (pass "
         "accelerator.tensor_parallel_group())");
+  if (options.vocab_parallel_ && options.vocab_parallel_lm_head_)
+    throw UsageError(
+        "accel::llm::apply_tensor_parallel: vocab_parallel and vocab_parallel_lm_head (DeepSpeed's "
+        "tensor_parallel.vocab_parallel_lm_head) are both set, and they differ for an untied model "
+        "(vocab_parallel also splits embed_tokens, DeepSpeed's key leaves it whole); set one of them");
   const int size = group->world_size();
   if (size == 1) return;
-  check_divisible(model.config(), size, options.vocab_parallel_);
+  const bool vocab_split = options.vocab_parallel_ || options.vocab_parallel_lm_head_;
+  check_divisible(model.config(), size, vocab_split);
   auto sites = collect_sites(model);  // every check before any change
   std::optional<VocabSites> vocab;
-  if (options.vocab_parallel_) vocab = collect_vocab_sites(model);
+  if (vocab_split) vocab = collect_vocab_sites(model, options.vocab_parallel_lm_head_);
   for (auto& site : sites)
     site.parent->replace_module(site.name, split_linear(site.full, group, site.column));
   sites.clear();  // the full layers are freed
@@ -236,6 +250,11 @@ void apply_tensor_parallel(CausalLMImpl& model, const std::shared_ptr<Communicat
         sum_gradient_over_group(p, group);
     }
   }
+}
+
+TensorParallelOptions tensor_parallel_options(const Config& config) {
+  return TensorParallelOptions().vocab_parallel_lm_head(config.backend == "zero" &&
+                                                        config.zero.vocab_parallel_lm_head);
 }
 
 void load_pretrained_slices(CausalLMImpl& model, const std::string& dir) {

@@ -30,7 +30,10 @@
 /// and the loss of `sft_loss` is computed vocabulary-parallel (vocab_parallel_loss.hpp: the maximum and the
 /// sum of exponentials all-reduced, the target's logit from the rank that holds it), fused or not, so that no
 /// rank ever holds [tokens, V] logits; `CausalLM::forward` gathers the logits to [B, T, V] (generation,
-/// evaluation).
+/// evaluation). `TensorParallelOptions().vocab_parallel_lm_head(true)` is DeepSpeed's variant of it (its
+/// JSON key of that name, which tensor_parallel_options(config) reads): the same split head and loss, but an
+/// untied model's embedding stays whole (DeepSpeed returns the rank's logits from forward; here forward
+/// still gathers them, and the loss never does).
 ///
 /// Loading straight into the slices (each rank reads only its part of every split tensor from the
 /// memory-mapped checkpoint, never the whole model):
@@ -45,7 +48,8 @@
 
 namespace accel {
 class Communicator;
-}
+struct Config;
+}  // namespace accel
 
 namespace accel::llm {
 
@@ -58,8 +62,26 @@ struct TensorParallelOptions {
     vocab_parallel_ = value;
     return *this;
   }
+  /// DeepSpeed AutoTP's `tensor_parallel.vocab_parallel_lm_head: true` (deepspeed/runtime/tensor_parallel/
+  /// config.py, the AutoTP training tutorial's "Vocabulary-parallel LM Loss"): the head split over the
+  /// vocabulary and the loss computed vocabulary-parallel, the embedding as DeepSpeed leaves it: an untied
+  /// lm_head is split alone (rows [r V / N, (r + 1) V / N)) while embed_tokens stays whole on every rank; a
+  /// tied head is split together with embed_tokens (one parameter), which is then vocab_parallel(true)'s
+  /// plan. vocab_size must be divisible by the group's size (DeepSpeed also splits unevenly; refused here).
+  /// Exclusive with vocab_parallel(true) (UsageError when both are set: they differ for untied models).
+  TensorParallelOptions& vocab_parallel_lm_head(bool value) {
+    vocab_parallel_lm_head_ = value;
+    return *this;
+  }
   bool vocab_parallel_ = false;
+  bool vocab_parallel_lm_head_ = false;
 };
+
+/// The options a run's config asks for: `vocab_parallel_lm_head` from a DeepSpeed JSON's
+/// `tensor_parallel.vocab_parallel_lm_head` (Config::zero, zero backend only); everything else default.
+/// Example: `apply_tensor_parallel(*model, acc.tensor_parallel_group(),
+/// tensor_parallel_options(acc.config()))`.
+TensorParallelOptions tensor_parallel_options(const Config& config);
 
 /// Replaces the projections of every block of `model` by tensor-parallel layers over `group`, each holding
 /// this rank's slice of the current weights (see the file comment), and with `options.vocab_parallel` the
