@@ -3,6 +3,7 @@
 #include <accel/nn/activation_checkpoint.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
@@ -575,4 +576,98 @@ TEST_CASE(
                     Catch::Matchers::Contains("TrainingArguments gradient_checkpointing is on") &&
                         Catch::Matchers::Contains("'layers.0'") &&
                         Catch::Matchers::Contains("accel::GradientCheckpointingLayer"));
+}
+
+TEST_CASE("checkpointing: checkpoint_recomputing() is true only in the segment's recomputation") {
+  // A checkpoint nested in another: each segment sees its own pass, the flag is restored after each.
+  std::vector<std::string> seen;
+  auto note = [&](const char* where) {
+    seen.push_back(std::string(where) + (accel::checkpoint_recomputing() ? " recomputing" : " forward"));
+  };
+  const accel::CheckpointSegment inner = [&](const torch::Tensor& h) {
+    note("inner");
+    return h.sin();
+  };
+  const accel::CheckpointSegment outer = [&](const torch::Tensor& h) {
+    note("outer");
+    auto y = accel::checkpoint(inner, h * 2);
+    note("outer after inner");
+    return y.cos();
+  };
+  const auto x = torch::randn({5}, torch::requires_grad());
+  const auto y = accel::checkpoint(outer, x);
+  CHECK_FALSE(accel::checkpoint_recomputing());
+  y.sum().backward();
+  CHECK_FALSE(accel::checkpoint_recomputing());
+  // Forward: outer, then inner run plainly (grad mode is off in the outer forward). Backward: the outer
+  // segment recomputed (its nested checkpoint's forward is a forward), then the inner one recomputed.
+  CHECK(seen == std::vector<std::string>{"outer forward", "inner forward", "outer after inner forward",
+                                         "outer recomputing", "inner forward",
+                                         "outer after inner recomputing", "inner recomputing"});
+  const auto expected = (-(x.detach() * 2).sin().sin() * (x.detach() * 2).cos() * 2);
+  CHECK(torch::allclose(x.grad(), expected));
+}
+
+namespace {
+struct ProductCounter {  // matrix products (linear, matmul, mm, addmm) run on this thread meanwhile
+  static inline int count = 0;
+  at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        const std::string_view name = fn.name();
+        if (name == "aten::mm" || name == "aten::addmm" || name == "aten::matmul" || name == "aten::linear")
+          ++count;
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  ProductCounter() { count = 0; }
+  ~ProductCounter() { at::removeCallback(handle); }
+};
+}  // namespace
+
+TEST_CASE("checkpointing: linear_graph_only has torch::linear's gradients bit for bit and no product") {
+  torch::manual_seed(5);
+  for (const auto& batch : {std::vector<std::int64_t>{6}, {2, 3}}) {
+    for (const bool with_bias : {false, true}) {
+      for (const bool weight_grad : {false, true}) {
+        INFO("batch dims " << batch.size() << ", bias " << with_bias << ", weight grad " << weight_grad);
+        auto in_shape = batch, out_shape = batch;
+        in_shape.push_back(16);
+        out_shape.push_back(8);
+        const auto x = torch::randn(in_shape);
+        const auto w = torch::randn({8, 16}).set_requires_grad(weight_grad);
+        const auto b = with_bias ? torch::randn({8}).set_requires_grad(true) : torch::Tensor();
+        const auto g = torch::randn(out_shape);
+        auto grads = [&](bool graph_only) {
+          const auto xi = x.clone().set_requires_grad(true);
+          for (auto t : {w, b})
+            if (t.defined() && t.grad().defined()) t.mutable_grad().reset();
+          torch::Tensor y;
+          int products = 0;
+          {
+            ProductCounter counter;
+            y = graph_only ? accel::linear_graph_only(xi, w, b) : torch::linear(xi, w, b);
+            products = ProductCounter::count;
+          }
+          CHECK(y.sizes() == torch::IntArrayRef(out_shape));
+          CHECK((graph_only ? products == 0 : products > 0));  // aten::linear and its addmm or mm
+          y.backward(g);
+          return std::vector<torch::Tensor>{xi.grad(), w.grad(), with_bias ? b.grad() : torch::Tensor()};
+        };
+        const auto ref = grads(false), ours = grads(true);
+        CHECK(torch::equal(ref[0], ours[0]));
+        CHECK(ref[1].defined() == weight_grad);
+        CHECK(ours[1].defined() == weight_grad);
+        if (weight_grad) CHECK(torch::equal(ref[1], ours[1]));
+        if (with_bias) CHECK(torch::equal(ref[2], ours[2]));
+      }
+    }
+  }
+  // Where no graph is built, or autocast casts, the values are computed: torch::linear itself.
+  const auto x = torch::randn({3, 16}), w = torch::randn({8, 16});
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(accel::linear_graph_only(x, w), torch::linear(x, w)));
+  }
+  CHECK(torch::equal(accel::linear_graph_only(x[0], w), torch::linear(x[0], w)));
+  CHECK_THROWS_AS(accel::linear_graph_only(x, torch::randn({8, 15})), accel::UsageError);
+  CHECK_THROWS_AS(accel::linear_graph_only(x, w, torch::randn({7})), accel::UsageError);
 }

@@ -2,6 +2,7 @@
 #include <accel/nn/activation_checkpoint.hpp>
 
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/ivalue.h>
@@ -120,6 +121,57 @@ class RngFork {
   std::optional<RngStates> outer_;
 };
 
+thread_local bool tl_recomputing = false;  // checkpoint_recomputing()
+
+/// Sets checkpoint_recomputing() for one run of a segment and puts the previous value back.
+class RecomputingScope {
+ public:
+  explicit RecomputingScope(bool on) : saved_(std::exchange(tl_recomputing, on)) {}
+  ~RecomputingScope() { tl_recomputing = saved_; }
+  RecomputingScope(const RecomputingScope&) = delete;
+  RecomputingScope& operator=(const RecomputingScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+/// linear_graph_only: an uninitialised output in forward, aten::linear's backward in backward. aten::linear
+/// of a contiguous input folds it to 2 dimensions and calls addmm(bias, x, W.t()) or mm(x, W.t()); their
+/// derivative formulas (mm_mat1_backward / mm_mat2_backward, with W.t() column-major) are g.mm(W) and
+/// (g.t().mm(x)).t().t(), the bias's the engine's sum_to of g, which this repeats operator for operator.
+struct LinearGraphOnly : public torch::autograd::Function<LinearGraphOnly> {
+  // `tensors`: the input, the weight and, when there is one, the bias (an undefined tensor cannot be an
+  // input of a custom Function).
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors) {
+    const auto& input = tensors[0];
+    const auto& weight = tensors[1];
+    auto flat = input.reshape({-1, input.size(-1)});
+    // Only what backward reads: the input for the weight's gradient, the weight for the input's.
+    ctx->save_for_backward(
+        {weight.requires_grad() ? flat : torch::Tensor(), input.requires_grad() ? weight : torch::Tensor()});
+    ctx->saved_data["input_sizes"] = input.sizes().vec();
+    if (tensors.size() > 2) ctx->saved_data["bias_sizes"] = tensors[2].sizes().vec();
+    auto sizes = input.sizes().vec();
+    sizes.back() = weight.size(0);
+    return {torch::empty(sizes, input.options())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& grad = grad_outputs[0];
+    const bool has_bias = ctx->saved_data.count("bias_sizes") > 0;
+    variable_list grads(has_bias ? 3 : 2);
+    if (!grad.defined()) return grads;
+    const auto g = grad.reshape({-1, grad.size(-1)});
+    if (ctx->needs_input_grad(0))
+      grads[0] = g.mm(saved[1]).view(ctx->saved_data["input_sizes"].toIntVector());
+    if (ctx->needs_input_grad(1)) grads[1] = g.t().mm(saved[0]);
+    if (has_bias && ctx->needs_input_grad(2))
+      grads[2] = at::sum_to(g, ctx->saved_data["bias_sizes"].toIntVector());
+    return grads;
+  }
+};
+
 /// What backward needs besides the saved inputs. Held by the autograd context as an IValue capsule.
 struct CheckpointState : torch::CustomClassHolder {
   CheckpointSegmentList segment;
@@ -138,6 +190,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     variable_list outputs;
     {
       AutocastScope autocast(state->autocast);
+      RecomputingScope recomputing(false);  // the forward's outputs are used
       outputs = state->segment(variable_list(inputs.begin(), inputs.begin() + state->num_user_inputs));
     }
     if (outputs.empty()) {
@@ -183,6 +236,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       RngFork rng(state->rng);
       AutocastScope autocast(state->autocast);
       torch::AutoGradMode grad_mode(true);
+      RecomputingScope recomputing(true);  // only the graph of the outputs is used, not their values
       outputs = state->segment(detached);
     }
     if (outputs.size() != state->num_outputs) {
@@ -237,7 +291,10 @@ std::vector<torch::Tensor> checkpoint(const CheckpointSegmentList& segment,
     }
   }
   // Nothing will be differentiated: checkpointing would only cost time.
-  if (!torch::GradMode::is_enabled()) return segment(inputs);
+  if (!torch::GradMode::is_enabled()) {
+    detail::RecomputingScope recomputing(false);
+    return segment(inputs);
+  }
 
   auto state = c10::make_intrusive<detail::CheckpointState>();
   state->segment = segment;
@@ -260,6 +317,38 @@ torch::Tensor checkpoint(const CheckpointSegment& segment, const torch::Tensor& 
       [segment](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{segment(in[0])}; },
       std::vector<torch::Tensor>{input}, options);
   return outputs[0];
+}
+
+bool checkpoint_recomputing() noexcept {
+  return detail::tl_recomputing;
+}
+
+torch::Tensor linear_graph_only(const torch::Tensor& input, const torch::Tensor& weight,
+                                const torch::Tensor& bias) {
+  if (!input.defined() || !weight.defined() || weight.dim() != 2 ||
+      (input.dim() >= 1 && input.size(-1) != weight.size(1)) ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) ||
+      input.scalar_type() != weight.scalar_type() ||
+      (bias.defined() && bias.scalar_type() != weight.scalar_type())) {
+    throw UsageError(
+        "accel::linear_graph_only: expected an input [..., in], a weight [out, in] and an optional bias "
+        "[out] of one dtype; got input " +
+        (input.defined() ? c10::str(input.sizes(), " ", input.scalar_type()) : std::string("undefined")) +
+        ", weight " +
+        (weight.defined() ? c10::str(weight.sizes(), " ", weight.scalar_type()) : std::string("undefined")) +
+        ", bias " +
+        (bias.defined() ? c10::str(bias.sizes(), " ", bias.scalar_type()) : std::string("undefined")) +
+        "; pass the tensors torch::linear takes");
+  }
+  // Where aten::linear's own graph would differ (autocast's casts, matmul's unfolded batched path for a
+  // non-contiguous input), or no graph is built: the real operator.
+  const auto device = input.device().type();
+  if (input.dim() < 2 || !input.is_contiguous() || !torch::GradMode::is_enabled() ||
+      at::autocast::is_autocast_enabled(device))
+    return torch::linear(input, weight, bias);
+  const auto tensors = bias.defined() ? std::vector<torch::Tensor>{input, weight, bias}
+                                      : std::vector<torch::Tensor>{input, weight};
+  return detail::LinearGraphOnly::apply(at::TensorList(tensors))[0];
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -307,6 +396,7 @@ void CheckpointedImpl::reset() {
 }
 
 torch::Tensor CheckpointedImpl::forward_wrapped(const torch::Tensor& input) {
+  detail::RecomputingScope recomputing(false);  // a plain run: its output's value is used
   if (sequential_) return sequential_->forward(input);
   return any_.forward(input);
 }
@@ -383,13 +473,19 @@ void checkpoint_sequential(torch::nn::Sequential& seq, const CheckpointOptions& 
 
 torch::Tensor GradientCheckpointingLayer::checkpointed_call(const CheckpointSegment& run,
                                                             const torch::Tensor& input, bool training) const {
-  if (!enabled_ || !training || !torch::GradMode::is_enabled()) return run(input);
+  if (!enabled_ || !training || !torch::GradMode::is_enabled()) {
+    detail::RecomputingScope recomputing(false);  // a plain run: its output's value is used
+    return run(input);
+  }
   return checkpoint(run, input, options_);
 }
 
 std::vector<torch::Tensor> GradientCheckpointingLayer::checkpointed_call(
     const CheckpointSegmentList& run, const std::vector<torch::Tensor>& inputs, bool training) const {
-  if (!enabled_ || !training || !torch::GradMode::is_enabled()) return run(inputs);
+  if (!enabled_ || !training || !torch::GradMode::is_enabled()) {
+    detail::RecomputingScope recomputing(false);  // a plain run: its outputs' values are used
+    return run(inputs);
+  }
   return checkpoint(run, inputs, options_);
 }
 

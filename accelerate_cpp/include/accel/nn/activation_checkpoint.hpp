@@ -77,6 +77,30 @@ std::vector<torch::Tensor> checkpoint(const CheckpointSegmentList& segment,
                                       const std::vector<torch::Tensor>& inputs,
                                       const CheckpointOptions& options = {});
 
+/// True while this thread runs a segment as checkpoint()'s recomputation in backward. The values of the
+/// segment's outputs are then discarded (only their autograd graph is backpropagated), so the segment may
+/// skip computing values that reach nothing but its outputs, as PyTorch's non-reentrant checkpoint stops
+/// recomputing once every tensor backward saves is back (e.g. linear_graph_only for a last projection that
+/// only a residual add follows). Every entry into a segment sets it for that segment alone: a nested
+/// checkpoint()'s forward, a plain run of checkpointed_call / Checkpointed and checkpoint() under no grad see
+/// false (their outputs' values are used). Read it at the top of your segment, where your code knows which
+/// values are the segment's outputs; code the segment calls cannot tell. Local (no collective).
+bool checkpoint_recomputing() noexcept;
+
+/// `torch::linear(input, weight, bias)` for a result whose value nobody reads (the last projection of a
+/// segment recomputed by checkpoint(), see checkpoint_recomputing): the matrix product is not computed and
+/// the returned tensor (the right shape, dtype and device) holds UNSPECIFIED VALUES, but it carries
+/// torch::linear's autograd graph: backward gives `input` the gradient `g @ weight`, `weight` the gradient
+/// `g^T @ input` and `bias` `g` summed over the leading dimensions, each only when that tensor requires
+/// grad, with aten::linear's own backward operators (bitwise equal to torch::linear's gradients on CPU).
+/// Adding to the result (in place or not) is allowed and differentiated as usual. Falls back to
+/// torch::linear (values computed) when autocast is on for the input's device (its casts are part of the
+/// graph), when `input` has fewer than 2 dimensions, or when grad mode is off. Operator observers that watch
+/// aten::linear (LoRA's adapters on a torch::nn::Linear) do not see this call: use it only on a layer
+/// nothing observes. Throws UsageError on shapes torch::linear would refuse. Local (no collective).
+torch::Tensor linear_graph_only(const torch::Tensor& input, const torch::Tensor& weight,
+                                const torch::Tensor& bias = {});
+
 /// A module whose `forward(Tensor) -> Tensor` runs the wrapped module under checkpoint() while training with
 /// grad mode on, and plainly otherwise (eval, `NoGradGuard`, or when neither the input nor any parameter
 /// requires grad).
