@@ -1,7 +1,8 @@
 // accel::llm::fused_linear_cross_entropy and sft_loss's fused path against the unfused computation
 // (torch::linear + causal_lm_loss): loss and every gradient, ignore tokens, packing, tied and untied heads,
 // bf16, a LoRA head falling back; peak CPU bytes against the unfused loss; and, with ACCEL_LLM_FUSED_REF_DIR
-// (fused_loss_reference.py), transformers' loss and gradients.
+// (fused_loss_reference.py), transformers' loss and gradients. At the end: the decoder layer's fused RMSNorm
+// and rotary embedding against the unfused ops.
 #include <torch/torch.h>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
@@ -17,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "llm/llm_test_fixtures.hpp"
+#include "llm/models/fused_layer_ops.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -134,6 +136,42 @@ TEST_CASE("fused_linear_cross_entropy equals linear + causal_lm_loss: loss, hidd
     CHECK(std::isnan(llm::fused_linear_cross_entropy(hidden, weight, none).item<double>()));
     CHECK(std::isnan(llm::causal_lm_loss(torch::linear(hidden, weight), none).item<double>()));
     CHECK(llm::fused_linear_cross_entropy(hidden, weight, none, 4).item<double>() == 0.0);
+  }
+}
+
+// SFT with masked prompts: most shifted labels are -100 and only the counted rows reach the head. The loss
+// and both gradients (the ignored rows' hidden-state gradient zero) must equal the unfused loss over every
+// position's logits, also with num_items_in_batch, the vocabulary-parallel twin and a whole row ignored.
+TEST_CASE("Mostly ignored labels (masked prompts): the fused losses equal the unfused one", "[llm][fused]") {
+  auto solo = accel::Communicator::create(accel::ProcessState(), torch::kCPU);
+  torch::manual_seed(11);
+  const auto hidden = torch::randn({3, 20, 16}, torch::requires_grad());
+  const auto weight = (torch::randn({41, 16}) * 0.5).requires_grad_();
+  auto labels = torch::randint(0, 41, {3, 20}, torch::kInt64);
+  labels.index_put_({0, torch::indexing::Slice(0, 17)}, -100);  // a long prompt, 3 reply tokens
+  labels.index_put_({1}, -100);                                 // a row with nothing counted
+  labels.index_put_({2, torch::indexing::Slice(0, 12)}, -100);
+  labels.index_put_({2, torch::indexing::Slice(15, torch::indexing::None)}, -100);  // padding after the reply
+  REQUIRE(labels.slice(1, 1).ne(-100).sum().item<std::int64_t>() == 6);             // of 57 positions
+  for (const std::optional<std::int64_t> items :
+       {std::optional<std::int64_t>(), std::optional<std::int64_t>(9)}) {
+    const auto want = llm::causal_lm_loss(torch::linear(hidden, weight), labels, items);
+    const auto want_g = torch::autograd::grad({want}, {hidden, weight});
+    for (const std::int64_t chunk : {0, 2}) {
+      INFO("num_items " << (items ? *items : -1) << ", chunk " << chunk);
+      const auto opts = llm::FusedCrossEntropyOptions().chunk_tokens(chunk);
+      const auto fused = llm::fused_linear_cross_entropy(hidden, weight, labels, items, opts);
+      const auto parallel =
+          llm::vocab_parallel_fused_linear_cross_entropy(hidden, weight, labels, solo, items, opts);
+      for (const auto& loss : {fused, parallel}) {
+        CHECK(std::abs(loss.item<double>() - want.item<double>()) <=
+              1e-6 * std::max(1.0, std::abs(want.item<double>())));
+        const auto g = torch::autograd::grad({loss}, {hidden, weight});
+        CHECK(max_diff(g[0], want_g[0]) <= 1e-6);
+        CHECK(max_diff(g[1], want_g[1]) <= 1e-6);
+        CHECK(g[0][1].abs().max().item<double>() == 0.0);  // the ignored row: no gradient at all
+      }
+    }
   }
 }
 
@@ -402,10 +440,16 @@ TEST_CASE("The fused loss and its gradients equal transformers' (ACCEL_LLM_FUSED
 TEST_CASE("Time of the head's loss, fused (chunk sizes) against unfused (ACCEL_FUSED_SPEED_LENGTH)",
           "[.fused_speed]") {
   // Qwen2.5-0.5B's head (151,936 x 896) on one row, weight trained (full fine-tuning) or frozen (LoRA).
+  // ACCEL_FUSED_SPEED_MASKED: the fraction of leading labels set to -100 (a masked prompt); the unfused loss
+  // still takes every position's logits, the fused one only the counted rows'.
   const char* env = std::getenv("ACCEL_FUSED_SPEED_LENGTH");
+  const char* masked_env = std::getenv("ACCEL_FUSED_SPEED_MASKED");
   const std::int64_t length = env ? std::atoll(env) : 1024;
+  const double masked = masked_env ? std::atof(masked_env) : 0.0;
   torch::manual_seed(0);
-  const auto ids = torch::randint(0, 151936, {1, length}, torch::kInt64);
+  auto ids = torch::randint(0, 151936, {1, length}, torch::kInt64);
+  ids.index_put_({0, torch::indexing::Slice(0, static_cast<std::int64_t>(masked * length))}, -100);
+  std::cout << "masked prompt fraction " << masked << std::endl;
   for (const bool train_weight : {true, false}) {
     const auto hidden = torch::randn({1, length, 896}, torch::requires_grad());
     const auto weight = (torch::randn({151936, 896}) * 0.02).requires_grad_(train_weight);
@@ -430,5 +474,113 @@ TEST_CASE("Time of the head's loss, fused (chunk sizes) against unfused (ACCEL_F
       std::cout << "  fused chunk " << chunk << ": " << fused.first << " s wall, " << fused.second << " s cpu"
                 << std::endl;
     }
+  }
+}
+
+// ---- The decoder layer's fused RMSNorm and rotary embedding (llm/models/fused_layer_ops.hpp) against the
+// unfused ops they replace (transformers' Qwen2RMSNorm and apply_rotary_pos_emb, written out here): the same
+// forward values, gradients within float32 rounding.
+
+namespace {
+
+namespace fused = accel::llm::detail;
+
+torch::Tensor reference_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+torch::Tensor reference_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  return x * cos + torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1) * sin;
+}
+
+// Output and gradients of `f` on `inputs` (those requiring grad) against `reference`, with the same
+// upstream gradient.
+void compare(const std::function<torch::Tensor()>& f, const std::function<torch::Tensor()>& reference,
+             const std::vector<torch::Tensor>& inputs, double grad_tol) {
+  const auto got = f(), want = reference();
+  REQUIRE(got.sizes() == want.sizes());
+  REQUIRE(got.scalar_type() == want.scalar_type());
+  CHECK(torch::equal(got, want));  // the same ATen ops forward: bit for bit
+  const auto upstream = torch::randn_like(want);
+  const auto g = torch::autograd::grad({got}, inputs, {upstream});
+  const auto w = torch::autograd::grad({want}, inputs, {upstream});
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    INFO("input " << i);
+    REQUIRE(g[i].scalar_type() == w[i].scalar_type());
+    CHECK(max_diff(g[i], w[i]) <= grad_tol * std::max(1.0, w[i].abs().max().item<double>()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Fused RMSNorm equals transformers' unfused ops: values, input and weight gradients",
+          "[llm][fused]") {
+  torch::manual_seed(5);
+  SECTION("float32, weight trained; a [B, T, heads, D] input as Qwen3's q_norm") {
+    for (const auto& shape : {std::vector<std::int64_t>{2, 7, 48}, std::vector<std::int64_t>{2, 5, 3, 16}}) {
+      const auto x = (torch::randn(shape) * 3.0).requires_grad_();
+      const auto w = (torch::rand({shape.back()}) + 0.5).requires_grad_();
+      compare([&] { return fused::rms_norm(x, w, 1e-6); }, [&] { return reference_rms_norm(x, w, 1e-6); },
+              {x, w}, 1e-6);
+    }
+  }
+  SECTION("float32, weight frozen (LoRA): no weight gradient is computed") {
+    const auto x = torch::randn({3, 4, 32}).requires_grad_();
+    const auto w = torch::rand({32}) + 0.5;
+    compare([&] { return fused::rms_norm(x, w, 1e-5); }, [&] { return reference_rms_norm(x, w, 1e-5); }, {x},
+            1e-6);
+  }
+  SECTION("bf16: float32 statistics, the normalized values cast before the weight, as transformers") {
+    const auto x = torch::randn({2, 6, 64}).to(torch::kBFloat16).requires_grad_();
+    const auto w = (torch::rand({64}) + 0.5).to(torch::kBFloat16).requires_grad_();
+    // bf16 gradients: the same float32 math rounded to 8 bits; the weight's sums run in another order.
+    compare([&] { return fused::rms_norm(x, w, 1e-6); }, [&] { return reference_rms_norm(x, w, 1e-6); },
+            {x, w}, 1e-2);
+  }
+  SECTION("under no_grad: the plain value") {
+    torch::NoGradGuard no_grad;
+    const auto x = torch::randn({2, 3, 8});
+    const auto w = torch::rand({8});
+    CHECK(torch::equal(fused::rms_norm(x, w, 1e-6), reference_rms_norm(x, w, 1e-6)));
+  }
+}
+
+TEST_CASE("Fused rotary embedding equals x * cos + rotate_half(x) * sin and its gradient", "[llm][fused]") {
+  torch::manual_seed(6);
+  const auto x = torch::randn({2, 5, 3, 8}).transpose(1, 2).requires_grad_();  // [B, heads, T, D], strided
+  const auto cos = torch::randn({2, 1, 5, 8}), sin = torch::randn({2, 1, 5, 8});
+  compare([&] { return fused::apply_rotary(x, cos, sin); }, [&] { return reference_rotary(x, cos, sin); },
+          {x}, 1e-6);
+  SECTION("tables that require grad take the unfused ops (their gradient too)") {
+    const auto c = cos.clone().requires_grad_();
+    compare([&] { return fused::apply_rotary(x, c, sin); }, [&] { return reference_rotary(x, c, sin); },
+            {x, c}, 1e-6);
+  }
+}
+
+TEST_CASE("CPU time of the fused RMSNorm and rotary embedding against the unfused ops",
+          "[.layer_ops_speed]") {
+  // Qwen2.5-0.5B's shapes at 512 tokens: hidden 896, 14 query heads of 64; forward and backward, interleaved.
+  torch::manual_seed(0);
+  const auto x = torch::randn({1, 512, 896}).requires_grad_();
+  const auto w = torch::rand({896}) + 0.5;  // frozen, as under LoRA
+  const auto q = torch::randn({1, 512, 14, 64}).transpose(1, 2).requires_grad_();
+  const auto cos = torch::randn({1, 1, 512, 64}), sin = torch::randn({1, 1, 512, 64});
+  auto cpu = [](const std::function<torch::Tensor()>& f, const torch::Tensor& input) {
+    const auto c0 = std::clock();
+    for (int i = 0; i < 20; ++i)
+      f().backward(torch::ones({}).expand(f().sizes()).contiguous());
+    input.mutable_grad() = torch::Tensor();
+    return static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / 20 * 1e3;
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::cout << "rms_norm fused " << cpu([&] { return fused::rms_norm(x, w, 1e-6); }, x) << " ms, unfused "
+              << cpu([&] { return reference_rms_norm(x, w, 1e-6); }, x) << " ms; rotary fused "
+              << cpu([&] { return fused::apply_rotary(q, cos, sin); }, q) << " ms, unfused "
+              << cpu([&] { return reference_rotary(q, cos, sin); }, q) << " ms (cpu per forward + backward)"
+              << std::endl;
   }
 }

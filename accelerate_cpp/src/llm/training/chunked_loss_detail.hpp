@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace accel::llm::detail {
@@ -42,6 +43,17 @@ inline std::int64_t balanced_rows(std::int64_t requested, std::int64_t target, s
 inline torch::Tensor shifted_labels(const torch::Tensor& labels, std::int64_t ignore_index,
                                     torch::Device device) {
   return torch::constant_pad_nd(labels, {0, 1}, ignore_index).slice(1, 1).contiguous().view(-1).to(device);
+}
+
+/// Refuses a counted label outside [0, vocab): `fn` names the function, `note` says what `vocab` is.
+inline void check_label_range(const std::string& fn, const torch::Tensor& targets, std::int64_t vocab,
+                              std::int64_t ignore_index, const std::string& note = "") {
+  if (targets.numel() == 0) return;
+  const auto lo = targets.min().item<std::int64_t>(), hi = targets.max().item<std::int64_t>();
+  if (lo < 0 || hi >= vocab)
+    throw UsageError("accel::llm::" + fn + ": label " + std::to_string(lo < 0 ? lo : hi) +
+                     " is outside the vocabulary [0, " + std::to_string(vocab) + ")" + note +
+                     " and is not the ignore index " + std::to_string(ignore_index));
 }
 
 /// What the chunks add to: the summed token losses and the gradients (undefined where not needed).
@@ -79,6 +91,36 @@ struct ChunkSums {
     ctx->saved_data["taken"] = false;
   }
 };
+
+/// The forward both fused losses share. Only the counted positions (shifted label other than ignore_index)
+/// reach the head: prompt tokens under completion-only / assistant-only loss and padding get no logits, no
+/// softmax and no share of either gradient matmul, so the head's FLOPs follow the counted labels. `check`
+/// sees their labels; `add(sums, rows, hidden_rows, targets, denominator)` adds one chunk. The chunks are the
+/// same on every rank of a group (the same labels, the same slice width): collectives inside `add` pair up.
+/// Returns the summed losses / the denominator (NaN for a mean over no label, as cross_entropy).
+template <typename Check, typename AddChunk>
+torch::Tensor chunked_forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                              const torch::Tensor& weight, const torch::Tensor& labels, double denominator,
+                              std::int64_t chunk, std::int64_t ignore_index, bool need_hidden,
+                              bool need_weight, const Check& check, const AddChunk& add) {
+  const auto flat = hidden.reshape({-1, hidden.size(-1)});
+  const auto shifted = shifted_labels(labels, ignore_index, hidden.device());
+  const auto rows = shifted.ne(ignore_index).nonzero().view(-1);
+  const auto targets = shifted.index_select(0, rows);
+  check(targets);
+  const auto counted = rows.numel();
+  const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
+  ChunkSums s(flat, weight, need_hidden, need_weight);
+  chunk = balanced_rows(chunk, chunk_rows(chunk, weight.size(0)), counted);
+  for (std::int64_t start = 0; start < counted; start += chunk) {
+    const auto r = rows.slice(0, start, std::min(counted, start + chunk));
+    add(s, r, flat.index_select(0, r), targets.slice(0, start, start + r.numel()), denom);
+  }
+  s.keep(ctx, hidden, weight);
+  if (counted == 0 && denominator < 0)
+    return torch::full({}, std::numeric_limits<float>::quiet_NaN(), s.loss.options());
+  return s.loss.div_(denom);
+}
 
 /// The backward of a loss whose gradients were computed in forward: {d hidden, d weight} scaled by the
 /// incoming gradient, then `others` undefined gradients. A second backward is refused (`what` names the

@@ -6,8 +6,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <limits>
 #include <string>
 
 namespace accel::llm {
@@ -41,30 +39,14 @@ class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCros
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
                                const torch::Tensor& labels, double denominator, std::int64_t chunk,
                                std::int64_t ignore_index, bool need_hidden, bool need_weight) {
-    const auto size = hidden.size(-1), vocab = weight.size(0);
-    const auto flat = hidden.reshape({-1, size});
-    const auto shifted = detail::shifted_labels(labels, ignore_index, hidden.device());
-    const auto rows = shifted.ne(ignore_index).nonzero().view(-1);
-    const auto targets = shifted.index_select(0, rows);
-    if (targets.numel() > 0) {
-      const auto lo = targets.min().item<std::int64_t>(), hi = targets.max().item<std::int64_t>();
-      if (lo < 0 || hi >= vocab)
-        throw UsageError("accel::llm::fused_linear_cross_entropy: label " + std::to_string(lo < 0 ? lo : hi) +
-                         " is outside the vocabulary [0, " + std::to_string(vocab) +
-                         ") and is not the ignore index " + std::to_string(ignore_index));
-    }
-    const auto counted = rows.numel();
-    const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
-    ChunkSums s(flat, weight, need_hidden, need_weight);
-    chunk = detail::balanced_rows(chunk, detail::chunk_rows(chunk, vocab), counted);
-    for (std::int64_t start = 0; start < counted; start += chunk) {
-      const auto r = rows.slice(0, start, std::min(counted, start + chunk));
-      add_chunk(s, r, flat.index_select(0, r), weight, targets.slice(0, start, start + r.numel()), denom);
-    }
-    s.keep(ctx, hidden, weight);
-    if (counted == 0 && denominator < 0)
-      return torch::full({}, std::numeric_limits<float>::quiet_NaN(), s.loss.options());
-    return s.loss.div_(denom);
+    const auto vocab = weight.size(0);
+    return detail::chunked_forward(
+        ctx, hidden, weight, labels, denominator, chunk, ignore_index, need_hidden, need_weight,
+        [&](const torch::Tensor& targets) {
+          detail::check_label_range("fused_linear_cross_entropy", targets, vocab, ignore_index);
+        },
+        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& targets,
+            double denom) { add_chunk(s, rows, hc, weight, targets, denom); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

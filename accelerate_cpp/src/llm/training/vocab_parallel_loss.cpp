@@ -9,7 +9,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -30,13 +29,7 @@ void check_group(const char* fn, const std::shared_ptr<Communicator>& group) {
 
 // The same check on every rank (the labels are the same): a label the vocabulary does not have.
 void check_targets(const char* fn, const torch::Tensor& targets, std::int64_t vocab, std::int64_t ignore) {
-  if (targets.numel() == 0) return;
-  const auto lo = targets.min().item<std::int64_t>(), hi = targets.max().item<std::int64_t>();
-  if (lo < 0 || hi >= vocab)
-    throw UsageError(std::string("accel::llm::") + fn + ": label " + std::to_string(lo < 0 ? lo : hi) +
-                     " is outside the vocabulary [0, " + std::to_string(vocab) +
-                     ") (this rank's rows times the group's size) and is not the ignore index " +
-                     std::to_string(ignore));
+  detail::check_label_range(fn, targets, vocab, ignore, " (this rank's rows times the group's size)");
 }
 
 // One block of tokens' losses over the group. `logits` [c, V / N] float32 of this rank's rows (overwritten:
@@ -124,28 +117,14 @@ class VocabParallelFusedCrossEntropy : public torch::autograd::Function<VocabPar
                                const torch::Tensor& labels, double denominator, std::int64_t chunk,
                                std::int64_t ignore_index, bool need_hidden, bool need_weight,
                                std::shared_ptr<Communicator> group) {
-    const auto size = hidden.size(-1);
-    const auto flat = hidden.reshape({-1, size});
-    const auto shifted = detail::shifted_labels(labels, ignore_index, hidden.device());
-    const auto rows = shifted.ne(ignore_index).nonzero().view(-1);
-    const auto targets = shifted.index_select(0, rows);
-    check_targets("vocab_parallel_fused_linear_cross_entropy", targets, weight.size(0) * group->world_size(),
-                  ignore_index);
-    const auto counted = rows.numel();
-    const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
-    ChunkSums s(flat, weight, need_hidden, need_weight);
-    // The same chunks on every rank of the group (the same labels, the same slice width): their collectives
-    // pair up.
-    chunk = detail::balanced_rows(chunk, detail::chunk_rows(chunk, weight.size(0)), counted);
-    for (std::int64_t start = 0; start < counted; start += chunk) {
-      const auto r = rows.slice(0, start, std::min(counted, start + chunk));
-      add_chunk(s, r, flat.index_select(0, r), weight, targets.slice(0, start, start + r.numel()), denom,
-                *group);
-    }
-    s.keep(ctx, hidden, weight);
-    if (counted == 0 && denominator < 0)
-      return torch::full({}, std::numeric_limits<float>::quiet_NaN(), s.loss.options());
-    return s.loss.div_(denom);
+    const auto vocab = weight.size(0) * group->world_size();
+    return detail::chunked_forward(
+        ctx, hidden, weight, labels, denominator, chunk, ignore_index, need_hidden, need_weight,
+        [&](const torch::Tensor& targets) {
+          check_targets("vocab_parallel_fused_linear_cross_entropy", targets, vocab, ignore_index);
+        },
+        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& targets,
+            double denom) { add_chunk(s, rows, hc, weight, targets, denom, *group); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

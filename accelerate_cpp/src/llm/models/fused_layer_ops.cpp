@@ -1,0 +1,84 @@
+// Fused RMSNorm and rotary embedding (fused_layer_ops.hpp).
+#include "llm/models/fused_layer_ops.hpp"
+
+#include <torch/torch.h>
+
+namespace accel::llm::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// [x0, x1] -> [-x1, x0] over the last dimension (transformers' rotate_half).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const auto half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// Its transpose: [g0, g1] -> [g1, -g0], the gradient of rotate_half.
+torch::Tensor rotate_half_transposed(const torch::Tensor& g) {
+  const auto half = g.size(-1) / 2;
+  return torch::cat({g.slice(-1, half), -g.slice(-1, 0, half)}, -1);
+}
+
+class RmsNorm : public torch::autograd::Function<RmsNorm> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               double eps) {
+    const auto h = x.to(torch::kFloat32);
+    const auto rstd = torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return weight * (h * rstd).to(x.scalar_type());
+  }
+
+  // y = w * n.to(d), n = h * rstd, rstd = (mean(h^2) + eps)^-1/2: dn = (g * w).to(d) in float32 (autograd's
+  // casts), dh = rstd * (dn - n * mean(dn * n)), dw = sum of g * n.to(d) over the broadcast dimensions.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const auto& g = grad_outputs[0];
+    const auto n = x.to(torch::kFloat32) * rstd;
+    torch::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      const auto dn = (g * weight).to(x.scalar_type()).to(torch::kFloat32);
+      const auto dot = (dn * n).mean(-1, /*keepdim=*/true);
+      grad_x = (dn * rstd).addcmul_(n, rstd * dot, -1.0).to(x.scalar_type());
+    }
+    if (ctx->needs_input_grad(1))
+      grad_weight = (g * n.to(x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+    return {grad_x, grad_weight, torch::Tensor()};
+  }
+};
+
+class Rotary : public torch::autograd::Function<Rotary> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["shape"] = x.sizes();
+    return x * cos + rotate_half(x) * sin;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& g = grad_outputs[0];
+    auto grad = g * saved[0] + rotate_half_transposed(g * saved[1]);
+    return {grad.sum_to_size(ctx->saved_data["shape"].toIntVector()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNorm::apply(x, weight, eps);
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  // Tables that train (not the model's: they come from positions) take the unfused ops and their gradients.
+  if (torch::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad()))
+    return x * cos + rotate_half(x) * sin;
+  return Rotary::apply(x, cos, sin);
+}
+
+}  // namespace accel::llm::detail
