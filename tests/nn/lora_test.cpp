@@ -42,16 +42,39 @@ torch::Tensor reference(const torch::Tensor& x, const torch::nn::Linear& base, c
   return torch::linear(x, w, base->bias) + s * torch::linear(torch::linear(x, A), B);
 }
 
+// The set-up most cases share: r 2, lora_alpha 4 (scale 2) on q_proj and v_proj.
+peft::LoraConfig qv_config(double dropout = 0.0) {
+  peft::LoraConfig config;
+  config.r = 2;
+  config.lora_alpha = 4;
+  config.lora_dropout = dropout;
+  config.target_modules = {"q_proj", "v_proj"};
+  return config;
+}
+
+// B starts at zero (the adapted output is the base's): values drawn for every lora_B so that the term shows.
+void randomize_lora_b(torch::nn::Module& model, double stddev = 1.0) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters())
+    if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, stddev);
+}
+
+// The adapted Block's output by PEFT's formula at scale 2 (qv_config), from copies `wq`, `wv` of the base
+// weights (the observer adds the term to any product with the adapted weights themselves) and the adapters.
+torch::Tensor peft_output(Block& model, const torch::Tensor& x, const torch::Tensor& wq,
+                          const torch::Tensor& wv, const torch::Tensor& Aq, const torch::Tensor& Bq,
+                          const torch::Tensor& Av, const torch::Tensor& Bv) {
+  const auto h = torch::relu(reference(x, model->q_proj, wq, Aq, Bq, 2.0)) +
+                 reference(x, model->v_proj, wv, Av, Bv, 2.0);
+  return model->out(model->norm(h));
+}
+
 }  // namespace
 
 TEST_CASE("LoRA: get_peft_model adapts the named Linear layers of an unmodified model, as PEFT computes") {
   torch::manual_seed(0);
   Block model;
-  peft::LoraConfig config;
-  config.r = 2;
-  config.lora_alpha = 4;
-  config.target_modules = {"q_proj", "v_proj"};
-  auto lora = peft::get_peft_model(model, config);
+  auto lora = peft::get_peft_model(model, qv_config());
   CHECK(lora->adapted_modules() == std::vector<std::string>{"q_proj", "v_proj"});
   // Only the adapters train: 2 layers x (2x6 + 6x2).
   const auto [trainable, all] = lora->trainable_parameters();
@@ -62,32 +85,19 @@ TEST_CASE("LoRA: get_peft_model adapts the named Linear layers of an unmodified 
   auto q = model->q_proj->named_children()["lora_A"];
   REQUIRE(q != nullptr);
   // Give B values so the term shows, then compare with PEFT's formula, 2-D (addmm) and 3-D (matmul) inputs.
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters())
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
-  }
+  randomize_lora_b(*model);
   auto named = model->named_parameters();
   const auto Aq = named["q_proj.lora_A.weight"], Bq = named["q_proj.lora_B.weight"];
   const auto Av = named["v_proj.lora_A.weight"], Bv = named["v_proj.lora_B.weight"];
   const auto wq = model->q_proj->weight.detach().clone(), wv = model->v_proj->weight.detach().clone();
   for (const auto& input : {x, torch::randn({3, 4, 6})}) {
-    auto got = model(input);
-    torch::Tensor want;
-    {
-      auto h = torch::relu(reference(input, model->q_proj, wq, Aq, Bq, 2.0)) +
-               reference(input, model->v_proj, wv, Av, Bv, 2.0);
-      want = model->out(model->norm(h));
-    }
-    CHECK(torch::allclose(got, want, 1e-5, 1e-6));
+    CHECK(torch::allclose(model(input), peft_output(model, input, wq, wv, Aq, Bq, Av, Bv), 1e-5, 1e-6));
   }
   // Gradients reach the adapters, exactly as through the formula, and no frozen parameter.
   model->zero_grad();
   model(x).pow(2).sum().backward();
   auto A2 = Aq.detach().clone().requires_grad_(), B2 = Bq.detach().clone().requires_grad_();
-  auto h = torch::relu(reference(x, model->q_proj, wq, A2, B2, 2.0)) +
-           reference(x, model->v_proj, wv, Av.detach(), Bv.detach(), 2.0);
-  model->out(model->norm(h)).pow(2).sum().backward();
+  peft_output(model, x, wq, wv, A2, B2, Av.detach(), Bv.detach()).pow(2).sum().backward();
   CHECK(torch::allclose(Aq.grad(), A2.grad(), 1e-5, 1e-6));
   CHECK(torch::allclose(Bq.grad(), B2.grad(), 1e-5, 1e-6));
   CHECK_FALSE(model->q_proj->weight.grad().defined());
@@ -165,17 +175,8 @@ TEST_CASE("LoRA: under activation checkpointing the adapters get the gradients o
     auto run = [dropout](bool checkpointed) {
       torch::manual_seed(4);
       Block model;
-      peft::LoraConfig config;
-      config.r = 2;
-      config.lora_alpha = 4;
-      config.lora_dropout = dropout;
-      config.target_modules = {"q_proj", "v_proj"};
-      auto lora = peft::get_peft_model(model, config);
-      {
-        torch::NoGradGuard no_grad;
-        for (auto& p : model->named_parameters())
-          if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
-      }
+      auto lora = peft::get_peft_model(model, qv_config(dropout));
+      randomize_lora_b(*model);
       torch::manual_seed(9);
       const auto x = torch::randn({5, 6}).requires_grad_(true);
       auto out = checkpointed ? checkpoint([&](const torch::Tensor& t) { return model(t); }, x) : model(x);
@@ -272,10 +273,9 @@ TEST_CASE("LoRA: export for Python's PEFT", "[.peft_export]") {
   config.target_modules = {"q_proj", "v_proj"};
   config.modules_to_save = {"norm"};  // trained in full; PEFT loads it into its copy of the module
   auto lora = peft::get_peft_model(model, config);
+  randomize_lora_b(*model, 0.5);
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters())
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.5);
     model->norm->weight.normal_(1, 0.5);
     model->norm->bias.normal_(0, 0.5);
   }
@@ -337,9 +337,7 @@ TEST_CASE("LoRA: save_adapter from several writers at once leaves one writer's c
   test::TempDir dir;
   torch::manual_seed(3);
   Block model;
-  peft::LoraConfig config;
-  config.r = 2;
-  config.target_modules = {"q_proj", "v_proj"};
+  const auto config = qv_config();
   auto lora = peft::get_peft_model(model, config);
   {
     torch::NoGradGuard no_grad;
@@ -395,16 +393,8 @@ TEST_CASE("LoRA: the adapters keep applying when the handle get_peft_model retur
   // saved) but no longer added to the outputs: silently the base model's outputs.
   torch::manual_seed(0);
   Block model;
-  peft::LoraConfig config;
-  config.r = 2;
-  config.lora_alpha = 4;
-  config.target_modules = {"q_proj", "v_proj"};
-  peft::get_peft_model(model, config);  // the handle is dropped at once
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters())
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
-  }
+  peft::get_peft_model(model, qv_config());  // the handle is dropped at once
+  randomize_lora_b(*model);
   auto named = model->named_parameters();
   const auto Aq = named["q_proj.lora_A.weight"], Bq = named["q_proj.lora_B.weight"];
   const auto Av = named["v_proj.lora_A.weight"], Bv = named["v_proj.lora_B.weight"];
@@ -413,11 +403,8 @@ TEST_CASE("LoRA: the adapters keep applying when the handle get_peft_model retur
   torch::Tensor want;
   {
     torch::NoGradGuard no_grad;
-    // Copies of the weights: the observer adds the term to any product with the adapted weights themselves.
-    const auto wq = model->q_proj->weight.clone(), wv = model->v_proj->weight.clone();
-    auto h = torch::relu(reference(x, model->q_proj, wq, Aq, Bq, 2.0)) +
-             reference(x, model->v_proj, wv, Av, Bv, 2.0);
-    want = model->out(model->norm(h));
+    want =
+        peft_output(model, x, model->q_proj->weight.clone(), model->v_proj->weight.clone(), Aq, Bq, Av, Bv);
   }
   CHECK(torch::allclose(got, want, 1e-5, 1e-6));
   // And the adapters train: the loss reaches them.
