@@ -16,12 +16,6 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
   return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
 }
 
-// Its transpose: [g0, g1] -> [g1, -g0], the gradient of rotate_half.
-torch::Tensor rotate_half_transposed(const torch::Tensor& g) {
-  const auto half = g.size(-1) / 2;
-  return torch::cat({g.slice(-1, half), -g.slice(-1, 0, half)}, -1);
-}
-
 class RmsNorm : public torch::autograd::Function<RmsNorm> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
@@ -60,10 +54,17 @@ class Rotary : public torch::autograd::Function<Rotary> {
     return x * cos + rotate_half(x) * sin;
   }
 
+  // d x = g * cos + rotate_half^T(g * sin), rotate_half^T([y0, y1]) = [y1, -y0]: per half,
+  // d x0 = g0 * cos0 + g1 * sin1 and d x1 = g1 * cos1 - g0 * sin0, in one product and two multiply-adds
+  // into it (no zero-filled slice gradients, no concatenation).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
+    const auto &cos = saved[0], &sin = saved[1];
     const auto& g = grad_outputs[0];
-    auto grad = g * saved[0] + rotate_half_transposed(g * saved[1]);
+    const auto half = g.size(-1) / 2;
+    auto grad = g * cos;
+    grad.slice(-1, 0, half).addcmul_(g.slice(-1, half), sin.slice(-1, half));
+    grad.slice(-1, half).addcmul_(g.slice(-1, 0, half), sin.slice(-1, 0, half), -1.0);
     return {grad.sum_to_size(ctx->saved_data["shape"].toIntVector()), torch::Tensor(), torch::Tensor()};
   }
 };
