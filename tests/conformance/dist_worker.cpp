@@ -415,6 +415,27 @@ void cpu_collectives() {
                 name << " all_gather wire bytes " << comm->bytes(Collective::AllGather).wire);
     }
   }
+  // Reduces of more chunks than the point-to-point root receives at once (8 chunks of 262,144 elements; it
+  // posts a later chunk's receives as it adds an earlier one), one to each rank in flight together and waited
+  // in order (ZeRO-2's parts of a bucket), the last chunk short: exact sums on every root.
+  for (auto algorithm : {CpuCollectives::Builtin, CpuCollectives::PointToPoint}) {
+    auto o = base;
+    o.cpu_collectives = algorithm;
+    comm->set_options(o);
+    const std::int64_t len = 11 * 262144 + 3;
+    const auto pattern = torch::arange(len, torch::kInt64).remainder(5).to(torch::kFloat32);
+    std::vector<torch::Tensor> mine;
+    std::vector<std::unique_ptr<CollectiveHandle>> works;
+    for (int root = 0; root < n; ++root) {
+      mine.push_back(pattern * (root + 1) + r);
+      works.push_back(comm->reduce_async(mine.back(), root));
+    }
+    for (auto& w : works)
+      w->wait();
+    CHECK_MSG(torch::equal(mine[static_cast<std::size_t>(r)], n * (r + 1) * pattern + n * (n - 1) / 2),
+              (algorithm == CpuCollectives::Builtin ? "builtin" : "p2p")
+                  << " reduce_async of " << len << " elements to rank " << r);
+  }
   comm->set_options(base);
   // Several tensors in one all_reduce_async (two views of one buffer, as a bucket hands them): each is summed
   // on its own. Handed to Gloo as a list, they were taken for one buffer's copies and summed into each other.
