@@ -29,6 +29,9 @@ struct ModelOptions {
   /// Bytes of autograd's gradient of the trained embedding while it exists beside its bucket or shard (0
   /// when the embedding is frozen or the layout gathers units, whose own term counts it).
   std::uint64_t transient = 0;
+  /// Bytes of a 4-bit base's parts that stay in the compute dtype (embedding, norms, biases, an untied head):
+  /// added to the parameters, whole on every rank (a 4-bit base is never sharded).
+  std::uint64_t full_precision_frozen = 0;
 };
 
 // Full fine-tuning trains the embedding: its [vocab, hidden] gradient exists, for a moment, as autograd made
@@ -91,17 +94,30 @@ void apply_model(MemoryEstimateInput& in, ModelOptions& mo, const CLI::App& cmd)
   if (model.lora_target_modules_string) targets = {*model.lora_target_modules_string};
   in.num_parameters = static_cast<std::uint64_t>(llm::count_lora_parameters(config, targets, model.lora_r));
   in.frozen_parameters = static_cast<std::uint64_t>(count.total());
+  const std::uint64_t dtype_bytes = model.dtype == "bfloat16" || model.dtype == "float16" ? 2 : 4;
   if (!given("--frozen_dtype")) {
     in.frozen_dtype = model.load_in_4bit          ? (model.use_bnb_nested_quant ? "4bit" : "4bit_single")
                       : model.dtype == "bfloat16" ? "bf16"
                       : model.dtype == "float16"  ? "fp16"
                                                   : "fp32";
   }
+  if (model.load_in_4bit && !given("--frozen_parameters")) {
+    // load_in_4bit quantises the blocks' projection weights only (as bitsandbytes through transformers); the
+    // embedding (a quarter of Qwen2.5-0.5B), norms, biases and an untied head stay in `dtype`.
+    in.frozen_parameters = static_cast<std::uint64_t>(count.projection_weights);
+    mo.full_precision_frozen =
+        static_cast<std::uint64_t>(count.total() - count.projection_weights) * dtype_bytes;
+  }
   std::cout << fmt::format(
       "Training type {}: {} on {} rank(s), LoRA r {} on {}: {} trainable, the base frozen "
-      "in {}\n",
+      "in {}{}\n",
       mo.type, describe_backend(in), in.num_processes, model.lora_r, fmt::join(targets, ","),
-      in.num_parameters, in.frozen_dtype);
+      in.num_parameters, in.frozen_dtype,
+      mo.full_precision_frozen > 0
+          ? fmt::format(" ({} projection weights; the other {} elements in {}: {} bytes)",
+                        in.frozen_parameters, count.total() - count.projection_weights, model.dtype,
+                        mo.full_precision_frozen)
+          : std::string());
 }
 
 std::string bytes_line(const MemoryReport& r) {
@@ -149,9 +165,11 @@ void print_pipeline(const MemoryEstimateInput& in, const std::vector<StageMemory
   std::cout << fmt::format("Heaviest stage: {}\n", heaviest);
 }
 
-void run_estimate(const MemoryEstimateInput& in, std::uint64_t transient) {
+void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
+  const std::uint64_t transient = mo.transient;
   const auto stages = estimate_pipeline_memory(in);
-  const auto r = estimate_memory(in);
+  auto r = estimate_memory(in);
+  r.parameters += mo.full_precision_frozen;
   std::uint64_t parameters = 0;  // --num_parameters, or the sum of --layer_parameters
   for (const auto& e : stages)
     parameters += e.num_parameters;
@@ -270,7 +288,7 @@ void setup_estimate_memory_command(CLI::App& app) {
       throw CLI::ValidationError("--num_parameters",
                                  "give --num_parameters, or --layer_parameters for a pipeline's layers");
     }
-    run_estimate(*in, model->transient);
+    run_estimate(*in, *model);
   });
 }
 

@@ -4,7 +4,9 @@ transformers' (sum of p.numel() over the model built on the meta device, no weig
 count equals PEFT's on the same model (r 16 on q/k/v/o and on all-linear). With a training type that trains the
 embedding (full, deepspeed) the estimate names its transient (autograd's [vocab, hidden] fp32 gradient beside its
 bucket or shard, twice with a tied head: transformers' tie_word_embeddings); none where the embedding is frozen
-(lora) or the layout counts it among its gathered units (stage3).
+(lora) or the layout counts it among its gathered units (stage3). With qlora (load_in_4bit) the elements it
+counts as 4-bit are the blocks' nn.Linear weights (what transformers' bitsandbytes integration replaces: every
+Linear but the output head), and the rest (embedding, norms, biases, an untied head) stay full precision.
 
     python estimate_memory_check.py build/launcher/accel-launch
 """
@@ -70,6 +72,15 @@ def main():
                 failures += not ok
                 print(f"{name} {kind}: transient {got}, want {want} ({'tied' if tied else 'untied'} head) "
                       f"{'ok' if ok else 'DIFFERENT'}")
+            quantised = sum(m.weight.numel() for n, m in model.named_modules()
+                            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings())
+            text = ours(launch, path, ["--type", "qlora"])
+            found = re.search(r"\((\d+) projection weights; the other (\d+) elements", text)
+            got = (int(found.group(1)), int(found.group(2))) if found else None
+            ok = got == (quantised, expected - quantised)
+            failures += not ok
+            print(f"{name} qlora: 4-bit and full-precision elements {got}, transformers' Linear4bit would "
+                  f"take {quantised} of {expected} {'ok' if ok else 'DIFFERENT'}")
             for targets in (["q_proj", "k_proj", "v_proj", "o_proj"], "all-linear"):
                 # On the meta device too: the adapters' shapes are all that is counted (allocating and
                 # initialising an 8B model's adapters in memory cost ~10 s of CPU).

@@ -37,8 +37,10 @@ std::int64_t ParameterCount::largest_unit() const {
 ParameterCount count_parameters(const ModelConfig& c) {
   ParameterCount n;
   n.embedding = c.vocab_size * c.hidden_size;
-  for (const auto& p : projections(c))
+  for (const auto& p : projections(c)) {
     n.per_layer += p.in * p.out + (p.bias ? p.out : 0);
+    n.projection_weights += p.in * p.out * c.num_hidden_layers;
+  }
   n.per_layer += 2 * c.hidden_size;              // input_layernorm, post_attention_layernorm
   if (c.qk_norm) n.per_layer += 2 * c.head_dim;  // q_norm, k_norm
   n.layers = n.per_layer * c.num_hidden_layers;

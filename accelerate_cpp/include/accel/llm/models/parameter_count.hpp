@@ -20,6 +20,9 @@ struct ParameterCount {
   std::int64_t layers = 0;     ///< per_layer x num_hidden_layers
   std::int64_t final_norm = 0;
   std::int64_t lm_head = 0;  ///< 0 when tied to the embedding
+  /// The blocks' Linear weights, every layer (part of `layers`): what load_in_4bit quantises; their biases,
+  /// the norms, the embedding and the head stay in the compute dtype.
+  std::int64_t projection_weights = 0;
   std::int64_t total() const { return embedding + layers + final_norm + lm_head; }
   /// Elements of the largest unit FSDP / ZeRO-3 gathers at once (a decoder layer, or the embedding / head).
   std::int64_t largest_unit() const;
