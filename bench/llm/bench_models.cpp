@@ -3,15 +3,21 @@
 // interleaved with transformers on the same shape and prints BENCHMARKS.md's table ("Models").
 //
 //   bench_models --config config.json --mode forward|train|gemm [--seq 512] [--batch 1] [--steps 3]
-//                [--warmup 1] [--threads 2]
+//                [--warmup 1] [--threads 2] [--phases 1]
 //
-// Prints one line: `result mode=... tokens_per_s=... step_s=... gflops=... peak_rss_mb=...`.
+// Prints one line: `result mode=... tokens_per_s=... step_s=... gflops=... peak_rss_mb=...`. With --phases 1
+// (train), also a line per phase of each step (`phase STEP NAME rss_mb=... peak_mb=...`: the resident MB at
+// its end and the peak within it, /proc/self/status after resetting VmHWM through clear_refs) and one as each
+// layer's down_proj and the embedding get their gradient: where the step's peak is, to compare with
+// models_bench.py's same lines for transformers. --hold-logits 1 keeps the step's logits through backward.
 #include <accel/llm/models/causal_lm.hpp>
 
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -20,7 +26,7 @@ namespace {
 
 struct Args {
   std::string config, mode = "forward";
-  std::int64_t seq = 512, batch = 1, steps = 3, warmup = 1, threads = 2;
+  std::int64_t seq = 512, batch = 1, steps = 3, warmup = 1, threads = 2, phases = 0, hold_logits = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -43,10 +49,14 @@ Args parse(int argc, char** argv) {
       a.warmup = std::stoll(v);
     } else if (k == "--threads") {
       a.threads = std::stoll(v);
+    } else if (k == "--phases") {
+      a.phases = std::stoll(v);
+    } else if (k == "--hold-logits") {
+      a.hold_logits = std::stoll(v);
     } else {
       throw std::invalid_argument("unknown flag " + k +
                                   "; use --config F --mode forward|train|gemm --seq N --batch B --steps S "
-                                  "--warmup W --threads T");
+                                  "--warmup W --threads T --phases 0|1 --hold-logits 0|1");
     }
   }
   return a;
@@ -61,6 +71,31 @@ double peak_rss_mb() {
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
+
+// VmRSS and VmHWM of this process in MB (/proc/self/status).
+std::pair<double, double> rss_and_peak_mb() {
+  std::ifstream status("/proc/self/status");
+  double rss = 0, hwm = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) / 1024.0;
+    if (line.rfind("VmHWM:", 0) == 0) hwm = std::stod(line.substr(6)) / 1024.0;
+  }
+  return {rss, hwm};
+}
+
+// --phases: prints the resident and peak MB since the last mark, then resets the peak (clear_refs 5).
+struct PhaseMarks {
+  bool on = false;
+  std::string step;
+  double max_peak = 0;
+  void mark(const std::string& name) {
+    if (!on) return;
+    const auto [rss, hwm] = rss_and_peak_mb();
+    max_peak = std::max(max_peak, hwm);
+    std::cout << "phase " << step << " " << name << " rss_mb=" << rss << " peak_mb=" << hwm << "\n";
+    std::ofstream("/proc/self/clear_refs") << "5";
+  }
+};
 
 // The fp32 GEMM rate on the model's largest projection shape ([tokens, hidden] x [hidden, intermediate]).
 void gemm(const Args& a, const accel::llm::ModelConfig& c) {
@@ -93,26 +128,57 @@ int main(int argc, char** argv) try {
   const bool train = a.mode == "train";
   if (!train && a.mode != "forward") throw std::invalid_argument("--mode takes forward, train or gemm");
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-5));
+  PhaseMarks marks;
+  marks.on = train && a.phases != 0;
+  if (marks.on) {
+    for (const auto& item : model->named_parameters()) {
+      const std::string name = item.key();
+      if (name.find("down_proj") == std::string::npos && name.find("embed_tokens") == std::string::npos)
+        continue;
+      item.value().register_hook([&marks, name](const torch::Tensor& g) {
+        marks.mark("grad:" + name);
+        return g;
+      });
+    }
+  }
   auto step = [&]() {
     if (train) {
       model->train();
+      marks.mark("start");
       optimizer.zero_grad();
-      accel::llm::causal_lm_loss(model->forward(ids), ids).backward();
+      marks.mark("zero_grad");
+      auto logits = model->forward(ids);
+      marks.mark("forward");
+      auto loss = accel::llm::causal_lm_loss(logits, ids);
+      // The logits are not needed by backward (log-softmax keeps its output): dropped before it, as
+      // transformers' `model(ids, labels=ids).loss.backward()` drops its output's. --hold-logits 1 keeps them
+      // through backward, as this program's one-expression step did (`causal_lm_loss(model->forward(ids),
+      // ids).backward()`: a temporary lives until the end of its full expression).
+      if (a.hold_logits == 0) logits.reset();
+      marks.mark("loss");
+      loss.backward();
+      marks.mark("backward");
       optimizer.step();
+      marks.mark("optimizer_step");
     } else {
       torch::NoGradGuard no_grad;
       model->eval();
       model->forward(ids);
     }
   };
-  for (std::int64_t i = 0; i < a.warmup; ++i)
+  for (std::int64_t i = 0; i < a.warmup; ++i) {
+    marks.step = "warmup" + std::to_string(i);
     step();
+  }
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t i = 0; i < a.steps; ++i)
+  for (std::int64_t i = 0; i < a.steps; ++i) {
+    marks.step = "step" + std::to_string(i);
     step();
+  }
   const double per_step = seconds_since(start) / static_cast<double>(a.steps);
   std::cout << "result mode=" << a.mode << " tokens_per_s=" << static_cast<double>(a.batch * a.seq) / per_step
-            << " step_s=" << per_step << " peak_rss_mb=" << peak_rss_mb() << std::endl;
+            << " step_s=" << per_step << " peak_rss_mb=" << (marks.on ? marks.max_peak : peak_rss_mb())
+            << std::endl;
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "bench_models: " << e.what() << "\n";

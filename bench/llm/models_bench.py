@@ -5,6 +5,12 @@ interleaved (C++, Python, C++, Python, ...), each run in its own process (peak R
 measured fp32 GEMM rate, and each one's roofline ratio: FLOPs per step / step time / GEMM rate.
 
   bench/llm/models_bench.py build/bench/llm/bench_models [--rounds 2] [--seq 512] [--threads 2] [--steps 2]
+      [--layers N] [--phases]
+
+--layers N cuts the model to N layers (same vocabulary and width). --phases runs the training step only and
+prints, for both sides, each phase's resident MB at its end and peak within it (VmHWM reset through
+/proc/self/clear_refs at each mark) and a line as each layer's down_proj and the embedding get their
+gradient: where the peak is, side by side (the peak then is the largest phase peak).
 
 FLOPs per step: forward = 2 * tokens * (matmul parameters, lm_head included) + 4 * layers * tokens^2 * hidden
 (attention scores and values, the causal half counted as computed); a training step = 3 x forward.
@@ -32,32 +38,67 @@ def flops_per_forward(c, tokens):
     return 2 * tokens * (L * per_layer + h * v) + 4 * L * tokens * tokens * h
 
 
-def python_worker(mode, seq, steps, threads):
+class PhaseMarks:
+    """--phases: the resident and peak MB since the last mark (bench_models prints the same lines)."""
+
+    def __init__(self, on):
+        self.on, self.step, self.max_peak = on, "", 0.0
+
+    def mark(self, name):
+        if not self.on:
+            return
+        with open("/proc/self/status") as f:
+            kb = {line.split(":")[0]: float(line.split()[1]) for line in f if line.startswith(("VmRSS", "VmHWM"))}
+        self.max_peak = max(self.max_peak, kb["VmHWM"] / 1024)
+        print(f"phase {self.step} {name} rss_mb={kb['VmRSS'] / 1024:g} peak_mb={kb['VmHWM'] / 1024:g}", flush=True)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def python_worker(mode, seq, steps, threads, layers=0, phases=False):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    config = Qwen2Config(**{k: v for k, v in QWEN2_05B.items() if k != "model_type"})
+    shape = {k: v for k, v in QWEN2_05B.items() if k != "model_type"}
+    if layers:
+        shape["num_hidden_layers"] = layers
+    config = Qwen2Config(**shape)
     model = Qwen2ForCausalLM(config)
     ids = torch.randint(0, config.vocab_size, (1, seq))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    marks = PhaseMarks(phases and mode == "train")
+    if marks.on:
+        for name, p in model.named_parameters():
+            if "down_proj" in name or "embed_tokens" in name:
+                p.register_hook(lambda g, name=name: marks.mark("grad:" + name))
 
     def step():
         if mode == "train":
             model.train()
+            marks.mark("start")
             opt.zero_grad()
-            model(ids, labels=ids).loss.backward()
+            marks.mark("zero_grad")
+            out = model(ids, labels=ids)
+            loss = out.loss
+            del out
+            marks.mark("forward+loss")
+            loss.backward()
+            marks.mark("backward")
             opt.step()
+            marks.mark("optimizer_step")
         else:
             model.eval()
             with torch.no_grad():
                 model(ids)
+    marks.step = "warmup0"
     step()
     start = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
+        marks.step = f"step{i}"
         step()
     per_step = (time.perf_counter() - start) / steps
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = marks.max_peak if marks.on else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"result mode={mode} tokens_per_s={seq / per_step} step_s={per_step} peak_rss_mb={rss}")
 
 
@@ -75,7 +116,11 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all 24)")
+    ap.add_argument("--phases", action="store_true", help="training step only, with each phase's memory")
     args = ap.parse_args()
+    if args.layers:
+        QWEN2_05B["num_hidden_layers"] = args.layers
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TRANSFORMERS_VERBOSITY="error")
     with tempfile.TemporaryDirectory() as d:
         config_path = os.path.join(d, "config.json")
@@ -86,13 +131,17 @@ def main():
                                      str(args.seq), "--threads", str(args.threads)], env=env, check=True,
                                     capture_output=True, text=True).stdout)["gflops"]
         for r in range(args.rounds):
-            for mode in ("forward", "train"):
+            for mode in (("train",) if args.phases else ("forward", "train")):
                 for who in ("accel-cpp", "transformers"):
                     cmd = ([args.bench_models, "--config", config_path, "--mode", mode, "--seq", str(args.seq),
-                            "--steps", str(args.steps), "--threads", str(args.threads)] if who == "accel-cpp" else
+                            "--steps", str(args.steps), "--threads", str(args.threads), "--phases",
+                            str(int(args.phases))] if who == "accel-cpp" else
                            [sys.executable, __file__, "--worker", mode, str(args.seq), str(args.steps),
-                            str(args.threads)])
+                            str(args.threads), str(args.layers), str(int(args.phases))])
                     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                    for line in out.splitlines():
+                        if line.startswith("phase "):
+                            print(f"  {who} {line}", flush=True)
                     res = parse(out)
                     results.setdefault((mode, who), []).append(res)
                     print(f"round {r} {mode:8s} {who:13s} {res['tokens_per_s']:8.1f} tokens/s "
@@ -102,7 +151,7 @@ def main():
         print("| step | accel-cpp tokens/s | transformers tokens/s | ratio | roofline accel-cpp | roofline "
               "transformers | peak RSS accel-cpp | peak RSS transformers |")
         print("|---|---|---|---|---|---|---|---|")
-        for mode in ("forward", "train"):
+        for mode in (("train",) if args.phases else ("forward", "train")):
             best = {who: max(results[(mode, who)], key=lambda x: x["tokens_per_s"]) for who in
                     ("accel-cpp", "transformers")}
             flops = flops_per_forward(QWEN2_05B, args.seq) * (3 if mode == "train" else 1)
@@ -116,6 +165,7 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        python_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        python_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                      int(sys.argv[6]) if len(sys.argv) > 6 else 0, len(sys.argv) > 7 and sys.argv[7] == "1")
     else:
         main()
