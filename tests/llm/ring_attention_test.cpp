@@ -202,7 +202,7 @@ TEST_CASE(
 TEST_CASE("ring attention in bfloat16 (merge in float32) equals float32 attention within bfloat16's rounding",
           "[llm][context_parallel]") {
   torch::manual_seed(7);
-  const int size = GENERATE(2, 3);
+  const int size = 3;  // every kind of block pair (own, lower, higher rank's); the float32 cases run 2 too
   const bool math = GENERATE(false, true);
   const bool masked = GENERATE(false, true);
   const std::int64_t total = 2 * size * 8;
