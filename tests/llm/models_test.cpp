@@ -698,15 +698,24 @@ TEST_CASE("Checkpointing recomputes no down_proj matmul and keeps every gradient
 // Not in CI ([.]): CPU time of a LoRA (q_proj, v_proj) training step at 512 tokens with gradient
 // checkpointing on a Qwen2-0.5B-wide model cut to 4 layers, the down_proj product skipped in the
 // recomputation or not (a marker child on each down_proj makes project_graph_only compute it in full: the
-// code before the skip), interleaved, one thread. Run under the big-memory lock (about 2 GiB):
-//   flock /tmp/accel-bigmem.lock build/tests/llm/accel_llm_models_tests "[.gc_bench]" -s
+// code before the skip), interleaved, one thread; GC_BENCH_LAYERS, GC_BENCH_ROUNDS, GC_BENCH_STEPS and
+// GC_BENCH_THREADS change those. About 1.9 GiB at 4 layers (more layers: take the big-memory lock):
+//   build/tests/llm/accel_llm_models_tests "[.gc_bench]" -s
 TEST_CASE("Benchmark: LoRA step with checkpointing, down_proj recomputed or skipped", "[.gc_bench]") {
-  torch::set_num_threads(1);
+  auto env_int = [](const char* name, int fallback) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::atoi(value) : fallback;
+  };
+  const int layers = env_int("GC_BENCH_LAYERS", 4), rounds = env_int("GC_BENCH_ROUNDS", 4),
+            steps = env_int("GC_BENCH_STEPS", 2);
+  torch::set_num_threads(env_int("GC_BENCH_THREADS", 1));
   const auto config = ModelConfig::from_json(
       R"({"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
-          "num_hidden_layers": 4, "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-          "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": true})",
-      "qwen2-0.5b-4-layers.json");
+          "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+          "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+          "num_hidden_layers": )" +
+          std::to_string(layers) + "}",
+      "qwen2-0.5b-cut.json");
   torch::manual_seed(0);
   CausalLM model(config);
   accel::peft::LoraConfig lora;
@@ -721,7 +730,7 @@ TEST_CASE("Benchmark: LoRA step with checkpointing, down_proj recomputed or skip
   for (const auto& item : model->named_modules("", false))
     if (item.key().size() > 9 && item.key().substr(item.key().size() - 9) == "down_proj")
       downs.push_back(item.value());
-  REQUIRE(downs.size() == 4);
+  REQUIRE(downs.size() == static_cast<std::size_t>(layers));
   auto cpu_seconds = [] {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
@@ -733,7 +742,6 @@ TEST_CASE("Benchmark: LoRA step with checkpointing, down_proj recomputed or skip
     accel::llm::fused_linear_cross_entropy(model->model->forward(ids), model->output_weight(), ids)
         .backward();
   };
-  const int rounds = 4, steps = 2;
   std::map<bool, std::vector<double>> cpu, wall;
   for (int r = 0; r < rounds; ++r) {
     for (const bool skip : {r % 2 == 0, r % 2 != 0}) {
