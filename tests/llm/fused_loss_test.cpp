@@ -543,6 +543,17 @@ TEST_CASE("Fused RMSNorm equals transformers' unfused ops: values, input and wei
     compare([&] { return fused::rms_norm(x, w, 1e-6); }, [&] { return reference_rms_norm(x, w, 1e-6); },
             {x, w}, 1e-2);
   }
+  SECTION("a second derivative (create_graph) through the closed-form backward") {
+    const auto x = torch::randn({2, 3, 16}).requires_grad_();
+    const auto w = (torch::rand({16}) + 0.5).requires_grad_();
+    auto twice = [&](const torch::Tensor& y) {
+      const auto g = torch::autograd::grad({y.pow(2).sum()}, {x, w}, {}, true, true);
+      return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum()}, {x, w});
+    };
+    const auto got = twice(fused::rms_norm(x, w, 1e-6)), want = twice(reference_rms_norm(x, w, 1e-6));
+    CHECK(max_diff(got[0], want[0]) <= 1e-4 * std::max(1.0, want[0].abs().max().item<double>()));
+    CHECK(max_diff(got[1], want[1]) <= 1e-4 * std::max(1.0, want[1].abs().max().item<double>()));
+  }
   SECTION("under no_grad: the plain value") {
     torch::NoGradGuard no_grad;
     const auto x = torch::randn({2, 3, 8});

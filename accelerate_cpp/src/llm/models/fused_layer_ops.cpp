@@ -23,6 +23,7 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     const auto h = x.to(torch::kFloat32);
     const auto rstd = torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
     ctx->save_for_backward({x, weight, rstd});
+    ctx->saved_data["eps"] = eps;
     return weight * (h * rstd).to(x.scalar_type());
   }
 
@@ -30,17 +31,28 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
   // casts), dh = rstd * (dn - n * mean(dn * n)), dw = sum of g * n.to(d) over the broadcast dimensions.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const auto &x = saved[0], &weight = saved[1];
     const auto& g = grad_outputs[0];
-    const auto n = x.to(torch::kFloat32) * rstd;
+    // Buffers are reused (out= and in place) unless this backward is itself differentiated (create_graph):
+    // then rstd is recomputed from x, so that the second derivative sees its dependence on x.
+    const bool reuse = !torch::GradMode::is_enabled();
+    const auto rstd = reuse ? saved[2]
+                            : torch::rsqrt(x.to(torch::kFloat32).pow(2).mean(-1, /*keepdim=*/true) +
+                                           ctx->saved_data["eps"].toDouble());
+    auto n = x.to(torch::kFloat32) * rstd;
     torch::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(0)) {
       const auto dn = (g * weight).to(x.scalar_type()).to(torch::kFloat32);
-      const auto dot = (dn * n).mean(-1, /*keepdim=*/true);
-      grad_x = (dn * rstd).addcmul_(n, rstd * dot, -1.0).to(x.scalar_type());
+      auto t = dn * n;  // CPU tensors are not cached: three activation-sized buffers (n, dn, t), not five
+      const auto dot = t.mean(-1, /*keepdim=*/true);
+      t = reuse ? torch::mul_out(t, dn, rstd) : dn * rstd;
+      grad_x = (reuse ? t.addcmul_(n, rstd * dot, -1.0) : t.addcmul(n, rstd * dot, -1.0)).to(x.scalar_type());
     }
-    if (ctx->needs_input_grad(1))
-      grad_weight = (g * n.to(x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+    if (ctx->needs_input_grad(1)) {
+      const auto nd = n.to(x.scalar_type());
+      const auto scaled = reuse && nd.is_same(n) && g.sizes() == n.sizes() ? n.mul_(g) : g * nd;
+      grad_weight = scaled.sum_to_size(weight.sizes()).to(weight.scalar_type());
+    }
     return {grad_x, grad_weight, torch::Tensor()};
   }
 };
