@@ -3,6 +3,7 @@
 
 #include "test_support.hpp"
 
+#include <accel/optim/chunked_adamw.hpp>
 #include <accel/optim/optim.hpp>
 
 #include <sstream>
@@ -110,6 +111,80 @@ TEST_CASE("optim: the step count is LibTorch's and parameters without gradient a
       static_cast<const torch::optim::AdamWParamState&>(*states.at(model->fc1->weight.unsafeGetTensorImpl()));
   REQUIRE(w.step() == 3);
   REQUIRE(states.count(model->fc1->bias.unsafeGetTensorImpl()) == 0);
+}
+
+namespace {
+
+// Parameters for the ChunkedAdamW comparison: one spanning three 2^17-element slices (a ragged tail), small
+// ones, a transposed (non-contiguous) one and one that gets no gradient.
+std::vector<torch::Tensor> chunked_params() {
+  torch::manual_seed(3);
+  return {torch::randn({(1 << 17) * 2 + 37}).requires_grad_(), torch::randn({300, 4}).requires_grad_(),
+          torch::randn({3, 5}).requires_grad_(), torch::randn({300, 500}).t().requires_grad_(),
+          torch::randn({4}).requires_grad_()};
+}
+
+void set_grads(std::vector<torch::Tensor>& params, int step) {
+  torch::manual_seed(100 + step);
+  for (std::size_t k = 0; k + 1 < params.size(); ++k)  // the last one gets none
+    params[k].mutable_grad() = torch::randn_like(params[k]) * (k + 1.0);
+}
+
+void require_bitwise(const torch::optim::Optimizer& a, const torch::optim::Optimizer& b,
+                     const std::vector<torch::Tensor>& pa, const std::vector<torch::Tensor>& pb) {
+  for (std::size_t k = 0; k < pa.size(); ++k) {
+    INFO("parameter " << k);
+    REQUIRE(torch::equal(pa[k], pb[k]));
+    const auto sa = a.state().find(pa[k].unsafeGetTensorImpl());
+    const auto sb = b.state().find(pb[k].unsafeGetTensorImpl());
+    REQUIRE((sa == a.state().end()) == (sb == b.state().end()));
+    if (sa == a.state().end()) continue;
+    const auto& x = static_cast<const torch::optim::AdamWParamState&>(*sa->second);
+    const auto& y = static_cast<const torch::optim::AdamWParamState&>(*sb->second);
+    REQUIRE(x.step() == y.step());
+    REQUIRE(torch::equal(x.exp_avg(), y.exp_avg()));
+    REQUIRE(torch::equal(x.exp_avg_sq(), y.exp_avg_sq()));
+    REQUIRE(x.max_exp_avg_sq().defined() == y.max_exp_avg_sq().defined());
+    if (x.max_exp_avg_sq().defined()) REQUIRE(torch::equal(x.max_exp_avg_sq(), y.max_exp_avg_sq()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("optim: ChunkedAdamW is torch::optim::AdamW bitwise (slices, decay, amsgrad, checkpoints)") {
+  // One intra-op thread: a second one spends this case's time spinning between the many small operators.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { at::set_num_threads(n); }
+  } restore{threads};
+  for (const bool amsgrad : {false, true}) {
+    INFO("amsgrad " << amsgrad);
+    const auto options =
+        torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad).betas({0.8, 0.95});
+    auto pa = chunked_params(), pb = chunked_params();
+    const auto untouched = pa.back().detach().clone();
+    auto a = std::make_unique<accel::optim::ChunkedAdamW>(pa, options);
+    auto b = std::make_unique<torch::optim::AdamW>(pb, options);
+    for (int s = 0; s < 3; ++s) {
+      set_grads(pa, s);
+      set_grads(pb, s);
+      a->step();
+      b->step();
+      if (s == 1) {  // each loads the other's saved state and goes on alike
+        std::stringstream a_bytes, b_bytes;
+        torch::save(*a, a_bytes);
+        torch::save(*b, b_bytes);
+        a = std::make_unique<accel::optim::ChunkedAdamW>(pa, options);
+        b = std::make_unique<torch::optim::AdamW>(pb, options);
+        torch::load(*a, b_bytes);
+        torch::load(*b, a_bytes);
+      }
+    }
+    require_bitwise(*a, *b, pa, pb);
+    REQUIRE(torch::equal(pa.back(), untouched));  // no gradient: no decay, no state
+  }
 }
 
 namespace {

@@ -1,11 +1,14 @@
 // accel::optim: Adam and AdamW stepping each parameter group with one fused ATen kernel call, on LibTorch's
 // own state objects (so checkpoints interchange with torch::optim).
 #include <accel/errors.hpp>
+#include <accel/optim/chunked_adamw.hpp>
 #include <accel/optim/optim.hpp>
 
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/sqrt.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
@@ -266,6 +269,108 @@ void Lamb::save(torch::serialize::OutputArchive& archive) const {
 
 void Lamb::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
+}
+
+// ---- ChunkedAdamW: LibTorch's AdamW step, slice by slice --------------------------------------------------
+
+namespace {
+
+// Elements per slice: 512 KiB of float, so a slice of the parameter, its gradient, both moments and the
+// scratch stay in the cache through the eight operators. A multiple of every vector width, so each slice's
+// elements take the same (vectorised) path as in the whole-tensor operators.
+constexpr std::int64_t kAdamSlice = std::int64_t{1} << 17;
+
+// The scalars of one parameter's AdamW update at its current step (computed as LibTorch's step does).
+struct AdamWTerms {
+  double beta1, beta2, bias_correction2_sqrt, step_size, eps;
+  bool amsgrad;
+};
+
+// LibTorch's AdamW update (after the weight decay) of one parameter or one slice of it; `scratch`, when
+// defined, receives the denominator (shaped like `exp_avg_sq`), else a new tensor does, as in LibTorch.
+void adamw_update(torch::Tensor p, const torch::Tensor& grad, torch::Tensor exp_avg, torch::Tensor exp_avg_sq,
+                  torch::Tensor max_exp_avg_sq, torch::Tensor scratch, const AdamWTerms& t) {
+  exp_avg.mul_(t.beta1).add_(grad, 1 - t.beta1);
+  exp_avg_sq.mul_(t.beta2).addcmul_(grad, grad, 1 - t.beta2);
+  if (t.amsgrad) at::max_out(max_exp_avg_sq, exp_avg_sq, max_exp_avg_sq);
+  const auto& second = t.amsgrad ? max_exp_avg_sq : exp_avg_sq;
+  auto denom = scratch.defined() ? at::sqrt_out(scratch, second) : second.sqrt();
+  denom.div_(t.bias_correction2_sqrt).add_(t.eps);
+  p.addcdiv_(exp_avg, denom, -t.step_size);
+}
+
+// True when `t` is laid out like the contiguous CPU parameter `p`, so that equal flat slices match.
+bool sliceable_like(const torch::Tensor& t, const torch::Tensor& p) {
+  return !t.defined() || (t.layout() == torch::kStrided && t.is_contiguous() && t.numel() == p.numel() &&
+                          t.device() == p.device() && t.scalar_type() == p.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor ChunkedAdamW::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  torch::Tensor scratch;  // one slice, reused by every parameter of its dtype
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto& grad = p.grad();
+      if (grad.is_sparse()) {
+        throw UnsupportedOperation(
+            "accel::optim::ChunkedAdamW does not support sparse gradients; use torch::optim::SparseAdam");
+      }
+      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        if (o.amsgrad()) fresh->max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      if (o.amsgrad() && !state.max_exp_avg_sq().defined()) {
+        state.max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      }
+      state.step(state.step() + 1);
+      const auto beta1 = std::get<0>(o.betas());
+      const auto beta2 = std::get<1>(o.betas());
+      const auto bias_correction1 = 1 - std::pow(beta1, state.step());
+      const auto bias_correction2 = 1 - std::pow(beta2, state.step());
+      const AdamWTerms terms{beta1,   beta2,      std::sqrt(bias_correction2), o.lr() / bias_correction1,
+                             o.eps(), o.amsgrad()};
+      const auto& max_sq = o.amsgrad() ? state.max_exp_avg_sq() : torch::Tensor();
+      const bool sliced = p.device().is_cpu() && p.is_contiguous() && p.numel() > kAdamSlice &&
+                          sliceable_like(grad, p) && sliceable_like(state.exp_avg(), p) &&
+                          sliceable_like(state.exp_avg_sq(), p) && sliceable_like(max_sq, p);
+      if (!sliced) {
+        adamw_update(p, grad, state.exp_avg(), state.exp_avg_sq(), max_sq, torch::Tensor(), terms);
+        continue;
+      }
+      if (!scratch.defined() || scratch.scalar_type() != p.scalar_type()) {
+        scratch = torch::empty({kAdamSlice}, p.options());
+      }
+      const auto flat = [](const torch::Tensor& t) { return t.defined() ? t.view({-1}) : t; };
+      const auto fp = flat(p), fg = flat(grad), fm = flat(state.exp_avg()), fv = flat(state.exp_avg_sq()),
+                 fmax = flat(max_sq);
+      const auto slice = [](const torch::Tensor& t, std::int64_t at, std::int64_t len) {
+        return t.defined() ? t.narrow(0, at, len) : t;
+      };
+      const auto n = p.numel();
+      for (std::int64_t at = 0; at < n; at += kAdamSlice) {
+        const auto len = std::min(kAdamSlice, n - at);
+        adamw_update(slice(fp, at, len), slice(fg, at, len), slice(fm, at, len), slice(fv, at, len),
+                     slice(fmax, at, len), scratch.narrow(0, 0, len), terms);
+      }
+    }
+  }
+  return loss;
 }
 
 }  // namespace accel::optim

@@ -6,6 +6,7 @@
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/adamw_8bit.hpp>
+#include <accel/optim/chunked_adamw.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/pipeline.hpp>
@@ -454,7 +455,8 @@ void TrainerBase::build_optimizer() {
     add(decay, a.weight_decay, o);
     add(no_decay, 0.0, o);
     if (a.optim == "adamw_torch") {
-      optimizer_ = std::make_shared<torch::optim::AdamW>(groups, o);
+      // LibTorch's AdamW update, bitwise, in cache-sized slices without parameter-sized temporaries.
+      optimizer_ = std::make_shared<optim::ChunkedAdamW>(groups, o);
     } else {
       optimizer_ = std::make_shared<optim::AdamW>(groups, o);
     }
