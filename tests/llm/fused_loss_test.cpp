@@ -1,8 +1,10 @@
 // accel::llm::fused_linear_cross_entropy and sft_loss's fused path against the unfused computation
 // (torch::linear + causal_lm_loss): loss and every gradient, ignore tokens, packing, tied and untied heads,
-// bf16, a LoRA head falling back; peak CPU bytes against the unfused loss; and, with ACCEL_LLM_FUSED_REF_DIR
-// (fused_loss_reference.py), transformers' loss and gradients. At the end: the decoder layer's fused RMSNorm
-// and rotary embedding against the unfused ops.
+// bf16 (weights in bf16, or float32 under bf16 autocast as --bf16 true), a LoRA head falling back; peak CPU
+// bytes against the unfused loss; and, with ACCEL_LLM_FUSED_REF_DIR (fused_loss_reference.py), transformers'
+// loss and gradients. At the end: the decoder layer's fused RMSNorm and rotary embedding against the unfused
+// ops.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
@@ -84,6 +86,7 @@ void require_equal(const Grads& fused, const Grads& plain, double loss_tol, doub
   for (const auto& [name, g] : plain.grads) {
     INFO("gradient of " << name);
     REQUIRE(fused.grads.count(name) == 1);
+    CHECK(fused.grads.at(name).scalar_type() == g.scalar_type());
     CHECK(rel_diff(fused.grads.at(name), g) <= grad_tol);
   }
 }
@@ -193,6 +196,87 @@ TEST_CASE("fused_linear_cross_entropy in bf16: logits in bf16 upcast to float32,
   CHECK(std::abs(loss.item<double>() - ref.item<double>()) <= 1e-5);
   CHECK(rel_diff(grads[0], ref_grads[0]) <= 1e-2);  // bf16 rounding of the products
   CHECK(rel_diff(grads[1], ref_grads[1]) <= 1e-2);
+}
+
+// `--bf16 true` (mixed_precision bf16): the Accelerator turns the CPU's autocast on with bfloat16 over
+// float32 master weights, so the head's matmuls run in bf16 while the hidden states and the weight stay
+// float32 (the finetune recipe crashed here: index_copy_ of a bf16 product into the float32 hidden-state
+// gradient). The unfused path (transformers: lm_head under autocast, logits.float(), cross_entropy) is the
+// reference: the same bf16 logits, so the loss agrees to float32 summation order, and the gradients come back
+// in each input's dtype; their values differ by bf16 rounding of the products (the unfused weight gradient is
+// one bf16 matmul over all tokens, the fused one sums per-chunk bf16 products in float32), so 1e-2 of the
+// largest magnitude (bf16 keeps 8 significant bits: 2^-8 = 3.9e-3 per rounding).
+namespace {
+struct BF16Autocast {
+  bool enabled = at::autocast::is_autocast_enabled(at::kCPU);
+  at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  BF16Autocast() {
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+  }
+  ~BF16Autocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype);
+    at::autocast::clear_cache();
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "Under bf16 autocast (--bf16 true) the fused losses equal the unfused one, gradients in each "
+    "input's dtype",
+    "[llm][fused]") {
+  auto solo = accel::Communicator::create(accel::ProcessState(), torch::kCPU);
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {  // float32 master weights, or a bf16 model
+    torch::manual_seed(12);
+    const auto hidden = torch::randn({2, 12, 32}).to(dtype).requires_grad_();
+    const auto weight = (torch::randn({64, 32}) * 0.3).to(dtype).requires_grad_();
+    auto labels = torch::randint(0, 64, {2, 12}, torch::kInt64);
+    labels.index_put_({1, torch::indexing::Slice(0, 5)}, -100);
+    BF16Autocast autocast;
+    const auto ref = llm::causal_lm_loss(torch::linear(hidden, weight), labels);
+    const auto ref_grads = torch::autograd::grad({ref}, {hidden, weight});
+    REQUIRE(ref_grads[0].scalar_type() == dtype);
+    for (const std::int64_t chunk : {0, 5}) {
+      const auto opts = llm::FusedCrossEntropyOptions().chunk_tokens(chunk);
+      const auto fused = llm::fused_linear_cross_entropy(hidden, weight, labels, std::nullopt, opts);
+      const auto parallel =
+          llm::vocab_parallel_fused_linear_cross_entropy(hidden, weight, labels, solo, std::nullopt, opts);
+      const auto unfused_parallel =
+          llm::vocab_parallel_causal_lm_loss(torch::linear(hidden, weight), labels, solo);
+      for (const auto& loss : {fused, parallel, unfused_parallel}) {
+        INFO(c10::toString(dtype) << ", chunk " << chunk << ", loss " << loss.item<double>() << " unfused "
+                                  << ref.item<double>());
+        CHECK(loss.scalar_type() == torch::kFloat32);
+        // The same bf16 logits upcast: float32 sums in another order.
+        CHECK(std::abs(loss.item<double>() - ref.item<double>()) <= 1e-5);
+        const auto g = torch::autograd::grad({loss}, {hidden, weight});
+        CHECK(g[0].scalar_type() == dtype);
+        CHECK(g[1].scalar_type() == dtype);
+        CHECK(rel_diff(g[0], ref_grads[0]) <= 1e-2);
+        CHECK(rel_diff(g[1], ref_grads[1]) <= 1e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("sft_loss under bf16 autocast (--bf16 true): fused equals unfused on a float32 model",
+          "[llm][fused]") {
+  for (const bool tied : {true, false}) {
+    INFO((tied ? "tied" : "untied"));
+    auto model = random_model(tiny_qwen2(tied));
+    model->train();
+    const auto ids = torch::randint(1, 97, {2, 16}, torch::kInt64);
+    const llm::SftTensors batch{ids, labels_for(ids), torch::ones({2, 16}, torch::kInt64),
+                                torch::empty({0}, torch::kInt64)};
+    BF16Autocast autocast;
+    const auto plain = run(model, batch, std::nullopt, false);
+    for (const auto& [name, g] : plain.grads)
+      CHECK(g.scalar_type() == torch::kFloat32);
+    // The rest of the model is the same computation on both sides; the head's bf16 rounding as above.
+    require_equal(run(model, batch, std::nullopt, true, 5), plain, 1e-5, 1e-2);
+    require_equal(run(model, batch, std::nullopt, true, 0), plain, 1e-5, 1e-2);
+  }
 }
 
 TEST_CASE(

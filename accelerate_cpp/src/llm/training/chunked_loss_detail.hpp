@@ -5,6 +5,7 @@
 
 #include <accel/errors.hpp>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -56,10 +57,20 @@ inline void check_label_range(const std::string& fn, const torch::Tensor& target
                      " and is not the ignore index " + std::to_string(ignore_index));
 }
 
+/// The dtype the head's matmuls run in: autocast's while it is on for `hidden`'s device (mixed_precision
+/// bf16 / fp16 over float32 master weights: what torch::linear and mm do there, so the unfused path's lm_head
+/// under autocast), else the inputs' own.
+inline c10::ScalarType compute_dtype(const torch::Tensor& hidden) {
+  const auto type = hidden.device().type();
+  if (at::autocast::is_autocast_enabled(type) && at::autocast::is_autocast_eligible(hidden, type))
+    return at::autocast::get_autocast_dtype(type);
+  return hidden.scalar_type();
+}
+
 /// What the chunks add to: the summed token losses and the gradients (undefined where not needed).
 struct ChunkSums {
   torch::Tensor loss;         // float32 scalar
-  torch::Tensor grad_hidden;  // [N, H] in hidden's dtype
+  torch::Tensor grad_hidden;  // [N, H] in hidden's dtype (not the compute dtype under autocast)
   torch::Tensor grad_weight;  // [V, H] (this rank's rows) float32 accumulator
 
   ChunkSums(const torch::Tensor& flat, const torch::Tensor& weight, bool need_hidden, bool need_weight)
@@ -70,11 +81,13 @@ struct ChunkSums {
   bool needs_gradients() const { return grad_hidden.defined() || grad_weight.defined(); }
 
   /// Adds one chunk's d loss / d logits (float32 [c, V]) to the gradients: `rows` of the flat hidden states,
-  /// `hc` their values.
+  /// `hc` their values and `weight` the head, both in the compute dtype. As the unfused backward under
+  /// autocast: the products in the compute dtype, then cast to the input's dtype (the autocast cast's
+  /// backward).
   void add_gradients(const torch::Tensor& grad_logits, const torch::Tensor& rows, const torch::Tensor& hc,
                      const torch::Tensor& weight) {
     const auto g = grad_logits.to(hc.scalar_type());  // the upcast's backward
-    if (grad_hidden.defined()) grad_hidden.index_copy_(0, rows, g.mm(weight));
+    if (grad_hidden.defined()) grad_hidden.index_copy_(0, rows, g.mm(weight).to(grad_hidden.scalar_type()));
     if (grad_weight.defined()) {
       if (grad_weight.scalar_type() == g.scalar_type()) {
         grad_weight.addmm_(g.t(), hc);
@@ -95,9 +108,11 @@ struct ChunkSums {
 /// The forward both fused losses share. Only the counted positions (shifted label other than ignore_index)
 /// reach the head: prompt tokens under completion-only / assistant-only loss and padding get no logits, no
 /// softmax and no share of either gradient matmul, so the head's FLOPs follow the counted labels. `check`
-/// sees their labels; `add(sums, rows, hidden_rows, targets, denominator)` adds one chunk. The chunks are the
-/// same on every rank of a group (the same labels, the same slice width): collectives inside `add` pair up.
-/// Returns the summed losses / the denominator (NaN for a mean over no label, as cross_entropy).
+/// sees their labels; `add(sums, rows, hidden_rows, head, targets, denominator)` adds one chunk,
+/// `hidden_rows` and `head` (the weight) in compute_dtype: under autocast the head is cast once here, as
+/// autocast casts the unfused lm_head's weight, and the gradients go back in each input's dtype. The chunks
+/// are the same on every rank of a group (the same labels, the same slice width): collectives inside `add`
+/// pair up. Returns the summed losses / the denominator (NaN for a mean over no label, as cross_entropy).
 template <typename Check, typename AddChunk>
 torch::Tensor chunked_forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                               const torch::Tensor& weight, const torch::Tensor& labels, double denominator,
@@ -111,10 +126,12 @@ torch::Tensor chunked_forward(torch::autograd::AutogradContext* ctx, const torch
   const auto counted = rows.numel();
   const double denom = denominator < 0 ? static_cast<double>(counted) : denominator;
   ChunkSums s(flat, weight, need_hidden, need_weight);
+  const auto dtype = compute_dtype(hidden);
+  const auto head = weight.to(dtype);  // no copy outside autocast
   chunk = balanced_rows(chunk, chunk_rows(chunk, weight.size(0)), counted);
   for (std::int64_t start = 0; start < counted; start += chunk) {
     const auto r = rows.slice(0, start, std::min(counted, start + chunk));
-    add(s, r, flat.index_select(0, r), targets.slice(0, start, start + r.numel()), denom);
+    add(s, r, flat.index_select(0, r).to(dtype), head, targets.slice(0, start, start + r.numel()), denom);
   }
   s.keep(ctx, hidden, weight);
   if (counted == 0 && denominator < 0)

@@ -45,8 +45,8 @@ class FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCros
         [&](const torch::Tensor& targets) {
           detail::check_label_range("fused_linear_cross_entropy", targets, vocab, ignore_index);
         },
-        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& targets,
-            double denom) { add_chunk(s, rows, hc, weight, targets, denom); });
+        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& head,
+            const torch::Tensor& targets, double denom) { add_chunk(s, rows, hc, head, targets, denom); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

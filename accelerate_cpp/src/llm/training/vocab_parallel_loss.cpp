@@ -123,8 +123,9 @@ class VocabParallelFusedCrossEntropy : public torch::autograd::Function<VocabPar
         [&](const torch::Tensor& targets) {
           check_targets("vocab_parallel_fused_linear_cross_entropy", targets, vocab, ignore_index);
         },
-        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& targets,
-            double denom) { add_chunk(s, rows, hc, weight, targets, denom, *group); });
+        [&](ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& head,
+            const torch::Tensor& targets,
+            double denom) { add_chunk(s, rows, hc, head, targets, denom, *group); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
