@@ -7,6 +7,7 @@
 //  - against bitsandbytes itself: the hidden case [.bnb], run by tests/python/python_crosschecks.sh.
 #include <catch2/catch.hpp>
 
+#include <accel/monitor/memory.hpp>
 #include <accel/nn/lora.hpp>
 #include <accel/nn/quant4bit.hpp>
 
@@ -169,6 +170,37 @@ TEST_CASE("quant: Linear4bit computes the layer with the dequantised weight, and
   CHECK_THROWS_WITH(accel::quant::quantize_linears(*member),
                     Catch::Contains("'fc' is also held outside the module registry"));
   CHECK(member->named_children()["fc"]->as<torch::nn::Linear>() != nullptr);  // left as it was
+}
+
+TEST_CASE(
+    "quant: Linear4bit keeps its codes for backward, not the dequantised weight (bitsandbytes' MatMul4Bit)") {
+  torch::manual_seed(2);
+  torch::nn::Linear dense(1024, 1024);
+  accel::quant::Linear4bit q4(dense);
+  q4->bias.set_requires_grad(true);
+  const auto x = torch::randn({4, 1024}, torch::requires_grad());
+  accel::CpuMemoryCounter::install();
+  const auto before = accel::CpuMemoryCounter::current();
+  auto y = q4(x);
+  // Held until backward: the output (16 KiB), not a float32 copy of the weight (4 MiB) as F::linear saves.
+  const auto held = accel::CpuMemoryCounter::current() - before;
+  INFO("bytes held after forward: " << held);
+  CHECK(held < 1024 * 1024);
+  const auto g = torch::randn({4, 1024});
+  y.backward(g);
+  const auto w = q4->dequantized_weight();
+  CHECK(torch::allclose(x.grad(), g.mm(w), 1e-6, 1e-6));
+  CHECK(torch::allclose(q4->bias.grad(), g.sum(0), 1e-6, 1e-6));
+  // Without a bias (o_proj, gate/up/down_proj), on a [B, T, in] input, single quantisation.
+  accel::quant::Quant4bitOptions single;
+  single.double_quant = false;
+  accel::quant::Linear4bit plain(torch::nn::Linear(torch::nn::LinearOptions(64, 32).bias(false)), single);
+  const auto x3 = torch::randn({2, 3, 64}, torch::requires_grad());
+  const auto g3 = torch::randn({2, 3, 32});
+  const auto y3 = plain(x3);
+  CHECK(torch::allclose(y3, x3.matmul(plain->dequantized_weight().t()), 1e-6, 1e-6));
+  y3.backward(g3);
+  CHECK(torch::allclose(x3.grad(), g3.matmul(plain->dequantized_weight()), 1e-6, 1e-6));
 }
 
 // Run by tests/python/python_crosschecks.sh after bnb_4bit.py wrote bitsandbytes' results into ACCEL_BNB_DIR.
