@@ -125,7 +125,8 @@ std::string bytes_line(const MemoryReport& r) {
       "parameters={} gradients={} optimizer_state={} total={}{}", r.parameters, r.gradients,
       r.optimizer_state, r.total(),
       (r.nvme > 0 ? fmt::format(" nvme={}", r.nvme) : std::string()) +
-          (r.nvme_parameters > 0 ? fmt::format(" nvme_parameters={}", r.nvme_parameters) : std::string()));
+          (r.nvme_parameters > 0 ? fmt::format(" nvme_parameters={}", r.nvme_parameters) : std::string()) +
+          (r.gathered > 0 ? fmt::format(" gathered={}", r.gathered) : std::string()));
 }
 
 // One line per stage, then the heaviest stage's report.
