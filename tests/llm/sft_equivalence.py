@@ -14,6 +14,8 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          PEFT's trained model); our load_adapter of PEFT's trained adapter, merged and saved (--save_merged at
          learning rate 0), gives PEFT's logits in transformers (1e-4).
   full   full fine-tuning, the same (losses 1e-4, model tensors 1e-5).
+         --bf16 true (CPU autocast, float32 master weights), 3 steps: the fused loss equals the unfused one
+         (first step 1e-5, then 1e-3: bf16 rounding of the head's gradient products), off float32 by bf16 rounding.
   ranks  accel-launch 2 ranks x half the batch on ddp_cpu, zero_stage2, zero_stage3, fsdp_full_shard equal
          one process: losses within 1e-5, saved adapter / model within 1e-6.
   qlora  load_in_4bit (NF4, nested) + LoRA against transformers' BitsAndBytesConfig + PEFT on bitsandbytes'
@@ -278,7 +280,25 @@ def full_row(fin, tmp, base, tok, data):
     md = tensors_diff(our_model_tensors(os.path.join(hf_out, "model")),
                       our_model_tensors(os.path.join(out, "model")))
     check(md <= 1e-5, f"full: saved model has transformers' keys, tensors within 1e-5 (max |diff| {md:.2e})")
+    bf16_row(fin, tmp, base, data, ref)
     return out
+
+
+def bf16_row(fin, tmp, base, data, ref):
+    """--bf16 true (mixed_precision bf16: CPU autocast over float32 master weights), full, 3 steps: the fused
+    loss (the default) gives the unfused loss's steps (the first, before any update (warmup), to float32
+    summation order; then bf16 rounding of the head's gradient products: 1e-3 for steps moving the loss ~1e-1),
+    and its first loss is off the float32 one (SFTTrainer's) by bf16 rounding (autocast was on)."""
+    got = {}
+    for fused in ("true", "false"):
+        out = os.path.join(tmp, f"our_full_bf16_{fused}")
+        ours(fin, None, None, base, data, out, 4, 2, 3, 1e-3, ["--bf16", "true", "--fused_linear_cross_entropy", fused])
+        got[fused] = our_losses(out)
+    d0, d = abs(got["true"][0] - got["false"][0]), max_diff(got["true"], got["false"])
+    off = abs(got["true"][0] - ref[0])
+    check(d0 <= 1e-5 and d <= 1e-3 and 1e-5 < off <= 2e-2,
+          f"full --bf16 true: fused loss's 3 steps equal the unfused loss's (first {d0:.2e} <= 1e-5, max |diff| "
+          f"{d:.2e} <= 1e-3); first step off float32 by {off:.2e} (bf16 autocast, in (1e-5, 2e-2])")
 
 
 def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
