@@ -1,5 +1,6 @@
 #include "accel/llm/models/causal_lm.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "accel/nn/activation_checkpoint.hpp"
 #include "accel/nn/quant4bit.hpp"
 #include "accel/parallel/tensor_parallel.hpp"
+#include "llm/models/fused_layer_ops.hpp"
 #include "llm/models/sequence_parallel_detail.hpp"
 #include "llm/models/tensor_parallel_detail.hpp"
 
@@ -43,9 +45,38 @@ torch::Tensor project(const torch::nn::Module& parent, const char* name, const t
                    "tp::ColumnParallelLinear / RowParallelLinear");
 }
 
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const auto half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+// Set by a decoder layer for the length of its own checkpoint recomputation (accel::checkpoint_recomputing):
+// the layer's output value is then discarded, and the MLP's down_proj, whose output reaches nothing but the
+// residual add making that output, builds only its backward graph (PyTorch's non-reentrant checkpoint stops
+// recomputing before that matmul: every tensor backward saves is back by then).
+thread_local bool tl_layer_output_discarded = false;
+
+struct LayerOutputDiscarded {
+  explicit LayerOutputDiscarded(bool on) : saved(std::exchange(tl_layer_output_discarded, on)) {}
+  ~LayerOutputDiscarded() { tl_layer_output_discarded = saved; }
+  LayerOutputDiscarded(const LayerOutputDiscarded&) = delete;
+  LayerOutputDiscarded& operator=(const LayerOutputDiscarded&) = delete;
+  bool saved;
+};
+
+// project() for a projection whose output value nobody reads: the linear's graph without its matmul
+// (accel::linear_graph_only) for a plain Linear or a 4-bit base. A layer whose output something observes or
+// changes is computed in full by project(): LoRA's adapters (children of the Linear, the observer adding
+// their term; a Linear4bit's output_hook), tensor-parallel layers (their collectives).
+torch::Tensor project_graph_only(const torch::nn::Module& parent, const char* name, const torch::Tensor& x) {
+  const auto children = parent.named_children();
+  const auto* child = children.find(name);
+  if (child != nullptr && (*child)->children().empty()) {
+    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child->get()))
+      return linear_graph_only(x, linear->weight, linear->bias);
+    auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get());
+    if (q != nullptr && !q->output_hook && !at::autocast::is_autocast_enabled(x.device().type())) {
+      const auto dtype = x.scalar_type();  // Linear4bitImpl::forward's compute dtype without autocast
+      return linear_graph_only(x, q->dequantized_weight(dtype),
+                               q->bias.defined() ? q->bias.to(dtype) : torch::Tensor());
+    }
+  }
+  return project(parent, name, x);
 }
 
 torch::Tensor repeat_kv(const torch::Tensor& x, std::int64_t groups) {
@@ -113,11 +144,7 @@ RMSNormImpl::RMSNormImpl(std::int64_t size, double eps, const std::string& class
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  auto h = x.to(torch::kFloat32);
-  const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * torch::rsqrt(variance + eps_);
-  return weight * h.to(dtype);
+  return detail::rms_norm(x, weight, eps_);  // transformers' ops in one autograd node
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, std::int64_t layer_index)
@@ -153,8 +180,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  q = q * c + rotate_half(q) * s;
-  k = k * c + rotate_half(k) * s;
+  q = detail::apply_rotary(q, c, s);
+  k = detail::apply_rotary(k, c, s);
   if (sequence_.group) {  // sequence / context parallelism: the heads or the keys travel (no cache)
     const auto out = detail::sequence_parallel_attention(sequence_, q, k, v, mask, num_heads_ / num_kv_heads_,
                                                          1.0 / std::sqrt(static_cast<double>(head_dim_)));
@@ -197,8 +224,8 @@ MlpImpl::MlpImpl(const ModelConfig& c) : torch::nn::Module(class_name(c, "MLP"))
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return project(*this, "down_proj",
-                 torch::silu(project(*this, "gate_proj", x)) * project(*this, "up_proj", x));
+  const auto down = tl_layer_output_discarded ? project_graph_only : project;  // see project_graph_only
+  return down(*this, "down_proj", torch::silu(project(*this, "gate_proj", x)) * project(*this, "up_proj", x));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, std::int64_t layer_index)
@@ -215,7 +242,11 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   if (cache == nullptr && gradient_checkpointing()) {
     // cos, sin and the mask need no gradient: captured, not inputs.
     return checkpointed_call(
-        [=](const torch::Tensor& h) { return forward_block(h, cos, sin, mask, nullptr); }, x, is_training());
+        [=](const torch::Tensor& h) {
+          const LayerOutputDiscarded discarded(checkpoint_recomputing());  // see project_graph_only
+          return forward_block(h, cos, sin, mask, nullptr);
+        },
+        x, is_training());
   }
   return forward_block(x, cos, sin, mask, cache);
 }
