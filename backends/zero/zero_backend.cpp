@@ -530,10 +530,15 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
     // A bucket of one parameter (a parameter above reduce_bucket_size: the embedding, the LM head) is reduced
     // in the gradient autograd made, which nothing else holds: no copy of it exists beside it. (While post
     // hooks run, autograd's engine keeps the gradient it handed to AccumulateGrad in its list of the node's
-    // inputs, which it drops after them: that is the second reference to a stolen gradient.)
+    // inputs, which it drops after them: that is the second reference to a stolen gradient. When
+    // AccumulateGrad stole it as `new_grad.detach()`, .grad is an alias of its own and the engine's tensor
+    // the storage's one other owner: the embedding's and an untied head's gradients arrive so, and took the
+    // copy path below, a second [vocab, hidden] buffer beside them; issue 51.)
     const auto& grad = p.grad();
-    if (b.members.size() == 1 && grad.defined() && grad.use_count() <= 2 && grad.storage().use_count() == 1 &&
-        grad.is_contiguous() && grad.layout() == torch::kStrided && grad.scalar_type() == p.scalar_type()) {
+    const bool sole = grad.defined() && ((grad.use_count() <= 2 && grad.storage().use_count() == 1) ||
+                                         (grad.use_count() == 1 && grad.storage().use_count() == 2));
+    if (b.members.size() == 1 && sole && grad.is_contiguous() && grad.layout() == torch::kStrided &&
+        grad.scalar_type() == p.scalar_type()) {
       b.filling = grad.view({-1});
       p.mutable_grad() = torch::Tensor();
       for (auto launchable : clock_.mark(ref_.at(index).bucket))
