@@ -15,6 +15,9 @@ every check passed):
                    (which AdamW's step would not show off by a factor) within 1e-5 of one process, the saved
                    model (gathered: transformers' names and full shapes) within 1e-5; rank 0's parameter count
                    shows the split (embedding included).
+  bf16 tp_size     the same tp_size 2 vocabulary-parallel run with --bf16 true (CPU bf16 autocast; its matmul
+                   scratch comes through c10's raw_allocate, which CpuMemoryCounter's wrapper must support): per-step
+                   losses within 5e-3 (bf16 rounding; measured 1.4e-3) of one process in bf16 and in float32.
   full autotp      through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
                    deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes; its
                    gradient_clipping clips inside the engine, so norms are not compared there), the default
@@ -260,6 +263,15 @@ def main():
                   f"loaded bytes, {label.split(' (')[0]}: rank 0 allocated "
                   f"{got} bytes reading its slices = the replicated tensors + half of the split ones "
                   f"({want}; the whole checkpoint: {slice_bytes(qwen2, True, tp=1)})")
+        # bf16 autocast under tp 2: LibTorch's bf16 CPU matmul takes scratch through c10's raw_allocate, which
+        # asserted on CpuMemoryCounter's allocator (installed by the slice loading) until it kept context == data.
+        one_bf16, tp_bf16 = os.path.join(tmp, "one_bf16"), os.path.join(tmp, "tp_bf16")
+        finetune(fin, None, None, qwen2, data, one_bf16, ["--bf16", "true"])
+        finetune(fin, launch, tp_yaml, qwen2, data, tp_bf16, ["--bf16", "true"] + vp)
+        d, d32 = max_diff(losses(one_bf16), losses(tp_bf16)), max_diff(losses(one), losses(tp_bf16))
+        check(d <= 5e-3 and d32 <= 5e-3, f"bf16 tp_size 2 vocab-parallel (--bf16 true, fused loss): "
+              f"{len(losses(tp_bf16))} step losses within bf16 rounding (5e-3) of one process in bf16 (max |diff| "
+              f"{d:.2e}) and in float32 ({d32:.2e})")
         # tp 2 x dp 2 on 4 ranks: ZeRO-2 shards gradients and optimizer state over the 2 replicas, each reading
         # half of the batch (2 rows of one process's 4).
         ds4_yaml = write_yaml(tmp, "autotp4.yaml", "distributed_type: DEEPSPEED\n" +
