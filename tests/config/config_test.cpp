@@ -1807,6 +1807,35 @@ TEST_CASE("estimate_memory: NVMe offload of the parameters keeps a few unit shar
                     Catch::Contains("offload_param nvme needs --backend zero with --zero_stage 3"));
 }
 
+TEST_CASE("estimate_memory: a frozen base's gathered units have no gradient buffer", "[config]") {
+  accel::MemoryEstimateInput in;
+  in.num_parameters = 2000000;  // LoRA adapters, the trainable part
+  in.num_processes = 2;
+  in.backend = "zero";
+  in.zero_stage = 3;
+  in.largest_unit_parameters = 136134656;  // Qwen2.5-0.5B's tied embedding, one unit
+  in.frozen_parameters = 166000000;
+  in.frozen_dtype = "fp32";
+  // The unit computing and the one prefetched, in the base's dtype, and a gradient buffer of at most the
+  // trainable parameters (full_shard_backend's frozen flats are never reduced).
+  CHECK(accel::estimate_memory(in).gathered == 2ULL * 4 * 136134656 + 4ULL * 2000000);
+  in.frozen_dtype = "bf16";
+  CHECK(accel::estimate_memory(in).gathered == 2ULL * 2 * 136134656 + 4ULL * 2000000);
+  // A 4-bit base is never sharded nor gathered: only the trainable parameters are.
+  in.frozen_dtype = "4bit";
+  CHECK(accel::estimate_memory(in).gathered == 3ULL * 4 * 2000000);
+  // Without a frozen base the unit's whole gradient is held too (unchanged); FULL_SHARD gathers as stage 3.
+  in.frozen_parameters = 0;
+  CHECK(accel::estimate_memory(in).gathered == 3ULL * 4 * 136134656);
+  in.frozen_parameters = 166000000;
+  in.frozen_dtype = "fp32";
+  in.backend = "fsdp";
+  in.fsdp_sharding_strategy = "FULL_SHARD";
+  CHECK(accel::estimate_memory(in).gathered == 2ULL * 4 * 136134656 + 4ULL * 2000000);
+  in.fsdp_sharding_strategy = "SHARD_GRAD_OP";  // parameters whole: nothing gathered
+  CHECK(accel::estimate_memory(in).gathered == 0);
+}
+
 TEST_CASE("estimate_memory: each backend's config part gives its layout", "[config]") {
   accel::MemoryEstimateInput in;
   in.num_parameters = 1000;

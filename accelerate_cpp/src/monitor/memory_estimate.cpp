@@ -297,6 +297,24 @@ std::uint64_t largest_unit(const MemoryEstimateInput& in) {
   return unit;
 }
 
+// Bytes a stage-3 / FULL_SHARD rank holds at once in gathered units (backends/zero/full_shard_backend.cpp):
+// touch() releases every unpinned unit except the one it prefetches before gathering, so two units are
+// whole at once (the one computing, the next one prefetched), and on_grad() accumulates a unit's gradients
+// into a flat buffer of the unit's whole size until its reduce-scatter. Trainable: 3 x the largest unit in
+// fp32. A unit's frozen parameters (requires_grad false at prepare: a LoRA base) form flat vectors of their
+// own that are gathered in their dtype and never get a gradient buffer, so with a frozen base the largest
+// unit counts twice in the frozen dtype, and its gradient buffer holds at most the trainable parameters. A
+// 4-bit base is buffers, never sharded nor gathered: only the trainable parameters are.
+std::uint64_t gathered_units(const MemoryEstimateInput& in) {
+  const std::uint64_t unit = largest_unit(in);
+  if (in.frozen_parameters == 0) return 3 * 4 * unit;
+  const std::uint64_t trainable = std::min(unit, in.num_parameters);
+  const bool four_bit = in.frozen_dtype == "4bit" || in.frozen_dtype == "4bit_single";
+  if (four_bit) return 3 * 4 * trainable;
+  const std::uint64_t frozen_element = in.frozen_dtype == "fp32" ? 4 : 2;
+  return 2 * frozen_element * unit + 4 * trainable;
+}
+
 MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   const auto stages = estimate_pipeline_memory(in);
   auto r = std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
@@ -345,7 +363,7 @@ MemoryReport estimate_memory(const MemoryEstimateInput& in) {
   }
   // The units gathered while training (the layout's fact sheet says whether it gathers any).
   if (sharding_of(estimate_config(in)).shards_parameters && in.num_processes / in.pipeline_stages > 1)
-    r.gathered = 3 * 4 * largest_unit(in);
+    r.gathered = gathered_units(in);
   return r;
 }
 
