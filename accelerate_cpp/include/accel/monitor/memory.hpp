@@ -22,10 +22,12 @@ struct MemoryReport {
   /// total().
   std::uint64_t nvme_parameters = 0;
   /// Estimates only: while training, the layouts that shard parameters (ZeRO-3, FSDP FULL_SHARD and the
-  /// hybrid strategies) also hold, for a moment each, the unit computing and the next one prefetched (whole,
-  /// fp32) and the unit's whole gradient before its reduce-scatter: 3 x the largest unit's bytes (from
+  /// hybrid strategies) also hold, for a moment each, the unit computing and the next one prefetched (whole)
+  /// and the unit's flat gradient before its reduce-scatter: 3 x the largest unit's fp32 bytes (from
   /// MemoryEstimateInput::largest_unit_parameters or layer_parameters; 0 when unknown or nothing is
-  /// gathered). Not part of total(); activations come on top.
+  /// gathered). With a frozen base (LoRA) the two whole units are in the base's dtype and the gradient buffer
+  /// covers only the trainable parameters (frozen flats are never reduced); a 4-bit base is never gathered.
+  /// Not part of total(); activations come on top.
   std::uint64_t gathered = 0;
   std::uint64_t total() const noexcept { return parameters + gradients + optimizer_state; }
   /// total() + gathered: the peak while training, activations aside.
