@@ -1,6 +1,7 @@
-// Forward and full training step (AdamW) tokens/s of an accel::llm causal LM with random weights, and the
-// measured fp32 GEMM rate of this machine (the roofline of both). bench/llm/models_bench.py runs it
-// interleaved with transformers on the same shape and prints BENCHMARKS.md's table ("Models").
+// Forward and full training step (AdamW: accel::optim::ChunkedAdamW, the Trainer's adamw_torch) tokens/s of
+// an accel::llm causal LM with random weights, and the measured fp32 GEMM rate of this machine (the roofline
+// of both). bench/llm/models_bench.py runs it interleaved with transformers on the same shape and prints
+// BENCHMARKS.md's table ("Models").
 //
 //   bench_models --config config.json --mode forward|train|gemm [--seq 512] [--batch 1] [--steps 3]
 //                [--warmup 1] [--threads 2] [--phases 1]
@@ -11,6 +12,7 @@
 // layer's down_proj and the embedding get their gradient: where the step's peak is, to compare with
 // models_bench.py's same lines for transformers. --hold-logits 1 keeps the step's logits through backward.
 #include <accel/llm/models/causal_lm.hpp>
+#include <accel/optim/chunked_adamw.hpp>
 
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -127,7 +129,9 @@ int main(int argc, char** argv) try {
   const auto ids = torch::randint(0, config.vocab_size, {a.batch, a.seq}, torch::kInt64);
   const bool train = a.mode == "train";
   if (!train && a.mode != "forward") throw std::invalid_argument("--mode takes forward, train or gemm");
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-5));
+  // What the Trainer's `optim: adamw_torch` steps with: LibTorch's AdamW operator for operator (bitwise
+  // equal) in cache-sized slices, as transformers' Trainer steps with PyTorch's single-tensor AdamW on CPU.
+  accel::optim::ChunkedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-5));
   PhaseMarks marks;
   marks.on = train && a.phases != 0;
   if (marks.on) {
