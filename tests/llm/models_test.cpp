@@ -647,6 +647,19 @@ void randomize_adapters(torch::nn::Module& model) {
     if (p.key().find("lora_") != std::string::npos) p.value().normal_(0.0, 0.3);
 }
 
+// check_checkpointed_step on a tiny Qwen2 with LoRA (r 4, alpha 8, dropout 0.1) on `targets`.
+void check_checkpointed_lora(const std::vector<std::string>& targets, int skipped_products) {
+  auto model = random_model(tiny("qwen2"));
+  accel::peft::LoraConfig lora;
+  lora.r = 4;
+  lora.lora_alpha = 8;
+  lora.lora_dropout = 0.1;
+  lora.target_modules = targets;
+  auto peft = accel::peft::get_peft_model(model, lora);
+  randomize_adapters(*model);
+  check_checkpointed_step(model, skipped_products);
+}
+
 }  // namespace
 
 TEST_CASE("Checkpointing recomputes no down_proj matmul and keeps every gradient bit for bit",
@@ -661,26 +674,10 @@ TEST_CASE("Checkpointing recomputes no down_proj matmul and keeps every gradient
     check_checkpointed_step(model, kLayers);
   }
   SECTION("LoRA on q_proj and v_proj with dropout: the frozen down_proj is skipped") {
-    auto model = random_model(tiny("qwen2"));
-    accel::peft::LoraConfig lora;
-    lora.r = 4;
-    lora.lora_alpha = 8;
-    lora.lora_dropout = 0.1;
-    lora.target_modules = {"q_proj", "v_proj"};
-    auto peft = accel::peft::get_peft_model(model, lora);
-    randomize_adapters(*model);
-    check_checkpointed_step(model, kLayers);
+    check_checkpointed_lora({"q_proj", "v_proj"}, kLayers);
   }
   SECTION("LoRA on every linear: down_proj carries an adapter, so its product is recomputed") {
-    auto model = random_model(tiny("qwen2"));
-    accel::peft::LoraConfig lora;
-    lora.r = 4;
-    lora.lora_alpha = 8;
-    lora.lora_dropout = 0.1;
-    lora.target_modules = {"all-linear"};
-    auto peft = accel::peft::get_peft_model(model, lora);
-    randomize_adapters(*model);
-    check_checkpointed_step(model, 0);
+    check_checkpointed_lora({"all-linear"}, 0);
   }
   SECTION("QLoRA: a 4-bit down_proj without adapter is skipped, the adapters' gradients unchanged") {
     auto model = random_model(tiny("qwen2"));
