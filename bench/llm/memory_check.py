@@ -48,6 +48,10 @@ SIZES = {  # name -> overrides of Qwen2-0.5B's shape
     "0.5B-4L": {"num_hidden_layers": 4},
     "0.5B-2L": {"num_hidden_layers": 2},
     "0.5B-2L-untied": {"num_hidden_layers": 2, "tie_word_embeddings": False},
+    # Qwen2.5-1.5B (1.54 B parameters, tied; 6.2 GB in float32): every key that differs from the 0.5B shape (vocab,
+    # 2 KV heads, rms_norm_eps, rope_theta and the tied head are the same).
+    "1.5B": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "max_position_embeddings": 131072},
 }
 
 
