@@ -11,9 +11,32 @@ memory").
 Both sides: per_device_train_batch_size 1 (2 rows of SEQ tokens per step), AdamW (adamw_torch), constant
 learning rate, max_grad_norm 1.0, logging every step, OMP_NUM_THREADS=1 per rank, no saving inside training;
 LoRA r 8, alpha 16, dropout 0 on q_proj and v_proj; gradient checkpointing off or on on both sides
-(transformers with use_reentrant False; ours has one mechanism, which computes the same gradients). The data are SEQ - 1 random digits per row plus the end-of-text token (the tokenizer, a byte-level BPE
-in Qwen2's layout made here, splits digits one by one, as Qwen2's does), so both sides see exactly SEQ tokens
-per row: the script checks it from our log's num_input_tokens_seen and from the rows the worker builds.
+(transformers with use_reentrant False; ours has one mechanism, which computes the same gradients).
+
+Data (--data, a comma list run interleaved: text, completion or both; default text):
+- text: {"text"} rows of SEQ - 1 random digits; both pipelines append the end-of-text token, so each row is
+  SEQ tokens (the tokenizer, a byte-level BPE in Qwen2's layout made here, splits digits one by one, as
+  Qwen2's does), all of them labels: SEQ - 1 counted labels per row (the last token predicts nothing).
+- completion: {"prompt", "completion"} rows, TRL's prompt-completion form: a prompt of P = round(--prompt-frac
+  x SEQ) random digits (default 0.5) and a completion of SEQ - P - 1 digits, to which both pipelines append
+  the end-of-text token: SEQ tokens, the prompt's P labels -100 (completion-only loss, as TRL's SFTTrainer
+  prepares such rows: labels = input_ids with -100 where the completion mask is 0), so SEQ - P counted labels
+  per row. Ours runs with --completion_only_loss true (also the recipe's default for this form, as TRL's);
+  its fused linear + cross-entropy computes the lm_head only at the positions whose next label counts,
+  transformers computes every position's logits. Theirs: the Trainer on rows of input_ids + labels built by
+  TRL's rule (prompt ids = tokenizer(prompt), ids = tokenizer(prompt + completion + eos), the prompt's
+  labels -100 up to their common prefix).
+Before the runs the script checks, per SEQ and mode, that the rows the Python worker builds are exactly those
+of TRL 1.16's SFTTrainer (its dataset preparation with completion_only_loss, on the same tokenizer) and those
+of our pipeline (accel::llm::prepare_sft_examples, through build/tests/llm/llm_data_tool with the model
+directory's tokenizer; skipped with a note if that tool is not built): the same input ids and labels, row
+for row; it prints the counted labels per step (labels[1:] != -100 summed over the ranks' rows: what
+transformers' num_items_in_batch and our sft_label_count count). During the runs it checks our log's
+num_input_tokens_seen (SEQ tokens per row), and prints each run's first logged loss: the same weights, rows
+and labels give the same value on both sides up to fp32 rounding (the two samplers pick the same rows; the
+text and completion modes' values differ). Tokens/s and CPU s per 1000 tokens count every input token
+(prompt + completion) in both modes, and the model FLOPs count the lm_head at every position (what
+transformers computes), so ours' roofline figure in completion mode includes head work it skips.
 
 Measured per run (each side in its own processes, the sides alternating: ours, theirs, ours, ...):
 - step times from the wall-clock time at which each step's log line reaches this script (ours: the Trainer's
@@ -45,11 +68,14 @@ activations per token as measured for transformers, the larger side) and compare
   .venv/bin/python bench/llm/finetune_bench.py                   # every case, 3 measured steps
   .venv/bin/python bench/llm/finetune_bench.py --types lora --seqs 512 --gc off --steps 2 --warmup 1
   .venv/bin/python bench/llm/finetune_bench.py --layers 4 --types full   # 0.5B width, 4 of 24 layers
+  # masked prompts against all-label rows, interleaved (text, completion per checkpointing setting):
+  .venv/bin/python bench/llm/finetune_bench.py --types lora --seqs 512 --gc off,on --data text,completion \
+      --warmup 1 --steps 2
 
-Options pick the cases (--types, --seqs, --gc, --sides), the steps (--warmup, --steps), the rounds
-(--rounds: each case's pair repeated, the medians of all measured steps taken), the depth (--layers) and the
-output (--json FILE: every step time and peak); --ours-extra passes more arguments to our recipe (e.g.
-'--fused_linear_cross_entropy false'). It is a program, not a test: CI never runs it.
+Options pick the cases (--types, --seqs, --gc, --data, --prompt-frac, --sides), the steps (--warmup,
+--steps), the rounds (--rounds: each case's pair repeated, the medians of all measured steps taken), the depth
+(--layers) and the output (--json FILE: every step time and peak); --ours-extra passes more arguments to our
+recipe (e.g. '--fused_linear_cross_entropy false'). It is a program, not a test: CI never runs it.
 """
 import argparse
 import json
@@ -110,11 +136,125 @@ def make_model(out_dir, layers):
     return shape
 
 
-def write_data(path, seq, rows, seed=0):
+def prompt_tokens(seq, prompt_frac):
+    """P, the prompt's tokens in completion mode: at least 1, leaving at least one digit of completion."""
+    return min(max(1, round(prompt_frac * seq)), seq - 2)
+
+
+def write_data(path, seq, rows, mode="text", prompt_frac=0.5, seed=0):
     rng = random.Random(seed)
+    digits = lambda n: "".join(rng.choice("0123456789") for _ in range(n))  # noqa: E731
+    p = prompt_tokens(seq, prompt_frac)
     with open(path, "w") as f:
         for _ in range(rows):
-            f.write(json.dumps({"text": "".join(rng.choice("0123456789") for _ in range(seq - 1))}) + "\n")
+            row = ({"text": digits(seq - 1)} if mode == "text" else
+                   {"prompt": digits(p), "completion": digits(seq - p - 1)})
+            f.write(json.dumps(row) + "\n")
+
+
+def common_prefix_length(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def build_rows(tok, path, seq):
+    """The Python side's rows {input_ids, labels, attention_mask}: text rows all labels; prompt-completion rows
+    by TRL's rule (eos appended to the completion, the prompt's labels -100 up to the common prefix)."""
+    eos_token = "<|endoftext|>"
+    eos = tok.convert_tokens_to_ids(eos_token)
+    rows = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "text" in r:
+                ids = tok(r["text"], add_special_tokens=False)["input_ids"] + [eos]
+                labels = list(ids)
+            else:
+                prompt_ids = tok(r["prompt"])["input_ids"]
+                ids = tok(r["prompt"] + r["completion"] + eos_token)["input_ids"]
+                n = common_prefix_length(prompt_ids, ids)
+                labels = [-100] * n + ids[n:]
+            assert len(ids) == seq, f"row of {len(ids)} tokens, expected {seq}"
+            rows.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
+    return rows
+
+
+def counted_labels(rows):
+    """Labels that count in a causal LM's loss, labels[1:] != -100 (transformers' num_items_in_batch)."""
+    return sum(sum(1 for x in r["labels"][1:] if x != -100) for r in rows)
+
+
+def trl_rows(model_dir, path, seq, work):
+    """TRL 1.16's SFTTrainer preparation of the same JSONL (completion_only_loss on) with the same tokenizer."""
+    import warnings
+
+    import datasets
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    datasets.disable_progress_bars()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    tiny = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    with open(path) as f:
+        data = [json.loads(line) for line in f]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SFTConfig's gradient_checkpointing default is deprecated in transformers 5
+        args = SFTConfig(output_dir=os.path.join(work, "trl_check"), report_to="none", use_cpu=True,
+                         per_device_train_batch_size=1, max_length=seq, completion_only_loss=True,
+                         dataset_num_proc=None)
+        ds = SFTTrainer(model=tiny, args=args, train_dataset=datasets.Dataset.from_list(data),
+                        processing_class=tok).train_dataset
+    return [{"input_ids": list(ds[i]["input_ids"]), "labels": list(ds[i]["labels"])} for i in range(len(ds))]
+
+
+def our_rows(a, model_dir, path, seq, work):
+    """accel::llm::prepare_sft_examples on the same JSONL with the model directory's tokenizer, as the recipe
+    prepares it (through llm_data_tool); None when that test tool is not built."""
+    tool = os.path.join(a.build, "tests", "llm", "llm_data_tool")
+    if not os.path.exists(tool):
+        return None
+    request = {"dataset": path, "tokenizer_dir": model_dir,
+               "options": {"max_length": seq, "completion_only_loss": True, "eos_token": "<|endoftext|>"},
+               "collator": {"pad_token_id": 0, "padding_free": False, "batch_size": 1}}
+    req = os.path.join(work, "llm_data_tool_request.json")
+    with open(req, "w") as f:
+        json.dump(request, f)
+    out = json.loads(subprocess.run([tool, "prepare", req], check=True, capture_output=True, text=True).stdout)
+    if "examples" not in out:
+        raise RuntimeError(f"llm_data_tool prepare {req}: {out}")
+    return [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in out["examples"]]
+
+
+def check_rows(a, model_dir, path, seq, mode, work):
+    """The worker's rows == TRL's == ours (ids and labels); returns the counted labels per row."""
+    from transformers import AutoTokenizer
+    mine = [{"input_ids": r["input_ids"], "labels": r["labels"]}
+            for r in build_rows(AutoTokenizer.from_pretrained(model_dir), path, seq)]
+    checked = []
+    for name, rows in (("TRL SFTTrainer", trl_rows(model_dir, path, seq, work)),
+                       ("ours (llm_data_tool)", our_rows(a, model_dir, path, seq, work))):
+        if rows is None:
+            print(f"# {mode} data: NOT checked against our pipeline ({a.build}/tests/llm/llm_data_tool is not "
+                  f"built)", flush=True)
+            continue
+        if rows != mine:
+            bad = next((i for i, (x, y) in enumerate(zip(rows, mine)) if x != y), min(len(rows), len(mine)))
+            raise RuntimeError(f"{mode} data {path}: {name}'s rows differ from the worker's "
+                               f"({len(rows)} against {len(mine)} rows, first difference in row {bad})")
+        checked.append(name)
+    per_row = {counted_labels([r]) for r in mine}
+    assert len(per_row) == 1, f"rows with different counted labels: {per_row}"
+    labels = per_row.pop()
+    masked = sum(1 for x in mine[0]["labels"] if x == -100)
+    print(f"# {mode} data, seq {seq}: {len(mine)} rows of {seq} tokens, {masked} labels -100 per row, {labels} "
+          f"counted labels per row ({RANKS * labels} per step of {RANKS * seq} tokens); ids and labels equal to "
+          f"{' and '.join(checked)}'s, row for row", flush=True)
+    return labels
 
 
 # ---- transformers' side (run under torchrun) --------------------------------------------------------------
@@ -123,14 +263,7 @@ def hf_worker(a):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
     torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(a.model)
-    eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    rows = []
-    with open(a.data) as f:
-        for line in f:
-            ids = tok(json.loads(line)["text"], add_special_tokens=False)["input_ids"] + [eos]
-            assert len(ids) == a.seq, f"row of {len(ids)} tokens, expected {a.seq}"
-            rows.append({"input_ids": ids, "labels": list(ids), "attention_mask": [1] * len(ids)})
+    rows = build_rows(AutoTokenizer.from_pretrained(a.model), a.data, a.seq)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     if a.type == "lora":
         from peft import LoraConfig, get_peft_model
@@ -141,6 +274,10 @@ def hf_worker(a):
         def on_step_end(self, args, state, control, **kw):
             if state.is_world_process_zero:
                 print(f"bench-step {state.global_step}", flush=True)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if state.is_world_process_zero and logs and "loss" in logs:
+                print(f"bench-loss {state.global_step} {logs['loss']}", flush=True)
 
     args = TrainingArguments(
         output_dir=a.out, per_device_train_batch_size=1, max_steps=a.max_steps, learning_rate=1e-4,
@@ -232,10 +369,13 @@ def run_side(cmd, env, is_rank, step_re, total_steps, log_path):
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         watcher = RankWatcher(p.pid, is_rank)
         watcher.start()
-        times, tokens, peaks, cpu = [], [], None, []
+        times, tokens, peaks, cpu, losses = [], [], None, [], []
         for line in p.stdout:
             t = time.perf_counter()
             log.write(line)
+            loss = re.search(r"'loss': ([0-9.e+-]+)|^bench-loss \d+ ([0-9.e+-]+)", line)
+            if loss:
+                losses.append(float(loss.group(1) or loss.group(2)))
             m = step_re.search(line)
             if m:
                 times.append(t)
@@ -251,11 +391,11 @@ def run_side(cmd, env, is_rank, step_re, total_steps, log_path):
         with open(log_path) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}, {len(times)} steps seen):\n{tail}")
-    return {"times": [t - start for t in times], "tokens": tokens, "peaks": peaks, "cpu": cpu,
+    return {"times": [t - start for t in times], "tokens": tokens, "peaks": peaks, "cpu": cpu, "losses": losses,
             "wall_s": time.perf_counter() - start, "series": watcher.series}
 
 
-def our_cmd(a, kind, seq, gc, steps, work, model_dir, data):
+def our_cmd(a, kind, seq, gc, steps, work, model_dir, data, mode):
     model_cfg = os.path.join(work, f"{kind}.model.yaml")
     with open(model_cfg, "w") as f:
         if kind == "lora":
@@ -272,10 +412,11 @@ def our_cmd(a, kind, seq, gc, steps, work, model_dir, data):
             "--warmup_steps", "0", "--weight_decay", "0", "--max_grad_norm", "1.0", "--optim", "adamw_torch",
             "--logging_steps", "1", "--save_strategy", "no", "--eval_strategy", "no",
             "--load_best_model_at_end", "false", "--report_to", "none", "--disable_tqdm", "true",
-            "--seed", "0", "--gradient_checkpointing", "true" if gc == "on" else "false", *a.ours_extra.split()]
+            "--seed", "0", "--gradient_checkpointing", "true" if gc == "on" else "false",
+            *(["--completion_only_loss", "true"] if mode == "completion" else []), *a.ours_extra.split()]
 
 
-def their_cmd(a, kind, seq, gc, steps, work, model_dir, data):
+def their_cmd(a, kind, seq, gc, steps, work, model_dir, data, mode):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
             os.path.abspath(__file__), "--hf-worker", "--type", kind, "--seq", str(seq), "--gc", gc,
             "--max_steps", str(steps), "--model", model_dir, "--data", data, "--out", os.path.join(work, "hf_out")]
@@ -365,6 +506,10 @@ def main():
     ap.add_argument("--types", default="lora,full")
     ap.add_argument("--seqs", default="512,2048")
     ap.add_argument("--gc", default="on,off", help="gradient checkpointing settings, in the order run")
+    ap.add_argument("--data", default="text", help="text (every token a label), completion (prompt-completion "
+                    "rows, the prompt's labels -100), or both as a comma list (run interleaved, in that order)")
+    ap.add_argument("--prompt-frac", type=float, default=0.5,
+                    help="completion data: the prompt's share of the SEQ tokens")
     ap.add_argument("--sides", default="ours,theirs")
     ap.add_argument("--warmup", type=int, default=1, help="steps dropped from the timing")
     ap.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -378,6 +523,9 @@ def main():
                     "'--fused_linear_cross_entropy false')")
     ap.add_argument("--keep", help="keep logs and the model in this directory")
     a = ap.parse_args()
+    modes = a.data.split(",")
+    if not modes or any(m not in ("text", "completion") for m in modes):
+        ap.error(f"--data takes text, completion or text,completion, got '{a.data}'")
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
     sides = a.sides.split(",")
@@ -399,50 +547,55 @@ def main():
     total = a.warmup + a.steps
     try:
         for seq in map(int, a.seqs.split(",")):
-            data = os.path.join(work, f"data_{seq}.jsonl")
-            write_data(data, seq, RANKS * total + 2)
-            for kind in a.types.split(","):
-                for gc in a.gc.split(","):
-                    need = need_gib(shape, seq, kind, gc)
-                    avail = mem_available_gib()
-                    limit = min(a.max_gib, avail - a.reserve_gib)
-                    case = f"{kind} seq {seq} checkpointing {gc}"
-                    if need > limit and not a.force:
-                        msg = (f"SKIPPED {case}: needs ~{need:.1f} GiB for {RANKS} ranks, limit {limit:.1f} GiB "
-                               f"(--max-gib {a.max_gib}, MemAvailable {avail:.1f} - --reserve-gib {a.reserve_gib})")
-                        print(msg, flush=True)
-                        skipped.append(msg)
-                        continue
-                    runs = {s: [] for s in sides}
-                    for rnd in range(a.rounds):
-                        # The GEMM rate before each pair (others' load varies): the roofline uses the highest.
-                        gemm_seen.append(gemm_rate(a, os.path.join(model_dir, "config.json"), 512))
-                        for side in sides:
-                            make = our_cmd if side == "ours" else their_cmd
-                            cmd = make(a, kind, seq, gc, total, work, model_dir, data)
-                            is_rank = ((lambda c: bool(c) and c[0].endswith("/finetune")) if side == "ours" else
-                                       (lambda c: "--hf-worker" in c))
-                            step_re = (re.compile(r"'step': (\d+)") if side == "ours" else
-                                       re.compile(r"^bench-step (\d+)"))
-                            log = os.path.join(work, f"{side}_{kind}_{seq}_{gc}_{rnd}.log")
-                            r = run_side(cmd, env, is_rank, step_re, total, log)
-                            if side == "ours" and r["tokens"] and r["tokens"][-1] != RANKS * seq * total:
-                                raise RuntimeError(f"ours saw {r['tokens'][-1]} tokens, expected "
-                                                   f"{RANKS * seq * total} ({log})")
-                            runs[side].append(r)
-                            st = [r["times"][i] - r["times"][i - 1] for i in range(max(a.warmup, 1), len(r["times"]))]
-                            peaks = " ".join(f"{v['hwm'] / 1e9:.2f}" for v in r["peaks"].values())
-                            anon = " ".join(f"{v['anon'] / 1e9:.2f}" for v in r["peaks"].values())
-                            cpu = " ".join("/".join(f"{x:.1f}" for x in s) for s in step_cpu(r, a.warmup))
-                            print(f"  {case} round {rnd} {side:6s}: steps "
-                                  f"{' '.join(f'{x:.1f}' for x in st)} s (CPU s per rank {cpu}; load average "
-                                  f"{os.getloadavg()[0]:.1f}), peak RSS per rank {peaks} GB "
-                                  f"(anonymous {anon} GB), "
-                                  f"run {r['wall_s']:.0f} s", flush=True)
-                    flops = flops_per_step(shape, seq, kind)
-                    summary = {s: summarize(runs[s], a.warmup, RANKS * seq, flops, max(gemm_seen)) for s in sides}
-                    results.append({"type": kind, "seq": seq, "gc": gc, "flops_per_step": flops,
-                                    "gemm_gflops": max(gemm_seen), **summary})
+            datas, labels = {}, {}
+            for mode in modes:
+                datas[mode] = os.path.join(work, f"data_{mode}_{seq}.jsonl")
+                write_data(datas[mode], seq, RANKS * total + 2, mode, a.prompt_frac)
+                labels[mode] = check_rows(a, model_dir, datas[mode], seq, mode, work)
+            for kind, gc, mode in ((k, g, m) for k in a.types.split(",") for g in a.gc.split(",") for m in modes):
+                data = datas[mode]
+                need = need_gib(shape, seq, kind, gc)
+                avail = mem_available_gib()
+                limit = min(a.max_gib, avail - a.reserve_gib)
+                case = f"{kind} seq {seq} checkpointing {gc} data {mode}"
+                if need > limit and not a.force:
+                    msg = (f"SKIPPED {case}: needs ~{need:.1f} GiB for {RANKS} ranks, limit {limit:.1f} GiB "
+                           f"(--max-gib {a.max_gib}, MemAvailable {avail:.1f} - --reserve-gib {a.reserve_gib})")
+                    print(msg, flush=True)
+                    skipped.append(msg)
+                    continue
+                runs = {s: [] for s in sides}
+                for rnd in range(a.rounds):
+                    # The GEMM rate before each pair (others' load varies): the roofline uses the highest.
+                    gemm_seen.append(gemm_rate(a, os.path.join(model_dir, "config.json"), 512))
+                    for side in sides:
+                        make = our_cmd if side == "ours" else their_cmd
+                        cmd = make(a, kind, seq, gc, total, work, model_dir, data, mode)
+                        is_rank = ((lambda c: bool(c) and c[0].endswith("/finetune")) if side == "ours" else
+                                   (lambda c: "--hf-worker" in c))
+                        step_re = (re.compile(r"'step': (\d+)") if side == "ours" else
+                                   re.compile(r"^bench-step (\d+)"))
+                        log = os.path.join(work, f"{side}_{kind}_{seq}_{gc}_{mode}_{rnd}.log")
+                        r = run_side(cmd, env, is_rank, step_re, total, log)
+                        if side == "ours" and r["tokens"] and r["tokens"][-1] != RANKS * seq * total:
+                            raise RuntimeError(f"ours saw {r['tokens'][-1]} tokens, expected "
+                                               f"{RANKS * seq * total} ({log})")
+                        runs[side].append(r)
+                        st = [r["times"][i] - r["times"][i - 1] for i in range(max(a.warmup, 1), len(r["times"]))]
+                        peaks = " ".join(f"{v['hwm'] / 1e9:.2f}" for v in r["peaks"].values())
+                        anon = " ".join(f"{v['anon'] / 1e9:.2f}" for v in r["peaks"].values())
+                        cpu = " ".join("/".join(f"{x:.1f}" for x in s) for s in step_cpu(r, a.warmup))
+                        print(f"  {case} round {rnd} {side:6s}: steps "
+                              f"{' '.join(f'{x:.1f}' for x in st)} s (CPU s per rank {cpu}; load average "
+                              f"{os.getloadavg()[0]:.1f}), peak RSS per rank {peaks} GB "
+                              f"(anonymous {anon} GB), "
+                              f"run {r['wall_s']:.0f} s, first step's loss "
+                              f"{r['losses'][0] if r['losses'] else float('nan'):.5f}", flush=True)
+                flops = flops_per_step(shape, seq, kind)
+                summary = {s: summarize(runs[s], a.warmup, RANKS * seq, flops, max(gemm_seen)) for s in sides}
+                results.append({"type": kind, "seq": seq, "gc": gc, "data": mode,
+                                "counted_labels_per_step": RANKS * labels[mode], "flops_per_step": flops,
+                                "gemm_gflops": max(gemm_seen), **summary})
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -466,14 +619,16 @@ def print_table(results, skipped, sides, a):
         for r in results:
             print(json.dumps(r))
         return
-    print("| type | seq | checkpointing | ours tokens/s | theirs tokens/s | ratio | ours s/step | theirs s/step | "
+    print("| type | seq | checkpointing | data | counted labels/step | ours tokens/s | theirs tokens/s | ratio | "
+          "ours s/step | theirs s/step | "
           "ours CPU s/1k tokens/rank | theirs | ratio (theirs/ours) | "
           "roofline ours | roofline theirs | peak RSS/rank ours | theirs | ratio | peak anonymous/rank ours | "
           "theirs | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         o, t = r["ours"], r["theirs"]
-        print(f"| {r['type']} | {r['seq']} | {r['gc']} | {o['tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
+        print(f"| {r['type']} | {r['seq']} | {r['gc']} | {r['data']} | {r['counted_labels_per_step']} of "
+              f"{RANKS * r['seq']} | {o['tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
               f"{o['tokens_per_s'] / t['tokens_per_s']:.2f}x | {o['step_s']:.1f} ({o['step_min']:.1f}-"
               f"{o['step_max']:.1f}) | {t['step_s']:.1f} ({t['step_min']:.1f}-{t['step_max']:.1f}) | "
               f"{o['cpu_s_per_1k_tokens_rank']:.2f} | {t['cpu_s_per_1k_tokens_rank']:.2f} | "
