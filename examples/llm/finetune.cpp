@@ -33,7 +33,10 @@
 #include <accel/trainer/trainer.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -99,17 +102,20 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
   return o;
 }
 
-torch::ScalarType dtype_of(const accel::ModelArguments& m) {
+// The dtype to load in; none for `auto`: the checkpoint config's dtype (float32 if it names none), as TRL
+// passes "auto" to from_pretrained (a bf16 checkpoint trains in bf16, not float32).
+std::optional<torch::ScalarType> dtype_of(const accel::ModelArguments& m) {
+  if (m.dtype == "auto") return std::nullopt;
   if (m.dtype == "bfloat16") return torch::kBFloat16;
   if (m.dtype == "float16") return torch::kFloat16;
-  return torch::kFloat32;  // float32, or auto without a config dtype to follow
+  return torch::kFloat32;
 }
 
 // `empty`: the parameters hold no memory until the Trainer has prepared (sharded) the model
 // (LoadShardedWeights).
 llm::CausalLM load_model(const accel::ModelArguments& m, const std::string& dir, bool empty) {
   llm::LoadOptions options;
-  options.dtype(dtype_of(m));
+  if (const auto dtype = dtype_of(m)) options.dtype(*dtype);
   if (empty) return llm::from_pretrained_empty(dir, options);
   if (m.load_in_4bit) {
     accel::quant::Quant4bitOptions q;
@@ -151,6 +157,28 @@ llm::SftBatches prepare_data(const std::string& path, const std::string& model_d
   return llm::SftBatches(std::move(examples), llm::sft_collator_options(options, pad));
 }
 
+// The checkpoint's config.json beside the saved model, its `dtype` (and an older `torch_dtype`) made the
+// saved tensors' dtype, as save_pretrained writes it: a float32 run of a bf16 checkpoint must not reload in
+// transformers (whose default dtype is the config's) as bf16.
+void write_config(const std::string& from, const fs::path& to, torch::ScalarType dtype) {
+  const auto src = fs::path(from) / "config.json";
+  std::ifstream in(src);
+  nlohmann::ordered_json config;
+  try {
+    config = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw accel::CheckpointError(src.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  const std::string name = dtype == torch::kBFloat16  ? "bfloat16"
+                           : dtype == torch::kFloat16 ? "float16"
+                                                      : "float32";
+  if (config.contains("torch_dtype")) config["torch_dtype"] = name;
+  config["dtype"] = name;
+  std::ofstream out(to / "config.json", std::ios::trunc);
+  out << config.dump(2) << "\n";
+  if (!out) throw accel::CheckpointError("cannot write " + (to / "config.json").string());
+}
+
 // The tokenizer files beside a saved model or adapter, as Hugging Face's Trainer saves them.
 void copy_tokenizer_files(const std::string& from, const fs::path& to) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -160,8 +188,11 @@ void copy_tokenizer_files(const std::string& from, const fs::path& to) {
   }
 }
 
+// `dtype`: the dtype the model was loaded in (a 4-bit base's other parameters, and its merged export, are in
+// it).
 void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::LoraModel* lora,
-                  const std::string& model_dir, const fs::path& out, bool save_merged) {
+                  const std::string& model_dir, const fs::path& out, bool save_merged,
+                  torch::ScalarType dtype) {
   const auto state = acc.get_state_dict(model);  // collective: every rank
   if (lora != nullptr) {
     lora->save_adapter((out / "adapter").string(), state);  // safe on every rank
@@ -177,8 +208,7 @@ void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::Lo
   }
   acc.save_model(model, (out / "model").string());
   if (acc.is_main_process()) {
-    fs::copy_file(fs::path(model_dir) / "config.json", out / "model" / "config.json",
-                  fs::copy_options::overwrite_existing);
+    write_config(model_dir, out / "model", dtype);
     copy_tokenizer_files(model_dir, out / "model");
   }
   acc.wait_for_everyone();
@@ -245,13 +275,56 @@ void load_slices(accel::Accelerator& acc, llm::CausalLMImpl& model, const std::s
             accel::CpuMemoryCounter::peak() - before, ")");
 }
 
+bool on_command_line(int argc, char** argv, const std::string& key) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--" + key || a.rfind("--" + key + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
+// The training types' files (TYPE.yaml) are shared with the classifier examples: eval_strategy: epoch and
+// load_best_model_at_end by metric_for_best_model: accuracy. This recipe evaluates --eval_dataset only, and
+// its evaluation gives eval_loss: without --eval_dataset the files' evaluation is turned off, and their
+// accuracy becomes the loss (HF's default metric), each with a notice. Set on the command line, they stay
+// (an evaluation asked for without data is refused, as HF's Trainer refuses it).
+std::vector<std::string> recipe_evaluation(accel::TrainingArguments& args, const SftOptions& sft, int argc,
+                                           char** argv) {
+  std::vector<std::string> notices;
+  if (sft.eval_dataset.empty() && args.eval_strategy != "no") {
+    if (on_command_line(argc, argv, "eval_strategy"))
+      throw accel::UsageError(
+          "finetune: --eval_strategy " + args.eval_strategy +
+          " evaluates --eval_dataset FILE, and none was given; pass it, or --eval_strategy no");
+    notices.push_back("no --eval_dataset: evaluation off (" + args.source +
+                      " sets eval_strategy: " + args.eval_strategy +
+                      (args.load_best_model_at_end ? ", load_best_model_at_end: true" : "") +
+                      "); pass --eval_dataset FILE to evaluate");
+    args.eval_strategy = "no";
+    args.load_best_model_at_end = false;
+  }
+  const auto metric = args.metric_for_best_model.value_or("");
+  if (!sft.eval_dataset.empty() && args.load_best_model_at_end &&
+      (metric == "accuracy" || metric == "eval_accuracy") &&
+      !on_command_line(argc, argv, "metric_for_best_model")) {
+    notices.push_back(
+        "metric_for_best_model: " + metric + " (" + args.source +
+        ") is not computed by this recipe's evaluation (eval_loss): the best model is chosen by "
+        "loss; set --metric_for_best_model to choose another");
+    args.metric_for_best_model = "loss";
+    args.greater_is_better = false;
+  }
+  return notices;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::vector<std::string> rest;
-  const auto args = accel::TrainingArguments::from_command_line(argc, argv, &rest);
+  auto args = accel::TrainingArguments::from_command_line(argc, argv, &rest);
   const auto model_args = accel::ModelArguments::from_command_line(rest, &rest);
   const auto sft = parse_sft_options(rest);
+  const auto evaluation_notices = recipe_evaluation(args, sft, argc, argv);
   if (!model_args.model_name_or_path)
     throw accel::UsageError("finetune: give the model directory with --model_name_or_path DIR");
   const std::string dir = *model_args.model_name_or_path;
@@ -263,6 +336,7 @@ int main(int argc, char** argv) try {
   const bool sharded = sharded_loading(args, model_args);
   const bool tp_slices = tensor_parallel_loading(model_args);
   auto model = load_model(model_args, dir, sharded || tp_slices);
+  const auto dtype = model->model->embed_tokens->weight.scalar_type();  // the load's (`auto`: the config's)
 
   // The loss summed over each batch's label tokens, divided by the Trainer by the label tokens of the whole
   // accumulation window on every rank (Hugging Face's num_items_in_batch): any number of ranks and any
@@ -327,13 +401,15 @@ int main(int argc, char** argv) try {
   if (lora) trainer.set_peft_model(lora);
   for (const auto& notice : model_args.notices)
     acc.print("finetune: ", notice);
+  for (const auto& notice : evaluation_notices)
+    acc.print("finetune: ", notice);
   const auto [trainable, total] = count_parameters(*model);
   acc.print("finetune: ", lora ? (model_args.load_in_4bit ? "qlora" : "lora") : "full", " | ", examples,
             " examples | trainable parameters ", trainable, " of ", total);
   const auto result = trainer.train();
   if (result.interrupted) return 0;
   if (!sft.eval_dataset.empty()) trainer.evaluate();
-  save_outputs(acc, model, lora.get(), dir, fs::path(args.output_dir), sft.save_merged);
+  save_outputs(acc, model, lora.get(), dir, fs::path(args.output_dir), sft.save_merged, dtype);
   acc.print("finetune: train loss ", result.training_loss);
   return 0;
 } catch (const std::exception& e) {

@@ -22,6 +22,10 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          CPU Linear4bit (adapters kept in fp32: TRL 1.16 would make them bf16), 8 steps: with bitsandbytes given
          the nearest 8-bit absmax codes (as accel::quant picks them; its CPU search takes a neighbour in a few
          blocks) losses within 1e-4 and adapters within 1e-5; with each library's own codes losses within 1e-4.
+  readme the README's `accel-launch train -t full finetune --model_name_or_path DIR --dataset FILE` with the
+         type's shipped files (eval_strategy: epoch, no --eval_dataset) on a bf16 checkpoint: it trains;
+         --dtype auto keeps bf16 and --dtype float32 saves float32 with a config.json saying so (transformers
+         reloads each in the dtype its own --dtype would give).
 Exit 77 when trl / peft / transformers / bitsandbytes are not importable.
 """
 import json
@@ -321,6 +325,36 @@ def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
               f"process x batch 4 (max |diff| {d:.2e} <= 1e-5), saved {sub} (max |diff| {td:.2e} <= 1e-6)")
 
 
+def readme_row(fin, launch, tmp, base, data):
+    """The README's command as a new user types it (accel-launch train -t full, the type's shipped files, which
+    set eval_strategy: epoch and metric_for_best_model: accuracy), on a bfloat16 checkpoint as the Hub ships
+    them: it trains without --eval_dataset; --dtype auto loads the checkpoint's dtype, as TRL passes "auto" to
+    from_pretrained; the saved config.json names the saved tensors' dtype, as save_pretrained writes it (a
+    float32 run of a bf16 base must not reload in transformers as bf16)."""
+    bf16 = os.path.join(tmp, "base_bf16")
+    AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).save_pretrained(bf16)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(base, name)):
+            shutil.copy(os.path.join(base, name), bf16)
+    ref = {d: AutoModelForCausalLM.from_pretrained(bf16, dtype=d if d == "auto" else getattr(torch, d)).dtype
+           for d in ("auto", "float32")}
+    for dtype, cmd in [("auto", [launch, "train", "-t", "full", fin]), ("float32", [fin])]:
+        out = os.path.join(tmp, f"readme_{dtype}")
+        cmd = cmd + ["--model_name_or_path", bf16, "--dataset", data, "--output_dir", out, "--max_steps", "1",
+                     "--per_device_train_batch_size", "2", "--dtype", dtype, "--report_to", "none"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if r.returncode != 0:
+            check(False, f"readme: {' '.join(cmd[:5])} ... --dtype {dtype} runs (exit {r.returncode}: "
+                  f"{[l for l in (r.stderr + r.stdout).splitlines() if 'error' in l][-1:]})")
+            continue
+        saved = {t.dtype for t in load_file(os.path.join(out, "model", "model.safetensors")).values()}
+        loaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).dtype
+        check(saved == {ref[dtype]} and loaded == ref[dtype],
+              f"readme: finetune --dtype {dtype} on a bf16 checkpoint{' (accel-launch train -t full)' if launch in cmd else ''}"
+              f" saves {sorted(map(str, saved))}, transformers reloads it as {loaded} (transformers' --dtype "
+              f"{dtype}: {ref[dtype]})")
+
+
 def nearest_absmax_codes(qmodel, base):
     """bitsandbytes' 4-bit layers with the nearest 8-bit absmax codes (double quantisation), as accel::quant
     chooses them: bitsandbytes' CPU search sometimes takes the neighbour of the nearest code (a documented
@@ -441,6 +475,7 @@ def main():
         full = full_row(fin, tmp, base, tok, data)
         qlora_row(fin, tmp, base, tok, data, rows)
         rank_rows(fin, launch, templates, tmp, base, data, lora, full)
+        readme_row(fin, launch, tmp, base, data)
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
