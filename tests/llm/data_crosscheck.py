@@ -355,6 +355,11 @@ def sft_data(workdir):
     with open(os.path.join(d, "notes.txt"), "w") as f:
         f.write("not data\n")
     files["messages_dir"] = d
+    # A JSON array file (.json, indented over many lines), as LLaMA-Factory ships its data and datasets' JSON
+    # loader reads it (TRL's scripts load any .json / .jsonl file through it).
+    files["messages_json"] = os.path.join(workdir, "messages.json")
+    with open(files["messages_json"], "w") as f:
+        json.dump(messages, f, ensure_ascii=False, indent=2)
     return files
 
 
@@ -365,6 +370,9 @@ def load_rows(path_or_rows):
         os.path.join(path_or_rows, n) for n in os.listdir(path_or_rows) if n.endswith(".jsonl"))
     rows = []
     for p in paths:
+        if p.endswith(".json"):  # a JSON array, as datasets' JSON loader reads it
+            rows += json.load(open(p))
+            continue
         rows += [json.loads(line) for line in open(p) if line.strip()]
     # Every column in every row, as datasets' JSON loader makes them (Dataset.from_list keeps the first row's).
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -433,6 +441,7 @@ def check_sft(workdir, tokenizer_json):
          {"assistant_only_loss": True}, 4),
         ("messages, Qwen3 template", "messages", "qwen3", {}, 2),
         ("directory of JSONL files", "messages_dir", "qwen2_5", {}, 4),
+        ("a JSON array file (.json), as datasets loads it", "messages_json", "qwen2_5", {}, 4),
         ("text, eos appended", "text", "qwen2_5", {}, 3),
         ("prompt-completion, completion_only_loss default", "prompt_completion", "qwen2_5", {"max_length": 20}, 3),
         ("prompt-completion, completion_only_loss false", "prompt_completion", "qwen2_5",

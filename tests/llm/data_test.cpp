@@ -216,6 +216,22 @@ TEST_CASE("JSONL: a malformed line names the file, the line number and the field
       JsonlDataset::read(dir.file("mixed.jsonl")),
       Contains("mixed.jsonl line 2: is prompt-completion data, but the dataset started as text data"));
   CHECK_THROWS_WITH(JsonlDataset::read(dir.file("none.jsonl")), Contains("does not exist"));
+  // A JSON array file (.json, as LLaMA-Factory ships data; datasets' loader reads it): the examples of the
+  // array, and an error names the line its example starts on (data_crosscheck.py compares the rows with
+  // TRL's).
+  write(dir.file("arr.json"),
+        "\xEF\xBB\xBF[\n  {\"text\": \"a, [b] {c} \\\"q\\\" \\\\\"},\n  {\n    \"text\": \"d\"\n  }\n]\n");
+  const auto arr = JsonlDataset::read(dir.file("arr.json"));
+  REQUIRE(arr.records.size() == 2);
+  CHECK(arr.records[0].text == "a, [b] {c} \"q\" \\");
+  CHECK(arr.records[1].text == "d");
+  CHECK(arr.records[1].line == 3);
+  write(dir.file("bad.json"), "[\n  {\"text\": \"a\"},\n\n  {\"messages\": [{\"content\": \"x\"}]}\n]");
+  CHECK_THROWS_WITH(JsonlDataset::read(dir.file("bad.json")),
+                    Contains("bad.json line 4, field 'messages[0].role': missing or not a string"));
+  write(dir.file("cut.json"), "[{\"text\": \"a\"},\n {\"text\": ");
+  CHECK_THROWS_WITH(JsonlDataset::read(dir.file("cut.json")),
+                    Contains("cut.json: a JSON array file (it starts with '['), but not valid JSON"));
 }
 
 TEST_CASE(

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -203,6 +205,64 @@ Record JsonlDataset::parse_line(const std::string& text, const std::string& file
   return r;
 }
 
+namespace {
+
+// The top-level elements of a JSON array file (a `.json` dataset as LLaMA-Factory ships them and datasets'
+// JSON loader reads them), each with the line it starts on, for parse_line and its messages. The file is
+// checked as a whole first, so that a syntax error is nlohmann's, with its line and column.
+std::vector<std::pair<int, std::string>> json_array_items(const std::string& text, const std::string& file) {
+  try {
+    (void)ojson::parse(text);
+  } catch (const ojson::parse_error& e) {
+    throw ConfigError(file + ": a JSON array file (it starts with '['), but not valid JSON: " + e.what(),
+                      file);
+  }
+  std::vector<std::pair<int, std::string>> items;
+  int line = 1, depth = 0, start_line = 0;
+  std::size_t start = std::string::npos;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    const bool closes = c == ']' || c == '}';
+    if (depth == 1 && start != std::string::npos && (c == ',' || c == ']')) {
+      items.emplace_back(start_line, text.substr(start, i - start));
+      start = std::string::npos;
+    } else if (depth == 1 && start == std::string::npos && c != ',' && !closes &&
+               std::string(" \t\r\n").find(c) == std::string::npos) {
+      start = i;
+      start_line = line;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') ++depth;
+    if (closes) --depth;
+  }
+  return items;
+}
+
+void add_record(JsonlDataset& ds, Record r) {
+  if (!ds.records.empty() && r.form != ds.records.front().form) {
+    const Record& first = ds.records.front();
+    bad_line(r.file, r.line, "",
+             std::string("is ") + record_form_name(r.form) + " data, but the dataset started as " +
+                 record_form_name(first.form) + " data (" + first.file + " line " +
+                 std::to_string(first.line) + "); one dataset holds one form, as TRL's SFTTrainer requires");
+  }
+  ds.records.push_back(std::move(r));
+}
+
+}  // namespace
+
 RecordForm JsonlDataset::form() const {
   if (records.empty()) throw UsageError("JsonlDataset::form: the dataset is empty");
   return records.front().form;
@@ -213,22 +273,21 @@ JsonlDataset JsonlDataset::read(const std::string& path) {
   for (const std::string& file : jsonl_files(path)) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw ConfigError("cannot read dataset file " + file, file);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto first = all.find_first_not_of(" \t\r\n", all.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0);
+    if (first != std::string::npos && all[first] == '[') {  // a JSON array of examples, not JSON Lines
+      for (const auto& [line, text] : json_array_items(all, file))
+        add_record(ds, parse_line(text, file, line));
+      continue;
+    }
+    std::istringstream lines(all);
     std::string text;
     int line = 0;
-    while (std::getline(in, text)) {
+    while (std::getline(lines, text)) {
       ++line;
       if (!text.empty() && text.back() == '\r') text.pop_back();
       if (text.find_first_not_of(" \t") == std::string::npos) continue;
-      Record r = parse_line(text, file, line);
-      if (!ds.records.empty() && r.form != ds.records.front().form) {
-        const Record& first = ds.records.front();
-        bad_line(file, line, "",
-                 std::string("is ") + record_form_name(r.form) + " data, but the dataset started as " +
-                     record_form_name(first.form) + " data (" + first.file + " line " +
-                     std::to_string(first.line) +
-                     "); one dataset holds one form, as TRL's SFTTrainer requires");
-      }
-      ds.records.push_back(std::move(r));
+      add_record(ds, parse_line(text, file, line));
     }
   }
   if (ds.records.empty()) throw ConfigError("dataset " + path + " holds no example", path);
