@@ -140,6 +140,27 @@ std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel:
   return accel::peft::get_peft_model(model.ptr(), c);
 }
 
+// Every id the data encodes to must have a row in the model's embedding: a tokenizer with added tokens the
+// embedding was not resized for fails deep in the lookup otherwise (transformers: "IndexError: index out of
+// range in self").
+void check_vocabulary(const std::vector<llm::SftExample>& examples, const std::string& path,
+                      const std::string& model_dir, const llm::Tokenizer& tok) {
+  const auto config = (fs::path(model_dir) / "config.json").string();
+  const auto vocab = llm::ModelConfig::from_file(config).vocab_size;
+  for (const auto& example : examples) {
+    for (const auto id : example.input_ids) {
+      if (id < vocab) continue;
+      throw accel::ConfigError("finetune: the dataset " + path + " encodes to token id " +
+                                   std::to_string(id) + " ('" + tok.id_to_token(id).value_or("?") +
+                                   "'), but " + config + " has vocab_size " + std::to_string(vocab) +
+                                   ": the tokenizer has tokens the model's embedding lacks; resize the "
+                                   "embeddings (transformers' resize_token_embeddings, then save_pretrained) "
+                                   "or use the model's own tokenizer",
+                               config);
+    }
+  }
+}
+
 llm::SftBatches prepare_data(const std::string& path, const std::string& model_dir, const llm::Tokenizer& tok,
                              llm::SftDataOptions options) {
   const auto dataset = llm::JsonlDataset::read(path);
@@ -153,6 +174,7 @@ llm::SftBatches prepare_data(const std::string& path, const std::string& model_d
     return tok.encode(text, special);
   };
   auto examples = llm::prepare_sft_examples(dataset, chat ? &*chat : nullptr, encode, options);
+  check_vocabulary(examples, path, model_dir, tok);
   const auto pad = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
   return llm::SftBatches(std::move(examples), llm::sft_collator_options(options, pad));
 }

@@ -26,6 +26,8 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          type's shipped files (eval_strategy: epoch, no --eval_dataset) on a bf16 checkpoint: it trains;
          --dtype auto keeps bf16 and --dtype float32 saves float32 with a config.json saying so (transformers
          reloads each in the dtype its own --dtype would give).
+  vocab  a tokenizer with ids past config.json's vocab_size (transformers: IndexError in the embedding): the
+         recipe refuses before training, naming vocab_size, the id and the fix.
 Exit 77 when trl / peft / transformers / bitsandbytes are not importable.
 """
 import json
@@ -40,7 +42,7 @@ import time
 try:
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     from trl import SFTConfig, SFTTrainer
     import bitsandbytes  # noqa: F401
@@ -355,6 +357,33 @@ def readme_row(fin, launch, tmp, base, data):
               f"{dtype}: {ref[dtype]})")
 
 
+def vocab_row(fin, tmp, base, data):
+    """A tokenizer with more tokens than the model's embedding (tokens added without resize_token_embeddings):
+    transformers fails in the embedding lookup ("IndexError: index out of range in self", checked here); the
+    recipe refuses before training, naming config.json's vocab_size, the id and its token, and the fix."""
+    small = os.path.join(tmp, "base_small_vocab")
+    shutil.copytree(base, small)
+    cfg = json.load(open(os.path.join(small, "config.json")))
+    cfg["vocab_size"] = 200
+    json.dump(cfg, open(os.path.join(small, "config.json"), "w"))
+    sd = load_file(os.path.join(small, "model.safetensors"))
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"][:200].clone()
+    save_file(sd, os.path.join(small, "model.safetensors"), metadata={"format": "pt"})
+    tok = PreTrainedTokenizerFast.from_pretrained(small)
+    ids = tok.apply_chat_template(json.loads(open(data).readline())["messages"], return_dict=True)["input_ids"]
+    try:
+        AutoModelForCausalLM.from_pretrained(small)(torch.tensor([ids]))
+        python = "ran"
+    except IndexError as e:
+        python = f"IndexError: {e}"
+    r = subprocess.run([fin, "--model_name_or_path", small, "--dataset", data, "--output_dir",
+                        os.path.join(tmp, "small_out"), "--max_steps", "1"], capture_output=True, text=True)
+    msg = (r.stderr.strip().splitlines() or [""])[-1]
+    check(python.startswith("IndexError") and r.returncode != 0 and "vocab_size 200" in msg and "config.json" in msg
+          and "resize_token_embeddings" in msg,
+          f"vocab: a tokenizer larger than the embedding: transformers {python[:60]!r}; finetune: {msg[:240]!r}")
+
+
 def nearest_absmax_codes(qmodel, base):
     """bitsandbytes' 4-bit layers with the nearest 8-bit absmax codes (double quantisation), as accel::quant
     chooses them: bitsandbytes' CPU search sometimes takes the neighbour of the nearest code (a documented
@@ -476,6 +505,7 @@ def main():
         qlora_row(fin, tmp, base, tok, data, rows)
         rank_rows(fin, launch, templates, tmp, base, data, lora, full)
         readme_row(fin, launch, tmp, base, data)
+        vocab_row(fin, tmp, base, data)
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
