@@ -201,6 +201,19 @@ void write_config(const std::string& from, const fs::path& to, torch::ScalarType
   if (!out) throw accel::CheckpointError("cannot write " + (to / "config.json").string());
 }
 
+// adapter_config.json's base_model_name_or_path, as PEFT writes it (the path the base was loaded from), so
+// that PEFT's AutoPeftModelForCausalLM.from_pretrained(adapter) finds the base (with null it looks on the
+// Hub).
+void name_base_model(const fs::path& adapter_config, const std::string& model_dir) {
+  std::ifstream in(adapter_config);
+  auto config = nlohmann::ordered_json::parse(in);
+  in.close();
+  config["base_model_name_or_path"] = model_dir;
+  std::ofstream out(adapter_config, std::ios::trunc);
+  out << config.dump(2) << "\n";
+  if (!out) throw accel::CheckpointError("cannot write " + adapter_config.string());
+}
+
 // The tokenizer files beside a saved model or adapter, as Hugging Face's Trainer saves them.
 void copy_tokenizer_files(const std::string& from, const fs::path& to) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -218,7 +231,10 @@ void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::Lo
   const auto state = acc.get_state_dict(model);  // collective: every rank
   if (lora != nullptr) {
     lora->save_adapter((out / "adapter").string(), state);  // safe on every rank
-    if (acc.is_main_process()) copy_tokenizer_files(model_dir, out / "adapter");
+    if (acc.is_main_process()) {
+      name_base_model(out / "adapter" / "adapter_config.json", model_dir);
+      copy_tokenizer_files(model_dir, out / "adapter");
+    }
     acc.print("finetune: PEFT adapter written to ", (out / "adapter").string());
     if (!save_merged) return;
     // A 4-bit base (QLoRA) is dequantised with the adapters added in float32: ordinary tensors in the dtype

@@ -41,7 +41,7 @@ import time
 
 try:
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel, get_peft_model
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     from trl import SFTConfig, SFTTrainer
@@ -262,6 +262,18 @@ def lora_rows(fin, tmp, base, tok, data, rows):
     ld = (logits_of(theirs, tok, rows) - logits_of(mine, tok, rows)).abs().max().item()
     check(ld <= 1e-4, f"lora: PeftModel.from_pretrained loads our adapter, logits within 1e-4 of PEFT's "
           f"trained model (max |diff| {ld:.2e})")
+    # AutoPeftModelForCausalLM finds the base through adapter_config.json's base_model_name_or_path, which
+    # PEFT writes (the path the base was loaded from); with null it looks on the Hub.
+    names = [json.load(open(os.path.join(d, "adapter", "adapter_config.json")))["base_model_name_or_path"]
+             for d in (hf_out, out)]
+    try:
+        auto = AutoPeftModelForCausalLM.from_pretrained(os.path.join(out, "adapter"))
+        ad = (logits_of(auto, tok, rows) - logits_of(mine, tok, rows)).abs().max().item()
+    except OSError as e:
+        ad = f"{type(e).__name__}: {str(e)[:80]}"
+    check(names[0] == names[1] and isinstance(ad, float) and ad <= 1e-6,
+          f"lora: our adapter_config.json's base_model_name_or_path is PEFT's ({names[1]!r} / {names[0]!r}), "
+          f"so AutoPeftModelForCausalLM loads it (logits {ad})")
     # Ours loads PEFT's trained adapter (load_adapter), learning rate 0 for one step, merged and saved.
     merged = os.path.join(tmp, "our_loads_peft")
     ours(fin, None, None, base, data, merged, 4, 1, 1, 0.0,
