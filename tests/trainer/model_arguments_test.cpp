@@ -119,6 +119,18 @@ TEST_CASE("ModelArguments: --model_config FILE then overrides; the rest is the p
   std::vector<std::string> list = {"--use_peft", "--lora_target_modules", "q_proj,k_proj"};
   CHECK(ModelArguments::from_command_line(list).lora_target_modules ==
         std::vector<std::string>{"q_proj", "k_proj"});
+  // TRL's command line (TrlParser / HfArgumentParser, nargs "+"): the values after a list key up to the next
+  // option. TRL 1.16 parses {--lora_target_modules q_proj v_proj --lora_modules_to_save embed_tokens lm_head}
+  // to ['q_proj', 'v_proj'] and ['embed_tokens', 'lm_head'] (run in the venv), one value to that string.
+  std::vector<std::string> nargs = {"--lora_target_modules", "q_proj",  "v_proj",    "--lora_modules_to_save",
+                                    "embed_tokens",          "lm_head", "--dataset", "d.jsonl"};
+  rest.clear();
+  const auto n = ModelArguments::from_command_line(nargs, &rest);
+  CHECK(n.lora_target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(n.lora_modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"});
+  CHECK(rest == std::vector<std::string>{"--dataset", "d.jsonl"});
+  std::vector<std::string> one = {"--lora_target_modules", "all-linear"};
+  CHECK(ModelArguments::from_command_line(one).lora_target_modules_string == "all-linear");
   std::vector<std::string> typo = {"--lora_alpah", "16"};
   CHECK_THROWS_WITH(ModelArguments::from_command_line(typo, &rest), Contains("--lora_alpha"));
   fs::remove(file);

@@ -351,6 +351,13 @@ ModelArguments from_command_line_impl(const std::vector<std::string>& given,
         if (i + 1 >= args.size())
           throw ConfigError(fmt::format("command line: --{} needs a value", key), "command line", 0, key);
         value = args[++i];
+        // TRL's command line (HfArgumentParser, nargs "+"): a list key takes every value up to the next
+        // option.
+        const bool list_key = f->key.name == "lora_target_modules" || f->key.name == "lora_modules_to_save";
+        std::string more;
+        while (list_key && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
+          more += ", " + args[++i];
+        if (!more.empty()) value = "[" + value + more + "]";
       }
     }
     m.set(f->key.name, value, source);
