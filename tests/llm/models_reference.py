@@ -59,6 +59,16 @@ def models():
             rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=32,
                                                 tie_word_embeddings=True)),
+        # Sliding-window attention (issue 50), windows shorter than the 24 positions, the prompts and the 39
+        # positions of greedy generation: Qwen2's layers >= max_window_layers slide (layer 0 full, 1 and 2
+        # sliding); Qwen3's layer_types given explicitly (sliding, full, sliding).
+        "qwen2_sliding": (Qwen2ForCausalLM, Qwen2Config(
+            **dict(SMALL, num_hidden_layers=3), num_key_value_heads=2, tie_word_embeddings=False,
+            use_sliding_window=True, sliding_window=5, max_window_layers=1)),
+        "qwen3_sliding": (Qwen3ForCausalLM, Qwen3Config(
+            **dict(SMALL, num_hidden_layers=3), num_key_value_heads=2, tie_word_embeddings=True,
+            use_sliding_window=True, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     }
 
 

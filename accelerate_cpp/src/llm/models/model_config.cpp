@@ -116,6 +116,7 @@ class Reader {
     throw ConfigError(file_ + ": key \"" + key + "\" " + what, file_, 0, key);
   }
   bool has(const std::string& key) const { return root_.contains(key) && !root_.at(key).is_null(); }
+  bool present(const std::string& key) const { return root_.contains(key); }
   const Json& at(const std::string& key) const { return root_.at(key); }
 
   std::int64_t integer(const std::string& key) const {
@@ -237,18 +238,64 @@ RopeConfig read_rope(const Reader& r, std::int64_t max_positions) {
   return rope;
 }
 
-// Keys that exist but whose values other than the default are not implemented.
-void refuse_unimplemented(const Reader& r, const ModelConfig& c) {
-  if (r.boolean_or("use_sliding_window", false))
-    r.fail("use_sliding_window", "is true: sliding-window attention is not implemented; set it to false");
+// Llama: LlamaConfig has no sliding-window keys; transformers keeps them as attributes and LlamaModel attends
+// over every position. A window there (a Mistral-style file) is refused rather than silently dropped.
+void refuse_llama_window(const Reader& r) {
+  const std::string why =
+      ", but transformers' LlamaForCausalLM has no sliding window and attends over every position; "
+      "accel::llm implements sliding windows for qwen2 and qwen3 only. Remove the key to load the model "
+      "with full attention, as transformers computes it";
+  if (r.boolean_or("use_sliding_window", false)) r.fail("use_sliding_window", "is true" + why);
+  if (r.has("sliding_window")) r.fail("sliding_window", "is " + r.at("sliding_window").dump() + why);
   if (r.has("layer_types")) {
-    const Json& types = r.at("layer_types");
-    if (!types.is_array()) r.fail("layer_types", "must be a list of \"full_attention\"");
-    for (const Json& t : types) {
-      if (!t.is_string() || t.get<std::string>() != "full_attention")
-        r.fail("layer_types", "holds " + t.dump() + ": only \"full_attention\" layers are implemented");
+    for (const Json& t : r.at("layer_types"))
+      if (!t.is_string() || (t.get<std::string>() != "full_attention" && t.get<std::string>() != "attention"))
+        r.fail("layer_types", "holds " + t.dump() + why);
+  }
+}
+
+// Qwen2Config / Qwen3Config.__post_init__: the window only with use_sliding_window (sliding_window defaults
+// to 4096 when absent, null means none); layer_types from the file, else layers >= max_window_layers slide.
+void read_sliding_window(const Reader& r, ModelConfig& c) {
+  c.max_window_layers = r.integer_or("max_window_layers", 28);
+  if (c.model_type == "llama") return refuse_llama_window(r);
+  if (r.boolean_or("use_sliding_window", false) &&
+      (r.has("sliding_window") || !r.present("sliding_window"))) {
+    c.sliding_window = r.integer_or("sliding_window", 4096);
+    if (*c.sliding_window <= 0)
+      r.fail("sliding_window", "is " + std::to_string(*c.sliding_window) + "; a window must be positive");
+  }
+  c.layer_types.clear();
+  if (!r.has("layer_types")) {
+    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+      c.layer_types.push_back(c.sliding_window && i >= c.max_window_layers ? "sliding_attention"
+                                                                           : "full_attention");
+    return;
+  }
+  const Json& types = r.at("layer_types");
+  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
+    r.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) +
+                              ") layer types, got " + types.dump());
+  for (const Json& t : types) {
+    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+    if (type == "attention" || type == "full_attention") {  // "attention": transformers' legacy name
+      c.layer_types.push_back("full_attention");
+    } else if (type == "sliding_attention") {
+      if (!c.sliding_window)
+        r.fail("layer_types",
+               "holds \"sliding_attention\" but no window is set (use_sliding_window false or "
+               "sliding_window null: transformers' forward then fails); set use_sliding_window "
+               "true and sliding_window, or make every layer \"full_attention\"");
+      c.layer_types.push_back(type);
+    } else {
+      r.fail("layer_types", "holds " + t.dump() +
+                                ": only \"full_attention\" and \"sliding_attention\" layers are implemented");
     }
   }
+}
+
+// Keys that exist but whose values other than the default are not implemented.
+void refuse_unimplemented(const Reader& r, const ModelConfig& c) {
   if (c.hidden_act != "silu")
     r.fail("hidden_act", "is \"" + c.hidden_act + "\": only \"silu\" (SwiGLU) is implemented");
   if (r.number_or("attention_dropout", 0.0) != 0.0)
@@ -340,6 +387,7 @@ ModelConfig ModelConfig::from_json(const std::string& json_text, const std::stri
   if (r.has("bos_token_id")) c.bos_token_id = r.integer_of(r.at("bos_token_id"), "bos_token_id");
   if (r.has("pad_token_id")) c.pad_token_id = r.integer_of(r.at("pad_token_id"), "pad_token_id");
   c.eos_token_ids = read_eos(r);
+  read_sliding_window(r, c);
   refuse_unimplemented(r, c);
   return c;
 }
@@ -352,6 +400,14 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
         path);
   if (file.too_large) throw ConfigError("model config '" + path + "' is larger than 16 MiB", path);
   return from_json(file.text, path);
+}
+
+bool ModelConfig::is_sliding_layer(std::int64_t layer) const {
+  if (!sliding_window) return false;
+  if (!layer_types.empty())
+    return layer < static_cast<std::int64_t>(layer_types.size()) &&
+           layer_types[static_cast<std::size_t>(layer)] == "sliding_attention";
+  return layer >= max_window_layers;
 }
 
 std::string ModelConfig::decoder_layer_class() const {
@@ -383,7 +439,15 @@ std::string ModelConfig::to_json(const std::string& dtype_override) const {
   j["hidden_act"] = hidden_act;
   if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
   if (model_type == "llama") j["mlp_bias"] = mlp_bias;
-  if (model_type != "llama") j["use_sliding_window"] = false;
+  if (model_type != "llama") {  // what Qwen2Config / Qwen3Config write (sliding_window null when off)
+    j["use_sliding_window"] = sliding_window.has_value();
+    j["sliding_window"] = sliding_window ? Json(*sliding_window) : Json(nullptr);
+    j["max_window_layers"] = max_window_layers;
+    Json types = Json::array();
+    for (std::int64_t i = 0; i < num_hidden_layers; ++i)
+      types.push_back(is_sliding_layer(i) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   Json rope_json;
   rope_json["rope_type"] = rope.rope_type;
   rope_json["rope_theta"] = rope.rope_theta;

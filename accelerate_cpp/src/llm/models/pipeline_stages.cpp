@@ -30,11 +30,12 @@ class EmbedStageImpl : public torch::nn::Module {
 TORCH_MODULE(EmbedStage);
 
 // Layers 1..L: one block, causal over positions 0..T-1, with the rotary tables of the model's config (the
-// cos and sin DecoderModelImpl::forward computes for those positions).
+// cos and sin DecoderModelImpl::forward computes for those positions); a sliding block (window > 0) sees only
+// the last `window` positions, as DecoderModelImpl::forward's sliding mask.
 class BlockStageImpl : public torch::nn::Module {
  public:
-  BlockStageImpl(DecoderLayer block, RotaryTables rotary)
-      : torch::nn::Module("PipelineBlock"), rotary_(std::move(rotary)) {
+  BlockStageImpl(DecoderLayer block, RotaryTables rotary, std::int64_t window)
+      : torch::nn::Module("PipelineBlock"), rotary_(std::move(rotary)), window_(window) {
     block_ = register_module("block", std::move(block));
   }
   torch::Tensor forward(const torch::Tensor& h) {
@@ -45,12 +46,19 @@ class BlockStageImpl : public torch::nn::Module {
     const auto emb = torch::cat({freqs, freqs}, -1);
     const auto cos = (emb.cos() * rotary_.attention_scaling).to(h.scalar_type());
     const auto sin = (emb.sin() * rotary_.attention_scaling).to(h.scalar_type());
-    return block_->forward(h, cos, sin, /*mask=*/{}, /*cache=*/nullptr);
+    torch::Tensor mask;  // undefined: SDPA's causal flag
+    if (window_ > 0 && h.size(1) > window_) {
+      const auto i = positions.view({-1});
+      mask = ((i.unsqueeze(0) <= i.unsqueeze(1)) & (i.unsqueeze(0) > i.unsqueeze(1) - window_))
+                 .view({1, 1, h.size(1), h.size(1)});
+    }
+    return block_->forward(h, cos, sin, mask, /*cache=*/nullptr);
   }
 
  private:
   DecoderLayer block_{nullptr};
   RotaryTables rotary_;
+  std::int64_t window_;
 };
 TORCH_MODULE(BlockStage);
 
@@ -91,7 +99,8 @@ torch::nn::Sequential pipeline_layers(const CausalLM& model) {
     if (block == nullptr)
       throw UsageError("accel::llm::pipeline_layers: model.layers." + std::to_string(i) + " is a " +
                        model->model->layers->ptr(i)->name() + ", not a decoder block");
-    layers->push_back(BlockStage(DecoderLayer(block), rotary));
+    layers->push_back(
+        BlockStage(DecoderLayer(block), rotary, config.is_sliding_layer(i) ? *config.sliding_window : 0));
   }
   torch::nn::Linear head{nullptr};
   if (!config.tie_word_embeddings) {

@@ -76,6 +76,19 @@ torch::Tensor packed_documents(const torch::Tensor& pos) {
 
 void enable(CausalLMImpl& model, std::shared_ptr<Communicator> group, bool context, bool ring) {
   detail::SequenceParallelism s;
+  const auto& c = model.config();
+  for (std::int64_t i = 0; group && i < c.num_hidden_layers; ++i) {  // any group size: refused early
+    if (c.is_sliding_layer(i))
+      throw UsageError(std::string("accel::llm::") +
+                       (context ? "enable_context_parallel" : "enable_sequence_parallel") + ": layer " +
+                       std::to_string(i) +
+                       " attends through a sliding window (config.json use_sliding_window "
+                       "true, sliding_window " +
+                       std::to_string(*c.sliding_window) +
+                       "), which sequence / context parallel attention does not implement; train it "
+                       "without parallelism_config_sp_size / parallelism_config_cp_size (or with "
+                       "use_sliding_window false, which changes the model)");
+  }
   if (group && group->world_size() > 1) {
     s.group = std::move(group);
     s.context = context;

@@ -65,10 +65,23 @@ struct ModelConfig {
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;  ///< `eos_token_id`: one id or a list
   std::optional<std::int64_t> pad_token_id;
+  /// Sliding-window attention (Qwen2 / Qwen3: `use_sliding_window`, `sliding_window`, `max_window_layers`,
+  /// `layer_types`, as transformers reads them): the window when `use_sliding_window` is true (a query at
+  /// position p attends to the keys at p - sliding_window + 1 .. p), unset otherwise.
+  std::optional<std::int64_t> sliding_window;
+  /// `max_window_layers`: without `layer_types`, the layers from this index on slide (when the window is
+  /// set).
+  std::int64_t max_window_layers = 28;
+  /// Transformers' `layer_types`: "full_attention" or "sliding_attention" per layer; the file's list, or
+  /// derived from max_window_layers as transformers does. Empty: derived when asked (is_sliding_layer).
+  std::vector<std::string> layer_types;
+  /// Whether layer `layer` attends through the sliding window (false when sliding_window is unset).
+  bool is_sliding_layer(std::int64_t layer) const;
 
   /// Parses the text of a config.json; `file` names it in errors. Throws accel::ConfigError naming the file
-  /// and the key (an unknown `model_type`, sliding-window attention, an activation other than silu, a rope
-  /// type not listed in RopeConfig, a missing or mistyped key, a key this library does not know).
+  /// and the key (an unknown `model_type`, a layer type other than full / sliding attention, a sliding window
+  /// on a Llama config, an activation other than silu, a rope type not listed in RopeConfig, a missing or
+  /// mistyped key, a key this library does not know).
   static ModelConfig from_json(const std::string& json_text, const std::string& file = "config.json");
   /// Reads `path` (a config.json) with from_json.
   static ModelConfig from_file(const std::string& path);
