@@ -51,6 +51,22 @@ struct SftOptions {
   llm::SftLossOptions loss;
 };
 
+// SFTConfig's max_length as TRL's parser reads it: a whole integer, or None (no truncation).
+std::optional<std::int64_t> max_length(const std::string& text) {
+  if (text == "None" || text == "null") return std::nullopt;
+  std::size_t used = 0;
+  std::int64_t n = 0;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw accel::UsageError(
+        "finetune: --max_length takes a whole number of tokens or None (no truncation), got '" + text + "'");
+  return n;
+}
+
 SftOptions parse_sft_options(const std::vector<std::string>& rest) {
   SftOptions o;
   for (std::size_t i = 0; i < rest.size(); ++i) {
@@ -64,7 +80,7 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
     } else if (key == "--eval_dataset") {
       o.eval_dataset = value();
     } else if (key == "--max_length") {
-      o.data.max_length = std::stoll(value());
+      o.data.max_length = max_length(value());
     } else if (key == "--packing") {
       o.data.packing = true;
     } else if (key == "--packing_strategy") {

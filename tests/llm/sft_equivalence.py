@@ -352,7 +352,8 @@ def readme_row(fin, launch, tmp, base, data):
             shutil.copy(os.path.join(base, name), bf16)
     ref = {d: AutoModelForCausalLM.from_pretrained(bf16, dtype=d if d == "auto" else getattr(torch, d)).dtype
            for d in ("auto", "float32")}
-    for dtype, cmd in [("auto", [launch, "train", "-t", "full", fin]), ("float32", [fin])]:
+    # --max_length None: TRL's parser gives None (no truncation; these rows are shorter than 1024 anyway).
+    for dtype, cmd in [("auto", [launch, "train", "-t", "full", fin]), ("float32", [fin, "--max_length", "None"])]:
         out = os.path.join(tmp, f"readme_{dtype}")
         cmd = cmd + ["--model_name_or_path", bf16, "--dataset", data, "--output_dir", out, "--max_steps", "1",
                      "--per_device_train_batch_size", "2", "--dtype", dtype, "--report_to", "none"]
@@ -391,6 +392,10 @@ def vocab_row(fin, tmp, base, data):
     r = subprocess.run([fin, "--model_name_or_path", small, "--dataset", data, "--output_dir",
                         os.path.join(tmp, "small_out"), "--max_steps", "1"], capture_output=True, text=True)
     msg = (r.stderr.strip().splitlines() or [""])[-1]
+    bad = subprocess.run([fin, "--model_name_or_path", base, "--dataset", data, "--max_length", "1k",
+                          "--output_dir", os.path.join(tmp, "max_length_1k")],
+                         capture_output=True, text=True).stderr
+    check("--max_length" in bad and "'1k'" in bad, f"max_length: a value that is no number is named: {bad.strip()!r}")
     check(python.startswith("IndexError") and r.returncode != 0 and "vocab_size 200" in msg and "config.json" in msg
           and "resize_token_embeddings" in msg,
           f"vocab: a tokenizer larger than the embedding: transformers {python[:60]!r}; finetune: {msg[:240]!r}")
