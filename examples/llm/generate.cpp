@@ -43,6 +43,32 @@ const char* kUsage =
     "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--dtype float32|bfloat16|float16] [--print_ids] "
     "[--adapter PEFT_ADAPTER_DIR] [--prompts_file FILE.jsonl]";
 
+// A flag's number, the whole text of it ("3x" is refused, not read as 3).
+std::int64_t whole_number(const std::string& key, const std::string& v) {
+  std::size_t used = 0;
+  std::int64_t n = 0;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size())
+    throw std::invalid_argument(key + " takes a whole number, got '" + v + "'");
+  return n;
+}
+
+double real_number(const std::string& key, const std::string& v) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size()) throw std::invalid_argument(key + " takes a number, got '" + v + "'");
+  return x;
+}
+
 // Flags over the checkpoint's generation_config.json (its eos ids, pad id and sampling settings), greedy
 // unless --do_sample, 32 new tokens unless --max_new_tokens.
 Args parse(int argc, char** argv) {
@@ -70,15 +96,15 @@ Args parse(int argc, char** argv) {
     } else if (k == "--prompt") {
       a.prompt = v;
     } else if (k == "--max_new_tokens") {
-      a.gen.max_new_tokens = std::stoll(v);
+      a.gen.max_new_tokens = whole_number(k, v);
     } else if (k == "--temperature") {
-      a.gen.temperature = std::stod(v);
+      a.gen.temperature = real_number(k, v);
     } else if (k == "--top_k") {
-      a.gen.top_k = std::stoll(v);
+      a.gen.top_k = whole_number(k, v);
     } else if (k == "--top_p") {
-      a.gen.top_p = std::stod(v);
+      a.gen.top_p = real_number(k, v);
     } else if (k == "--seed") {
-      a.gen.seed = std::stoull(v);
+      a.gen.seed = static_cast<std::uint64_t>(whole_number(k, v));
     } else if (k == "--dtype") {
       a.dtype = v;
     } else if (k == "--adapter") {

@@ -396,6 +396,12 @@ def vocab_row(fin, tmp, base, data):
                           "--output_dir", os.path.join(tmp, "max_length_1k")],
                          capture_output=True, text=True).stderr
     check("--max_length" in bad and "'1k'" in bad, f"max_length: a value that is no number is named: {bad.strip()!r}")
+    gen = os.path.join(os.path.dirname(fin), "generate")  # build/examples/llm/generate, beside finetune
+    if os.path.exists(gen):
+        bad = subprocess.run([gen, "--model_name_or_path", base, "--prompt", "hi", "--max_new_tokens", "3x"],
+                             capture_output=True, text=True)
+        check(bad.returncode != 0 and "'3x'" in bad.stderr,
+              f"generate: --max_new_tokens 3x is refused naming it (was read as 3): {bad.stderr.strip()[:120]!r}")
     check(python.startswith("IndexError") and r.returncode != 0 and "vocab_size 200" in msg and "config.json" in msg
           and "resize_token_embeddings" in msg,
           f"vocab: a tokenizer larger than the embedding: transformers {python[:60]!r}; finetune: {msg[:240]!r}")
