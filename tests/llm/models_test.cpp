@@ -7,6 +7,8 @@
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/generation.hpp>
+#include <accel/llm/models/pipeline_stages.hpp>
+#include <accel/llm/models/sequence_parallel.hpp>
 #include <accel/llm/models/tensor_parallel.hpp>
 #include <accel/llm/training/fused_linear_cross_entropy.hpp>
 #include <accel/monitor/memory.hpp>
@@ -120,6 +122,30 @@ TEST_CASE("ModelConfig reads the three families and both rope spellings", "[llm]
       "rope_scaling": null, "rope_theta": 1000000.0, "architectures": ["Qwen2ForCausalLM"])");
   CHECK(qwen25.rope.rope_type == "default");
   CHECK(qwen25.rope.rope_theta == 1000000.0);
+  CHECK_FALSE(qwen25.sliding_window);
+  CHECK(qwen25.layer_types == std::vector<std::string>{"full_attention", "full_attention"});
+  CHECK_THAT(qwen25.to_json(),
+             Contains(R"("use_sliding_window": false)") && Contains(R"("sliding_window": null)"));
+  // Sliding windows as Qwen2Config / Qwen3Config read them (issue 50): layers >= max_window_layers slide;
+  // sliding_window absent means transformers' default 4096, null means none; layer_types wins when given.
+  const auto sliding =
+      tiny("qwen2", R"(, "use_sliding_window": true, "sliding_window": 4, "max_window_layers": 1)");
+  CHECK(*sliding.sliding_window == 4);
+  CHECK_FALSE(sliding.is_sliding_layer(0));
+  CHECK(sliding.is_sliding_layer(1));
+  CHECK(*tiny("qwen3", R"(, "use_sliding_window": true, "max_window_layers": 0)").sliding_window == 4096);
+  CHECK_FALSE(tiny("qwen3", R"(, "use_sliding_window": true, "sliding_window": null)").is_sliding_layer(1));
+  const auto typed =
+      tiny("qwen3", R"(, "use_sliding_window": true, "sliding_window": 3, "max_window_layers": 5,
+      "layer_types": ["sliding_attention", "attention"])");
+  CHECK(typed.is_sliding_layer(0));
+  CHECK_FALSE(typed.is_sliding_layer(1));
+  for (const auto& c : {sliding, typed}) {  // to_json writes the four keys back, truthfully
+    const auto back = ModelConfig::from_json(c.to_json(), "back.json");
+    CHECK(back.sliding_window == c.sliding_window);
+    CHECK(back.max_window_layers == c.max_window_layers);
+    CHECK(back.layer_types == c.layer_types);
+  }
   // to_json reads back to the same architecture.
   const auto again = ModelConfig::from_json(llama_new.to_json(), "again.json");
   CHECK(again.rope.rope_type == "llama3");
@@ -131,8 +157,20 @@ TEST_CASE("ModelConfig refuses what it does not implement, naming the file and t
   CHECK_THAT(config_error(tiny_json("mistral")), Contains("/models/x/config.json") &&
                                                      Contains("\"model_type\"") && Contains("mistral") &&
                                                      Contains("llama, qwen2, qwen3"));
-  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "use_sliding_window": true)")),
-             Contains("\"use_sliding_window\"") && Contains("not implemented"));
+  // Sliding windows: Llama has none (transformers ignores the keys and attends over every position), a
+  // sliding layer needs a window, other layer types are not implemented.
+  CHECK_THAT(config_error(tiny_json("llama", R"(, "use_sliding_window": true)")),
+             Contains("\"use_sliding_window\"") && Contains("LlamaForCausalLM has no sliding window"));
+  CHECK_THAT(config_error(tiny_json("llama", R"(, "sliding_window": 4096)")),
+             Contains("\"sliding_window\" is 4096") && Contains("qwen2 and qwen3 only"));
+  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "layer_types": ["sliding_attention", "full_attention"])")),
+             Contains("\"layer_types\"") && Contains("no window is set"));
+  CHECK_THAT(config_error(tiny_json("qwen3", R"(, "layer_types": ["chunked_attention", "full_attention"])")),
+             Contains("\"layer_types\" holds \"chunked_attention\""));
+  CHECK_THAT(config_error(tiny_json("qwen3", R"(, "layer_types": ["full_attention"])")),
+             Contains("\"layer_types\"") && Contains("num_hidden_layers (2)"));
+  CHECK_THAT(config_error(tiny_json("qwen2", R"(, "use_sliding_window": true, "sliding_window": 0)")),
+             Contains("\"sliding_window\" is 0") && Contains("positive"));
   CHECK_THAT(config_error(tiny_json("llama", R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})")),
              Contains("rope_scaling.rope_type") && Contains("dynamic"));
   CHECK_THAT(
@@ -340,6 +378,42 @@ TEST_CASE("Bad checkpoints are refused naming the file and the tensor", "[llm][m
   const auto bad_config = copy("bad_config");
   write_text(bad_config / "config.json", tiny_json("gpt2"));
   CHECK_THROWS_AS(accel::llm::from_pretrained(bad_config.string()), accel::ConfigError);
+}
+
+// Issue 50 (transformers' logits, padding, packing and generation: the [.hf] models qwen2_sliding and
+// qwen3_sliding): below the window a sliding model computes what the full one does, bit for bit (SDPA's
+// causal flag, no mask); the cache's chunks, pipeline stages and sequence parallelism.
+TEST_CASE("Sliding-window layers: the fast path below the window, chunks of the cache, pipeline stages",
+          "[llm][models]") {
+  const std::string window = R"(, "use_sliding_window": true, "sliding_window": 6, "max_window_layers": 0)";
+  auto sliding = random_model(tiny("qwen2", window));
+  auto full = random_model(tiny("qwen2"));
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::randint(1, 64, {2, 14}, torch::kInt64);
+  CHECK(torch::equal(sliding->forward(ids.slice(1, 0, 6)), full->forward(ids.slice(1, 0, 6))));
+  const auto logits = sliding->forward(ids);
+  CHECK(max_diff(logits.slice(1, 0, 6), full->forward(ids).slice(1, 0, 6)) == 0.0);
+  CHECK(max_diff(logits.slice(1, 6), full->forward(ids).slice(1, 6)) > 1e-3);  // the window binds
+  // The window over past + T keys: a prefill, a chunk of four, then one position at a time.
+  accel::llm::KVCache cache;
+  std::vector<torch::Tensor> parts = {sliding->forward(ids.slice(1, 0, 5), {}, {}, &cache),
+                                      sliding->forward(ids.slice(1, 5, 9), {}, {}, &cache)};
+  for (std::int64_t t = 9; t < 14; ++t)
+    parts.push_back(sliding->forward(ids.slice(1, t, t + 1), {}, {}, &cache));
+  CHECK(max_diff(torch::cat(parts, 1), logits) <= 1e-5);
+  // Pipeline stages: each sliding block keeps its window.
+  CHECK(max_diff(accel::llm::pipeline_layers(sliding)->forward(ids), logits) <= 1e-6);
+  // Sequence / context parallel attention does not implement the window: refused when enabled.
+  auto solo = accel::Communicator::create(accel::ProcessState(), torch::kCPU);
+  std::string refused = "no error";
+  try {
+    accel::llm::enable_sequence_parallel(*sliding, solo);
+  } catch (const accel::UsageError& e) {
+    refused = e.what();
+  }
+  CHECK_THAT(refused, Contains("enable_sequence_parallel: layer 0 attends through a sliding window") &&
+                          Contains("sliding_window 6") && Contains("parallelism_config_sp_size"));
+  CHECK_THROWS_AS(accel::llm::enable_context_parallel(*sliding, solo, "alltoall"), accel::UsageError);
 }
 
 TEST_CASE("generate: greedy equals argmax decoding, sampling is seeded, eos ends a prompt", "[llm][models]") {

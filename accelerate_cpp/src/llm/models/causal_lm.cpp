@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "accel/errors.hpp"
@@ -95,21 +96,31 @@ void check_config(const ModelConfig& c) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     throw UsageError("accel::llm::CausalLM: num_key_value_heads " + std::to_string(c.num_key_value_heads) +
                      " does not divide num_attention_heads " + std::to_string(c.num_attention_heads));
+  if (c.sliding_window && (c.model_type == "llama" || *c.sliding_window <= 0))
+    throw UsageError("accel::llm::CausalLM: sliding_window " + std::to_string(*c.sliding_window) + " on a " +
+                     c.model_type +
+                     " config; a window must be positive and is implemented for qwen2 and qwen3");
+  if (!c.layer_types.empty() && static_cast<std::int64_t>(c.layer_types.size()) != c.num_hidden_layers)
+    throw UsageError("accel::llm::CausalLM: layer_types lists " + std::to_string(c.layer_types.size()) +
+                     " layers for num_hidden_layers " + std::to_string(c.num_hidden_layers));
 }
 
 // The boolean attention mask [B, 1, T, past + T] (true = attend) of causal attention over padded rows, or an
-// undefined tensor where SDPA's own causal flag (past == 0) or no mask (T == 1) gives the same.
+// undefined tensor where SDPA's own causal flag (past == 0) or no mask (T == 1) gives the same. `window` > 0:
+// a query at position q also sees only keys k > q - window (transformers' sliding_window_overlay), which
+// binds only once past + T exceeds the window.
 torch::Tensor build_mask(const torch::Tensor& attention_mask, std::int64_t batch, std::int64_t length,
-                         std::int64_t past, const torch::Device& device) {
+                         std::int64_t past, const torch::Device& device, std::int64_t window = 0) {
   const std::int64_t total = past + length;
   const bool padded = attention_mask.defined() && !attention_mask.to(torch::kBool).all().item<bool>();
-  if (!padded && (past == 0 || length == 1)) return {};
+  if (!padded && (past == 0 || length == 1) && (window <= 0 || total <= window)) return {};
   if (attention_mask.defined() && attention_mask.size(-1) != total)
     throw UsageError("accel::llm: attention_mask has " + std::to_string(attention_mask.size(-1)) +
                      " columns but the cache and the input hold " + std::to_string(total) + " positions");
   const auto q = torch::arange(past, total, torch::TensorOptions().dtype(torch::kInt64).device(device));
   const auto k = torch::arange(total, torch::TensorOptions().dtype(torch::kInt64).device(device));
   auto mask = (k.unsqueeze(0) <= q.unsqueeze(1)).view({1, 1, length, total});
+  if (window > 0) mask = mask & (k.unsqueeze(0) > q.unsqueeze(1) - window).view({1, 1, length, total});
   if (padded) mask = mask & attention_mask.to(device).to(torch::kBool).view({batch, 1, 1, total});
   return mask.expand({batch, 1, length, total});
 }
@@ -266,6 +277,9 @@ torch::Tensor DecoderLayerImpl::forward_block(const torch::Tensor& x, const torc
 DecoderModelImpl::DecoderModelImpl(const ModelConfig& c,
                                    const std::function<void(torch::nn::Module& block)>& on_block)
     : torch::nn::Module(class_name(c, "Model")), rotary_(rotary_tables(c)) {
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+    sliding_layers_.push_back(c.is_sliding_layer(i));
+  sliding_window_ = c.sliding_window.value_or(0);
   auto options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
   if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size)
     options.padding_idx(*c.pad_token_id);  // as transformers: the pad row gets no gradient
@@ -305,24 +319,31 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
   const auto emb = torch::cat({freqs, freqs}, -1);
   const auto cos = (emb.cos() * rotary_.attention_scaling).to(h.scalar_type());
   const auto sin = (emb.sin() * rotary_.attention_scaling).to(h.scalar_type());
-  auto mask = sequence_.group
-                  ? detail::sequence_parallel_mask(sequence_, attention_mask, positions, batch, cache)
-                  : build_mask(attention_mask, batch, length, past, device);
-  if (!sequence_.group && !attention_mask.defined() && position_ids.defined() && cache == nullptr) {
-    // No attention across the documents of a packed row: causal and within the same document.
-    if (const auto doc = packed_sequence_indices(positions, batch); doc.defined()) {
-      const auto causal =
-          torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(device))
-              .tril()
-              .view({1, 1, length, length});
-      mask = causal & doc.unsqueeze(-1).eq(doc.unsqueeze(-2)).unsqueeze(1);
-    }
-  }
-  for (const auto& module : *layers) {
-    auto* layer = module->as<DecoderLayerImpl>();
+  const bool sliding =
+      std::find(sliding_layers_.begin(), sliding_layers_.end(), true) != sliding_layers_.end();
+  if (sequence_.group && sliding)  // enable_sequence_parallel refuses it; a hand-set split must not slip by
+    throw UsageError("accel::llm: sequence / context parallelism does not implement sliding-window layers");
+  torch::Tensor doc;  // packed rows: no attention across documents (transformers' packed-sequence mask)
+  if (!sequence_.group && !attention_mask.defined() && position_ids.defined() && cache == nullptr)
+    doc = packed_sequence_indices(positions, batch);
+  auto mask_of = [&](std::int64_t window) {
+    if (!doc.defined()) return build_mask(attention_mask, batch, length, past, device, window);
+    // Within a document positions are consecutive, so the window over positions is the one over indices.
+    const auto i = torch::arange(length, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    auto band = i.unsqueeze(0) <= i.unsqueeze(1);
+    if (window > 0) band = band & (i.unsqueeze(0) > i.unsqueeze(1) - window);
+    return band.view({1, 1, length, length}) & doc.unsqueeze(-1).eq(doc.unsqueeze(-2)).unsqueeze(1);
+  };
+  const auto mask = sequence_.group
+                        ? detail::sequence_parallel_mask(sequence_, attention_mask, positions, batch, cache)
+                        : mask_of(0);
+  const auto sliding_mask = sliding ? mask_of(sliding_window_) : torch::Tensor();
+  for (std::size_t i = 0; i < layers->size(); ++i) {
+    auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
     if (layer == nullptr)
-      throw UsageError("accel::llm: model.layers holds a " + module->name() + ", not a block");
-    h = layer->forward(h, cos, sin, mask, cache);
+      throw UsageError("accel::llm: model.layers holds a " + layers->ptr(i)->name() + ", not a block");
+    const bool slides = i < sliding_layers_.size() && sliding_layers_[i];
+    h = layer->forward(h, cos, sin, slides ? sliding_mask : mask, cache);
   }
   return norm->forward(h);
 }

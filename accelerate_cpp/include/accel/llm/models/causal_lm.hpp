@@ -138,7 +138,9 @@ class DecoderModelImpl : public torch::nn::Module {
   /// The final hidden states [B, T, hidden] (after `norm`). `attention_mask` 0/1 [B, past + T] (undefined:
   /// no padding); `position_ids` [B or 1, T] (undefined: past .. past + T - 1). Without attention_mask and
   /// cache, position ids that restart inside a row mark packed documents (TRL's padding-free batches):
-  /// attention then stays inside each document, as transformers' create_causal_mask does.
+  /// attention then stays inside each document, as transformers' create_causal_mask does. Sliding layers
+  /// (ModelConfig::is_sliding_layer) also see only the last `sliding_window` positions, as transformers'
+  /// create_sliding_window_causal_mask (the cache keeps every position; the mask drops the old ones).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& position_ids = {}, KVCache* cache = nullptr);
   /// Recompute each block in backward instead of keeping its activations (every layer's
@@ -157,6 +159,8 @@ class DecoderModelImpl : public torch::nn::Module {
  private:
   RotaryTables rotary_;
   detail::SequenceParallelism sequence_;
+  std::int64_t sliding_window_ = 0;   ///< the config's sliding_window (0: none)
+  std::vector<bool> sliding_layers_;  ///< per block: attends through the sliding window
 };
 TORCH_MODULE(DecoderModel);
 
