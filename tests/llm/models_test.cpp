@@ -471,6 +471,59 @@ TEST_CASE("Gradient checkpointing of the blocks gives the same gradients", "[llm
     CHECK(torch::equal(plain[i], checkpointed[i]));
 }
 
+TEST_CASE("Tied embeddings: the lookup's rows join the head's gradient, one [vocab, hidden] buffer",
+          "[llm][models]") {
+  // A vocabulary large beside the activations, so that one [vocab, hidden] buffer shows in the peak.
+  const auto config = ModelConfig::from_json(
+      R"({"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+          "max_position_embeddings": 64, "tie_word_embeddings": true})",
+      "tied.json");
+  auto model = random_model(config);
+  model->train();
+  auto ids = torch::randint(1, 8192, {2, 12}, torch::kInt64);
+  ids.index_put_({0, 3}, ids.index({1, 7}).item<std::int64_t>());  // a token twice: rows summed
+  const auto weight = model->output_weight();
+  const auto table_bytes = static_cast<std::int64_t>(weight.numel() * weight.element_size());
+  accel::CpuMemoryCounter::install();
+  // The head applied to hidden states, unfused (logits) and fused (fused_linear_cross_entropy).
+  for (const bool fused : {false, true}) {
+    auto loss_of = [&](const torch::Tensor& hidden) {
+      return fused ? accel::llm::fused_linear_cross_entropy(hidden, weight, ids)
+                   : accel::llm::causal_lm_loss(torch::linear(hidden, weight), ids);
+    };
+    auto step = [&](bool for_head) {
+      model->zero_grad();
+      const auto loss = loss_of(for_head ? model->hidden_states_for_head(ids) : model->model->forward(ids));
+      accel::CpuMemoryCounter::reset_peak();
+      const auto before = accel::CpuMemoryCounter::current();
+      loss.backward();
+      return std::make_pair(weight.grad().clone(), accel::CpuMemoryCounter::peak() - before);
+    };
+    const auto [dense, dense_peak] = step(false);  // the lookup's own dense gradient, then summed
+    const auto [joined, joined_peak] = step(true);
+    INFO((fused ? "fused" : "unfused") << ": backward peak " << joined_peak << " bytes against " << dense_peak
+                                       << " with the dense lookup; one table " << table_bytes);
+    CHECK_FALSE(joined.is_sparse());
+    CHECK_FALSE(weight.grad().is_sparse());
+    CHECK(torch::allclose(joined, dense, 1e-6, 1e-7));
+    if (fused) {
+      CHECK(joined_peak <=
+            dense_peak);  // autograd's sparse + dense sum is out of place: one table either way
+    } else {
+      CHECK(joined_peak <= dense_peak - table_bytes * 9 / 10);
+    }
+  }
+  // forward() takes the same path (its head is in the graph); the body alone keeps the dense lookup.
+  model->zero_grad();
+  accel::llm::causal_lm_loss(model->forward(ids), ids).backward();
+  CHECK_FALSE(weight.grad().is_sparse());
+  model->zero_grad();
+  model->model->forward(ids).sum().backward();
+  CHECK_FALSE(weight.grad().is_sparse());
+  CHECK_FALSE(model->model->sparse_lookup_gradient);
+}
+
 TEST_CASE("generation_config.json gives generate's defaults", "[llm][models]") {
   accel::test::TempDir dir;
   CHECK(accel::llm::generation_config_from_pretrained(dir.path.string()).eos_token_ids.empty());

@@ -304,6 +304,9 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
   // and left the member empty.
   auto h = embed_tokens.is_empty()
                ? detail::vocab_parallel_embed(*named_children()["embed_tokens"], input_ids)
+           : sparse_lookup_gradient && cache == nullptr
+               ? torch::embedding(embed_tokens->weight, input_ids,
+                                  embed_tokens->options.padding_idx().value_or(-1), false, /*sparse=*/true)
                : embed_tokens->forward(input_ids);
   if (!h.defined())
     throw UsageError("accel::llm: model.embed_tokens is a " + named_children()["embed_tokens"]->name() +
@@ -386,12 +389,29 @@ torch::Tensor CausalLMImpl::output_weight() const {
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                     const torch::Tensor& position_ids, KVCache* cache) {
-  const auto h = model->forward(input_ids, attention_mask, position_ids, cache);
+  const auto h = cache == nullptr ? hidden_states_for_head(input_ids, attention_mask, position_ids)
+                                  : model->forward(input_ids, attention_mask, position_ids, cache);
   // Split over the vocabulary: every rank's logits gathered (transformers' colwise_gather_output).
   if (const auto group = detail::vocab_parallel_group(*this))
     return tp::gather_from_tensor_parallel(detail::vocab_parallel_logits(*this, h), group);
   if (config_.tie_word_embeddings) return torch::linear(h, model->embed_tokens->weight);
   return project(*this, "lm_head", h);
+}
+
+torch::Tensor CausalLMImpl::hidden_states_for_head(const torch::Tensor& input_ids,
+                                                   const torch::Tensor& attention_mask,
+                                                   const torch::Tensor& position_ids) {
+  auto& body = *model;
+  // Only a tied, trained weight in grad mode: an untied embedding's own gradient must stay dense (nothing
+  // dense joins it), and without grad there is nothing to save.
+  const bool sparse = config_.tie_word_embeddings && !body.embed_tokens.is_empty() &&
+                      body.embed_tokens->weight.requires_grad() && torch::GradMode::is_enabled();
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{body.sparse_lookup_gradient};
+  body.sparse_lookup_gradient = sparse;
+  return body.forward(input_ids, attention_mask, position_ids);
 }
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,

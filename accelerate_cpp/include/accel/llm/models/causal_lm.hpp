@@ -151,6 +151,9 @@ class DecoderModelImpl : public torch::nn::Module {
   void set_sequence_parallelism(detail::SequenceParallelism s) { sequence_ = std::move(s); }
   /// The split set by enable_sequence_parallel / enable_context_parallel (no group: none).
   const detail::SequenceParallelism& sequence_parallelism() const noexcept { return sequence_; }
+  /// While true (CausalLMImpl::hidden_states_for_head sets it around its call), a trained embedding lookup
+  /// gives a sparse gradient, to be added into the tied head's dense one.
+  bool sparse_lookup_gradient = false;
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};  ///< the blocks (DecoderLayer): units of wrapping and checkpointing
@@ -176,6 +179,17 @@ class CausalLMImpl : public torch::nn::Module {
   /// Logits [B, T, vocab] in the model's dtype. See DecoderModelImpl::forward for the arguments.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& position_ids = {}, KVCache* cache = nullptr);
+  /// `model`'s final hidden states, for a caller that applies output_weight() to them in the same graph
+  /// (forward does). With tied embeddings that train, the lookup then gives the shared
+  /// weight a sparse gradient (its rows only) that autograd sums with the head's dense one: the lookup's own
+  /// dense [vocab, hidden] gradient (transformers' path, and `model->forward`'s) is never formed, so the
+  /// backward of forward + causal_lm_loss peaks one such matrix lower. (Behind the fused loss, which forms
+  /// the head's gradient in forward, the peak would not change: autograd adds a sparse gradient into a dense
+  /// one out of place; sft_loss keeps `model->forward` there.) The weight's `grad` is dense as ever. A caller
+  /// whose loss may not reach the head calls `model->forward` instead.
+  torch::Tensor hidden_states_for_head(const torch::Tensor& input_ids,
+                                       const torch::Tensor& attention_mask = {},
+                                       const torch::Tensor& position_ids = {});
   /// The output projection's weight (the child `lm_head`'s, or the embedding's when tied). UsageError when
   /// lm_head was replaced by a layer without a full-precision weight.
   torch::Tensor output_weight() const;
