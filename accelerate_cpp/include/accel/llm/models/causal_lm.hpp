@@ -222,9 +222,10 @@ struct LoadOptions {
     device_ = value;
     return *this;
   }
-  /// Store the blocks' projections in 4 bits (accel::quant::Linear4bit, QLoRA's NF4 by default) once loaded;
-  /// the embedding, the norms and lm_head stay in `dtype`, as transformers' `load_in_4bit` keeps them. The
-  /// whole model is held in `dtype` before it is quantised (the peak is the full-precision model).
+  /// Store the blocks' projections in 4 bits (accel::quant::Linear4bit, QLoRA's NF4 by default); the
+  /// embedding, the norms and lm_head stay in `dtype`, as transformers' `load_in_4bit` keeps them. Quantised
+  /// while loading: each block's projections are 4-bit from the moment it is built and each weight is read,
+  /// quantised and freed, so the full-precision projections never exist together.
   LoadOptions& load_in_4bit(const quant::Quant4bitOptions& options = {}) {
     load_in_4bit_ = options;
     return *this;
