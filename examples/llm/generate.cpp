@@ -2,7 +2,8 @@
 // model.safetensors or its sharded index, tokenizer.json):
 //
 //   build/examples/llm/generate --model_name_or_path DIR --prompt "Once upon a time" --max_new_tokens 32
-//       [--do_sample --temperature 0.7 --top_k 50 --top_p 0.9 --seed 0] [--dtype float32|bfloat16|float16]
+//       [--do_sample --temperature 0.7 --top_k 50 --top_p 0.9 --seed 0] [--dtype
+//       auto|float32|bfloat16|float16]
 //       [--print_ids] [--adapter ADAPTER_DIR] [--prompts_file FILE.jsonl]
 //
 // Greedy unless --do_sample. --adapter loads a PEFT LoRA adapter directory (adapter_config.json +
@@ -33,14 +34,15 @@
 namespace {
 
 struct Args {
-  std::string model, prompt, dtype = "float32", adapter, prompts_file;
+  std::string model, prompt, dtype = "auto", adapter, prompts_file;
   accel::llm::GenerationConfig gen;
   bool print_ids = false;
 };
 
 const char* kUsage =
     "usage: generate --model_name_or_path DIR --prompt TEXT [--max_new_tokens N] [--do_sample] "
-    "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--dtype float32|bfloat16|float16] [--print_ids] "
+    "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--dtype auto|float32|bfloat16|float16] "
+    "[--print_ids] "
     "[--adapter PEFT_ADAPTER_DIR] [--prompts_file FILE.jsonl]";
 
 // A flag's number, the whole text of it ("3x" is refused, not read as 3).
@@ -120,11 +122,13 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-torch::ScalarType dtype_of(const std::string& name) {
+// `auto` (the default, as transformers 5's from_pretrained): the checkpoint config's dtype.
+std::optional<torch::ScalarType> dtype_of(const std::string& name) {
+  if (name == "auto") return std::nullopt;
   if (name == "float32") return torch::kFloat32;
   if (name == "bfloat16") return torch::kBFloat16;
   if (name == "float16") return torch::kFloat16;
-  throw std::invalid_argument("--dtype takes float32, bfloat16 or float16, not " + name);
+  throw std::invalid_argument("--dtype takes auto, float32, bfloat16 or float16, not " + name);
 }
 
 std::string join(const std::vector<std::int64_t>& ids) {
@@ -196,7 +200,14 @@ std::vector<std::string> read_prompts(const std::string& path) {
 int main(int argc, char** argv) try {
   Args args = parse(argc, argv);
   const auto tokenizer = accel::llm::Tokenizer::from_pretrained(args.model);
-  auto model = accel::llm::from_pretrained(args.model, accel::llm::LoadOptions().dtype(dtype_of(args.dtype)));
+  accel::llm::LoadOptions load;
+  if (const auto dtype = dtype_of(args.dtype)) load.dtype(*dtype);
+  auto model = accel::llm::from_pretrained(args.model, load);
+  const auto loaded = model->model->embed_tokens->weight.scalar_type();
+  if (!dtype_of(args.dtype) && loaded != torch::kFloat32)
+    std::cerr << "generate: " << args.model << " runs in " << c10::toString(loaded)
+              << " (its config.json's dtype, as transformers' from_pretrained loads it; --dtype float32 to "
+                 "compute in float32)\n";
   if (!args.adapter.empty()) load_adapter(model, args.adapter);
   auto eos = args.gen.eos_token_ids.empty() ? model->config().eos_token_ids : args.gen.eos_token_ids;
   if (const auto id = tokenizer.eos_token_id(); id && std::find(eos.begin(), eos.end(), *id) == eos.end())

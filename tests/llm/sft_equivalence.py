@@ -364,6 +364,13 @@ def readme_row(fin, launch, tmp, base, data):
             continue
         saved = {t.dtype for t in load_file(os.path.join(out, "model", "model.safetensors")).values()}
         loaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).dtype
+        if dtype == "auto" and os.path.exists(os.path.join(os.path.dirname(fin), "generate")):
+            # generate's default dtype is transformers 5's from_pretrained default: the config's (bf16 here).
+            g = subprocess.run([os.path.join(os.path.dirname(fin), "generate"), "--model_name_or_path", bf16,
+                                "--prompt", "What is", "--max_new_tokens", "2"], capture_output=True, text=True)
+            check(g.returncode == 0 and f"runs in {str(ref['auto']).split('.')[-1].replace('bfloat16', 'BFloat16')}"
+                  in g.stderr, f"generate: a bf16 checkpoint runs in transformers' default dtype ({ref['auto']}): "
+                  f"{g.stderr.strip()[:100]!r}")
         check(saved == {ref[dtype]} and loaded == ref[dtype],
               f"readme: finetune --dtype {dtype} on a bf16 checkpoint{' (accel-launch train -t full)' if launch in cmd else ''}"
               f" saves {sorted(map(str, saved))}, transformers reloads it as {loaded} (transformers' --dtype "
