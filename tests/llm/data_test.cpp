@@ -137,6 +137,9 @@ TEST_CASE("chat templates: {% generation %} spans, and the templates of the fixt
   std::filesystem::remove(dir.file("chat_template.jinja"));
   CHECK_THROWS_WITH(ChatTemplate::from_pretrained(dir.path.string()),
                     Contains("no chat template in " + dir.path.string()));
+  // The fix a recipe user can apply (the model directory's file), not only the C++ call.
+  CHECK_THROWS_WITH(ChatTemplate::from_pretrained(dir.path.string()),
+                    Contains("write the model's template as chat_template.jinja in " + dir.path.string()));
   // Named templates: "tool_use" is rendered when tools are passed, as transformers' get_chat_template picks
   // it.
   write(dir.file("tokenizer_config.json"), R"({"chat_template": [{"name": "default", "template": "D{{ 1 }}"},

@@ -193,7 +193,11 @@ ChatTemplate ChatTemplate::from_pretrained(const std::string& dir) {
     }
     throw ConfigError("no chat template in " + dir +
                           ": neither chat_template.jinja nor a \"chat_template\" in "
-                          "tokenizer_config.json; pass one with ChatTemplate::from_string",
+                          "tokenizer_config.json; conversational data needs one: write the model's template "
+                          "as chat_template.jinja in " +
+                          dir +
+                          " (TRL ships common ones in trl/chat_templates/), or use text or prompt-completion "
+                          "data (in code: ChatTemplate::from_string)",
                       dir, 0, "chat_template");
   }
   ChatTemplate t = from_string(named.default_->first, named.default_->second, tokens);
