@@ -471,11 +471,20 @@ def mem_available_gib():
     return 0.0
 
 
-def gemm_rate(a, config_path, seq):
-    out = subprocess.run([os.path.join(a.build, "bench", "llm", "bench_models"), "--config", config_path, "--mode",
-                          "gemm", "--seq", str(seq), "--threads", "2"], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="2")).stdout
-    return float(re.search(r"gflops=([0-9.e+]+)", out).group(1))
+def gemm_rate(a, config_path, seq, tries=3):
+    """The GEMM probe's GFLOP/s; None (said so) when it cannot run, e.g. while a build relinks bench_models."""
+    for attempt in range(tries):
+        try:
+            out = subprocess.run([os.path.join(a.build, "bench", "llm", "bench_models"), "--config", config_path,
+                                  "--mode", "gemm", "--seq", str(seq), "--threads", "2"], check=True,
+                                 capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2")).stdout
+            return float(re.search(r"gflops=([0-9.e+]+)", out).group(1))
+        except (OSError, subprocess.CalledProcessError, AttributeError) as e:
+            print(f"# GEMM probe failed ({type(e).__name__}: {e}){'; retrying in 20 s' if attempt + 1 < tries else ''}",
+                  flush=True)
+            if attempt + 1 < tries:
+                time.sleep(20)
+    return None
 
 
 # ---- the benchmark ------------------------------------------------------------------------------------------
@@ -592,10 +601,16 @@ def main():
                               f"run {r['wall_s']:.0f} s, first step's loss "
                               f"{r['losses'][0] if r['losses'] else float('nan'):.5f}", flush=True)
                 flops = flops_per_step(shape, seq, kind)
-                summary = {s: summarize(runs[s], a.warmup, RANKS * seq, flops, max(gemm_seen)) for s in sides}
+                gemm = max([g for g in gemm_seen if g] or [float("nan")])
+                summary = {s: summarize(runs[s], a.warmup, RANKS * seq, flops, gemm) for s in sides}
                 results.append({"type": kind, "seq": seq, "gc": gc, "data": mode,
                                 "counted_labels_per_step": RANKS * labels[mode], "flops_per_step": flops,
-                                "gemm_gflops": max(gemm_seen), **summary})
+                                "gemm_gflops": gemm, **summary})
+    except BaseException:
+        if results:
+            print("\nINTERRUPTED: the cases completed so far:", flush=True)
+            print_table(results, skipped, sides, a)
+        raise
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
