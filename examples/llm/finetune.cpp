@@ -190,6 +190,16 @@ llm::SftBatches prepare_data(const std::string& path, const std::string& model_d
     return tok.encode(text, special);
   };
   auto examples = llm::prepare_sft_examples(dataset, chat ? &*chat : nullptr, encode, options);
+  if (examples.empty()) {  // TRL drops the examples left without labels too, then has nothing to train on
+    throw accel::ConfigError(
+        "finetune: none of the " + std::to_string(dataset.records.size()) + " examples of " + path +
+            " keeps a token with a label" +
+            (options.max_length ? " within --max_length " + std::to_string(*options.max_length) : "") +
+            " (the loss is on completions / assistant turns only, and truncation keeps the first tokens): "
+            "raise "
+            "--max_length, or shorten the prompts",
+        path);
+  }
   check_vocabulary(examples, path, model_dir, tok);
   const auto pad = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
   return llm::SftBatches(std::move(examples), llm::sft_collator_options(options, pad));

@@ -403,6 +403,16 @@ def vocab_row(fin, tmp, base, data):
                           "--output_dir", os.path.join(tmp, "max_length_1k")],
                          capture_output=True, text=True).stderr
     check("--max_length" in bad and "'1k'" in bad, f"max_length: a value that is no number is named: {bad.strip()!r}")
+    # max_length below every prompt of completion-only data: TRL drops every example; the recipe names why.
+    pc = os.path.join(tmp, "pc.jsonl")
+    with open(pc, "w") as f:
+        for line in open(data):
+            m = json.loads(line)["messages"]
+            f.write(json.dumps({"prompt": m[:-1], "completion": m[-1:]}) + "\n")
+    bad = subprocess.run([fin, "--model_name_or_path", base, "--dataset", pc, "--max_length", "4",
+                          "--output_dir", os.path.join(tmp, "max_length_4")], capture_output=True, text=True).stderr
+    check(pc in bad and "--max_length 4" in bad, f"max_length: data cut to no label names the file and the fix: "
+          f"{bad.strip()[:200]!r}")
     gen = os.path.join(os.path.dirname(fin), "generate")  # build/examples/llm/generate, beside finetune
     if os.path.exists(gen):
         bad = subprocess.run([gen, "--model_name_or_path", base, "--prompt", "hi", "--max_new_tokens", "3x"],
