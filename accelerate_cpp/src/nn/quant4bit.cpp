@@ -74,9 +74,9 @@ std::pair<torch::Tensor, torch::Tensor> blockwise_scale(const torch::Tensor& fla
   const auto blocks = full / blocksize;
   auto com = flat.narrow(0, 0, full).reshape({blocks, blocksize});
   auto absmax = std::get<0>(com.abs().max(-1));
-  auto scaled = divide
-                    ? torch::clamp(com / absmax.view({-1, 1}), -1, 1).reshape({-1})
-                    : torch::clamp(com * (1.0 / absmax.clamp_min(1e-38).view({-1, 1})), -1, 1).reshape({-1});
+  // Clamped in place: quantising while loading holds one scaled copy of the weight, not two.
+  auto scaled = divide ? (com / absmax.view({-1, 1})).clamp_(-1, 1).reshape({-1})
+                       : (com * (1.0 / absmax.clamp_min(1e-38).view({-1, 1}))).clamp_(-1, 1).reshape({-1});
   if (rem != 0) {
     auto tail = flat.narrow(0, full, rem);
     auto am = divide ? tail.abs().max() : tail.abs().max().clamp_min(1e-38);
@@ -216,12 +216,24 @@ torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype) {
       torch::stack({code.index_select(0, bytes.div(16, "floor")), code.index_select(0, bytes.remainder(16))},
                    1)
           .to(device);
-  const auto values = pairs.index_select(0, q.packed.to(torch::kLong)).reshape({-1}).narrow(0, 0, numel);
+  // The looked-up values go straight into the output, a slice of codes at a time, and are scaled in place:
+  // the weight's float32 bytes once, beside int32 indices of one slice (not int64 indices of every code, a
+  // padded copy and a product: 4 x the weight, the step's transient peak under QLoRA; issue 51).
+  const auto packed = q.packed.reshape({-1});
+  auto out = torch::empty({2 * packed.numel()}, pairs.options());
+  auto out_pairs = out.view({-1, 2});
+  constexpr std::int64_t kSlice = std::int64_t{1} << 20;  // codes per lookup
+  for (std::int64_t at = 0; at < packed.numel(); at += kSlice) {
+    const auto len = std::min(kSlice, packed.numel() - at);
+    auto into = out_pairs.narrow(0, at, len);
+    torch::index_select_out(into, pairs, 0, packed.narrow(0, at, len).to(torch::kInt));
+  }
+  auto values = out.narrow(0, 0, numel);
   const auto bs = q.options.blocksize;
-  const auto blocks = (numel + bs - 1) / bs;
-  auto padded = torch::constant_pad_nd(values, {0, blocks * bs - numel});
-  auto out = (padded.view({blocks, bs}) * absmax.view({-1, 1})).reshape({-1}).narrow(0, 0, numel);
-  return out.to(dtype).view(q.shape);
+  const auto full = numel / bs;  // whole blocks; a short last block is scaled on its own
+  values.narrow(0, 0, full * bs).view({full, bs}).mul_(absmax.narrow(0, 0, full).view({-1, 1}));
+  if (full * bs < numel) values.narrow(0, full * bs, numel - full * bs).mul_(absmax.narrow(0, full, 1));
+  return dtype == torch::kFloat32 ? values.view(q.shape) : values.to(dtype).view(q.shape);
 }
 
 Linear4bitImpl::Linear4bitImpl(const torch::nn::Linear& linear, const Quant4bitOptions& options) {
