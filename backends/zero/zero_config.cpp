@@ -97,6 +97,14 @@ std::vector<KeyRow> zero_rows() {
       if (e.value.IsScalar() && e.value.Scalar() == "auto") return;  // filled in resolve, as when absent
       read_number(rd, e, c, p);
     };
+    // A value filled in for "auto" (or an absent key) is written back as auto: accel-launch hands the ranks
+    // a written copy, and accel::Trainer fills an auto with max_grad_norm, as HF's Trainer does.
+    r.write = [write = r.write](const Config& c) {
+      const auto origin = c.origins.find("gradient_clipping");
+      const bool filled =
+          origin != c.origins.end() && origin->second.find("filled with 1.0") != std::string::npos;
+      return filled && c.zero.gradient_clipping == 1.0 ? std::string("auto") : write(c);
+    };
     rows.push_back(r);
   }
   rows.push_back(setting(
@@ -248,7 +256,8 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
                       clipping_auto ? "auto" : "absent");
       c.notices.push_back(fmt::format(
           "deepspeed_config.gradient_clipping is {}: gradients are clipped to a global norm of 1.0 "
-          "on sync steps, as Accelerate fills it in; set gradient_clipping: 0 to turn clipping off",
+          "on sync steps, as Accelerate fills it in (under accel::Trainer: to max_grad_norm, as HF's Trainer "
+          "fills it); set gradient_clipping: 0 to turn clipping off",
           clipping_auto ? "auto" : "not set"));
     }
     if (c.backend == "zero") {

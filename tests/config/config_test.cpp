@@ -1041,6 +1041,11 @@ TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's Ze
   const auto back = accel::Config::load_string(c.to_yaml());
   CHECK(back == c);
   CHECK(back.to_yaml().find("deepspeed_config_file") == std::string::npos);
+  // ...and its gradient_clipping "auto" stays "auto" in that copy (the one accel-launch hands the ranks), so
+  // that accel::Trainer fills it with max_grad_norm as HF's Trainer does: a written 1 would read as a
+  // setting.
+  CHECK(c.to_yaml().find("  gradient_clipping: auto\n") != std::string::npos);
+  CHECK(back.origins.at("gradient_clipping").find("filled with 1.0") != std::string::npos);
 }
 
 TEST_CASE("config: NVMe offload of the optimizer state, from the YAML and from a DeepSpeed JSON file",
@@ -2092,8 +2097,14 @@ TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1
   const auto ddp = accel::Config::load_string("backend: ddp\n");
   CHECK(ddp.zero.gradient_clipping == 0.0);
   CHECK(accel::automatic_gradient_clipping(ddp) == 0.0);
-  // The round trip writes the value, so the written file clips as the read one did.
+  // The round trip writes the value, so the written file clips as the read one did: an absent or auto value
+  // as auto (accel::Trainer fills that with max_grad_norm, as HF's Trainer does), a number as the number.
   CHECK(accel::Config::load_string(absent.to_yaml()).zero.gradient_clipping == 1.0);
+  CHECK(
+      accel::Config::load_string(absent.to_yaml()).origins.at("gradient_clipping").find("filled with 1.0") !=
+      std::string::npos);
+  CHECK(half.to_yaml().find("  gradient_clipping: 0.5\n") != std::string::npos);
+  CHECK(off.to_yaml().find("  gradient_clipping: 0\n") != std::string::npos);
 }
 
 // Accelerate reads its files with PyYAML (YAML 1.1): "017" is octal 15, "0x1F" 31, "0b101" 5, "1_000" 1000,

@@ -18,6 +18,8 @@
 #include <fstream>
 #include <optional>
 
+#include <unistd.h>
+
 #include "checkpoint/manifest.hpp"
 #include "dist_common.hpp"
 #include "trainer/trainer_fixture.hpp"
@@ -732,6 +734,33 @@ void trainer_config_merge() {
   a.max_grad_norm = 0.5;
   CHECK_THROWS_WITH(make(a, c), Catch::Matchers::Contains("gradient_clipping"));
   c.zero.gradient_clipping = 0;
+  // DeepSpeed's gradient_clipping "auto" (a JSON file's, or a YAML deepspeed_config section without it, which
+  // Accelerate leaves "auto") is max_grad_norm under HF's Trainer (HfTrainerDeepSpeedConfig.fill_match), not
+  // Accelerate's 1.0: max_grad_norm 0.5 clips at 0.5 (was refused as a conflict), 0 does not clip (clipped at
+  // 1.0). The configs are read from files as a user brings them (the Qwen project's ds_config_zero2.json).
+  {
+    const auto json = fs::temp_directory_path() / ("ds_clip_auto_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(json) << R"({"zero_optimization": {"stage": 2}, "gradient_clipping": "auto",
+                              "gradient_accumulation_steps": "auto", "train_micro_batch_size_per_gpu": "auto"})";
+    for (const std::string& section :
+         {std::string("  zero_stage: 2\n"), "  deepspeed_config_file: " + json.string() + "\n"}) {
+      const Config ds = Config::load_string(
+          "backend: zero\nuse_cpu: true\nnum_processes: 2\ndeepspeed_config:\n" + section, "ds.yaml");
+      c.zero.gradient_clipping = ds.zero.gradient_clipping;
+      c.origins = ds.origins;
+      for (const double norm : {0.5, 0.0}) {
+        a.max_grad_norm = norm;
+        const double got = make(a, c).zero.gradient_clipping;
+        CHECK_MSG(got == norm, "deepspeed_config " << section << " with gradient_clipping auto ("
+                                                   << c.origins["gradient_clipping"] << "): max_grad_norm "
+                                                   << norm << " gave gradient_clipping " << got);
+      }
+    }
+    fs::remove(json);
+    c.zero.gradient_clipping = 0;
+    c.origins.clear();
+    a.max_grad_norm = 0.5;
+  }
   // Seed and trackers.
   c.seed = 7;
   a.explicit_keys.push_back("seed");

@@ -73,6 +73,17 @@ void merge(TrainingArguments& a, Config& c) {
   } else {
     a.gradient_accumulation_steps = c.gradient_accumulation_steps;
   }
+  // DeepSpeed's gradient_clipping "auto" (in a JSON file, or a YAML deepspeed_config section without it,
+  // which Accelerate's DeepSpeedPlugin leaves "auto") is max_grad_norm under HF's Trainer
+  // (HfTrainerDeepSpeedConfig fills it before Accelerate's 1.0 could apply). The readers
+  // (backends/zero/zero_config.cpp, deepspeed_json.cpp) record that fill in origins as "filled with 1.0".
+  const auto origin = c.origins.find("gradient_clipping");
+  if (origin != c.origins.end() && origin->second.find("filled with 1.0") != std::string::npos) {
+    c.zero.gradient_clipping = a.max_grad_norm;
+    origin->second += fmt::format(
+        " -> under the Trainer, TrainingArguments max_grad_norm {} ({}), as HF's Trainer fills it",
+        a.max_grad_norm, a.source.empty() ? "defaults" : a.source);
+  }
   if (c.zero.gradient_clipping > 0 && a.max_grad_norm > 0 && c.zero.gradient_clipping != a.max_grad_norm)
     conflict(a, "max_grad_norm", fmt::format("{}", a.max_grad_norm), c, "gradient_clipping",
              fmt::format("{}", c.zero.gradient_clipping));
@@ -221,6 +232,9 @@ TrainerBase::TrainerBase(TrainingArguments args, Accelerator& accelerator) : arg
   if (merged.gradient_accumulation_steps != have.gradient_accumulation_steps)
     fixed("gradient_accumulation_steps", std::to_string(args_.gradient_accumulation_steps),
           "gradient_accumulation_steps", std::to_string(have.gradient_accumulation_steps));
+  if (merged.zero.gradient_clipping != have.zero.gradient_clipping)  // an "auto" filled with max_grad_norm
+    fixed("max_grad_norm", fmt::format("{}", args_.max_grad_norm), "gradient_clipping",
+          fmt::format("{}", have.zero.gradient_clipping));
   accelerator_ = std::shared_ptr<Accelerator>(&accelerator, [](Accelerator*) {});  // borrowed
   borrowed_ = true;
   attach();
