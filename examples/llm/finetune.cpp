@@ -32,9 +32,11 @@
 #include <accel/trainer/model_arguments.hpp>
 #include <accel/trainer/trainer.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -67,6 +69,19 @@ std::optional<std::int64_t> max_length(const std::string& text) {
   return n;
 }
 
+// A boolean flag as HfArgumentParser reads it (string_to_bool: yes/true/t/y/1, no/false/f/n/0, any case;
+// alone, `--packing`, it is true). Anything else is refused naming the flag and value
+// (`--completion_only_loss True` was read as false).
+bool flag(const std::vector<std::string>& rest, std::size_t& i) {
+  const std::string& key = rest[i];
+  if (i + 1 >= rest.size() || rest[i + 1].rfind("--", 0) == 0) return true;
+  std::string v = rest[++i];
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "yes" || v == "true" || v == "t" || v == "y" || v == "1") return true;
+  if (v == "no" || v == "false" || v == "f" || v == "n" || v == "0") return false;
+  throw accel::UsageError("finetune: " + key + " takes true or false (alone: true), got '" + rest[i] + "'");
+}
+
 SftOptions parse_sft_options(const std::vector<std::string>& rest) {
   SftOptions o;
   for (std::size_t i = 0; i < rest.size(); ++i) {
@@ -82,17 +97,17 @@ SftOptions parse_sft_options(const std::vector<std::string>& rest) {
     } else if (key == "--max_length") {
       o.data.max_length = max_length(value());
     } else if (key == "--packing") {
-      o.data.packing = true;
+      o.data.packing = flag(rest, i);
     } else if (key == "--packing_strategy") {
       o.data.packing_strategy = value();
     } else if (key == "--completion_only_loss") {
-      o.data.completion_only_loss = value() == "true";
+      o.data.completion_only_loss = flag(rest, i);
     } else if (key == "--assistant_only_loss") {
-      o.data.assistant_only_loss = true;
+      o.data.assistant_only_loss = flag(rest, i);
     } else if (key == "--adapter_init") {
       o.adapter_init = value();
     } else if (key == "--save_merged") {
-      o.save_merged = true;
+      o.save_merged = flag(rest, i);
     } else if (key == "--fused_linear_cross_entropy") {
       const std::string& v = value();
       if (v != "true" && v != "false")
@@ -381,11 +396,40 @@ std::vector<std::string> recipe_evaluation(accel::TrainingArguments& args, const
   return notices;
 }
 
+// The TrainingArguments file (TYPE.yaml, --training_args) with TRL's SFTConfig keys in it, as `trl sft
+// --config` files have them: the data keys this program takes are refused naming the option to use; the
+// others as not implemented (TrainingArguments alone would call them unknown).
+accel::TrainingArguments training_arguments(int argc, char** argv, std::vector<std::string>& rest) {
+  try {
+    return accel::TrainingArguments::from_command_line(argc, argv, &rest);
+  } catch (const accel::ConfigError& e) {
+    static const std::set<std::string> taken = {"max_length",          "packing",
+                                                "packing_strategy",    "completion_only_loss",
+                                                "assistant_only_loss", "eval_dataset"};
+    static const std::set<std::string> sft = {
+        "dataset_text_field", "padding_free",    "eos_token",         "pad_token",
+        "dataset_num_proc",   "dataset_kwargs",  "model_init_kwargs", "chat_template_path",
+        "pad_to_multiple_of", "shuffle_dataset", "dataset_name",      "activation_offloading",
+        "loss_type"};
+    if (taken.count(e.key()) != 0)
+      throw accel::ConfigError(std::string(e.what()) + "; '" + e.key() +
+                                   "' is TRL's SFTConfig key, which finetune reads from its command line: "
+                                   "remove it from the file and pass --" +
+                                   e.key() + " VALUE after the program",
+                               e.file(), e.line(), e.key());
+    if (sft.count(e.key()) != 0)
+      throw accel::ConfigError(std::string(e.what()) + "; '" + e.key() +
+                                   "' is TRL's SFTConfig key, which finetune does not implement: remove it",
+                               e.file(), e.line(), e.key());
+    throw;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::vector<std::string> rest;
-  auto args = accel::TrainingArguments::from_command_line(argc, argv, &rest);
+  auto args = training_arguments(argc, argv, rest);
   const auto model_args = accel::ModelArguments::from_command_line(rest, &rest);
   const auto sft = parse_sft_options(rest);
   const auto evaluation_notices = recipe_evaluation(args, sft, argc, argv);

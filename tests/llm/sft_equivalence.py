@@ -528,6 +528,36 @@ def qlora_row(fin, tmp, base, tok, data, rows):
                   f"within 1e-4 (max |diff| {d:.2e}), adapters within 1e-3 ({ad:.2e})")
 
 
+def config_keys_row(fin, tmp, base, data):
+    """The files a TRL user brings: SFTConfig keys in the TrainingArguments file (`trl sft --config` reads them
+    there) are refused naming the file, the key and the fix (TrainingArguments alone called them unknown), and
+    booleans read as HfArgumentParser reads them: `--completion_only_loss True` was read as false."""
+    for key, value, fix in [("max_length", "64", "--max_length VALUE"), ("padding_free", "true", "does not implement")]:
+        yaml = os.path.join(tmp, f"sft_{key}.yaml")
+        with open(yaml, "w") as f:
+            f.write(f"output_dir: {os.path.join(tmp, 'sft_keys')}\nreport_to: none\n{key}: {value}\n")
+        r = subprocess.run([fin, "--training_args", yaml, "--model_name_or_path", base, "--dataset", data],
+                           capture_output=True, text=True)
+        msg = r.stderr.strip()
+        check(r.returncode != 0 and yaml in msg and f"'{key}'" in msg and fix in msg,
+              f"config keys: SFTConfig's {key} in the TrainingArguments file names the file, key and fix: {msg[-160:]!r}")
+    pc = os.path.join(tmp, "pc_flags.jsonl")
+    with open(pc, "w") as f:
+        for line in open(data):
+            m = json.loads(line)["messages"]
+            f.write(json.dumps({"prompt": m[:-1], "completion": m[-1:]}) + "\n")
+    first = {}
+    for v in ("True", "true", "false"):
+        out = os.path.join(tmp, f"flag_{v}")
+        ours(fin, None, None, base, pc, out, 2, 1, 1, 1e-3, ["--completion_only_loss", v])
+        first[v] = our_losses(out)[0]
+    check(first["True"] == first["true"] != first["false"],
+          f"config keys: --completion_only_loss True is true, as HfArgumentParser reads it (first losses {first})")
+    bad = subprocess.run([fin, "--model_name_or_path", base, "--dataset", pc, "--packing", "maybe"],
+                         capture_output=True, text=True).stderr
+    check("--packing" in bad and "'maybe'" in bad, f"config keys: --packing maybe is refused naming it: {bad.strip()!r}")
+
+
 def main():
     fin, launch, templates, jinja = sys.argv[1:5]
     t0 = time.time()
@@ -546,6 +576,7 @@ def main():
         rank_rows(fin, launch, templates, tmp, base, data, lora, full)
         readme_row(fin, launch, tmp, base, data)
         vocab_row(fin, tmp, base, data)
+        config_keys_row(fin, tmp, base, data)
         print(f"time {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
