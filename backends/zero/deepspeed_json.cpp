@@ -449,10 +449,11 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   refused("compression_training", AsksNothingWhen::Empty, "",
           "DeepSpeed Compression prunes, quantizes or distils the model during training",
           "remove it (or leave it empty)");
-  noticed("optimizer", "DeepSpeed builds the optimizer named here (type, params)",
-          "the optimizer is the LibTorch one your loop creates and prepares (under accel::Trainer: "
-          "TrainingArguments' optim, learning_rate, adam_beta1/2, adam_epsilon and weight_decay, where Hugging "
-          "Face's Trainer would run this block)");
+  noticed(
+      "optimizer", "DeepSpeed builds the optimizer named here (type, params)",
+      "the optimizer is the LibTorch one your loop creates and prepares (under accel::Trainer: "
+      "TrainingArguments' optim, learning_rate, adam_beta1/2, adam_epsilon and weight_decay, where Hugging "
+      "Face's Trainer would run this block)");
   noticed("scheduler", "DeepSpeed builds the learning-rate scheduler named here",
           "schedulers are the LibTorch ones your loop creates (under accel::Trainer: TrainingArguments' "
           "lr_scheduler_type and warmup_steps / warmup_ratio, where Hugging Face's Trainer would run this "
