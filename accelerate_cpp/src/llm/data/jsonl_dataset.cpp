@@ -212,7 +212,7 @@ namespace {
 // checked as a whole first, so that a syntax error is nlohmann's, with its line and column.
 std::vector<std::pair<int, std::string>> json_array_items(const std::string& text, const std::string& file) {
   try {
-    (void)ojson::parse(text);
+    [[maybe_unused]] const auto whole = ojson::parse(text);  // parse's result must be used (-Werror)
   } catch (const ojson::parse_error& e) {
     throw ConfigError(file + ": a JSON array file (it starts with '['), but not valid JSON: " + e.what(),
                       file);
