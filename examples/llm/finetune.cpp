@@ -269,9 +269,16 @@ void copy_tokenizer_files(const std::string& from, const fs::path& to) {
 void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::LoraModel* lora,
                   const std::string& model_dir, const fs::path& out, bool save_merged,
                   torch::ScalarType dtype) {
-  const auto state = acc.get_state_dict(model);  // collective: every rank
   if (lora != nullptr) {
-    lora->save_adapter((out / "adapter").string(), state);  // safe on every rank
+    // The adapters from the model's own tensors where they are whole on every rank (no copy of the model);
+    // gathered to the main process, one unit at a time, where they are sharded or split (as the Trainer's
+    // checkpoints write them). A whole-model get_state_dict on every rank doubled each rank's memory at the
+    // end of the run: a Qwen2.5-1.5B LoRA run was killed there for want of memory, its training done.
+    accel::NamedTensors state;
+    if (acc.capabilities().shards_parameters || acc.tensor_parallel_group()->world_size() > 1)
+      state = acc.get_state_dict(model, accel::StateDictOn::MainProcess);  // collective
+    if (acc.is_main_process()) lora->save_adapter((out / "adapter").string(), state);
+    acc.wait_for_everyone();
     if (acc.is_main_process()) {
       name_base_model(out / "adapter" / "adapter_config.json", model_dir);
       copy_tokenizer_files(model_dir, out / "adapter");
