@@ -470,23 +470,44 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
     return true;
   }
 
-  // Stage 2: buckets of contiguous flat ranges, built in reverse parameter order (the order backward produces
-  // gradients in), launched strictly in bucket order so that every rank issues the same collectives.
+  // Stage 2: buckets of contiguous flat ranges of one sub-group, built in reverse model order across all
+  // groups (the order backward produces gradients in) and launched strictly in bucket order, so that every
+  // rank issues the same collectives. Built group by group, the last group's bucket came first: a model whose
+  // biases and norms form a group of their own (no weight decay) had them in bucket 0, complete only when the
+  // first layer's last gradient arrived, and every bucket behind it (the whole model's gradients, an untied
+  // head's among them) waited for it, held until the end of backward (issue 51).
   void build_buckets() {
     if (options_.stage != 2) return;
+    std::vector<std::pair<std::size_t, std::size_t>> order;  // (group, member), by model index, descending
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      for (std::size_t m = 0; m < groups_[gi].params.size(); ++m)
+        order.emplace_back(gi, m);
+    }
+    std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+      return groups_[a.first].params[a.second] > groups_[b.first].params[b.second];
+    });
     std::vector<std::size_t> sizes;
-    for (std::size_t gi = groups_.size(); gi-- > 0;) {
-      const auto& g = groups_[gi];
-      std::vector<std::uint64_t> bytes;
-      for (auto index : g.params)
-        bytes.push_back(static_cast<std::uint64_t>(params_[index].numel()) * params_[index].element_size());
-      for (auto& members : detail::plan_buckets(bytes, options_.bucket_bytes, options_.bucket_bytes)) {
-        sizes.push_back(members.size());
-        StageBucket b;
-        b.group = gi;
-        b.members = std::move(members);
+    StageBucket b;
+    std::uint64_t filled = 0;
+    for (const auto& [gi, m] : order) {
+      const auto& p = params_[groups_[gi].params[m]];
+      const auto bytes = static_cast<std::uint64_t>(p.numel()) * p.element_size();
+      // A bucket is one group's contiguous range: the next member must be the one before in flat order.
+      const bool joins = !b.members.empty() && b.group == gi && b.members.back() == m + 1 &&
+                         filled + bytes <= options_.bucket_bytes;
+      if (!b.members.empty() && !joins) {
+        sizes.push_back(b.members.size());
         close_bucket(b);
+        b = StageBucket();
+        filled = 0;
       }
+      b.group = gi;
+      b.members.push_back(m);
+      filled += bytes;
+    }
+    if (!b.members.empty()) {
+      sizes.push_back(b.members.size());
+      close_bucket(b);
     }
     clock_ = detail::BucketClock(sizes);
   }
