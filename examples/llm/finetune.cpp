@@ -16,6 +16,7 @@
 // writes what users ship into output_dir: the PEFT adapter (adapter/) or the full model (model/), each with
 // the tokenizer files beside it.
 #include <accel/accelerator/resolved_config.hpp>
+#include <accel/checkpoint/safetensors.hpp>
 #include <accel/config/weight_loading.hpp>
 #include <accel/llm/data/chat_template.hpp>
 #include <accel/llm/data/jsonl_dataset.hpp>
@@ -33,9 +34,11 @@
 #include <accel/trainer/trainer.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -264,17 +267,56 @@ void copy_tokenizer_files(const std::string& from, const fs::path& to) {
   }
 }
 
+// The merged model of a LoRA run whose parameters are sharded (ZeRO-3 / FULL_SHARD: -t minimal, -t stage3
+// with use_peft), where no rank holds a whole weight to merge into: from the whole state gathered to the main
+// process
+// (`state`, transformers' names plus the adapters'), W += scale B A (in float32, written in W's dtype) for
+// every adapted layer, the adapters' tensors dropped, written as `dir/model.safetensors`. Main process only.
+void write_merged_state(accel::NamedTensors state, const accel::peft::LoraModel& lora, const fs::path& dir) {
+  const auto& cfg = lora.config();
+  const double scale = cfg.use_rslora ? cfg.lora_alpha / std::sqrt(static_cast<double>(cfg.r))
+                                      : cfg.lora_alpha / static_cast<double>(cfg.r);
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  for (const auto& path : lora.adapted_modules()) {
+    const auto w = by_name.find(path + ".weight"), a = by_name.find(path + ".lora_A.weight"),
+               b = by_name.find(path + ".lora_B.weight");
+    if (w == by_name.end() || a == by_name.end() || b == by_name.end())
+      throw accel::UsageError("finetune --save_merged: the gathered state lacks '" + path +
+                              ".weight' or its adapters (a 4-bit base cannot be sharded): drop --save_merged "
+                              "and merge the adapter/ files with PEFT");
+    w->second = (w->second.to(torch::kFloat32) +
+                 scale * torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32)))
+                    .to(w->second.scalar_type());
+    by_name.erase(a);
+    by_name.erase(b);
+  }
+  std::vector<accel::safetensors::TensorView> views;
+  for (auto& [name, t] : by_name) {
+    t = t.detach().to(torch::kCPU).contiguous();
+    const auto type = t.scalar_type();
+    if (type != torch::kFloat32 && type != torch::kBFloat16 && type != torch::kFloat16)
+      throw accel::UsageError("finetune --save_merged: tensor '" + name + "' is " +
+                              std::string(c10::toString(type)) + "; a merged model holds float tensors only");
+    const auto dt = type == torch::kBFloat16  ? accel::safetensors::DType::BF16
+                    : type == torch::kFloat16 ? accel::safetensors::DType::F16
+                                              : accel::safetensors::DType::F32;
+    views.push_back({name, dt, t.sizes().vec(), t.data_ptr(), t.nbytes()});
+  }
+  fs::create_directories(dir);
+  accel::safetensors::write_file((dir / "model.safetensors").string(), views, {{"format", "pt"}});
+}
+
 // `dtype`: the dtype the model was loaded in (a 4-bit base's other parameters, and its merged export, are in
 // it).
 void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::LoraModel* lora,
                   const std::string& model_dir, const fs::path& out, bool save_merged,
                   torch::ScalarType dtype) {
+  accel::NamedTensors state;  // the whole state on the main process, where it is gathered
   if (lora != nullptr) {
     // The adapters from the model's own tensors where they are whole on every rank (no copy of the model);
     // gathered to the main process, one unit at a time, where they are sharded or split (as the Trainer's
     // checkpoints write them). A whole-model get_state_dict on every rank doubled each rank's memory at the
     // end of the run: a Qwen2.5-1.5B LoRA run was killed there for want of memory, its training done.
-    accel::NamedTensors state;
     if (acc.capabilities().shards_parameters || acc.tensor_parallel_group()->world_size() > 1)
       state = acc.get_state_dict(model, accel::StateDictOn::MainProcess);  // collective
     if (acc.is_main_process()) lora->save_adapter((out / "adapter").string(), state);
@@ -285,14 +327,22 @@ void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::Lo
     }
     acc.print("finetune: PEFT adapter written to ", (out / "adapter").string());
     if (!save_merged) return;
-    // A 4-bit base (QLoRA) is dequantised with the adapters added in float32: ordinary tensors in the dtype
-    // the base was loaded in, which transformers loads (the 4-bit buffers would load as nothing).
-    const auto replaced = llm::merge_and_dequantize(*model, *lora);
-    if (!replaced.empty())
-      acc.print("finetune: ", replaced.size(),
-                " 4-bit layers merged in float32 and written dequantised (not quantised again)");
   }
-  acc.save_model(model, (out / "model").string());
+  if (lora != nullptr && acc.capabilities().shards_parameters) {
+    // Sharded parameters: merged from the state already gathered to the main process (a rank's shards cannot
+    // be merged in place; merging them wrote the unmerged base with the adapters' keys).
+    if (acc.is_main_process()) write_merged_state(std::move(state), *lora, out / "model");
+  } else {
+    if (lora != nullptr) {
+      // A 4-bit base (QLoRA) is dequantised with the adapters added in float32: ordinary tensors in the dtype
+      // the base was loaded in, which transformers loads (the 4-bit buffers would load as nothing).
+      const auto replaced = llm::merge_and_dequantize(*model, *lora);
+      if (!replaced.empty())
+        acc.print("finetune: ", replaced.size(),
+                  " 4-bit layers merged in float32 and written dequantised (not quantised again)");
+    }
+    acc.save_model(model, (out / "model").string());
+  }
   if (acc.is_main_process()) {
     write_config(model_dir, out / "model", dtype);
     copy_tokenizer_files(model_dir, out / "model");

@@ -17,7 +17,8 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          --bf16 true (CPU autocast, float32 master weights), 3 steps: the fused loss equals the unfused one
          (first step 1e-5, then 1e-3: bf16 rounding of the head's gradient products), off float32 by bf16 rounding.
   ranks  accel-launch 2 ranks x half the batch on ddp_cpu, zero_stage2, zero_stage3, fsdp_full_shard equal
-         one process: losses within 1e-5, saved adapter / model within 1e-6.
+         one process: losses within 1e-5, saved adapter / model within 1e-6; ZeRO-3's --save_merged model (merged
+         from the state gathered to the main process) equals PEFT's merge_and_unload of the one-process adapter.
   qlora  load_in_4bit (NF4, nested) + LoRA against transformers' BitsAndBytesConfig + PEFT on bitsandbytes'
          CPU Linear4bit (adapters kept in fp32: TRL 1.16 would make them bf16), 8 steps: with bitsandbytes given
          the nearest 8-bit absmax codes (as accel::quant picks them; its CPU search takes a neighbour in a few
@@ -329,14 +330,26 @@ def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
         one = lora_one if kind == "lora" else full
         steps, lr = (8, 1e-2) if kind == "lora" else (6, 1e-3)
         out = os.path.join(tmp, f"ranks_{cfg}")
+        # ZeRO-3 + LoRA (-t minimal's layout) also writes the merged model: the parameters are sharded there, so
+        # the merge cannot be done in place on a rank (it once wrote the unmerged base with the adapters' keys).
+        merged = ["--save_merged"] if cfg == "zero_stage3" else []
         ours(fin, launch, os.path.join(templates, cfg + ".yaml"), base, data, out, 2, 2, steps, lr,
-             lora_args if kind == "lora" else [])
+             (lora_args if kind == "lora" else []) + merged)
         d = max_diff(our_losses(one), our_losses(out))
         sub = "adapter" if kind == "lora" else "model"
         name = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
         td = tensors_diff(load_file(os.path.join(one, sub, name)), load_file(os.path.join(out, sub, name)))
         check(d <= 1e-5 and td <= 1e-6, f"ranks {cfg} ({kind}, 2 x batch 2, accumulation 2): losses equal one "
               f"process x batch 4 (max |diff| {d:.2e} <= 1e-5), saved {sub} (max |diff| {td:.2e} <= 1e-6)")
+        if merged:
+            want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
+                                             os.path.join(one, "adapter")).merge_and_unload().state_dict()
+            got = our_model_tensors(os.path.join(out, "model"))
+            got.setdefault("lm_head.weight", got.get("model.embed_tokens.weight"))  # tied: written once
+            md = tensors_diff(want, got)
+            check(md <= 1e-5, f"ranks {cfg} --save_merged: model/ holds the merged weights under transformers' "
+                  f"keys only, equal to PEFT's merge_and_unload of the one-process adapter (max |diff| {md:.2e} "
+                  f"<= 1e-5)")
 
 
 def readme_row(fin, launch, tmp, base, data):
