@@ -5,7 +5,9 @@
                                   makes tiny random Llama / Qwen2 / Qwen3 models with transformers, saves them
                                   (one also sharded, one with an old-style config.json), and writes what
                                   transformers computes on them: logits (fp32, bf16), a padded batch, the loss,
-                                  greedy generation (one prompt, and two left-padded prompts), 32 tokens each.
+                                  greedy generation (one prompt, and two left-padded prompts), 32 tokens each;
+                                  on the sliding-window models also three left-padded prompts and the positions
+                                  each layer's KV cache keeps after a prefill and one step.
   models_reference.py check OUT   loads with transformers what accel::llm::save_pretrained wrote
                                   (OUT/<name>/cpp_saved) and compares its logits with the reference.
   models_reference.py all OUT TESTS FUSED_TESTS ACCEL_LAUNCH [GENERATE]
@@ -131,6 +133,22 @@ def make(out):
             batch[0], batch_mask[0] = ids[0, :7], 1
             batch[1, 3:], batch_mask[1, 3:] = ids[1, :4], 1
             ref["batch_greedy"] = model.generate(batch, attention_mask=batch_mask, **gen)[:, 7:]
+            if "sliding" in name:
+                # Three prompts (12, 2, 7 tokens) as one batch: a row's padding reaches past the window.
+                lengths = [12, 2, 7]
+                batch3 = torch.zeros(3, 12, dtype=torch.long)
+                mask3 = torch.zeros(3, 12, dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    batch3[row, 12 - n:], mask3[row, 12 - n:] = ids[row % 2, :n], 1
+                ref["batch3_greedy"] = model.generate(batch3, attention_mask=mask3, **gen)[:, 12:]
+                # transformers' cache (DynamicCache(config): DynamicSlidingWindowLayer on sliding layers) after
+                # a prefill of the 24 positions and one decoding step: the positions each layer keeps.
+                prefill = model(ids, use_cache=True)
+                step = prefill.logits[:, -1:].argmax(-1)
+                decoded = model(step, cache=prefill.cache, use_cache=True)
+                ref["cache_step"] = step
+                ref["cache_step_logits"] = decoded.logits
+                ref["cache_lengths"] = torch.tensor([layer.keys.shape[-2] for layer in decoded.cache.layers])
             if name == "qwen2_untied":
                 # As a user loads a bf16 model (model.to(bfloat16) would also round the rotary inv_freq buffer).
                 bf16 = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.bfloat16).eval()

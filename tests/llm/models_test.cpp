@@ -613,6 +613,27 @@ TEST_CASE("Logits, loss and greedy tokens equal transformers'", "[.hf]") {
     const auto batch = accel::llm::generate(model, {p0, p1}, gen);
     CHECK(batch[0] == to_ids(ref.at("batch_greedy")[0]));
     CHECK(batch[1] == to_ids(ref.at("batch_greedy")[1]));
+    if (ref.count("batch3_greedy")) {  // sliding windows: a row's padding reaches past the window
+      const std::vector<std::vector<std::int64_t>> prompts = {
+          {ids.begin(), ids.begin() + 12}, {ids1.begin(), ids1.begin() + 2}, {ids.begin(), ids.begin() + 7}};
+      const auto out3 = accel::llm::generate(model, prompts, gen);
+      for (std::int64_t row = 0; row < 3; ++row)
+        CHECK(out3[row] == to_ids(ref.at("batch3_greedy")[row]));
+    }
+    if (ref.count("cache_lengths")) {  // transformers' DynamicSlidingWindowLayer keeps window - 1 positions
+      accel::llm::KVCache cache;
+      model->forward(ref.at("input_ids"), {}, {}, &cache);
+      const auto step = model->forward(ref.at("cache_step"), {}, {}, &cache);
+      CHECK(max_diff(step, ref.at("cache_step_logits")) <= 1e-5);
+      CHECK(cache.seq_length() == ref.at("input_ids").size(1) + 1);
+      const auto lengths = to_ids(ref.at("cache_lengths"));
+      REQUIRE(cache.keys.size() == lengths.size());
+      for (std::size_t layer = 0; layer < lengths.size(); ++layer) {
+        INFO("layer " << layer);
+        CHECK(cache.keys[layer].size(2) == lengths[layer]);
+        CHECK(cache.values[layer].size(2) == lengths[layer]);
+      }
+    }
     accel::llm::save_pretrained(model, (root / name / "cpp_saved").string());
     if (ref.count("logits_bf16")) {
       auto bf16 = accel::llm::from_pretrained((root / name / "model").string(),
