@@ -200,8 +200,8 @@ def logits_of(model, tok, rows):
 
 
 def model_config(tmp, kind):
-    """TRL's ModelConfig keys in a file, as TYPE.model.yaml (a list on the command line, "[q_proj, k_proj]",
-    does not reach the program intact through accel-launch launch: CLI11 splits bracketed values)."""
+    """TRL's ModelConfig keys in a file, as TYPE.model.yaml (the command line takes the same keys:
+    --lora_target_modules "[q_proj, k_proj]" reaches the program intact, model_arguments_test.cpp)."""
     path = os.path.join(tmp, f"{kind}.model.yaml")
     with open(path, "w") as f:
         f.write(f"use_peft: true\nlora_r: {LORA['r']}\nlora_alpha: {LORA['lora_alpha']}\nlora_dropout: 0.0\n"
