@@ -13,7 +13,7 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our adapter (logits within 1e-4 of
          PEFT's trained model); our load_adapter of PEFT's trained adapter, merged and saved (--save_merged at
          learning rate 0), gives PEFT's logits in transformers (1e-4).
-  full   full fine-tuning, the same (losses 1e-4, model tensors 1e-5).
+  full   full fine-tuning, 20 steps (accumulation 2), the same (losses 1e-4, model tensors 1e-5).
          --bf16 true (CPU autocast, float32 master weights), 3 steps: the fused loss equals the unfused one
          (first step 1e-5, then 1e-3: bf16 rounding of the head's gradient products), off float32 by bf16 rounding.
   ranks  accel-launch 2 ranks x half the batch on ddp_cpu, zero_stage2, zero_stage3, fsdp_full_shard equal
@@ -56,6 +56,7 @@ except ImportError as e:  # pragma: no cover
 torch.set_num_threads(1)
 datasets.disable_progress_bars()
 SEED = 42
+FULL_STEPS = 20  # full fine-tuning's steps (issue 51's count; accumulation 2: 3.3 epochs of 48 rows)
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 FAILED = []
 
@@ -288,13 +289,13 @@ def full_row(fin, tmp, base, tok, data):
     """Full fine-tuning, accumulation 2: losses and the saved model."""
     model = AutoModelForCausalLM.from_pretrained(base)
     hf_out = os.path.join(tmp, "hf_full")
-    ref = hf_train(model, tok, data, hf_out, 4, 2, 6, 1e-3)
+    ref = hf_train(model, tok, data, hf_out, 4, 2, FULL_STEPS, 1e-3)
     model.save_pretrained(os.path.join(hf_out, "model"))
     out = os.path.join(tmp, "our_full")
-    ours(fin, None, None, base, data, out, 4, 2, 6, 1e-3, [])
+    ours(fin, None, None, base, data, out, 4, 2, FULL_STEPS, 1e-3, [])
     got = our_losses(out)
     d = max_diff(ref, got)
-    check(d <= 1e-4, f"full accumulation 2: 6 step losses equal SFTTrainer's (max |diff| {d:.2e} <= 1e-4; "
+    check(d <= 1e-4, f"full accumulation 2: {FULL_STEPS} step losses equal SFTTrainer's (max |diff| {d:.2e} <= 1e-4; "
           f"first {ref[0]:.5f}, last {ref[-1]:.5f} / {got[-1]:.5f})")
     md = tensors_diff(our_model_tensors(os.path.join(hf_out, "model")),
                       our_model_tensors(os.path.join(out, "model")))
@@ -328,7 +329,7 @@ def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
     for cfg, kind in [("ddp_cpu", "lora"), ("zero_stage2", "full"), ("zero_stage3", "lora"),
                       ("fsdp_full_shard", "full")]:
         one = lora_one if kind == "lora" else full
-        steps, lr = (8, 1e-2) if kind == "lora" else (6, 1e-3)
+        steps, lr = (8, 1e-2) if kind == "lora" else (FULL_STEPS, 1e-3)
         out = os.path.join(tmp, f"ranks_{cfg}")
         # ZeRO-3 + LoRA (-t minimal's layout) also writes the merged model: the parameters are sharded there, so
         # the merge cannot be done in place on a rank (it once wrote the unmerged base with the adapters' keys).
