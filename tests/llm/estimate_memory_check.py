@@ -7,6 +7,9 @@ bucket or shard, twice with a tied head: transformers' tie_word_embeddings); non
 (lora) or the layout counts it among its gathered units (stage3). With qlora (load_in_4bit) the elements it
 counts as 4-bit are the blocks' nn.Linear weights (what transformers' bitsandbytes integration replaces: every
 Linear but the output head), and the rest (embedding, norms, biases, an untied head) stay full precision.
+With minimal (ZeRO-3, LoRA on every projection, a float32 base) the units it counts gathered at once are
+the largest module's own parameters (DeepSpeed's unit: transformers' embedding, or an untied head) and a
+block's largest nn.Linear (weight and bias), with two gradient buffers of PEFT's largest lora_A / lora_B.
 
     python estimate_memory_check.py build/launcher/accel-launch
 """
@@ -81,6 +84,25 @@ def main():
             failures += not ok
             print(f"{name} qlora: 4-bit and full-precision elements {got}, transformers' Linear4bit would "
                   f"take {quantised} of {expected} {'ok' if ok else 'DIFFERENT'}")
+            own = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+            block_linear = max(m.weight.numel() + (m.bias.numel() if m.bias is not None else 0)
+                               for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+            with torch.device("meta"):
+                peft_model = get_peft_model(model, LoraConfig(
+                    r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                          "down_proj"]))
+            lora_matrix = max(p.numel() for n, p in peft_model.named_parameters() if "lora_" in n)
+            peft_model.unload()
+            text = ours(launch, path, ["--type", "minimal", "--num_processes", "2"])
+            found = re.search(r"the largest unit \((\d+) elements\) and a block's largest Linear \((\d+)\).*"
+                              r"at most (\d+) elements", text)
+            got = tuple(int(g) for g in found.groups()) if found else None
+            gathered = int(re.search(r"gathered=(\d+)", text).group(1))
+            want = 4 * (own + block_linear) + 8 * lora_matrix
+            ok = got == (own, block_linear, lora_matrix) and gathered == want
+            failures += not ok
+            print(f"{name} minimal: gathered units {got}, transformers / PEFT {(own, block_linear, lora_matrix)}, "
+                  f"bytes {gathered} (want {want}) {'ok' if ok else 'DIFFERENT'}")
             for targets in (["q_proj", "k_proj", "v_proj", "o_proj"], "all-linear"):
                 # On the meta device too: the adapters' shapes are all that is counted (allocating and
                 # initialising an 8B model's adapters in memory cost ~10 s of CPU).

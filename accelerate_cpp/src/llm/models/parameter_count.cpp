@@ -40,6 +40,7 @@ ParameterCount count_parameters(const ModelConfig& c) {
   for (const auto& p : projections(c)) {
     n.per_layer += p.in * p.out + (p.bias ? p.out : 0);
     n.projection_weights += p.in * p.out * c.num_hidden_layers;
+    n.largest_projection = std::max(n.largest_projection, p.in * p.out + (p.bias ? p.out : 0));
   }
   n.per_layer += 2 * c.hidden_size;              // input_layernorm, post_attention_layernorm
   if (c.qk_norm) n.per_layer += 2 * c.head_dim;  // q_norm, k_norm
@@ -49,16 +50,18 @@ ParameterCount count_parameters(const ModelConfig& c) {
   return n;
 }
 
-std::int64_t count_lora_parameters(const ModelConfig& c, const std::vector<std::string>& target_modules,
-                                   std::int64_t r) {
+namespace {
+
+// The block's projections LoRA adapts for `target_modules` (PEFT's list form, or all-linear); throws naming a
+// target that names no Linear of this architecture.
+std::vector<Projection> lora_targets(const ModelConfig& c, const std::vector<std::string>& target_modules) {
   const auto all = projections(c);
   const bool all_linear =
       target_modules.size() == 1 && (target_modules[0] == "all-linear" || target_modules[0] == "ALL-LINEAR");
-  std::int64_t per_layer = 0;
+  std::vector<Projection> out;
   for (const auto& p : all) {
-    const bool wanted =
-        all_linear || std::find(target_modules.begin(), target_modules.end(), p.name) != target_modules.end();
-    if (wanted) per_layer += r * (p.in + p.out);
+    if (all_linear || std::find(target_modules.begin(), target_modules.end(), p.name) != target_modules.end())
+      out.push_back(p);
   }
   for (const auto& t : target_modules) {
     if (all_linear) break;
@@ -68,7 +71,25 @@ std::int64_t count_lora_parameters(const ModelConfig& c, const std::vector<std::
           " block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear)");
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::int64_t count_lora_parameters(const ModelConfig& c, const std::vector<std::string>& target_modules,
+                                   std::int64_t r) {
+  std::int64_t per_layer = 0;
+  for (const auto& p : lora_targets(c, target_modules))
+    per_layer += r * (p.in + p.out);
   return per_layer * c.num_hidden_layers;
+}
+
+std::int64_t largest_lora_matrix(const ModelConfig& c, const std::vector<std::string>& target_modules,
+                                 std::int64_t r) {
+  std::int64_t largest = 0;
+  for (const auto& p : lora_targets(c, target_modules))
+    largest = std::max(largest, r * std::max(p.in, p.out));
+  return largest;
 }
 
 }  // namespace accel::llm

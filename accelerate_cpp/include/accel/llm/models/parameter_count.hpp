@@ -23,6 +23,9 @@ struct ParameterCount {
   /// The blocks' Linear weights, every layer (part of `layers`): what load_in_4bit quantises; their biases,
   /// the norms, the embedding and the head stay in the compute dtype.
   std::int64_t projection_weights = 0;
+  /// Elements of a block's largest Linear, weight and bias (the MLP's in Qwen2 and Llama): ZeRO-3 gathers
+  /// module by module, so this is the largest unit a block contributes there.
+  std::int64_t largest_projection = 0;
   std::int64_t total() const { return embedding + layers + final_norm + lm_head; }
   /// Elements of the largest unit FSDP / ZeRO-3 gathers at once (a decoder layer, or the embedding / head).
   std::int64_t largest_unit() const;
@@ -37,5 +40,11 @@ ParameterCount count_parameters(const ModelConfig& config);
 /// Linear of this architecture.
 std::int64_t count_lora_parameters(const ModelConfig& config, const std::vector<std::string>& target_modules,
                                    std::int64_t r);
+
+/// Elements of the largest LoRA matrix of rank `r` on `target_modules` (lora_A r x in, lora_B out x r, as
+/// count_lora_parameters matches them): under ZeRO-3 each is a unit of its own, and its gradient buffer the
+/// largest an adapter unit holds. Throws as count_lora_parameters.
+std::int64_t largest_lora_matrix(const ModelConfig& config, const std::vector<std::string>& target_modules,
+                                 std::int64_t r);
 
 }  // namespace accel::llm
