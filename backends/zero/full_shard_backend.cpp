@@ -254,6 +254,10 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     // Reshard after forward: backward gathers each unit again (prefetching in reverse forward order; with hpZ
     // from the secondary copies kept now).
     release_all(/*keep_secondary=*/true);
+    if (recording_) {  // the first backward records the units it uses
+      backward_use_.assign(units_.size(), false);
+      recording_backward_ = true;
+    }
     recording_ = false;
     any_seen_ = false;
     // ZeRO reduce-scatters on every micro-step (no full gradient stays resident between micro-steps); FSDP's
@@ -270,6 +274,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     std::unique_lock lock(mu_);
     detail::Quiet quiet;
     release_all();
+    recording_backward_ = false;
     // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
     // part, unless it holds unit gradients accumulated locally on earlier micro-steps (FSDP's no_sync): on a
     // synchronising backward those are reduced now, into the optimizer's slices, where the user's
@@ -505,6 +510,7 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
         current_ = u;
         moved = true;
         if (recording_ && std::find(order_.begin(), order_.end(), u) == order_.end()) order_.push_back(u);
+        if (backward && recording_backward_) backward_use_[u] = true;
         next = prefetch_target(u, backward);
       }
       if (moved) {
@@ -831,8 +837,22 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
     if (it == order_.end()) return std::nullopt;
     const auto pos = static_cast<std::size_t>(it - order_.begin());
     if (!backward && options_.forward_prefetch && pos + 1 < order_.size()) return order_[pos + 1];
-    if (backward && options_.backward_prefetch && pos > 0) return order_[pos - 1];
+    // In backward, skip the units the first backward never used and that hold nothing trainable: a frozen
+    // embedding (LoRA) comes after the first block in reverse order, and no operator of backward reads it.
+    // DeepSpeed never fetches such a module in backward (its pre-backward hook runs only for outputs that
+    // need a gradient), nor does PyTorch's FSDP prefetch it; gathered, it was a unit whole for nothing at
+    // the end of every backward (Qwen2.5-1.5B: 0.93 GB; issue 51).
+    for (auto k = pos; backward && options_.backward_prefetch && k > 0; --k) {
+      const auto v = order_[k - 1];
+      if (recording_backward_ || v >= backward_use_.size() || backward_use_[v] || trains(v)) return v;
+    }
     return std::nullopt;
+  }
+
+  // Some parameter of unit u gets a gradient.
+  bool trains(std::size_t u) const {
+    return std::any_of(units_[u].flats.begin(), units_[u].flats.end(),
+                       [&](std::size_t fi) { return !flats_[fi].frozen; });
   }
 
   // --- gradients ---
@@ -906,6 +926,9 @@ class FullShardBackend final : public detail::ShardedEngine<FullShardOptions> {
   std::optional<std::size_t> current_;
   std::vector<std::size_t> order_;  // units in the order the first forward used them
   bool recording_ = true;
+  // The units the first backward used (by unit), recorded while recording_backward_.
+  std::vector<bool> backward_use_;
+  bool recording_backward_ = false;
   bool syncing_ = false;
   bool any_seen_ = false;   // some gradient of this model arrived in this backward
   std::vector<bool> seen_;  // gradient arrived in this sync backward, by parameter index

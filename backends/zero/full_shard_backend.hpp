@@ -8,7 +8,8 @@
 ///   optimizer updates, and the parameters' own storages are freed: at rest a rank holds P/N parameters.
 /// - A unit is gathered just before an operator uses one of its parameters (forward, or a saved tensor in
 ///   backward) and released again when another unit is needed, with the next unit prefetched asynchronously
-///   in the order recorded during the first forward (reverse order in backward). The user's model code does
+///   in the order recorded during the first forward (reverse order in backward, skipping units that the first
+///   backward never used and that train nothing: a frozen embedding). The user's model code does
 ///   not change: a process-wide at::RecordFunction callback spots operator inputs whose storage belongs to a
 ///   freed parameter (see docs/zero3_design.md for the mechanism and its pitfalls).
 /// - Gradients are accumulated into the unit's flat gradient as backward produces them, and the complete
