@@ -8,9 +8,9 @@ differ: Hugging Face's num_items_in_batch).
 
 Checks (each prints one line; the last line "sft equivalence: all equal" only when every check passed):
   lora   LoRA r 8 on q/k/v/o, dropout 0, AdamW + linear warmup, clipping 1.0: SFTTrainer + PEFT from an adapter
-         initialised by PEFT and saved; finetune --adapter_init from the same files. Gradient accumulation 1 and
-         2, and all-linear (every Linear but lm_head) with accumulation 1 (20 steps). Per-step losses within 1e-4, trained
-         adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our adapter (logits within 1e-4 of
+         initialised by PEFT and saved; finetune --adapter_init from the same files. Gradient accumulation 1 (20
+         steps) and 2 (8), and all-linear (every Linear but lm_head) with accumulation 1 (20 steps). Per-step
+         losses within 1e-4, trained adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our adapter (logits within 1e-4 of
          PEFT's trained model); our load_adapter of PEFT's trained adapter, merged and saved (--save_merged at
          learning rate 0), gives PEFT's logits in transformers (1e-4).
   full   full fine-tuning, 20 steps (accumulation 2), the same (losses 1e-4, model tensors 1e-5).
