@@ -10,9 +10,9 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
   lora   LoRA r 8 on q/k/v/o, dropout 0, AdamW + linear warmup, clipping 1.0: SFTTrainer + PEFT from an adapter
          initialised by PEFT and saved; finetune --adapter_init from the same files. Gradient accumulation 1 (20
          steps) and 2 (8), and all-linear (every Linear but lm_head) with accumulation 1 (20 steps). Per-step
-         losses within 1e-4, trained adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our adapter (logits within 1e-4 of
-         PEFT's trained model); our load_adapter of PEFT's trained adapter, merged and saved (--save_merged at
-         learning rate 0), gives PEFT's logits in transformers (1e-4).
+         losses within 1e-4, trained adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our
+         adapter (logits within 1e-4 of PEFT's trained model); our load_adapter of PEFT's trained adapter,
+         merged and saved (--save_merged at learning rate 0), gives PEFT's logits in transformers (1e-4).
   full   full fine-tuning, 20 steps (accumulation 2), the same (losses 1e-4, model tensors 1e-5).
          --bf16 true (CPU autocast, float32 master weights), 3 steps: the fused loss equals the unfused one
          (first step 1e-5, then 1e-3: bf16 rounding of the head's gradient products), off float32 by bf16 rounding.
