@@ -106,7 +106,9 @@ const std::set<std::string>& mapped_top_keys() {
                                               "bf16",
                                               "zero_optimization",
                                               "torch_autocast",
-                                              "tensor_parallel"};
+                                              "tensor_parallel",
+                                              "optimizer",
+                                              "scheduler"};
   return kKeys;
 }
 
@@ -368,6 +370,7 @@ void check_batch_sizes(const JsonFile& f, const Json& root, Config& c) {
 // Clipping: "auto" is Accelerate's 1.0; absent is DeepSpeed's 0 (off).
 void apply_gradient_clipping(const JsonFile& f, const Json& root, Config& c) {
   c.zero.gradient_clipping = 0.0;
+  c.zero.gradient_clipping_auto = false;
   if (!root.contains("gradient_clipping")) {
     c.origins["gradient_clipping"] =
         fmt::format("DeepSpeed's default (0: off), {} does not set it", f.path());
@@ -377,6 +380,7 @@ void apply_gradient_clipping(const JsonFile& f, const Json& root, Config& c) {
   c.origins["gradient_clipping"] = fmt::format("{} (gradient_clipping)", f.path());
   if (is_auto(v)) {
     c.zero.gradient_clipping = 1.0;
+    c.zero.gradient_clipping_auto = true;
     c.origins["gradient_clipping"] =
         fmt::format("{} (gradient_clipping: auto, filled with 1.0 as Accelerate does)", f.path());
   } else if (v.is_number() && v.get<double>() >= 0) {
@@ -449,15 +453,6 @@ std::vector<UnsupportedKey> deepspeed_json_unsupported() {
   refused("compression_training", AsksNothingWhen::Empty, "",
           "DeepSpeed Compression prunes, quantizes or distils the model during training",
           "remove it (or leave it empty)");
-  noticed(
-      "optimizer", "DeepSpeed builds the optimizer named here (type, params)",
-      "the optimizer is the LibTorch one your loop creates and prepares (under accel::Trainer: "
-      "TrainingArguments' optim, learning_rate, adam_beta1/2, adam_epsilon and weight_decay, where Hugging "
-      "Face's Trainer would run this block)");
-  noticed("scheduler", "DeepSpeed builds the learning-rate scheduler named here",
-          "schedulers are the LibTorch ones your loop creates (under accel::Trainer: TrainingArguments' "
-          "lr_scheduler_type and warmup_steps / warmup_ratio, where Hugging Face's Trainer would run this "
-          "block's WarmupLR / WarmupDecayLR: remove the block, or set those keys to the schedule you want)");
   noticed("zero_allow_untested_optimizer", "lets ZeRO wrap an optimizer DeepSpeed has not tested",
           "every LibTorch optimizer can be sharded");
   noticed("zero_force_ds_cpu_optimizer", "requires DeepSpeed's CPU Adam with optimizer offload",
@@ -606,7 +601,8 @@ void apply_deepspeed_json(const std::string& path, const DeepSpeedJsonContext& c
   apply_gradient_clipping(f, root, c);
   apply_zero_optimization(f, root, c);
   check_autotp_stage(f, c);
-  read_loss_scaler(f, root, c);  // into the zero settings apply_zero_optimization made
+  read_loss_scaler(f, root, c);   // into the zero settings apply_zero_optimization made
+  read_trainer_keys(f, root, c);  // last: the checks above keep their precedence
 }
 
 }  // namespace accel::config_detail

@@ -64,4 +64,10 @@ void read_loss_scaler(const JsonFile& f, const Json& root, Config& c);
 // deepspeed_json_zero.cpp
 void apply_zero_optimization(const JsonFile& f, const Json& root, Config& c);
 
+// deepspeed_trainer.cpp: the keys Hugging Face's Trainer fills or checks (Config::zero.trainer_keys), with
+// the optimizer and scheduler blocks' types checked.
+void read_trainer_keys(const JsonFile& f, const Json& root, Config& c);
+bool supported_optimizer_type(const std::string& type);
+bool supported_scheduler_type(const std::string& type);
+
 }  // namespace accel::config_detail::ds_json

@@ -143,6 +143,7 @@ ZeroConfig zero_defaults(const Config& c) {
   z.allgather_bucket_size = 500000000;
   z.stage3_prefetch_bucket_size = 50000000;
   z.gradient_clipping = c.zero.gradient_clipping;
+  z.gradient_clipping_auto = c.zero.gradient_clipping_auto;
   z.activation_checkpointing = c.zero.activation_checkpointing;
   z.vocab_parallel_lm_head = c.zero.vocab_parallel_lm_head;  // tensor_parallel's, read before
   return z;

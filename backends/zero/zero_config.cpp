@@ -100,10 +100,8 @@ std::vector<KeyRow> zero_rows() {
     // A value filled in for "auto" (or an absent key) is written back as auto: accel-launch hands the ranks
     // a written copy, and accel::Trainer fills an auto with max_grad_norm, as HF's Trainer does.
     r.write = [write = r.write](const Config& c) {
-      const auto origin = c.origins.find("gradient_clipping");
-      const bool filled =
-          origin != c.origins.end() && origin->second.find("filled with 1.0") != std::string::npos;
-      return filled && c.zero.gradient_clipping == 1.0 ? std::string("auto") : write(c);
+      return c.zero.gradient_clipping_auto && c.zero.gradient_clipping == 1.0 ? std::string("auto")
+                                                                              : write(c);
     };
     rows.push_back(r);
   }
@@ -196,6 +194,16 @@ std::vector<KeyRow> zero_rows() {
       [](auto& c) -> auto& { return c.zero.fp16_min_loss_scale; },
       [](const Reader& r, const Entry& e) { return r.number(e, 0, false, "a positive number"); },
       write_number, "0.25"));
+  rows.push_back(setting(
+      "deepspeed_trainer_keys", kZeroSection,
+      "(accelerate-cpp, written by accel-launch for the ranks) the keys of the deepspeed_config_file that "
+      "accel::Trainer fills from TrainingArguments or checks against them, as Hugging Face's Trainer does "
+      "(batch "
+      "sizes, accumulation, clipping, fp16/bf16 enabled, the optimizer and scheduler blocks), as one JSON "
+      "object",
+      [](auto& c) -> auto& { return c.zero.trainer_keys; },
+      [](const Reader& r, const Entry& e) { return r.string(e); },
+      [](const std::string& v) { return yaml_string(v); }, "'{\"gradient_clipping\": \"auto\"}'"));
   rows.push_back(ignored("deepspeed_multinode_launcher", kZeroSection,
                          "accepted, ignored (accel-launch starts every rank)"));
   {
@@ -251,6 +259,7 @@ void resolve_zero(const Reader& r, Config& c, const Pending& p) {
     }
     if (c.backend == "zero" && (clipping == nullptr || clipping_auto)) {
       c.zero.gradient_clipping = 1.0;
+      c.zero.gradient_clipping_auto = true;
       c.origins["gradient_clipping"] =
           fmt::format("Accelerate's default for a deepspeed_config section ({}: filled with 1.0)",
                       clipping_auto ? "auto" : "absent");

@@ -1,6 +1,7 @@
 // Tests of accel::Config: defaults, Accelerate compatibility, round trips and the exact text of every error.
 
 #include "accel/config/config.hpp"
+#include "accel/config/deepspeed_trainer.hpp"
 #include "accel/monitor/memory.hpp"
 #include "build_paths.hpp"
 #include "config/text_distance.hpp"
@@ -737,7 +738,8 @@ TEST_CASE("config: bad files give exact messages", "[config]") {
         "stage3_prefetch_bucket_size, "
         "activation_checkpointing, vocab_parallel_lm_head, fp16_loss_scale, fp16_initial_scale_power, "
         "fp16_loss_scale_window, "
-        "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_multinode_launcher, "
+        "fp16_hysteresis, fp16_consecutive_hysteresis, fp16_min_loss_scale, deepspeed_trainer_keys, "
+        "deepspeed_multinode_launcher, "
         "deepspeed_config_file");
   CHECK(bad_file_message("sagemaker.yaml") ==
         "sagemaker.yaml:1: compute_environment: 'AMAZON_SAGEMAKER' is not supported by accelerate-cpp (it "
@@ -1032,9 +1034,12 @@ TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's Ze
   CHECK(c.gradient_accumulation_steps == 4);                // "auto" follows the YAML
   CHECK(c.mixed_precision == accel::MixedPrecision::Bf16);  // fp16/bf16 "auto" follow the YAML
   CHECK(c.zero.config_file == fixture("hf_zero2_auto.json"));
-  // Keys that map to nothing are listed, never dropped silently.
-  CHECK(has_notice(c, "optimizer (the optimizer is the LibTorch one"));
-  CHECK(has_notice(c, "scheduler ("));
+  // Keys that map to nothing are listed, never dropped silently; the optimizer and scheduler blocks are kept
+  // for accel::Trainer, which builds them as Hugging Face's Trainer has DeepSpeed build them.
+  CHECK(has_notice(c, "optimizer AdamW, scheduler WarmupLR: accel::Trainer builds them"));
+  CHECK(c.zero.trainer_keys.find("\"scheduler\":{\"params\":{\"warmup_max_lr\":\"auto\"") !=
+        std::string::npos);
+  CHECK(c.zero.gradient_clipping_auto);
   CHECK(has_notice(c, "steps_per_print"));
   CHECK(has_notice(c, "wall_clock_breakdown"));
   // The resolved settings are the config: written and read back without the JSON file.
@@ -1045,7 +1050,53 @@ TEST_CASE("config: a DeepSpeed JSON file with \"auto\" values (Hugging Face's Ze
   // that accel::Trainer fills it with max_grad_norm as HF's Trainer does: a written 1 would read as a
   // setting.
   CHECK(c.to_yaml().find("  gradient_clipping: auto\n") != std::string::npos);
-  CHECK(back.origins.at("gradient_clipping").find("filled with 1.0") != std::string::npos);
+  CHECK(back.zero.gradient_clipping_auto);
+  CHECK(back.zero.trainer_keys ==
+        c.zero.trainer_keys);  // what accel::Trainer fills and checks, for the ranks
+}
+
+TEST_CASE("config: a DeepSpeed JSON's optimizer and scheduler blocks of other types are refused, naming them",
+          "[config]") {
+  DeepSpeedFiles files;
+  const auto load = [&](const std::string& blocks) {
+    return accel::Config::load_file(
+        files.yaml(files.write("ds.json", "{\"zero_optimization\": {\"stage\": 2}, " + blocks + "}")));
+  };
+  CHECK_THROWS_WITH(
+      load("\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {}}"),
+      Catch::Contains("optimizer.type 'OneBitLamb' is not supported") && Catch::Contains("\"AdamW\""));
+  for (const char* type : {"OneCycle", "LRRangeTest", "StepLR"})
+    CHECK_THROWS_WITH(load(std::string("\"scheduler\": {\"type\": \"") + type + "\"}"),
+                      Catch::Contains(std::string("scheduler.type '") + type + "' is not supported") &&
+                          Catch::Contains("WarmupCosineLR"));
+  CHECK_THROWS_WITH(load("\"optimizer\": {\"params\": {}}"), Catch::Contains("\"type\""));
+  // DeepSpeed lowercases the optimizer's name.
+  CHECK(load("\"optimizer\": {\"type\": \"adam\"}").zero.trainer_keys ==
+        "{\"optimizer\":{\"type\":\"adam\"}}");
+  // Parameters DeepSpeed's Adam would refuse, refused when the Trainer builds the block.
+  const auto build = [&](const std::string& blocks) {
+    return accel::deepspeed_trainer_config(load(blocks), {}, /*throw_on_mismatch=*/false);
+  };
+  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"max_grad_norm\": 1.0}}"),
+                    Catch::Contains("gradient_clipping"));
+  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"betass\": [0.9, 0.99]}}"),
+                    Catch::Contains("did you mean 'betas'"));
+  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"bias_correction\": false}}"),
+                    Catch::Contains("bias_correction"));
+  CHECK_THROWS_WITH(build("\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {}}"),
+                    Catch::Contains("total_num_steps"));
+  CHECK_THROWS_WITH(build("\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 0}}"),
+                    Catch::Contains("positive"));
+  // "Adam" is AdamW unless adam_w_mode is false (DeepSpeed's engine); torch_adam's AdamW decays by 0.01.
+  CHECK(build("\"optimizer\": {\"type\": \"Adam\"}").optimizer->adamw_mode);
+  CHECK_FALSE(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}")
+                  .optimizer->adamw_mode);
+  CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"adam_w_mode\": false}}")
+            .optimizer->adamw_mode);
+  CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"torch_adam\": true}}")
+            .optimizer->weight_decay == 0.01);
+  CHECK(build("\"optimizer\": {\"type\": \"AdamW\"}").optimizer->weight_decay == 0.0);
+  CHECK(build("\"scheduler\": {\"type\": \"WarmupLR\"}").scheduler->log_warmup);  // DeepSpeed's default
 }
 
 TEST_CASE("config: NVMe offload of the optimizer state, from the YAML and from a DeepSpeed JSON file",
@@ -1436,7 +1487,7 @@ TEST_CASE("config: real keys of other Accelerate and DeepSpeed versions are said
   for (const char* expected : {"Accelerate YAML mpirun_config", "Accelerate YAML ipex_config",
                                "Accelerate YAML fsdp_config.fsdp_ignored_modules",
                                "Accelerate YAML deepspeed_config.seq_parallel_communication_data_type",
-                               "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON optimizer"}) {
+                               "DeepSpeed JSON zero_optimization.zenflow", "DeepSpeed JSON aio"}) {
     INFO(expected);
     CHECK(std::find(listed.begin(), listed.end(), expected) != listed.end());
   }
@@ -2100,9 +2151,7 @@ TEST_CASE("config: a YAML DeepSpeed section without gradient_clipping clips at 1
   // The round trip writes the value, so the written file clips as the read one did: an absent or auto value
   // as auto (accel::Trainer fills that with max_grad_norm, as HF's Trainer does), a number as the number.
   CHECK(accel::Config::load_string(absent.to_yaml()).zero.gradient_clipping == 1.0);
-  CHECK(
-      accel::Config::load_string(absent.to_yaml()).origins.at("gradient_clipping").find("filled with 1.0") !=
-      std::string::npos);
+  CHECK(accel::Config::load_string(absent.to_yaml()).zero.gradient_clipping_auto);
   CHECK(half.to_yaml().find("  gradient_clipping: 0.5\n") != std::string::npos);
   CHECK(off.to_yaml().find("  gradient_clipping: 0\n") != std::string::npos);
 }

@@ -747,6 +747,8 @@ void trainer_config_merge() {
       const Config ds = Config::load_string(
           "backend: zero\nuse_cpu: true\nnum_processes: 2\ndeepspeed_config:\n" + section, "ds.yaml");
       c.zero.gradient_clipping = ds.zero.gradient_clipping;
+      c.zero.gradient_clipping_auto = ds.zero.gradient_clipping_auto;
+      c.zero.trainer_keys = ds.zero.trainer_keys;
       c.origins = ds.origins;
       for (const double norm : {0.5, 0.0}) {
         a.max_grad_norm = norm;
@@ -758,6 +760,8 @@ void trainer_config_merge() {
     }
     fs::remove(json);
     c.zero.gradient_clipping = 0;
+    c.zero.gradient_clipping_auto = false;
+    c.zero.trainer_keys.clear();
     c.origins.clear();
     a.max_grad_norm = 0.5;
   }

@@ -4,6 +4,7 @@
 // API (and the public safetensors reader, for one counter of a checkpoint's state file before loading it).
 #include <accel/accelerator/resolved_config.hpp>
 #include <accel/checkpoint/safetensors.hpp>
+#include <accel/config/deepspeed_trainer.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/adamw_8bit.hpp>
 #include <accel/optim/chunked_adamw.hpp>
@@ -26,6 +27,7 @@
 #include <numeric>
 #include <optional>
 #include <regex>
+#include <set>
 
 namespace accel {
 namespace detail {
@@ -57,15 +59,22 @@ double now_seconds() {
 }
 
 // A value set in only one of the two files wins; set in both, they must agree.
+// A DeepSpeed JSON's numbers (fp16/bf16.enabled, gradient_accumulation_steps, gradient_clipping) are not
+// merged: HF's Trainer checks them against TrainingArguments at train() (deepspeed_trainer_config lists every
+// mismatch), and its "auto" values are filled here and there.
 void merge(TrainingArguments& a, Config& c) {
   const MixedPrecision want =
       a.bf16 ? MixedPrecision::Bf16 : (a.fp16 ? MixedPrecision::Fp16 : MixedPrecision::No);
-  if (want != MixedPrecision::No) {
+  const bool json_precision =
+      deepspeed_trainer_sets(c, "fp16.enabled") || deepspeed_trainer_sets(c, "bf16.enabled");
+  if (want != MixedPrecision::No && !json_precision) {
     if (c.mixed_precision != MixedPrecision::No && c.mixed_precision != want)
       conflict(a, a.bf16 ? "bf16" : "fp16", "true", c, "mixed_precision", to_string(c.mixed_precision));
     c.mixed_precision = want;
   }
-  if (a.is_explicit("gradient_accumulation_steps") || a.gradient_accumulation_steps != 1) {
+  if (deepspeed_trainer_sets(c, "gradient_accumulation_steps")) {
+    // checked at train()
+  } else if (a.is_explicit("gradient_accumulation_steps") || a.gradient_accumulation_steps != 1) {
     if (c.gradient_accumulation_steps != 1 && c.gradient_accumulation_steps != a.gradient_accumulation_steps)
       conflict(a, "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps), c,
                "gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps));
@@ -75,16 +84,16 @@ void merge(TrainingArguments& a, Config& c) {
   }
   // DeepSpeed's gradient_clipping "auto" (in a JSON file, or a YAML deepspeed_config section without it,
   // which Accelerate's DeepSpeedPlugin leaves "auto") is max_grad_norm under HF's Trainer
-  // (HfTrainerDeepSpeedConfig fills it before Accelerate's 1.0 could apply). The readers
-  // (backends/zero/zero_config.cpp, deepspeed_json.cpp) record that fill in origins as "filled with 1.0".
-  const auto origin = c.origins.find("gradient_clipping");
-  if (origin != c.origins.end() && origin->second.find("filled with 1.0") != std::string::npos) {
+  // (HfTrainerDeepSpeedConfig fills it before Accelerate's 1.0 could apply).
+  if (c.zero.gradient_clipping_auto) {
     c.zero.gradient_clipping = a.max_grad_norm;
-    origin->second += fmt::format(
+    c.zero.gradient_clipping_auto = false;  // filled: the Accelerator clips at this value
+    c.origins["gradient_clipping"] += fmt::format(
         " -> under the Trainer, TrainingArguments max_grad_norm {} ({}), as HF's Trainer fills it",
         a.max_grad_norm, a.source.empty() ? "defaults" : a.source);
   }
-  if (c.zero.gradient_clipping > 0 && a.max_grad_norm > 0 && c.zero.gradient_clipping != a.max_grad_norm)
+  if (c.zero.gradient_clipping > 0 && a.max_grad_norm > 0 && c.zero.gradient_clipping != a.max_grad_norm &&
+      !deepspeed_trainer_sets(c, "gradient_clipping"))
     conflict(a, "max_grad_norm", fmt::format("{}", a.max_grad_norm), c, "gradient_clipping",
              fmt::format("{}", c.zero.gradient_clipping));
   if (c.seed) {
@@ -115,6 +124,91 @@ bool decays(const std::string& name, const torch::nn::Module* owner) {
     ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   static const std::regex no_decay(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");
   return !std::regex_search(lower, no_decay);
+}
+
+// A DeepSpeed optimizer block as HF's Trainer has DeepSpeed build it (transformers' deepspeed_optim_sched
+// hands DeepSpeed DummyOptim(params=model_parameters), every trainable parameter in one group: the block's
+// weight_decay applies to all of them, biases and norms too, unlike TrainingArguments' groups). DeepSpeed's
+// engine (_configure_basic_optimizer) builds FusedAdam / DeepSpeedCPUAdam or torch's Adam / AdamW: "AdamW",
+// or "Adam" with adam_w_mode (its default true), decouples the weight decay as torch's AdamW (LibTorch's
+// AdamW update here); "Adam" with adam_w_mode false adds it to the gradient (L2) as torch's Adam.
+std::shared_ptr<torch::optim::Optimizer> deepspeed_optimizer(const torch::nn::Module& model,
+                                                             const DeepSpeedOptimizer& o) {
+  std::vector<torch::Tensor> params;
+  std::set<const void*> seen;  // a tied parameter once, as model.parameters()
+  for (const auto& p : model.parameters()) {
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
+  if (params.empty())
+    throw UsageError("Trainer: the model has no trainable parameters (all have requires_grad false)");
+  if (o.adamw_mode) {
+    torch::optim::AdamWOptions options(o.lr);
+    options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+    return std::make_shared<optim::ChunkedAdamW>(params, options);
+  }
+  torch::optim::AdamOptions options(o.lr);
+  options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+  return std::make_shared<torch::optim::Adam>(params, options);
+}
+
+// DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR (deepspeed_schedule_lr): stepped after each optimizer
+// step that was applied, as DeepSpeed's engine steps it; the rate of the first step is set when constructed.
+class DeepSpeedSchedule : public sched::GatedSchedule {
+ public:
+  DeepSpeedSchedule(torch::optim::Optimizer& optimizer, DeepSpeedScheduler s)
+      : GatedSchedule(optimizer), optimizer_(optimizer), s_(std::move(s)) {
+    for (auto& group : optimizer_.param_groups())
+      base_.push_back(group.options().get_lr());
+    for (std::size_t g = 0; g < base_.size(); ++g)
+      optimizer_.param_groups()[g].options().set_lr(deepspeed_schedule_lr(s_, base_[g], 0));
+  }
+
+ protected:
+  std::vector<double> get_lrs() override {  // before LRScheduler::step counts the step
+    std::vector<double> out;
+    for (double base : base_)
+      out.push_back(deepspeed_schedule_lr(s_, base, static_cast<std::int64_t>(step_count_) + 1));
+    return out;
+  }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  DeepSpeedScheduler s_;
+  std::vector<double> base_;
+};
+
+// The DeepSpeed JSON's keys as HF's Trainer fills and checks them at train() (trainer_config_process and
+// trainer_config_finalize, which raise every mismatch at once): a ConfigError listing them; the optimizer and
+// scheduler blocks to build. `user_optimizer`: Trainer::set_optimizer was called (HF refuses optimizers=
+// under DeepSpeed; here only when the file has a block it would replace).
+DeepSpeedTrainerConfig deepspeed_blocks(const TrainingArguments& a, Accelerator& acc, std::int64_t max_steps,
+                                        std::int64_t warmup, bool user_optimizer) {
+  DeepSpeedTrainerArgs v;
+  v.per_device_train_batch_size = a.per_device_train_batch_size;
+  v.gradient_accumulation_steps = a.gradient_accumulation_steps;
+  v.world_size = acc.data_parallel_group()->world_size();
+  v.max_grad_norm = a.max_grad_norm;
+  v.learning_rate = a.learning_rate;
+  v.adam_beta1 = a.adam_beta1;
+  v.adam_beta2 = a.adam_beta2;
+  v.adam_epsilon = a.adam_epsilon;
+  v.weight_decay = a.weight_decay;
+  v.fp16 = a.fp16;
+  v.bf16 = a.bf16;
+  v.num_training_steps = max_steps;
+  v.warmup_steps = warmup;
+  v.source = a.source;
+  auto ds = deepspeed_trainer_config(acc.config(), v);
+  if (user_optimizer && (ds.optimizer || ds.scheduler)) {
+    throw ConfigError(
+        fmt::format(
+            "Trainer::set_optimizer with the DeepSpeed config {}, whose {} block would be replaced: "
+            "Hugging Face's Trainer refuses optimizers= under DeepSpeed; remove the block(s) from the "
+            "file, or do not call set_optimizer",
+            ds.file, ds.optimizer ? "optimizer" : "scheduler"),
+        ds.file, 0, ds.optimizer ? "optimizer" : "scheduler");
+  }
+  return ds;
 }
 
 std::int64_t resolve_steps(double x, std::int64_t max_steps) {
@@ -585,6 +679,7 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
       args_.warmup_steps > 0
           ? args_.warmup_steps
           : static_cast<std::int64_t>(std::ceil(args_.warmup_ratio * static_cast<double>(state_.max_steps)));
+  if (prepared_) deepspeed_blocks(args_, acc, state_.max_steps, warmup_, false);  // a later train()
   state_.logging_steps = resolve_steps(args_.logging_steps, state_.max_steps);
   state_.eval_steps = resolve_steps(args_.eval_steps.value_or(args_.logging_steps), state_.max_steps);
   state_.save_steps = resolve_steps(args_.save_steps, state_.max_steps);
@@ -601,7 +696,11 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
       if (rng != args_.gradient_checkpointing_kwargs.end()) options.preserve_rng_state(rng->second);
       checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing", options);
     }
+    const auto ds = deepspeed_blocks(args_, acc, state_.max_steps, warmup_, optimizer_ != nullptr);
+    if (!optimizer_ && ds.optimizer) optimizer_ = deepspeed_optimizer(*model_, *ds.optimizer);
     if (!optimizer_) build_optimizer();
+    if (!scheduler_ && ds.scheduler)
+      scheduler_ = std::make_shared<DeepSpeedSchedule>(*optimizer_, *ds.scheduler);
     if (!scheduler_) build_scheduler();
     if (lora_) acc.set_checkpoint_trainable_only(true);  // the frozen base is not rewritten at every save
     // HF's Trainer calls model.zero_grad() before training: gradients the program left on the model (a loop

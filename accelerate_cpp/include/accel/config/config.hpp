@@ -174,6 +174,10 @@ struct ZeroConfig {
   int offload_param_buffer_count = 5;
   /// `gradient_clipping`: max global gradient norm; 0 disables clipping.
   double gradient_clipping = 0.0;
+  /// `gradient_clipping` was `auto` (in a DeepSpeed JSON file or a YAML deepspeed_config section, where an
+  /// absent key is auto too): filled with 1.0 as Accelerate fills it, and with TrainingArguments'
+  /// max_grad_norm under accel::Trainer, as Hugging Face's Trainer fills it. to_yaml writes `auto`.
+  bool gradient_clipping_auto = false;
   /// `zero3_init_flag`: construct parameters already partitioned (stage 3).
   bool zero3_init_flag = false;
   /// `zero3_save_16bit_model`: `save_state` also writes a consolidated 16-bit model (stage 3).
@@ -234,6 +238,13 @@ struct ZeroConfig {
   /// `deepspeed_config_file`: the DeepSpeed JSON these settings were read from ("" when from the YAML).
   /// Informational: not compared, and to_yaml writes the settings themselves.
   std::string config_file;
+  /// `deepspeed_trainer_keys` (accelerate-cpp): the keys of a DeepSpeed JSON file that Hugging Face's Trainer
+  /// fills from TrainingArguments or checks against them (transformers' HfTrainerDeepSpeedConfig), as one
+  /// JSON object holding those the file sets of train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+  /// train_batch_size, gradient_clipping, fp16.enabled, bf16.enabled and the optimizer and scheduler blocks;
+  /// "" without a file. accel::Trainer fills and checks them and builds the optimizer and scheduler blocks
+  /// (<accel/config/deepspeed_trainer.hpp>); written by to_yaml so the ranks accel-launch starts see them.
+  std::string trainer_keys;
 };
 
 /// The whole run configuration. Every field has a default; `Config{}` is a valid single-process CPU/GPU run.
