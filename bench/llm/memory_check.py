@@ -23,7 +23,9 @@ shard, twice with a tied head). The raw peaks are printed too.
   .venv/bin/python bench/llm/memory_check.py [--sizes 0.5B-8L,0.5B] [--types lora,full,deepspeed]
       [--seq 32] [--steps 3] [--max-gib 14] [--extra 'MORE RECIPE ARGS'] [--json FILE]
 
-Sizes: 0.5B (Qwen2.5-0.5B), 0.5B-8L / 0.5B-4L / 0.5B-2L (its width with fewer layers), 0.5B-2L-untied. A run
+Sizes: 0.5B (Qwen2.5-0.5B), 0.5B-8L / 0.5B-4L / 0.5B-2L (its width with fewer layers), 0.5B-2L-untied,
+0.5B-2L-untied-v32k (the same with a 32,768-token vocabulary: what the blocks add, without the [vocab, hidden]
+terms), 1.5B (Qwen2.5-1.5B; ~9 GB for minimal's two ranks). A run
 whose estimate (x 1.2, both ranks, with the baseline) exceeds --max-gib or MemAvailable - 3 GiB is SKIPPED and
 listed. MEMORY_CHECK_SERIES=FILE appends each run's RssAnon trace and step-line times (JSON lines), to see
 where the peak is.
@@ -48,6 +50,9 @@ SIZES = {  # name -> overrides of Qwen2-0.5B's shape
     "0.5B-4L": {"num_hidden_layers": 4},
     "0.5B-2L": {"num_hidden_layers": 2},
     "0.5B-2L-untied": {"num_hidden_layers": 2, "tie_word_embeddings": False},
+    # The untied cut with a 32,768-token vocabulary: the blocks' share of an untied ZeRO-2 row without the
+    # [vocab, hidden] gradients' (under 2.5 GB for the two ranks).
+    "0.5B-2L-untied-v32k": {"num_hidden_layers": 2, "tie_word_embeddings": False, "vocab_size": 32768},
     # Qwen2.5-1.5B (1.54 B parameters, tied; 6.2 GB in float32): every key that differs from the 0.5B shape (vocab,
     # 2 KV heads, rms_norm_eps, rope_theta and the tied head are the same).
     "1.5B": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
