@@ -174,6 +174,40 @@ def gpt2_json(qwen):
     return j
 
 
+# Unicode general categories, Oniguruma's \\d and \\w, and categories inside [...], as tokenizers' Oniguruma has
+# them (Unicode 16; Debian's PCRE2 10.42 has Unicode 14: regex.cpp adds the difference, unicode_classes.inc).
+# Each Replace turns one class's code points into a control character that no later class matches, so the ids
+# of the texts (every assigned code point) are equal only when each class holds the same code points.
+CLASS_CHAINS = {
+    "unicode_categories": [r"\p{%s}" % c for c in ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No",
+                                                     "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So"]],
+    "unicode_aggregates": [r"\d", r"\w", r"\p{N}", r"\p{P}", r"\p{S}", r"\p{L}", r"\p{M}"],
+    "unicode_in_classes": [r"[\p{L}\p{M}]", r"[\p{N}\d]", r"[^\s\p{L}\p{N}\p{M}\x00-\x1f]"],
+}
+
+
+def unicode_class_cases(qwen):
+    """(name, tokenizer.json, texts) per CLASS_CHAINS entry: Qwen2's byte-level model behind the chain's Replace
+    normalizers and GPT-2's pre-tokenizer regex, on every code point tokenizers has assigned (not private use),
+    1,000 a text."""
+    points = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    unassigned = pre_tokenizers.Split(Regex(r"[\p{Cn}\p{Co}]"), behavior="removed")
+    assigned = "".join(piece for piece, _ in unassigned.pre_tokenize_str(points))
+    texts = [assigned[i:i + 1000] for i in range(0, len(assigned), 1000)]
+    markers = [chr(c) for c in range(1, 32) if not 9 <= c <= 13]
+    cases = []
+    for name, chain in CLASS_CHAINS.items():
+        j = json.loads(json.dumps(qwen))
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Replace", "pattern": {"Regex": pattern}, "content": marker}
+            for pattern, marker in zip(chain, markers)]}
+        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        # Added tokens matched in normalized text would see the chain's markers: only the raw-text ones stay.
+        j["added_tokens"] = [t for t in j["added_tokens"] if not t["normalized"]]
+        cases.append((name, j, texts))
+    return cases
+
+
 def expected_for(tok, texts, rng, transformers_tok=None):
     """Every text encoded with special tokens; every 4th also without them and decoded (the checker compares
     what is there)."""
@@ -241,6 +275,7 @@ def run(checker, texts, root, t0):
     cases += sorted(llama2_variants(texts).items())
     by_name = dict(cases)
     dirs = [write_case(root, name, j, texts, rng) for name, j in cases]
+    dirs += [write_case(root, name, j, class_texts, rng) for name, j, class_texts in unicode_class_cases(qwen)]
     print(f"python: trained and encoded {len(cases)} tokenizers in {time.time() - t0:.1f} s")
     # transformers' AutoTokenizer with tokenizer_config.json (a few hundred texts: its per-call cost is high).
     sample = texts[:300]

@@ -12,8 +12,61 @@ namespace {
 constexpr const char* kSpaceItems =
     "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"
     "\\x{3000}";
-// Oniguruma's \w: letters, marks, decimal numbers, connector punctuation.
-constexpr const char* kWordItems = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+#include "llm/tokenizers/unicode_classes.inc"
+
+// The code points of Unicode general category `name` that Oniguruma has and PCRE2 lacks (tokenizers'
+// Oniguruma knows Unicode 16, Debian's PCRE2 10.42 Unicode 14: CJK extensions H and I, Egyptian hieroglyphs
+// extended A, the digits of Kawi, Garay, ...), as class items; empty when none or `name` is no category.
+std::string oniguruma_extra(const std::string& name) {
+  for (const auto& c : kOnigurumaExtra)
+    if (name == c.name) return c.extra;
+  return {};
+}
+
+// The code points PCRE2 has in category `name` and Oniguruma does not (categories changed since Unicode 14).
+std::string oniguruma_missing(const std::string& name) {
+  for (const auto& c : kOnigurumaExtra)
+    if (name == c.name) return c.missing;
+  return {};
+}
+
+// Oniguruma's \w: letters, marks, numbers, connector punctuation and the alphabetic symbols (circled
+// letters, ...): entry "w" holds what it has beyond PCRE2's letters, marks, decimal numbers and connectors.
+std::string word_items() {
+  return "\\p{L}\\p{M}\\p{Nd}\\p{Pc}" + oniguruma_extra("w");
+}
+
+// `\p{NAME}`, `\p{^NAME}` or `\P{NAME}` at pattern[i] (a backslash): its length, the name and whether it is
+// negated; 0 when it is none of those.
+std::size_t property_at(const std::string& pattern, std::size_t i, std::string& name, bool& negated) {
+  if (i + 2 >= pattern.size() || (pattern[i + 1] != 'p' && pattern[i + 1] != 'P') || pattern[i + 2] != '{')
+    return 0;
+  const auto close = pattern.find('}', i + 3);
+  if (close == std::string::npos) return 0;
+  name = pattern.substr(i + 3, close - i - 3);
+  negated = pattern[i + 1] == 'P';
+  if (!name.empty() && name[0] == '^') {
+    negated = !negated;
+    name.erase(0, 1);
+  }
+  return close - i + 1;
+}
+
+// Appends a class (Oniguruma's \s, \w, \d or a general category widened to Unicode 16) as PCRE2 has to see
+// it: a bracketed class outside [...], its items inside one; a negated class inside [...] stays PCRE2's own
+// `original` (its complement cannot be written as items).
+void append_class(std::string& out, const std::string& items, bool negated, int class_depth,
+                  const std::string& original) {
+  if (class_depth == 0) {
+    out += negated ? "[^" : "[";
+    out += items;
+    out += "]";
+  } else if (!negated) {
+    out += items;
+  } else {
+    out += original;
+  }
+}
 
 pcre2_code* as_code(void* p) {
   return static_cast<pcre2_code*>(p);
@@ -39,20 +92,34 @@ std::string oniguruma_to_pcre2(const std::string& pattern) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
       const char e = pattern[i + 1];
-      const bool space = e == 's' || e == 'S', word = e == 'w' || e == 'W';
-      if (space || word) {
-        const char* items = space ? kSpaceItems : kWordItems;
-        const bool negated = e == 'S' || e == 'W';
-        if (class_depth == 0) {
-          out += negated ? "[^" : "[";
-          out += items;
-          out += "]";
-        } else if (!negated) {
-          out += items;
-        } else {
-          out += '\\';  // a negated class inside [...]: PCRE2's own (same on everything but U+0085)
-          out += e;
-        }
+      std::string name;
+      bool negated_property = false;
+      // A category name starts upper-case (the table's lower-case entries are \w, \d and \s).
+      std::size_t length = property_at(pattern, i, name, negated_property);
+      if (length > 0 && (name.empty() || name[0] < 'A' || name[0] > 'Z')) length = 0;
+      const std::string extra = length > 0 ? oniguruma_extra(name) : std::string();
+      const std::string missing = length > 0 ? oniguruma_missing(name) : std::string();
+      if (!missing.empty() && class_depth == 0) {  // PCRE2's class without `missing`, plus `extra`
+        const std::string items = "\\p{" + name + "}" + extra;
+        out += negated_property ? "(?:[" + missing + "]|[^" + items + "])"
+                                : "(?:(?![" + missing + "])[" + items + "])";
+        i += length - 1;
+        continue;
+      }
+      if (!extra.empty()) {  // inside [...], `missing` cannot be taken out: it stays in (\p{Mn}: U+1171E)
+        append_class(out, "\\p{" + name + "}" + extra, negated_property, class_depth,
+                     pattern.substr(i, length));
+        i += length - 1;
+        continue;
+      }
+      const bool space = e == 's' || e == 'S', word = e == 'w' || e == 'W', digit = e == 'd' || e == 'D';
+      if (space || word || digit) {
+        // A negated class inside [...] stays PCRE2's own: \S differs on U+0085 only, \W on numbers other
+        // than decimal ones, alphabetic symbols and Unicode 15 and 16's additions, \D on the latter.
+        const std::string items = space  ? kSpaceItems
+                                  : word ? word_items()
+                                         : "\\p{Nd}" + oniguruma_extra("d");
+        append_class(out, items, e == 'S' || e == 'W' || e == 'D', class_depth, std::string{'\\', e});
       } else {
         out += c;
         out += e;
