@@ -89,6 +89,7 @@ void AddedVocabulary::add_tokens(const std::vector<AddedToken>& tokens, const Bp
 void AddedVocabulary::refresh(const Normalizer* normalizer) {
   raw_trie_ = Trie{};
   normalized_trie_ = Trie{};
+  normalized_content_.clear();
   auto add = [&](const AddedToken& token) {
     const uint32_t id = *token_to_id(token.content);
     if (!token.normalized) {
@@ -98,6 +99,7 @@ void AddedVocabulary::refresh(const Normalizer* normalizer) {
     std::string content = token.content;
     if (normalizer != nullptr) normalizer->normalize(content);
     normalized_trie_.add(content, id);
+    normalized_content_[id] = content;
   };
   for (const auto& token : special_)
     add(token);

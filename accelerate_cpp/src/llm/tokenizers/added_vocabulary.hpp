@@ -41,6 +41,12 @@ class AddedVocabulary {
 
   std::optional<uint32_t> token_to_id(std::string_view content) const;
   const AddedToken* token_of(uint32_t id) const;
+  /// A normalized token's content as the normalizer makes it (tokenizers' id_to_token and decode give it), or
+  /// nullptr for a token matched in the raw text.
+  const std::string* normalized_content(uint32_t id) const {
+    const auto it = normalized_content_.find(id);
+    return it == normalized_content_.end() ? nullptr : &it->second;
+  }
   bool is_special(std::string_view content) const { return special_set_.count(std::string(content)) != 0; }
   std::size_t size() const { return by_id_.size(); }
   /// Number of added contents that are not tokens of `model` (get_vocab(with_added_tokens) counts them once).
@@ -77,6 +83,7 @@ class AddedVocabulary {
   std::vector<AddedToken> classic_, special_;
   std::unordered_set<std::string> special_set_;
   Trie raw_trie_, normalized_trie_;
+  std::unordered_map<uint32_t, std::string> normalized_content_;
 };
 
 }  // namespace accel::llm::detail

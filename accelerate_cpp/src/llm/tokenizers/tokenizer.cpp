@@ -190,7 +190,9 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
   for (const int64_t id : ids) {
     auto token = id_to_token(id);
     if (!token) continue;
-    if (skip_special_tokens && impl_->added.is_special(*token)) continue;
+    // Special by the added token's own content (a normalized one decodes to its normalized content).
+    const auto* added = impl_->added.token_of(static_cast<uint32_t>(id));
+    if (skip_special_tokens && impl_->added.is_special(added != nullptr ? added->content : *token)) continue;
     tokens.push_back(std::move(*token));
   }
   if (!impl_->pipeline.decoder) {
@@ -214,7 +216,10 @@ std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
 
 std::optional<std::string> Tokenizer::id_to_token(int64_t id) const {
   if (id < 0 || id > 0xFFFFFFFFLL) return std::nullopt;
-  if (const auto* t = impl_->added.token_of(static_cast<uint32_t>(id))) return t->content;
+  if (const auto* t = impl_->added.token_of(static_cast<uint32_t>(id))) {
+    const auto* normalized = impl_->added.normalized_content(static_cast<uint32_t>(id));
+    return normalized != nullptr ? *normalized : t->content;  // as tokenizers' id_to_token
+  }
   if (const auto* t = impl_->pipeline.model->id_to_token(static_cast<uint32_t>(id))) return *t;
   return std::nullopt;
 }
