@@ -681,8 +681,8 @@ TEST_CASE("launcher: a DeepSpeed JSON config reaches the ranks resolved, its unm
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.exit_code == 0);
   std::size_t notes = 0;
-  for (auto at = r.err.find("the optimizer is the LibTorch one"); at != std::string::npos;
-       at = r.err.find("the optimizer is the LibTorch one", at + 1))
+  for (auto at = r.err.find("optimizer AdamW: accel::Trainer builds it"); at != std::string::npos;
+       at = r.err.find("optimizer AdamW: accel::Trainer builds it", at + 1))
     ++notes;
   CHECK(notes == 1);  // by the launcher, not again by each rank
   std::string yaml;
@@ -693,6 +693,9 @@ TEST_CASE("launcher: a DeepSpeed JSON config reaches the ranks resolved, its unm
   CHECK(config.backend == "zero");
   CHECK(config.zero.stage == 3);
   CHECK(config.zero.offload_optimizer_device == accel::OffloadDevice::Cpu);
+  // The block reaches the ranks for accel::Trainer (issue 51), as the file's other Trainer keys.
+  CHECK(config.zero.trainer_keys ==
+        "{\"gradient_accumulation_steps\":\"auto\",\"optimizer\":{\"type\":\"AdamW\"}}");
   CHECK(config.gradient_accumulation_steps == 2);
 }
 

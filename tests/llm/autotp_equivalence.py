@@ -21,7 +21,7 @@ every check passed):
   full autotp      through LLaMA-Factory's examples/deepspeed/ds_z2_autotp_config.json as the YAML's
                    deepspeed_config_file, unchanged (ZeRO-2 + tensor_parallel.autotp_size 2, "auto" sizes; its
                    gradient_clipping clips inside the engine, so norms are not compared there), the default
-                   split (embedding and head whole, as DeepSpeed's AutoTP); and with gradient_clipping 0 on 4
+                   split (embedding and head whole, as DeepSpeed's AutoTP); and on 4
                    ranks (tp 2 x 2 data-parallel replicas, batch 2 each; ZeRO-2 over the replicas), norms
                    compared, vocabulary-parallel with the unfused loss (logits [tokens, V / 2] per rank).
   loaded bytes     rank 0's CPU allocations while reading its slices (CpuMemoryCounter, printed by the
@@ -31,7 +31,7 @@ every check passed):
                    by columns under a row split) from one PEFT-made adapter, untied head split over the
                    vocabulary (frozen), fused loss: losses 1e-5, saved adapter 1e-5 (PEFT's keys and shapes).
   qwen3 autotp     Qwen3 (q/k norms per head_dim: their gradient summed over the group), full fine-tuning
-                   through the DeepSpeed file (gradient_clipping 0) with DeepSpeed's own key
+                   through the DeepSpeed file (gradient_clipping auto) with DeepSpeed's own key
                    tensor_parallel.vocab_parallel_lm_head: true instead of --vocab_parallel: the untied lm_head
                    split over the vocabulary, embed_tokens whole (DeepSpeed's meaning), unfused loss computed
                    vocabulary-parallel: losses, norms and model within 1e-5 (without the q/k norm gradient sum
@@ -235,9 +235,9 @@ def main():
                              "parallelism_config:\n  parallelism_config_tp_size: 2\n")
         ds_yaml = write_yaml(tmp, "autotp.yaml", "distributed_type: DEEPSPEED\n" + head +
                              f"deepspeed_config:\n  deepspeed_config_file: {ds_json}\n")
-        # The same file with gradient_clipping 0 (the Trainer clips at max_grad_norm 1.0 and logs the norm before
-        # clipping, as in the one-process run), for the rows that compare gradient norms.
-        unclipped = dict(json.load(open(ds_json)), gradient_clipping=0)
+        # The same file for the 4-rank and Qwen3 rows. Its gradient_clipping stays "auto" (max_grad_norm 1.0, the
+        # engine clips): 0 against max_grad_norm 1.0 is a mismatch that Hugging Face's Trainer refuses (issue 51).
+        unclipped = json.load(open(ds_json))
         ds_noclip = write_yaml(tmp, "ds_noclip.json", json.dumps(unclipped))
 
         one = os.path.join(tmp, "one_full")
@@ -281,8 +281,8 @@ def main():
                                     f"deepspeed_config:\n  deepspeed_config_file: {ds_noclip}\n")
         out = os.path.join(tmp, "tp_dp")
         finetune(fin, launch, ds4_yaml, qwen2, data, out, vp + ["--fused_linear_cross_entropy", "false"], batch=2)
-        compare("full autotp 2 x 2 replicas on 4 ranks vocab-parallel, unfused loss (the file, gradient_clipping 0: "
-                "ZeRO-2 over the replicas)", one, out, "model", "model.safetensors", "")
+        compare("full autotp 2 x 2 replicas on 4 ranks vocab-parallel, unfused loss (the file, gradient_clipping auto "
+                "= max_grad_norm, clipped by the engine: ZeRO-2 over the replicas)", one, out, "model", "model.safetensors", "")
         reloads("the AutoTP run (embedding and head whole)", one, os.path.join(tmp, "tp_autotp.yaml"), fast)
         reloads("the tied vocabulary-parallel run", one, os.path.join(tmp, "tp_tp.yaml"), fast)
 
@@ -317,7 +317,7 @@ def main():
         run3 = finetune(fin, launch, ds_key_yaml, qwen3, data, tp3, ["--fused_linear_cross_entropy", "false"])
         compare("qwen3 autotp 2 (q/k norms, untied lm_head split over the vocabulary by DeepSpeed's "
                 "tensor_parallel.vocab_parallel_lm_head: true, embed_tokens whole, unfused loss; the file, "
-                "gradient_clipping 0)", one3, tp3, "model", "model.safetensors", "")
+                "gradient_clipping auto)", one3, tp3, "model", "model.safetensors", "")
         whole3, held3 = slice_bytes(qwen3, False, tp=1, elements=True), parameters(run3)
         want3 = slice_bytes(qwen3, True, vocab=("lm_head",), elements=True)
         got3, bytes3 = loaded_bytes(run3), slice_bytes(qwen3, True, vocab=("lm_head",))
