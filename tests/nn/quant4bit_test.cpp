@@ -203,6 +203,83 @@ TEST_CASE(
   CHECK(torch::allclose(x3.grad(), g3.matmul(plain->dequantized_weight()), 1e-6, 1e-6));
 }
 
+TEST_CASE("quant: Linear4bit multiplies the weight a row slice at a time, never dequantising it whole") {
+  // The sliced product against the whole dequantised weight: the same values to float rounding (the forward's
+  // dot products are the same; backward sums the slices' products), for slices that cut inside a row of
+  // blocks (in 70: a slice is a multiple of 32 rows), an odd weight, a bias, [B, T, in] inputs and bf16.
+  torch::manual_seed(4);
+  struct Case {
+    std::int64_t out, in, slice_bytes;
+  };
+  for (const auto& [out, in, slice_bytes] :
+       std::vector<Case>{{300, 70, 0}, {300, 70, 9000}, {129, 63, 9000}, {40, 256, std::int64_t{1} << 30}}) {
+    {
+      INFO("weight " << out << "x" << in << ", slice_bytes " << slice_bytes);
+      accel::quant::Linear4bit q4(torch::nn::Linear(in, out));
+      q4->slice_bytes = slice_bytes;
+      q4->bias.set_requires_grad(true);
+      const auto w = q4->dequantized_weight();
+      const auto x = torch::randn({2, 5, in}, torch::requires_grad());
+      const auto g = torch::randn({2, 5, out});
+      const auto y = q4(x);
+      CHECK(torch::allclose(y, torch::nn::functional::linear(x, w, q4->bias), 1e-5, 1e-6));
+      y.backward(g);
+      CHECK(torch::allclose(x.grad(), g.matmul(w), 1e-5, 1e-6));
+      CHECK(torch::allclose(q4->bias.grad(), g.reshape({-1, out}).sum(0), 1e-5, 1e-6));
+      // forward_graph_only: the same gradients, the value not computed.
+      const auto x2 = x.detach().clone().requires_grad_(true);
+      q4->bias.mutable_grad().reset();
+      const auto y2 = q4->forward_graph_only(x2);
+      CHECK(y2.sizes() == y.sizes());
+      y2.backward(g);
+      CHECK(torch::equal(x2.grad(), x.grad()));
+      CHECK(torch::allclose(q4->bias.grad(), g.reshape({-1, out}).sum(0), 1e-5, 1e-6));
+      // bf16 (the QLoRA compute dtype under autocast): within bf16's rounding of the whole-weight product.
+      const auto xb = x.detach().to(torch::kBFloat16).requires_grad_(true);
+      const auto yb = q4(xb);
+      const auto wb = q4->dequantized_weight(torch::kBFloat16);
+      CHECK(torch::allclose(
+          yb.to(torch::kFloat32),
+          torch::nn::functional::linear(xb, wb, q4->bias.to(torch::kBFloat16)).to(torch::kFloat32), 2e-2,
+          2e-2));
+      yb.backward(g.to(torch::kBFloat16));
+      CHECK(torch::allclose(xb.grad().to(torch::kFloat32), g.matmul(wb.to(torch::kFloat32)), 2e-2, 2e-2));
+      // No grad: the same sliced product.
+      torch::NoGradGuard no_grad;
+      CHECK(torch::allclose(q4(x), y, 0, 0));
+    }
+  }
+  // Memory: a [2048, 1024] layer (8 MiB of float32) in slices of 1 MiB holds at most about a slice beyond
+  // its input, output and gradients in forward and in backward, where a whole dequantised weight is 8 MiB.
+  accel::quant::Linear4bit big(torch::nn::Linear(1024, 2048));
+  big->slice_bytes = std::int64_t{1} << 20;
+  const auto x = torch::randn({16, 1024}, torch::requires_grad());
+  const auto g = torch::randn({16, 2048});
+  accel::CpuMemoryCounter::install();
+  const auto before = accel::CpuMemoryCounter::current();
+  accel::CpuMemoryCounter::reset_peak();
+  auto y = big(x);
+  y.backward(g);
+  const auto extra = accel::CpuMemoryCounter::peak() - before;
+  INFO("peak bytes above the start through forward and backward: " << extra);
+  CHECK(extra < 3 * (std::int64_t{1} << 20));  // one 1 MiB slice (+ its int32 indices) + x's grad and y
+  // Quantising goes a slice of 2^18 values at a time: a [1024, 1024] float32 tensor (4 MiB) is quantised with
+  // slice-sized temporaries beside its 0.5 MiB of codes (whole, they were 3 x 4 MiB), and its codes equal
+  // those of its first and last 128 rows quantised apart (each block's scale is its own).
+  const auto w = torch::randn({1024, 1024});
+  accel::CpuMemoryCounter::reset_peak();
+  const auto start = accel::CpuMemoryCounter::current();
+  const auto q = accel::quant::quantize_4bit(w);
+  const auto quant_extra = accel::CpuMemoryCounter::peak() - start;
+  INFO("peak bytes above the start while quantising 4 MiB of float32: " << quant_extra);
+  CHECK(quant_extra < 4 * (std::int64_t{1} << 20));  // measured 3.2 MB: 1 MiB slices, 0.5 MiB of codes
+  const auto first = accel::quant::quantize_4bit(w.narrow(0, 0, 128));
+  const auto last = accel::quant::quantize_4bit(w.narrow(0, 896, 128));
+  CHECK(torch::equal(q.packed.narrow(0, 0, first.packed.numel()), first.packed));
+  CHECK(torch::equal(q.packed.narrow(0, q.packed.numel() - last.packed.numel(), last.packed.numel()),
+                     last.packed));
+}
+
 // Run by tests/python/python_crosschecks.sh after bnb_4bit.py wrote bitsandbytes' results into ACCEL_BNB_DIR.
 TEST_CASE("quant: the same codes as bitsandbytes", "[.bnb]") {
   const char* dir = std::getenv("ACCEL_BNB_DIR");

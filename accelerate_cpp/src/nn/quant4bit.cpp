@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,8 @@ namespace accel::quant {
 namespace {
 
 constexpr std::int64_t kAbsmaxBlock = 256;  // bitsandbytes quantises the absmax values in blocks of 256
+constexpr std::int64_t kQuantizeSlice = std::int64_t{1} << 18;  // values quantised at once (1 MiB in float32)
+constexpr std::int64_t kLookupSlice = std::int64_t{1} << 20;    // codes looked up at once (int32 indices)
 
 torch::Tensor make_code(QuantType type) {
   std::vector<float> data;
@@ -160,17 +163,30 @@ Quantized4bit quantize_with_offset(const torch::Tensor& tensor, const Quant4bitO
   q.options = options;
   q.dtype = type;
   q.shape = tensor.sizes().vec();
-  const auto flat = tensor.detach().to(torch::kCPU, torch::kFloat32).reshape({-1});
-  auto [absmax, scaled] = blockwise_scale(flat, options.blocksize);
-  if (scaled.numel() % 2 != 0) scaled = torch::constant_pad_nd(scaled, {0, 1});
+  // A slice of blocks at a time (each block's arithmetic is its own, so the codes are the same as from the
+  // whole tensor): loading with load_in_4bit holds the checkpoint's tensor and slice-sized temporaries, not
+  // float32 copies, scaled values and indices of the whole weight (4 x its float32 bytes; issue 51).
+  const auto flat = tensor.detach().reshape({-1});
+  const auto n = flat.numel();
+  const auto bs = options.blocksize;
+  auto absmax = torch::empty({(n + bs - 1) / bs}, torch::kFloat32);
+  q.packed = torch::empty({(n + 1) / 2}, torch::kUInt8);
   const auto code = code_4bit(options.type);
   const auto order = torch::argsort(code);
-  auto idx = nearest(scaled, code.index_select(0, order));
-  if (options.type != QuantType::NF4) idx = order.index_select(0, idx.to(torch::kLong));
-  const auto q8 = idx.to(torch::kUInt8);
-  q.packed = torch::bitwise_or(torch::bitwise_left_shift(q8.slice(0, 0, c10::nullopt, 2), 4),
-                               q8.slice(0, 1, c10::nullopt, 2))
-                 .contiguous();
+  const auto sorted_code = code.index_select(0, order);
+  const auto step = std::max<std::int64_t>(1, kQuantizeSlice / bs) * bs;  // whole blocks, an even count
+  for (std::int64_t at = 0; at < n; at += step) {
+    const auto len = std::min(step, n - at);
+    auto [am, scaled] = blockwise_scale(flat.narrow(0, at, len).to(torch::kCPU, torch::kFloat32), bs);
+    absmax.narrow(0, at / bs, am.numel()).copy_(am);
+    if (scaled.numel() % 2 != 0) scaled = torch::constant_pad_nd(scaled, {0, 1});
+    auto idx = nearest(scaled, sorted_code);
+    if (options.type != QuantType::NF4) idx = order.index_select(0, idx.to(torch::kLong));
+    const auto q8 = idx.to(torch::kUInt8);
+    q.packed.narrow(0, at / 2, q8.numel() / 2)
+        .copy_(torch::bitwise_or(torch::bitwise_left_shift(q8.slice(0, 0, c10::nullopt, 2), 4),
+                                 q8.slice(0, 1, c10::nullopt, 2)));
+  }
   if (!options.double_quant) {
     q.absmax = absmax.contiguous();
     return q;
@@ -191,48 +207,133 @@ torch::Tensor dequantize_4bit(const Quantized4bit& q) {
   return dequantize_4bit(q, q.dtype);
 }
 
+namespace {
+
+// The absmax of every block in float32 (decoded from its 8-bit codes with double quantisation).
+torch::Tensor block_absmax(const Quantized4bit& q) {
+  if (!q.options.double_quant) return q.absmax;
+  auto map = dynamic_map_8bit().to(q.packed.device());
+  map[0] = -1.0F;
+  const auto codes = map.index_select(0, q.absmax.to(torch::kLong));
+  const auto n = codes.numel();
+  const auto blocks = (n + kAbsmaxBlock - 1) / kAbsmaxBlock;
+  auto padded = torch::constant_pad_nd(codes, {0, blocks * kAbsmaxBlock - n});
+  return (padded.view({blocks, kAbsmaxBlock}) * q.absmax_scale.view({-1, 1})).reshape({-1}).narrow(0, 0, n) +
+         q.absmax_offset;
+}
+
+// What dequantising needs once per call: the blocks' absmax and a 256 x 2 table of (code[high nibble],
+// code[low nibble]), one lookup per byte.
+struct Decoder {
+  explicit Decoder(const Quantized4bit& q) : q(q), absmax(block_absmax(q)) {
+    const auto code = code_4bit(q.options.type);
+    const auto bytes = torch::arange(256, torch::kLong);
+    pairs = torch::stack(
+                {code.index_select(0, bytes.div(16, "floor")), code.index_select(0, bytes.remainder(16))}, 1)
+                .to(q.packed.device());
+  }
+
+  // Values [start, start + len) of the flat weight into `out` (float32, at least len rounded up to even):
+  // `start` is a multiple of the blocksize (even). Each value is code x absmax, one float32 product, as
+  // bitsandbytes computes it: the same bits whatever the slices.
+  void fill(std::int64_t start, std::int64_t len, const torch::Tensor& out) const {
+    const auto bytes = q.packed.reshape({-1}).narrow(0, start / 2, (len + 1) / 2);
+    auto out_pairs = out.narrow(0, 0, 2 * bytes.numel()).view({-1, 2});
+    for (std::int64_t at = 0; at < bytes.numel(); at += kLookupSlice) {
+      const auto n = std::min(kLookupSlice, bytes.numel() - at);
+      auto into = out_pairs.narrow(0, at, n);
+      torch::index_select_out(into, pairs, 0, bytes.narrow(0, at, n).to(torch::kInt));
+    }
+    auto values = out.narrow(0, 0, len);
+    const auto bs = q.options.blocksize;
+    const auto first = start / bs;
+    const auto full = len / bs;  // whole blocks; a short last block (the weight's end) is scaled on its own
+    values.narrow(0, 0, full * bs).view({full, bs}).mul_(absmax.narrow(0, first, full).view({-1, 1}));
+    if (full * bs < len) values.narrow(0, full * bs, len - full * bs).mul_(absmax.narrow(0, first + full, 1));
+  }
+
+  const Quantized4bit& q;
+  torch::Tensor absmax, pairs;
+};
+
+// Calls fn(row, rows, w) for consecutive row slices of the 2-d weight, w = W[row : row + rows] dequantised
+// to `dtype`, each slice about `slice_bytes` of float32 (at least one row; slices start on a block boundary),
+// in one reused buffer: the whole dequantised weight never exists (issue 51).
+template <typename Fn>
+void for_each_row_slice(const Quantized4bit& q, torch::ScalarType dtype, std::int64_t slice_bytes, Fn&& fn) {
+  const auto out = q.shape.at(0), in = q.shape.at(1);
+  const auto bs = q.options.blocksize;
+  const auto unit = bs / std::gcd(in, bs);  // rows per whole number of blocks
+  const auto budget_rows = std::max<std::int64_t>(1, slice_bytes / std::max<std::int64_t>(1, in * 4));
+  const auto slices = (out + budget_rows - 1) / budget_rows;
+  auto rows = (out + slices - 1) / slices;  // even slices, not a short last one
+  rows = std::min(out, (rows + unit - 1) / unit * unit);
+  const Decoder decoder(q);
+  const auto device = q.packed.device();
+  auto buffer = torch::empty({rows * in + 1}, torch::TensorOptions(torch::kFloat32).device(device));
+  torch::Tensor cast;
+  if (dtype != torch::kFloat32) cast = torch::empty({rows * in}, torch::TensorOptions(dtype).device(device));
+  for (std::int64_t row = 0; row < out; row += rows) {
+    const auto n = std::min(rows, out - row);
+    decoder.fill(row * in, n * in, buffer);
+    auto w = buffer.narrow(0, 0, n * in).view({n, in});
+    if (cast.defined()) w = cast.narrow(0, 0, n * in).view({n, in}).copy_(w);
+    fn(row, n, w);
+  }
+}
+
+// y = x W^T + b, W dequantised and multiplied a row slice (output features) at a time.
+torch::Tensor linear_4bit(const torch::Tensor& x, const Quantized4bit& q, const torch::Tensor& bias,
+                          std::int64_t slice_bytes) {
+  const auto x2 = x.reshape({-1, x.size(-1)});
+  auto y = torch::empty({x2.size(0), q.shape.at(0)}, x.options());
+  for_each_row_slice(q, x.scalar_type(), slice_bytes, [&](std::int64_t row, std::int64_t n, const auto& w) {
+    auto into = y.narrow(1, row, n);  // strided columns: BLAS writes them in place (ldc = out)
+    torch::mm_out(into, x2, w.t());
+  });
+  if (bias.defined() && bias.numel() > 0) y.add_(bias);
+  auto sizes = x.sizes().vec();
+  sizes.back() = q.shape.at(0);
+  return y.view(sizes);
+}
+
+// dx = g W, summed over the row slices of W: dx += g[:, a:b] W[a:b].
+torch::Tensor linear_4bit_input_grad(const torch::Tensor& g, const Quantized4bit& q, torch::ScalarType dtype,
+                                     std::int64_t slice_bytes) {
+  const auto g2 = g.reshape({-1, g.size(-1)});
+  const auto g2d = g2.to(dtype);
+  const bool reduced = dtype == torch::kBFloat16 || dtype == torch::kHalf;
+  // In bf16 / fp16 the slices' products are summed in float32 (one rounding of the sum, as one GEMM has).
+  auto dx = torch::empty({g2.size(0), q.shape.at(1)}, g2.options().dtype(reduced ? torch::kFloat32 : dtype));
+  for_each_row_slice(q, dtype, slice_bytes, [&](std::int64_t row, std::int64_t n, const auto& w) {
+    const auto part = g2d.narrow(1, row, n);
+    if (reduced) {
+      row == 0 ? dx.copy_(part.mm(w)) : dx.add_(part.mm(w));
+    } else if (row == 0) {
+      torch::mm_out(dx, part, w);
+    } else {
+      dx.addmm_(part, w);
+    }
+  });
+  if (reduced) dx = dx.to(dtype);
+  auto sizes = g.sizes().vec();
+  sizes.back() = q.shape.at(1);
+  return dx.view(sizes);
+}
+
+}  // namespace
+
 torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const auto device = q.packed.device();
-  torch::Tensor absmax = q.absmax;
-  if (q.options.double_quant) {
-    auto map = dynamic_map_8bit().to(device);
-    map[0] = -1.0F;
-    const auto codes = map.index_select(0, q.absmax.to(torch::kLong));
-    const auto n = codes.numel();
-    const auto blocks = (n + kAbsmaxBlock - 1) / kAbsmaxBlock;
-    auto padded = torch::constant_pad_nd(codes, {0, blocks * kAbsmaxBlock - n});
-    absmax =
-        (padded.view({blocks, kAbsmaxBlock}) * q.absmax_scale.view({-1, 1})).reshape({-1}).narrow(0, 0, n) +
-        q.absmax_offset;
-  }
   std::int64_t numel = 1;
   for (auto s : q.shape)
     numel *= s;
-  // One lookup per byte: a 256 x 2 table of (code[high nibble], code[low nibble]).
-  const auto code = code_4bit(q.options.type);
-  const auto bytes = torch::arange(256, torch::kLong);
-  const auto pairs =
-      torch::stack({code.index_select(0, bytes.div(16, "floor")), code.index_select(0, bytes.remainder(16))},
-                   1)
-          .to(device);
   // The looked-up values go straight into the output, a slice of codes at a time, and are scaled in place:
   // the weight's float32 bytes once, beside int32 indices of one slice (not int64 indices of every code, a
   // padded copy and a product: 4 x the weight, the step's transient peak under QLoRA; issue 51).
-  const auto packed = q.packed.reshape({-1});
-  auto out = torch::empty({2 * packed.numel()}, pairs.options());
-  auto out_pairs = out.view({-1, 2});
-  constexpr std::int64_t kSlice = std::int64_t{1} << 20;  // codes per lookup
-  for (std::int64_t at = 0; at < packed.numel(); at += kSlice) {
-    const auto len = std::min(kSlice, packed.numel() - at);
-    auto into = out_pairs.narrow(0, at, len);
-    torch::index_select_out(into, pairs, 0, packed.narrow(0, at, len).to(torch::kInt));
-  }
+  auto out = torch::empty({numel + 1}, torch::TensorOptions(torch::kFloat32).device(q.packed.device()));
+  Decoder(q).fill(0, numel, out);
   auto values = out.narrow(0, 0, numel);
-  const auto bs = q.options.blocksize;
-  const auto full = numel / bs;  // whole blocks; a short last block is scaled on its own
-  values.narrow(0, 0, full * bs).view({full, bs}).mul_(absmax.narrow(0, 0, full).view({-1, 1}));
-  if (full * bs < numel) values.narrow(0, full * bs, numel - full * bs).mul_(absmax.narrow(0, full, 1));
   return dtype == torch::kFloat32 ? values.view(q.shape) : values.to(dtype).view(q.shape);
 }
 
@@ -252,11 +353,7 @@ void Linear4bitImpl::reset() {
 }
 
 torch::Tensor Linear4bitImpl::dequantized_weight(torch::ScalarType dtype) const {
-  Quantized4bit q = weight_;
-  q.packed = packed_;  // the buffers follow to(device)
-  q.absmax = absmax_;
-  q.absmax_scale = absmax_scale_;
-  return dequantize_4bit(q, dtype);
+  return dequantize_4bit(current(), dtype);
 }
 
 void Linear4bitImpl::check_shape(const torch::Tensor& weight, const char* call) const {
@@ -298,10 +395,13 @@ namespace {
 // y = x W^T + b with the 4-bit W dequantised in forward and again in backward, as bitsandbytes' MatMul4Bit:
 // autograd keeps the layer's codes, not a full-precision copy of its weight until backward (F::linear saves
 // the dequantised weight it multiplies: for QLoRA on Qwen2.5-0.5B, 1.4 GB of float32 per batch in flight).
+// Neither pass holds the whole dequantised weight: both multiply a row slice at a time (linear_4bit). The
+// input is not saved: the weight is frozen, and the input's gradient needs only the weight.
 class Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
-                               const torch::Tensor& bias, const Quantized4bit& q) {
+                               const torch::Tensor& bias, const Quantized4bit& q, std::int64_t slice_bytes,
+                               bool graph_only) {
     ctx->save_for_backward({q.packed, q.absmax, q.absmax_scale});
     ctx->saved_data["offset"] = static_cast<double>(q.absmax_offset);
     ctx->saved_data["shape"] = q.shape;
@@ -310,9 +410,14 @@ class Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> 
     ctx->saved_data["blocksize"] = q.options.blocksize;
     ctx->saved_data["double_quant"] = q.options.double_quant;
     ctx->saved_data["compute"] = static_cast<std::int64_t>(input.scalar_type());
+    ctx->saved_data["slice_bytes"] = slice_bytes;
+    if (graph_only) {  // forward_graph_only: the value is not read, only the graph is backpropagated
+      auto sizes = input.sizes().vec();
+      sizes.back() = q.shape.at(0);
+      return torch::empty(sizes, input.options());
+    }
     // An empty `bias` stands for none (autograd's Function takes no undefined input).
-    return torch::nn::functional::linear(input, dequantize_4bit(q, input.scalar_type()),
-                                         bias.numel() > 0 ? bias : torch::Tensor());
+    return linear_4bit(input, q, bias, slice_bytes);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -331,32 +436,46 @@ class Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> 
     const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
     const auto& g = grads[0];
     torch::Tensor grad_input, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_input = g.matmul(dequantize_4bit(q, compute));
+    if (ctx->needs_input_grad(0))
+      grad_input = linear_4bit_input_grad(g, q, compute, ctx->saved_data["slice_bytes"].toInt());
     if (ctx->needs_input_grad(1)) grad_bias = g.reshape({-1, g.size(-1)}).sum(0);
-    return {grad_input, grad_bias, torch::Tensor()};
+    return {grad_input, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor Linear4bitImpl::forward(const torch::Tensor& input) {
+Quantized4bit Linear4bitImpl::current() const {
+  Quantized4bit q = weight_;
+  q.packed = packed_;  // the buffers follow to(device)
+  q.absmax = absmax_;
+  q.absmax_scale = absmax_scale_;
+  return q;
+}
+
+torch::Tensor Linear4bitImpl::compute(const torch::Tensor& input, bool graph_only) {
   // The compute dtype: the input's floating type (bf16 under autocast arrives as the autocast casts it).
   const auto dtype = at::autocast::is_autocast_enabled(input.device().type())
                          ? at::autocast::get_autocast_dtype(input.device().type())
                          : input.scalar_type();
   const auto b = bias.defined() ? bias.to(dtype) : torch::Tensor();
   const auto x = input.to(dtype);
-  torch::Tensor y;
   if (torch::GradMode::is_enabled() && (x.requires_grad() || (b.defined() && b.requires_grad()))) {
-    Quantized4bit q = weight_;
-    q.packed = packed_;  // the buffers follow to(device)
-    q.absmax = absmax_;
-    q.absmax_scale = absmax_scale_;
-    y = Linear4bitFunction::apply(x, b.defined() ? b : torch::empty({0}, x.options()), q);
-  } else {
-    y = torch::nn::functional::linear(x, dequantized_weight(dtype), b);
+    return Linear4bitFunction::apply(x, b.defined() ? b : torch::empty({0}, x.options()), current(),
+                                     slice_bytes, graph_only);
   }
+  torch::NoGradGuard no_grad;
+  return linear_4bit(x, current(), b, slice_bytes);
+}
+
+torch::Tensor Linear4bitImpl::forward(const torch::Tensor& input) {
+  const auto y = compute(input, /*graph_only=*/false);
   return output_hook ? output_hook(input, y) : y;
+}
+
+torch::Tensor Linear4bitImpl::forward_graph_only(const torch::Tensor& input) {
+  if (output_hook) return forward(input);  // the hook may read or change the value
+  return compute(input, /*graph_only=*/true);
 }
 
 std::vector<std::string> quantize_linears(torch::nn::Module& model, const Quant4bitOptions& options,

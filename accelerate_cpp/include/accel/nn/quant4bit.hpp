@@ -10,8 +10,9 @@
 /// (one float per 256 absmax values) with double quantisation: 0.516; 0.5625 without it.
 ///
 /// `Linear4bit` holds such a weight (frozen, no gradient) and its bias, and dequantises the weight per call
-/// to the input's floating type (the compute dtype: fp32, bf16 under autocast, ...). `quantize_linears` swaps
-/// the `torch::nn::Linear` children of a model for `Linear4bit` in place.
+/// to the input's floating type (the compute dtype: fp32, bf16 under autocast, ...), a row slice of a few MB
+/// at a time (never the whole weight in full precision). `quantize_linears` swaps the `torch::nn::Linear`
+/// children of a model for `Linear4bit` in place.
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
@@ -61,8 +62,9 @@ torch::Tensor code_4bit(QuantType type);
 /// bitsandbytes' signed 8-bit dynamic map (`create_dynamic_map(signed=True)`): 256 sorted values.
 torch::Tensor dynamic_map_8bit();
 
-/// Quantises a float32, bfloat16 or float16 tensor on the CPU. Throws UsageError on another type or a
-/// blocksize bitsandbytes does not offer.
+/// Quantises a float32, bfloat16 or float16 tensor on the CPU, a slice of 2^18 values at a time (its
+/// temporaries are slice-sized: the tensor itself is the only whole one). Throws UsageError on another type
+/// or a blocksize bitsandbytes does not offer.
 Quantized4bit quantize_4bit(const torch::Tensor& tensor, const Quant4bitOptions& options = {});
 /// The tensor back, in `q.dtype` and `q.shape`, on the CPU.
 torch::Tensor dequantize_4bit(const Quantized4bit& q);
@@ -70,14 +72,22 @@ torch::Tensor dequantize_4bit(const Quantized4bit& q);
 torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype);
 
 /// A Linear layer whose weight is stored in 4 bits (frozen) and dequantised in each forward to the input's
-/// floating type; the bias stays a parameter in full precision.
+/// floating type; the bias stays a parameter in full precision. Forward and backward dequantise and multiply
+/// the weight in row slices (output features: y[:, a:b] = x W[a:b]^T, and dx = sum of g[:, a:b] W[a:b]) of
+/// about `slice_bytes` each, in one autograd node that keeps the 4-bit codes, not the input nor any
+/// dequantised weight: the layer's transient memory is one slice, not the weight in float32 (issue 51).
 class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
  public:
   /// Quantises `linear`'s weight; `linear` itself is left as it was.
   Linear4bitImpl(const torch::nn::Linear& linear, const Quant4bitOptions& options = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& input);
-  /// The weight as the forward sees it (dequantised, in `dtype`).
+  /// forward's autograd graph without its value, for an output nobody reads (the last projection of a
+  /// segment recomputed by accel::checkpoint, see accel::linear_graph_only): the product is not computed and
+  /// the result holds UNSPECIFIED VALUES; backward gives the input and bias the gradients forward's would.
+  /// With an `output_hook` (LoRA), or grad mode off, it is forward (values computed).
+  torch::Tensor forward_graph_only(const torch::Tensor& input);
+  /// The weight as the forward sees it (dequantised, in `dtype`), whole: for merges and checks, not compute.
   torch::Tensor dequantized_weight(torch::ScalarType dtype = torch::kFloat32) const;
   const Quantized4bit& quantized() const noexcept { return weight_; }
   /// Stores `weight` (the layer's shape, any floating type and device) quantised as the current weight is
@@ -94,8 +104,14 @@ class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
   /// Called with the input and the layer's output when set; its result is the forward's result. LoRA
   /// (`peft::get_peft_model` on a quantised model, QLoRA) adds its adapters' term here.
   std::function<torch::Tensor(const torch::Tensor& input, const torch::Tensor& output)> output_hook;
+  /// Bytes of float32 weight dequantised at once by forward and backward (rounded to whole rows and whole
+  /// absmax blocks; at least one row). 4 MiB keeps the slices' GEMMs as fast as one whole-weight GEMM on
+  /// Qwen2.5-0.5B's projections (measured, issue 51); 0 or less: the fewest rows of whole blocks.
+  std::int64_t slice_bytes = std::int64_t{4} << 20;
 
  private:
+  Quantized4bit current() const;  // the weight with the registered buffers (which follow to(device))
+  torch::Tensor compute(const torch::Tensor& input, bool graph_only);
   void check_shape(const torch::Tensor& weight, const char* call) const;
   void store(Quantized4bit q);  // into the registered buffers, which keep their identity
   Quantized4bit weight_;
