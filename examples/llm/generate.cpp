@@ -8,14 +8,14 @@
 //
 // Greedy unless --do_sample. --adapter loads a PEFT LoRA adapter directory (adapter_config.json +
 // adapter_model.safetensors, as the finetune recipe or Python's PEFT writes it) onto the model: the adapters
-// are put on with the file's r, lora_alpha, target_modules, modules_to_save and use_rslora
-// (accel::peft::get_peft_model), their weights read (LoraModel::load_adapter) and merged into the base
-// (merge_and_unload: the same outputs, no adapter term to add at each step). --prompts_file generates for
-// every line of a file (each a JSON string, or an object with a "prompt" string) as one left-padded batch and
-// prints each completion as one JSON string per line, in the file's order. With --print_ids it also prints
-// `prompt_ids: ...` (the prompt as the tokenizer encodes it) and `completion_ids: ...` (the generated ids),
-// to hold against transformers' generate. The generation ends at max_new_tokens or at an eos id
-// (config.json's eos_token_id and the tokenizer's).
+// are put on with the file's r, lora_alpha, target_modules, modules_to_save, use_rslora and
+// ensure_weight_tying (accel::peft::get_peft_model), their weights read (LoraModel::load_adapter) and merged
+// into the base (merge_and_unload: the same outputs, no adapter term to add at each step). --prompts_file
+// generates for every line of a file (each a JSON string, or an object with a "prompt" string) as one
+// left-padded batch and prints each completion as one JSON string per line, in the file's order. With
+// --print_ids it also prints `prompt_ids: ...` (the prompt as the tokenizer encodes it) and `completion_ids:
+// ...` (the generated ids), to hold against transformers' generate. The generation ends at max_new_tokens or
+// at an eos id (config.json's eos_token_id and the tokenizer's).
 #include <accel/errors.hpp>
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/llm/models/generation.hpp>
@@ -168,6 +168,9 @@ void load_adapter(accel::llm::CausalLM& model, const std::string& dir) {
     lora.target_modules = targets.get<std::vector<std::string>>();
   if (c.contains("modules_to_save") && c.at("modules_to_save").is_array())
     lora.modules_to_save = c.at("modules_to_save").get<std::vector<std::string>>();
+  // A tied embedding among them: its head untied and frozen (PEFT's default) or tied to it, as trained.
+  if (c.contains("ensure_weight_tying") && c.at("ensure_weight_tying").is_boolean())
+    lora.ensure_weight_tying = c.at("ensure_weight_tying").get<bool>();
   const auto peft = accel::peft::get_peft_model(model, lora);
   peft->load_adapter(dir);
   peft->merge_and_unload();

@@ -236,6 +236,97 @@ TEST_CASE("LoRA: modules_to_save are trained in full and written to the adapter 
   CHECK(torch::equal(again(x), model(x)));
 }
 
+// A causal-LM-like model whose head uses its embedding's weight while tied (accel::llm::CausalLM's layout).
+struct TiedLmImpl : torch::nn::Module, peft::TiedEmbeddings {
+  TiedLmImpl()
+      : embed(register_module("embed", torch::nn::Embedding(10, 6))),
+        proj(register_module("proj", torch::nn::Linear(6, 6))) {}
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const auto h = proj(embed(ids));
+    return tied ? torch::linear(h, embed->weight)
+                : named_children()["lm_head"]->as<torch::nn::Linear>()->forward(h);
+  }
+  std::pair<std::string, std::string> tied_embeddings() const override {
+    return tied ? std::pair<std::string, std::string>{"lm_head", "embed"}
+                : std::pair<std::string, std::string>{};
+  }
+  void untie_word_embeddings() override {
+    torch::nn::Linear head(torch::nn::LinearOptions(6, 10).bias(false));
+    torch::NoGradGuard no_grad;
+    head->weight.set_data(embed->weight.detach().clone());
+    register_module("lm_head", head);
+    tied = false;
+  }
+  torch::nn::Embedding embed;
+  torch::nn::Linear proj;
+  bool tied = true;
+};
+TORCH_MODULE(TiedLm);
+
+TEST_CASE(
+    "LoRA: a tied embedding in modules_to_save trains apart from the frozen head, or tied with "
+    "ensure_weight_tying, as PEFT") {
+  test::TempDir dir;
+  peft::LoraConfig config;
+  config.r = 2;
+  config.lora_alpha = 4;
+  config.target_modules = {"proj"};
+  config.modules_to_save = {"embed"};
+  const auto ids = torch::tensor({{1, 4, 7}}, torch::kLong);
+  auto step = [&](TiedLm& m) {
+    auto loss = m(ids).square().mean();
+    loss.backward();
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters())
+      if (p.grad().defined()) p.sub_(p.grad());
+  };
+  torch::manual_seed(3);
+  TiedLm untied;
+  const auto before = untied->embed->weight.detach().clone();
+  auto lora = peft::get_peft_model(untied, config);  // ensure_weight_tying false: PEFT's default
+  REQUIRE(untied->named_parameters().contains("lm_head.weight"));
+  const auto head = untied->named_parameters()["lm_head.weight"];
+  CHECK_FALSE(untied->tied);
+  CHECK_FALSE(head.requires_grad());
+  CHECK(untied->embed->weight.requires_grad());
+  step(untied);
+  CHECK(torch::equal(head, before));                         // the head keeps the original weight
+  CHECK_FALSE(torch::equal(untied->embed->weight, before));  // the lookup's weight trained
+  const auto path = (dir.path / "untied").string();
+  lora->save_adapter(path);
+  auto keys = safetensors::File::open(path + "/adapter_model.safetensors").names();
+  CHECK(std::count(keys.begin(), keys.end(), "base_model.model.embed.weight") == 1);
+  CHECK(std::count(keys.begin(), keys.end(), "base_model.model.lm_head.weight") == 0);
+  CHECK(nlohmann::json::parse(std::ifstream(path + "/adapter_config.json")).at("ensure_weight_tying") ==
+        false);
+
+  config.ensure_weight_tying = true;
+  torch::manual_seed(3);
+  TiedLm tied;
+  auto lora_tied = peft::get_peft_model(tied, config);
+  CHECK(tied->tied);
+  CHECK_FALSE(tied->named_parameters().contains("lm_head.weight"));
+  step(tied);
+  const auto tied_path = (dir.path / "tied").string();
+  lora_tied->save_adapter(tied_path);
+  keys = safetensors::File::open(tied_path + "/adapter_model.safetensors").names();
+  CHECK(std::count(keys.begin(), keys.end(), "base_model.model.lm_head.weight") == 1);  // PEFT writes both
+  CHECK(std::count(keys.begin(), keys.end(), "base_model.model.embed.weight") == 1);
+  // A fresh tied model reads it back (the head's key onto the tied weight) ...
+  torch::manual_seed(3);  // the same base (proj is not in the adapter)
+  TiedLm again;
+  peft::get_peft_model(again, config)->load_adapter(tied_path);
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(again(ids), tied(ids)));
+  }
+  // ... and a model adapted with the other semantics refuses it, naming the key.
+  config.ensure_weight_tying = false;
+  TiedLm other;
+  auto lora_other = peft::get_peft_model(other, config);
+  CHECK_THROWS_WITH(lora_other->load_adapter(tied_path), Contains("ensure_weight_tying true"));
+}
+
 TEST_CASE("LoRA: errors name the targets and the model's Linear layers") {
   Block model;
   peft::LoraConfig config;

@@ -367,7 +367,8 @@ Json adapter_config_json(const LoraConfig& config_, const Json& modules_to_save)
       {"rank_pattern", Json::object()},
       {"alpha_pattern", Json::object()},
       {"use_rslora", config_.use_rslora},
-      {"use_dora", false}};
+      {"use_dora", false},
+      {"ensure_weight_tying", config_.ensure_weight_tying}};
 }
 
 // Writes the adapter's two files into `dir`. Safe when every rank of a job calls it at once with the same
@@ -412,6 +413,19 @@ void write_adapter_files(const std::string& dir,
     fs::remove(json_tmp, ec);
     throw;
   }
+}
+
+// The (head, embedding) paths of a model whose head stays tied to an embedding named in modules_to_save
+// (ensure_weight_tying); empty strings otherwise (untied by get_peft_model, or nothing tied or saved).
+std::pair<std::string, std::string> tied_saved_embedding(torch::nn::Module& model, const LoraConfig& config) {
+  const auto* tied = dynamic_cast<const TiedEmbeddings*>(&model);
+  if (tied == nullptr || !config.ensure_weight_tying) return {};
+  auto paths = tied->tied_embeddings();
+  if (paths.second.empty() ||
+      std::none_of(config.modules_to_save.begin(), config.modules_to_save.end(),
+                   [&](const std::string& n) { return name_matches(paths.second, n); }))
+    return {};
+  return paths;
 }
 
 }  // namespace
@@ -495,6 +509,13 @@ void LoraModel::save_adapter(const std::string& dir,
         take(item.key() + "." + p.key());
     }
   }
+  // ensure_weight_tying: the head tied to the trained embedding; PEFT's file holds it under the head's name
+  // too (its ModulesToSaveWrapper of the head), the same values.
+  if (const auto [head, embedding] = tied_saved_embedding(*model_, config_); !head.empty()) {
+    const std::string from = kPrefix + embedding + ".weight";
+    const auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == from; });
+    if (it != out.end()) out.emplace_back(kPrefix + head + ".weight", it->second);
+  }
   write_adapter_files(dir, out, adapter_config_json(config_, to_save));
 }
 
@@ -521,6 +542,20 @@ void LoraModel::load_adapter(const std::string& dir) {
                     "and lora_alpha {}; adapt the model with the adapter's values",
                     json_path, number("r"), number("lora_alpha"), config_.r, config_.lora_alpha));
   }
+  // A tied embedding among the modules to save trains differently with and without ensure_weight_tying (the
+  // head tied to it, or frozen apart): the file's value (absent: PEFT's default, false) must be this model's.
+  const bool file_ties =
+      config.contains("ensure_weight_tying") && config.at("ensure_weight_tying").is_boolean()
+          ? config.at("ensure_weight_tying").get<bool>()
+          : false;
+  if (!config_.modules_to_save.empty() && file_ties != config_.ensure_weight_tying) {
+    throw CheckpointError(fmt::format(
+        "load_adapter: '{}' has ensure_weight_tying {}, this model's LoraConfig {} (with "
+        "modules_to_save [{}]); adapt the model with the adapter's value (TRL model config key "
+        "ensure_weight_tying, PEFT's LoraConfig name)",
+        json_path, file_ties, config_.ensure_weight_tying, fmt::join(config_.modules_to_save, ", ")));
+  }
+  const auto [tied_head, tied_embedding] = tied_saved_embedding(*model_, config_);
   const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
   const auto tensors = detail::read_tensors(safetensors::File::open(path));
   auto params = model_->named_parameters();
@@ -537,6 +572,8 @@ void LoraModel::load_adapter(const std::string& dir) {
       if (at != std::string::npos)
         name = name.substr(0, at) + std::string(part).substr(0, 7) + "." + name.substr(at + 16);
     }
+    // ensure_weight_tying: PEFT's file holds the tied head's copy too, the embedding's values.
+    if (!tied_head.empty() && name == tied_head + ".weight") name = tied_embedding + ".weight";
     auto* p = params.find(name);
     if (p == nullptr)
       throw CheckpointError(fmt::format(
@@ -608,6 +645,26 @@ std::vector<std::string> all_linear_targets(torch::nn::Module& model, const Lora
     out.push_back(path);
   }
   return out;
+}
+
+// PEFT's _check_tied_modules: a tied input embedding named in modules_to_save. Without ensure_weight_tying
+// PEFT trains a copy for the lookup and leaves the head the original, frozen weight: here the head gets the
+// copy (untie_word_embeddings; frozen below) and the embedding's own weight trains, the same values. With it,
+// the head stays tied to the trained weight and, as PEFT's _add_modules_to_save_to_tie, modules_to_save
+// also lists the embedding by its full path.
+void untie_saved_embedding(torch::nn::Module& model, LoraConfig& config) {
+  auto* tied = dynamic_cast<TiedEmbeddings*>(&model);
+  if (tied == nullptr) return;
+  const auto embedding = tied->tied_embeddings().second;
+  auto& names = config.modules_to_save;
+  if (embedding.empty() || std::none_of(names.begin(), names.end(),
+                                        [&](const std::string& n) { return name_matches(embedding, n); }))
+    return;
+  if (!config.ensure_weight_tying) {
+    tied->untie_word_embeddings();
+  } else if (std::find(names.begin(), names.end(), embedding) == names.end()) {
+    names.push_back(embedding);
+  }
 }
 
 }  // namespace
@@ -729,6 +786,7 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
                             : fmt::format("[{}]", fmt::join(config.target_modules, ", ")),
                     linears.empty() ? std::string("none") : fmt::format("{}", fmt::join(linears, ", "))));
   }
+  untie_saved_embedding(*model, config);
   // Freeze everything, then open the adapters, the biases the config names and the modules to save.
   for (auto& p : model->parameters())
     p.set_requires_grad(false);

@@ -198,6 +198,17 @@ const std::vector<Field>& fields() {
   return table;
 }
 
+// Keys TRL's ModelConfig lacks, taken under PEFT's LoraConfig name (not in keys(), which is TRL's list).
+const std::vector<Field>& peft_fields() {
+  static const std::vector<Field> table = {
+      {{"ensure_weight_tying", "false",
+        "PEFT's LoraConfig.ensure_weight_tying: a tied embedding in lora_modules_to_save keeps the head "
+        "tied"},
+       [](M& m, const W& w, const S& k, const V& v) { m.ensure_weight_tying = to_bool(w, k, v); }},
+  };
+  return table;
+}
+
 // TRL's older name of a key, and keys users bring from BitsAndBytesConfig that TRL spells otherwise.
 const Field* find_field(std::string key, const Where& w) {
   if (key == "torch_dtype") key = "dtype";
@@ -207,12 +218,16 @@ const Field* find_field(std::string key, const Where& w) {
          "passes dtype as bnb_4bit_compute_dtype); set dtype instead");
   for (const Field& f : fields())
     if (f.key.name == key) return &f;
+  for (const Field& f : peft_fields())
+    if (f.key.name == key) return &f;
   return nullptr;
 }
 
 std::vector<std::string> all_names() {
   std::vector<std::string> out;
   for (const Field& f : fields())
+    out.push_back(f.key.name);
+  for (const Field& f : peft_fields())
     out.push_back(f.key.name);
   return out;
 }

@@ -31,9 +31,11 @@
 /// ZeRO-3 engine's trigger does).
 
 #include <torch/torch.h>
+#include <accel/nn/tied_embeddings.hpp>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace accel::peft {
@@ -53,8 +55,16 @@ struct LoraConfig {
   std::string target_modules_regex;
   /// "none": every bias frozen; "all": every bias trained; "lora_only": the adapted layers' biases trained.
   std::string bias = "none";
-  /// Modules (by name, as target_modules) trained in full besides the adapters.
+  /// Modules (by name, as target_modules) trained in full besides the adapters. Naming the input embedding
+  /// of a model whose output head shares its weight (TiedEmbeddings, e.g. accel::llm::CausalLM with
+  /// tie_word_embeddings) follows ensure_weight_tying.
   std::vector<std::string> modules_to_save;
+  /// PEFT's ensure_weight_tying, for a tied embedding in modules_to_save. false (PEFT's default): the lookup
+  /// trains its own copy and the head keeps the original weight, frozen (PEFT's ModulesToSaveWrapper; the
+  /// model is untied, TiedEmbeddings::untie_word_embeddings: merged, it saves as an untied model). true: the
+  /// head stays tied to the trained weight (the adapter then also holds `<head>.weight`, as PEFT writes it).
+  /// Written into adapter_config.json; load_adapter refuses a file that says otherwise.
+  bool ensure_weight_tying = false;
   /// Rank-stabilised LoRA (PEFT's use_rslora): the adapters' scaling is lora_alpha / sqrt(r), not / r.
   bool use_rslora = false;
   /// What all-linear leaves out: the dotted path of the model's output head (transformers'

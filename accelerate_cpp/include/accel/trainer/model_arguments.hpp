@@ -40,7 +40,11 @@ struct ModelArguments {
   std::optional<std::string> lora_target_modules_string;
   std::vector<std::string> lora_modules_to_save;
   std::string lora_task_type = "CAUSAL_LM";
-  bool use_rslora = false;    ///< scaling lora_alpha / sqrt(r) instead of lora_alpha / r
+  bool use_rslora = false;  ///< scaling lora_alpha / sqrt(r) instead of lora_alpha / r
+  /// PEFT's LoraConfig.ensure_weight_tying (TRL's ModelConfig has no key for it; accepted under PEFT's name,
+  /// not listed in keys()): a tied embedding in lora_modules_to_save keeps the head tied to it when true;
+  /// false (PEFT's default) trains a copy for the lookup and leaves the head frozen (peft::LoraConfig).
+  bool ensure_weight_tying = false;
   bool use_dora = false;      ///< refused when true (DoRA's magnitude vector is not implemented)
   bool load_in_8bit = false;  ///< refused when true (LLM.int8 bases are not implemented: use load_in_4bit)
   bool load_in_4bit = false;
