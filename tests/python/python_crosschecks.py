@@ -37,3 +37,4 @@ if __name__ == "__main__":
     run("bnb_4bit.py", bnb_dir)
     run("bnb_adamw8bit.py", bnb_dir)
     run("hf_trainer_order.py", str(pathlib.Path(bnb_dir) / "hf_order.txt"))
+    run("hf_deepspeed_config.py", str(pathlib.Path(bnb_dir) / "hf_deepspeed"))

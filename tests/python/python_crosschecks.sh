@@ -9,7 +9,9 @@
 # - LoRA's target_modules all-linear adapts the modules PEFT adapts on Qwen2-shaped trees (peft_all_linear.py
 #   writes PEFT's choice, [.peft_all_linear] compares);
 # - bitsandbytes' 8-bit AdamW on the CPU (bnb_adamw8bit.py, [.bnb_adamw8bit]) and transformers' Trainer's sample
-#   order (hf_trainer_order.py, [.hf_order]).
+#   order (hf_trainer_order.py, [.hf_order]);
+# - a DeepSpeed JSON under the Trainer: transformers' HfTrainerDeepSpeedConfig fills and checks it, DeepSpeed's
+#   schedules (hf_deepspeed_config.py, [.hf_deepspeed]).
 #   python_crosschecks.sh <accel_torch_tests> <python>   (exit 77 = skipped when peft or bitsandbytes is not
 #                                                          importable)
 set -euo pipefail
@@ -27,3 +29,4 @@ ACCEL_PEFT_EXPORT_DIR=$dir/peft "$tests" "[.peft_all_linear]" -s --use-colour no
 ACCEL_BNB_DIR=$dir/bnb OMP_NUM_THREADS=1 "$tests" "[.bnb]" --use-colour no
 ACCEL_BNB_DIR=$dir/bnb OMP_NUM_THREADS=1 "$tests" "[.bnb_adamw8bit]" -s --use-colour no 2>&1 | grep -E "bnb_adamw8bit:|passed|failed|FAILED"
 ACCEL_HF_ORDER_FILE=$dir/bnb/hf_order.txt OMP_NUM_THREADS=1 "$tests" "[.hf_order]" -s --use-colour no 2>&1 | grep -E "hf_order:|passed|failed|FAILED"
+ACCEL_HF_DS_DIR=$dir/bnb/hf_deepspeed OMP_NUM_THREADS=1 "$tests" "[.hf_deepspeed]" -s --use-colour no 2>&1 | grep -E "hf_deepspeed:|passed|failed|FAILED"
