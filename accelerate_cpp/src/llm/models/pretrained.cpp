@@ -330,11 +330,12 @@ CausalLM from_pretrained(const std::string& dir, const LoadOptions& options) {
     }
   }
 #ifdef __GLIBC__
-  // Building initialised every block's weights and load_in_4bit quantised them twice (the initial and the
-  // loaded values), each time through float32 temporaries of a projection's size; glibc keeps such freed heap
-  // pages resident (its mmap threshold rises to their size). Give them back, as from_pretrained_empty does:
-  // under QLoRA on Qwen2.5-0.5B's width with 2 layers a rank's RssAnon falls from 0.88 to 0.75 GB here, of
-  // which the live model and runtime are ~0.75 (issue 51).
+  // Building initialised every block's weights in dtype, projection-sized tensors freed once load_in_4bit
+  // quantised them; glibc keeps such freed heap pages resident (its mmap threshold rises to their size). The
+  // loaded values add no such temporaries: each is the mapped tensor (or one converted copy when its dtype
+  // differs), quantised a slice at a time (quant::quantize_4bit). Give the pages back, as
+  // from_pretrained_empty does: under QLoRA on Qwen2.5-0.5B's width with 2 layers a rank's RssAnon fell from
+  // 0.88 to 0.75 GB here, of which the live model and runtime are ~0.75 (issue 51).
   malloc_trim(0);
 #endif
   if (options.device_ != torch::kCPU) model->to(options.device_);
