@@ -186,13 +186,10 @@ CLASS_CHAINS = {
 }
 
 
-def unicode_class_cases(qwen):
+def unicode_class_cases(qwen, assigned):
     """(name, tokenizer.json, texts) per CLASS_CHAINS entry: Qwen2's byte-level model behind the chain's Replace
     normalizers and GPT-2's pre-tokenizer regex, on every code point tokenizers has assigned (not private use),
     1,000 a text."""
-    points = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
-    unassigned = pre_tokenizers.Split(Regex(r"[\p{Cn}\p{Co}]"), behavior="removed")
-    assigned = "".join(piece for piece, _ in unassigned.pre_tokenize_str(points))
     texts = [assigned[i:i + 1000] for i in range(0, len(assigned), 1000)]
     markers = [chr(c) for c in range(1, 32) if not 9 <= c <= 13]
     cases = []
@@ -205,6 +202,51 @@ def unicode_class_cases(qwen):
         # Qwen2's added tokens stay: "ZZword" (normalized) is matched as the chain normalizes it ("\x02" x 6 in
         # the aggregates chain) and decodes, as tokenizers decodes it, to that normalized content.
         cases.append((name, j, texts))
+    return cases
+
+
+# Unicode normalization forms as tokenizers has them (its unicode-normalization-alignments tables are older than
+# utf8proc's Unicode 15: normalizers.cpp maps the difference, unicode_norm.inc). Each form runs alone before
+# GPT-2's byte-level pre-tokenizer, so the ids are equal only when the normalized texts are.
+NORMALIZATION_FORMS = ["NFC", "NFD", "NFKC", "NFKD"]
+
+
+def assigned_code_points():
+    """Every code point tokenizers' regex engine has assigned (Unicode 16), private use left out."""
+    points = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    unassigned = pre_tokenizers.Split(Regex(r"[\p{Cn}\p{Co}]"), behavior="removed")
+    return "".join(piece for piece, _ in unassigned.pre_tokenize_str(points))
+
+
+def normalization_texts(assigned):
+    """Every assigned code point (1,000 a text, in code point order), then every mark (\\p{M}, Unicode 16) in
+    sequences whose order and composition depend on its combining class (after an acute, before a class-1
+    overlay, between e and an acute: they compose only when it does not block), then the canonical
+    decompositions of Python's unicodedata (Unicode 14) to compose, 100 a text, space-separated."""
+    import unicodedata
+    texts = [assigned[i:i + 1000] for i in range(0, len(assigned), 1000)]
+    kept = "".join(piece for piece, _ in pre_tokenizers.Split(Regex(r"\p{M}"), behavior="removed")
+                   .pre_tokenize_str(assigned))
+    marks = sorted(set(assigned) - set(kept))
+    seqs = ["a\u0301%s a%s\u0334 e%s\u0301" % (m, m, m) for m in marks]
+    pairs = []
+    for c in range(0x110000):
+        d = unicodedata.decomposition(chr(c)) if not 0xD800 <= c <= 0xDFFF else ""
+        if d and not d.startswith("<"):
+            pairs.append("".join(chr(int(h, 16)) for h in d.split()))
+    for items in (seqs, pairs):
+        texts += [" ".join(items[i:i + 100]) for i in range(0, len(items), 100)]
+    return texts
+
+
+def normalization_cases(qwen, assigned):
+    texts = normalization_texts(assigned)
+    cases = []
+    for form in NORMALIZATION_FORMS:
+        j = json.loads(json.dumps(qwen))
+        j["normalizer"] = {"type": form}
+        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        cases.append(("unicode_" + form.lower(), j, texts))
     return cases
 
 
@@ -275,7 +317,9 @@ def run(checker, texts, root, t0):
     cases += sorted(llama2_variants(texts).items())
     by_name = dict(cases)
     dirs = [write_case(root, name, j, texts, rng) for name, j in cases]
-    dirs += [write_case(root, name, j, class_texts, rng) for name, j, class_texts in unicode_class_cases(qwen)]
+    assigned = assigned_code_points()
+    unicode_cases = unicode_class_cases(qwen, assigned) + normalization_cases(qwen, assigned)
+    dirs += [write_case(root, name, j, unicode_texts, rng) for name, j, unicode_texts in unicode_cases]
     print(f"python: trained and encoded {len(cases)} tokenizers in {time.time() - t0:.1f} s")
     # transformers' AutoTokenizer with tokenizer_config.json (a few hundred texts: its per-call cost is high).
     sample = texts[:300]

@@ -1,9 +1,12 @@
-// Normalizers (tokenizers/src/normalizers): Unicode forms through utf8proc, Sequence, Prepend, Replace.
+// Normalizers (tokenizers/src/normalizers): Unicode forms through utf8proc (with tokenizers' older tables:
+// unicode_norm.inc), Sequence, Prepend, Replace.
 #include "llm/tokenizers/normalizers.hpp"
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <stdexcept>
 
 namespace accel::llm::detail {
@@ -41,6 +44,49 @@ void replace_regex(std::string& text, const Regex& pattern, const std::string& c
 
 namespace {
 
+#include "llm/tokenizers/unicode_norm.inc"
+
+// Hugging Face tokenizers normalizes with older Unicode tables than utf8proc's: the code points of
+// kNormalizationUnknown (decomposed, reordered as marks or composed by utf8proc only) are unknown to it. Each
+// is given to utf8proc as a surrogate stand-in (0xD800 + its index), which utf8proc leaves alone as
+// tokenizers leaves an unknown code point (no decomposition, combining class 0, no composition), and restored
+// afterwards.
+constexpr char32_t kStandIn = 0xD800;
+static_assert(std::size(kNormalizationUnknown) <= 0x800, "the stand-ins must stay surrogates");
+
+utf8proc_int32_t to_stand_in(utf8proc_int32_t c, void* mapped) {
+  const auto u = static_cast<char32_t>(c);
+  if (u < kNormalizationUnknown[0]) return c;
+  const auto* end = std::end(kNormalizationUnknown);
+  const auto* it = std::lower_bound(std::begin(kNormalizationUnknown), end, u);
+  if (it == end || *it != u) return c;
+  *static_cast<bool*>(mapped) = true;
+  return static_cast<utf8proc_int32_t>(kStandIn +
+                                       static_cast<char32_t>(it - std::begin(kNormalizationUnknown)));
+}
+
+// Replaces the stand-ins (a surrogate's three UTF-8 bytes, ED A0..BF xx, which valid UTF-8 never holds) by
+// the code points they stand for.
+void restore_stand_ins(std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto b0 = static_cast<unsigned char>(text[i]);
+    if (b0 != 0xED || i + 2 >= text.size() || static_cast<unsigned char>(text[i + 1]) < 0xA0) {
+      out += text[i];
+      continue;
+    }
+    const char32_t s = ((b0 & 0x0Fu) << 12) | ((static_cast<unsigned char>(text[i + 1]) & 0x3Fu) << 6) |
+                       (static_cast<unsigned char>(text[i + 2]) & 0x3Fu);
+    utf8proc_uint8_t buf[4];
+    const auto n =
+        utf8proc_encode_char(static_cast<utf8proc_int32_t>(kNormalizationUnknown[s - kStandIn]), buf);
+    out.append(reinterpret_cast<const char*>(buf), static_cast<std::size_t>(n));
+    i += 2;
+  }
+  text.swap(out);
+}
+
 class UnicodeNormalizer final : public Normalizer {
  public:
   explicit UnicodeNormalizer(UnicodeForm form) : form_(form) {}
@@ -70,12 +116,14 @@ class UnicodeNormalizer final : public Normalizer {
         break;
     }
     utf8proc_uint8_t* out = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                            static_cast<utf8proc_ssize_t>(text.size()), &out,
-                                            static_cast<utf8proc_option_t>(options));
+    bool mapped = false;
+    const utf8proc_ssize_t n = utf8proc_map_custom(
+        reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+        &out, static_cast<utf8proc_option_t>(options), to_stand_in, &mapped);
     if (n < 0) throw std::runtime_error(std::string("Unicode normalization failed: ") + utf8proc_errmsg(n));
     text.assign(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));
     std::free(out);
+    if (mapped) restore_stand_ins(text);
   }
 
  private:
