@@ -543,12 +543,14 @@ void LoraModel::load_adapter(const std::string& dir) {
                     json_path, number("r"), number("lora_alpha"), config_.r, config_.lora_alpha));
   }
   // A tied embedding among the modules to save trains differently with and without ensure_weight_tying (the
-  // head tied to it, or frozen apart): the file's value (absent: PEFT's default, false) must be this model's.
+  // head tied to it, or frozen apart): on a model that can tie (TiedEmbeddings) with modules to save, the
+  // file's value (absent: PEFT's default, false) must be this model's.
   const bool file_ties =
       config.contains("ensure_weight_tying") && config.at("ensure_weight_tying").is_boolean()
           ? config.at("ensure_weight_tying").get<bool>()
           : false;
-  if (!config_.modules_to_save.empty() && file_ties != config_.ensure_weight_tying) {
+  if (dynamic_cast<const TiedEmbeddings*>(model_.get()) != nullptr && !config_.modules_to_save.empty() &&
+      file_ties != config_.ensure_weight_tying) {
     throw CheckpointError(fmt::format(
         "load_adapter: '{}' has ensure_weight_tying {}, this model's LoraConfig {} (with "
         "modules_to_save [{}]); adapt the model with the adapter's value (TRL model config key "

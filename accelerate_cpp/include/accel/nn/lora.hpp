@@ -63,7 +63,8 @@ struct LoraConfig {
   /// trains its own copy and the head keeps the original weight, frozen (PEFT's ModulesToSaveWrapper; the
   /// model is untied, TiedEmbeddings::untie_word_embeddings: merged, it saves as an untied model). true: the
   /// head stays tied to the trained weight (the adapter then also holds `<head>.weight`, as PEFT writes it).
-  /// Written into adapter_config.json; load_adapter refuses a file that says otherwise.
+  /// Written into adapter_config.json; load_adapter refuses a file that says otherwise (on a TiedEmbeddings
+  /// model with modules_to_save; a file without the key means false, as PEFT reads it).
   bool ensure_weight_tying = false;
   /// Rank-stabilised LoRA (PEFT's use_rslora): the adapters' scaling is lora_alpha / sqrt(r), not / r.
   bool use_rslora = false;
