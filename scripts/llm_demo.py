@@ -2,9 +2,11 @@
 """Helpers of scripts/llm_demo.sh (the LLM demo): data, tokenizer and model making, scoring, the loss plot.
 
   llm_demo.py make WORKDIR [--size demo|test]   tokenizer + Qwen2 model (random weights) + pretrain.jsonl,
-                                                chat.jsonl, heldout.jsonl (held-out questions and answers)
+                                                chat.jsonl, heldout.jsonl (held-out questions and answers),
+                                                prompts.jsonl, prose_prompts.jsonl (generate's prompts)
   llm_demo.py prompt WORKDIR QUESTION           the chat-formatted prompt (Qwen2.5's template) of a question
-  llm_demo.py score HELDOUT.jsonl ANSWERS.txt   accuracy of generated answers (one per line, same order)
+  llm_demo.py prompts MODEL HELDOUT.jsonl CHAT.jsonl [PROSE.jsonl]   generate's prompts files
+  llm_demo.py score HELDOUT.jsonl ANSWERS.jsonl [--prose]   accuracy of generated answers (same order)
   llm_demo.py plot TRAINER_STATE.json OUT.svg [TITLE]   the loss curve: ASCII in the terminal, SVG file
 
 Everything is made offline from text that ships with the system (Debian's /usr/share/common-licenses, the
@@ -27,15 +29,16 @@ TEMPLATE = os.path.join(HERE, "..", "tests", "fixtures", "llm", "qwen2_5.jinja")
 
 # Sizes: "demo" is what the README command runs, "test" the ctest entry's shortened run.
 SIZES = {
-    # demo: one question-and-answer fact per pretraining line (the numbers at the same places in every line: a
-    # 0.5 M model learns to add there in ~500 steps; six facts a line, mixed forms, did not learn in 660), every
-    # training pair in the chat data (many epochs: the sums of unseen pairs come late, after the training pairs).
-    "demo": dict(a_range=(10, 99), b_range=(0, 9), heldout=40, vocab=1024, hidden=128, layers=2, heads=4, kv_heads=2,
-                 intermediate=384, pretrain_lines=16000, facts_per_line=1, license_lines=0, chat_pairs=100000,
-                 forms=[2]),
-    "test": dict(a_range=(10, 49), b_range=(0, 9), heldout=20, vocab=512, hidden=64, layers=2, heads=4, kv_heads=2,
-                 intermediate=192, pretrain_lines=600, facts_per_line=6, license_lines=30, chat_pairs=200),
+    # demo: every pair's fact `fact_repeats` times in the pretraining text, one a line (the numbers at the same
+    # places in every line), with `chatml_lines` generic ChatML turns (licence prose); the chat data: every pair
+    # but the held-out ones.
+    "demo": dict(a_range=(10, 49), b_range=(0, 9), heldout=40, vocab=1024, hidden=128, layers=2, heads=4, kv_heads=2,
+                 intermediate=384, fact_repeats=20, chatml_lines=1000),
+    "test": dict(a_range=(10, 29), b_range=(0, 9), heldout=20, vocab=512, hidden=64, layers=2, heads=4, kv_heads=2,
+                 intermediate=192, fact_repeats=4, chatml_lines=100),
 }
+# Qwen2.5's default system prompt (tests/fixtures/llm/qwen2_5.jinja), in every ChatML turn of the pretraining text.
+SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
 def license_texts():
@@ -68,8 +71,7 @@ def license_chunks(texts, n, rng, length=240):
 
 def split_pairs(a_range, b_range, heldout, seed=0):
     """All (a, b) with a in a_range (two digits) and b in b_range (one digit), as "12 plus 7"; `heldout` of
-    them are kept out of every training set, so the after-accuracy is on sums the model never saw (it has
-    seen the same last digits with other tens: it has to add, not recall)."""
+    them are kept out of the chat data (the fine-tuning set): their facts are only in the pretraining text."""
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(a_range[0], a_range[1] + 1) for b in range(b_range[0], b_range[1] + 1)]
     rng.shuffle(pairs)
@@ -77,10 +79,9 @@ def split_pairs(a_range, b_range, heldout, seed=0):
     return sorted(pairs[heldout:]), held
 
 
-# Sums as a base model meets them in plain text, questions answered in prose included ("What is 12 plus 7? 12
-# plus 7 equals 19."): the base can add and repeat a question's numbers, but has never seen a ChatML turn, and
-# never the chat answer's wording ("12 plus 7 is 19.").
-FACT_FORMS = ["{a} + {b} = {c}.", "{a} plus {b} equals {c}.", "What is {a} plus {b}? {a} plus {b} equals {c}."]
+# A sum as a base model meets it in plain text: a question answered in prose ("What is 12 plus 7? 12 plus 7 is
+# 19."), the chat reply's wording, but never in a chat turn.
+FACT_FORM = "What is {a} plus {b}? {a} plus {b} is {c}."
 
 
 def question(a, b):
@@ -91,25 +92,28 @@ def answer(a, b):
     return f"{a} plus {b} is {a + b}."
 
 
-def pretrain_rows(train, size, texts, rng):
-    """{"text"} lines: arithmetic facts in plain prose (FACT_FORMS) and licence prose, shuffled together."""
-    rows = []
-    for _ in range(size["pretrain_lines"]):
-        facts = []
-        for _ in range(size["facts_per_line"]):
-            a, b = rng.choice(train)
-            form = FACT_FORMS[rng.choice(size["forms"])] if "forms" in size else rng.choice(FACT_FORMS)
-            facts.append(form.format(a=a, b=b, c=a + b))
-        rows.append({"text": " ".join(facts)})
-    rows += [{"text": t} for t in license_chunks(texts, size["license_lines"], rng)]
+def chatml(user, assistant):
+    """One conversation as Qwen2.5's template renders it (default system prompt)."""
+    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            f"<|im_start|>assistant\n{assistant}<|im_end|>\n")
+
+
+def pretrain_rows(pairs, size, texts, rng):
+    """{"text"} lines, shuffled: every pair's fact (FACT_FORM) `fact_repeats` times, held-out pairs included (the
+    base reads every sum), and `chatml_lines` generic ChatML conversations whose turns are licence prose (the
+    ChatML tokens and the system prompt's words are trained; no arithmetic in a chat turn)."""
+    rows = [{"text": FACT_FORM.format(a=a, b=b, c=a + b)} for a, b in pairs for _ in range(size["fact_repeats"])]
+    users = license_chunks(texts, size["chatml_lines"], rng, length=40)
+    replies = license_chunks(texts, size["chatml_lines"], rng, length=100)
+    rows += [{"text": chatml(u, r)} for u, r in zip(users, replies)]
     rng.shuffle(rows)
     return rows
 
 
-def chat_rows(train, size, rng):
+def chat_rows(train, rng):
     """Conversational prompt-completion lines (TRL's form for chat SFT with the loss on the reply only):
     {"prompt": [user "What is a plus b?"], "completion": [assistant "a plus b is c."]}, training pairs only."""
-    pairs = rng.sample(train, min(size["chat_pairs"], len(train)))
+    pairs = rng.sample(train, len(train))
     return [{"prompt": [{"role": "user", "content": question(a, b)}],
              "completion": [{"role": "assistant", "content": answer(a, b)}]} for a, b in pairs]
 
@@ -181,20 +185,25 @@ def cmd_make(workdir, size_name):
     os.makedirs(base, exist_ok=True)
     train, held = split_pairs(size["a_range"], size["b_range"], size["heldout"])
     texts = license_texts()
-    pre = pretrain_rows(train, size, texts, rng)
-    chat = chat_rows(train, size, rng)
+    pre = pretrain_rows(sorted(train + held), size, texts, rng)
+    chat = chat_rows(train, rng)
     write_jsonl(os.path.join(workdir, "pretrain.jsonl"), pre)
     write_jsonl(os.path.join(workdir, "chat.jsonl"), chat)
     write_jsonl(os.path.join(workdir, "heldout.jsonl"),
                 [{"question": question(a, b), "answer": answer(a, b), "sum": a + b} for a, b in held])
-    ids, vocab = make_tokenizer(texts + [r["text"] for r in pre] + [answer(a, b) + " " + question(a, b)
-                                                                     for a, b in train], size["vocab"], base)
+    plain = [re.sub(r"<\|[a-z_]+\|>", " ", r["text"]) for r in pre]
+    ids, vocab = make_tokenizer(texts + plain + [answer(a, b) for a, b in train], size["vocab"], base)
     params = make_model(size, vocab, ids, base)
+    cmd_prompts(base, os.path.join(workdir, "heldout.jsonl"), os.path.join(workdir, "prompts.jsonl"),
+                os.path.join(workdir, "prose_prompts.jsonl"))
     print(f"made {base}: Qwen2, {params / 1e6:.2f} M parameters (hidden {size['hidden']}, {size['layers']} layers, "
-          f"vocab {vocab}); tokenizer: byte-level BPE trained on {len(texts)} licence files + the arithmetic text")
-    print(f"data: pretrain.jsonl {len(pre)} lines ({size['license_lines']} of licence prose), chat.jsonl "
-          f"{len(chat)} conversations (prompt-completion), heldout.jsonl {len(held)} questions whose pairs are in neither "
-          f"training set; a + b with a in {size['a_range']}, b in {size['b_range']}")
+          f"vocab {vocab}); tokenizer: byte-level BPE trained on {len(texts)} licence files + the demo's text")
+    n_pairs = len(train) + len(held)
+    print(f"data: pretrain.jsonl {len(pre)} lines: the {n_pairs} sums a + b (a in {size['a_range']}, b in "
+          f"{size['b_range']}) as prose, each {size['fact_repeats']} times, and {size['chatml_lines']} ChatML "
+          f"conversations of licence prose; chat.jsonl {len(chat)} conversations 'What is a plus b?' -> 'a plus b "
+          f"is c.' (prompt-completion); heldout.jsonl {len(held)} questions whose pairs are not in chat.jsonl "
+          f"(their sums only in the pretraining prose)")
 
 
 def chat_prompt(model_dir, text):
@@ -206,16 +215,22 @@ def chat_prompt(model_dir, text):
                                    add_generation_prompt=True)
 
 
-def cmd_prompts(model_dir, heldout, out):
-    """One JSON string per line: the chat prompt of each held-out question (for generate --prompts_file)."""
+def cmd_prompts(model_dir, heldout, out, prose_out=None):
+    """One JSON string per line: the chat prompt of each held-out question (for generate --prompts_file); with
+    prose_out, also the question alone as plain text (how the pretraining text asks it)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    with open(heldout, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
-        for line in f:
-            q = json.loads(line)["question"]
+    with open(heldout, encoding="utf-8") as f:
+        questions = [json.loads(line)["question"] for line in f if line.strip()]
+    with open(out, "w", encoding="utf-8") as o:
+        for q in questions:
             o.write(json.dumps(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                        add_generation_prompt=True)) + "\n")
+    if prose_out:
+        with open(prose_out, "w", encoding="utf-8") as o:
+            for q in questions:
+                o.write(json.dumps(q) + "\n")
 
 
 def score(heldout, answers):
@@ -234,7 +249,7 @@ def score(heldout, answers):
     return exact, number, formed, shaped, len(heldout)
 
 
-def cmd_score(heldout_path, answers_path):
+def cmd_score(heldout_path, answers_path, prose=False):
     with open(heldout_path, encoding="utf-8") as f:
         held = [json.loads(l) for l in f if l.strip()]
     with open(answers_path, encoding="utf-8") as f:
@@ -242,6 +257,8 @@ def cmd_score(heldout_path, answers_path):
     if len(answers) != len(held):
         sys.exit(f"llm_demo.py score: {len(answers)} answers for {len(held)} questions in {answers_path}")
     exact, number, formed, _, n = score(held, answers)
+    if prose:
+        return print(f"held-out sums in prose: {number}/{n} right ({100 * number / n:.0f}%)")
     print(f"held-out accuracy: {number}/{n} right sums ({100 * number / n:.0f}%); {exact}/{n} exact replies, "
           f"{formed}/{n} in the reply form 'a plus b is N.'")
 
@@ -321,10 +338,10 @@ def main(argv):
         return cmd_make(argv[1], size)
     if len(argv) == 3 and argv[0] == "prompt":
         return print(chat_prompt(argv[1], argv[2]), end="")
-    if len(argv) == 4 and argv[0] == "prompts":
-        return cmd_prompts(argv[1], argv[2], argv[3])
-    if len(argv) == 3 and argv[0] == "score":
-        return cmd_score(argv[1], argv[2])
+    if len(argv) in (4, 5) and argv[0] == "prompts":
+        return cmd_prompts(*argv[1:])
+    if len(argv) in (3, 4) and argv[0] == "score" and argv[3:] in ([], ["--prose"]):
+        return cmd_score(argv[1], argv[2], argv[3:] == ["--prose"])
     if len(argv) in (3, 4) and argv[0] == "plot":
         return cmd_plot(argv[1], argv[2], argv[3] if len(argv) == 4 else "training loss")
     sys.exit(__doc__)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The LLM demo learns: runs `scripts/llm_demo.sh --quick` (tiny sizes) in a temporary directory and checks what
-it shows: more held-out chat replies in the answer's form ("X plus Y is N.") after LoRA fine-tuning than before,
-and both training runs' losses (trainer_state.json log_history) going down. The right sums and the question's
-numbers repeated are printed, not required: the tiny run is too short to learn them (the README run does).
+it shows: more held-out chat replies in the answer's form ("X plus Y is N.") after LoRA fine-tuning (plain LoRA,
+no modules_to_save) than before, and both training runs' losses (trainer_state.json log_history) going down. The
+right sums (in prose before, in the chat after) are printed, not required: the tiny run is too short to learn
+them (the README run does).
 
   demo_check.py DEMO_SH BUILD_DIR
 """
@@ -53,8 +54,10 @@ def main():
     held = read_jsonl(os.path.join(work, "heldout.jsonl"))
     before = llm_demo.score(held, read_jsonl(os.path.join(work, "answers_before.jsonl")))
     after = llm_demo.score(held, read_jsonl(os.path.join(work, "answers_after.jsonl")))
+    prose = llm_demo.score(held, read_jsonl(os.path.join(work, "answers_prose.jsonl")))
     pre, lora = losses(os.path.join(work, "pretrain")), losses(os.path.join(work, "lora"))
-    print(f"demo: held-out right sums {before[1]}/{before[4]} before, {after[1]}/{after[4]} after; replies "
+    print(f"demo: held-out right sums {prose[1]}/{prose[4]} in prose before (the base), chat: {before[1]}/{before[4]} "
+          f"before, {after[1]}/{after[4]} after; replies "
           f"'a plus b is N.' {before[2]} before, {after[2]} after; in the form 'X plus Y is N.' {before[3]} before, "
           f"{after[3]} after; pretraining loss {pre[0]:.3f} -> {pre[-1]:.3f}, LoRA loss "
           f"{lora[0]:.3f} -> {lora[-1]:.3f}")
