@@ -170,6 +170,7 @@ std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel:
   if (m.lora_target_modules_string) c.target_modules_regex = *m.lora_target_modules_string;
   c.modules_to_save = m.lora_modules_to_save;
   c.use_rslora = m.use_rslora;
+  c.ensure_weight_tying = m.ensure_weight_tying;
   c.task_type = m.lora_task_type;
   return accel::peft::get_peft_model(model.ptr(), c);
 }
@@ -226,7 +227,9 @@ llm::SftBatches prepare_data(const std::string& path, const std::string& model_d
 // The checkpoint's config.json beside the saved model, its `dtype` (and an older `torch_dtype`) made the
 // saved tensors' dtype, as save_pretrained writes it: a float32 run of a bf16 checkpoint must not reload in
 // transformers (whose default dtype is the config's) as bf16.
-void write_config(const std::string& from, const fs::path& to, torch::ScalarType dtype) {
+// `tied`: the saved model's tie_word_embeddings (false after LoRA untied a tied embedding it trains, PEFT's
+// modules_to_save default: lm_head.weight is written, and the config says so as PEFT's merge sets it).
+void write_config(const std::string& from, const fs::path& to, torch::ScalarType dtype, bool tied) {
   const auto src = fs::path(from) / "config.json";
   std::ifstream in(src);
   nlohmann::ordered_json config;
@@ -240,6 +243,7 @@ void write_config(const std::string& from, const fs::path& to, torch::ScalarType
                                                       : "float32";
   if (config.contains("torch_dtype")) config["torch_dtype"] = name;
   config["dtype"] = name;
+  if (!tied && config.value("tie_word_embeddings", false)) config["tie_word_embeddings"] = false;
   std::ofstream out(to / "config.json", std::ios::trunc);
   out << config.dump(2) << "\n";
   if (!out) throw accel::CheckpointError("cannot write " + (to / "config.json").string());
@@ -344,7 +348,7 @@ void save_outputs(accel::Accelerator& acc, llm::CausalLM& model, accel::peft::Lo
     acc.save_model(model, (out / "model").string());
   }
   if (acc.is_main_process()) {
-    write_config(model_dir, out / "model", dtype);
+    write_config(model_dir, out / "model", dtype, model->config().tie_word_embeddings);
     copy_tokenizer_files(model_dir, out / "model");
   }
   acc.wait_for_everyone();

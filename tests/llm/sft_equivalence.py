@@ -13,6 +13,10 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          losses within 1e-4, trained adapters within 1e-5 (same keys); PeftModel.from_pretrained loads our
          adapter (logits within 1e-4 of PEFT's trained model); our load_adapter of PEFT's trained adapter,
          merged and saved (--save_merged at learning rate 0), gives PEFT's logits in transformers (1e-4).
+  tied   lora_tied_embeddings.py: LoRA + modules_to_save [embed_tokens] on this tied model, PEFT's
+         ensure_weight_tying false (its default: the head keeps the original weight, frozen) and true, 6 steps
+         each: losses, adapter files and config, each side loading the other's adapter, the merged model's
+         tie_word_embeddings and logits, generate --adapter.
   full   full fine-tuning, 20 steps (accumulation 2), the same (losses 1e-4, model tensors 1e-5).
          --bf16 true (CPU autocast, float32 master weights), 3 steps: the fused loss equals the unfused one
          (first step 1e-5, then 1e-3: bf16 rounding of the head's gradient products), off float32 by bf16 rounding.
@@ -585,6 +589,8 @@ def main():
         lora, md = lora_rows(fin, tmp, base, tok, data, rows)
         check(md <= 1e-4, f"lora: our load_adapter of PEFT's trained adapter, merged and saved, gives PEFT's "
               f"logits in transformers (max |diff| {md:.2e} <= 1e-4)")
+        import lora_tied_embeddings  # modules_to_save [embed_tokens] on the tied model, both tying semantics
+        lora_tied_embeddings.tied_rows(sys.modules[__name__], fin, tmp, base, tok, data, rows)
         full = full_row(fin, tmp, base, tok, data)
         qlora_row(fin, tmp, base, tok, data, rows)
         rank_rows(fin, launch, templates, tmp, base, data, lora, full)

@@ -70,12 +70,9 @@ torch::Tensor project_graph_only(const torch::nn::Module& parent, const char* na
   if (child != nullptr && (*child)->children().empty()) {
     if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child->get()))
       return linear_graph_only(x, linear->weight, linear->bias);
-    auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get());
-    if (q != nullptr && !q->output_hook && !at::autocast::is_autocast_enabled(x.device().type())) {
-      const auto dtype = x.scalar_type();  // Linear4bitImpl::forward's compute dtype without autocast
-      return linear_graph_only(x, q->dequantized_weight(dtype),
-                               q->bias.defined() ? q->bias.to(dtype) : torch::Tensor());
-    }
+    // A 4-bit base: its own node without the product, which keeps the codes (not a dequantised weight)
+    // for backward; with an output_hook (LoRA) it computes the value.
+    if (auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get())) return q->forward_graph_only(x);
   }
   return project(parent, name, x);
 }
@@ -140,7 +137,8 @@ torch::Tensor packed_sequence_indices(const torch::Tensor& position_ids, std::in
 }  // namespace
 
 std::int64_t KVCache::seq_length() const {
-  return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2);
+  if (keys.empty() || !keys[0].defined()) return 0;
+  return keys[0].size(2) + (dropped.empty() ? 0 : dropped[0]);
 }
 
 void KVCache::select_rows(const torch::Tensor& index) {
@@ -340,7 +338,10 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
   const auto mask = sequence_.group
                         ? detail::sequence_parallel_mask(sequence_, attention_mask, positions, batch, cache)
                         : mask_of(0);
-  const auto sliding_mask = sliding ? mask_of(sliding_window_) : torch::Tensor();
+  auto sliding_mask = sliding ? mask_of(sliding_window_) : torch::Tensor();
+  // A sliding layer's cache dropped its oldest positions (crop_sliding_cache): its keys are the last columns.
+  const std::int64_t dropped = sliding && cache != nullptr ? sliding_cache_dropped(*cache) : 0;
+  if (dropped > 0 && sliding_mask.defined()) sliding_mask = sliding_mask.slice(-1, dropped);
   for (std::size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
     if (layer == nullptr)
@@ -348,7 +349,29 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, const to
     const bool slides = i < sliding_layers_.size() && sliding_layers_[i];
     h = layer->forward(h, cos, sin, slides ? sliding_mask : mask, cache);
   }
+  if (sliding && cache != nullptr) crop_sliding_cache(*cache);
   return norm->forward(h);
+}
+
+std::int64_t DecoderModelImpl::sliding_cache_dropped(const KVCache& cache) const {
+  for (std::size_t i = 0; i < sliding_layers_.size(); ++i)
+    if (sliding_layers_[i]) return i < cache.dropped.size() ? cache.dropped[i] : 0;
+  return 0;
+}
+
+// transformers' DynamicSlidingWindowLayer: a sliding layer keeps its last sliding_window - 1 positions, all
+// that the next query's window reaches. Dropped positions are counted (KVCache::seq_length, the mask above).
+void DecoderModelImpl::crop_sliding_cache(KVCache& cache) const {
+  cache.dropped.resize(cache.keys.size(), 0);
+  const std::int64_t keep = sliding_window_ - 1;
+  for (std::size_t i = 0; i < sliding_layers_.size() && i < cache.keys.size(); ++i) {
+    if (!sliding_layers_[i] || !cache.keys[i].defined()) continue;
+    const std::int64_t excess = cache.keys[i].size(2) - keep;
+    if (excess <= 0) continue;
+    cache.keys[i] = cache.keys[i].slice(2, excess);
+    cache.values[i] = cache.values[i].slice(2, excess);
+    cache.dropped[i] += excess;
+  }
 }
 
 void DecoderModelImpl::gradient_checkpointing_enable(bool enable) {
@@ -385,6 +408,30 @@ torch::Tensor CausalLMImpl::output_weight() const {
   if (linear == nullptr)
     throw UsageError("accel::llm::CausalLM::output_weight: lm_head is no longer a Linear");
   return linear->weight;
+}
+
+std::pair<std::string, std::string> CausalLMImpl::tied_embeddings() const {
+  if (!config_.tie_word_embeddings) return {};
+  return {"lm_head", "model.embed_tokens"};
+}
+
+void CausalLMImpl::untie_word_embeddings() {
+  if (!config_.tie_word_embeddings) return;
+  if (detail::vocab_parallel_group(*this))
+    throw UsageError(
+        "accel::llm::CausalLM::untie_word_embeddings: the tied head is split over the vocabulary "
+        "(apply_tensor_parallel with vocab_parallel); untie before applying tensor parallelism");
+  if (model->embed_tokens.is_empty())
+    throw UsageError("accel::llm::CausalLM::untie_word_embeddings: the model holds no embed_tokens to copy");
+  const auto& shared = model->embed_tokens->weight;
+  torch::nn::Linear head(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false));
+  {
+    torch::NoGradGuard no_grad;
+    head->weight.set_data(shared.detach().clone());
+  }
+  head->weight.set_requires_grad(shared.requires_grad());
+  register_module("lm_head", head);
+  config_.tie_word_embeddings = false;
 }
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,

@@ -21,6 +21,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+#include <accel/nn/tied_embeddings.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -48,12 +49,16 @@ struct SequenceParallelism {
 };
 }  // namespace detail
 
-/// Keys and values of every layer seen so far, for generation (transformers' DynamicCache). Each forward
-/// with a cache appends the new positions; `attention_mask`, when given, must cover past and new positions.
+/// Keys and values of every layer seen so far, for generation (transformers' DynamicCache built from the
+/// config). Each forward with a cache appends the new positions; `attention_mask`, when given, must cover
+/// past and new positions. A sliding-window layer (ModelConfig::is_sliding_layer) then keeps only its last
+/// `sliding_window - 1` positions, as transformers' DynamicSlidingWindowLayer: no later query sees older
+/// ones.
 struct KVCache {
-  std::vector<torch::Tensor> keys;    ///< per layer: [batch, kv_heads, positions, head_dim]
+  std::vector<torch::Tensor> keys;    ///< per layer: [batch, kv_heads, positions kept, head_dim]
   std::vector<torch::Tensor> values;  ///< per layer, as keys
-  /// Positions held (0 when empty).
+  std::vector<std::int64_t> dropped;  ///< per layer: positions dropped from the front (sliding layers)
+  /// Positions seen (0 when empty), kept or dropped.
   std::int64_t seq_length() const;
   /// Keeps only the rows `index` (a 1-d int64 tensor) of every layer, e.g. to drop finished prompts.
   void select_rows(const torch::Tensor& index);
@@ -140,7 +145,7 @@ class DecoderModelImpl : public torch::nn::Module {
   /// cache, position ids that restart inside a row mark packed documents (TRL's padding-free batches):
   /// attention then stays inside each document, as transformers' create_causal_mask does. Sliding layers
   /// (ModelConfig::is_sliding_layer) also see only the last `sliding_window` positions, as transformers'
-  /// create_sliding_window_causal_mask (the cache keeps every position; the mask drops the old ones).
+  /// create_sliding_window_causal_mask (their cache keeps the last sliding_window - 1 positions: KVCache).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& position_ids = {}, KVCache* cache = nullptr);
   /// Recompute each block in backward instead of keeping its activations (every layer's
@@ -164,13 +169,15 @@ class DecoderModelImpl : public torch::nn::Module {
   detail::SequenceParallelism sequence_;
   std::int64_t sliding_window_ = 0;   ///< the config's sliding_window (0: none)
   std::vector<bool> sliding_layers_;  ///< per block: attends through the sliding window
+  std::int64_t sliding_cache_dropped(const KVCache& cache) const;
+  void crop_sliding_cache(KVCache& cache) const;
 };
 TORCH_MODULE(DecoderModel);
 
 /// The causal LM: `model` and, unless the embeddings are tied, `lm_head` (tied: the head uses
 /// `model.embed_tokens.weight`, and `lm_head.weight` is no parameter of its own, as transformers'
 /// `named_parameters()` lists it once).
-class CausalLMImpl : public torch::nn::Module {
+class CausalLMImpl : public torch::nn::Module, public peft::TiedEmbeddings {
  public:
   /// Built with LibTorch's default initialisation (from_pretrained then loads the weights). Throws
   /// UsageError on an inconsistent config (sizes not positive, heads not divisible).
@@ -194,6 +201,13 @@ class CausalLMImpl : public torch::nn::Module {
   /// lm_head was replaced by a layer without a full-precision weight.
   torch::Tensor output_weight() const;
   const ModelConfig& config() const noexcept { return config_; }
+  /// Tied: {"lm_head", "model.embed_tokens"}; untied: empty strings (peft::TiedEmbeddings).
+  std::pair<std::string, std::string> tied_embeddings() const override;
+  /// Tied: `lm_head` becomes a Linear of its own holding a copy of the embedding's weight (its requires_grad
+  /// too) and config().tie_word_embeddings false (save_pretrained then writes lm_head.weight), as PEFT's
+  /// modules_to_save copy of a tied embedding leaves the head. UsageError when the head is split over the
+  /// vocabulary. Untied: nothing.
+  void untie_word_embeddings() override;
 
   DecoderModel model{nullptr};
   // lm_head (untied) lives only in the module registry, so that quantize_linears and PEFT can replace it.
