@@ -239,6 +239,16 @@ def normalization_texts(assigned):
     return texts
 
 
+def digits_texts():
+    """For the Digits pre-tokenizer (Rust's char::is_numeric, whose tables are newer than Oniguruma's: Unicode 17
+    in tokenizers 0.23), every code point of planes 0 and 1 (where all numbers are) that Oniguruma has in \\p{N}
+    or unassigned (\\p{Cn}), 1,000 a text: Metaspace's "always" prefix after it shows each isolated digit."""
+    points = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x20000)))
+    chosen = "".join(piece for piece, _ in pre_tokenizers.Split(Regex(r"[^\p{N}\p{Cn}]+"), behavior="removed")
+                     .pre_tokenize_str(points))
+    return [chosen[i:i + 1000] for i in range(0, len(chosen), 1000)]
+
+
 def normalization_cases(qwen, assigned):
     texts = normalization_texts(assigned)
     cases = []
@@ -320,6 +330,7 @@ def run(checker, texts, root, t0):
     assigned = assigned_code_points()
     unicode_cases = unicode_class_cases(qwen, assigned) + normalization_cases(qwen, assigned)
     dirs += [write_case(root, name, j, unicode_texts, rng) for name, j, unicode_texts in unicode_cases]
+    dirs.append(write_case(root, "digits_unicode17", by_name["llama2_unk_digits"], digits_texts(), rng))
     print(f"python: trained and encoded {len(cases)} tokenizers in {time.time() - t0:.1f} s")
     # transformers' AutoTokenizer with tokenizer_config.json (a few hundred texts: its per-call cost is high).
     sample = texts[:300]

@@ -189,10 +189,14 @@ class MetaspacePreTokenizer final : public PreTokenizer {
   bool split_;
 };
 
-// Digits: Rust's char::is_numeric (general category N), each digit isolated or runs kept together.
+#include "llm/tokenizers/unicode_numeric.inc"
+
+// Digits: Rust's char::is_numeric (general category N), each digit isolated or runs kept together. Rust's
+// tables (Unicode 17 in tokenizers 0.23) are newer than Oniguruma's \p{N}: unicode_numeric.inc adds the rest.
 class DigitsPreTokenizer final : public PreTokenizer {
  public:
-  explicit DigitsPreTokenizer(bool individual) : individual_(individual), numeric_(R"(\p{N})") {}
+  explicit DigitsPreTokenizer(bool individual)
+      : individual_(individual), numeric_(std::string(R"([\p{N})") + kRustNumericExtra + "]") {}
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     thread_local Spans matches;
     std::vector<Piece> out;
