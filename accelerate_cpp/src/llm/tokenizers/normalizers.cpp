@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <bitset>
 #include <cstdlib>
 #include <iterator>
 #include <stdexcept>
@@ -54,12 +55,25 @@ namespace {
 constexpr char32_t kStandIn = 0xD800;
 static_assert(std::size(kNormalizationUnknown) <= 0x800, "the stand-ins must stay surrogates");
 
+// One bit per code point below kUnknownEnd: whether it is in kNormalizationUnknown (utf8proc calls
+// to_stand_in for every code point, so the common miss costs one bit test).
+constexpr char32_t kUnknownEnd = 0x20000;
+static_assert(std::end(kNormalizationUnknown)[-1] < kUnknownEnd, "kNormalizationUnknown: widen kUnknownEnd");
+
+const std::bitset<kUnknownEnd>& unknown_bits() {
+  static const std::bitset<kUnknownEnd> bits = [] {
+    std::bitset<kUnknownEnd> b;
+    for (const char32_t c : kNormalizationUnknown)
+      b.set(c);
+    return b;
+  }();
+  return bits;
+}
+
 utf8proc_int32_t to_stand_in(utf8proc_int32_t c, void* mapped) {
   const auto u = static_cast<char32_t>(c);
-  if (u < kNormalizationUnknown[0]) return c;
-  const auto* end = std::end(kNormalizationUnknown);
-  const auto* it = std::lower_bound(std::begin(kNormalizationUnknown), end, u);
-  if (it == end || *it != u) return c;
+  if (u >= kUnknownEnd || !unknown_bits()[u]) return c;
+  const auto* it = std::lower_bound(std::begin(kNormalizationUnknown), std::end(kNormalizationUnknown), u);
   *static_cast<bool*>(mapped) = true;
   return static_cast<utf8proc_int32_t>(kStandIn +
                                        static_cast<char32_t>(it - std::begin(kNormalizationUnknown)));
