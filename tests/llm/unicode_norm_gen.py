@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes accelerate_cpp/src/llm/tokenizers/unicode_norm.inc: the code points that utf8proc (2.8, Unicode 15)
 normalizes and Hugging Face tokenizers' normalizers (the unicode-normalization-alignments crate, whose tables
-are older: Unicode 12) leave alone, because the crate does not know them. normalizers.cpp maps each one to a
-stand-in that utf8proc treats as it treats an unknown code point (no decomposition, combining class 0, no
-composition) and back, so that NFC, NFD, NFKC and NFKD give tokenizers' text.
+are older: it lacks even marks of Unicode 11 such as U+07FD) leave alone, because the crate does not know them.
+normalizers.cpp maps each one to a stand-in that utf8proc treats as it treats an unknown code point (no
+decomposition, combining class 0, no composition) and back, so that NFC, NFD, NFKC and NFKD give tokenizers'
+text.
 
   .venv/bin/python tests/llm/unicode_norm_gen.py > accelerate_cpp/src/llm/tokenizers/unicode_norm.inc
   .venv/bin/python tests/llm/unicode_norm_gen.py --numeric > accelerate_cpp/src/llm/tokenizers/unicode_numeric.inc
