@@ -8,6 +8,10 @@ peft/utils/other.py set_additional_trainable_modules):
       save_pretrained writes an untied model (tie_word_embeddings false, lm_head.weight written).
   ensure_weight_tying true: the head stays tied to the trained copy; the adapter holds lm_head.weight too; the
       merged model stays tied.
+  modules_to_save [lm_head] (the tied head; PEFT's EMBEDDING_LAYER_NAMES hold it too): ensure_weight_tying
+      false: the head trains a copy, the embedding keeps the original weight, frozen; true: PEFT takes lm_head
+      out of modules_to_save and trains the embedding with the head tied to it (modules_to_save
+      [model.embed_tokens]).
 
 Rows (one each): examples/llm/finetune (TRL ModelConfig keys in a file; ensure_weight_tying: PEFT's LoraConfig
 name, TRL's ModelConfig has none) from PEFT's initial adapter against SFTTrainer + PEFT, a few steps: per-step
@@ -29,12 +33,12 @@ import sys
 STEPS = 6
 
 
-def _model_config(tmp, lora, ensure):
-    path = os.path.join(tmp, f"tied_{int(ensure)}.model.yaml")
+def _model_config(tmp, lora, ensure, module="embed_tokens"):
+    path = os.path.join(tmp, f"tied_{module}_{int(ensure)}.model.yaml")
     with open(path, "w") as f:
         f.write(f"use_peft: true\nlora_r: {lora['r']}\nlora_alpha: {lora['lora_alpha']}\nlora_dropout: 0.0\n"
                 f"lora_target_modules: [{', '.join(lora['target_modules'])}]\n"
-                "lora_modules_to_save: [embed_tokens]\n" + ("ensure_weight_tying: true\n" if ensure else ""))
+                f"lora_modules_to_save: [{module}]\n" + ("ensure_weight_tying: true\n" if ensure else ""))
     return path
 
 
@@ -53,20 +57,23 @@ def tied_rows(S, fin, tmp, base, tok, data, rows):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     gen = os.path.join(os.path.dirname(fin), "generate")
-    for ensure in (False, True):
-        tag = f"lora tied embed_tokens ensure_weight_tying {str(ensure).lower()}"
-        init = os.path.join(tmp, f"tied_init_{int(ensure)}")
+    # The tied head named instead of the embedding (PEFT's EMBEDDING_LAYER_NAMES hold both).
+    for module, ensure in (("embed_tokens", False), ("embed_tokens", True), ("lm_head", False), ("lm_head", True)):
+        tag = f"lora tied {module} ensure_weight_tying {str(ensure).lower()}"
+        key = f"{module}_{int(ensure)}"
+        init = os.path.join(tmp, f"tied_init_{key}")
         torch.manual_seed(3)
         get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                       LoraConfig(task_type="CAUSAL_LM", modules_to_save=["embed_tokens"],
+                       LoraConfig(task_type="CAUSAL_LM", modules_to_save=[module],
                                   ensure_weight_tying=ensure, **S.LORA)).save_pretrained(init)
         peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), init, is_trainable=True)
-        hf_out = os.path.join(tmp, f"hf_tied_{int(ensure)}")
+        hf_out = os.path.join(tmp, f"hf_tied_{key}")
         ref = S.hf_train(peft, tok, data, hf_out, 4, 1, STEPS, 1e-2)
         peft.save_pretrained(os.path.join(hf_out, "adapter"))
-        out = os.path.join(tmp, f"our_tied_{int(ensure)}")
+        out = os.path.join(tmp, f"our_tied_{key}")
         S.ours(fin, None, None, base, data, out, 4, 1, STEPS, 1e-2,
-               ["--model_config", _model_config(tmp, S.LORA, ensure), "--adapter_init", init, "--save_merged"])
+               ["--model_config", _model_config(tmp, S.LORA, ensure, module), "--adapter_init", init,
+                "--save_merged"])
         d = S.max_diff(ref, S.our_losses(out))
         theirs_files = load_file(os.path.join(hf_out, "adapter", "adapter_model.safetensors"))
         mine_files = load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
@@ -103,9 +110,9 @@ def tied_rows(S, fin, tmp, base, tok, data, rows):
                 f"save_pretrained: {tie[0]}, {heads[0]}); transformers' logits within 1e-4 of PEFT's ({md:.2e})")
         # Ours loads PEFT's trained adapter (load_adapter: PEFT's keys, the head's too when tied), learning rate
         # 0 for one step, merged and saved: PEFT's logits in transformers.
-        loads = os.path.join(tmp, f"our_loads_tied_{int(ensure)}")
+        loads = os.path.join(tmp, f"our_loads_tied_{key}")
         S.ours(fin, None, None, base, data, loads, 4, 1, 1, 0.0,
-               ["--model_config", _model_config(tmp, S.LORA, ensure), "--adapter_init",
+               ["--model_config", _model_config(tmp, S.LORA, ensure, module), "--adapter_init",
                 os.path.join(hf_out, "adapter"), "--save_merged"])
         m = AutoModelForCausalLM.from_pretrained(os.path.join(loads, "model"))
         md = (S.logits_of(peft, tok, rows) - S.logits_of(m, tok, rows)).abs().max().item()

@@ -654,19 +654,27 @@ std::vector<std::string> all_linear_targets(torch::nn::Module& model, const Lora
 // copy (untie_word_embeddings; frozen below) and the embedding's own weight trains, the same values. With it,
 // the head stays tied to the trained weight and, as PEFT's _add_modules_to_save_to_tie, modules_to_save
 // also lists the embedding by its full path.
+// The tied head named in modules_to_save (PEFT's EMBEDDING_LAYER_NAMES hold lm_head too) is the same case:
+// without ensure_weight_tying the head trains a copy and the embedding keeps the original, frozen; with it,
+// PEFT takes the head's name out of modules_to_save and ties the head to the trained embedding.
 void untie_saved_embedding(torch::nn::Module& model, LoraConfig& config) {
   auto* tied = dynamic_cast<TiedEmbeddings*>(&model);
   if (tied == nullptr) return;
-  const auto embedding = tied->tied_embeddings().second;
+  const auto [head, embedding] = tied->tied_embeddings();
   auto& names = config.modules_to_save;
-  if (embedding.empty() || std::none_of(names.begin(), names.end(),
-                                        [&](const std::string& n) { return name_matches(embedding, n); }))
-    return;
+  const auto named = [&](const std::string& path) {
+    return !path.empty() && std::any_of(names.begin(), names.end(),
+                                        [&](const std::string& n) { return name_matches(path, n); });
+  };
+  if (!named(embedding) && !named(head)) return;
   if (!config.ensure_weight_tying) {
     tied->untie_word_embeddings();
-  } else if (std::find(names.begin(), names.end(), embedding) == names.end()) {
-    names.push_back(embedding);
+    return;
   }
+  const auto head_entry =
+      std::find_if(names.begin(), names.end(), [&](const std::string& n) { return name_matches(head, n); });
+  if (head_entry != names.end()) names.erase(head_entry);
+  if (std::find(names.begin(), names.end(), embedding) == names.end()) names.push_back(embedding);
 }
 
 }  // namespace
