@@ -765,6 +765,38 @@ void trainer_config_merge() {
     c.origins.clear();
     a.max_grad_norm = 0.5;
   }
+  // The other format's block switched off in the JSON leaves TrainingArguments' precision on (HF:
+  // Accelerate's set_mixed_precision adds the wanted block; fill_match then has nothing to check): it trained
+  // in fp32.
+  {
+    const auto json = fs::temp_directory_path() / ("ds_precision_" + std::to_string(::getpid()) + ".json");
+    const struct {
+      const char* text;
+      bool bf16;
+      MixedPrecision want;
+    } cases[] = {
+        {R"({"zero_optimization": {"stage": 2}, "fp16": {"enabled": false}})", true, MixedPrecision::Bf16},
+        {R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": false}, "fp16": {"enabled": "auto"}})",
+         false, MixedPrecision::Fp16}};
+    for (const auto& k : cases) {
+      std::ofstream(json) << k.text;
+      const Config ds = Config::load_string(
+          "backend: zero\nuse_cpu: true\nnum_processes: 2\ndeepspeed_config:\n"
+          "  deepspeed_config_file: " +
+              json.string() + "\n",
+          "ds.yaml");
+      Config d = c;
+      d.mixed_precision = ds.mixed_precision;
+      d.zero.trainer_keys = ds.zero.trainer_keys;
+      TrainingArguments p = a;
+      p.bf16 = k.bf16;
+      p.fp16 = !k.bf16;
+      const auto got = make(p, d).mixed_precision;
+      CHECK_MSG(got == k.want, k.text << " with TrainingArguments " << (k.bf16 ? "bf16" : "fp16")
+                                      << " gave mixed_precision " << to_string(got));
+    }
+    fs::remove(json);
+  }
   // Seed and trackers.
   c.seed = 7;
   a.explicit_keys.push_back("seed");

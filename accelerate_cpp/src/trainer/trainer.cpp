@@ -65,8 +65,10 @@ double now_seconds() {
 void merge(TrainingArguments& a, Config& c) {
   const MixedPrecision want =
       a.bf16 ? MixedPrecision::Bf16 : (a.fp16 ? MixedPrecision::Fp16 : MixedPrecision::No);
+  // Only the wanted format's own key set in the JSON defers to train()'s check: `"fp16": {"enabled": false}`
+  // beside `bf16: true` still trains in bf16, as Accelerate's set_mixed_precision adds the bf16 block.
   const bool json_precision =
-      deepspeed_trainer_sets(c, "fp16.enabled") || deepspeed_trainer_sets(c, "bf16.enabled");
+      want != MixedPrecision::No && deepspeed_trainer_sets(c, a.bf16 ? "bf16.enabled" : "fp16.enabled");
   if (want != MixedPrecision::No && !json_precision) {
     if (c.mixed_precision != MixedPrecision::No && c.mixed_precision != want)
       conflict(a, a.bf16 ? "bf16" : "fp16", "true", c, "mixed_precision", to_string(c.mixed_precision));
