@@ -303,7 +303,9 @@ torch::Tensor linear_4bit_input_grad(const torch::Tensor& g, const Quantized4bit
   const auto g2 = g.reshape({-1, g.size(-1)});
   const auto g2d = g2.to(dtype);
   const bool reduced = dtype == torch::kBFloat16 || dtype == torch::kHalf;
-  // In bf16 / fp16 the slices' products are summed in float32 (one rounding of the sum, as one GEMM has).
+  // In bf16 / fp16 each slice's product is rounded to the dtype, then summed in float32 and rounded once
+  // more: k + 1 roundings over k slices where bitsandbytes' one `g @ W` has one (within the dtype's
+  // tolerance; the fp32 path below is one accumulation, as one GEMM).
   auto dx = torch::empty({g2.size(0), q.shape.at(1)}, g2.options().dtype(reduced ? torch::kFloat32 : dtype));
   for_each_row_slice(q, dtype, slice_bytes, [&](std::int64_t row, std::int64_t n, const auto& w) {
     const auto part = g2d.narrow(1, row, n);
