@@ -272,30 +272,13 @@ void copy_tokenizer_files(const std::string& from, const fs::path& to) {
 }
 
 // The merged model of a LoRA run whose parameters are sharded (ZeRO-3 / FULL_SHARD: -t minimal, -t stage3
-// with use_peft), where no rank holds a whole weight to merge into: from the whole state gathered to the main
-// process
-// (`state`, transformers' names plus the adapters'), W += scale B A (in float32, written in W's dtype) for
-// every adapted layer, the adapters' tensors dropped, written as `dir/model.safetensors`. Main process only.
+// with use_peft), where no rank holds a whole weight to merge into: LoraModel::merged_state of the whole
+// state gathered to the main process (`state`, transformers' names plus the adapters': merge()'s arithmetic,
+// PEFT's), written as `dir/model.safetensors`. Main process only.
 void write_merged_state(accel::NamedTensors state, const accel::peft::LoraModel& lora, const fs::path& dir) {
-  const auto& cfg = lora.config();
-  const double scale = cfg.use_rslora ? cfg.lora_alpha / std::sqrt(static_cast<double>(cfg.r))
-                                      : cfg.lora_alpha / static_cast<double>(cfg.r);
-  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
-  for (const auto& path : lora.adapted_modules()) {
-    const auto w = by_name.find(path + ".weight"), a = by_name.find(path + ".lora_A.weight"),
-               b = by_name.find(path + ".lora_B.weight");
-    if (w == by_name.end() || a == by_name.end() || b == by_name.end())
-      throw accel::UsageError("finetune --save_merged: the gathered state lacks '" + path +
-                              ".weight' or its adapters (a 4-bit base cannot be sharded): drop --save_merged "
-                              "and merge the adapter/ files with PEFT");
-    w->second = (w->second.to(torch::kFloat32) +
-                 scale * torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32)))
-                    .to(w->second.scalar_type());
-    by_name.erase(a);
-    by_name.erase(b);
-  }
+  auto merged = lora.merged_state(std::move(state));
   std::vector<accel::safetensors::TensorView> views;
-  for (auto& [name, t] : by_name) {
+  for (auto& [name, t] : merged) {
     t = t.detach().to(torch::kCPU).contiguous();
     const auto type = t.scalar_type();
     if (type != torch::kFloat32 && type != torch::kBFloat16 && type != torch::kFloat16)

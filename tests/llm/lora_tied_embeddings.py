@@ -34,7 +34,7 @@ STEPS = 6
 
 
 def _model_config(tmp, lora, ensure, module="embed_tokens"):
-    path = os.path.join(tmp, f"tied_{module}_{int(ensure)}.model.yaml")
+    path = os.path.join(tmp, f"tied_{module.replace(', ', '_')}_{int(ensure)}.model.yaml")
     with open(path, "w") as f:
         f.write(f"use_peft: true\nlora_r: {lora['r']}\nlora_alpha: {lora['lora_alpha']}\nlora_dropout: 0.0\n"
                 f"lora_target_modules: [{', '.join(lora['target_modules'])}]\n"
@@ -130,6 +130,56 @@ def tied_rows(S, fin, tmp, base, tok, data, rows):
             S.check(g.returncode == 0 and len(got) >= 1 and got == want[:len(got)],
                     f"{tag}: generate --adapter (our load_adapter) gives PEFT's greedy tokens ({got} / {want}"
                     f"{'' if g.returncode == 0 else ': ' + g.stderr.strip()[-200:]})")
+    untied_row(S, fin, tmp, base, tok, data, rows)
+
+
+def untied_row(S, fin, tmp, base, tok, data, rows):
+    """An untied model (tie_word_embeddings false, as Llama's) with modules_to_save [embed_tokens, lm_head] and
+    an adapter PEFT made with ensure_weight_tying true: PEFT only warns (nothing is tied: tuners_utils.py
+    _check_tied_modules) and loads it as any adapter, the key mattering only where the embeddings are tied. Our
+    load_adapter (finetune --adapter_init, whose model config leaves ensure_weight_tying false; it refused the
+    file before) at learning rate 0, merged and saved, gives PeftModel.from_pretrained's logits in transformers
+    (1e-4). The saved copies and B are perturbed, so that every tensor of the adapter moves the logits."""
+    import shutil
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    untied = os.path.join(tmp, "base_untied")
+    m = AutoModelForCausalLM.from_pretrained(base, tie_word_embeddings=False)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        m.lm_head.weight.copy_(m.model.embed_tokens.weight + 0.05 * torch.randn_like(m.lm_head.weight))
+    m.save_pretrained(untied)
+    for name in os.listdir(base):
+        if name not in ("config.json", "model.safetensors") and os.path.isfile(os.path.join(base, name)):
+            shutil.copy(os.path.join(base, name), untied)
+    init = os.path.join(tmp, "untied_init")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(untied),
+                   LoraConfig(task_type="CAUSAL_LM", modules_to_save=["embed_tokens", "lm_head"],
+                              ensure_weight_tying=True, init_lora_weights=False, **S.LORA)).save_pretrained(init)
+    f = os.path.join(init, "adapter_model.safetensors")
+    sd = {k: (v + 0.05 * torch.randn_like(v) if "lora_" not in k else v) for k, v in load_file(f).items()}
+    save_file(sd, f, metadata={"format": "pt"})
+    out = os.path.join(tmp, "our_loads_untied")
+    ok = True
+    try:
+        S.ours(fin, None, None, untied, data, out, 4, 1, 1, 0.0,
+               ["--model_config", _model_config(tmp, S.LORA, False, "embed_tokens, lm_head"), "--adapter_init",
+                init, "--save_merged"])
+    except RuntimeError:
+        ok = False
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(untied), init).eval()
+    md = float("inf")
+    if ok:
+        merged = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"))
+        md = (S.logits_of(peft, tok, rows) - S.logits_of(merged, tok, rows)).abs().max().item()
+    plain = (S.logits_of(peft, tok, rows) -
+             S.logits_of(AutoModelForCausalLM.from_pretrained(untied), tok, rows)).abs().max().item()
+    S.check(ok and md <= 1e-4, f"lora untied modules_to_save [embed_tokens, lm_head]: our load_adapter takes "
+            f"PEFT's adapter made with ensure_weight_tying true on the untied model (ours false), merged and "
+            f"saved: PEFT's logits in transformers (max |diff| {md:.2e} <= 1e-4; the adapter moves them "
+            f"{plain:.2e})")
 
 
 def main():

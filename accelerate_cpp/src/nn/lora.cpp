@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -247,8 +248,11 @@ const std::string kPrefix = "base_model.model.";
 }  // namespace
 
 LoraModel::LoraModel(std::shared_ptr<torch::nn::Module> model, LoraConfig config,
-                     std::vector<std::shared_ptr<Layer>> layers)
-    : model_(std::move(model)), config_(std::move(config)), layers_(std::move(layers)) {}
+                     std::vector<std::shared_ptr<Layer>> layers, bool tied_saved)
+    : model_(std::move(model)),
+      config_(std::move(config)),
+      layers_(std::move(layers)),
+      tied_saved_(tied_saved) {}
 
 LoraModel::~LoraModel() = default;
 
@@ -282,6 +286,26 @@ std::string LoraModel::print_trainable_parameters() const {
 }
 
 namespace {
+// PEFT's Linear.get_delta_weight (peft/tuners/lora/layer.py): (B @ A) * scaling in the adapters' dtype, but
+// bf16 / fp16 adapters on the CPU multiplied in float32 ("some CPUs have slow bf16/fp16 matmuls") and the
+// delta rounded to their dtype.
+torch::Tensor delta_weight(torch::Tensor a, torch::Tensor b, double scale) {
+  const auto dtype = b.scalar_type();
+  const bool cast = b.device().is_cpu() && (dtype == torch::kBFloat16 || dtype == torch::kFloat16);
+  if (cast) {
+    a = a.to(torch::kFloat32);
+    b = b.to(torch::kFloat32);
+  }
+  auto delta = torch::matmul(b, a) * scale;
+  return cast ? delta.to(dtype) : delta;
+}
+
+// PEFT's merge (safe_merge false: `base_layer.weight.data += delta_weight`): the sum in W's dtype, computed
+// in the wider of the two (one rounding of W + delta); merge() and merged_state() both merge through here.
+void add_delta(torch::Tensor& w, const torch::Tensor& a, const torch::Tensor& b, double scale) {
+  w.add_(delta_weight(a.detach(), b.detach(), scale));
+}
+
 // PEFT's merge into a bitsandbytes 4-bit base: dequantise, add (or subtract) the adapters' product, quantise
 // again, with PEFT's warning that the rounding changes the outputs.
 void merge_4bit(Layer& l, double sign, const char* what) {
@@ -309,8 +333,7 @@ void LoraModel::merge() {
       continue;
     }
     // Split bases: B's rows (column) or A's columns (row) are this rank's, as the weight's.
-    auto& w = l->weight();
-    w.add_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
+    add_delta(l->weight(), l->lora_A->weight, l->lora_B->weight, l->scale);
     l->merged = true;
   }
 }
@@ -324,8 +347,10 @@ void LoraModel::unmerge() {
       l->merged = false;
       continue;
     }
+    // PEFT's unmerge: `weight.data -= delta_weight.to(orig_dtype)`.
     auto& w = l->weight();
-    w.sub_((torch::matmul(l->lora_B->weight, l->lora_A->weight) * l->scale).to(w.scalar_type()));
+    w.sub_(
+        delta_weight(l->lora_A->weight.detach(), l->lora_B->weight.detach(), l->scale).to(w.scalar_type()));
     l->merged = false;
   }
 }
@@ -339,6 +364,47 @@ void LoraModel::merge_and_unload() {
     if (l->base4 != nullptr) l->base4->output_hook = nullptr;
   }
   layers_.clear();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> LoraModel::merged_state(
+    std::vector<std::pair<std::string, torch::Tensor>> state) const {
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < state.size(); ++i)
+    index.emplace(state[i].first, i);
+  std::set<std::size_t> dropped;
+  torch::NoGradGuard no_grad;
+  for (const auto& l : layers_) {
+    const auto w = index.find(l->path + ".weight"), a = index.find(l->path + ".lora_A.weight"),
+               b = index.find(l->path + ".lora_B.weight");
+    if (w == index.end() || a == index.end() || b == index.end() || l->base4 != nullptr)
+      throw UsageError(fmt::format(
+          "merged_state: the state lacks '{}.weight' or its adapters{}: pass the adapted model's whole state "
+          "(accelerator.get_state_dict(model)); a 4-bit base merges unsharded "
+          "(accel::llm::merge_and_dequantize), or merge the saved adapter files with PEFT",
+          l->path, l->base4 != nullptr ? " (a 4-bit Linear4bit base has no float weight)" : ""));
+    auto& weight = state[w->second].second;
+    const auto& A = state[a->second].second;
+    const auto& B = state[b->second].second;
+    if (weight.dim() != 2 || A.dim() != 2 || B.dim() != 2 || B.size(0) != weight.size(0) ||
+        A.size(1) != weight.size(1) || B.size(1) != A.size(0))
+      throw UsageError(fmt::format(
+          "merged_state: '{}': weight {}, lora_A {}, lora_B {} are not one whole layer's (pass the whole "
+          "state, as accelerator.get_state_dict(model) gathers it)",
+          l->path, fmt::join(weight.sizes().vec(), "x"), fmt::join(A.sizes().vec(), "x"),
+          fmt::join(B.sizes().vec(), "x")));
+    // A copy merged by merge()'s arithmetic; the entry then holds it (the caller's tensor is not changed,
+    // and a state moved in frees each original as its copy replaces it: one extra weight at a time).
+    auto merged = weight.detach().clone();
+    add_delta(merged, A, B, l->scale);
+    weight = std::move(merged);
+    dropped.insert(a->second);
+    dropped.insert(b->second);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  out.reserve(state.size() - dropped.size());
+  for (std::size_t i = 0; i < state.size(); ++i)
+    if (dropped.count(i) == 0) out.push_back(std::move(state[i]));
+  return out;
 }
 
 namespace {
@@ -543,14 +609,14 @@ void LoraModel::load_adapter(const std::string& dir) {
                     json_path, number("r"), number("lora_alpha"), config_.r, config_.lora_alpha));
   }
   // A tied embedding among the modules to save trains differently with and without ensure_weight_tying (the
-  // head tied to it, or frozen apart): on a model that can tie (TiedEmbeddings) with modules to save, the
-  // file's value (absent: PEFT's default, false) must be this model's.
+  // head tied to it, or frozen apart): where get_peft_model found the embeddings tied with one of them to
+  // save, the file's value (absent: PEFT's default, false) must be this model's. On an untied model the key
+  // changes nothing (PEFT warns that nothing is tied and loads the adapter).
   const bool file_ties =
       config.contains("ensure_weight_tying") && config.at("ensure_weight_tying").is_boolean()
           ? config.at("ensure_weight_tying").get<bool>()
           : false;
-  if (dynamic_cast<const TiedEmbeddings*>(model_.get()) != nullptr && !config_.modules_to_save.empty() &&
-      file_ties != config_.ensure_weight_tying) {
+  if (tied_saved_ && file_ties != config_.ensure_weight_tying) {
     throw CheckpointError(fmt::format(
         "load_adapter: '{}' has ensure_weight_tying {}, this model's LoraConfig {} (with "
         "modules_to_save [{}]); adapt the model with the adapter's value (TRL model config key "
@@ -657,24 +723,26 @@ std::vector<std::string> all_linear_targets(torch::nn::Module& model, const Lora
 // The tied head named in modules_to_save (PEFT's EMBEDDING_LAYER_NAMES hold lm_head too) is the same case:
 // without ensure_weight_tying the head trains a copy and the embedding keeps the original, frozen; with it,
 // PEFT takes the head's name out of modules_to_save and ties the head to the trained embedding.
-void untie_saved_embedding(torch::nn::Module& model, LoraConfig& config) {
+// Returns whether the model's embeddings were tied with one of them in modules_to_save.
+bool untie_saved_embedding(torch::nn::Module& model, LoraConfig& config) {
   auto* tied = dynamic_cast<TiedEmbeddings*>(&model);
-  if (tied == nullptr) return;
+  if (tied == nullptr) return false;
   const auto [head, embedding] = tied->tied_embeddings();
   auto& names = config.modules_to_save;
   const auto named = [&](const std::string& path) {
     return !path.empty() && std::any_of(names.begin(), names.end(),
                                         [&](const std::string& n) { return name_matches(path, n); });
   };
-  if (!named(embedding) && !named(head)) return;
+  if (!named(embedding) && !named(head)) return false;
   if (!config.ensure_weight_tying) {
     tied->untie_word_embeddings();
-    return;
+    return true;
   }
   const auto head_entry =
       std::find_if(names.begin(), names.end(), [&](const std::string& n) { return name_matches(head, n); });
   if (head_entry != names.end()) names.erase(head_entry);
   if (std::find(names.begin(), names.end(), embedding) == names.end()) names.push_back(embedding);
+  return true;
 }
 
 }  // namespace
@@ -796,7 +864,7 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
                             : fmt::format("[{}]", fmt::join(config.target_modules, ", ")),
                     linears.empty() ? std::string("none") : fmt::format("{}", fmt::join(linears, ", "))));
   }
-  untie_saved_embedding(*model, config);
+  const bool tied_saved = untie_saved_embedding(*model, config);
   // Freeze everything, then open the adapters, the biases the config names and the modules to save.
   for (auto& p : model->parameters())
     p.set_requires_grad(false);
@@ -829,7 +897,7 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
           p.set_requires_grad(true);
   }
   add_layers(layers);
-  return std::make_shared<LoraModel>(model, config, std::move(layers));
+  return std::make_shared<LoraModel>(model, config, std::move(layers), tied_saved);
 }
 
 }  // namespace accel::peft

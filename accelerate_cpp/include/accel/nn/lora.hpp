@@ -63,8 +63,10 @@ struct LoraConfig {
   /// trains its own copy and the head keeps the original weight, frozen (PEFT's ModulesToSaveWrapper; the
   /// model is untied, TiedEmbeddings::untie_word_embeddings: merged, it saves as an untied model). true: the
   /// head stays tied to the trained weight (the adapter then also holds `<head>.weight`, as PEFT writes it).
-  /// Written into adapter_config.json; load_adapter refuses a file that says otherwise (on a TiedEmbeddings
-  /// model with modules_to_save; a file without the key means false, as PEFT reads it).
+  /// Written into adapter_config.json; load_adapter refuses a file that says otherwise where it matters: on a
+  /// model whose embeddings get_peft_model found tied with one of them in modules_to_save (a file without the
+  /// key means false, as PEFT reads it). On an untied model the key changes nothing (PEFT warns), and any
+  /// value loads.
   bool ensure_weight_tying = false;
   /// Rank-stabilised LoRA (PEFT's use_rslora): the adapters' scaling is lora_alpha / sqrt(r), not / r.
   bool use_rslora = false;
@@ -81,8 +83,11 @@ struct LoraConfig {
 class LoraModel {
  public:
   struct Layer;
+  /// `tied_saved`: get_peft_model found the model's head tied to its input embedding with one of them in
+  /// modules_to_save (before untying it, without ensure_weight_tying); load_adapter then checks the file's
+  /// ensure_weight_tying.
   LoraModel(std::shared_ptr<torch::nn::Module> model, LoraConfig config,
-            std::vector<std::shared_ptr<Layer>> layers);
+            std::vector<std::shared_ptr<Layer>> layers, bool tied_saved = false);
   ~LoraModel();
 
   const LoraConfig& config() const noexcept { return config_; }
@@ -93,16 +98,30 @@ class LoraModel {
   /// PEFT's line: "trainable params: 1,536 || all params: 110,914 || trainable%: 1.3848"; printed and
   /// returned.
   std::string print_trainable_parameters() const;
-  /// W += (alpha / r) B A in every adapted layer and stop adding the term (outputs unchanged). On an
-  /// unprepared model (before prepare, or after free_memory): sharded backends hold only a slice of W. A
-  /// tensor-parallel layer merges this rank's part. A 4-bit base (QLoRA) is merged as PEFT merges it:
-  /// dequantised, the product added, quantised again (the rounding moves its outputs a little; a notice on
-  /// stderr says so).
+  /// W += (alpha / r) B A in every adapted layer and stop adding the term (outputs unchanged), with PEFT's
+  /// arithmetic bit for bit (peft/tuners/lora/layer.py Linear.get_delta_weight, merge): the delta
+  /// (B A) * scaling is computed in the adapters' dtype, except that bf16 / fp16 adapters on the CPU are
+  /// multiplied in float32 and the delta rounded to their dtype; then W += delta in W's dtype (a bf16 W with
+  /// bf16 adapters is rounded twice, with float32 adapters once). On an unprepared model (before prepare, or
+  /// after free_memory): sharded backends hold only a slice of W; merge their gathered state with
+  /// merged_state. A tensor-parallel layer merges this rank's part. A 4-bit base (QLoRA) is merged as PEFT
+  /// merges it: dequantised, the product added, quantised again (the rounding moves its outputs a little; a
+  /// notice on stderr says so).
   void merge();
-  /// The inverse of merge: W -= (alpha / r) B A, the term added again (a 4-bit base: quantised again).
+  /// The inverse of merge: W -= (alpha / r) B A, the term added again (a 4-bit base: quantised again). As
+  /// PEFT's unmerge, the delta is rounded to W's dtype before the subtraction.
   void unmerge();
   /// merge(), then remove the adapters: the model is a plain model again, with the merged weights.
   void merge_and_unload();
+  /// The merged model's tensors from this adapted model's whole state, where no rank holds a whole weight to
+  /// merge into (ZeRO-3 / FULL_SHARD: `accelerator.get_state_dict(model)`, gathered to the main process):
+  /// each adapted layer's `<path>.weight` merged by merge()'s arithmetic (the same function: equal bit for
+  /// bit), its `lora_A` / `lora_B` tensors dropped, every other tensor passed on, in the state's order. The
+  /// given tensors are not changed (each merged weight is a copy; move the state in to free each original as
+  /// its copy replaces it). Throws UsageError when an adapted layer's weight or adapters are missing from the
+  /// state (a 4-bit base has no float weight: merge it unsharded, accel::llm::merge_and_dequantize).
+  std::vector<std::pair<std::string, torch::Tensor>> merged_state(
+      std::vector<std::pair<std::string, torch::Tensor>> state) const;
   /// PEFT's files: `dir/adapter_model.safetensors` (keys `base_model.model.<path>.lora_A.weight`, ...) and
   /// `dir/adapter_config.json`, loadable by Python's `PeftModel.from_pretrained`; modules_to_save go in under
   /// their own names (`base_model.model.<path>.weight`), as PEFT writes them. `state`: the model's whole
@@ -118,6 +137,7 @@ class LoraModel {
   std::shared_ptr<torch::nn::Module> model_;
   LoraConfig config_;
   std::vector<std::shared_ptr<Layer>> layers_;
+  bool tied_saved_ = false;
 };
 
 /// Adapts `model` in place (see the file comment) and returns the handle. Throws UsageError when no Linear
