@@ -1,6 +1,7 @@
 #include "grad_reduce.hpp"
 
 #include <accel/errors.hpp>
+#include <accel/nn/constant_buffers.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -176,12 +177,19 @@ void all_reduce_mean_grads(Communicator& comm, const std::vector<torch::Tensor>&
   });
 }
 
+std::vector<torch::Tensor> broadcast_buffer_list(torch::nn::Module& model) {
+  std::vector<torch::Tensor> buffers;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (dynamic_cast<const ConstantBuffers*>(m.get()) != nullptr) continue;
+    for (const auto& b : m->buffers(/*recurse=*/false))
+      if (b.defined() && b.numel() > 0) buffers.push_back(b);
+  }
+  return buffers;
+}
+
 void broadcast_buffers(Communicator& comm, torch::nn::Module& model) {
   if (comm.world_size() == 1) return;
-  std::vector<torch::Tensor> buffers;
-  for (const auto& b : model.buffers()) {
-    if (b.defined() && b.numel() > 0) buffers.push_back(b);
-  }
+  auto buffers = broadcast_buffer_list(model);
   if (buffers.empty()) return;
   flat_in_place(buffers, [&](torch::Tensor& flat) { comm.broadcast(flat, 0); });
 }

@@ -32,7 +32,10 @@ std::unique_ptr<CollectiveHandle> reduce_grads(Communicator& comm, torch::Tensor
 /// All-reduces (mean) the defined gradients of `params` in place, one flat buffer per dtype: trainable
 /// parameters no sharded optimizer owns keep DDP's semantics. Collective.
 void all_reduce_mean_grads(Communicator& comm, const std::vector<torch::Tensor>& params);
-/// Broadcasts every buffer of `model` from rank 0 (PyTorch DDP's broadcast_buffers), one flat buffer per
+/// The buffers broadcast_buffers sends, in module order: every module's own defined, non-empty buffers
+/// except those of accel::ConstantBuffers modules (constant 4-bit codes).
+std::vector<torch::Tensor> broadcast_buffer_list(torch::nn::Module& model);
+/// Broadcasts broadcast_buffer_list(model) from rank 0 (PyTorch DDP's broadcast_buffers), one flat buffer per
 /// dtype; a no-op on one process. Collective.
 void broadcast_buffers(Communicator& comm, torch::nn::Module& model);
 /// Trainable parameters among `params` that no sharded optimizer owns (`owned(index)` false): they stay

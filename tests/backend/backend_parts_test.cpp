@@ -4,10 +4,13 @@
 
 #include "../../backends/common/buckets.hpp"
 #include "../../backends/common/chunk_pipeline.hpp"
+#include "../../backends/common/grad_reduce.hpp"
 #include "../../backends/common/nvme_tier.hpp"
 #include "../../backends/common/param_trigger.hpp"
 #include "../../backends/common/unit_plan.hpp"
 #include "temp_dir.hpp"
+
+#include <accel/nn/quant4bit.hpp>
 
 #include <torch/torch.h>
 
@@ -248,6 +251,38 @@ TEST_CASE("parameter trigger: reports operators on watched storages (views too),
   }
   (void)(w * 3);  // destroyed: nothing reported, no crash
   REQUIRE(rec.ends.size() == rec.starts.size());
+}
+
+namespace {
+
+// A LoRA-like model of a QLoRA run: a 4-bit projection beside a module with a running statistic.
+struct QuantNetImpl : torch::nn::Module {
+  QuantNetImpl() {
+    register_module("proj", torch::nn::Linear(64, 64));  // no member handle: quantize_linears swaps it
+    register_module("norm", torch::nn::BatchNorm1d(64));
+  }
+};
+TORCH_MODULE(QuantNet);
+
+}  // namespace
+
+TEST_CASE("broadcast buffers: DDP skips a Linear4bit's constant codes and keeps every other buffer") {
+  QuantNet net;
+  const auto before = broadcast_buffer_list(*net);
+  // BatchNorm's running mean, variance and step count.
+  REQUIRE(before.size() == 3);
+  const auto swapped = accel::quant::quantize_linears(*net, {});
+  REQUIRE(swapped == std::vector<std::string>{"proj"});
+  // The 4-bit layer holds buffers of its own (codes, absmax), and the model's buffers() lists them...
+  std::size_t all = 0;
+  for (const auto& b : net->buffers())
+    all += b.defined() && b.numel() > 0 ? 1 : 0;
+  CHECK(all > before.size());
+  // ...but they are not rebroadcast after every step: the same three BatchNorm buffers, the same tensors.
+  const auto after = broadcast_buffer_list(*net);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i)
+    CHECK(after[i].is_same(before[i]));
 }
 
 TEST_CASE("auto bucket sizes: hidden size is the most common input width of the model's matrices") {

@@ -14,6 +14,7 @@
 /// at a time (never the whole weight in full precision). `quantize_linears` swaps the `torch::nn::Linear`
 /// children of a model for `Linear4bit` in place.
 
+#include <accel/nn/constant_buffers.hpp>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -76,7 +77,8 @@ torch::Tensor dequantize_4bit(const Quantized4bit& q, torch::ScalarType dtype);
 /// the weight in row slices (output features: y[:, a:b] = x W[a:b]^T, and dx = sum of g[:, a:b] W[a:b]) of
 /// about `slice_bytes` each, in one autograd node that keeps the 4-bit codes, not the input nor any
 /// dequantised weight: the layer's transient memory is one slice, not the weight in float32 (issue 51).
-class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl> {
+/// Its buffers (codes, absmax, double-quantisation state) are ConstantBuffers: DDP does not rebroadcast them.
+class Linear4bitImpl : public torch::nn::Cloneable<Linear4bitImpl>, public ConstantBuffers {
  public:
   /// Quantises `linear`'s weight; `linear` itself is left as it was.
   Linear4bitImpl(const torch::nn::Linear& linear, const Quant4bitOptions& options = {});
