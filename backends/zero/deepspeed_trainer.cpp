@@ -242,12 +242,17 @@ DeepSpeedOptimizer read_optimizer(const std::string& file, const Json& block) {
     o.beta1 = b[0].get<double>();
     o.beta2 = b[1].get<double>();
   }
-  if (!flag(file, params, "optimizer", "bias_correction", true) && !o.torch_adam) {
+  if (params.contains("bias_correction") && o.torch_adam) {
+    // engine.py passes the remaining parameters to torch.optim.Adam / AdamW, which have no such argument.
     fail(file, "optimizer.params.bias_correction",
-         "optimizer.params.bias_correction: false (Adam without bias correction) is not supported by "
-         "accelerate-cpp; remove it (DeepSpeed's default true) or choose the optimizer with "
-         "TrainingArguments");
+         "optimizer.params.bias_correction with torch_adam: true: DeepSpeed hands it to torch.optim.Adam / "
+         "AdamW, which have no bias_correction parameter (TypeError); remove one of the two");
   }
+  // FusedAdam tests it for truth ("1 if group['bias_correction'] else 0") and CPU Adam's binding converts it
+  // to bool: null means false there.
+  o.bias_correction = params.contains("bias_correction") && params.at("bias_correction").is_null()
+                          ? false
+                          : flag(file, params, "optimizer", "bias_correction", true);
   if (flag(file, params, "optimizer", "amsgrad", false)) {
     fail(file, "optimizer.params.amsgrad",
          "optimizer.params.amsgrad: true is refused by DeepSpeed's FusedAdam and not supported here; remove "

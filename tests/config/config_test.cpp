@@ -1081,8 +1081,21 @@ TEST_CASE("config: a DeepSpeed JSON's optimizer and scheduler blocks of other ty
                     Catch::Contains("gradient_clipping"));
   CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"betass\": [0.9, 0.99]}}"),
                     Catch::Contains("did you mean 'betas'"));
-  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"bias_correction\": false}}"),
-                    Catch::Contains("bias_correction"));
+  // bias_correction: read (DeepSpeed's default true; a null is false, as FusedAdam tests it for truth);
+  // torch.optim's Adam has no such parameter.
+  CHECK(build("\"optimizer\": {\"type\": \"Adam\"}").optimizer->bias_correction);
+  CHECK_FALSE(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"bias_correction\": false}}")
+                  .optimizer->bias_correction);
+  CHECK_FALSE(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": null}}")
+                  .optimizer->bias_correction);
+  CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": true}}")
+            .optimizer->bias_correction);
+  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": 0}}"),
+                    Catch::Contains("expected true or false"));
+  CHECK_THROWS_WITH(
+      build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"torch_adam\": true, \"bias_correction\": "
+            "false}}"),
+      Catch::Contains("torch_adam") && Catch::Contains("TypeError"));
   CHECK_THROWS_WITH(build("\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {}}"),
                     Catch::Contains("total_num_steps"));
   CHECK_THROWS_WITH(build("\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 0}}"),

@@ -3,7 +3,9 @@
 
 #include "test_support.hpp"
 
+#include <accel/accelerator/accelerator.hpp>
 #include <accel/optim/chunked_adamw.hpp>
+#include <accel/optim/deepspeed_adam.hpp>
 #include <accel/optim/optim.hpp>
 
 #include <sstream>
@@ -130,6 +132,7 @@ void set_grads(std::vector<torch::Tensor>& params, int step) {
     params[k].mutable_grad() = torch::randn_like(params[k]) * (k + 1.0);
 }
 
+template <typename State = torch::optim::AdamWParamState>
 void require_bitwise(const torch::optim::Optimizer& a, const torch::optim::Optimizer& b,
                      const std::vector<torch::Tensor>& pa, const std::vector<torch::Tensor>& pb) {
   for (std::size_t k = 0; k < pa.size(); ++k) {
@@ -139,8 +142,8 @@ void require_bitwise(const torch::optim::Optimizer& a, const torch::optim::Optim
     const auto sb = b.state().find(pb[k].unsafeGetTensorImpl());
     REQUIRE((sa == a.state().end()) == (sb == b.state().end()));
     if (sa == a.state().end()) continue;
-    const auto& x = static_cast<const torch::optim::AdamWParamState&>(*sa->second);
-    const auto& y = static_cast<const torch::optim::AdamWParamState&>(*sb->second);
+    const auto& x = static_cast<const State&>(*sa->second);
+    const auto& y = static_cast<const State&>(*sb->second);
     REQUIRE(x.step() == y.step());
     REQUIRE(torch::equal(x.exp_avg(), y.exp_avg()));
     REQUIRE(torch::equal(x.exp_avg_sq(), y.exp_avg_sq()));
@@ -325,4 +328,187 @@ TEST_CASE("optim: LAMB's state saves and loads, and sharding backends refuse it 
   REQUIRE_THROWS_WITH(acc.prepare(model, lamb),
                       Catch::Contains("accel::optim::Lamb updates each parameter from norms over the whole "
                                       "parameter, but the 'zero' backend"));
+}
+
+namespace {
+
+// DeepSpeed 0.19.6's Adam update in doubles, as csrc/includes/cpu_adam.h writes it (Adam_Optimizer::Step_1
+// with update_state; FusedAdam's csrc/adam/multi_tensor_adam.cu is the same formula): with bias_correction
+// bc1 = 1 - beta1^t and bc2 = 1 / sqrt(1 - beta2^t), else both 1.
+struct ReferenceDeepSpeedAdam {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  bool adamw_mode = true, bias_correction = true;
+  std::vector<std::vector<double>> m, v;
+  int t = 0;
+
+  void step(std::vector<std::vector<double>>& w, const std::vector<std::vector<double>>& g) {
+    if (m.empty()) {
+      for (const auto& x : w) {
+        m.emplace_back(x.size(), 0.0);
+        v.emplace_back(x.size(), 0.0);
+      }
+    }
+    ++t;
+    const double bias1 = bias_correction ? 1 - std::pow(beta1, t) : 1.0;
+    const double bias2 = bias_correction ? 1 / std::sqrt(1 - std::pow(beta2, t)) : 1.0;
+    const double step_size = -lr / bias1, w_decay = -lr * weight_decay;
+    for (std::size_t k = 0; k < w.size(); ++k) {
+      for (std::size_t i = 0; i < w[k].size(); ++i) {
+        double grad = g[k][i], param = w[k][i];
+        if (weight_decay > 0 && !adamw_mode) grad = param * weight_decay + grad;
+        m[k][i] = m[k][i] * beta1 + grad * (1 - beta1);
+        v[k][i] = v[k][i] * beta2 + grad * grad * (1 - beta2);
+        const double update = m[k][i] / (std::sqrt(v[k][i]) * bias2 + eps);
+        if (weight_decay > 0 && adamw_mode) param += w_decay * param;
+        w[k][i] = update * step_size + param;
+      }
+    }
+  }
+};
+
+// The largest difference between `opt` and the reference over `steps` full-batch steps of `model`; the
+// reference follows the float weights after each step.
+double deepspeed_adam_gap(torch::optim::Optimizer& opt, Mlp& model, ReferenceDeepSpeedAdam ref, int steps) {
+  Regression data(16);
+  std::vector<std::vector<double>> w;
+  for (const auto& p : model->parameters())
+    w.push_back(to_doubles(p));
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    torch::mse_loss(model(data.x), data.y).backward();
+    std::vector<std::vector<double>> g;
+    for (const auto& p : model->parameters())
+      g.push_back(to_doubles(p.grad()));
+    opt.step();
+    ref.step(w, g);
+    const auto params = model->parameters();
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const auto got = to_doubles(params[k]);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::abs(got[i] - w[k][i]));
+      w[k] = got;
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("optim: DeepSpeedAdamW / DeepSpeedAdam follow DeepSpeed's Adam with and without bias_correction") {
+  for (const bool adamw_mode : {true, false}) {
+    for (const bool bias_correction : {true, false}) {
+      INFO("adam_w_mode " << adamw_mode << ", bias_correction " << bias_correction);
+      torch::manual_seed(0);
+      Mlp model;
+      ReferenceDeepSpeedAdam ref;
+      ref.lr = 0.01;
+      ref.beta1 = 0.8;
+      ref.beta2 = 0.95;
+      ref.eps = 1e-8;
+      ref.weight_decay = 0.1;
+      ref.adamw_mode = adamw_mode;
+      ref.bias_correction = bias_correction;
+      if (adamw_mode) {
+        accel::optim::DeepSpeedAdamW opt(
+            model->parameters(), torch::optim::AdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.1),
+            bias_correction);
+        CHECK(opt.bias_correction() == bias_correction);
+        CHECK(deepspeed_adam_gap(opt, model, ref, 6) <= 2e-6);
+      } else {
+        accel::optim::DeepSpeedAdam opt(model->parameters(),
+                                        torch::optim::AdamOptions(0.01).betas({0.8, 0.95}).weight_decay(0.1),
+                                        bias_correction);
+        CHECK(opt.bias_correction() == bias_correction);
+        CHECK(deepspeed_adam_gap(opt, model, ref, 6) <= 2e-6);
+      }
+    }
+  }
+  // The reference tells the two apart: without bias correction the first step is about
+  // (1 - beta1) / sqrt(1 - beta2) = 0.89 of the corrected one here; with betas (0.9, 0.999) 3.2 times it.
+  torch::manual_seed(0);
+  Mlp model;
+  accel::optim::DeepSpeedAdamW raw(model->parameters(), torch::optim::AdamWOptions(0.01), false);
+  ReferenceDeepSpeedAdam corrected;
+  corrected.lr = 0.01, corrected.beta1 = 0.9, corrected.beta2 = 0.999, corrected.eps = 1e-8;
+  CHECK(deepspeed_adam_gap(raw, model, corrected, 1) > 1e-4);
+  // FusedAdam refuses amsgrad.
+  CHECK_THROWS_WITH(
+      accel::optim::DeepSpeedAdamW(model->parameters(), torch::optim::AdamWOptions().amsgrad(true)),
+      Catch::Contains("amsgrad"));
+}
+
+TEST_CASE("optim: with bias_correction DeepSpeedAdamW / DeepSpeedAdam are LibTorch's AdamW / Adam bitwise") {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { at::set_num_threads(n); }
+  } restore{threads};
+  {
+    const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas({0.8, 0.95});
+    auto pa = chunked_params(), pb = chunked_params();
+    accel::optim::DeepSpeedAdamW a(pa, options);
+    torch::optim::AdamW b(pb, options);
+    for (int s = 0; s < 3; ++s) {
+      set_grads(pa, s);
+      set_grads(pb, s);
+      a.step();
+      b.step();
+    }
+    require_bitwise(a, b, pa, pb);
+  }
+  {
+    const auto options = torch::optim::AdamOptions(1e-2).weight_decay(0.1).betas({0.8, 0.95});
+    auto pa = chunked_params(), pb = chunked_params();
+    accel::optim::DeepSpeedAdam a(pa, options);
+    torch::optim::Adam b(pb, options);
+    for (int s = 0; s < 3; ++s) {
+      set_grads(pa, s);
+      set_grads(pb, s);
+      a.step();
+      b.step();
+    }
+    require_bitwise<torch::optim::AdamParamState>(a, b, pa, pb);
+  }
+}
+
+TEST_CASE("optim: DeepSpeedAdamW without bias_correction steps ZeRO's shards as the whole model") {
+  // ZeRO re-points the optimizer at its flat shards (stage 2, and stage 3 with the optimizer offloaded) and
+  // the optimizer's own step runs there: the switch holds on every path.
+  Regression data(16);
+  const auto run = [&](std::optional<int> stage) {
+    torch::manual_seed(0);
+    Mlp model;
+    accel::optim::DeepSpeedAdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1),
+                                     /*bias_correction=*/false);
+    std::optional<accel::Accelerator> acc;
+    if (stage) {
+      auto c = accel::test::make_config();
+      c.backend = "zero";
+      c.zero.stage = *stage;
+      if (*stage == 3) c.zero.offload_optimizer_device = accel::OffloadDevice::Cpu;
+      acc.emplace(accel::AcceleratorOptions().config(c));
+      acc->prepare(model, opt);
+    }
+    for (int s = 0; s < 4; ++s) {
+      opt.zero_grad();
+      const auto loss = torch::mse_loss(model(data.x), data.y);
+      if (acc)
+        acc->backward(loss);
+      else
+        loss.backward();
+      opt.step();
+    }
+    if (acc) acc->free_memory();  // the model whole and current
+    return accel::test::snapshot(*model);
+  };
+  const auto whole = run(std::nullopt);
+  for (const int stage : {2, 3}) {
+    const auto sharded = run(stage);
+    for (std::size_t k = 0; k < whole.size(); ++k) {
+      INFO("stage " << stage << ", tensor " << k);
+      REQUIRE(torch::allclose(sharded[k], whole[k], 1e-6, 1e-7));
+    }
+  }
 }

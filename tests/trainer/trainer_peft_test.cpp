@@ -9,11 +9,13 @@
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/nn/lora.hpp>
+#include <accel/optim/deepspeed_adam.hpp>
 #include <accel/trainer/trainer.hpp>
 
 #include "temp_dir.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -233,5 +236,187 @@ TEST_CASE("Trainer: each epoch's sample order is transformers' Trainer's", "[.hf
     CHECK(first == hf.at(name).at(0));
     CHECK(second == hf.at(name).at(1));
     std::cout << "hf_order: " << name << ": both epochs in transformers' Trainer's order" << std::endl;
+  }
+}
+
+namespace {
+
+// A DeepSpeed config for one CPU process whose JSON file (written into `dir`) holds `json`.
+accel::Config ds_json_config(const fs::path& dir, const std::string& json) {
+  const auto file = (dir / "ds.json").string();
+  std::ofstream(file) << json;
+  return accel::Config::load_string(
+      "distributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 1\n"
+      "deepspeed_config:\n  deepspeed_config_file: " +
+          file + "\n",
+      "ds.yaml");
+}
+
+// The model's parameters, by name, whole (gathered under sharding).
+std::map<std::string, torch::Tensor> whole_params(accel::Accelerator& acc, torch::nn::Linear& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : acc.get_state_dict(model))
+    out[name] = t.to(torch::kFloat64);
+  return out;
+}
+
+// Records the learning rate of each step of the Trainer's runs (the loss runs once per step: one batch of the
+// whole data set per step).
+struct RateLog {
+  accel::detail::TrainerBase* trainer = nullptr;
+  std::vector<double> rates;
+  void record() { rates.push_back(trainer->optimizer()->param_groups().front().options().get_lr()); }
+  std::vector<double> take() { return std::exchange(rates, {}); }
+};
+
+}  // namespace
+
+TEST_CASE("Trainer: a DeepSpeed JSON's Adam with bias_correction false trains as DeepSpeed's Adam (ZeRO-2)") {
+  TempDir dir;
+  // ZeRO-2 with the optimizer offloaded to the CPU: DeepSpeed would build its CPU Adam from this block.
+  const auto config = ds_json_config(dir.path, R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                    "weight_decay": "auto", "bias_correction": false}}})");
+  auto args = peft_quiet_args(dir.path / "out");
+  args.per_device_train_batch_size = 8;  // the whole data set in every step: its order does not matter
+  args.max_steps = 3;
+  args.weight_decay = 0.1;
+  args.lr_scheduler_type = "constant";
+  args.max_grad_norm = 0;  // no clipping (the JSON has no gradient_clipping)
+  torch::manual_seed(0);
+  torch::nn::Linear model(3, 1);
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& p : model->named_parameters())
+    w[p.key()] = p.value().detach().to(torch::kFloat64).clone();
+  accel::Trainer trainer(
+      args, model, PeftIndexDataset(8, 3).map(torch::data::transforms::Stack<>()),
+      [&](auto& batch) { return torch::mse_loss(model->forward(batch.data), batch.target); },
+      accel::AcceleratorOptions().config(config));
+  trainer.train();
+  auto* adamw = dynamic_cast<accel::optim::DeepSpeedAdamW*>(trainer.optimizer());
+  REQUIRE(adamw != nullptr);
+  CHECK_FALSE(adamw->bias_correction());
+  const auto got = whole_params(trainer.accelerator(), model);
+  // DeepSpeed's update (csrc/includes/cpu_adam.h, bias correction 1) in doubles on the full-batch gradient.
+  std::vector<torch::Tensor> xs, ys;
+  for (std::size_t i = 0; i < 8; ++i) {
+    const auto e = PeftIndexDataset(8, 3).get(i);
+    xs.push_back(e.data.to(torch::kFloat64));
+    ys.push_back(e.target.to(torch::kFloat64));
+  }
+  const auto x = torch::stack(xs), y = torch::stack(ys);
+  const auto reference = [&](bool bias_correction) {
+    auto weight = w.at("weight").clone().requires_grad_(), bias = w.at("bias").clone().requires_grad_();
+    torch::Tensor m[2] = {torch::zeros_like(weight), torch::zeros_like(bias)};
+    torch::Tensor v[2] = {torch::zeros_like(weight), torch::zeros_like(bias)};
+    const double lr = args.learning_rate, b1 = args.adam_beta1, b2 = args.adam_beta2, eps = args.adam_epsilon;
+    for (int t = 1; t <= 3; ++t) {
+      weight.mutable_grad() = torch::Tensor();
+      bias.mutable_grad() = torch::Tensor();
+      torch::mse_loss(torch::nn::functional::linear(x, weight, bias), y).backward();
+      torch::NoGradGuard no_grad;
+      const double bc1 = bias_correction ? 1 - std::pow(b1, t) : 1.0;
+      const double bc2 = bias_correction ? 1 / std::sqrt(1 - std::pow(b2, t)) : 1.0;
+      torch::Tensor* params[2] = {&weight, &bias};
+      for (int k = 0; k < 2; ++k) {
+        auto& p = *params[k];
+        const auto g = p.grad();
+        m[k] = m[k] * b1 + g * (1 - b1);
+        v[k] = v[k] * b2 + g * g * (1 - b2);
+        const auto update = m[k] / (v[k].sqrt() * bc2 + eps);
+        p.mul_(1 - lr * args.weight_decay);  // the block's weight decay on every parameter, bias too
+        p.add_(update * (-lr / bc1));
+      }
+    }
+    return std::map<std::string, torch::Tensor>{{"weight", weight.detach()}, {"bias", bias.detach()}};
+  };
+  const auto want = reference(false), corrected = reference(true);
+  for (const auto& [name, t] : want) {
+    INFO(name << ": " << got.at(name) << " vs DeepSpeed's " << t);
+    CHECK(torch::allclose(got.at(name), t, 0, 1e-6));
+    CHECK_FALSE(torch::allclose(corrected.at(name), t, 0, 1e-4));  // the switch shows in these weights
+  }
+}
+
+TEST_CASE("Trainer: a second train() starts a new schedule, and under DeepSpeed a new optimizer, as HF's") {
+  // transformers' Trainer at each train(): a new TrainerState; the schedule it built is built again
+  // (_prepare_for_training: "We need to reset the scheduler"); without DeepSpeed the optimizer is kept
+  // (create_optimizer builds one only when there is none), with DeepSpeed deepspeed_init sets it to None and
+  // DeepSpeed builds a new one from the JSON block, with a new schedule from the scheduler block.
+  TempDir dir;
+  auto args = peft_quiet_args(dir.path / "out");
+  args.per_device_train_batch_size = 8;  // the whole data set in every step: its order does not matter
+  args.max_steps = 4;
+  args.warmup_steps = 1;
+  args.weight_decay = 0.1;
+  const auto data = [] { return PeftIndexDataset(8, 3).map(torch::data::transforms::Stack<>()); };
+  const auto adam_steps = [](torch::optim::Optimizer* opt) {
+    REQUIRE(opt != nullptr);
+    REQUIRE(!opt->state().empty());
+    return static_cast<const torch::optim::AdamWParamState&>(*opt->state().begin()->second).step();
+  };
+  SECTION("TrainingArguments' optimizer and schedule") {
+    torch::manual_seed(0);
+    torch::nn::Linear model(3, 1);
+    RateLog log;
+    accel::Trainer trainer(args, model, data(), [&](auto& batch) {
+      log.record();
+      return torch::mse_loss(model->forward(batch.data), batch.target);
+    });
+    log.trainer = &trainer;
+    trainer.train();
+    const auto first = log.take();
+    auto* optimizer = trainer.optimizer();
+    const auto second = trainer.train();
+    REQUIRE(first.size() == 4);
+    CHECK(log.rates == first);  // the linear schedule again from its warmup, not its end
+    CHECK(second.global_step == 4);
+    CHECK(peft_step_losses(trainer.state()).size() == 4);  // this run's log only
+    CHECK(trainer.optimizer() == optimizer);
+    CHECK(adam_steps(optimizer) == 8);  // kept, with its state
+  }
+  SECTION("a DeepSpeed JSON's optimizer and scheduler blocks") {
+    const auto config = ds_json_config(dir.path, R"({"zero_optimization": {"stage": 0},
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                      "weight_decay": "auto"}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                      "warmup_num_steps": "auto", "total_num_steps": "auto"}}})");
+    torch::manual_seed(0);
+    torch::nn::Linear model(3, 1), fresh(3, 1);
+    RateLog log;
+    accel::Trainer trainer(
+        args, model, data(),
+        [&](auto& batch) {
+          log.record();
+          return torch::mse_loss(model->forward(batch.data), batch.target);
+        },
+        accel::AcceleratorOptions().config(config));
+    log.trainer = &trainer;
+    trainer.train();
+    const auto first = log.take();
+    const auto after_first = whole_params(trainer.accelerator(), model);
+    trainer.train();
+    REQUIRE(first.size() == 4);
+    CHECK(log.rates == first);                    // WarmupDecayLR from its first step again
+    CHECK(adam_steps(trainer.optimizer()) == 4);  // a new optimizer: its state counts this run's steps
+    // The second run is a new Trainer's run from the first run's weights.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : fresh->named_parameters())
+        p.value().copy_(after_first.at(p.key()));
+    }
+    accel::Trainer again(
+        args, fresh, data(),
+        [&](auto& batch) { return torch::mse_loss(fresh->forward(batch.data), batch.target); },
+        accel::AcceleratorOptions().config(config));
+    again.train();
+    const auto want = whole_params(again.accelerator(), fresh),
+               got = whole_params(trainer.accelerator(), model);
+    for (const auto& [name, t] : want) {
+      INFO(name << ": " << got.at(name) << " vs a new Trainer's " << t);
+      CHECK(torch::allclose(got.at(name), t, 0, 1e-7));
+    }
   }
 }

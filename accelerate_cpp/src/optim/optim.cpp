@@ -2,6 +2,7 @@
 // own state objects (so checkpoints interchange with torch::optim).
 #include <accel/errors.hpp>
 #include <accel/optim/chunked_adamw.hpp>
+#include <accel/optim/deepspeed_adam.hpp>
 #include <accel/optim/optim.hpp>
 
 #include <ATen/ops/_fused_adam.h>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace accel::optim {
@@ -305,9 +307,13 @@ bool sliceable_like(const torch::Tensor& t, const torch::Tensor& p) {
                           t.device() == p.device() && t.scalar_type() == p.scalar_type());
 }
 
-}  // namespace
-
-torch::Tensor ChunkedAdamW::step(LossClosure closure) {
+// LibTorch's Adam / AdamW step (the operators of torch::optim::Adam / AdamW::step, in that order), each large
+// contiguous CPU parameter in slices. `decoupled`: AdamW's decay of the parameter, else Adam's L2 term added
+// to the gradient; without `bias_correction` bc1 = bc2 = 1 (DeepSpeed's switch).
+template <typename Options, typename State>
+torch::Tensor sliced_adam_step(torch::optim::Optimizer& opt,
+                               const torch::optim::Optimizer::LossClosure& closure, const char* who,
+                               bool decoupled, bool bias_correction) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss;
   if (closure != nullptr) {
@@ -315,34 +321,36 @@ torch::Tensor ChunkedAdamW::step(LossClosure closure) {
     loss = closure();
   }
   torch::Tensor scratch;  // one slice, reused by every parameter of its dtype
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+  auto& states = opt.state();
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto& grad = p.grad();
-      if (grad.is_sparse()) {
+      if (p.grad().is_sparse()) {
         throw UnsupportedOperation(
-            "accel::optim::ChunkedAdamW does not support sparse gradients; use torch::optim::SparseAdam");
+            fmt::format("{} does not support sparse gradients; use torch::optim::SparseAdam", who));
       }
-      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (decoupled && o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+      auto& slot = states[p.unsafeGetTensorImpl()];
       if (!slot) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        auto fresh = std::make_unique<State>();
         fresh->step(0);
         fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
         fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
         if (o.amsgrad()) fresh->max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
         slot = std::move(fresh);
       }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      auto& state = static_cast<State&>(*slot);
       if (o.amsgrad() && !state.max_exp_avg_sq().defined()) {
         state.max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
       }
       state.step(state.step() + 1);
       const auto beta1 = std::get<0>(o.betas());
       const auto beta2 = std::get<1>(o.betas());
-      const auto bias_correction1 = 1 - std::pow(beta1, state.step());
-      const auto bias_correction2 = 1 - std::pow(beta2, state.step());
+      const auto bias_correction1 = bias_correction ? 1 - std::pow(beta1, state.step()) : 1.0;
+      const auto bias_correction2 = bias_correction ? 1 - std::pow(beta2, state.step()) : 1.0;
+      const torch::Tensor grad =
+          !decoupled && o.weight_decay() != 0 ? p.grad().add(p, o.weight_decay()) : p.grad();
       const AdamWTerms terms{beta1,   beta2,      std::sqrt(bias_correction2), o.lr() / bias_correction1,
                              o.eps(), o.amsgrad()};
       const auto& max_sq = o.amsgrad() ? state.max_exp_avg_sq() : torch::Tensor();
@@ -371,6 +379,51 @@ torch::Tensor ChunkedAdamW::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+// FusedAdam refuses amsgrad ("FusedAdam does not support the AMSGrad variant"); so do these, in any group.
+template <typename Options>
+void refuse_amsgrad(const torch::optim::Optimizer& opt, const char* who) {
+  for (const auto& group : opt.param_groups()) {
+    if (static_cast<const Options&>(group.options()).amsgrad()) {
+      throw UsageError(
+          fmt::format("{}: amsgrad is not supported (DeepSpeed's FusedAdam and CPU Adam refuse "
+                      "it too); use torch::optim::{} for AMSGrad",
+                      who, std::is_same_v<Options, torch::optim::AdamWOptions> ? "AdamW" : "Adam"));
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor ChunkedAdamW::step(LossClosure closure) {
+  return sliced_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+      *this, closure, "accel::optim::ChunkedAdamW", /*decoupled=*/true, /*bias_correction=*/true);
+}
+
+// ---- DeepSpeedAdamW / DeepSpeedAdam: DeepSpeed's Adam with its bias_correction switch
+// ----------------------
+
+DeepSpeedAdamW::DeepSpeedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                               torch::optim::AdamWOptions defaults, bool bias_correction)
+    : torch::optim::AdamW(param_groups, std::move(defaults)), bias_correction_(bias_correction) {
+  refuse_amsgrad<torch::optim::AdamWOptions>(*this, "accel::optim::DeepSpeedAdamW");
+}
+
+torch::Tensor DeepSpeedAdamW::step(LossClosure closure) {
+  return sliced_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+      *this, closure, "accel::optim::DeepSpeedAdamW", /*decoupled=*/true, bias_correction_);
+}
+
+DeepSpeedAdam::DeepSpeedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                             torch::optim::AdamOptions defaults, bool bias_correction)
+    : torch::optim::Adam(param_groups, std::move(defaults)), bias_correction_(bias_correction) {
+  refuse_amsgrad<torch::optim::AdamOptions>(*this, "accel::optim::DeepSpeedAdam");
+}
+
+torch::Tensor DeepSpeedAdam::step(LossClosure closure) {
+  return sliced_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
+      *this, closure, "accel::optim::DeepSpeedAdam", /*decoupled=*/false, bias_correction_);
 }
 
 }  // namespace accel::optim

@@ -8,6 +8,7 @@
 #include <accel/nn/activation_checkpoint.hpp>
 #include <accel/optim/adamw_8bit.hpp>
 #include <accel/optim/chunked_adamw.hpp>
+#include <accel/optim/deepspeed_adam.hpp>
 #include <accel/optim/optim.hpp>
 #include <accel/optim/schedulers.hpp>
 #include <accel/parallel/pipeline.hpp>
@@ -143,14 +144,16 @@ std::shared_ptr<torch::optim::Optimizer> deepspeed_optimizer(const torch::nn::Mo
   }
   if (params.empty())
     throw UsageError("Trainer: the model has no trainable parameters (all have requires_grad false)");
+  // DeepSpeedAdamW / DeepSpeedAdam: with bias_correction (the default) bitwise LibTorch's AdamW / Adam update
+  // (torch_adam's too); without it, FusedAdam's and CPU Adam's raw moments.
   if (o.adamw_mode) {
     torch::optim::AdamWOptions options(o.lr);
     options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-    return std::make_shared<optim::ChunkedAdamW>(params, options);
+    return std::make_shared<optim::DeepSpeedAdamW>(params, options, o.bias_correction);
   }
   torch::optim::AdamOptions options(o.lr);
   options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-  return std::make_shared<torch::optim::Adam>(params, options);
+  return std::make_shared<optim::DeepSpeedAdam>(params, options, o.bias_correction);
 }
 
 // DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR (deepspeed_schedule_lr): stepped after each optimizer
@@ -178,6 +181,35 @@ class DeepSpeedSchedule : public sched::GatedSchedule {
   DeepSpeedScheduler s_;
   std::vector<double> base_;
 };
+
+// LibTorch keeps an LRScheduler's step count protected; a new run of the same schedule starts it at 0.
+struct ScheduleSteps : torch::optim::LRScheduler {
+  static unsigned& of(torch::optim::LRScheduler& s) { return s.*(&ScheduleSteps::step_count_); }
+};
+
+// A fresh optimizer's state, in place (the tensors the prepared backend shards, offloads or swaps stay the
+// same objects): Adam's moments zero at step 0, as a new Adam / AdamW starts; other kinds' state dropped
+// (made again at their first step, as in a new optimizer).
+void restart_optimizer_state(torch::optim::Optimizer& optimizer) {
+  const auto zero = [](auto& s) {
+    s.step(0);
+    s.exp_avg().zero_();
+    s.exp_avg_sq().zero_();
+    if (s.max_exp_avg_sq().defined()) s.max_exp_avg_sq().zero_();
+  };
+  torch::NoGradGuard no_grad;
+  std::vector<void*> dropped;
+  for (auto& [key, state] : optimizer.state()) {
+    if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
+      zero(*w);
+    else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(state.get()))
+      zero(*a);
+    else
+      dropped.push_back(key);
+  }
+  for (auto* key : dropped)
+    optimizer.state().erase(key);
+}
 
 // The DeepSpeed JSON's keys as HF's Trainer fills and checks them at train() (trainer_config_process and
 // trainer_config_finalize, which raise every mismatch at once): a ConfigError listing them; the optimizer and
@@ -399,6 +431,7 @@ void TrainerBase::set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimiz
   optimizer_ = std::move(optimizer);
   scheduler_ = std::move(scheduler);
   user_scheduler_ = scheduler_ != nullptr;
+  user_optimizer_ = true;
 }
 
 void TrainerBase::set_peft_model(std::shared_ptr<peft::LoraModel> lora) {
@@ -644,9 +677,41 @@ std::string TrainerBase::latest_checkpoint() const {
   return all.empty() ? std::string() : all.back().second;
 }
 
+// A later train() on the same Trainer, as transformers' Trainer runs it (_inner_training_loop): the schedule
+// the Trainer built starts again from its first step with the groups' first rates (_prepare_for_training
+// resets it; torch's LambdaLR takes each group's initial_lr as its base); without DeepSpeed the optimizer
+// keeps its state (create_optimizer builds one only when there is none), under DeepSpeed it starts anew
+// (deepspeed_init sets trainer.optimizer = None and DeepSpeed builds it again from the block or
+// TrainingArguments). The DeepSpeed JSON is filled and checked again (trainer_config_finalize). A user's
+// optimizer (set_optimizer) is kept, and so is a user's schedule. The objects stay the prepared ones.
+void TrainerBase::restart_run() {
+  auto& acc = *accelerator_;
+  const auto ds = deepspeed_blocks(args_, acc, state_.max_steps, warmup_, false);
+  if (acc.backend_name() == "zero" && !user_optimizer_) restart_optimizer_state(*optimizer_);
+  if (user_scheduler_) return;
+  auto& groups = optimizer_->param_groups();
+  for (std::size_t g = 0; g < groups.size() && g < initial_lrs_.size(); ++g)
+    groups[g].options().set_lr(initial_lrs_[g]);
+  ScheduleSteps::of(*scheduler_) = 0;
+  // The rates of the first step: what a new schedule of this kind sets when constructed, from those rates
+  // (the prepared one's base rates are the same).
+  auto prepared = std::move(scheduler_);
+  if (dynamic_cast<DeepSpeedSchedule*>(prepared.get()) != nullptr && ds.scheduler)
+    scheduler_ = std::make_shared<DeepSpeedSchedule>(*optimizer_, *ds.scheduler);
+  else
+    build_scheduler();
+  scheduler_ = std::move(prepared);
+}
+
 void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& resume) {
   epoch_end_pending_ = false;  // a resumed checkpoint may set it again
   auto& acc = *accelerator_;
+  if (prepared_) {  // a later train(): HF's _init_training_state makes a new TrainerState
+    const bool world_zero = state_.is_world_process_zero, local_zero = state_.is_local_process_zero;
+    state_ = TrainerState{};
+    state_.is_world_process_zero = world_zero;
+    state_.is_local_process_zero = local_zero;
+  }
   if (!pipelined() && acc.config().pipeline.stages > 1) {
     throw ConfigError(
         fmt::format("the Accelerate config's pipeline_config.stages is {}, but the Trainer was given a model "
@@ -681,7 +746,6 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
       args_.warmup_steps > 0
           ? args_.warmup_steps
           : static_cast<std::int64_t>(std::ceil(args_.warmup_ratio * static_cast<double>(state_.max_steps)));
-  if (prepared_) deepspeed_blocks(args_, acc, state_.max_steps, warmup_, false);  // a later train()
   state_.logging_steps = resolve_steps(args_.logging_steps, state_.max_steps);
   state_.eval_steps = resolve_steps(args_.eval_steps.value_or(args_.logging_steps), state_.max_steps);
   state_.save_steps = resolve_steps(args_.save_steps, state_.max_steps);
@@ -701,6 +765,8 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     const auto ds = deepspeed_blocks(args_, acc, state_.max_steps, warmup_, optimizer_ != nullptr);
     if (!optimizer_ && ds.optimizer) optimizer_ = deepspeed_optimizer(*model_, *ds.optimizer);
     if (!optimizer_) build_optimizer();
+    for (const auto& group : optimizer_->param_groups())
+      initial_lrs_.push_back(group.options().get_lr());
     if (!scheduler_ && ds.scheduler)
       scheduler_ = std::make_shared<DeepSpeedSchedule>(*optimizer_, *ds.scheduler);
     if (!scheduler_) build_scheduler();
@@ -716,7 +782,8 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
     }
     prepared_ = true;
   } else {
-    zero_grads();  // a later train(): what the last one left
+    restart_run();
+    zero_grads();  // what the last one left
   }
   std::string dir = resume;
   if (resume == "latest") {

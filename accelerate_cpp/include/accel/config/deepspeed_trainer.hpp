@@ -55,6 +55,9 @@ struct DeepSpeedOptimizer {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  /// params.bias_correction (FusedAdam / CPU Adam; default true): false uses the moments without dividing
+  /// by 1 - beta^t (accel::optim::DeepSpeedAdamW / DeepSpeedAdam).
+  bool bias_correction = true;
 };
 
 /// DeepSpeed's scheduler block, "auto" filled (lr_schedules.py WarmupLR, WarmupDecayLR, WarmupCosineLR).

@@ -190,6 +190,8 @@ class TrainerBase {
   /// After an optimizer step (or a skipped one): HF's model.zero_grad(), the optimizer's way and the model's.
   void zero_grads();
   void build_scheduler();
+  /// A later train(): a new TrainerState, schedule (and under DeepSpeed optimizer state), as HF's Trainer.
+  void restart_run();
   void resume_from(const std::string& dir);
   void log_training();
   void record_log(LogEntry logs);
@@ -220,6 +222,8 @@ class TrainerBase {
   TrainerControl control_;
   bool prepared_ = false;
   bool user_scheduler_ = false;
+  bool user_optimizer_ = false;
+  std::vector<double> initial_lrs_;  // the groups' rates before the Trainer's schedule first changed them
   std::int64_t epochs_ = 0;
   std::int64_t warmup_ = 0;
   std::unique_ptr<Signals> signals_;
@@ -350,6 +354,8 @@ class Trainer : public detail::TrainerBase {
                       .drop_last(args().dataloader_drop_last)
                       .pin_memory(args().dataloader_pin_memory)
                       .workers(static_cast<std::size_t>(args().dataloader_num_workers)));
+    } else {
+      train_loader_->set_epoch(0);  // a later train(): a new run from the first epoch, as HF's new loader
     }
     if (eval_ && !eval_loader_) {
       eval_loader_ = acc.prepare_data_loader(
