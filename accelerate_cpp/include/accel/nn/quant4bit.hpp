@@ -14,11 +14,11 @@
 /// at a time (never the whole weight in full precision). `quantize_linears` swaps the `torch::nn::Linear`
 /// children of a model for `Linear4bit` in place.
 
-#include <accel/nn/constant_buffers.hpp>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+#include <accel/nn/constant_buffers.hpp>
 
 #include <cstdint>
 #include <functional>
