@@ -1112,6 +1112,34 @@ TEST_CASE("config: a DeepSpeed JSON's optimizer and scheduler blocks of other ty
   CHECK(build("\"scheduler\": {\"type\": \"WarmupLR\"}").scheduler->log_warmup);  // DeepSpeed's default
 }
 
+TEST_CASE("config: the real-corpus DeepSpeed files with Adam and bias_correction false are read with it",
+          "[config]") {
+  // DeepSpeed's own bsz24 configs (tests/data/real_configs): "Adam" (AdamW logic, adam_w_mode's default)
+  // without bias correction, on the 8 ranks their train_batch_size 24 = 3 x 8 implies.
+  std::size_t read = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(accel::test::tests_dir() + "/data/real_configs/deepspeed")) {
+    const auto name = entry.path().filename().string();
+    if (name.find("bsz24") == std::string::npos) continue;
+    INFO(name);
+    const auto config = accel::Config::load_string(
+        "distributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 8\ndeepspeed_config:\n  "
+        "deepspeed_config_file: " +
+            entry.path().string() + "\n",
+        "ds.yaml");
+    accel::DeepSpeedTrainerArgs args;
+    args.world_size = 8;
+    args.per_device_train_batch_size = 3;
+    const auto ds = accel::deepspeed_trainer_config(config, args, /*throw_on_mismatch=*/false);
+    REQUIRE(ds.optimizer);
+    CHECK_FALSE(ds.optimizer->bias_correction);
+    CHECK(ds.optimizer->adamw_mode);
+    CHECK(ds.optimizer->lr == 3e-05);
+    ++read;
+  }
+  CHECK(read == 5);
+}
+
 TEST_CASE("config: NVMe offload of the optimizer state, from the YAML and from a DeepSpeed JSON file",
           "[config]") {
   const auto yaml = accel::Config::load_string(
