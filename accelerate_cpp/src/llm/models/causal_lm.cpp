@@ -424,7 +424,10 @@ void CausalLMImpl::untie_word_embeddings() {
   if (model->embed_tokens.is_empty())
     throw UsageError("accel::llm::CausalLM::untie_word_embeddings: the model holds no embed_tokens to copy");
   const auto& shared = model->embed_tokens->weight;
-  torch::nn::Linear head(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false));
+  // Made with no rows, so that LinearImpl's reset draws nothing (a random [vocab, hidden] matrix, thrown
+  // away: 151,936 x 896 on Qwen2-0.5B) and the random stream stays as it was; it then holds the copy.
+  torch::nn::Linear head(torch::nn::LinearOptions(config_.hidden_size, 0).bias(false));
+  head->options.out_features(config_.vocab_size);
   {
     torch::NoGradGuard no_grad;
     head->weight.set_data(shared.detach().clone());
