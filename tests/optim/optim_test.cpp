@@ -474,20 +474,25 @@ TEST_CASE("optim: with bias_correction DeepSpeedAdamW / DeepSpeedAdam are LibTor
 }
 
 TEST_CASE("optim: DeepSpeedAdamW without bias_correction steps ZeRO's shards as the whole model") {
-  // ZeRO re-points the optimizer at its flat shards (stage 2, and stage 3 with the optimizer offloaded) and
-  // the optimizer's own step runs there: the switch holds on every path.
+  // ZeRO re-points the optimizer at its flat shards and the optimizer's own step runs there, the state in
+  // memory or swapped to NVMe files between steps: the switch holds on every path.
   Regression data(16);
-  const auto run = [&](std::optional<int> stage) {
+  accel::test::TempDir swap;
+  const auto run = [&](int stage, accel::OffloadDevice offload) {
     torch::manual_seed(0);
     Mlp model;
     accel::optim::DeepSpeedAdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1),
                                      /*bias_correction=*/false);
     std::optional<accel::Accelerator> acc;
-    if (stage) {
+    if (stage > 0) {
       auto c = accel::test::make_config();
       c.backend = "zero";
-      c.zero.stage = *stage;
-      if (*stage == 3) c.zero.offload_optimizer_device = accel::OffloadDevice::Cpu;
+      c.zero.stage = stage;
+      c.zero.offload_optimizer_device = offload;
+      if (offload == accel::OffloadDevice::Nvme) {
+        c.zero.offload_optimizer_nvme_path = swap.path.string();
+        c.zero.offload_optimizer_buffer_count = 2;
+      }
       acc.emplace(accel::AcceleratorOptions().config(c));
       acc->prepare(model, opt);
     }
@@ -503,11 +508,13 @@ TEST_CASE("optim: DeepSpeedAdamW without bias_correction steps ZeRO's shards as 
     if (acc) acc->free_memory();  // the model whole and current
     return accel::test::snapshot(*model);
   };
-  const auto whole = run(std::nullopt);
-  for (const int stage : {2, 3}) {
-    const auto sharded = run(stage);
+  const auto whole = run(0, accel::OffloadDevice::None);
+  for (const auto& [stage, offload] :
+       {std::make_pair(2, accel::OffloadDevice::None), std::make_pair(3, accel::OffloadDevice::Cpu),
+        std::make_pair(2, accel::OffloadDevice::Nvme)}) {
+    const auto sharded = run(stage, offload);
     for (std::size_t k = 0; k < whole.size(); ++k) {
-      INFO("stage " << stage << ", tensor " << k);
+      INFO("stage " << stage << ", offload " << static_cast<int>(offload) << ", tensor " << k);
       REQUIRE(torch::allclose(sharded[k], whole[k], 1e-6, 1e-7));
     }
   }
