@@ -33,6 +33,12 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          reloads each in the dtype its own --dtype would give).
   vocab  a tokenizer with ids past config.json's vocab_size (transformers: IndexError in the embedding): the
          recipe refuses before training, naming vocab_size, the id and the fix.
+  options full fine-tuning with weight_decay 0.5 (none on biases and norms), cosine_with_min_lr, warmup_steps 0.2
+         (a ratio), packing (bfd, padding-free), accumulation 2, eval_strategy steps on a packed eval set: losses
+         (1e-4), model (1e-5) and every eval_loss (1e-4, the last step's too) equal SFTTrainer's.
+  ranks vs SFTTrainer  ddp_cpu 2 ranks against SFTTrainer on 2 ranks (forked as torchrun starts them, Gloo) on
+         completion-only data with very different label counts per rank, accumulation 2,
+         average_tokens_across_devices true and false: losses 1e-4, model 1e-5.
 Exit 77 when trl / peft / transformers / bitsandbytes are not importable.
 """
 import json
@@ -134,24 +140,32 @@ class Recording(SFTTrainer):
         return loss
 
 
-def hf_train(model, tok, data, out, batch, accum, steps, lr):
-    args = SFTConfig(output_dir=out, per_device_train_batch_size=batch, gradient_accumulation_steps=accum,
-                     max_steps=steps, learning_rate=lr, lr_scheduler_type="linear", warmup_steps=2,
-                     weight_decay=0.0, max_grad_norm=1.0, seed=SEED, logging_steps=1, save_strategy="no",
-                     report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                     disable_tqdm=True, max_length=1024, dataloader_num_workers=0)
+def hf_train(model, tok, data, out, batch, accum, steps, lr, eval_data=None, history=None, **extra):
+    """`extra`: more SFTConfig keys (they win over these); `history`: a list given the trainer's log_history.
+    On 2 ranks (fork_ranks) the logged losses are the ranks' mean (each rank's micro-batches differ)."""
+    keys = dict(output_dir=out, per_device_train_batch_size=batch, gradient_accumulation_steps=accum,
+                max_steps=steps, learning_rate=lr, lr_scheduler_type="linear", warmup_steps=2,
+                weight_decay=0.0, max_grad_norm=1.0, seed=SEED, logging_steps=1, save_strategy="no",
+                report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+                disable_tqdm=True, max_length=1024, dataloader_num_workers=0)
+    args = SFTConfig(**dict(keys, **extra))
     ds = datasets.load_dataset("json", data_files=data, split="train")
+    ev = datasets.load_dataset("json", data_files=eval_data, split="train") if eval_data else None
     # TRL 1.16's SFTTrainer turns a quantised model's trainable parameters into bf16 (QLoRA's paper); our recipe
     # trains them in the model's dtype (fp32 here), as transformers' Trainer + PEFT do: put them back, unrounded.
     fp32 = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    trainer = Recording(model=model, args=args, train_dataset=ds, processing_class=tok)
+    trainer = Recording(model=model, args=args, train_dataset=ds, eval_dataset=ev, processing_class=tok)
     for n, p in model.named_parameters():
         if n in fp32:
             p.data = fp32[n]
     trainer.micro = []
     trainer.train()
-    losses = [sum(trainer.micro[i:i + accum]) for i in range(0, len(trainer.micro), accum)]
+    if history is not None:
+        history.extend(trainer.state.log_history)
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if trainer.args.world_size > 1:
+        return logged
+    losses = [sum(trainer.micro[i:i + accum]) for i in range(0, len(trainer.micro), accum)]
     assert len(losses) == steps and all(abs(a - b) < 1e-6 for a, b in zip(losses, logged)), (losses, logged)
     return losses
 
@@ -576,6 +590,128 @@ def config_keys_row(fin, tmp, base, data):
     check("--packing" in bad and "'maybe'" in bad, f"config keys: --packing maybe is refused naming it: {bad.strip()!r}")
 
 
+def options_row(fin, tmp, base, tok, data):
+    """Full fine-tuning with the options a TRL recipe sets that the other rows leave at their defaults, against
+    SFTTrainer: weight_decay 0.5 (HF's get_decay_parameter_names: none on the q/k/v biases and the norms),
+    cosine_with_min_lr (min_lr_rate 0.1) with warmup_steps 0.2 (a ratio, transformers 5), packing (bfd,
+    padding-free: position ids restart per document; transformers' masks keep attention inside documents on
+    CPU too), accumulation 2 x batch 2, and eval_strategy steps every 3 of 8 steps on a packed eval set: the
+    per-step losses, every eval_loss (transformers 5 also evaluates at the last step, 8) and the model."""
+    ev = os.path.join(tmp, "eval.jsonl")
+    with open(data) as f, open(ev, "w") as g:
+        g.writelines(f.readlines()[:10])
+    extra = dict(weight_decay=0.5, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+                 warmup_steps=0.2, packing=True, max_length=256, eval_strategy="steps", eval_steps=3,
+                 per_device_eval_batch_size=3)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    hf_out, history = os.path.join(tmp, "hf_options"), []
+    ref = hf_train(model, tok, data, hf_out, 2, 2, 8, 3e-3, eval_data=ev, history=history, **extra)
+    model.save_pretrained(os.path.join(hf_out, "model"))
+    out = os.path.join(tmp, "our_options")
+    ours(fin, None, None, base, data, out, 2, 2, 8, 3e-3,
+         ["--weight_decay", "0.5", "--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs",
+          '{"min_lr_rate": 0.1}', "--warmup_steps", "0.2", "--packing", "--max_length", "256", "--eval_strategy",
+          "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "3", "--eval_dataset", ev])
+    with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
+        metrics = [json.loads(l) for l in f]
+    want = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    got = [(m["step"], m["eval/loss"]) for m in metrics if "eval/loss" in m]
+    d, md = max_diff(ref, our_losses(out)), tensors_diff(our_model_tensors(os.path.join(hf_out, "model")),
+                                                        our_model_tensors(os.path.join(out, "model")))
+    ed = max_diff([v for _, v in want], [v for _, v in got]) if [k for k, _ in want] == [k for k, _ in got] \
+        else float("inf")
+    check(d <= 1e-4 and md <= 1e-5 and ed <= 1e-4,
+          f"options (full, weight_decay 0.5, cosine_with_min_lr, warmup ratio 0.2, packing bfd, eval every 3 "
+          f"steps): 8 step losses equal SFTTrainer's (max |diff| {d:.2e} <= 1e-4), model within 1e-5 ({md:.2e}), "
+          f"eval_loss at steps {[k for k, _ in got]} (SFTTrainer's {[k for k, _ in want]}) within 1e-4 ({ed:.2e})")
+
+
+def skewed_completions(tmp):
+    """Prompt-completion chats whose completions are a number or 20-60 words: the ranks' label counts differ
+    several-fold, so how the loss is normalised over the ranks shows in every step."""
+    rng = random.Random(3)
+    words = "the a cat dog sum of plus minus is what number tell me please quickly answer".split()
+    path = os.path.join(tmp, "skewed.jsonl")
+    with open(path, "w") as f:
+        for _ in range(24):
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            ask = " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))
+            answer = str(a + b) if rng.random() < 0.5 else " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"{ask} What is {a} plus {b}?"}],
+                                "completion": [{"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+def hf_ranks_worker(base, data, out):
+    """Run on 2 ranks (fork_ranks, Gloo): SFTTrainer with average_tokens_across_devices true (transformers
+    5's default) and false, 3 steps each; rank 0 writes the logged losses and saves each model."""
+    tok = PreTrainedTokenizerFast.from_pretrained(base)
+    result = {}
+    for avg in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(base)
+        run = os.path.join(out, f"hf_ranks_{avg}")
+        result[str(avg)] = hf_train(model, tok, data, run, 2, 2, 3, 3e-3, ddp_backend="gloo",
+                                    average_tokens_across_devices=avg)
+        if int(os.environ.get("RANK", "0")) == 0:
+            model.save_pretrained(os.path.join(run, "model"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(os.path.join(out, "hf_ranks.json"), "w") as f:
+            json.dump(result, f)
+
+
+def fork_ranks(fn, *args):
+    """Runs fn(*args) on 2 ranks as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT; transformers opens a Gloo
+    group), in processes forked from this one: torch, transformers and TRL are imported already (a torchrun
+    launch spent ~13 s of CPU importing them again). Accelerate's process state, made here by the one-process
+    runs, is reset in each child. Returns the exit codes."""
+    import multiprocessing
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def child(rank):
+        from accelerate.state import AcceleratorState, PartialState
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        AcceleratorState._reset_state(True)
+        PartialState._reset_state()
+        fn(*args)
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=child, args=(r,)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    return [p.exitcode for p in procs]
+
+
+def hf_ranks_row(fin, launch, templates, tmp, base):
+    """2 ranks against SFTTrainer on 2 ranks (2 processes forked as torchrun would start them, Gloo),
+    completion-only data whose ranks hold very different label counts, accumulation 2: with
+    average_tokens_across_devices true (every rank's label tokens
+    divide the window's loss) and false (each rank's own; the ranks' gradients averaged), losses within 1e-4
+    and the models within 1e-5 (false was read and ignored: 1.5e-2 off HF's model)."""
+    data = skewed_completions(tmp)
+    codes = fork_ranks(hf_ranks_worker, base, data, tmp)
+    if codes != [0, 0]:
+        check(False, f"ranks vs SFTTrainer: the 2 forked ranks of SFTTrainer exited {codes}")
+        return
+    with open(os.path.join(tmp, "hf_ranks.json")) as f:
+        ref = json.load(f)
+    for avg in (True, False):
+        out = os.path.join(tmp, f"our_ranks_avg_{avg}")
+        ours(fin, launch, os.path.join(templates, "ddp_cpu.yaml"), base, data, out, 2, 2, 3, 3e-3,
+             ["--average_tokens_across_devices", str(avg).lower()])
+        d = max_diff(ref[str(avg)], our_losses(out))
+        md = tensors_diff(our_model_tensors(os.path.join(tmp, f"hf_ranks_{avg}", "model")),
+                          our_model_tensors(os.path.join(out, "model")))
+        check(d <= 1e-4 and md <= 1e-5, f"ranks ddp_cpu vs SFTTrainer on 2 ranks (Gloo), skewed "
+              f"completion-only labels, average_tokens_across_devices {str(avg).lower()}: 3 step losses (max |diff| "
+              f"{d:.2e} <= 1e-4), model (max |diff| {md:.2e} <= 1e-5)")
+
+
 def main():
     fin, launch, templates, jinja = sys.argv[1:5]
     t0 = time.time()
@@ -597,7 +733,10 @@ def main():
         readme_row(fin, launch, tmp, base, data)
         vocab_row(fin, tmp, base, data)
         config_keys_row(fin, tmp, base, data)
-        print(f"time {time.time() - t0:.1f} s")
+        t1 = time.time()
+        options_row(fin, tmp, base, tok, data)
+        hf_ranks_row(fin, launch, templates, tmp, base)
+        print(f"time {time.time() - t0:.1f} s (options and ranks vs SFTTrainer rows {time.time() - t1:.1f} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if FAILED:

@@ -60,6 +60,7 @@ TEST_CASE("TrainingArguments: a training_args.json written by HF's TrainingArgum
   CHECK(a.load_best_model_at_end);
   CHECK(a.metric_for_best_model == "accuracy");
   CHECK(a.greater_is_better == true);
+  CHECK_FALSE(a.average_tokens_across_devices);  // transformers 4.46's default; 5's is true
   CHECK(a.report_to == std::vector<std::string>{"tensorboard"});
   CHECK(a.is_explicit("gradient_accumulation_steps"));
   CHECK_FALSE(a.is_explicit("nonfinite_loss"));

@@ -214,6 +214,10 @@ const std::vector<Field>& fields() {
        [](A& a, const W& w, const S& k, const V& v) { a.warmup_ratio = to_double(w, k, v); }},
       {{"gradient_accumulation_steps", "1", "micro-batches per optimizer step"},
        [](A& a, const W& w, const S& k, const V& v) { a.gradient_accumulation_steps = to_int32(w, k, v); }},
+      {{"average_tokens_across_devices", "true",
+        "a loss summed over label tokens is divided by every rank's label tokens of the window (false: each "
+        "rank's own, the ranks then averaged)"},
+       [](A& a, const W& w, const S& k, const V& v) { a.average_tokens_across_devices = to_bool(w, k, v); }},
       {{"max_grad_norm", "1.0", "gradient clipping norm; 0 disables"},
        [](A& a, const W& w, const S& k, const V& v) { a.max_grad_norm = to_double(w, k, v); }},
       {{"bf16", "false", "bf16 mixed precision"},
@@ -734,6 +738,7 @@ std::string TrainingArguments::to_yaml() const {
   out << YAML::Key << "warmup_steps" << YAML::Value << warmup_steps;
   out << YAML::Key << "warmup_ratio" << YAML::Value << warmup_ratio;
   out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << gradient_accumulation_steps;
+  out << YAML::Key << "average_tokens_across_devices" << YAML::Value << average_tokens_across_devices;
   out << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
   out << YAML::Key << "bf16" << YAML::Value << bf16;
   out << YAML::Key << "fp16" << YAML::Value << fp16;
@@ -897,7 +902,6 @@ const std::vector<UnsupportedTrainingKey>& unsupported_training_keys() {
       {"use_legacy_prediction_loop", "false", false, "not available"},
       {"use_liger_kernel", "false", false, "Liger kernels are Python-only"},
       {"liger_kernel_config", "null", false, "Liger kernels are Python-only"},
-      {"average_tokens_across_devices", "false|true", true, "the logged loss is the mean over ranks"},
   };
   return table;
 }

@@ -53,6 +53,10 @@ struct TrainingArguments {
   std::int64_t warmup_steps = 0;  ///< > 0 wins over warmup_ratio
   double warmup_ratio = 0.0;
   int gradient_accumulation_steps = 1;
+  /// HF's average_tokens_across_devices (transformers 5's default true): a loss summed over label tokens
+  /// (Trainer::set_num_items) is divided by the accumulation window's label tokens of every rank; false: by
+  /// each rank's own, the ranks' gradients then averaged (other numbers on 2 or more ranks, as HF's).
+  bool average_tokens_across_devices = true;
   double max_grad_norm = 1.0;  ///< 0 disables clipping
   bool bf16 = false;
   bool fp16 = false;
