@@ -311,6 +311,7 @@ void trainer_equals_loop() {
     } catch (const std::exception& e) {
       first = e.what();
     }
+    const auto steps = t.state().global_step;
     try {
       t.train();
     } catch (const UsageError& e) {
@@ -320,6 +321,9 @@ void trainer_equals_loop() {
     CHECK_MSG(
         second.find("stopped inside an optimizer step, after 1 of its 2 micro-batches") != std::string::npos,
         "a second train() after an interrupted step gave '" << second << "'");
+    // Refused before it reset anything of the run (a later train() otherwise starts a new TrainerState).
+    CHECK_MSG(steps == 1 && t.state().global_step == steps,
+              "the refused train() left global_step " << t.state().global_step << " (was " << steps << ")");
   }
   // logging_steps 1: one training log per step, with the loss averaged over ranks, then the summary.
   CHECK_MSG(static_cast<std::int64_t>(got.state.log_history.size()) == got.state.max_steps + 1,

@@ -703,7 +703,24 @@ void TrainerBase::restart_run() {
   scheduler_ = std::move(prepared);
 }
 
+bool TrainerBase::held_window() const {
+  return window_micro_ > 0 && window_micro_ < accelerator_->gradient_accumulation_steps();
+}
+
+UsageError TrainerBase::held_window_error() const {
+  // HF's Trainer zeroes the model's gradients at every train(); here the Accelerator holds the gradients of
+  // the micro-batches of an unfinished step apart from .grad, and the accumulation clock is inside it.
+  return UsageError(fmt::format(
+      "Trainer: the last train() stopped inside an optimizer step, after {} of its {} micro-batches (an "
+      "exception); their gradients are still held for that step and this train() would add them to its "
+      "first. Resume from a checkpoint (train(\"latest\") or train(dir)), or make a new Trainer",
+      window_micro_, accelerator_->gradient_accumulation_steps()));
+}
+
 void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& resume) {
+  // Refused before anything of the last run is reset (with "latest" it is refused below when no checkpoint is
+  // found).
+  if (prepared_ && resume.empty() && held_window()) throw held_window_error();
   epoch_end_pending_ = false;  // a resumed checkpoint may set it again
   auto& acc = *accelerator_;
   if (prepared_) {  // a later train(): HF's _init_training_state makes a new TrainerState
@@ -794,14 +811,8 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
   }
   if (!dir.empty()) {
     resume_from(dir);  // load_state also drops what an interrupted step held
-  } else if (window_micro_ > 0 && window_micro_ < acc.gradient_accumulation_steps()) {
-    // HF's Trainer zeroes the model's gradients at every train(); here the Accelerator holds the gradients of
-    // the micro-batches of an unfinished step apart from .grad, and the accumulation clock is inside it.
-    throw UsageError(fmt::format(
-        "Trainer: the last train() stopped inside an optimizer step, after {} of its {} micro-batches (an "
-        "exception); their gradients are still held for that step and this train() would add them to its "
-        "first. Resume from a checkpoint (train(\"latest\") or train(dir)), or make a new Trainer",
-        window_micro_, acc.gradient_accumulation_steps()));
+  } else if (held_window()) {
+    throw held_window_error();
   }
   if (!trackers_open_) {
     acc.init_trackers(args_.run_name.value_or("trainer"),

@@ -192,6 +192,10 @@ class TrainerBase {
   void build_scheduler();
   /// A later train(): a new TrainerState, schedule (and under DeepSpeed optimizer state), as HF's Trainer.
   void restart_run();
+  /// The last train() stopped inside an optimizer step (its micro-batches' gradients still held), and the
+  /// UsageError a train() that does not resume gives then.
+  bool held_window() const;
+  UsageError held_window_error() const;
   void resume_from(const std::string& dir);
   void log_training();
   void record_log(LogEntry logs);
