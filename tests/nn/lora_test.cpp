@@ -503,3 +503,59 @@ TEST_CASE("LoRA: the adapters keep applying when the handle get_peft_model retur
   REQUIRE(Bq.grad().defined());
   CHECK(Bq.grad().abs().sum().item<double>() > 0);
 }
+
+TEST_CASE(
+    "LoRA: adapters of a bf16 base are float32 (autocast_adapter_dtype), summed into the output as PEFT") {
+  // PEFT's get_peft_model(autocast_adapter_dtype=True): adapters drawn in float32, moved to the base's bf16,
+  // widened to float32 again; Linear.forward: x cast to float32, (result + B A x * s) rounded once to bf16.
+  auto make = [](bool autocast) {
+    torch::manual_seed(3);
+    auto model = std::make_shared<torch::nn::Module>();
+    model->register_module("q_proj", torch::nn::Linear(64, 48));
+    model->to(torch::kBFloat16);
+    peft::LoraConfig config;
+    config.r = 4;
+    config.lora_alpha = 12;  // scale 3
+    config.target_modules = {"q_proj"};
+    config.autocast_adapter_dtype = autocast;
+    auto lora = peft::get_peft_model(model, config);
+    randomize_lora_b(*model, 0.5);
+    return std::make_pair(model, lora);
+  };
+  const auto x = torch::randn({16, 64}).to(torch::kBFloat16);
+  for (const bool autocast : {true, false}) {
+    auto [model, lora] = make(autocast);
+    auto named = model->named_parameters();
+    const auto A = named["q_proj.lora_A.weight"], B = named["q_proj.lora_B.weight"];
+    CHECK(A.scalar_type() == (autocast ? torch::kFloat32 : torch::kBFloat16));
+    CHECK(B.scalar_type() == A.scalar_type());
+    CHECK(torch::equal(A, A.to(torch::kBFloat16).to(A.scalar_type())));  // A's values are bf16's
+    auto* q = model->named_modules()["q_proj"]->as<torch::nn::Linear>();
+    const auto w = q->weight.detach().clone(), b = q->bias.detach().clone();  // unobserved copies
+    const auto y = q->forward(x);
+    REQUIRE(y.scalar_type() == torch::kBFloat16);
+    const auto base = torch::linear(x, w, b);
+    const auto term = torch::linear(torch::linear(x.to(A.scalar_type()), A.detach()), B.detach()) * 3.0;
+    // PEFT's `(result + term).to(result.dtype)`: one rounding with float32 adapters.
+    CHECK(torch::equal(y, (base + term).to(torch::kBFloat16)));
+    if (autocast) {
+      // The term rounded to bf16 before the add (two roundings) gives other outputs: the check tells them
+      // apart.
+      CHECK_FALSE(torch::equal(y, base + term.to(torch::kBFloat16)));
+    }
+    // Gradients reach the adapters in their dtype.
+    y.to(torch::kFloat32).pow(2).sum().backward();
+    REQUIRE(A.grad().defined());
+    CHECK(A.grad().scalar_type() == A.scalar_type());
+    CHECK(B.grad().scalar_type() == B.scalar_type());
+  }
+  // A float32 base: float32 adapters whatever the flag.
+  torch::manual_seed(3);
+  auto model = std::make_shared<torch::nn::Module>();
+  model->register_module("q_proj", torch::nn::Linear(8, 8));
+  peft::LoraConfig config;
+  config.target_modules = {"q_proj"};
+  config.autocast_adapter_dtype = false;
+  peft::get_peft_model(model, config);
+  CHECK(model->named_parameters()["q_proj.lora_A.weight"].scalar_type() == torch::kFloat32);
+}

@@ -165,7 +165,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     if (outputs.empty() || !outputs[0].isTensor())
       throw std::runtime_error("the operator returned no tensor");
     auto y = outputs[0].toTensor();
-    auto x = pending->x;
+    // PEFT's Linear.forward: x cast to the adapters' dtype (_cast_input_dtype), `result + B A x * scaling` in
+    // the wider dtype, then `.to(result's dtype)`: float32 adapters on a bf16 base round once, in the add.
+    auto x = pending->x.to(l.lora_A->weight.scalar_type());
     if (l.dropout > 0 && l.base()->is_training()) x = torch::dropout(x, l.dropout, /*train=*/true);
     torch::Tensor delta;
     if (l.column != nullptr) {
@@ -186,7 +188,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     } else {
       delta = l.lora_B(l.lora_A(x));
     }
-    y.add_((delta * l.scale).to(y.scalar_type()));
+    // The in-place add computes in the two dtypes' promotion and rounds once into y's dtype: PEFT's
+    // `(result + term).to(result.dtype)` (a float32 term on a bf16 output: one rounding, not two).
+    y.add_(delta * l.scale);
   } catch (const std::exception& e) {
     // An exception here would be swallowed by ATen and the layer would silently lack its adapter: stop.
     std::cerr << "accelerate-cpp LoRA: could not apply the adapter of '" << l.path << "': " << e.what()
@@ -828,7 +832,12 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
       out = linear->weight.size(0);
     }
     const auto device = base4 == nullptr ? layer->weight().device() : base4->quantized().packed.device();
-    const auto dtype = base4 == nullptr ? layer->weight().scalar_type() : torch::kFloat32;
+    // A bf16 / fp16 base with autocast_adapter_dtype: float32 adapters, made as PEFT makes them (drawn in
+    // float32, moved to the base's dtype by _move_adapter_to_device_of_base_layer, widened by
+    // cast_adapter_dtype: A's values are the base dtype's).
+    const auto base_dtype = base4 == nullptr ? layer->weight().scalar_type() : torch::kFloat32;
+    const bool widen =
+        config.autocast_adapter_dtype && (base_dtype == torch::kBFloat16 || base_dtype == torch::kFloat16);
     layer->lora_A = torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));
     layer->lora_B = torch::nn::Linear(torch::nn::LinearOptions(config.r, out).bias(false));
     {
@@ -844,8 +853,12 @@ std::shared_ptr<LoraModel> get_peft_model(const std::shared_ptr<torch::nn::Modul
         b.set_data(b.narrow(0, column->first_row(), column->local_rows()).clone());
       }
     }
-    layer->lora_A->to(device, dtype);
-    layer->lora_B->to(device, dtype);
+    layer->lora_A->to(device, base_dtype);
+    layer->lora_B->to(device, base_dtype);
+    if (widen) {
+      layer->lora_A->to(torch::kFloat32);
+      layer->lora_B->to(torch::kFloat32);
+    }
     {
       torch::NoGradGuard no_grad;
       layer->lora_B->weight.zero_();

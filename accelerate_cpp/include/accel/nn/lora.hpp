@@ -76,6 +76,15 @@ struct LoraConfig {
   /// PEFT's task_type (CAUSAL_LM, SEQ_CLS, ...): under SEQ_CLS without an output head, all-linear leaves out
   /// the classification head (a top-level `score` or `classifier`, PEFT's SEQ_CLS_HEAD_NAMES).
   std::string task_type;
+  /// PEFT's get_peft_model(..., autocast_adapter_dtype=True) (peft/tuners/tuners_utils.py
+  /// cast_adapter_dtype): true (PEFT's default): the adapters of a bf16 / fp16 base are float32 (drawn in
+  /// float32, rounded to the base's dtype and widened again, as PEFT makes them), and the adapter term is
+  /// computed as PEFT's Linear.forward computes it: the input cast to float32, `base output + delta` summed
+  /// in float32 and rounded once to the output's dtype. false: the adapters keep the base's dtype (TRL's
+  /// SFTTrainer passes false under DeepSpeed ZeRO-3 for a model that is not quantised). A 4-bit base's
+  /// adapters are float32 either way. Not written into adapter_config.json (PEFT does not write it either);
+  /// load_adapter copies the file's values into the adapters' dtype.
+  bool autocast_adapter_dtype = true;
 };
 
 /// The adapters put on one model: what get_peft_model returns. The adapters live in the model (its
