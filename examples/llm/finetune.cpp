@@ -160,7 +160,11 @@ llm::CausalLM load_model(const accel::ModelArguments& m, const std::string& dir,
   return llm::from_pretrained(dir, options);
 }
 
-std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel::ModelArguments& m) {
+// TRL's SFTTrainer (trl/trainer/sft_trainer.py): get_peft_model with PEFT's default autocast_adapter_dtype
+// (float32 adapters on a bf16 / fp16 base), except under DeepSpeed ZeRO-3 for a model that is not quantised
+// (-t stage3, -t minimal), where TRL passes false and the adapters keep the base's dtype.
+std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel::ModelArguments& m,
+                                              const accel::Config& config) {
   if (!m.use_peft) return nullptr;
   accel::peft::LoraConfig c;
   c.r = m.lora_r;
@@ -172,6 +176,7 @@ std::shared_ptr<accel::peft::LoraModel> adapt(llm::CausalLM& model, const accel:
   c.use_rslora = m.use_rslora;
   c.ensure_weight_tying = m.ensure_weight_tying;
   c.task_type = m.lora_task_type;
+  c.autocast_adapter_dtype = !(config.backend == "zero" && config.zero.stage == 3 && !m.load_in_4bit);
   return accel::peft::get_peft_model(model.ptr(), c);
 }
 
@@ -543,7 +548,7 @@ int main(int argc, char** argv) try {
               acc.sequence_parallel_group()->world_size(), " ranks: each holds that share of every sequence",
               context ? " (cp_comm_strategy " + acc.config().context_parallel_comm_strategy + ")" : "");
   }
-  const auto lora = adapt(model, model_args);
+  const auto lora = adapt(model, model_args, acc.config());
   if (!sft.adapter_init.empty()) {
     if (!lora)
       throw accel::UsageError("finetune: --adapter_init " + sft.adapter_init +
