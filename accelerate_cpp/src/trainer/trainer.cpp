@@ -897,7 +897,9 @@ void TrainerBase::micro_step_items(const torch::Tensor& summed_loss, double wind
   // back, the window's gradients are d(sum of its items' losses) / window_items, HF's num_items_in_batch
   // rule. The logged value is scaled to the window's batches instead, so that log_training's mean over every
   // rank's micro-batches is the window's mean loss per item.
-  const double replicas = acc.data_parallel_group()->world_size();
+  // average_tokens_across_devices false: window_items is this rank's own, and the replicas' gradients are
+  // averaged as they come (HF then logs the ranks' mean of their window means: the same scaling).
+  const double replicas = args_.average_tokens_across_devices ? acc.data_parallel_group()->world_size() : 1.0;
   const auto per_item = summed_loss / std::max(window_items, 1.0);
   micro_step_logged(per_item * (replicas * acc.gradient_accumulation_steps()),
                     per_item.detach() * (replicas * static_cast<double>(window_batches)), rows, tokens);
@@ -905,6 +907,15 @@ void TrainerBase::micro_step_items(const torch::Tensor& summed_loss, double wind
 
 double TrainerBase::window_items(std::int64_t counts) {
   auto& acc = *accelerator_;
+  if (!args_.average_tokens_across_devices) {
+    // HF's false: each rank's own items (transformers divides them by tp/cp/sp sizes: not followed here).
+    if (acc.num_processes() != acc.data_parallel_group()->world_size())
+      throw ConfigError(
+          "TrainingArguments average_tokens_across_devices false is implemented for data parallelism only "
+          "(every rank its own batch); with tensor, sequence or context parallelism set it to true",
+          args_.source, 0, "average_tokens_across_devices");
+    return static_cast<double>(counts);
+  }
   auto t = torch::tensor({static_cast<double>(counts)}, torch::kFloat64);
   if (acc.num_processes() > 1) t = acc.reduce(t, ReduceOp::Sum).cpu();
   // The ranks of one replica (a tensor-parallel group) read the same rows: each item is counted that often.
@@ -989,6 +1000,9 @@ void TrainerBase::window_end() {
   if (args_.save_strategy == "steps" && step % state_.save_steps == 0) control_.should_save = true;
   if (step >= state_.max_steps) {
     control_.should_training_stop = true;
+    // transformers 5: eval_strategy steps also evaluates at the last step when it is not a multiple of
+    // eval_steps (the final eval_loss was missing).
+    if (args_.eval_strategy == "steps" && step % state_.eval_steps != 0) control_.should_evaluate = true;
     // HF: the end saves under every strategy but no and best (best saves at evaluations only).
     if (args_.save_strategy != "no" && args_.save_strategy != "best") control_.should_save = true;
   }

@@ -429,6 +429,7 @@ class Trainer : public detail::TrainerBase {
       double loss_sum = 0;
       std::int64_t loss_rows = 0;
       std::vector<torch::Tensor> predictions, labels;
+      std::size_t index = 0;  // of this rank's evaluation batches
       for (auto& batch : *eval_loader_) {
         EvalOutput out;
         if (pipelined()) {
@@ -443,12 +444,13 @@ class Trainer : public detail::TrainerBase {
           out = eval_step_ ? eval_step_(batch) : EvalOutput{compute_loss_for_eval(batch), {}, {}};
         }
         if (out.loss.defined()) {
-          const auto rows = detail::batch_rows(batch);
+          const auto rows = eval_rows(detail::batch_rows(batch), index);
           auto losses = acc.gather_for_metrics(
               out.loss.detach().to(torch::kFloat64).reshape({1}).expand({rows}).contiguous());
           loss_sum += losses.sum().template item<double>();
           loss_rows += losses.size(0);
         }
+        ++index;
         if (out.predictions.defined()) predictions.push_back(acc.gather_for_metrics(out.predictions).cpu());
         if (out.labels.defined()) labels.push_back(acc.gather_for_metrics(out.labels).cpu());
       }
@@ -493,6 +495,22 @@ class Trainer : public detail::TrainerBase {
       items += count_items_(train_.get_batch(indices));
     window_batches_ = window_left_ = static_cast<std::int64_t>(ahead.size()) + 1;
     window_total_ = window_items(items);
+  }
+  // The samples an evaluation batch's loss stands for, as HF weighs it (the evaluation batch size; the last
+  // batch of a one-process epoch, what is left of the dataset; gather_for_metrics drops the last round's
+  // wrap-around): a padding-free batch (TRL's packing, every row joined into one) has tensors of one row but
+  // holds the batch's samples, which HF counts (its eval_loss over packed data was weighted 1 per batch
+  // here). Under even_batches false on several ranks, a padding-free last batch counts as one sample.
+  std::int64_t eval_rows(std::int64_t tensor_rows, std::size_t index) {
+    if (tensor_rows != 1) return tensor_rows;
+    auto& acc = accelerator();
+    const auto world = static_cast<std::size_t>(std::max(acc.data_parallel_group()->world_size(), 1));
+    const auto full = std::max<std::size_t>(eval_batch_rows() / (acc.config().split_batches ? world : 1), 1);
+    const auto batches = eval_loader_->size();
+    if (index + 1 < batches || (world > 1 && acc.config().even_batches))
+      return static_cast<std::int64_t>(full);
+    if (world > 1) return tensor_rows;  // even_batches false: a rank's last batch may be short
+    return static_cast<std::int64_t>(eval_loader_->dataset_size() - (batches - 1) * full);
   }
   torch::Tensor compute_loss_for_eval(EvalBatch& batch) {
     if constexpr (std::is_same_v<EvalBatch, Batch>) {
