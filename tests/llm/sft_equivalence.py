@@ -620,6 +620,12 @@ def options_row(fin, tmp, base, tok, data):
                                                         our_model_tensors(os.path.join(out, "model")))
     ed = max_diff([v for _, v in want], [v for _, v in got]) if [k for k, _ in want] == [k for k, _ in got] \
         else float("inf")
+    # The logged rate is the one the step used (transformers 5 reads it before lr_scheduler.step()).
+    hf_lr = [h["learning_rate"] for h in history if "loss" in h]
+    our_lr = [m["train/learning_rate"] for m in metrics if "train/loss" in m]
+    lrd = max_diff(hf_lr, our_lr)
+    check(lrd <= 1e-12, f"options: the logged learning_rate of each step equals SFTTrainer's (max |diff| {lrd:.2e}): "
+          f"{[f'{v:.3g}' for v in our_lr]}")
     check(d <= 1e-4 and md <= 1e-5 and ed <= 1e-4,
           f"options (full, weight_decay 0.5, cosine_with_min_lr, warmup ratio 0.2, packing bfd, eval every 3 "
           f"steps): 8 step losses equal SFTTrainer's (max |diff| {d:.2e} <= 1e-4), model within 1e-5 ({md:.2e}), "

@@ -686,6 +686,7 @@ std::string TrainerBase::latest_checkpoint() const {
 // optimizer (set_optimizer) is kept, and so is a user's schedule. The objects stay the prepared ones.
 void TrainerBase::restart_run() {
   auto& acc = *accelerator_;
+  step_lr_ = -1;
   const auto ds = deepspeed_blocks(args_, acc, state_.max_steps, warmup_, false);
   if (acc.backend_name() == "zero" && !user_optimizer_) restart_optimizer_state(*optimizer_);
   if (user_scheduler_) return;
@@ -980,7 +981,12 @@ void TrainerBase::window_end() {
     each_callback([&](TrainerCallback& c) { c.on_pre_optimizer_step(args_, state_, control_); });
     optimizer_->step();
     each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });
+    // The rate logged for this step: transformers 5 reads it after optimizer.step() and before
+    // lr_scheduler.step() (the rate the step used); under DeepSpeed the engine has stepped its schedule
+    // inside the backward already, so HF logs the next step's rate there, as here after the schedule's step.
+    step_lr_ = optimizer_->param_groups().front().options().get_lr();
     if (!acc.optimizer_step_was_skipped()) scheduler_->step();
+    if (acc.backend_name() == "zero") step_lr_ = optimizer_->param_groups().front().options().get_lr();
     zero_grads();
     interval_loss_ += window_loss;
     interval_micro_ += window_micro_;
@@ -1058,7 +1064,7 @@ void TrainerBase::log_training() {
   LogEntry logs;
   logs["loss"] = count > 0 ? both[0].item<double>() / count : std::nan("");
   if (last_grad_norm_ >= 0) logs["grad_norm"] = last_grad_norm_;
-  logs["learning_rate"] = optimizer_->param_groups().front().options().get_lr();
+  logs["learning_rate"] = step_lr_ >= 0 ? step_lr_ : optimizer_->param_groups().front().options().get_lr();
   logs["epoch"] = state_.epoch;
   if (state_.num_input_tokens_seen > 0)
     logs["num_input_tokens_seen"] = static_cast<double>(state_.num_input_tokens_seen);
