@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <set>
@@ -151,7 +152,8 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
       for (std::size_t gi = first_group; gi < groups_.size(); ++gi)
         nvme_->add_group(gi, groups_[gi].master, &optimizer);
     }
-    buckets_.clear();
+    planned_by_arrival_ = false;  // planned again after the next synchronising backward
+    arrival_.clear();
     build_buckets();
     install_hooks();
     trigger_.start();
@@ -197,6 +199,7 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
         if (!seen_[index]) mark_ready(index);
       }
       finish_pending();
+      if (options_.stage == 2 && any_seen_ && !planned_by_arrival_) plan_by_arrival();
     }
     // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
     // part: nothing to reduce, and its buffers did not change.
@@ -292,6 +295,7 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
     if (!syncing_ || options_.stage != 2 || ref_.count(index) == 0 || seen_[index]) return;
     detail::Quiet quiet;  // our own operators (on the masters too) are no optimizer step
     any_seen_ = true;
+    if (!planned_by_arrival_) arrival_.push_back(index);
     mark_ready(index);
   }
 
@@ -478,14 +482,19 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
   // head's among them) waited for it, held until the end of backward (issue 51).
   void build_buckets() {
     if (options_.stage != 2) return;
-    std::vector<std::pair<std::size_t, std::size_t>> order;  // (group, member), by model index, descending
-    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-      for (std::size_t m = 0; m < groups_[gi].params.size(); ++m)
-        order.emplace_back(gi, m);
-    }
-    std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
-      return groups_[a.first].params[a.second] > groups_[b.first].params[b.second];
-    });
+    std::vector<std::size_t> indices;  // by model index, descending
+    for (const auto& [index, r] : ref_)
+      indices.push_back(index);
+    std::sort(indices.begin(), indices.end(), std::greater<>());
+    build_buckets(indices);
+  }
+
+  // Plans the buckets for gradients arriving in `indices`' order (every parameter of ref_ once).
+  void build_buckets(const std::vector<std::size_t>& indices) {
+    buckets_.clear();
+    std::vector<std::pair<std::size_t, std::size_t>> order;  // (group, member)
+    for (auto index : indices)
+      order.emplace_back(ref_.at(index).group, ref_.at(index).member);
     std::vector<std::size_t> sizes;
     StageBucket b;
     std::uint64_t filled = 0;
@@ -510,6 +519,35 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
       close_bucket(b);
     }
     clock_ = detail::BucketClock(sizes);
+  }
+
+  // After the first synchronising backward, the buckets are planned again in the order its gradients
+  // arrived, rank 0's (broadcast, so that every rank launches the same buckets), as PyTorch's DDP rebuilds
+  // its buckets after the first iteration. Reverse model order is not backward's order inside a decoder
+  // layer: it registers self_attn, mlp, then input_layernorm and post_attention_layernorm, so in reverse
+  // order the layer's norms came first, and input_layernorm's gradient arrives last in the layer; buckets
+  // launch strictly in order, so every bucket of the layer (its attention and MLP gradients) waited for it
+  // (issue 51). Parameters that got no gradient follow in reverse model order. The sums do not change (each
+  // bucket is still an element-wise sum in rank order).
+  void plan_by_arrival() {
+    planned_by_arrival_ = true;
+    std::vector<std::int64_t> sent(params_.size(), -1);
+    for (std::size_t k = 0; k < arrival_.size() && k < sent.size(); ++k)
+      sent[k] = static_cast<std::int64_t>(arrival_[k]);
+    arrival_.clear();
+    auto order = torch::tensor(sent, torch::kInt64);
+    comm_.broadcast(order, 0);
+    std::vector<std::size_t> indices;
+    std::set<std::size_t> taken;
+    const auto* got = order.data_ptr<std::int64_t>();
+    for (std::size_t k = 0; k < sent.size() && got[k] >= 0; ++k) {
+      const auto index = static_cast<std::size_t>(got[k]);
+      if (ref_.count(index) != 0 && taken.insert(index).second) indices.push_back(index);
+    }
+    for (auto it = ref_.rbegin(); it != ref_.rend(); ++it) {
+      if (taken.count(it->first) == 0) indices.push_back(it->first);
+    }
+    build_buckets(indices);
   }
 
   void close_bucket(StageBucket& b) {
@@ -624,6 +662,8 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
   detail::BucketClock clock_;
   std::vector<bool> seen_;
   bool any_seen_ = false;
+  std::vector<std::size_t> arrival_;  // the first synchronising backward's gradients, in arrival order
+  bool planned_by_arrival_ = false;
   bool syncing_ = false;
   bool dirty_ = false;  // the optimizer touched a master since the model was last refreshed from them
   std::vector<std::size_t> owned_;  // parameters some prepared optimizer owns (refreshed from the masters)
