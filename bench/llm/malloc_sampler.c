@@ -5,10 +5,10 @@
  *   CLOCK_MONOTONIC seconds, uordblks, hblkhd, arena, fordblks (glibc's mallinfo2: bytes in use in the heap,
  *   in use in mmapped chunks, the heap's size, free inside it), RssAnon bytes (/proc/self/status)
  *
- * so that a rank's anonymous memory can be split into what malloc has handed out (live), what glibc keeps free
- * inside its heap, and what lies outside malloc (thread stacks, the runtime's own mappings). It changes no
- * allocation: mallinfo2 only reads the arenas' counters under their locks.
- * Build: cc -O2 -shared -fPIC -o libmalloc_sampler.so malloc_sampler.c -lpthread (memory_check.py does). */
+ * so that a rank's anonymous memory can be split into what malloc has handed out (live), what glibc keeps
+ * free inside its heap, and what lies outside malloc (thread stacks, the runtime's own mappings). It changes
+ * no allocation: mallinfo2 only reads the arenas' counters under their locks. Build: cc -O2 -shared -fPIC -o
+ * libmalloc_sampler.so malloc_sampler.c -lpthread (memory_check.py does). */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <pthread.h>
