@@ -338,12 +338,26 @@ class DdpBackend final : public Backend {
     bucket_of_.assign(params_.size(), 0);
     offset_of_.assign(params_.size(), 0);
     std::vector<std::size_t> sizes;
+    // PyTorch's DDP buckets each dtype and device apart (compute_bucket_assignment_by_size): a planned bucket
+    // is cut where its members' dtype or device changes (float32 LoRA adapters beside bf16 modules_to_save).
+    auto close = [&](std::vector<std::size_t>& run) {
+      if (run.empty()) return;
+      sizes.push_back(run.size());
+      Bucket b;
+      b.params = std::move(run);
+      finish_bucket(b);
+      run.clear();
+    };
     for (auto& members : detail::plan_buckets(bytes, mib(ctx_.config->ddp_first_bucket_cap_mb),
                                               mib(ctx_.config->ddp_bucket_cap_mb))) {
-      sizes.push_back(members.size());
-      Bucket b;
-      b.params = std::move(members);
-      finish_bucket(b);
+      std::vector<std::size_t> run;
+      for (auto i : members) {
+        if (!run.empty() && (params_[i].scalar_type() != params_[run.front()].scalar_type() ||
+                             params_[i].device() != params_[run.front()].device()))
+          close(run);
+        run.push_back(i);
+      }
+      close(run);
     }
     clock_ = detail::BucketClock(sizes);
   }

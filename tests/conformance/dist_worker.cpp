@@ -1821,8 +1821,77 @@ void frozen_unit_not_gathered_in_backward() {
     CHECK_MSG(close(want[k], got[k], 2e-5), "parameter " << k << " differs from the single-process run");
 }
 
+// Float32 and bf16 trainable parameters in one model, as PEFT makes a bf16 model with modules_to_save (the
+// saved modules stay bf16 beside float32 adapters): DDP buckets each dtype apart (as PyTorch's DDP), and the
+// Trainer's optimizer groups are one dtype each (the sharding backends flatten a group into one buffer).
+// Three Adam steps equal one process with batch N*B within bf16 rounding (the bf16 gradients are averaged in
+// bf16).
+struct MixedDtypeImpl : torch::nn::Module {
+  MixedDtypeImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 1))) {
+    fc2->to(torch::kBFloat16);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return fc2(torch::relu(fc1(x)).to(torch::kBFloat16)).to(torch::kFloat32);
+  }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(MixedDtype);
+
+std::vector<torch::optim::OptimizerParamGroup> groups_by_dtype(MixedDtype& model) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(model->fc1->parameters(), std::make_unique<torch::optim::AdamOptions>(1e-2));
+  groups.emplace_back(model->fc2->parameters(), std::make_unique<torch::optim::AdamOptions>(1e-2));
+  return groups;
+}
+
+void mixed_dtypes() {
+  auto build = [] {
+    torch::manual_seed(0);
+    return MixedDtype();
+  };
+  auto model = build();
+  const auto initial = test::snapshot(*model);
+  Accelerator acc(AcceleratorOptions().config(cpu_config()));
+  const int world = acc.num_processes();
+  torch::optim::Adam opt(groups_by_dtype(model), torch::optim::AdamOptions(1e-2));
+  acc.prepare(model, opt);
+  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
+      Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
+  for (auto& b : *loader) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(b.data), b.target));
+    opt.step();
+  }
+  acc.wait_for_everyone();
+  const auto got = test::snapshot(*model);
+  auto one = build();
+  torch::optim::Adam ref(groups_by_dtype(one), torch::optim::AdamOptions(1e-2));
+  Regression data(4 * world * 3);
+  for (int s = 0; s < 3; ++s) {
+    ref.zero_grad();
+    const auto big = 4 * world;
+    torch::mse_loss(one(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
+        .backward();
+    ref.step();
+  }
+  const auto want = test::snapshot(*one);
+  REQUIRE(got.size() == 4);
+  CHECK_MSG(got[2].scalar_type() == torch::kBFloat16 && got[0].scalar_type() == torch::kFloat32,
+            "the dtypes changed: " << got[0].scalar_type() << ", " << got[2].scalar_type());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CHECK_MSG(!torch::equal(got[k], initial[k]), "parameter " << k << " did not train");
+    // Adam's steps are about lr = 1e-2 each: the bf16 layer within a few bf16 ulps of values below 1.
+    const double tol = got[k].scalar_type() == torch::kBFloat16 ? 2e-2 : 1e-4;
+    CHECK_MSG(close(want[k].to(torch::kFloat32), got[k].to(torch::kFloat32), tol),
+              "parameter " << k << " (" << got[k].scalar_type() << ") differs from the single-process run");
+  }
+}
+
 void frozen() {
   frozen_in_optimizer();
+  mixed_dtypes();
   frozen_base_sharded();
   frozen_unit_not_gathered_in_backward();
 }

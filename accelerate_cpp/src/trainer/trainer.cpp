@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -29,6 +30,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <type_traits>
 
 namespace accel {
 namespace detail {
@@ -135,6 +137,25 @@ bool decays(const std::string& name, const torch::nn::Module* owner) {
 // engine (_configure_basic_optimizer) builds FusedAdam / DeepSpeedCPUAdam or torch's Adam / AdamW: "AdamW",
 // or "Adam" with adam_w_mode (its default true), decouples the weight decay as torch's AdamW (LibTorch's
 // AdamW update here); "Adam" with adam_w_mode false adds it to the gradient (L2) as torch's Adam.
+// The parameters of one optimizer group split by dtype and device, in order of first appearance: the
+// sharding backends flatten a group into one buffer (ZeRO-1/2's flat, FULL_SHARD's unit flats), which needs
+// one dtype, and PEFT leaves a bf16 model's modules_to_save in bf16 beside float32 adapters. The update is
+// per parameter, so the split changes no number.
+std::vector<std::vector<torch::Tensor>> split_by_dtype(const std::vector<torch::Tensor>& params) {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (const auto& p : params) {
+    auto same = [&](const std::vector<torch::Tensor>& g) {
+      return g.front().scalar_type() == p.scalar_type() && g.front().device() == p.device();
+    };
+    auto it = std::find_if(out.begin(), out.end(), same);
+    if (it == out.end())
+      out.push_back({p});
+    else
+      it->push_back(p);
+  }
+  return out;
+}
+
 std::shared_ptr<torch::optim::Optimizer> deepspeed_optimizer(const torch::nn::Module& model,
                                                              const DeepSpeedOptimizer& o) {
   std::vector<torch::Tensor> params;
@@ -146,14 +167,20 @@ std::shared_ptr<torch::optim::Optimizer> deepspeed_optimizer(const torch::nn::Mo
     throw UsageError("Trainer: the model has no trainable parameters (all have requires_grad false)");
   // DeepSpeedAdamW / DeepSpeedAdam: with bias_correction (the default) bitwise LibTorch's AdamW / Adam update
   // (torch_adam's too); without it, FusedAdam's and CPU Adam's raw moments.
+  auto groups = [&](const auto& options) {
+    std::vector<torch::optim::OptimizerParamGroup> out;
+    for (auto& part : split_by_dtype(params))
+      out.emplace_back(part, std::make_unique<std::decay_t<decltype(options)>>(options));
+    return out;
+  };
   if (o.adamw_mode) {
     torch::optim::AdamWOptions options(o.lr);
     options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-    return std::make_shared<optim::DeepSpeedAdamW>(params, options, o.bias_correction);
+    return std::make_shared<optim::DeepSpeedAdamW>(groups(options), options, o.bias_correction);
   }
   torch::optim::AdamOptions options(o.lr);
   options.betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-  return std::make_shared<optim::DeepSpeedAdam>(params, options, o.bias_correction);
+  return std::make_shared<optim::DeepSpeedAdam>(groups(options), options, o.bias_correction);
 }
 
 // DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR (deepspeed_schedule_lr): stepped after each optimizer
@@ -588,9 +615,9 @@ void TrainerBase::build_optimizer() {
   const auto& a = args_;
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto add = [&](std::vector<torch::Tensor>& params, double wd, auto options) {
-    if (params.empty()) return;
     options.weight_decay(wd);
-    groups.emplace_back(params, std::make_unique<decltype(options)>(options));
+    for (auto& part : split_by_dtype(params))
+      groups.emplace_back(part, std::make_unique<decltype(options)>(options));
   };
   if (a.optim == "adamw_torch" || a.optim == "adamw_torch_fused") {
     torch::optim::AdamWOptions o(a.learning_rate);
