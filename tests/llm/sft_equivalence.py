@@ -369,6 +369,113 @@ def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
             check(md <= 1e-5, f"ranks {cfg} --save_merged: model/ holds the merged weights under transformers' "
                   f"keys only, equal to PEFT's merge_and_unload of the one-process adapter (max |diff| {md:.2e} "
                   f"<= 1e-5)")
+    bf16_merge_rows(fin, launch, templates, tmp, base, data)
+
+
+def bf16_merge_rows(fin, launch, templates, tmp, base, data):
+    """bf16 (issue 51 review): --save_merged under ZeRO-3 (LoraModel::merged_state of the gathered state) and in
+    one process (LoraModel::merge, the same function) merges with PEFT's arithmetic
+    (peft/tuners/lora/layer.py Linear.get_delta_weight + merge): bf16 adapters on the CPU, B @ A and
+    the scaling in float32, rounded to bf16, then added to W (a second rounding). ZeRO-3 keeps bf16 adapters
+    (TRL's autocast_adapter_dtype=False there): bit for bit against PEFT with that flag; one process makes them
+    float32 (PEFT's default, holding the file's bf16 values; W + delta rounded once): bit for bit against PEFT's
+    default. One step at learning rate 0 from an adapter with a random B (PEFT's init_lora_weights=False)."""
+    bf16 = os.path.join(tmp, "base_bf16_merge")
+    AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).save_pretrained(bf16)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(base, name)):
+            shutil.copy(os.path.join(base, name), bf16)
+    init_bf16 = os.path.join(tmp, "adapter_init_bf16")
+    torch.manual_seed(5)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16),
+                   LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **LORA),
+                   autocast_adapter_dtype=False).save_pretrained(init_bf16)
+    base_sd = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16).state_dict()
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16), init_bf16,
+                                     autocast_adapter_dtype=False)
+    want = peft.merge_and_unload().state_dict()
+    want_fp32 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16),
+                                          init_bf16).merge_and_unload().state_dict()
+    # How many merged entries one rounding (W + delta in float32, rounded once) would have got wrong: the
+    # check can tell the two arithmetics apart only if some.
+    a = load_file(os.path.join(init_bf16, "adapter_model.safetensors"))
+    once = 0
+    for k in want:
+        if k.endswith("proj.weight") and f"base_model.model.{k[:-7]}.lora_A.weight" in a:
+            A, B = (a[f"base_model.model.{k[:-7]}.lora_{x}.weight"].float() for x in "AB")
+            one = (base_sd[k].float() + (B @ A) * (LORA["lora_alpha"] / LORA["r"])).to(torch.bfloat16)
+            once += int((one != want[k]).sum())
+    # ZeRO-3 (the gathered state's merge), and one process (the in-memory merge of merge_and_unload).
+    for label, run in (("ranks zero_stage3", launch), ("one process", None)):
+        out = os.path.join(tmp, f"merge_bf16_{'zero3' if run else 'one'}")
+        ours(fin, run, os.path.join(templates, "zero_stage3.yaml"), bf16, data, out, 2 if run else 4, 1, 1, 0.0,
+             ["--model_config", model_config(tmp, "lora"), "--adapter_init", init_bf16, "--dtype", "bfloat16",
+              "--save_merged"])
+        got = our_model_tensors(os.path.join(out, "model"))
+        got.setdefault("lm_head.weight", got.get("model.embed_tokens.weight"))
+        same = set(want) == set(got) and all(want[k].dtype == got[k].dtype == torch.bfloat16 for k in want)
+        # ZeRO-3: TRL passes autocast_adapter_dtype=False (bf16 adapters, two roundings); one process: PEFT's
+        # default (float32 adapters holding the file's bf16 values, W + delta rounded once).
+        ref = want if run else want_fp32
+        differ = sum(int((ref[k] != got[k]).sum()) for k in ref) if same else -1
+        check(differ == 0 and once > 0, f"{label} --save_merged --dtype bfloat16: the merged model equals "
+              f"PEFT's merge_and_unload (autocast_adapter_dtype {not run}) bit for bit ({len(want)} bf16 tensors, "
+              f"{differ} entries differ; {once} merged entries differ between bf16 and float32 adapters)")
+    bf16_lora_row(fin, launch, templates, tmp, bf16, data)
+
+
+def bf16_lora_row(fin, launch, templates, tmp, bf16, data):
+    """`finetune --dtype bfloat16` LoRA on a bf16 checkpoint against SFTTrainer + PEFT (bf16=False: no autocast;
+    the base loaded in bf16): PEFT's default autocast_adapter_dtype makes the adapters float32, and so does
+    ours (TRL keeps bf16 adapters only under ZeRO-3). 6 steps from the same float32 adapter (random B). The two
+    bf16 forwards (transformers' and ours) round attention, norms and the head differently, so the bounds are
+    bf16's: losses within 1e-3 and closer to PEFT's float32 adapters than to PEFT's bf16 ones
+    (autocast_adapter_dtype=False, also run), the saved adapter float32, within 5e-3 and closer to PEFT's
+    float32 adapter than to its bf16 one; PeftModel.from_pretrained of ours on the bf16 base: logits within 2
+    bf16 ulps (of values 4-8) of PEFT's trained model. Then FULL_SHARD on 2 ranks (float32 adapters with the
+    frozen bf16 base in each unit) equals our one process within bf16's bounds."""
+    tok = PreTrainedTokenizerFast.from_pretrained(bf16)
+    rows = [json.loads(l) for l in open(data)][:6]
+    init = os.path.join(tmp, "adapter_init_fp32_randb")
+    torch.manual_seed(6)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32),
+                   LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **LORA)).save_pretrained(init)
+    res = {}
+    for autocast in (True, False):
+        peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16), init,
+                                         is_trainable=True, autocast_adapter_dtype=autocast)
+        hf_out = os.path.join(tmp, f"hf_lora_bf16_{autocast}")
+        res[autocast] = (hf_train(peft, tok, data, hf_out, 4, 1, 6, 1e-2), peft)
+        peft.save_pretrained(os.path.join(hf_out, "adapter"))
+    (ref, theirs), (ref16, _) = res[True], res[False]
+    out = os.path.join(tmp, "our_lora_bf16")
+    ours(fin, None, None, bf16, data, out, 4, 1, 6, 1e-2,
+         ["--model_config", model_config(tmp, "lora"), "--adapter_init", init, "--dtype", "bfloat16"])
+    got = our_losses(out)
+    d, d16 = max_diff(ref, got), max_diff(ref16, got)
+    A = load_file(os.path.join(tmp, "hf_lora_bf16_True", "adapter", "adapter_model.safetensors"))
+    A16 = load_file(os.path.join(tmp, "hf_lora_bf16_False", "adapter", "adapter_model.safetensors"))
+    B = load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
+    dtypes = sorted({str(t.dtype) for t in B.values()})
+    ad, ad16 = tensors_diff(A, B), tensors_diff(A16, B)
+    mine = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16),
+                                     os.path.join(out, "adapter"))
+    ld = (logits_of(theirs.eval(), tok, rows).float() - logits_of(mine, tok, rows).float()).abs().max().item()
+    check(d <= 1e-3 and d < d16 and dtypes == ["torch.float32"] and ad <= 5e-3 and ad < ad16 and ld <= 6.25e-2,
+          f"lora --dtype bfloat16: 6 step losses equal SFTTrainer + PEFT's with float32 adapters (max |diff| "
+          f"{d:.2e} <= 1e-3, and closer than to PEFT's with bf16 adapters: {d16:.2e}), adapter saved {dtypes} "
+          f"within 5e-3 ({ad:.2e}; of PEFT's bf16 adapters {ad16:.2e}), PeftModel.from_pretrained of it: logits "
+          f"within 2 bf16 ulps of PEFT's trained model ({ld:.2e} <= 6.25e-2)")
+    # FULL_SHARD on 2 ranks: float32 adapters and the frozen bf16 base in one unit (flats per dtype).
+    two = os.path.join(tmp, "our_lora_bf16_fsdp")
+    ours(fin, launch, os.path.join(templates, "fsdp_full_shard.yaml"), bf16, data, two, 2, 1, 6, 1e-2,
+         ["--model_config", model_config(tmp, "lora"), "--adapter_init", init, "--dtype", "bfloat16"])
+    C = load_file(os.path.join(two, "adapter", "adapter_model.safetensors"))
+    rd, rt = max_diff(got, our_losses(two)), tensors_diff(B, C)
+    check(rd <= 1e-3 and rt <= 2e-3 and all(t.dtype == torch.float32 for t in C.values()),
+          f"ranks fsdp_full_shard lora --dtype bfloat16 (float32 adapters, bf16 base, 2 x batch 2): losses equal "
+          f"one process (max |diff| {rd:.2e} <= 1e-3: bf16 rows padded to other lengths), adapter float32 "
+          f"within 2e-3 ({rt:.2e})")
 
 
 def readme_row(fin, launch, tmp, base, data):
