@@ -378,12 +378,13 @@ class LoadShardedWeights : public accel::TrainerCallback {
 // Whether the model is built empty and loaded sharded: the config asks for it (accel::loads_weights_sharded),
 // on a full fine-tuning or LoRA (ZeRO-3 / FULL_SHARD shard the frozen base too; the adapters, added to the
 // empty model, keep their values), not on a 4-bit base (buffers, never sharded), a tensor-parallel split (it
-// reads the weights) or a LoRA run that resumes (its checkpoints hold the adapters only: the base is read
-// whole).
+// reads the weights), a LoRA run that resumes (its checkpoints hold the adapters only: the base is read
+// whole) or a LoRA run with modules_to_save (get_peft_model copies those modules, and the tied embedding when
+// it unties the model, from their loaded values; an empty model has none yet).
 bool sharded_loading(const accel::TrainingArguments& args, const accel::ModelArguments& m) {
   const auto config = accel::resolved_config({});
   return accel::loads_weights_sharded(config) && !m.load_in_4bit && config.tensor_parallel_size <= 1 &&
-         !(m.use_peft && args.resume_from_checkpoint);
+         !(m.use_peft && args.resume_from_checkpoint) && !(m.use_peft && !m.lora_modules_to_save.empty());
 }
 
 // Tensor parallelism reads each rank's slices only: the model is built empty, split, then filled
@@ -521,7 +522,8 @@ int main(int argc, char** argv) try {
   } else if (accel::loads_weights_sharded(acc.config())) {
     acc.print("finetune: note: ", dir,
               " is loaded whole on every rank: sharded loading covers full "
-              "fine-tuning and LoRA (not 4-bit, tensor-parallel or resumed LoRA runs)");
+              "fine-tuning and LoRA (not 4-bit, tensor-parallel, resumed LoRA runs or LoRA with "
+              "modules_to_save)");
   }
   // AutoTP: a tensor-parallel size in the config (parallelism_config_tp_size, or a DeepSpeed JSON's
   // tensor_parallel.autotp_size) splits the blocks' projections over the group, before LoRA adapts them;

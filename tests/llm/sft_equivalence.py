@@ -188,6 +188,11 @@ def ours(bin_, launch, cfg, model_dir, data, out, batch, accum, steps, lr, extra
     return r
 
 
+def our_rates(out):
+    with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
+        return [r["train/learning_rate"] for r in map(json.loads, f) if "train/loss" in r]
+
+
 def our_losses(out):
     with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
         return [r["train/loss"] for r in map(json.loads, f) if "train/loss" in r]
@@ -360,6 +365,10 @@ def rank_rows(fin, launch, templates, tmp, base, data, lora, full):
         td = tensors_diff(load_file(os.path.join(one, sub, name)), load_file(os.path.join(out, sub, name)))
         check(d <= 1e-5 and td <= 1e-6, f"ranks {cfg} ({kind}, 2 x batch 2, accumulation 2): losses equal one "
               f"process x batch 4 (max |diff| {d:.2e} <= 1e-5), saved {sub} (max |diff| {td:.2e} <= 1e-6)")
+        # The logged rates too: under the ZeRO templates (no DeepSpeed JSON blocks) HF's Trainer steps its own
+        # schedule and logs the rate each step used, as in one process (it once logged the next step's).
+        lr_one, lr_ranks = our_rates(one), our_rates(out)
+        check(lr_one == lr_ranks, f"ranks {cfg}: the logged learning rates equal one process's {lr_ranks[:3]}...")
         if merged:
             want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
                                              os.path.join(one, "adapter")).merge_and_unload().state_dict()
@@ -422,6 +431,39 @@ def bf16_merge_rows(fin, launch, templates, tmp, base, data):
               f"PEFT's merge_and_unload (autocast_adapter_dtype {not run}) bit for bit ({len(want)} bf16 tensors, "
               f"{differ} entries differ; {once} merged entries differ between bf16 and float32 adapters)")
     bf16_lora_row(fin, launch, templates, tmp, bf16, data)
+    modules_to_save_ranks_row(fin, launch, templates, tmp, bf16, data)
+
+
+
+def modules_to_save_ranks_row(fin, launch, templates, tmp, bf16, data):
+    """LoRA with modules_to_save [embed_tokens] on the tied model, on FULL_SHARD's template (which asks for
+    fsdp_cpu_ram_efficient_loading) and on DDP, 2 ranks x batch 2 against one process x batch 4, 3 steps, in
+    float32 (equal within 1e-5 / 1e-6) and in bf16 (`--dtype bfloat16`: float32 adapters beside the bf16 copy
+    of the embedding, as PEFT leaves modules_to_save in the model's dtype; DDP buckets each dtype apart, the
+    Trainer's groups are one dtype each; bf16's bounds: Adam moves an entry whose gradient is near zero by up
+    to the learning rate either way, so 3 steps at 1e-3 bound the tensors by 3e-3 only, which is loose: the bf16
+    half checks the dtypes, that both run, and the losses within 1e-3, measured 2e-5). The sharded loading falls
+    back to a whole load (get_peft_model copies the loaded embedding). Before: FULL_SHARD failed reading an
+    empty parameter; DDP refused the mixed dtypes."""
+    cfg = os.path.join(tmp, "lora_mts.model.yaml")
+    with open(model_config(tmp, "lora")) as f, open(cfg, "w") as g:
+        g.write(f.read() + "lora_modules_to_save: [embed_tokens]\n")
+    for dtype, loss_tol, tensor_tol in (("float32", 1e-5, 1e-6), ("bfloat16", 1e-3, 3e-3)):
+        flags = ["--model_config", cfg, "--dtype", dtype]
+        one = os.path.join(tmp, f"mts_one_{dtype}")
+        ours(fin, None, None, bf16, data, one, 4, 1, 3, 1e-3, flags)
+        A = load_file(os.path.join(one, "adapter", "adapter_model.safetensors"))
+        want_dtypes = ["torch.float32"] if dtype == "float32" else ["torch.bfloat16", "torch.float32"]
+        for name in ("fsdp_full_shard", "ddp_cpu"):
+            out = os.path.join(tmp, f"mts_{name}_{dtype}")
+            ours(fin, launch, os.path.join(templates, f"{name}.yaml"), bf16, data, out, 2, 1, 3, 1e-3, flags)
+            B = load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
+            dtypes = sorted({str(t.dtype) for t in B.values()})
+            rd = max_diff(our_losses(one), our_losses(out))
+            rt = tensors_diff(A, B) if set(A) == set(B) else float("inf")
+            check(rd <= loss_tol and rt <= tensor_tol and dtypes == want_dtypes,
+                  f"ranks {name} lora + modules_to_save [embed_tokens] --dtype {dtype}: 3 step losses equal one "
+                  f"process (max |diff| {rd:.2e} <= {loss_tol:g}), adapter {dtypes} within {tensor_tol:g} ({rt:.2e})")
 
 
 def bf16_lora_row(fin, launch, templates, tmp, bf16, data):

@@ -808,6 +808,9 @@ void TrainerBase::begin_train(std::size_t batches_per_epoch, const std::string& 
       checkpoint_model_blocks(*model_, "TrainingArguments gradient_checkpointing", options);
     }
     const auto ds = deepspeed_blocks(args_, acc, state_.max_steps, warmup_, optimizer_ != nullptr);
+    // HF hands DeepSpeed's engine the schedule (a DummyScheduler) only when the JSON has an optimizer or a
+    // scheduler block (deepspeed_optim_sched); otherwise its Trainer steps its own LambdaLR.
+    engine_schedule_ = acc.backend_name() == "zero" && (ds.optimizer || ds.scheduler);
     if (!optimizer_ && ds.optimizer) optimizer_ = deepspeed_optimizer(*model_, *ds.optimizer);
     if (!optimizer_) build_optimizer();
     for (const auto& group : optimizer_->param_groups())
@@ -1009,11 +1012,12 @@ void TrainerBase::window_end() {
     optimizer_->step();
     each_callback([&](TrainerCallback& c) { c.on_optimizer_step(args_, state_, control_); });
     // The rate logged for this step: transformers 5 reads it after optimizer.step() and before
-    // lr_scheduler.step() (the rate the step used); under DeepSpeed the engine has stepped its schedule
-    // inside the backward already, so HF logs the next step's rate there, as here after the schedule's step.
+    // lr_scheduler.step() (the rate the step used); where DeepSpeed's engine owns the schedule (a JSON
+    // optimizer or scheduler block) it has stepped it inside the backward already, so HF logs the next step's
+    // rate there, as here after the schedule's step.
     step_lr_ = optimizer_->param_groups().front().options().get_lr();
     if (!acc.optimizer_step_was_skipped()) scheduler_->step();
-    if (acc.backend_name() == "zero") step_lr_ = optimizer_->param_groups().front().options().get_lr();
+    if (engine_schedule_) step_lr_ = optimizer_->param_groups().front().options().get_lr();
     zero_grads();
     interval_loss_ += window_loss;
     interval_micro_ += window_micro_;

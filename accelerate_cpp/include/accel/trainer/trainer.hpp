@@ -246,7 +246,8 @@ class TrainerBase {
   bool trackers_open_ = false;
   std::int64_t last_logged_step_ = 0;
   double last_grad_norm_ = -1;
-  double step_lr_ = -1;  // the learning rate logged for the last optimizer step (HF's)
+  bool engine_schedule_ = false;  // DeepSpeed's engine steps the schedule (a JSON optimizer/scheduler block)
+  double step_lr_ = -1;           // the learning rate logged for the last optimizer step (HF's)
   double start_time_ = 0;
   std::int64_t start_step_ = 0, start_samples_ = 0;
   bool interrupted_ = false;
