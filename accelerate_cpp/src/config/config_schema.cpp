@@ -241,7 +241,8 @@ std::vector<KeyRow> make_schema() {
       [](auto& c) -> auto& { return c.ddp_gradient_as_bucket_view; }, boolean(), write_bool, "false"));
   add(setting(
       "ddp_broadcast_buffers", kTop,
-      "after every sync step copy rank 0's buffers (BatchNorm statistics) to every rank",
+      "after every sync step copy rank 0's buffers (BatchNorm statistics) to every rank; constant buffers "
+      "(the 4-bit codes of `Linear4bit`, `accel::ConstantBuffers`) are left out",
       [](auto& c) -> auto& { return c.ddp_broadcast_buffers; }, boolean(), write_bool, "false"));
   add(setting(
       "ddp_comm_hook", kTop,
