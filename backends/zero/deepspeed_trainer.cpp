@@ -183,10 +183,15 @@ double number(const std::string& file, const Json& params, const std::string& bl
   return v.get<double>();
 }
 
+// A switch as DeepSpeed's engine reads it: `optimizer_parameters.pop(key, default)` tested for truth, so an
+// absent key is the default, null is false and a number is its truth (0 false); text is refused (Python
+// would read "false" as true).
 bool flag(const std::string& file, const Json& params, const std::string& block, const char* key,
           bool fallback) {
-  if (!params.contains(key) || params.at(key).is_null()) return fallback;
+  if (!params.contains(key)) return fallback;
   const Json& v = params.at(key);
+  if (v.is_null()) return false;
+  if (v.is_number()) return v.get<double>() != 0.0;
   if (!v.is_boolean())
     fail(file, block + ".params." + key,
          fmt::format("{}.params.{}: expected true or false, got {}", block, key, v.dump()));
@@ -249,10 +254,8 @@ DeepSpeedOptimizer read_optimizer(const std::string& file, const Json& block) {
          "AdamW, which have no bias_correction parameter (TypeError); remove one of the two");
   }
   // FusedAdam tests it for truth ("1 if group['bias_correction'] else 0") and CPU Adam's binding converts it
-  // to bool: null means false there.
-  o.bias_correction = params.contains("bias_correction") && params.at("bias_correction").is_null()
-                          ? false
-                          : flag(file, params, "optimizer", "bias_correction", true);
+  // to bool: null and 0 mean false there.
+  o.bias_correction = flag(file, params, "optimizer", "bias_correction", true);
   if (flag(file, params, "optimizer", "amsgrad", false)) {
     fail(file, "optimizer.params.amsgrad",
          "optimizer.params.amsgrad: true is refused by DeepSpeed's FusedAdam and not supported here; remove "

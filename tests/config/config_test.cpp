@@ -1090,8 +1090,14 @@ TEST_CASE("config: a DeepSpeed JSON's optimizer and scheduler blocks of other ty
                   .optimizer->bias_correction);
   CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": true}}")
             .optimizer->bias_correction);
-  CHECK_THROWS_WITH(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": 0}}"),
-                    Catch::Contains("expected true or false"));
+  // A number is its truth, as DeepSpeed tests these switches; text is refused (Python reads "false" as true).
+  CHECK_FALSE(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": 0}}")
+                  .optimizer->bias_correction);
+  CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": 1}}")
+            .optimizer->bias_correction);
+  CHECK_THROWS_WITH(
+      build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": \"false\"}}"),
+      Catch::Contains("expected true or false"));
   CHECK_THROWS_WITH(
       build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"torch_adam\": true, \"bias_correction\": "
             "false}}"),
@@ -1104,6 +1110,11 @@ TEST_CASE("config: a DeepSpeed JSON's optimizer and scheduler blocks of other ty
   CHECK(build("\"optimizer\": {\"type\": \"Adam\"}").optimizer->adamw_mode);
   CHECK_FALSE(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}")
                   .optimizer->adamw_mode);
+  // engine.py pops adam_w_mode with default True: a null is None, falsy: Adam with L2 (it was AdamW here).
+  CHECK_FALSE(build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": null}}")
+                  .optimizer->adamw_mode);
+  CHECK_FALSE(
+      build("\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": 0}}").optimizer->adamw_mode);
   CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"adam_w_mode\": false}}")
             .optimizer->adamw_mode);
   CHECK(build("\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"torch_adam\": true}}")
