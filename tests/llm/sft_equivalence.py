@@ -745,13 +745,15 @@ def options_row(fin, tmp, base, tok, data):
     cosine_with_min_lr (min_lr_rate 0.1) with warmup_steps 0.2 (a ratio, transformers 5), packing (bfd,
     padding-free: position ids restart per document; transformers' masks keep attention inside documents on
     CPU too), accumulation 2 x batch 2, and eval_strategy steps every 3 of 8 steps on a packed eval set: the
-    per-step losses, every eval_loss (transformers 5 also evaluates at the last step, 8) and the model."""
+    per-step losses, every eval_loss (transformers 5 also evaluates at the last step, 8) and the model.
+    dataloader_drop_last true: HF drops the last short batch of the evaluation set too (10 packed rows in
+    batches of 3: 3 batches)."""
     ev = os.path.join(tmp, "eval.jsonl")
     with open(data) as f, open(ev, "w") as g:
         g.writelines(f.readlines()[:10])
     extra = dict(weight_decay=0.5, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
                  warmup_steps=0.2, packing=True, max_length=256, eval_strategy="steps", eval_steps=3,
-                 per_device_eval_batch_size=3)
+                 per_device_eval_batch_size=3, dataloader_drop_last=True)
     model = AutoModelForCausalLM.from_pretrained(base)
     hf_out, history = os.path.join(tmp, "hf_options"), []
     ref = hf_train(model, tok, data, hf_out, 2, 2, 8, 3e-3, eval_data=ev, history=history, **extra)
@@ -760,7 +762,8 @@ def options_row(fin, tmp, base, tok, data):
     ours(fin, None, None, base, data, out, 2, 2, 8, 3e-3,
          ["--weight_decay", "0.5", "--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs",
           '{"min_lr_rate": 0.1}', "--warmup_steps", "0.2", "--packing", "--max_length", "256", "--eval_strategy",
-          "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "3", "--eval_dataset", ev])
+          "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "3", "--eval_dataset", ev,
+          "--dataloader_drop_last", "true"])
     with open(os.path.join(out, "runs", "trainer", "metrics.jsonl")) as f:
         metrics = [json.loads(l) for l in f]
     want = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]

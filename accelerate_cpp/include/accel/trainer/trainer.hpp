@@ -365,7 +365,9 @@ class Trainer : public detail::TrainerBase {
     }
     if (eval_ && !eval_loader_) {
       eval_loader_ = acc.prepare_data_loader(
-          *eval_, DataLoaderOptions(eval_batch_rows()).pin_memory(args().dataloader_pin_memory));
+          *eval_, DataLoaderOptions(eval_batch_rows())
+                      .drop_last(args().dataloader_drop_last)  // HF's _get_dataloader: eval too
+                      .pin_memory(args().dataloader_pin_memory));
     }
     check_pipeline_batches(train_loader_->dataset_size());
     begin_train(train_loader_->size(), resume.empty() ? args().resume_from_checkpoint.value_or("") : resume);
@@ -509,7 +511,7 @@ class Trainer : public detail::TrainerBase {
     const auto world = static_cast<std::size_t>(std::max(acc.data_parallel_group()->world_size(), 1));
     const auto full = std::max<std::size_t>(eval_batch_rows() / (acc.config().split_batches ? world : 1), 1);
     const auto batches = eval_loader_->size();
-    if (index + 1 < batches || (world > 1 && acc.config().even_batches))
+    if (index + 1 < batches || args().dataloader_drop_last || (world > 1 && acc.config().even_batches))
       return static_cast<std::int64_t>(full);
     if (world > 1) return tensor_rows;  // even_batches false: a rank's last batch may be short
     return static_cast<std::int64_t>(eval_loader_->dataset_size() - (batches - 1) * full);
