@@ -23,6 +23,16 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
   ranks  accel-launch 2 ranks x half the batch on ddp_cpu, zero_stage2, zero_stage3, fsdp_full_shard equal
          one process: losses within 1e-5, saved adapter / model within 1e-6; ZeRO-3's --save_merged model (merged
          from the state gathered to the main process) equals PEFT's merge_and_unload of the one-process adapter.
+  bf16   --dtype bfloat16 on a bf16 checkpoint: --save_merged under ZeRO-3 (bf16 adapters, TRL's
+         autocast_adapter_dtype=False) and in one process (float32 adapters, PEFT's default) bit for bit against
+         PEFT's merge_and_unload with the same flag; LoRA 6 steps against SFTTrainer + PEFT with float32
+         adapters (losses 1e-3 and closer than to PEFT's bf16 adapters, adapter file float32 within 5e-3,
+         PeftModel.from_pretrained logits within 2 bf16 ulps), and FULL_SHARD on 2 ranks equal one process
+         (losses 1e-3, adapter 2e-3); LoRA + modules_to_save [embed_tokens] on FULL_SHARD and DDP (float32
+         and bf16: float32 adapters beside the bf16 embedding copy) equal one process.
+  options, ranks vs SFTTrainer: full fine-tuning with weight decay, cosine_with_min_lr, a warmup ratio,
+         packing, evaluation every 3 steps with dataloader_drop_last, the logged learning rates; 2 ranks
+         against SFTTrainer on 2 forked Gloo ranks with average_tokens_across_devices true and false.
   qlora  load_in_4bit (NF4, nested) + LoRA against transformers' BitsAndBytesConfig + PEFT on bitsandbytes'
          CPU Linear4bit (adapters kept in fp32: TRL 1.16 would make them bf16), 8 steps: with bitsandbytes given
          the nearest 8-bit absmax codes (as accel::quant picks them; its CPU search takes a neighbour in a few
