@@ -6,11 +6,14 @@
 //   bench_models --config config.json --mode forward|train|gemm [--seq 512] [--batch 1] [--steps 3]
 //                [--warmup 1] [--threads 2] [--phases 1]
 //
-// Prints one line: `result mode=... tokens_per_s=... step_s=... gflops=... peak_rss_mb=...`. With --phases 1
+// Prints one line: `result mode=... tokens_per_s=... step_s=... cpu_s=... gflops=... peak_rss_mb=...` (cpu_s:
+// the process's user + system CPU seconds per timed step). With --phases 1
 // (train), also a line per phase of each step (`phase STEP NAME rss_mb=... peak_mb=...`: the resident MB at
 // its end and the peak within it, /proc/self/status after resetting VmHWM through clear_refs) and one as each
 // layer's down_proj and the embedding get their gradient: where the step's peak is, to compare with
 // models_bench.py's same lines for transformers. --hold-logits 1 keeps the step's logits through backward.
+// --profile FILE writes the timed steps' per-op self CPU times (op_recorder.hpp's JSON, summed over the
+// steps).
 #include <accel/llm/models/causal_lm.hpp>
 #include <accel/optim/chunked_adamw.hpp>
 
@@ -24,10 +27,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "op_recorder.hpp"
+
 namespace {
 
 struct Args {
-  std::string config, mode = "forward";
+  std::string config, mode = "forward", profile;
   std::int64_t seq = 512, batch = 1, steps = 3, warmup = 1, threads = 2, phases = 0, hold_logits = 0;
 };
 
@@ -53,12 +58,14 @@ Args parse(int argc, char** argv) {
       a.threads = std::stoll(v);
     } else if (k == "--phases") {
       a.phases = std::stoll(v);
+    } else if (k == "--profile") {
+      a.profile = v;
     } else if (k == "--hold-logits") {
       a.hold_logits = std::stoll(v);
     } else {
       throw std::invalid_argument("unknown flag " + k +
                                   "; use --config F --mode forward|train|gemm --seq N --batch B --steps S "
-                                  "--warmup W --threads T --phases 0|1 --hold-logits 0|1");
+                                  "--warmup W --threads T --phases 0|1 --hold-logits 0|1 --profile FILE");
     }
   }
   return a;
@@ -72,6 +79,16 @@ double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+// User + system CPU seconds of this process (all its threads).
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return s(usage.ru_utime) + s(usage.ru_stime);
 }
 
 // VmRSS and VmHWM of this process in MB (/proc/self/status).
@@ -174,15 +191,27 @@ int main(int argc, char** argv) try {
     marks.step = "warmup" + std::to_string(i);
     step();
   }
+  auto& recorder = accel_bench::OpRecorder::get();
+  if (!a.profile.empty()) {
+    recorder.install();
+    recorder.on = true;
+    recorder.phase = a.mode;
+  }
+  const double cpu_start = cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < a.steps; ++i) {
     marks.step = "step" + std::to_string(i);
     step();
   }
   const double per_step = seconds_since(start) / static_cast<double>(a.steps);
+  const double cpu_per_step = (cpu_seconds() - cpu_start) / static_cast<double>(a.steps);
+  if (!a.profile.empty()) {
+    recorder.remove();
+    std::ofstream(a.profile) << recorder.json() << "\n";
+  }
   std::cout << "result mode=" << a.mode << " tokens_per_s=" << static_cast<double>(a.batch * a.seq) / per_step
-            << " step_s=" << per_step << " peak_rss_mb=" << (marks.on ? marks.max_peak : peak_rss_mb())
-            << std::endl;
+            << " step_s=" << per_step << " cpu_s=" << cpu_per_step
+            << " peak_rss_mb=" << (marks.on ? marks.max_peak : peak_rss_mb()) << std::endl;
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "bench_models: " << e.what() << "\n";

@@ -5,12 +5,16 @@ interleaved (C++, Python, C++, Python, ...), each run in its own process (peak R
 measured fp32 GEMM rate, and each one's roofline ratio: FLOPs per step / step time / GEMM rate.
 
   bench/llm/models_bench.py build/bench/llm/bench_models [--rounds 2] [--seq 512] [--threads 2] [--steps 2]
-      [--layers N] [--phases]
+      [--layers N] [--phases] [--modes forward,train]
 
---layers N cuts the model to N layers (same vocabulary and width). --phases runs the training step only and
-prints, for both sides, each phase's resident MB at its end and peak within it (VmHWM reset through
-/proc/self/clear_refs at each mark) and a line as each layer's down_proj and the embedding get their
-gradient: where the peak is, side by side (the peak then is the largest phase peak).
+Each round line also gives the process's CPU seconds (user + system) per timed step. --modes forward runs
+the forward only. --layers N cuts the model to N layers (same vocabulary and width). --phases runs the
+training step only and prints, for both sides, each phase's resident MB at its end and peak within it (VmHWM
+reset through /proc/self/clear_refs at each mark) and a line as each layer's down_proj and the embedding get
+their gradient: where the peak is, side by side (the peak then is the largest phase peak).
+
+accel-cpp's linears run oneDNN's fp32 GEMM (accelerate_cpp/src/llm/models/fused_layer_ops.hpp); run the
+bench with ACCEL_ONEDNN_LINEAR=0 in the environment for LibTorch's at::linear (MKL), transformers' kernels.
 
 FLOPs per step: forward = 2 * tokens * (matmul parameters, lm_head included) + 4 * layers * tokens^2 * hidden
 (attention scores and values, the causal half counted as computed); a training step = 3 x forward.
@@ -93,13 +97,15 @@ def python_worker(mode, seq, steps, threads, layers=0, phases=False):
                 model(ids)
     marks.step = "warmup0"
     step()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(steps):
         marks.step = f"step{i}"
         step()
     per_step = (time.perf_counter() - start) / steps
+    cpu_per_step = (time.process_time() - cpu_start) / steps
     rss = marks.max_peak if marks.on else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"result mode={mode} tokens_per_s={seq / per_step} step_s={per_step} peak_rss_mb={rss}")
+    print(f"result mode={mode} tokens_per_s={seq / per_step} step_s={per_step} cpu_s={cpu_per_step} "
+          f"peak_rss_mb={rss}")
 
 
 def parse(line_text):
@@ -118,7 +124,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all 24)")
     ap.add_argument("--phases", action="store_true", help="training step only, with each phase's memory")
+    ap.add_argument("--modes", default="forward,train", help="forward, train or both (comma-separated)")
     args = ap.parse_args()
+    modes = ("train",) if args.phases else tuple(args.modes.split(","))
     if args.layers:
         QWEN2_05B["num_hidden_layers"] = args.layers
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TRANSFORMERS_VERBOSITY="error")
@@ -131,7 +139,7 @@ def main():
                                      str(args.seq), "--threads", str(args.threads)], env=env, check=True,
                                     capture_output=True, text=True).stdout)["gflops"]
         for r in range(args.rounds):
-            for mode in (("train",) if args.phases else ("forward", "train")):
+            for mode in modes:
                 for who in ("accel-cpp", "transformers"):
                     cmd = ([args.bench_models, "--config", config_path, "--mode", mode, "--seq", str(args.seq),
                             "--steps", str(args.steps), "--threads", str(args.threads), "--phases",
@@ -145,13 +153,14 @@ def main():
                     res = parse(out)
                     results.setdefault((mode, who), []).append(res)
                     print(f"round {r} {mode:8s} {who:13s} {res['tokens_per_s']:8.1f} tokens/s "
-                          f"{res['step_s']:7.2f} s/step peak RSS {res['peak_rss_mb']:7.0f} MB", flush=True)
+                          f"{res['step_s']:7.2f} s/step {res.get('cpu_s', 0):7.2f} CPU s/step "
+                          f"peak RSS {res['peak_rss_mb']:7.0f} MB", flush=True)
         print(f"\nfp32 GEMM rate ({args.seq} x {QWEN2_05B['hidden_size']} x {QWEN2_05B['intermediate_size']}, "
               f"{args.threads} threads): {gemm:.1f} GFLOP/s\n")
         print("| step | accel-cpp tokens/s | transformers tokens/s | ratio | roofline accel-cpp | roofline "
               "transformers | peak RSS accel-cpp | peak RSS transformers |")
         print("|---|---|---|---|---|---|---|---|")
-        for mode in (("train",) if args.phases else ("forward", "train")):
+        for mode in modes:
             best = {who: max(results[(mode, who)], key=lambda x: x["tokens_per_s"]) for who in
                     ("accel-cpp", "transformers")}
             flops = flops_per_forward(QWEN2_05B, args.seq) * (3 if mode == "train" else 1)

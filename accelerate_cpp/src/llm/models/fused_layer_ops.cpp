@@ -1,7 +1,14 @@
-// Fused RMSNorm and rotary embedding (fused_layer_ops.hpp).
+// Fused RMSNorm and rotary embedding, and the oneDNN linear (fused_layer_ops.hpp).
 #include "llm/models/fused_layer_ops.hpp"
 
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 
 namespace accel::llm::detail {
 
@@ -81,7 +88,74 @@ class Rotary : public torch::autograd::Function<Rotary> {
   }
 };
 
+// mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm), or
+// none where this LibTorch lacks it (no oneDNN) or ACCEL_ONEDNN_LINEAR=0 turns it off.
+const std::optional<c10::OperatorHandle>& onednn_linear_op() {
+  static const std::optional<c10::OperatorHandle> op = []() -> std::optional<c10::OperatorHandle> {
+    const char* env = std::getenv("ACCEL_ONEDNN_LINEAR");
+    if ((env != nullptr && std::strcmp(env, "0") == 0) || !at::hasMKLDNN()) return std::nullopt;
+    return c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  }();
+  return op;
+}
+
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  torch::jit::Stack stack{x,
+                          w,
+                          b.defined() ? c10::IValue(b) : c10::IValue(),
+                          c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                          c10::IValue()};
+  onednn_linear_op()->callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+// The product by oneDNN, the gradients as at::linear's autograd computes them (the same ATen ops: addmm's and
+// mm's backward, a row-major input and the transposed weight): x' = g W, W' = g^T x, b' = g summed over rows.
+// Bias = false: the node of a product without bias (an undefined tensor cannot be an autograd input).
+template <bool Bias>
+class OneDnnLinear : public torch::autograd::Function<OneDnnLinear<Bias>> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+    ctx->save_for_backward({x, w});
+    return onednn_linear(x, w, Bias ? b : torch::Tensor());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1];
+    const auto g = grad_outputs[0].reshape({-1, w.size(0)});
+    torch::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(w).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_w = g.t().mm(x.reshape({-1, x.size(-1)}));
+    if (Bias && ctx->needs_input_grad(2)) grad_b = g.sum(0);
+    return {grad_x, grad_w, grad_b};
+  }
+};
+
+bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  auto plain = [](const torch::Tensor& t) {
+    return t.layout() == torch::kStrided && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
+           t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.numel() > 0;
+  };
+  if (!plain(x) || !plain(w) || (b.defined() && !plain(b))) return false;
+  if (w.dim() != 2 || x.dim() < 2 || x.size(-1) != w.size(1) || (b.defined() && b.dim() != 1)) return false;
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;
+  return at::globalContext().userEnabledMkldnn() && onednn_linear_op().has_value();
+}
+
 }  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (!onednn_linear_applies(x, weight, bias)) return torch::linear(x, weight, bias);
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!grad) return onednn_linear(x, weight, bias);
+  // Without bias, the weight stands in as the third input (no gradient is returned for it there).
+  return bias.defined() ? OneDnnLinear<true>::apply(x, weight, bias)
+                        : OneDnnLinear<false>::apply(x, weight, weight);
+}
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return RmsNorm::apply(x, weight, eps);

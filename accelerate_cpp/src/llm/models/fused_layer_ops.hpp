@@ -18,4 +18,14 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 /// zero-filled slice gradients. The same values and gradients as the unfused ops.
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+/// `torch::linear(x, weight, bias)` with the product computed by oneDNN's fp32 GEMM (the
+/// `mkldnn::_linear_pointwise` operator of the same LibTorch): on this project's AMD EPYC (AVX-512) CPU it
+/// runs the model's product shapes faster than the MKL sgemm behind at::linear (BENCHMARKS.md, issue 50).
+/// Values equal at::linear's within float32 rounding (another summation order), not bit for bit. Where a
+/// gradient is needed, one autograd node whose backward runs at::linear's backward ops (g W, g^T x, the sum
+/// of g). Falls back to torch::linear under autocast, for a dtype other than float32, a device other than the
+/// CPU, non-contiguous or empty operands, a LibTorch without oneDNN, or ACCEL_ONEDNN_LINEAR=0 in the
+/// environment (which gives transformers' values bit for bit again).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
+
 }  // namespace accel::llm::detail
