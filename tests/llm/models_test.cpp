@@ -718,15 +718,16 @@ TEST_CASE(
 
 namespace {
 
-// Counts the matrix products (aten::mm, aten::addmm) this thread runs while it lives (the autograd engine
-// runs a CPU backward on the calling thread, and hands the callback to its workers anyway).
+// Counts the matrix products (aten::mm, aten::addmm, oneDNN's linear) this thread runs while it lives (the
+// autograd engine runs a CPU backward on the calling thread, and hands the callback to its workers anyway).
 class MatmulCounter {
  public:
   MatmulCounter() {
     handle_ = at::addThreadLocalCallback(
         at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
           const std::string_view name = fn.name();
-          if (name == "aten::mm" || name == "aten::addmm") ++count_;
+          // mkldnn::_linear_pointwise: detail::linear's oneDNN product (fused_layer_ops.hpp).
+          if (name == "aten::mm" || name == "aten::addmm" || name == "mkldnn::_linear_pointwise") ++count_;
           return nullptr;
         }).scopes({at::RecordScope::FUNCTION}));
     count_ = 0;

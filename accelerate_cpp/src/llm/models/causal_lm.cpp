@@ -34,8 +34,11 @@ torch::Tensor project(const torch::nn::Module& parent, const char* name, const t
   // at::linear as Python's nn.Linear calls it: LibTorch's LinearImpl::forward adds the bias after the matmul
   // for inputs of 3 dimensions (a second bf16 rounding), at::linear fuses it (addmm), as transformers
   // computes.
+  // A Linear without children has no LoRA adapter (whose observer watches aten::linear): without gradient,
+  // detail::linear's oneDNN GEMM (fused_layer_ops.hpp).
   if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child->get()))
-    return torch::linear(x, linear->weight, linear->bias);
+    return (*child)->children().empty() ? detail::linear(x, linear->weight, linear->bias)
+                                        : torch::linear(x, linear->weight, linear->bias);
   if (auto* q = dynamic_cast<quant::Linear4bitImpl*>(child->get())) return q->forward(x);
   // Tensor parallelism (apply_tensor_parallel): this rank's slice of the heads / MLP features.
   if (auto* c = dynamic_cast<tp::ColumnParallelLinearImpl*>(child->get())) return c->forward(x);
@@ -444,7 +447,7 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch:
   // Split over the vocabulary: every rank's logits gathered (transformers' colwise_gather_output).
   if (const auto group = detail::vocab_parallel_group(*this))
     return tp::gather_from_tensor_parallel(detail::vocab_parallel_logits(*this, h), group);
-  if (config_.tie_word_embeddings) return torch::linear(h, model->embed_tokens->weight);
+  if (config_.tie_word_embeddings) return detail::linear(h, model->embed_tokens->weight);
   return project(*this, "lm_head", h);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "accel/errors.hpp"
+#include "llm/models/fused_layer_ops.hpp"
 
 namespace accel::llm {
 namespace {
@@ -73,7 +74,9 @@ class HeadStageImpl : public torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& h) {
     const auto x = norm_->forward(h);
-    return torch::linear(x, !tied_.is_empty() ? tied_->weight : head_->weight);
+    // As CausalLM's head: detail::linear (oneDNN) unless a LoRA adapter on lm_head watches aten::linear.
+    if (!tied_.is_empty()) return detail::linear(x, tied_->weight);
+    return head_->children().empty() ? detail::linear(x, head_->weight) : torch::linear(x, head_->weight);
   }
 
  private:
