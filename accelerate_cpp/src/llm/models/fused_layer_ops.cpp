@@ -118,17 +118,23 @@ class OneDnnLinear : public torch::autograd::Function<OneDnnLinear<Bias>> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b) {
-    ctx->save_for_backward({x, w});
+    // What at::linear's node keeps: the input only for the weight's gradient, the weight only for the
+    // input's (a frozen projection of a LoRA model keeps no activation).
+    ctx->save_for_backward(
+        {w.requires_grad() ? x : torch::Tensor(), x.requires_grad() ? w : torch::Tensor()});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["out_features"] = w.size(0);
     return onednn_linear(x, w, Bias ? b : torch::Tensor());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &w = saved[1];
-    const auto g = grad_outputs[0].reshape({-1, w.size(0)});
+    const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const auto g = grad_outputs[0].reshape({-1, ctx->saved_data["out_features"].toInt()});
     torch::Tensor grad_x, grad_w, grad_b;
-    if (ctx->needs_input_grad(0)) grad_x = g.mm(w).view(x.sizes());
-    if (ctx->needs_input_grad(1)) grad_w = g.t().mm(x.reshape({-1, x.size(-1)}));
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(w).view(x_sizes);
+    if (ctx->needs_input_grad(1)) grad_w = g.t().mm(x.reshape({-1, x_sizes.back()}));
     if (Bias && ctx->needs_input_grad(2)) grad_b = g.sum(0);
     return {grad_x, grad_w, grad_b};
   }
