@@ -199,7 +199,11 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
         if (!seen_[index]) mark_ready(index);
       }
       finish_pending();
-      if (options_.stage == 2 && any_seen_ && !planned_by_arrival_) plan_by_arrival();
+      // Not with ddp_find_unused_parameters (a data-dependent graph), as PyTorch's DDP does not rebuild its
+      // buckets then: a rank's arrival order would not be every step's.
+      if (options_.stage == 2 && any_seen_ && !planned_by_arrival_ &&
+          !ctx_.config->ddp_find_unused_parameters)
+        plan_by_arrival();
     }
     // A model this backward gave no gradient (the generator during the discriminator's backward) takes no
     // part: nothing to reduce, and its buffers did not change.
@@ -536,7 +540,9 @@ class ZeroBackend final : public detail::ShardedEngine<ZeroOptions> {
       sent[k] = static_cast<std::int64_t>(arrival_[k]);
     arrival_.clear();
     auto order = torch::tensor(sent, torch::kInt64);
-    comm_.broadcast(order, 0);
+    // From rank 0 of the world, not of this machine's shard group: under hybrid sharding the machines'
+    // parts are summed across them, so every machine must cut its buckets alike.
+    world_.broadcast(order, 0);
     std::vector<std::size_t> indices;
     std::set<std::size_t> taken;
     const auto* got = order.data_ptr<std::int64_t>();
