@@ -567,7 +567,9 @@ int main(int argc, char** argv) try {
             " examples | trainable parameters ", trainable, " of ", total);
   const auto result = trainer.train();
   if (result.interrupted) return 0;
-  if (!sft.eval_dataset.empty()) trainer.evaluate();
+  // With an evaluation strategy the Trainer has just evaluated the final model (at the last step or the
+  // epoch's end, as transformers 5): only eval_strategy no leaves it to this line.
+  if (!sft.eval_dataset.empty() && args.eval_strategy == "no") trainer.evaluate();
   save_outputs(acc, model, lora.get(), dir, fs::path(args.output_dir), sft.save_merged, dtype);
   acc.print("finetune: train loss ", result.training_loss);
   return 0;
