@@ -1607,11 +1607,19 @@ void reshard(bool load) {
   }
 }
 
+// The optimizer's parameter groups for a model (empty: one group of every parameter).
+template <class Model>
+using AdamGroups = std::function<std::vector<torch::optim::OptimizerParamGroup>(Model&)>;
+
 // What the 2- or 3-rank runs of `frozen` and `view_parameter` must reproduce: three Adam steps in one process
 // on the whole batch of Regression(4 x world x 3), 4 rows per rank per step; returns the parameters after.
 template <class Model>
-std::vector<torch::Tensor> one_process_adam(Model model, int world) {
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+std::vector<torch::Tensor> one_process_adam(Model model, int world, const AdamGroups<Model>& groups = {}) {
+  torch::optim::Adam opt(
+      groups ? groups(model)
+             : std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+                   model->parameters())},
+      torch::optim::AdamOptions(1e-2));
   Regression data(4 * world * 3);
   for (int s = 0; s < 3; ++s) {
     opt.zero_grad();
@@ -1626,18 +1634,22 @@ std::vector<torch::Tensor> one_process_adam(Model model, int world) {
 // The same through an Accelerator on this run's ranks (a prepared loader of 4 rows per rank); `inspect` sees
 // the trained model while the Accelerator still lives, with the counting allocator's bytes just before
 // prepare. With `trainable_only` the optimizer gets only the parameters that require gradients (as PEFT's
-// recipes and the Trainer build it). Returns the world size and the parameters after.
+// recipes and the Trainer build it); `groups`, when given, makes the optimizer's groups instead. Returns the
+// world size and the parameters after.
 template <class Model>
 std::pair<int, std::vector<torch::Tensor>> accelerated_adam(
     Model model, const std::function<void(Model&, Accelerator&, std::uint64_t)>& inspect,
-    bool trainable_only = false) {
+    bool trainable_only = false, const AdamGroups<Model>& groups = {}) {
   Accelerator acc(AcceleratorOptions().config(cpu_config()));
   const int world = acc.num_processes();
   std::vector<torch::Tensor> params;
   for (const auto& p : model->parameters()) {
     if (p.requires_grad() || !trainable_only) params.push_back(p);
   }
-  torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam opt(
+      groups ? groups(model)
+             : std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
+      torch::optim::AdamOptions(1e-2));
   const auto before_prepare = CpuMemoryCounter::current();
   acc.prepare(model, opt);
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
@@ -1853,30 +1865,9 @@ void mixed_dtypes() {
   };
   auto model = build();
   const auto initial = test::snapshot(*model);
-  Accelerator acc(AcceleratorOptions().config(cpu_config()));
-  const int world = acc.num_processes();
-  torch::optim::Adam opt(groups_by_dtype(model), torch::optim::AdamOptions(1e-2));
-  acc.prepare(model, opt);
-  auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
-      Regression(4 * world * 3).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4));
-  for (auto& b : *loader) {
-    opt.zero_grad();
-    acc.backward(torch::mse_loss(model(b.data), b.target));
-    opt.step();
-  }
-  acc.wait_for_everyone();
-  const auto got = test::snapshot(*model);
-  auto one = build();
-  torch::optim::Adam ref(groups_by_dtype(one), torch::optim::AdamOptions(1e-2));
-  Regression data(4 * world * 3);
-  for (int s = 0; s < 3; ++s) {
-    ref.zero_grad();
-    const auto big = 4 * world;
-    torch::mse_loss(one(data.x.slice(0, s * big, (s + 1) * big)), data.y.slice(0, s * big, (s + 1) * big))
-        .backward();
-    ref.step();
-  }
-  const auto want = test::snapshot(*one);
+  const auto [world, got] = accelerated_adam<MixedDtype>(
+      model, [](MixedDtype&, Accelerator&, std::uint64_t) {}, false, groups_by_dtype);
+  const auto want = one_process_adam<MixedDtype>(build(), world, groups_by_dtype);
   REQUIRE(got.size() == 4);
   CHECK_MSG(got[2].scalar_type() == torch::kBFloat16 && got[0].scalar_type() == torch::kFloat32,
             "the dtypes changed: " << got[0].scalar_type() << ", " << got[2].scalar_type());
