@@ -41,6 +41,9 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          type's shipped files (eval_strategy: epoch, no --eval_dataset) on a bf16 checkpoint: it trains;
          --dtype auto keeps bf16 and --dtype float32 saves float32 with a config.json saying so (transformers
          reloads each in the dtype its own --dtype would give).
+  types  the other six types with one command each (accel-launch train -t TYPE finetune, the shipped files), one
+         step on 2 ranks: the adapter (lora, qlora, minimal; r as TYPE.model.yaml) or the model (deepspeed,
+         stage2_offload, stage3) is saved with the tokenizer.
   vocab  a tokenizer with ids past config.json's vocab_size (transformers: IndexError in the embedding): the
          recipe refuses before training, naming vocab_size, the id and the fix.
   options full fine-tuning with weight_decay 0.5 (none on biases and norms), cosine_with_min_lr, warmup_steps 0.2
@@ -566,6 +569,42 @@ def readme_row(fin, launch, tmp, base, data):
               f"readme: finetune --dtype {dtype} on a bf16 checkpoint{' (accel-launch train -t full)' if launch in cmd else ''}"
               f" saves {sorted(map(str, saved))}, transformers reloads it as {loaded} (transformers' --dtype "
               f"{dtype}: {ref[dtype]})")
+    seven_types_row(fin, launch, tmp, base, data)
+
+
+def seven_types_row(fin, launch, tmp, base, data):
+    """Issue 51's "Done when": each of the other six types with one command (`-t full` is the row above), the
+    type's three shipped files as they are, on the float32 checkpoint: one step on 2 ranks, and what the type
+    ships: the PEFT adapter (lora, qlora, minimal: every tensor a LoRA matrix, r as TYPE.model.yaml says, the
+    tokenizer beside it) or the model (deepspeed, stage2_offload, stage3: every tensor of the checkpoint)."""
+    names = set(load_file(os.path.join(base, "model.safetensors")))
+    templates = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir,
+                             "config_templates", "trainer")
+    for t in ("lora", "qlora", "minimal", "deepspeed", "stage2_offload", "stage3"):
+        out = os.path.join(tmp, f"type_{t}")
+        cmd = [launch, "train", "-t", t, fin, "--model_name_or_path", base, "--dataset", data, "--output_dir", out,
+               "--max_steps", "1", "--report_to", "none"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if r.returncode != 0:
+            check(False, f"types: accel-launch train -t {t} finetune runs (exit {r.returncode}: "
+                  f"{(r.stderr + r.stdout).strip().splitlines()[-1:]})")
+            continue
+        if t in ("lora", "qlora", "minimal"):
+            d = os.path.join(out, "adapter")
+            keys = set(load_file(os.path.join(d, "adapter_model.safetensors")))
+            rank = json.load(open(os.path.join(d, "adapter_config.json")))["r"]
+            want = [l.split(":")[1].strip() for l in open(os.path.join(templates, f"{t}.model.yaml"))
+                    if l.startswith("lora_r:")]
+            ok = (keys and all(".lora_A." in k or ".lora_B." in k for k in keys) and [str(rank)] == want
+                  and os.path.exists(os.path.join(d, "tokenizer.json")))
+            what = f"a PEFT adapter of {len(keys)} LoRA tensors, r {rank} (model.yaml: {want})"
+        else:
+            d = os.path.join(out, "model")
+            keys = set(load_file(os.path.join(d, "model.safetensors")))
+            ok = keys == names and os.path.exists(os.path.join(d, "tokenizer.json"))
+            what = f"the model, {len(keys)} of the checkpoint's {len(names)} tensors"
+        check(ok, f"types: accel-launch train -t {t} finetune (the shipped files) trains a step and saves {what}, "
+              f"the tokenizer beside it")
 
 
 def vocab_row(fin, tmp, base, data):
