@@ -390,6 +390,7 @@ def trl_prepare(tok, model, rows, cfg, batch_size, workdir):
                      completion_only_loss=cfg.get("completion_only_loss"), dataset_num_proc=None,
                      pad_to_multiple_of=cfg.get("pad_to_multiple_of"))
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trl_prepare.chat_template = trainer.chat_template  # TRL's training template swapped in, or None
     ds = trainer.train_dataset
     examples = [{"input_ids": list(ds[i]["input_ids"]), "labels": list(ds[i]["labels"]),
                  "seq_lengths": list(ds[i].get("seq_lengths") or [])} for i in range(len(ds))]
@@ -434,6 +435,7 @@ def check_sft(workdir, tokenizer_json):
     fixtures = {n: open(os.path.join(FIXTURES, n + ".jinja"), encoding="utf-8").read()
                 for n in ("qwen2_5", "qwen2_5_training", "qwen3")}
     dirs = {n: tokenizer_dir(workdir, "sft_" + n, tokenizer_json, t, QWEN_SPECIAL) for n, t in fixtures.items()}
+    dirs.update(trl_template_dirs(workdir, tokenizer_json))
     vocab = len(dirs["qwen2_5"][1])
     configs = [
         ("messages, Qwen2.5 template, max_length 48", "messages", "qwen2_5", {"max_length": 48}, 3),
@@ -459,13 +461,39 @@ def check_sft(workdir, tokenizer_json):
         ("messages, bfd_split packing 24", "messages", "qwen2_5",
          {"packing": True, "max_length": 24, "packing_strategy": "bfd_split"}, 3),
     ]
-    equal, equal_tok, failures, tokens = 0, 0, [], 0
+    # assistant_only_loss on templates without {% generation %} markers, TRL's own files read here from the
+    # installed TRL: SFTTrainer swaps in its training variant (get_training_chat_template), and so must accel;
+    # the variant's name, the ids, labels and masks, and the stop-token check must equal TRL's.
+    configs += [
+        ("messages, assistant_only_loss on TRL's qwen2_5.jinja (no markers)", "messages", "trl:qwen2_5",
+         {"assistant_only_loss": True}, 4),
+        ("messages, assistant_only_loss on TRL's qwen3.jinja (no markers)", "messages", "trl:qwen3",
+         {"assistant_only_loss": True}, 3),
+        ("messages, assistant_only_loss on TRL's llama3.jinja (no markers)", "messages", "trl:llama3",
+         {"assistant_only_loss": True, "max_length": 40}, 3),
+        ("messages, assistant_only_loss, qwen2_5.jinja as the \"default\" of tokenizer_config's named templates",
+         "messages", "trl:qwen2_5+tool_use", {"assistant_only_loss": True}, 3),
+        ("conversational prompt-completion, assistant_only_loss on TRL's qwen3_instruct_2507.jinja",
+         "conv_pc", "trl:qwen3_instruct_2507", {"assistant_only_loss": True}, 3),
+    ]
+    # Refused as SFTTrainer refuses them: TRL ships no training variant of Llama 3.1's template, and matches
+    # the text exactly (qwen2_5.jinja plus a trailing newline is not qwen2_5.jinja).
+    configs += [
+        ("messages, assistant_only_loss on TRL's llama3_1.jinja: refused (TRL has no training variant)",
+         "messages", "trl:llama3_1", {"assistant_only_loss": True}, 3),
+        ("messages, assistant_only_loss on qwen2_5.jinja + a newline: refused (TRL matches exactly)",
+         "messages", "trl:qwen2_5+newline", {"assistant_only_loss": True}, 3),
+    ]
+    equal, equal_tok, failures, tokens, refused, swapped = 0, 0, [], 0, 0, []
     for title, data, tpl_name, cfg, batch_size in configs:
         d, tok = dirs[tpl_name]
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
         rows = load_rows(files["alpaca_as_trl"] if data == "alpaca" else files[data])
-        want_ex, want_b, pad_id, padding_free = trl_prepare(tok, model, rows, cfg, batch_size, workdir)
+        try:
+            want_ex, want_b, pad_id, padding_free = trl_prepare(tok, model, rows, cfg, batch_size, workdir)
+        except ValueError as e:  # SFTTrainer refuses (a template without a training variant)
+            want_ex, want_b, pad_id, padding_free = {"error": str(e)}, None, 0, False
         request = {"dataset": files[data] if data != "alpaca" else files["alpaca"], "template_dir": d,
                    "options": {"max_length": cfg.get("max_length", 1024),
                                "completion_only_loss": cfg.get("completion_only_loss"),
@@ -478,10 +506,28 @@ def check_sft(workdir, tokenizer_json):
         # End to end: the same with accel::llm::Tokenizer reading the tokenizer directory.
         request.pop("table")
         request["tokenizer_dir"] = d
+        request["stop_token_check"] = tpl_name.startswith("trl:")
         path = os.path.join(workdir, "request.json")
         json.dump(request, open(path, "w"), ensure_ascii=False)
         got_tok = json.loads(subprocess.run([TOOL, "prepare", path], capture_output=True, text=True,
                                             check=True).stdout)
+        if "error" in want_ex:
+            if "error" in got_tok and "not one TRL 1.16 ships a training variant for" in got_tok["error"] \
+                    and d in got_tok["error"] and "patching is not supported" in want_ex["error"]:
+                equal, equal_tok, refused = equal + 1, equal_tok + 1, refused + 1
+            else:
+                failures.append((title + " (a refusal, as SFTTrainer's)", want_ex["error"], "", got_tok))
+            continue
+        if tpl_name.startswith("trl:"):
+            from trl.chat_template_utils import is_chat_template_stop_token_trained
+            want_name = trl_template_name(trl_prepare.chat_template)
+            want_stop = is_chat_template_stop_token_trained(tok, chat_template=trl_prepare.chat_template)
+            if got.get("training_template") != want_name or got_tok.get("training_template") != want_name:
+                failures.append((title + " (the training template swapped in)", want_name, "",
+                                 {"table": got.get("training_template"), "tokenizer": got_tok.get("training_template")}))
+            if got_tok.get("stop_token_trained") != want_stop:
+                failures.append((title + " (is_chat_template_stop_token_trained)", want_stop, "", got_tok))
+            swapped.append(want_name)
         if got.get("examples") == want_ex and got.get("batches") == want_b:
             equal += 1
             tokens += sum(len(e["input_ids"]) for e in want_ex)
@@ -491,7 +537,38 @@ def check_sft(workdir, tokenizer_json):
             equal_tok += 1
         else:
             failures.append((title + " (accel::llm::Tokenizer)", want_ex, want_b, got_tok))
+    print(f"training templates: SFTTrainer and accel swapped in {', '.join(swapped)}; {refused} templates "
+          f"refused by both")
     return equal, equal_tok, len(configs), tokens, failures
+
+
+def trl_template_dirs(workdir, tokenizer_json):
+    """Tokenizer directories with TRL's own model templates (no {% generation %} markers)."""
+    import trl
+    tdir = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+    text = {n: open(os.path.join(tdir, n + ".jinja"), encoding="utf-8").read()
+            for n in ("qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3", "llama3_1")}
+    dirs = {"trl:" + n: tokenizer_dir(workdir, "trl_sft_" + n, tokenizer_json, t,
+                                      LLAMA_SPECIAL if n.startswith("llama") else QWEN_SPECIAL)
+            for n, t in text.items()}
+    dirs["trl:qwen2_5+tool_use"] = tokenizer_dir(workdir, "trl_sft_named", tokenizer_json,
+                                                 {"default": text["qwen2_5"], "tool_use": text["llama3_1"]},
+                                                 QWEN_SPECIAL, in_config=True)
+    dirs["trl:qwen2_5+newline"] = tokenizer_dir(workdir, "trl_sft_newline", tokenizer_json, text["qwen2_5"] + "\n",
+                                                QWEN_SPECIAL)
+    return dirs
+
+
+def trl_template_name(template):
+    """The file of the installed TRL's chat_templates/ whose text `template` is (None: None)."""
+    if template is None:
+        return None
+    import trl
+    tdir = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+    for n in sorted(os.listdir(tdir)):
+        if open(os.path.join(tdir, n), encoding="utf-8").read() == template:
+            return n
+    return "a template that is not one of TRL's files"
 
 
 def show(failures, limit=3):

@@ -57,6 +57,24 @@ llm::SftDataOptions data_options(const json& o) {
   return opt;
 }
 
+// TRL's is_chat_template_stop_token_trained with the tokenizer's added vocabulary (tokenizer.json's
+// added_tokens, transformers' get_added_vocab for a fast tokenizer) and decode.
+bool stop_token_trained(const llm::ChatTemplate& tpl, const llm::EncodeFn& encode, const std::string& dir) {
+#ifdef ACCEL_TEST_HAVE_TOKENIZERS
+  const auto tokenizer = llm::Tokenizer::from_pretrained(dir);
+  std::set<int64_t> added;
+  std::ifstream in(dir + "/tokenizer.json");
+  for (const auto& t : json::parse(in).value("added_tokens", json::array()))
+    added.insert(t["id"].get<int64_t>());
+  return llm::chat_template_stop_token_trained(
+      tpl, encode, [&](int64_t id) { return tokenizer.decode({id}); },
+      [&](int64_t id) { return added.count(id) != 0; });
+#else
+  (void)tpl, (void)encode, (void)dir;
+  return false;
+#endif
+}
+
 }  // namespace
 
 int prepare_command(const std::string& request_path) {
@@ -92,6 +110,14 @@ int prepare_command(const std::string& request_path) {
     std::optional<llm::ChatTemplate> tpl;
     if (req.contains("template_dir"))
       tpl = llm::ChatTemplate::from_pretrained(req["template_dir"].get<std::string>());
+    // As finetune and TRL's SFTTrainer: under assistant_only_loss a template without {% generation %}
+    // markers is swapped for TRL's training variant (or refused); the output names the variant.
+    if (tpl && req["options"].value("assistant_only_loss", false)) {
+      if (auto training = llm::training_chat_template(*tpl)) {
+        out["training_template"] = training->training;
+        tpl = std::move(training->chat_template);
+      }
+    }
     const auto start = std::chrono::steady_clock::now();
     const auto examples =
         llm::prepare_sft_examples(ds, tpl ? &*tpl : nullptr, encode, data_options(req["options"]));
@@ -109,6 +135,9 @@ int prepare_command(const std::string& request_path) {
       ex.push_back(json{{"input_ids", e.input_ids}, {"labels", e.labels}, {"seq_lengths", e.seq_lengths}});
     }
     out["examples"] = ex;
+    if (tpl && req.value("stop_token_check", false) && req.contains("tokenizer_dir")) {
+      out["stop_token_trained"] = stop_token_trained(*tpl, encode, req["tokenizer_dir"].get<std::string>());
+    }
     const json& c = req["collator"];
     // The collator TRL chose must be the one sft_collator_options chooses.
     const llm::SftDataOptions opt = data_options(req["options"]);

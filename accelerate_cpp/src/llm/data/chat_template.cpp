@@ -23,6 +23,24 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// A .jinja file as transformers reads it: open(path, encoding="utf-8").read(), whose universal newlines turn
+// "\r\n" and a lone "\r" into "\n" (a template saved with Windows line ends renders, and compares with TRL's
+// templates, as transformers has it).
+std::string read_template_file(const std::string& path) {
+  const std::string raw = read_text(path);
+  std::string text;
+  text.reserve(raw.size());
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] != '\r') {
+      text += raw[i];
+      continue;
+    }
+    text += '\n';
+    if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i;
+  }
+  return text;
+}
+
 ojson read_json(const std::string& path) {
   try {
     return ojson::parse(read_text(path));
@@ -148,8 +166,9 @@ NamedTemplates template_files(const std::string& dir) {
   NamedTemplates t;
   const fs::path jinja = fs::path(dir) / "chat_template.jinja";
   const fs::path tool_use = fs::path(dir) / "additional_chat_templates" / "tool_use.jinja";
-  if (fs::exists(jinja)) t.default_ = std::make_pair(read_text(jinja.string()), jinja.string());
-  if (fs::exists(tool_use)) t.tool_use = std::make_pair(read_text(tool_use.string()), tool_use.string());
+  if (fs::exists(jinja)) t.default_ = std::make_pair(read_template_file(jinja.string()), jinja.string());
+  if (fs::exists(tool_use))
+    t.tool_use = std::make_pair(read_template_file(tool_use.string()), tool_use.string());
   return t;
 }
 

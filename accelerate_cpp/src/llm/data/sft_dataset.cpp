@@ -107,9 +107,8 @@ void check_options(const JsonlDataset& ds, const ChatTemplate* tpl, const SftDat
         "assistant_only_loss needs a chat template with {% generation %} ... {% endgeneration %} "
         "around assistant output, and " +
             tpl->origin() +
-            " has none; use a training variant "
-            "(TRL ships them: trl/chat_templates/qwen2_5_training.jinja, qwen3_training.jinja, "
-            "llama3_training.jinja ...) as chat_template.jinja",
+            " has none; pass training_chat_template(template)'s instead (TRL's training variant of a "
+            "known template, which SFTTrainer swaps in; finetune does), or a template with the markers",
         tpl->origin());
   }
   if (o.packing && !o.max_length) throw ConfigError("packing needs max_length (the packed row length)");
@@ -143,6 +142,33 @@ std::vector<int64_t> assistant_mask(const std::string& text, const std::vector<i
       mask[i] = 1;
   }
   return mask;
+}
+
+bool chat_template_stop_token_trained(const ChatTemplate& chat_template, const EncodeFn& encode,
+                                      const std::function<std::string(int64_t)>& decode,
+                                      const std::function<bool(int64_t)>& is_added_token) {
+  const ojson messages = ojson::parse(
+      R"([{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"},
+          {"role": "user", "content": "dummy"}])");
+  RenderedChat chat;
+  try {
+    chat = detail::render_chat(chat_template, messages, false, nullptr, nullptr, nullptr);
+  } catch (const Error&) {
+    return false;  // TRL: TemplateError, TypeError, ValueError -> False
+  }
+  const std::vector<int64_t> ids = encode(chat.text, false);
+  const std::vector<int64_t> mask = assistant_mask(chat.text, ids, chat.generation_spans, encode);
+  for (std::size_t i = ids.size(); i-- > 0;) {
+    if (mask[i] == 0) continue;
+    const std::string text = decode(ids[i]);
+    // Python's str.strip() on the decoded token: whitespace only (ASCII's, and \x1c-\x1f) is skipped.
+    const bool blank = std::all_of(text.begin(), text.end(), [](char c) {
+      return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
+    });
+    if (blank) continue;
+    return is_added_token(ids[i]);
+  }
+  return false;
 }
 
 std::vector<SftExample> prepare_sft_examples(const JsonlDataset& ds, const ChatTemplate* tpl,

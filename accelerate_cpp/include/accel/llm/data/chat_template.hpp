@@ -99,4 +99,26 @@ class ChatTemplate {
   std::shared_ptr<const Impl> impl_;
 };
 
+/// TRL's has_generation_markers: whether the template text holds `{% generation %}` (or a whitespace-trim
+/// variant, `{%- generation -%}`), by TRL's regular expression on the text.
+bool has_generation_markers(const std::string& source);
+
+/// A training variant that TRL ships, swapped in for the model's chat template.
+struct TrainingChatTemplate {
+  /// The training template, with the model template's special tokens; origin() names its TRL file.
+  ChatTemplate chat_template;
+  /// The TRL file the model's template equals ("qwen2_5.jinja") and its variant ("qwen2_5_training.jinja").
+  std::string matched;
+  std::string training;
+};
+
+/// What TRL 1.16's SFTTrainer renders with under `assistant_only_loss` (`get_training_chat_template`, called
+/// when the model's template has no `{% generation %}` markers). Returns nullopt when `chat_template`'s text
+/// has the markers (has_generation_markers: it is used as it is). Otherwise, when its text (the "default"
+/// template of a named set) equals byte for byte one of the templates TRL ships a training variant for, whose
+/// models accel::llm loads (Qwen2.5, Qwen3, Qwen3-Instruct-2507, Llama 3, DeepSeek-R1-Distill: TRL 1.16's
+/// files, compiled into the library), returns that variant. Any other template (Llama 3.1 / 3.2 included, for
+/// which TRL has none) throws accel::ConfigError naming the template's file and what to do, as TRL raises.
+std::optional<TrainingChatTemplate> training_chat_template(const ChatTemplate& chat_template);
+
 }  // namespace accel::llm

@@ -46,7 +46,8 @@ struct SftDataOptions {
   std::optional<int64_t> max_length = 1024;
   /// Loss on the completion only; nullopt: true for prompt-completion data, false otherwise (TRL's default).
   std::optional<bool> completion_only_loss;
-  /// Loss on assistant output only (conversational data; the template needs `{% generation %}` blocks).
+  /// Loss on assistant output only (conversational data; the template needs `{% generation %}` blocks: pass
+  /// training_chat_template's when the model's has none, as SFTTrainer swaps it in).
   bool assistant_only_loss = false;
   bool packing = false;
   /// "bfd" (default), "bfd_split" or "wrapped".
@@ -77,6 +78,16 @@ std::vector<SftExample> prepare_sft_examples(const JsonlDataset& dataset, const 
 /// packed on its own); `seq_length` is max_length.
 std::vector<SftExample> pack_examples(const std::vector<SftExample>& examples, int64_t seq_length,
                                       const std::string& strategy, int64_t packing_batch_size = 1000);
+
+/// TRL 1.16's is_chat_template_stop_token_trained, which SFTTrainer checks under assistant_only_loss (a false
+/// result is a warning there: "the model may not learn to stop"): renders user / assistant / user ("dummy"
+/// each), takes the assistant mask (assistant_mask) and tells whether its last token whose text is not
+/// whitespace (`decode(id)` stripped of Python's str.strip() ASCII whitespace) is in the tokenizer's added
+/// vocabulary (`is_added_token`), where end-of-turn tokens are. False when the template attributes the
+/// assistant's end-of-turn token to the next message, has no `{% generation %}` blocks, or raises.
+bool chat_template_stop_token_trained(const ChatTemplate& chat_template, const EncodeFn& encode,
+                                      const std::function<std::string(int64_t)>& decode,
+                                      const std::function<bool(int64_t)>& is_added_token);
 
 /// The assistant mask of a rendered chat: 1 for every token overlapping a byte span of `spans`, as
 /// transformers' return_assistant_tokens_mask marks them from token offsets. Without offsets, the token
