@@ -1,8 +1,11 @@
 // `accel-launch estimate-memory`: predicted per-rank bytes of parameters, gradients and optimizer state for a
 // parameter count, world size, backend, stage, precision and optimizer (the layouts of accelerate-cpp itself,
 // checked against measured runs by the test suite); with --pipeline_stages, per stage: the stage's share of
-// the parameters (by the partition of --layer_parameters, else 1/p) and the schedule's activation bound.
+// the parameters (by the partition of --layer_parameters, else 1/p) and the schedule's activation bound. With
+// --model_config and --max_length, a CausalLM step's activations (llm::estimate_activation_memory) and a
+// total.
 #include <accel/config/config.hpp>
+#include <accel/llm/models/activation_memory.hpp>
 #include <accel/llm/models/parameter_count.hpp>
 #include <accel/monitor/memory.hpp>
 #include <accel/trainer/model_arguments.hpp>
@@ -18,6 +21,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +41,11 @@ struct ModelOptions {
   /// by module (per_module_gathered); 0: the library's bound stands.
   std::uint64_t module_gathered = 0;
   std::string module_gathered_note;  ///< what module_gathered counts, for the report
+  /// Activations (--max_length): the step's shape; the batch and checkpointing come from the type's
+  /// TrainingArguments unless given, the adapters and the dtype from its model file.
+  llm::ActivationMemoryOptions activation;
+  std::optional<llm::ActivationMemory> activations;  ///< set when --max_length and --model_config are given
+  std::optional<llm::ModelConfig> config;            ///< the parsed --model_config
 };
 
 // Full fine-tuning trains the embedding: its [vocab, hidden] gradient exists, for a moment, as autograd made
@@ -93,7 +102,8 @@ std::string estimate_optimizer(const std::string& optim) {
 // command line win.
 void apply_model(MemoryEstimateInput& in, ModelOptions& mo, const CLI::App& cmd) {
   namespace fs = std::filesystem;
-  const auto config = llm::ModelConfig::from_file(mo.model_config);
+  mo.config = llm::ModelConfig::from_file(mo.model_config);
+  const auto& config = *mo.config;
   const auto count = llm::count_parameters(config);
   auto given = [&](const char* option) { return cmd.count(option) > 0; };
   if (!given("--largest_unit_parameters"))
@@ -116,14 +126,21 @@ void apply_model(MemoryEstimateInput& in, ModelOptions& mo, const CLI::App& cmd)
   if (!given("--num_processes")) in.num_processes = layout.num_processes;
   const auto args = TrainingArguments::load_file((dir / (mo.type + ".yaml")).string());
   if (!given("--optimizer")) in.optimizer = estimate_optimizer(args.optim);
+  if (!given("--per_device_train_batch_size"))
+    mo.activation.micro_batch_size = args.per_device_train_batch_size;
+  if (!given("--gradient_checkpointing")) mo.activation.gradient_checkpointing = args.gradient_checkpointing;
   const fs::path model_file = dir / (mo.type + ".model.yaml");
   mo.transient = embedding_transient(in, count);
   if (!fs::exists(model_file)) return;
   const auto model = ModelArguments::load_file(model_file.string());
+  if (model.dtype == "bfloat16" || model.dtype == "float16") mo.activation.dtype = model.dtype;
   if (!model.use_peft) return;
   mo.transient = 0;  // the base (the embedding with it) is frozen
   std::vector<std::string> targets = model.lora_target_modules;
   if (model.lora_target_modules_string) targets = {*model.lora_target_modules_string};
+  mo.activation.lora_target_modules = targets;
+  mo.activation.lora_r = model.lora_r;
+  mo.activation.lora_dropout = model.lora_dropout;
   in.num_parameters = static_cast<std::uint64_t>(llm::count_lora_parameters(config, targets, model.lora_r));
   in.frozen_parameters = static_cast<std::uint64_t>(count.total());
   const std::uint64_t dtype_bytes = model.dtype == "bfloat16" || model.dtype == "float16" ? 2 : 4;
@@ -199,6 +216,51 @@ void print_pipeline(const MemoryEstimateInput& in, const std::vector<StageMemory
   std::cout << fmt::format("Heaviest stage: {}\n", heaviest);
 }
 
+double mib(std::uint64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+// With --max_length: the step's activations (llm::estimate_activation_memory) and the total with them; else
+// how to include them. `beside` is what the estimate names beside the state (gathered units, transient).
+void print_activations(const MemoryEstimateInput& in, const ModelOptions& mo, const MemoryReport& r,
+                       std::uint64_t beside) {
+  if (!mo.activations) {
+    std::cout << "Activations are not included (what autograd keeps for backward; Hugging Face Accelerate's "
+                 "and DeepSpeed's estimators leave them out too): give --max_length (tokens per row) with "
+                 "--model_config, and --per_device_train_batch_size / --gradient_checkpointing where the "
+                 "type's differ\n";
+    return;
+  }
+  const auto& a = *mo.activations;
+  const auto& o = mo.activation;
+  const bool full = o.lora_target_modules.empty();
+  std::cout << fmt::format(
+      "activations: {} row(s) of {} tokens, {}, {}, gradient checkpointing {}: {} blocks keeping {:.3f} MiB "
+      "each{}, the final norm, rotary tables and the loss's gradient of the hidden states {:.3f} MiB; then "
+      "the "
+      "larger of the fused loss's working set ({} rows of float32 logits: {:.3f} MiB) and {}: peak {:.3f} "
+      "MiB\n",
+      o.micro_batch_size, o.sequence_length, o.dtype,
+      full ? std::string("full fine-tuning")
+           : fmt::format("LoRA r {} on {} with dropout {}", o.lora_r, fmt::join(o.lora_target_modules, ","),
+                         o.lora_dropout),
+      o.gradient_checkpointing ? "on" : "off", a.layers, mib(a.per_block),
+      a.first_block != a.per_block ? fmt::format(" (the first {:.3f} MiB)", mib(a.first_block))
+                                   : std::string(),
+      mib(a.head), a.chunk_rows, mib(a.loss_working),
+      o.gradient_checkpointing
+          ? fmt::format("one block recomputed in backward ({:.3f} MiB)", mib(a.recompute))
+          : std::string("nothing recomputed"),
+      mib(a.peak()));
+  if (in.mixed_precision != "no")
+    std::cout << "(mixed precision " << in.mixed_precision
+              << ": activations are counted in the model's dtype, " << o.dtype
+              << "; autocast's half-precision copies are not modelled)\n";
+  std::cout << fmt::format("total with activations{}: {:.3f} MiB\n",
+                           beside > 0 ? " and what is held beside the state" : "",
+                           mib(r.total() + beside + a.peak()));
+}
+
 void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
   const std::uint64_t transient = mo.transient;
   const auto stages = estimate_pipeline_memory(in);
@@ -225,8 +287,10 @@ void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
         "head; not in total): {:.3f} MiB\n",
         static_cast<double>(transient) / (1024.0 * 1024.0));
   }
+  const std::uint64_t gathered = in.pipeline_stages > 1 ? 0 : r.gathered;
+  print_activations(in, mo, r, transient + gathered);
   std::cout << "bytes: " << bytes_line(r) << (transient > 0 ? fmt::format(" transient={}", transient) : "")
-            << "\n";
+            << (mo.activations ? fmt::format(" activations={}", mo.activations->peak()) : "") << "\n";
 }
 
 }  // namespace
@@ -234,7 +298,8 @@ void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
 void setup_estimate_memory_command(CLI::App& app) {
   auto in = std::make_shared<MemoryEstimateInput>();
   auto* cmd = app.add_subcommand("estimate-memory",
-                                 "Predict per-rank bytes of parameters, gradients and optimizer state");
+                                 "Predict per-rank bytes of parameters, gradients and optimizer state "
+                                 "(with --model_config and --max_length, also the step's activations)");
   cmd->add_option("--num_parameters,--num-parameters,-p", in->num_parameters,
                   "Trainable parameters (elements)")
       ->default_val(0);
@@ -316,11 +381,31 @@ void setup_estimate_memory_command(CLI::App& app) {
                   "options given here win");
   cmd->add_option("--templates", model->templates,
                   "Directory holding trainer/<type>.* (as accel-launch train)");
+  cmd->add_option("--max_length,--max-length,--seq_length,--seq-length", model->activation.sequence_length,
+                  "With --model_config: tokens per row (TRL's max_length): adds the step's activations (what "
+                  "autograd keeps for backward, with the fused loss) and a total with them. Without it the "
+                  "estimate is the training state only, as Hugging Face Accelerate's estimate-memory and "
+                  "DeepSpeed's estimate_zero*_model_states_mem_needs count");
+  cmd->add_option("--per_device_train_batch_size,--per-device-train-batch-size",
+                  model->activation.micro_batch_size,
+                  "Rows per forward for the activations (default: the type's TrainingArguments, else 1)");
+  cmd->add_flag(
+      "--gradient_checkpointing{true},--gradient-checkpointing{true}",
+      model->activation.gradient_checkpointing,
+      "Activations with gradient checkpointing (=false to turn the type's off; default: the type's)");
   cmd->callback([in, model, cmd] {
     if (!model->model_config.empty()) {
       apply_model(*in, *model, *cmd);
-    } else if (!model->type.empty()) {
-      throw CLI::ValidationError("--type", "give the model's config.json with --model_config too");
+      if (cmd->count("--max_length") > 0) {
+        if (in->pipeline_stages > 1)
+          throw CLI::ValidationError("--max_length",
+                                     "a pipeline's stages hold different micro-batches: give "
+                                     "--activation_bytes and --micro_batches instead");
+        model->activations = llm::estimate_activation_memory(*model->config, model->activation);
+      }
+    } else if (!model->type.empty() || cmd->count("--max_length") > 0) {
+      throw CLI::ValidationError(model->type.empty() ? "--max_length" : "--type",
+                                 "give the model's config.json with --model_config too");
     }
     if (in->num_parameters == 0 && in->layer_parameters.empty()) {
       throw CLI::ValidationError("--num_parameters",

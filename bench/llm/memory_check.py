@@ -10,20 +10,24 @@ allocated, without the pages of mapped files such as the memory-mapped checkpoin
 the ranks do while that line reaches this script is a training step, never the recipe's final save (which is
 not included; read at the last step itself, the reading could catch the save's first allocations).
 
-The estimate counts training state only (parameters, gradients, optimizer state); a process also holds the
-runtime (LibTorch, the allocator's caches, the data) and activations. Both are taken from a baseline run: the
-same type on a model of the same vocabulary and sequence length but hidden size 64 and 1 layer
-(--baseline-layers), whose estimate is subtracted from its measured peak; what remains (the runtime and the
-logits' activations, which depend on tokens x vocabulary only) is subtracted from each larger run:
+The estimate is the training state (parameters, gradients, optimizer state) plus the step's activations
+(`estimate-memory --max_length SEQ --per_device_train_batch_size 1`, as the runs train: what autograd keeps for
+backward and the fused loss's chunk; --state-only leaves them out, the comparison before they were modelled); a
+process also holds the runtime (LibTorch, the allocator's caches, the data). It is taken from a baseline run:
+the same type on a model of the same vocabulary and sequence length but hidden size 64 and 1 layer, whose
+estimate (its activations included) is subtracted from its measured peak; what remains is subtracted from each
+larger run:
 
     measured state = peak RssAnon - (peak RssAnon of the baseline - estimate of the baseline)
 
 and compared with the estimate (% difference), the estimate including what it names beside the state as held
 for a moment while training (`transient=`: autograd's gradient of a trained embedding beside its bucket or
-shard, twice with a tied head). The raw peaks are printed too.
+shard, twice with a tied head; `gathered=`; `activations=`). The raw peaks are printed too. glibc's free heap
+(pages malloc keeps after the activations are freed) is no part of the estimate: pin its mmap threshold
+(MALLOC_MMAP_THRESHOLD_=131072 in the environment, inherited by the ranks) to keep it out of the peak, and say so.
 
   .venv/bin/python bench/llm/memory_check.py [--sizes 0.5B-8L,0.5B] [--types lora,full,deepspeed]
-      [--seq 32] [--steps 3] [--max-gib 14] [--extra 'MORE RECIPE ARGS'] [--json FILE]
+      [--seq 32] [--steps 3] [--max-gib 14] [--extra 'MORE RECIPE ARGS'] [--json FILE] [--state-only] [--heap]
 
 Sizes: 0.5B (Qwen2.5-0.5B), 0.5B-8L / 0.5B-4L / 0.5B-2L (its width with fewer layers), 0.5B-2L-untied,
 0.5B-2L-untied-v32k (the same with a 32,768-token vocabulary: what the blocks add, without the [vocab, hidden]
@@ -81,15 +85,19 @@ def make_model(out_dir, overrides):
     return shape
 
 
-def estimate(build, model_dir, kind, ranks):
-    out = subprocess.run([os.path.join(build, "launcher", "accel-launch"), "estimate-memory", "--model_config",
-                          os.path.join(model_dir, "config.json"), "--type", kind, "--num_processes", str(ranks)],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+def estimate(build, model_dir, kind, ranks, seq=None):
+    """The estimate's state (total=) and what it names beside it: units gathered (stage 3), autograd's gradient of
+    a trained embedding beside its bucket or shard (transient=) and, with `seq`, the step's activations for one
+    row of `seq` tokens per rank (activations=: --max_length, --per_device_train_batch_size 1, as run() trains)."""
+    cmd = [os.path.join(build, "launcher", "accel-launch"), "estimate-memory", "--model_config",
+           os.path.join(model_dir, "config.json"), "--type", kind, "--num_processes", str(ranks)]
+    if seq:
+        cmd += ["--max_length", str(seq), "--per_device_train_batch_size", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     total = int(re.search(r"total=(\d+)", out).group(1))
-    # Beside the state (total), what the estimate says a rank holds for a moment while training: units gathered
-    # (stage 3), autograd's gradient of a trained embedding beside its bucket or shard (transient=).
     extra = sum(int(m.group(1)) for m in re.finditer(r"(?:gathered|transient)=(\d+)", out))
-    return total, extra
+    found = re.search(r"activations=(\d+)", out)
+    return total, extra, int(found.group(1)) if found else 0
 
 
 def heap_split(sample_dir, until):
@@ -160,12 +168,16 @@ def main():
     ap.add_argument("--max-gib", type=float, default=14.0, help="the most both ranks may need")
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--extra", default="", help="more recipe arguments (one string, split on spaces)")
+    ap.add_argument("--state-only", action="store_true",
+                    help="compare the training state alone (no activations in either estimate)")
     ap.add_argument("--heap", action="store_true",
                     help="split each peak into malloc's live bytes, glibc's free heap and the rest "
                          "(LD_PRELOAD of malloc_sampler.c, built with cc)")
     a = ap.parse_args()
     ranks = 2
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}", flush=True)
+    malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "ACCEL_MALLOC_TRIM"}
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}; malloc settings: "
+          f"{malloc or 'glibc defaults'}", flush=True)
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix="memory_check_") as work:
         data = os.path.join(work, "data.jsonl")
@@ -180,18 +192,21 @@ def main():
             make_model(model_dir, SIZES[size])
             for kind in a.types.split(","):
                 if kind not in baseline:
-                    b_est, b_extra = estimate(a.build, base_dir, kind, ranks)
+                    b_est, b_extra, b_act = estimate(a.build, base_dir, kind, ranks,
+                                                     None if a.state_only else a.seq)
                     b_hwm, b_anon, _, b_heap = run(a.build, base_dir, data, kind, a.seq, a.steps, work,
                                                    a.extra.split(), sampler)
-                    b_est += b_extra  # its transient too, as each run's estimate counts its own
+                    b_est += b_extra + b_act  # its transient and activations too, as each run's counts its own
                     baseline[kind] = b_anon - b_est
                     if b_heap:
                         base_live[kind] = b_heap["live_peak"] - b_est
                         print(f"  baseline {kind} heap: {heap_text(b_heap)}", flush=True)
                     print(f"  baseline {kind}: peak RssAnon {b_anon / 1e9:.3f} GB (VmHWM {b_hwm / 1e9:.3f}), "
-                          f"estimate {b_est / 1e9:.3f} GB: runtime + activations {baseline[kind] / 1e9:.3f} GB",
+                          f"estimate {b_est / 1e9:.3f} GB (activations {b_act / 1e9:.3f}): runtime "
+                          f"{baseline[kind] / 1e9:.3f} GB",
                           flush=True)
-                est, gathered = estimate(a.build, model_dir, kind, ranks)
+                est, gathered, act = estimate(a.build, model_dir, kind, ranks, None if a.state_only else a.seq)
+                gathered += act
                 need = ranks * (est + gathered + baseline[kind]) * 1.2 / fb.GIB
                 limit = min(a.max_gib, fb.mem_available_gib() - 3)
                 if need > limit:
@@ -203,6 +218,7 @@ def main():
                                             sampler)
                 measured = anon - baseline[kind]
                 row = {"size": size, "type": kind, "ranks": ranks, "estimate": est, "gathered": gathered,
+                       "activations": act,
                        "vmhwm": hwm, "rss_anon": anon, "baseline": baseline[kind], "measured_state": measured,
                        "diff": (est + gathered - measured) / measured, "ranks_seen": seen}
                 if heap:
@@ -213,14 +229,17 @@ def main():
                     print(f"  {size} {kind} heap: {heap_text(heap)}; live state {live_state / 1e9:.3f} GB, "
                           f"estimate {row['live_diff']:+.1%} of it", flush=True)
                 rows.append(row)
-                print(f"  {size} {kind}: estimate {est / 1e9:.3f} GB (+{gathered / 1e9:.3f} gathered or transient), "
+                print(f"  {size} {kind}: estimate {est / 1e9:.3f} GB (+{gathered / 1e9:.3f} gathered, transient or "
+                      f"activations: {act / 1e9:.3f}), "
                       f"peak VmHWM {hwm / 1e9:.3f} GB, RssAnon {anon / 1e9:.3f} GB, state measured "
                       f"{measured / 1e9:.3f} GB, estimate {row['diff']:+.1%}", flush=True)
-    print(f"\n| model | type | ranks | estimate per rank | peak RSS (VmHWM) | peak RssAnon | runtime + activations "
+    print(f"\n| model | type | ranks | estimate per rank | peak RSS (VmHWM) | peak RssAnon | runtime "
           f"(baseline) | measured state | estimate vs measured |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        est = f"{r['estimate'] / 1e9:.2f}" + (f" (+{r['gathered'] / 1e9:.2f})" if r["gathered"] else "")
+        beside = r["gathered"] - r["activations"]
+        act = f" + {r['activations'] / 1e9:.2f} activations" if r["activations"] else ""
+        est = f"{r['estimate'] / 1e9:.2f}{act}" + (f" (+{beside / 1e9:.2f})" if beside else "")
         print(f"| {r['size']} | {r['type']} | {r['ranks']} | {est} GB | {r['vmhwm'] / 1e9:.2f} GB | "
               f"{r['rss_anon'] / 1e9:.2f} GB | {r['baseline'] / 1e9:.2f} GB | {r['measured_state'] / 1e9:.2f} GB | "
               f"{r['diff']:+.1%} |")

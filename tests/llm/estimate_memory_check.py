@@ -50,6 +50,38 @@ def ours(launch, config_path, extra):
     return out.stdout
 
 
+def check_activation_options(launch, path):
+    """--max_length adds the activations (their values are checked against CpuMemoryCounter by
+    accel_llm_models_tests' "activation estimate" case); here the options' wiring: none without it, the type's
+    batch and gradient checkpointing unless given, and the total with them."""
+    failures = 0
+
+    def case(what, ok):
+        nonlocal failures
+        failures += not ok
+        print(f"activations: {what} {'ok' if ok else 'DIFFERENT'}")
+
+    plain = ours(launch, path, ["--type", "lora"])
+    case("excluded without --max_length, and said so",
+         "activations=" not in plain and "Activations are not included" in plain)
+    def parse(text):
+        found = re.search(r"activations: (\d+) row\(s\) of (\d+) tokens.*gradient checkpointing (on|off)", text)
+        return (found.groups() if found else None), int(re.search(r"activations=(\d+)", text).group(1))
+    shape, _ = parse(ours(launch, path, ["--type", "lora", "--max_length", "128"]))
+    case(f"lora.yaml's per_device_train_batch_size and checkpointing {shape}", shape == ("64", "128", "off"))
+    shape, on = parse(ours(launch, path, ["--type", "minimal", "--max_length", "128",
+                                          "--per_device_train_batch_size", "2"]))
+    case(f"minimal.yaml's gradient_checkpointing {shape}", shape == ("2", "128", "on"))
+    text = ours(launch, path, ["--type", "minimal", "--max_length", "128", "--per_device_train_batch_size", "2",
+                               "--gradient_checkpointing=false"])
+    shape, off = parse(text)
+    case(f"--gradient_checkpointing=false {shape}, {off} bytes against {on}", shape == ("2", "128", "off") and off > on)
+    state = sum(int(v) for v in re.findall(r"(?:total|gathered)=(\d+)", text))
+    total = float(re.search(r"total with activations.*: ([0-9.]+) MiB", text).group(1))
+    case(f"total with activations {total} MiB", abs(total - (state + off) / 2**20) < 0.01)
+    return failures
+
+
 def main():
     launch = sys.argv[1]
     failures = 0
@@ -128,6 +160,7 @@ def main():
                 failures += not ok
                 print(f"{name} LoRA r 16 on {flat}: PEFT {trainable}, estimate-memory {got} "
                       f"{'ok' if ok else 'DIFFERENT'}")
+        failures += check_activation_options(launch, os.path.join(work, "qwen2.5-0.5b.json"))
     print(f"estimate_memory_check: {len(SHAPES)} models, {failures} different")
     return 1 if failures else 0
 
