@@ -7,8 +7,10 @@
 //
 // This program's own options (SFTConfig's data keys, TRL's names): --dataset FILE|DIR (required),
 // --eval_dataset FILE|DIR, --max_length N (1024), --packing (bfd; --packing_strategy bfd|bfd_split|wrapped),
-// --completion_only_loss true|false, --assistant_only_loss, --save_merged (a LoRA run also writes the merged
-// model), --fused_linear_cross_entropy true|false (true: the loss chunk by chunk from the hidden states, the
+// --completion_only_loss true|false, --assistant_only_loss (a chat template without {% generation %} markers
+// is swapped for TRL 1.16's training variant when TRL ships one for its exact text, as SFTTrainer does;
+// logged; otherwise refused), --save_merged (a LoRA run also writes the merged model),
+// --fused_linear_cross_entropy true|false (true: the loss chunk by chunk from the hidden states, the
 // vocabulary's logits never whole; docs/llm.md), --adapter_init DIR (a LoRA run starts from these PEFT
 // adapter files, loaded after get_peft_model, instead of a fresh initialisation: to continue from an adapter,
 // or to start from exactly Python PEFT's), --vocab_parallel true|false (under tensor parallelism, also split
@@ -201,8 +203,42 @@ void check_vocabulary(const std::vector<llm::SftExample>& examples, const std::s
   }
 }
 
+// TRL's SFTTrainer under assistant_only_loss: a chat template without {% generation %} markers is swapped for
+// TRL's training variant when its text is one TRL knows, else refused (llm::training_chat_template); then, as
+// TRL's is_chat_template_stop_token_trained, a warning when the assistant's end-of-turn token gets no loss.
+// The saved tokenizer files keep the model's own template, as TRL's do.
+void assistant_only_template(std::optional<llm::ChatTemplate>& chat, const std::string& model_dir,
+                             const llm::Tokenizer& tok, const llm::EncodeFn& encode,
+                             std::vector<std::string>& notices) {
+  if (auto training = llm::training_chat_template(*chat)) {
+    notices.push_back("assistant_only_loss: " + chat->origin() +
+                      " has no {% generation %} markers; it is TRL's " + training->matched +
+                      ", so the data is rendered with TRL's " + training->training +
+                      " (as SFTTrainer's get_training_chat_template swaps it in)");
+    chat = std::move(training->chat_template);
+  }
+  std::set<int64_t> added;  // transformers' get_added_vocab: tokenizer.json's added_tokens
+  std::ifstream in(fs::path(model_dir) / "tokenizer.json");
+  const auto tokenizer_json = nlohmann::json::parse(in, nullptr, false);
+  if (tokenizer_json.is_object() && tokenizer_json.contains("added_tokens")) {
+    for (const auto& t : tokenizer_json["added_tokens"])
+      added.insert(t.value("id", int64_t{-1}));
+  }
+  const bool trained = llm::chat_template_stop_token_trained(
+      *chat, encode, [&tok](int64_t id) { return tok.decode({id}); },
+      [&added](int64_t id) { return added.count(id) != 0; });
+  if (!trained) {
+    notices.push_back(
+        "warning: the chat template (" + chat->origin() +
+        ") does not include the assistant turn's end-of-turn token in the loss mask; the model may not learn "
+        "to stop (TRL's SFTTrainer warns the same). Set --assistant_only_loss false to train on the full "
+        "sequence, or edit the chat template so the end-of-turn token falls inside "
+        "{% generation %}...{% endgeneration %}");
+  }
+}
+
 llm::SftBatches prepare_data(const std::string& path, const std::string& model_dir, const llm::Tokenizer& tok,
-                             llm::SftDataOptions options) {
+                             llm::SftDataOptions options, std::vector<std::string>& notices) {
   const auto dataset = llm::JsonlDataset::read(path);
   std::optional<llm::ChatTemplate> chat;
   const auto form = dataset.form();
@@ -213,6 +249,7 @@ llm::SftBatches prepare_data(const std::string& path, const std::string& model_d
   const llm::EncodeFn encode = [&tok](const std::string& text, bool special) {
     return tok.encode(text, special);
   };
+  if (chat && options.assistant_only_loss) assistant_only_template(chat, model_dir, tok, encode, notices);
   auto examples = llm::prepare_sft_examples(dataset, chat ? &*chat : nullptr, encode, options);
   if (examples.empty()) {  // TRL drops the examples left without labels too, then has nothing to train on
     throw accel::ConfigError(
@@ -488,7 +525,8 @@ int main(int argc, char** argv) try {
   const std::string dir = *model_args.model_name_or_path;
 
   const auto tokenizer = llm::Tokenizer::from_pretrained(dir);
-  auto train = prepare_data(sft.dataset, dir, tokenizer, sft.data);
+  std::vector<std::string> data_notices;
+  auto train = prepare_data(sft.dataset, dir, tokenizer, sft.data, data_notices);
   const std::size_t examples = *train.size();
   torch::manual_seed(static_cast<std::int64_t>(args.seed));
   const bool sharded = sharded_loading(args, model_args);
@@ -506,7 +544,10 @@ int main(int argc, char** argv) try {
   });
   trainer.set_num_items(llm::sft_label_count);
   trainer.set_count_tokens([](const llm::SftTensors& batch) { return batch[llm::kInputIds].numel(); });
-  if (!sft.eval_dataset.empty()) trainer.set_eval(prepare_data(sft.eval_dataset, dir, tokenizer, sft.data));
+  if (!sft.eval_dataset.empty()) {
+    std::vector<std::string> eval_notices;  // the same template, the same notices: logged once
+    trainer.set_eval(prepare_data(sft.eval_dataset, dir, tokenizer, sft.data, eval_notices));
+  }
   auto& acc = trainer.accelerator();
   if (sharded && !accel::loads_weights_sharded(acc.config())) {
     throw accel::UsageError(
@@ -561,6 +602,8 @@ int main(int argc, char** argv) try {
   for (const auto& notice : model_args.notices)
     acc.print("finetune: ", notice);
   for (const auto& notice : evaluation_notices)
+    acc.print("finetune: ", notice);
+  for (const auto& notice : data_notices)
     acc.print("finetune: ", notice);
   const auto [trainable, total] = count_parameters(*model);
   acc.print("finetune: ", lora ? (model_args.load_in_4bit ? "qlora" : "lora") : "full", " | ", examples,

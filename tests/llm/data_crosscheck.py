@@ -12,6 +12,13 @@
    collator's attention_mask / position_ids / cu_seq_lens must be equal, with truncation, completion-only and
    assistant-only loss, and bfd / wrapped packing. The C++ side tokenizes through a table of texts this script
    encodes with the same tokenizer (the tool lists the texts it needs).
+3. assistant_only_loss with a template without {% generation %} markers: SFTTrainer swaps in TRL's training
+   variant (get_training_chat_template) or raises; so must accel (llm::training_chat_template, TRL's files
+   compiled in). On TRL's own qwen2_5 / qwen3 / qwen3_instruct_2507 / llama3 templates (read from the installed
+   TRL, with system prompts and multi-turn): the variant chosen, ids, labels, attention masks and
+   is_chat_template_stop_token_trained equal TRL's; Llama 3.1's template and an inexact Qwen2.5 one are refused
+   by both; and for every template TRL ships, the decision equals TRL's (variants of architectures accel::llm
+   does not load are refused), the shipped copies equal TRL's files byte for byte.
 
 usage: data_crosscheck.py LLM_DATA_TOOL FIXTURES_DIR      exit 0 when all equal, 77 when TRL is missing
 """
@@ -571,6 +578,56 @@ def trl_template_name(template):
     return "a template that is not one of TRL's files"
 
 
+def check_training_swap(workdir, tokenizer_json):
+    """The template SFTTrainer renders with under assistant_only_loss, for every template TRL ships: the model's
+    own when it has {% generation %} markers, else get_training_chat_template's variant, else a refusal. accel's
+    llm::training_chat_template must decide the same, except that it refuses the variants of architectures
+    accel::llm does not load (those not in the shipped folder); the shipped files must be TRL's, byte for byte."""
+    import trl
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    tdir = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+    shipped_dir = os.path.join(FIXTURES, "..", "..", "..", "accelerate_cpp", "src", "llm", "data", "trl_chat_templates")
+    shipped = sorted(n for n in os.listdir(shipped_dir) if n.endswith(".jinja"))
+    failures = [("shipped " + n, "TRL's file", "", "differs or is missing in TRL") for n in shipped
+                if not os.path.exists(os.path.join(tdir, n))
+                or open(os.path.join(tdir, n), "rb").read() != open(os.path.join(shipped_dir, n), "rb").read()]
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<|endoftext|>"}
+    _, tok = tokenizer_dir(workdir, "swap_generic", tokenizer_json, "{{ 'x' }}", special)
+    names = sorted(n for n in os.listdir(tdir) if n.endswith(".jinja"))
+    dirs, want = [], []
+    for name in names:
+        template = open(os.path.join(tdir, name), encoding="utf-8").read()
+        d = os.path.join(workdir, "swap_" + name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(template)
+        json.dump(special, open(os.path.join(d, "tokenizer_config.json"), "w"))
+        dirs.append(d)
+        if has_generation_markers(template):
+            want.append(None)
+            continue
+        tok.chat_template = template
+        try:
+            want.append(trl_template_name(get_training_chat_template(tok)))
+        except Exception as e:  # noqa: BLE001 - TRL's refusal is a verdict
+            want.append({"error": f"{type(e).__name__}: {e}"})
+    out = subprocess.run([TOOL, "training"] + dirs, capture_output=True, text=True, check=True).stdout
+    counts = {"own": 0, "swapped": 0, "refused": 0, "not_loaded": 0}
+    for name, w, line in zip(names, want, out.splitlines()):
+        g = json.loads(line)
+        if w is None and g.get("training", 0) is None:
+            counts["own"] += 1
+        elif isinstance(w, str) and g.get("training") == w:
+            counts["swapped"] += 1
+        elif isinstance(w, dict) and "error" in g and "not one TRL 1.16 ships a training variant for" in g["error"]:
+            counts["refused"] += 1
+        elif isinstance(w, str) and "error" in g and name not in shipped:
+            counts["not_loaded"] += 1
+        else:
+            failures.append(("training template for " + name, w, "", g))
+    return counts, len(shipped), failures
+
+
 def show(failures, limit=3):
     for f in failures[:limit]:
         print("MISMATCH", f[0])
@@ -614,15 +671,24 @@ def main():
         except ImportError as e:
             print(f"SKIP: trl is not importable ({e})")
             return 77
+        swap, shipped, swap_failures = check_training_swap(workdir, tokenizer_json)
+        show(swap_failures)
+        print(f"assistant_only_loss templates: of TRL's {sum(swap.values())} files, {swap['own']} with markers kept, "
+              f"{swap['swapped']} swapped for the variant SFTTrainer takes, {swap['refused']} refused by both; "
+              f"{swap['not_loaded']} that TRL swaps are refused (architectures accel::llm does not load); "
+              f"{shipped} shipped files compared with TRL's; {len(swap_failures)} differ")
         sft_equal, sft_equal_tok, sft_total, tokens, sft_failures = check_sft(workdir, tokenizer_json)
         show(sft_failures, 2)
-        ok = sft_equal == sft_total and sft_equal_tok == sft_total
+        # ctest passes on the printed line (PASS_REGULAR_EXPRESSION), not the exit code: a training-template
+        # decision that differs from TRL's withholds it too.
+        ok = sft_equal == sft_total and sft_equal_tok == sft_total and not swap_failures
         if ok:
             print(f"sft: {sft_equal} configurations equal TRL ({tokens} tokens: input_ids, labels, "
                   f"attention masks, packed position ids), also through accel::llm::Tokenizer")
         else:
             print(f"sft: {sft_total - sft_equal} of {sft_total} configurations differ from TRL with table ids, "
-                  f"{sft_total - sft_equal_tok} through accel::llm::Tokenizer")
+                  f"{sft_total - sft_equal_tok} through accel::llm::Tokenizer; {len(swap_failures)} training-template "
+                  f"decisions differ")
         print(f"time {time.time() - start:.1f} s")
         return 0 if differ == 0 and ok else 1
 

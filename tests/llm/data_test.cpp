@@ -278,6 +278,41 @@ TEST_CASE("collator: TRL's DataCollatorForLanguageModeling docstring examples (p
   CHECK(flat.attention_mask.empty());
 }
 
+TEST_CASE("assistant_only_loss: TRL's training variant of a known template, by exact text, else a refusal") {
+  accel::test::TempDir dir;
+  std::ifstream in(accel::test::test_data_dir() + "/llm/qwen2_5.jinja");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  // Saved with Windows line ends: transformers reads .jinja files with universal newlines, so the text is
+  // still TRL's qwen2_5.jinja.
+  std::string crlf;
+  for (const char c : ss.str())
+    crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  write(dir.file("tokenizer_config.json"), R"({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})");
+  write(dir.file("chat_template.jinja"), crlf);
+  const ChatTemplate model = ChatTemplate::from_pretrained(dir.path.string());
+  CHECK(model.source() == ss.str());
+  const auto training = accel::llm::training_chat_template(model);
+  REQUIRE(training);
+  CHECK(training->matched == "qwen2_5.jinja");
+  CHECK(training->training == "qwen2_5_training.jinja");
+  CHECK(training->chat_template.has_generation_blocks());
+  CHECK_THAT(training->chat_template.origin(), Contains("trl/chat_templates/qwen2_5_training.jinja"));
+  CHECK(training->chat_template.special_tokens().eos_token == model.special_tokens().eos_token);
+  // A template with markers is kept (nullopt), whatever whitespace control the tag has, as TRL's regex.
+  CHECK_FALSE(accel::llm::training_chat_template(training->chat_template));
+  for (const char* tag : {"{%- generation -%}", "{%generation%}", "{%- generation %}"}) {
+    CHECK(accel::llm::has_generation_markers(std::string("a ") + tag + " b"));
+  }
+  CHECK_FALSE(accel::llm::has_generation_markers("{% generations %}"));
+  // One character more and it is not TRL's template: refused naming the file and the fix.
+  const auto edited = ChatTemplate::from_string(ss.str() + " ", "model/chat_template.jinja");
+  CHECK_THROWS_WITH(accel::llm::training_chat_template(edited),
+                    Contains("model/chat_template.jinja: assistant_only_loss needs") &&
+                        Contains("not one TRL 1.16 ships a training variant for") &&
+                        Contains("qwen2_5.jinja, qwen3.jinja") && Contains("save it as chat_template.jinja"));
+}
+
 TEST_CASE("SFT options that cannot work are refused before any example is tokenized") {
   accel::test::TempDir dir;
   write(dir.file("t.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
@@ -290,7 +325,7 @@ TEST_CASE("SFT options that cannot work are refused before any example is tokeni
   accel::llm::SftDataOptions o;
   o.assistant_only_loss = true;
   CHECK_THROWS_WITH(accel::llm::prepare_sft_examples(ds, &tpl, encode, o),
-                    Contains("plain.jinja has none; use a training variant"));
+                    Contains("plain.jinja has none; pass training_chat_template(template)'s instead"));
   CHECK_THROWS_AS(accel::llm::prepare_sft_examples(ds, nullptr, encode, {}), accel::UsageError);
   o = {};
   o.packing = true;

@@ -4,6 +4,8 @@
 //
 //   llm_data_tool render TEMPLATE_DIR CASES.jsonl        one {"text", "spans"} or {"error"} line per case
 //   llm_data_tool prepare REQUEST.json                   {"examples": [...], "batches": [...]} or {"error"}
+//   llm_data_tool training TEMPLATE_DIR...               one {"training": NAME or null} or {"error"} line
+//   each
 
 #include <fstream>
 #include <iostream>
@@ -59,12 +61,31 @@ int render(const std::string& dir, const std::string& cases_path) {
   return 0;
 }
 
+// One {"training": "X_training.jinja"} (TRL's variant swapped in), {"training": null} (the template has
+// {% generation %} markers) or {"error"} line per template directory, as training_chat_template decides.
+int training(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    json out = json::object();
+    try {
+      const auto swapped =
+          accel::llm::training_chat_template(accel::llm::ChatTemplate::from_pretrained(argv[i]));
+      out["training"] = swapped ? json(swapped->training) : json(nullptr);
+    } catch (const accel::Error& e) {
+      out["error"] = e.what();
+    }
+    std::cout << out.dump() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "render" && argc == 4) return render(argv[2], argv[3]);
   if (cmd == "prepare" && argc == 3) return accel::test::prepare_command(argv[2]);
-  std::cerr << "usage: llm_data_tool render TEMPLATE_DIR CASES.jsonl | prepare REQUEST.json\n";
+  if (cmd == "training" && argc >= 3) return training(argc, argv);
+  std::cerr << "usage: llm_data_tool render TEMPLATE_DIR CASES.jsonl | prepare REQUEST.json | training "
+               "TEMPLATE_DIR...\n";
   return 2;
 }
