@@ -1,6 +1,8 @@
 // accel::Trainer with LoRA and against transformers' Trainer:
 //  - a LoRA run's checkpoints hold the adapter in PEFT's files and the trainable state only (no frozen base),
 //    and resuming from one gives the losses of the uninterrupted run;
+//  - a checkpoint written during a second train() (or after an fp16-skipped step) resumes, in the same
+//    Trainer and in a new one, to the uninterrupted run's losses and weights;
 //  - gradient_checkpointing with blocks in a ModuleList (GradientCheckpointingLayer) trains as without;
 //  - [.hf_order]: the sample order of each epoch is transformers' Trainer's (tests/python/hf_trainer_order.py
 //    writes it, python_crosschecks.sh runs both).
@@ -12,9 +14,11 @@
 #include <accel/optim/deepspeed_adam.hpp>
 #include <accel/trainer/trainer.hpp>
 
+#include "checkpoint/manifest.hpp"
 #include "temp_dir.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -418,5 +422,155 @@ TEST_CASE("Trainer: a second train() starts a new schedule, and under DeepSpeed 
       INFO(name << ": " << got.at(name) << " vs a new Trainer's " << t);
       CHECK(torch::allclose(got.at(name), t, 0, 1e-7));
     }
+  }
+}
+
+namespace {
+
+// A small net with dropout (the random stream is part of what a resume restores).
+torch::nn::Sequential peft_dropout_net(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2),
+                               torch::nn::Linear(8, 1));
+}
+
+struct PeftRunResult {
+  std::vector<double> losses;  // of the run's log, from its first step (a resumed run's from its checkpoint)
+  std::map<std::string, torch::Tensor> weights;
+};
+
+PeftRunResult peft_run_result(accel::detail::TrainerBase& trainer, accel::Accelerator& acc,
+                              torch::nn::Sequential& model) {
+  PeftRunResult r;
+  r.losses = peft_step_losses(trainer.state());
+  for (const auto& [name, t] : acc.get_state_dict(model))
+    r.weights[name] = t.clone();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("Trainer: a checkpoint of a second train(), or after an fp16-skipped step, resumes as HF's") {
+  // transformers' Trainer: each train() is a run with a new TrainerState, and its checkpoints are that run's
+  // (global_step from 0): the same Trainer, or a new one, resumes from them to the uninterrupted run's
+  // losses. Mid-epoch (step 4 of 3-step epochs, the last window of each epoch one batch short), with warmup,
+  // dropout, accumulation, and the Accelerator's own count of optimizer steps ahead of the run's global_step
+  // by the first run's 8, or behind it by a step the fp16 loss scaler skipped (the checkpoint records the
+  // difference; both were refused as damaged checkpoints before).
+  TempDir dir;
+  auto args = peft_quiet_args(dir.path / "out");
+  args.max_steps = 8;
+  args.gradient_accumulation_steps = 2;
+  args.warmup_steps = 2;
+  args.weight_decay = 0.1;
+  args.save_strategy = "steps";
+  args.save_steps = 4;
+  const auto data = [] { return PeftIndexDataset(20, 3).map(torch::data::transforms::Stack<>()); };
+  const auto checkpoint = (dir.path / "out" / "checkpoint-4").string();
+  // Runs train() `runs` times on one Trainer (each run's checkpoints replace the last's); the same Trainer
+  // and a new one resume the last run's checkpoint-4. The accelerator's steps minus global_step it recorded.
+  // With `overflow`, the loss of each run's first step is multiplied by 1e36: finite, but the fp16 loss
+  // scaler's product is not, and the scaler skips that step (HF counts it in global_step; the Accelerator
+  // does not count it as an optimizer step).
+  bool overflow = false;
+  const accel::detail::TrainerBase* running = nullptr;
+  const auto loss = [&](torch::nn::Sequential& m, const torch::data::Example<>& batch) {
+    const auto l = torch::mse_loss(m->forward(batch.data), batch.target);
+    return overflow && running->state().global_step == 0 ? l * 1e36 : l;
+  };
+  const auto check = [&](const std::optional<accel::Config>& config, int runs) {
+    INFO(runs << " run(s) before the resume");
+    const auto options = [&] {
+      return config ? accel::AcceleratorOptions().config(*config) : accel::AcceleratorOptions();
+    };
+    auto model = peft_dropout_net(0);
+    accel::Trainer trainer(
+        args, model, data(), [&](auto& batch) { return loss(model, batch); }, options());
+    running = &trainer;
+    std::vector<double> first;
+    for (int r = 0; r < runs; ++r) {
+      if (r == 1) first = peft_step_losses(trainer.state());
+      trainer.train();
+    }
+    const auto last = peft_run_result(trainer, trainer.accelerator(), model);
+    REQUIRE(last.losses.size() == 8);
+    if (runs > 1) CHECK(first != last.losses);  // the second run starts from the first's weights
+    std::ifstream in(fs::path(checkpoint) / "trainer_state.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto saved = accel::TrainerState::from_json(text, checkpoint);
+    const auto key = saved.stateful_callbacks.find("accelerate-cpp:AcceleratorStepOffset");
+    const double offset = key == saved.stateful_callbacks.end() ? 0.0 : key->second.at("offset");
+    {
+      INFO("the same Trainer resumes its last run's checkpoint-4");
+      trainer.train(checkpoint);
+      const auto again = peft_run_result(trainer, trainer.accelerator(), model);
+      CHECK(again.losses == last.losses);
+      for (const auto& [name, t] : last.weights)
+        CHECK(torch::equal(again.weights.at(name), t));
+    }
+    {
+      INFO("a new Trainer (another initial model) resumes the last run's checkpoint-4");
+      auto fresh = peft_dropout_net(99);
+      accel::Trainer resumed(
+          args, fresh, data(), [&](auto& batch) { return loss(fresh, batch); }, options());
+      running = &resumed;
+      resumed.train(checkpoint);
+      const auto got = peft_run_result(resumed, resumed.accelerator(), fresh);
+      CHECK(got.losses == last.losses);
+      for (const auto& [name, t] : last.weights)
+        CHECK(torch::equal(got.weights.at(name), t));
+    }
+    return offset;
+  };
+  SECTION("TrainingArguments' optimizer and schedule") {
+    CHECK(check(std::nullopt, 2) == 8);
+    // Such a checkpoint whose global_step or recorded difference was edited (its manifest rewritten to agree)
+    // is still refused before anything loads, naming the counters.
+    for (const auto& [from, to, want] : std::vector<std::array<std::string, 3>>{
+             {"\"global_step\": 4,", "\"global_step\": 3,",
+              "says global_step 3 and accelerate-cpp:AcceleratorStepOffset 8 (the accelerator's optimizer "
+              "steps "
+              "minus global_step), but the accelerator state in the same checkpoint completed 12 optimizer "
+              "steps; the checkpoint is damaged or was edited. Resume from another checkpoint; nothing was "
+              "loaded"},
+             {"\"offset\": 8.0", "\"offset\": 8.5",
+              "stateful_callbacks[\"accelerate-cpp:AcceleratorStepOffset\"] has no attributes.offset that is "
+              "an "
+              "integer in [-2^48, 2^48]"}}) {
+      const auto file = fs::path(checkpoint) / "trainer_state.json";
+      std::ifstream in(file);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      in.close();
+      const auto edited = text;
+      REQUIRE(text.find(from) != std::string::npos);
+      text.replace(text.find(from), from.size(), to);
+      std::ofstream(file, std::ios::trunc) << text;
+      const auto m = accel::detail::read_manifest(checkpoint);
+      accel::detail::write_manifest(checkpoint,
+                                    accel::detail::build_manifest(checkpoint, m.checkpoint_id, m.facts, {}));
+      auto fresh = peft_dropout_net(99);
+      accel::Trainer refused(args, fresh, data(), [&](auto& batch) {
+        return torch::mse_loss(fresh->forward(batch.data), batch.target);
+      });
+      CHECK_THROWS_WITH(refused.train(checkpoint), Contains(want));
+      std::ofstream(file, std::ios::trunc) << edited;
+    }
+  }
+  SECTION("a first run's checkpoint, resumed by a later train() of the same Trainer") {
+    CHECK(check(std::nullopt, 1) == 0);
+  }
+  SECTION("ZeRO-2 with a DeepSpeed JSON's optimizer and scheduler blocks") {
+    CHECK(check(ds_json_config(dir.path, R"({"zero_optimization": {"stage": 2},
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                      "weight_decay": "auto"}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                      "warmup_num_steps": "auto", "total_num_steps": "auto"}}})"),
+                2) == 8);
+  }
+  SECTION("fp16: a step the loss scaler skipped counts in global_step only") {
+    args.fp16 = true;
+    overflow = true;
+    CHECK(check(std::nullopt, 1) == -1);  // the first run's checkpoint-4, 1 step behind (refused before)
   }
 }

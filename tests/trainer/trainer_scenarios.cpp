@@ -2,7 +2,8 @@
 // - trainer_equals_loop: a Trainer run is the hand-written accelerated loop of the same program, bit for bit
 //   (accumulation with a short last window, clipping, warmup + linear decay, weight-decay groups, dropout);
 // - trainer_resume: one rank gets SIGUSR1 mid-run; every rank saves at the same step and stops; a fresh
-//   Trainer with train("latest") ends with the uninterrupted run's weights, bit for bit, and its state;
+//   Trainer with train("latest") ends with the uninterrupted run's weights, bit for bit, and its state; on
+//   the ZeRO-3 row also from a checkpoint written during a second train() (trainer_resume_second_run);
 // - trainer_equals_loop also: gradient_checkpointing gives the same weights bit for bit;
 // - trainer_best: save_total_limit 2 with load_best_model_at_end leaves exactly the best and the latest
 //   checkpoints, and the model ends as the best one; save_strategy best saves at new bests only;
@@ -433,7 +434,52 @@ void trainer_edited_state(const std::string& cut_dir, const TrainingArguments& a
   }
 }
 
+std::vector<double> step_losses(const TrainerState& s) {
+  std::vector<double> out;
+  for (const auto& entry : s.log_history)
+    if (entry.count("loss") > 0 && entry.count("train_runtime") == 0) out.push_back(entry.at("loss"));
+  return out;
+}
+
+// A checkpoint written during a second train() of one Trainer (HF's Trainer: each train() a new run, its
+// global_step from 0) resumes, in the same Trainer and in a new one, to that run's weights bit for bit and
+// its per-step losses, though the Accelerator's own count of optimizer steps is ahead by the first run's.
+// Mid-epoch (checkpoint-4 of 3-step epochs). On the ZeRO-3 row only (the suite's time): parameters, gradients
+// and optimizer state sharded over the ranks.
+void trainer_resume_second_run() {
+  const std::string out = fresh_dir("second_run");
+  auto a = base_args(out);
+  a.save_strategy = "steps";
+  a.save_steps = 4;
+  torch::manual_seed(3);
+  Mlp model(6, 0.1);
+  Trainer<Data> trainer(
+      a, model, data(), [&](Batch& b) { return torch::mse_loss(model(b.data), b.target); }, row_options());
+  trainer.train();
+  const auto first = step_losses(trainer.state());
+  trainer.train();
+  const auto second = step_losses(trainer.state());
+  const auto weights = whole(trainer.accelerator(), model);
+  CHECK_MSG(second.size() == 6 && first != second,
+            "the second run logged " << second.size() << " losses, want 6 of its own");
+  const std::string checkpoint = (fs::path(out) / "checkpoint-4").string();
+  trainer.train(checkpoint);
+  const auto again = whole(trainer.accelerator(), model);  // collective: not inside a message
+  CHECK_MSG(identical(again, weights),
+            backend_variant << ": the same Trainer resumed its second run's checkpoint-4; the weights differ "
+                            << "by up to " << max_diff(again, weights));
+  CHECK_MSG(step_losses(trainer.state()) == second, "the same Trainer resumed to other losses");
+  const auto resumed = trainer_run(a, checkpoint, {}, /*init_seed=*/99);
+  CHECK_MSG(
+      identical(resumed.weights, weights),
+      backend_variant << ": a new Trainer resumed the second run's checkpoint-4; the weights differ by up "
+                      << "to " << max_diff(resumed.weights, weights));
+  CHECK_MSG(step_losses(resumed.state) == second, "a new Trainer resumed to other losses");
+  remove_shared(out);
+}
+
 void trainer_resume() {
+  if (backend_variant == "zero3") trainer_resume_second_run();
   const std::string straight_dir = fresh_dir("straight"), cut_dir = fresh_dir("cut");
   auto a = base_args(straight_dir);
   a.save_strategy = "steps";
