@@ -38,6 +38,11 @@ namespace {
 
 // stateful_callbacks entry of a checkpoint written after an epoch's last step but before that epoch's end.
 constexpr const char* kEpochEndKey = "accelerate-cpp:EpochEndPending";
+// stateful_callbacks entry of a checkpoint whose accelerator state counts other optimizer steps than its
+// global_step: written during a later train() of the same Trainer (a new run's global_step starts at 0, the
+// Accelerator's count goes on) or after steps the fp16 loss scaler skipped (global_step counts them, as HF's;
+// the Accelerator does not). Absent: 0.
+constexpr const char* kStepOffsetKey = "accelerate-cpp:AcceleratorStepOffset";
 
 namespace fs = std::filesystem;
 
@@ -1159,6 +1164,10 @@ void TrainerBase::write_state(const std::string& dir) {
   // Whether the epoch that this step ended has had its end yet (kept beside the callbacks' state, as HF
   // keeps its TrainerControl there): a resumed run runs it once if not.
   if (epoch_end_pending_) state_.stateful_callbacks[kEpochEndKey] = {{"pending", 1.0}};
+  // The accelerator state beside this file counts completed_steps = global_step + offset: recorded, so that a
+  // resume can still tell an edited global_step from a later run's checkpoint.
+  const auto offset = accelerator_->completed_steps() - state_.global_step;
+  if (offset != 0) state_.stateful_callbacks[kStepOffsetKey] = {{"offset", static_cast<double>(offset)}};
   const fs::path path = fs::path(dir) / "trainer_state.json";
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << state_.to_json();
@@ -1220,6 +1229,24 @@ std::optional<std::int64_t> saved_completed_steps(const std::string& dir) {
   }
 }
 
+// The offset write_state recorded (kStepOffsetKey), 0 when none; CheckpointError when it is not an integer
+// within the counters' range.
+std::int64_t saved_step_offset(const TrainerState& s, const std::string& file) {
+  const auto entry = s.stateful_callbacks.find(kStepOffsetKey);
+  if (entry == s.stateful_callbacks.end()) return 0;
+  const auto it = entry->second.find("offset");
+  constexpr double kMax = static_cast<double>(std::int64_t{1} << 48);  // state_io's bound of the counters
+  const double v = it == entry->second.end() ? std::nan("") : it->second;
+  if (!std::isfinite(v) || v != std::floor(v) || std::abs(v) > kMax) {
+    throw CheckpointError(fmt::format(
+        "Trainer: cannot resume from '{}': stateful_callbacks[\"{}\"] has no attributes.offset that is an "
+        "integer in [-2^48, 2^48]; the file is damaged or edited. Resume from another checkpoint; "
+        "nothing was loaded",
+        file, kStepOffsetKey));
+  }
+  return static_cast<std::int64_t>(v);
+}
+
 }  // namespace
 
 void TrainerBase::resume_from(const std::string& dir) {
@@ -1257,18 +1284,24 @@ void TrainerBase::resume_from(const std::string& dir) {
   }
   // Both counters of optimizer steps were written by the same save: they agree, else one was edited. Read
   // before load_state changes anything (an unreadable state file is load_state's to name), and checked again
-  // after it.
+  // after it. They differ by the offset the save recorded (a later train()'s checkpoint: its global_step
+  // counts from 0, the Accelerator's steps go on; fp16-skipped steps), 0 when none is recorded.
+  const std::int64_t offset = saved_step_offset(s, state_file.string());
   auto disagree = [&](std::int64_t steps, const char* loaded) {
     return CheckpointError(fmt::format(
-        "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}, but the accelerator "
+        "Trainer: cannot resume from '{}': its trainer_state.json says global_step {}{}, but the accelerator "
         "state in the same checkpoint completed {} optimizer steps; the checkpoint is damaged or was edited. "
         "Resume from another checkpoint{}",
-        dir, s.global_step, steps, loaded));
+        dir, s.global_step,
+        offset == 0 ? std::string()
+                    : fmt::format(" and {} {} (the accelerator's optimizer steps minus global_step)",
+                                  kStepOffsetKey, offset),
+        steps, loaded));
   };
-  if (const auto saved = saved_completed_steps(dir); saved && *saved != s.global_step)
+  if (const auto saved = saved_completed_steps(dir); saved && *saved != s.global_step + offset)
     throw disagree(*saved, "; nothing was loaded");
   acc.load_state(dir);  // verifies the whole checkpoint, trainer_state.json included, before loading anything
-  if (s.global_step != acc.completed_steps()) throw disagree(acc.completed_steps(), "");
+  if (s.global_step + offset != acc.completed_steps()) throw disagree(acc.completed_steps(), "");
   state_.global_step = s.global_step;
   state_.epoch = s.epoch;
   state_.log_history = s.log_history;
