@@ -4,7 +4,9 @@
 // bytes against the unfused loss; and, with ACCEL_LLM_FUSED_REF_DIR (fused_loss_reference.py), transformers'
 // loss and gradients. At the end: the decoder layer's fused RMSNorm and rotary embedding against the unfused
 // ops.
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/distributed/communicator.hpp>
@@ -22,6 +24,7 @@
 #include "llm/llm_test_fixtures.hpp"
 #include "llm/models/fused_layer_ops.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -31,6 +34,8 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <string_view>
+#include <tuple>
 
 namespace {
 
@@ -657,6 +662,139 @@ TEST_CASE("Fused rotary embedding equals x * cos + rotate_half(x) * sin and its 
     compare([&] { return fused::apply_rotary(x, c, sin); }, [&] { return reference_rotary(x, c, sin); },
             {x, c}, 1e-6);
   }
+}
+
+// ---- detail::linear's oneDNN products (fused_layer_ops.hpp): the forward, the input gradient g W of its
+// backward and of the fused loss (detail::linear_input_grad), within float32 rounding of at::linear's / mm's;
+// with oneDNN off (as ACCEL_ONEDNN_LINEAR=0 or torch.backends.mkldnn off) at::linear's and mm's bit for bit.
+
+namespace {
+
+// Counts oneDNN's linear (mkldnn::_linear_pointwise) on this thread while it lives (a CPU backward runs on
+// the calling thread).
+class OneDnnCounter {
+ public:
+  OneDnnCounter() {
+    count_ = 0;
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+          if (std::string_view(fn.name()) == "mkldnn::_linear_pointwise") ++count_;
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OneDnnCounter() { at::removeCallback(handle_); }
+  OneDnnCounter(const OneDnnCounter&) = delete;
+  OneDnnCounter& operator=(const OneDnnCounter&) = delete;
+  static int count() { return count_; }
+
+ private:
+  at::CallbackHandle handle_ = 0;
+  static inline std::atomic<int> count_{0};
+};
+
+// torch.backends.mkldnn off for its lifetime: detail::linear's fallback, the path ACCEL_ONEDNN_LINEAR=0
+// takes.
+struct OneDnnOff {
+  const bool was = at::globalContext().userEnabledMkldnn();
+  OneDnnOff() { at::globalContext().setUserEnabledMkldnn(false); }
+  ~OneDnnOff() { at::globalContext().setUserEnabledMkldnn(was); }
+  OneDnnOff(const OneDnnOff&) = delete;
+  OneDnnOff& operator=(const OneDnnOff&) = delete;
+};
+
+bool onednn_available() {
+  return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() &&
+         std::getenv("ACCEL_ONEDNN_LINEAR") == nullptr;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "detail::linear's backward takes the input gradient g W from oneDNN, within float32 rounding of "
+    "at::linear's; oneDNN off: at::linear's bit for bit",
+    "[llm][fused]") {
+  torch::manual_seed(7);
+  const auto x = torch::randn({3, 40, 96}, torch::requires_grad());
+  const auto w = (torch::randn({200, 96}) * 0.1).requires_grad_();
+  const auto b = torch::randn({200}, torch::requires_grad());
+  const auto g = torch::randn({3, 40, 200});
+  const auto want_y = torch::linear(x, w, b);
+  const auto want = torch::autograd::grad({want_y}, {x, w, b}, {g});
+  SECTION("oneDNN on: forward and both products of the input gradient on oneDNN, values within rounding") {
+    // Without oneDNN (or with ACCEL_ONEDNN_LINEAR set) the next sections still run: no return here.
+    const bool on = onednn_available();
+    if (!on) WARN("skipped: this LibTorch has no oneDNN, or ACCEL_ONEDNN_LINEAR is set");
+    OneDnnCounter counter;
+    if (on) {
+      const auto y = accel::llm::detail::linear(x, w, b);
+      CHECK(OneDnnCounter::count() == 1);
+      const auto got = torch::autograd::grad({y}, {x, w, b}, {g});
+      CHECK(OneDnnCounter::count() == 2);  // g W by oneDNN; g^T x (MKL's mm) is not counted
+      CHECK(rel_diff(y, want_y) <= 1e-6);
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        INFO("gradient " << k);
+        CHECK(rel_diff(got[k], want[k]) <= 1e-6);
+      }
+      // The input gradient alone, as the fused loss's backward calls it: [N, out] and [..., out] alike.
+      CHECK(rel_diff(accel::llm::detail::linear_input_grad(g, w.detach()),
+                     g.reshape({-1, 200}).mm(w.detach())) <= 1e-6);
+      CHECK(OneDnnCounter::count() == 3);
+    }
+  }
+  SECTION("oneDNN off: forward, gradients and linear_input_grad are at::linear's and mm's, bit for bit") {
+    OneDnnOff off;
+    OneDnnCounter counter;
+    const auto y = accel::llm::detail::linear(x, w, b);
+    const auto got = torch::autograd::grad({y}, {x, w, b}, {g});
+    CHECK(torch::equal(y, want_y));
+    for (std::size_t k = 0; k < want.size(); ++k)
+      CHECK(torch::equal(got[k], want[k]));
+    const auto g2 = g.reshape({-1, 200});
+    CHECK(torch::equal(accel::llm::detail::linear_input_grad(g2, w.detach()), g2.mm(w.detach())));
+    CHECK(OneDnnCounter::count() == 0);
+  }
+  SECTION("a strided g, bf16 and an empty g take mm, bit for bit") {
+    OneDnnCounter counter;
+    const auto gt = torch::randn({200, 120}).t();  // [120, 200], not contiguous
+    CHECK(torch::equal(accel::llm::detail::linear_input_grad(gt, w.detach()), gt.mm(w.detach())));
+    const auto gb = g.reshape({-1, 200}).to(torch::kBFloat16);
+    const auto wb = w.detach().to(torch::kBFloat16);
+    CHECK(torch::equal(accel::llm::detail::linear_input_grad(gb, wb), gb.mm(wb)));
+    CHECK(accel::llm::detail::linear_input_grad(torch::zeros({0, 200}), w.detach()).sizes() ==
+          torch::IntArrayRef({0, 96}));
+    CHECK(OneDnnCounter::count() == 0);
+  }
+}
+
+TEST_CASE(
+    "The fused loss's head products run on oneDNN in float32 (logits and the hidden states' gradient); "
+    "oneDNN off: at::linear and mm",
+    "[llm][fused]") {
+  torch::manual_seed(8);
+  const auto hidden = torch::randn({2, 30, 64}, torch::requires_grad());
+  const auto weight = (torch::randn({300, 64}) * 0.1).requires_grad_();
+  const auto labels = torch::randint(0, 300, {2, 30}, torch::kInt64);
+  auto run = [&] {
+    OneDnnCounter counter;
+    const auto loss = llm::fused_linear_cross_entropy(hidden, weight, labels, std::nullopt,
+                                                      llm::FusedCrossEntropyOptions().chunk_tokens(25));
+    const auto grads = torch::autograd::grad({loss}, {hidden, weight});
+    return std::make_tuple(loss, grads[0], grads[1], OneDnnCounter::count());
+  };
+  const auto [loss_off, gh_off, gw_off, n_off] = [&] {
+    OneDnnOff off;
+    return run();
+  }();
+  CHECK(n_off == 0);
+  if (!onednn_available()) {
+    WARN("skipped: this LibTorch has no oneDNN, or ACCEL_ONEDNN_LINEAR is set");
+    return;
+  }
+  const auto [loss, gh, gw, n] = run();
+  CHECK(n == 2 * 3);  // 58 counted tokens in 3 chunks (balanced: 25, 25, 8): logits and g W per chunk
+  CHECK(std::abs(loss.item<double>() - loss_off.item<double>()) <= 1e-6 * std::abs(loss_off.item<double>()));
+  CHECK(rel_diff(gh, gh_off) <= 1e-5);
+  CHECK(rel_diff(gw, gw_off) <= 1e-5);
 }
 
 TEST_CASE("CPU time of the fused RMSNorm and rotary embedding against the unfused ops",

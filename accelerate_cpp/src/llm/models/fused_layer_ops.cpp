@@ -110,8 +110,27 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
   return stack.back().toTensor();
 }
 
-// The product by oneDNN, the gradients as at::linear's autograd computes them (the same ATen ops: addmm's and
-// mm's backward, a row-major input and the transposed weight): x' = g W, W' = g^T x, b' = g summed over rows.
+// A dense, contiguous, non-empty float32 CPU tensor: what detail::linear hands to oneDNN.
+bool plain(const torch::Tensor& t) {
+  return t.layout() == torch::kStrided && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
+         t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.numel() > 0;
+}
+
+// oneDNN is on: not under autocast, not turned off (torch.backends.mkldnn, ACCEL_ONEDNN_LINEAR=0).
+bool onednn_on() {
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;
+  return at::globalContext().userEnabledMkldnn() && onednn_linear_op().has_value();
+}
+
+bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  if (!plain(x) || !plain(w) || (b.defined() && !plain(b))) return false;
+  if (w.dim() != 2 || x.dim() < 2 || x.size(-1) != w.size(1) || (b.defined() && b.dim() != 1)) return false;
+  return onednn_on();
+}
+
+// The product by oneDNN, the gradients as at::linear's autograd computes them: x' = g W (by oneDNN too, as
+// linear_input_grad), W' = g^T x (MKL's mm, as at::linear's backward: oneDNN is not faster there), b' = g
+// summed over rows.
 // Bias = false: the node of a product without bias (an undefined tensor cannot be an autograd input).
 template <bool Bias>
 class OneDnnLinear : public torch::autograd::Function<OneDnnLinear<Bias>> {
@@ -133,23 +152,12 @@ class OneDnnLinear : public torch::autograd::Function<OneDnnLinear<Bias>> {
     const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const auto g = grad_outputs[0].reshape({-1, ctx->saved_data["out_features"].toInt()});
     torch::Tensor grad_x, grad_w, grad_b;
-    if (ctx->needs_input_grad(0)) grad_x = g.mm(w).view(x_sizes);
+    if (ctx->needs_input_grad(0)) grad_x = linear_input_grad(g, w).view(x_sizes);
     if (ctx->needs_input_grad(1)) grad_w = g.t().mm(x.reshape({-1, x_sizes.back()}));
     if (Bias && ctx->needs_input_grad(2)) grad_b = g.sum(0);
     return {grad_x, grad_w, grad_b};
   }
 };
-
-bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  auto plain = [](const torch::Tensor& t) {
-    return t.layout() == torch::kStrided && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
-           t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.numel() > 0;
-  };
-  if (!plain(x) || !plain(w) || (b.defined() && !plain(b))) return false;
-  if (w.dim() != 2 || x.dim() < 2 || x.size(-1) != w.size(1) || (b.defined() && b.dim() != 1)) return false;
-  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;
-  return at::globalContext().userEnabledMkldnn() && onednn_linear_op().has_value();
-}
 
 }  // namespace
 
@@ -161,6 +169,15 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   // Without bias, the weight stands in as the third input (no gradient is returned for it there).
   return bias.defined() ? OneDnnLinear<true>::apply(x, weight, bias)
                         : OneDnnLinear<false>::apply(x, weight, weight);
+}
+
+torch::Tensor linear_input_grad(const torch::Tensor& g, const torch::Tensor& weight) {
+  const auto g2 = g.reshape({-1, g.size(-1)});
+  // weight.t(): a transposed view, which oneDNN's inner product reads in place (its "ba" weight layout; no
+  // copy or reorder per call: ONEDNN_VERBOSE shows the x64:gemm:jit primitive alone).
+  if (plain(g2) && plain(weight) && weight.dim() == 2 && g2.size(1) == weight.size(0) && onednn_on())
+    return onednn_linear(g2, weight.t(), torch::Tensor());
+  return g2.mm(weight);
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {

@@ -5,6 +5,8 @@
 
 #include <accel/errors.hpp>
 
+#include "llm/models/fused_layer_ops.hpp"
+
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -83,11 +85,13 @@ struct ChunkSums {
   /// Adds one chunk's d loss / d logits (float32 [c, V]) to the gradients: `rows` of the flat hidden states,
   /// `hc` their values and `weight` the head, both in the compute dtype. As the unfused backward under
   /// autocast: the products in the compute dtype, then cast to the input's dtype (the autocast cast's
-  /// backward).
+  /// backward). The hidden states' g W by detail::linear_input_grad (oneDNN in float32 on the CPU, else mm),
+  /// the weight's g^T hc by MKL's addmm (oneDNN is not faster there).
   void add_gradients(const torch::Tensor& grad_logits, const torch::Tensor& rows, const torch::Tensor& hc,
                      const torch::Tensor& weight) {
     const auto g = grad_logits.to(hc.scalar_type());  // the upcast's backward
-    if (grad_hidden.defined()) grad_hidden.index_copy_(0, rows, g.mm(weight).to(grad_hidden.scalar_type()));
+    if (grad_hidden.defined())
+      grad_hidden.index_copy_(0, rows, linear_input_grad(g, weight).to(grad_hidden.scalar_type()));
     if (grad_weight.defined()) {
       if (grad_weight.scalar_type() == g.scalar_type()) {
         grad_weight.addmm_(g.t(), hc);

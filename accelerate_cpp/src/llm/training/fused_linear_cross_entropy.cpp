@@ -2,6 +2,7 @@
 #include <accel/errors.hpp>
 #include <accel/llm/training/fused_linear_cross_entropy.hpp>
 
+#include "llm/models/fused_layer_ops.hpp"
 #include "llm/training/chunked_loss_detail.hpp"
 
 #include <torch/torch.h>
@@ -21,8 +22,9 @@ using detail::ChunkSums;
 // One chunk of counted tokens: the summed losses, and (scaled by 1 / denominator) the gradients.
 void add_chunk(ChunkSums& s, const torch::Tensor& rows, const torch::Tensor& hc, const torch::Tensor& weight,
                const torch::Tensor& targets, double denominator) {
-  // As transformers: logits in the model's dtype, then float32.
-  auto logits = torch::linear(hc, weight).to(torch::kFloat32);
+  // As transformers: logits in the model's dtype, then float32; in float32 on the CPU by oneDNN's GEMM
+  // (detail::linear: within float32 rounding of at::linear's; other dtypes and autocast: at::linear).
+  auto logits = detail::linear(hc, weight).to(torch::kFloat32);
   const auto target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
   // at::logsumexp's own steps (amax, infinite maxima taken as 0, the sum of exp(x - max), log + max: the
   // same lse, bit for bit), but with exp(x - max) made in place of the logits and kept: no [c, V] temporary
