@@ -482,6 +482,8 @@ def check_sft(workdir, tokenizer_json):
          "messages", "trl:qwen2_5+tool_use", {"assistant_only_loss": True}, 3),
         ("conversational prompt-completion, assistant_only_loss on TRL's qwen3_instruct_2507.jinja",
          "conv_pc", "trl:qwen3_instruct_2507", {"assistant_only_loss": True}, 3),
+        ("messages, assistant_only_loss, markers leaving <|im_end|> out (kept; TRL's stop-token check false)",
+         "messages", "trl:eot_outside", {"assistant_only_loss": True}, 3),
     ]
     # Refused as SFTTrainer refuses them: TRL ships no training variant of Llama 3.1's template, and matches
     # the text exactly (qwen2_5.jinja plus a trailing newline is not qwen2_5.jinja).
@@ -534,7 +536,10 @@ def check_sft(workdir, tokenizer_json):
                                  {"table": got.get("training_template"), "tokenizer": got_tok.get("training_template")}))
             if got_tok.get("stop_token_trained") != want_stop:
                 failures.append((title + " (is_chat_template_stop_token_trained)", want_stop, "", got_tok))
-            swapped.append(want_name)
+            if tpl_name == "trl:eot_outside" and want_stop is not False:  # the case must exercise a False
+                failures.append((title + " (TRL's stop-token check should be False here)", False, "", want_stop))
+            if want_name is not None:
+                swapped.append(want_name)
         if got.get("examples") == want_ex and got.get("batches") == want_b:
             equal += 1
             tokens += sum(len(e["input_ids"]) for e in want_ex)
@@ -547,6 +552,13 @@ def check_sft(workdir, tokenizer_json):
     print(f"training templates: SFTTrainer and accel swapped in {', '.join(swapped)}; {refused} templates "
           f"refused by both")
     return equal, equal_tok, len(configs), tokens, failures
+
+
+EOT_OUTSIDE = ("{%- for message in messages %}{%- if message.role == 'assistant' %}"
+               "{{- '<|im_start|>assistant\\n' }}{%- generation %}{{- message.content }}{%- endgeneration %}"
+               "{{- '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+               "'<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+               "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
 def trl_template_dirs(workdir, tokenizer_json):
@@ -563,6 +575,9 @@ def trl_template_dirs(workdir, tokenizer_json):
                                                  QWEN_SPECIAL, in_config=True)
     dirs["trl:qwen2_5+newline"] = tokenizer_dir(workdir, "trl_sft_newline", tokenizer_json, text["qwen2_5"] + "\n",
                                                 QWEN_SPECIAL)
+    # Markers that leave the assistant's <|im_end|> outside: kept as they are (no swap), and TRL's stop-token check
+    # is False (SFTTrainer warns), which accel must find too.
+    dirs["trl:eot_outside"] = tokenizer_dir(workdir, "trl_sft_eot_outside", tokenizer_json, EOT_OUTSIDE, QWEN_SPECIAL)
     return dirs
 
 

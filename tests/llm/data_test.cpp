@@ -307,10 +307,56 @@ TEST_CASE("assistant_only_loss: TRL's training variant of a known template, by e
   CHECK_FALSE(accel::llm::has_generation_markers("{% generations %}"));
   // One character more and it is not TRL's template: refused naming the file and the fix.
   const auto edited = ChatTemplate::from_string(ss.str() + " ", "model/chat_template.jinja");
-  CHECK_THROWS_WITH(accel::llm::training_chat_template(edited),
-                    Contains("model/chat_template.jinja: assistant_only_loss needs") &&
-                        Contains("not one TRL 1.16 ships a training variant for") &&
-                        Contains("qwen2_5.jinja, qwen3.jinja") && Contains("save it as chat_template.jinja"));
+  CHECK_THROWS_WITH(
+      accel::llm::training_chat_template(edited),
+      Contains("model/chat_template.jinja: assistant_only_loss needs") &&
+          Contains("not one TRL 1.16 ships a training variant for") &&
+          Contains("qwen2_5.jinja, qwen3.jinja") && Contains("save it as chat_template.jinja") &&
+          Contains("variants for other architectures, Gemma, Phi-3, Qwen3.5 ..., are not compiled"));
+}
+
+TEST_CASE(
+    "chat_template_stop_token_trained: trailing blank tokens are skipped as Python's str.strip() does") {
+  // One id per byte, except the end-of-turn token <E> (added, 1000) and one id for each of a few non-ASCII
+  // characters that str.strip() removes (U+3000, U+00A0, U+2028) or keeps (U+00E9, not whitespace).
+  const std::map<std::string, int64_t> words = {
+      {"<E>", 1000}, {"\xe3\x80\x80", 2000}, {"\xc2\xa0", 2001}, {"\xe2\x80\xa8", 2002}, {"\xc3\xa9", 2003}};
+  const accel::llm::EncodeFn encode = [&words](const std::string& s, bool) {
+    std::vector<int64_t> ids;
+    for (std::size_t i = 0; i < s.size();) {
+      bool matched = false;
+      for (const auto& [text, id] : words) {
+        if (s.compare(i, text.size(), text) == 0) {
+          ids.push_back(id);
+          i += text.size();
+          matched = true;
+          break;
+        }
+      }
+      if (!matched) ids.push_back(static_cast<unsigned char>(s[i++]));
+    }
+    return ids;
+  };
+  const auto decode = [&words](int64_t id) {
+    for (const auto& [text, i] : words)
+      if (i == id) return text;
+    return std::string(1, static_cast<char>(id));
+  };
+  const auto is_added = [](int64_t id) { return id == 1000; };
+  const auto trained = [&](const std::string& tail) {
+    const auto tpl = ChatTemplate::from_string(
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<E>" + tail +
+            "{% endgeneration %}{% else %}{{ m.content }}<E>{% endif %}{% endfor %}",
+        "stop.jinja");
+    return accel::llm::chat_template_stop_token_trained(tpl, encode, decode, is_added);
+  };
+  CHECK(trained(""));
+  CHECK(trained("\n "));
+  // Python's str.strip() removes Unicode whitespace too: the end-of-turn token before them is the last one.
+  CHECK(trained("\xe3\x80\x80"));
+  CHECK(trained("\xc2\xa0\n"));
+  CHECK(trained("\xe2\x80\xa8"));
+  CHECK_FALSE(trained("\xc3\xa9"));  // content after the end-of-turn token: not trained to stop
 }
 
 TEST_CASE("SFT options that cannot work are refused before any example is tokenized") {

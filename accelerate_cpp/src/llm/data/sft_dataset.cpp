@@ -16,6 +16,30 @@ constexpr int64_t kIgnore = -100;
   throw ConfigError(r.file + " line " + std::to_string(r.line) + ": " + what, r.file, r.line);
 }
 
+// Whether Python's str.strip() leaves nothing of `text` (UTF-8): every code point is whitespace as
+// str.isspace() has it (ASCII's \t-\r and space, \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+// U+2029, U+202F, U+205F, U+3000). A byte that is not valid UTF-8 is not blank (transformers' decode makes it
+// U+FFFD).
+bool python_blank(const std::string& text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    const int len = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + static_cast<std::size_t>(len) > text.size()) return false;
+    char32_t c = len == 1 ? b : len == 2 ? (b & 0x1f) : len == 3 ? (b & 0x0f) : (b & 0x07);
+    for (int k = 1; k < len; ++k) {
+      const auto cont = static_cast<unsigned char>(text[i + static_cast<std::size_t>(k)]);
+      if ((cont >> 6) != 0x2) return false;
+      c = (c << 6) | (cont & 0x3f);
+    }
+    i += static_cast<std::size_t>(len);
+    const bool space = (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
+                       c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+                       c == 0x202f || c == 0x205f || c == 0x3000;
+    if (!space) return false;
+  }
+  return true;
+}
+
 std::size_t common_prefix_length(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   std::size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n])
@@ -160,12 +184,8 @@ bool chat_template_stop_token_trained(const ChatTemplate& chat_template, const E
   const std::vector<int64_t> mask = assistant_mask(chat.text, ids, chat.generation_spans, encode);
   for (std::size_t i = ids.size(); i-- > 0;) {
     if (mask[i] == 0) continue;
-    const std::string text = decode(ids[i]);
-    // Python's str.strip() on the decoded token: whitespace only (ASCII's, and \x1c-\x1f) is skipped.
-    const bool blank = std::all_of(text.begin(), text.end(), [](char c) {
-      return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
-    });
-    if (blank) continue;
+    // TRL: `tokenizer.decode([id]).strip() == ""` skips the token (Unicode whitespace included).
+    if (python_blank(decode(ids[i]))) continue;
     return is_added_token(ids[i]);
   }
   return false;

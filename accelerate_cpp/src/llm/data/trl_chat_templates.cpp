@@ -52,13 +52,15 @@ std::optional<TrainingChatTemplate> training_chat_template(const ChatTemplate& c
   throw ConfigError(
       chat_template.origin() +
           ": assistant_only_loss needs {% generation %} ... {% endgeneration %} around the assistant output, "
-          "and this chat template has none and is not one TRL 1.16 ships a training variant for (SFTTrainer "
-          "refuses it too: \"The chat template is not training-compatible (missing prefix-preservation or "
-          "`{% generation %}` markers) and patching is not supported for this template\"). Known by their "
-          "exact "
-          "text: " +
+          "and this chat template has none and is not one TRL 1.16 ships a training variant for among the "
+          "models accel::llm loads, known by their exact text: " +
           known_names() +
-          ". Modify the chat template for training: wrap what the assistant generates, its end-of-turn token "
+          " (SFTTrainer refuses any template it has no variant for: \"The chat template is not "
+          "training-compatible (missing prefix-preservation or `{% generation %}` markers) and patching is "
+          "not "
+          "supported for this template\"; TRL's variants for other architectures, Gemma, Phi-3, Qwen3.5 ..., "
+          "are not compiled in). Modify the chat template for training: wrap what the assistant generates, "
+          "its end-of-turn token "
           "included, in {% generation %} ... {% endgeneration %} (TRL's trl/chat_templates/*_training.jinja "
           "show how) and save it as chat_template.jinja in the model directory; or set assistant_only_loss "
           "false",

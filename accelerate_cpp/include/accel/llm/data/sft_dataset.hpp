@@ -82,9 +82,10 @@ std::vector<SftExample> pack_examples(const std::vector<SftExample>& examples, i
 /// TRL 1.16's is_chat_template_stop_token_trained, which SFTTrainer checks under assistant_only_loss (a false
 /// result is a warning there: "the model may not learn to stop"): renders user / assistant / user ("dummy"
 /// each), takes the assistant mask (assistant_mask) and tells whether its last token whose text is not
-/// whitespace (`decode(id)` stripped of Python's str.strip() ASCII whitespace) is in the tokenizer's added
-/// vocabulary (`is_added_token`), where end-of-turn tokens are. False when the template attributes the
-/// assistant's end-of-turn token to the next message, has no `{% generation %}` blocks, or raises.
+/// whitespace (`decode(id)` empty after Python's str.strip(), Unicode whitespace included) is in the
+/// tokenizer's added vocabulary (`is_added_token`), where end-of-turn tokens are. False when the template
+/// attributes the assistant's end-of-turn token to the next message, has no `{% generation %}` blocks, or
+/// raises.
 bool chat_template_stop_token_trained(const ChatTemplate& chat_template, const EncodeFn& encode,
                                       const std::function<std::string(int64_t)>& decode,
                                       const std::function<bool(int64_t)>& is_added_token);
