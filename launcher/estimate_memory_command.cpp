@@ -221,9 +221,11 @@ double mib(std::uint64_t bytes) {
 }
 
 // With --max_length: the step's activations (llm::estimate_activation_memory) and the total with them; else
-// how to include them. `beside` is what the estimate names beside the state (gathered units, transient).
+// how to include them. The units gathered (ZeRO-3) are whole while activations live; the embedding's
+// transient gradient comes at the end of backward, after the blocks' activations are freed: the larger of the
+// two.
 void print_activations(const MemoryEstimateInput& in, const ModelOptions& mo, const MemoryReport& r,
-                       std::uint64_t beside) {
+                       std::uint64_t gathered, std::uint64_t transient) {
   if (!mo.activations) {
     std::cout << "Activations are not included (what autograd keeps for backward; Hugging Face Accelerate's "
                  "and DeepSpeed's estimators leave them out too): give --max_length (tokens per row) with "
@@ -256,9 +258,12 @@ void print_activations(const MemoryEstimateInput& in, const ModelOptions& mo, co
     std::cout << "(mixed precision " << in.mixed_precision
               << ": activations are counted in the model's dtype, " << o.dtype
               << "; autocast's half-precision copies are not modelled)\n";
-  std::cout << fmt::format("total with activations{}: {:.3f} MiB\n",
-                           beside > 0 ? " and what is held beside the state" : "",
-                           mib(r.total() + beside + a.peak()));
+  std::cout << fmt::format(
+      "total with activations{}: {:.3f} MiB\n",
+      gathered > 0    ? " and the units gathered"
+      : transient > 0 ? " (the embedding's transient gradient comes after them: the larger of the two)"
+                      : "",
+      mib(r.total() + gathered + std::max(transient, a.peak())));
 }
 
 void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
@@ -288,7 +293,7 @@ void run_estimate(const MemoryEstimateInput& in, const ModelOptions& mo) {
         static_cast<double>(transient) / (1024.0 * 1024.0));
   }
   const std::uint64_t gathered = in.pipeline_stages > 1 ? 0 : r.gathered;
-  print_activations(in, mo, r, transient + gathered);
+  print_activations(in, mo, r, gathered, transient);
   std::cout << "bytes: " << bytes_line(r) << (transient > 0 ? fmt::format(" transient={}", transient) : "")
             << (mo.activations ? fmt::format(" activations={}", mo.activations->peak()) : "") << "\n";
 }

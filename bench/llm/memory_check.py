@@ -95,9 +95,14 @@ def estimate(build, model_dir, kind, ranks, seq=None):
         cmd += ["--max_length", str(seq), "--per_device_train_batch_size", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     total = int(re.search(r"total=(\d+)", out).group(1))
-    extra = sum(int(m.group(1)) for m in re.finditer(r"(?:gathered|transient)=(\d+)", out))
-    found = re.search(r"activations=(\d+)", out)
-    return total, extra, int(found.group(1)) if found else 0
+
+    def term(name):
+        found = re.search(name + r"=(\d+)", out)
+        return int(found.group(1)) if found else 0
+    # The embedding's transient gradient comes at the end of backward, when the blocks' activations are freed:
+    # the larger of the two (as estimate-memory's "total with activations").
+    act, transient = term("activations"), term("transient")
+    return total, term("gathered") + max(transient, act) - act, act
 
 
 def heap_split(sample_dir, until):
@@ -229,8 +234,8 @@ def main():
                     print(f"  {size} {kind} heap: {heap_text(heap)}; live state {live_state / 1e9:.3f} GB, "
                           f"estimate {row['live_diff']:+.1%} of it", flush=True)
                 rows.append(row)
-                print(f"  {size} {kind}: estimate {est / 1e9:.3f} GB (+{gathered / 1e9:.3f} gathered, transient or "
-                      f"activations: {act / 1e9:.3f}), "
+                print(f"  {size} {kind}: estimate {est / 1e9:.3f} GB (+{gathered / 1e9:.3f}: gathered, transient above "
+                      f"the activations, activations {act / 1e9:.3f}), "
                       f"peak VmHWM {hwm / 1e9:.3f} GB, RssAnon {anon / 1e9:.3f} GB, state measured "
                       f"{measured / 1e9:.3f} GB, estimate {row['diff']:+.1%}", flush=True)
     print(f"\n| model | type | ranks | estimate per rank | peak RSS (VmHWM) | peak RssAnon | runtime "
