@@ -304,12 +304,22 @@ void name_base_model(const fs::path& adapter_config, const std::string& model_di
   if (!out) throw accel::CheckpointError("cannot write " + adapter_config.string());
 }
 
-// The tokenizer files beside a saved model or adapter, as Hugging Face's Trainer saves them.
+// The tokenizer files beside a saved model or adapter, as Hugging Face's Trainer saves them: the model's own
+// chat templates (never the training variant assistant_only_loss renders with), the named ones of
+// additional_chat_templates/ (tool_use.jinja ...) included, as save_pretrained writes a template set.
 void copy_tokenizer_files(const std::string& from, const fs::path& to) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "chat_template.jinja", "generation_config.json"}) {
     if (fs::exists(fs::path(from) / name))
       fs::copy_file(fs::path(from) / name, to / name, fs::copy_options::overwrite_existing);
+  }
+  const fs::path templates = fs::path(from) / "additional_chat_templates";
+  if (!fs::is_directory(templates)) return;
+  fs::create_directories(to / "additional_chat_templates");
+  for (const auto& entry : fs::directory_iterator(templates)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".jinja")
+      fs::copy_file(entry.path(), to / "additional_chat_templates" / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
   }
 }
 

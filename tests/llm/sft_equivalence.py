@@ -580,15 +580,46 @@ def seven_types_row(fin, launch, tmp, base, data):
     names = set(load_file(os.path.join(base, "model.safetensors")))
     templates = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir,
                              "config_templates", "trainer")
+    # The base with a template set as transformers 5 saves one (chat_template.jinja, TRL's qwen2_5.jinja without
+    # {% generation %} markers, and additional_chat_templates/tool_use.jinja): each type must save the model's
+    # own set beside what it writes, as HF Trainer's processing_class.save_pretrained does, and the lora run under
+    # --assistant_only_loss must render its data with the variant SFTTrainer swaps in (never saved), warning
+    # about the stop token only when TRL's is_chat_template_stop_token_trained is False.
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_stop_token_trained
+    tbase = os.path.join(tmp, "types_base")
+    shutil.copytree(base, tbase)
+    os.makedirs(os.path.join(tbase, "additional_chat_templates"))
+    with open(os.path.join(tbase, "additional_chat_templates", "tool_use.jinja"), "w") as f:
+        f.write("{{- 'tools: ' ~ (tools | length) }}")
+    ttok = AutoTokenizer.from_pretrained(tbase)
+    training = get_training_chat_template(ttok)
+    trl_dir = os.path.join(os.path.dirname(sys.modules["trl"].__file__), "chat_templates")
+    training_name = [n for n in sorted(os.listdir(trl_dir))
+                     if open(os.path.join(trl_dir, n), encoding="utf-8").read() == training]
+    stop_warning = not is_chat_template_stop_token_trained(ttok, chat_template=training)
     for t in ("lora", "qlora", "minimal", "deepspeed", "stage2_offload", "stage3"):
         out = os.path.join(tmp, f"type_{t}")
-        cmd = [launch, "train", "-t", t, fin, "--model_name_or_path", base, "--dataset", data, "--output_dir", out,
-               "--max_steps", "1", "--report_to", "none"]
+        cmd = [launch, "train", "-t", t, fin, "--model_name_or_path", tbase, "--dataset", data, "--output_dir", out,
+               "--max_steps", "1", "--report_to", "none"] + (["--assistant_only_loss"] if t == "lora" else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if r.returncode != 0:
             check(False, f"types: accel-launch train -t {t} finetune runs (exit {r.returncode}: "
                   f"{(r.stderr + r.stdout).strip().splitlines()[-1:]})")
             continue
+        saved_dir = os.path.join(out, "adapter" if t in ("lora", "qlora", "minimal") else "model")
+        saved = AutoTokenizer.from_pretrained(saved_dir).chat_template
+        check(saved == ttok.chat_template, f"types: -t {t} saves the model's chat templates as transformers loads "
+              f"them ({sorted(saved) if isinstance(saved, dict) else 'one template'}; the model's: "
+              f"{sorted(ttok.chat_template)})")
+        if t == "lora":
+            log = r.stdout + r.stderr
+            swapped = training_name and f"so the data is rendered with TRL's {training_name[0]}" in log
+            warned = "does not include the assistant turn's end-of-turn token" in log
+            check(bool(swapped) and warned == stop_warning,
+                  f"types: -t lora --assistant_only_loss on TRL's qwen2_5.jinja renders with SFTTrainer's variant "
+                  f"({training_name}: {'logged' if swapped else 'NOT logged'}), stop-token warning "
+                  f"{warned} as TRL's check says ({stop_warning})")
         if t in ("lora", "qlora", "minimal"):
             d = os.path.join(out, "adapter")
             keys = set(load_file(os.path.join(d, "adapter_model.safetensors")))
