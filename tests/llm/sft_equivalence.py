@@ -43,7 +43,9 @@ Checks (each prints one line; the last line "sft equivalence: all equal" only wh
          reloads each in the dtype its own --dtype would give).
   types  the other six types with one command each (accel-launch train -t TYPE finetune, the shipped files), one
          step on 2 ranks: the adapter (lora, qlora, minimal; r as TYPE.model.yaml) or the model (deepspeed,
-         stage2_offload, stage3) is saved with the tokenizer.
+         stage2_offload, stage3) is saved, trained by the step, with the tokenizer and the model's own chat
+         templates (additional_chat_templates/ too); -t lora --assistant_only_loss on TRL's marker-less
+         qwen2_5.jinja logs the variant SFTTrainer swaps in and warns as TRL's stop-token check says.
   vocab  a tokenizer with ids past config.json's vocab_size (transformers: IndexError in the embedding): the
          recipe refuses before training, naming vocab_size, the id and the fix.
   options full fine-tuning with weight_decay 0.5 (none on biases and norms), cosine_with_min_lr, warmup_steps 0.2
@@ -574,10 +576,13 @@ def readme_row(fin, launch, tmp, base, data):
 
 def seven_types_row(fin, launch, tmp, base, data):
     """Issue 51's "Done when": each of the other six types with one command (`-t full` is the row above), the
-    type's three shipped files as they are, on the float32 checkpoint: one step on 2 ranks, and what the type
-    ships: the PEFT adapter (lora, qlora, minimal: every tensor a LoRA matrix, r as TYPE.model.yaml says, the
-    tokenizer beside it) or the model (deepspeed, stage2_offload, stage3: every tensor of the checkpoint)."""
-    names = set(load_file(os.path.join(base, "model.safetensors")))
+    type's three shipped files as they are (but --warmup_ratio 0, so that the one step has a nonzero rate), on the
+    float32 checkpoint: one step on 2 ranks, and what the type ships: the PEFT adapter (lora, qlora, minimal:
+    every tensor a LoRA matrix, r as TYPE.model.yaml says, lora_B trained off zero, the tokenizer beside it) or the
+    model (deepspeed, stage2_offload, stage3: every tensor of the checkpoint, changed by the step), with the
+    model's own chat templates."""
+    base_model = load_file(os.path.join(base, "model.safetensors"))
+    names = set(base_model)
     templates = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir,
                              "config_templates", "trainer")
     # The base with a template set as transformers 5 saves one (chat_template.jinja, TRL's qwen2_5.jinja without
@@ -601,7 +606,8 @@ def seven_types_row(fin, launch, tmp, base, data):
     for t in ("lora", "qlora", "minimal", "deepspeed", "stage2_offload", "stage3"):
         out = os.path.join(tmp, f"type_{t}")
         cmd = [launch, "train", "-t", t, fin, "--model_name_or_path", tbase, "--dataset", data, "--output_dir", out,
-               "--max_steps", "1", "--report_to", "none"] + (["--assistant_only_loss"] if t == "lora" else [])
+               "--max_steps", "1", "--report_to", "none", "--warmup_ratio", "0"] + \
+            (["--assistant_only_loss"] if t == "lora" else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if r.returncode != 0:
             check(False, f"types: accel-launch train -t {t} finetune runs (exit {r.returncode}: "
@@ -622,18 +628,26 @@ def seven_types_row(fin, launch, tmp, base, data):
                   f"{warned} as TRL's check says ({stop_warning})")
         if t in ("lora", "qlora", "minimal"):
             d = os.path.join(out, "adapter")
-            keys = set(load_file(os.path.join(d, "adapter_model.safetensors")))
             rank = json.load(open(os.path.join(d, "adapter_config.json")))["r"]
             want = [l.split(":")[1].strip() for l in open(os.path.join(templates, f"{t}.model.yaml"))
                     if l.startswith("lora_r:")]
+            adapter = load_file(os.path.join(d, "adapter_model.safetensors"))
+            keys = set(adapter)
+            # lora_B starts at zero: a nonzero one is the step taken (--warmup_ratio 0: the shipped 0.05 makes the
+            # one step a warmup step at rate 0, which would train nothing)
+            trained = any(v.abs().max().item() > 0 for k, v in adapter.items() if ".lora_B." in k)
             ok = (keys and all(".lora_A." in k or ".lora_B." in k for k in keys) and [str(rank)] == want
-                  and os.path.exists(os.path.join(d, "tokenizer.json")))
-            what = f"a PEFT adapter of {len(keys)} LoRA tensors, r {rank} (model.yaml: {want})"
+                  and os.path.exists(os.path.join(d, "tokenizer.json")) and trained)
+            what = f"a PEFT adapter of {len(keys)} LoRA tensors, r {rank} (model.yaml: {want}), lora_B " + \
+                ("trained" if trained else "still zero")
         else:
             d = os.path.join(out, "model")
-            keys = set(load_file(os.path.join(d, "model.safetensors")))
-            ok = keys == names and os.path.exists(os.path.join(d, "tokenizer.json"))
-            what = f"the model, {len(keys)} of the checkpoint's {len(names)} tensors"
+            saved_model = load_file(os.path.join(d, "model.safetensors"))
+            keys = set(saved_model)
+            trained = any(not torch.equal(saved_model[k], base_model[k]) for k in keys & names)
+            ok = keys == names and os.path.exists(os.path.join(d, "tokenizer.json")) and trained
+            what = f"the model, {len(keys)} of the checkpoint's {len(names)} tensors, " + \
+                ("changed" if trained else "unchanged")
         check(ok, f"types: accel-launch train -t {t} finetune (the shipped files) trains a step and saves {what}, "
               f"the tokenizer beside it")
 
