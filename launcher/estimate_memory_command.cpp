@@ -395,8 +395,7 @@ void setup_estimate_memory_command(CLI::App& app) {
                   model->activation.micro_batch_size,
                   "Rows per forward for the activations (default: the type's TrainingArguments, else 1)");
   cmd->add_flag(
-      "--gradient_checkpointing{true},--gradient-checkpointing{true}",
-      model->activation.gradient_checkpointing,
+      "--gradient_checkpointing,--gradient-checkpointing", model->activation.gradient_checkpointing,
       "Activations with gradient checkpointing (=false to turn the type's off; default: the type's)");
   cmd->callback([in, model, cmd] {
     if (!model->model_config.empty()) {
