@@ -500,13 +500,31 @@ TEST_CASE("Trainer: a checkpoint of a second train(), or after an fp16-skipped s
     const auto saved = accel::TrainerState::from_json(text, checkpoint);
     const auto key = saved.stateful_callbacks.find("accelerate-cpp:AcceleratorStepOffset");
     const double offset = key == saved.stateful_callbacks.end() ? 0.0 : key->second.at("offset");
+    const auto checkpoint8 = (dir.path / "out" / "checkpoint-8").string();
     {
       INFO("the same Trainer resumes its last run's checkpoint-4");
+      fs::remove_all(checkpoint8);  // written again below by the resumed run
       trainer.train(checkpoint);
       const auto again = peft_run_result(trainer, trainer.accelerator(), model);
       CHECK(again.losses == last.losses);
       for (const auto& [name, t] : last.weights)
         CHECK(torch::equal(again.weights.at(name), t));
+    }
+    {
+      INFO("the resumed run's own checkpoint-8 records the same difference and resumes (review R2)");
+      std::ifstream in8(fs::path(checkpoint8) / "trainer_state.json");
+      const std::string text8((std::istreambuf_iterator<char>(in8)), std::istreambuf_iterator<char>());
+      const auto saved8 = accel::TrainerState::from_json(text8, checkpoint8);
+      const auto key8 = saved8.stateful_callbacks.find("accelerate-cpp:AcceleratorStepOffset");
+      CHECK((key8 == saved8.stateful_callbacks.end() ? 0.0 : key8->second.at("offset")) == offset);
+      auto fresh = peft_dropout_net(98);
+      accel::Trainer resumed(
+          args, fresh, data(), [&](auto& batch) { return loss(fresh, batch); }, options());
+      running = &resumed;
+      resumed.train(checkpoint8);  // at max_steps: loads, checks the counters, trains nothing
+      const auto got = peft_run_result(resumed, resumed.accelerator(), fresh);
+      for (const auto& [name, t] : last.weights)
+        CHECK(torch::equal(got.weights.at(name), t));
     }
     {
       INFO("a new Trainer (another initial model) resumes the last run's checkpoint-4");
