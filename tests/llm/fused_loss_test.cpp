@@ -739,6 +739,15 @@ TEST_CASE(
       CHECK(rel_diff(accel::llm::detail::linear_input_grad(g, w.detach()),
                      g.reshape({-1, 200}).mm(w.detach())) <= 1e-6);
       CHECK(OneDnnCounter::count() == 3);
+      // A weight that is a view at an offset (a tensor-parallel row slice of a larger head): oneDNN reads
+      // it from its first element, not the storage's (review R2); a column slice is strided: mm, bitwise.
+      const auto big = torch::randn({500, 96});
+      const auto rows = big.narrow(0, 250, 200);
+      CHECK(rel_diff(accel::llm::detail::linear_input_grad(g, rows), g.reshape({-1, 200}).mm(rows)) <= 1e-6);
+      CHECK(OneDnnCounter::count() == 4);
+      const auto cols = torch::randn({200, 150}).narrow(1, 30, 96);
+      CHECK(torch::equal(accel::llm::detail::linear_input_grad(g, cols), g.reshape({-1, 200}).mm(cols)));
+      CHECK(OneDnnCounter::count() == 4);
     }
   }
   SECTION("oneDNN off: forward, gradients and linear_input_grad are at::linear's and mm's, bit for bit") {
@@ -752,6 +761,29 @@ TEST_CASE(
     const auto g2 = g.reshape({-1, 200});
     CHECK(torch::equal(accel::llm::detail::linear_input_grad(g2, w.detach()), g2.mm(w.detach())));
     CHECK(OneDnnCounter::count() == 0);
+  }
+  SECTION("a second derivative (create_graph) through detail::linear equals at::linear's") {
+    // The backward of a backward (gradient penalties, Hessian-vector products): the first backward's g W
+    // must stay differentiable in g and W. oneDNN's op has no autograd formula (LibTorch only warns and
+    // drops its inputs' gradients), so there the product must be mm's.
+    auto twice = [&](const std::function<torch::Tensor()>& f) {
+      const auto y = f();
+      const auto first = torch::autograd::grad({y.pow(2).sum()}, {x, w}, {}, true, true);
+      return torch::autograd::grad({first[0].pow(2).sum() + first[1].pow(2).sum()}, {x, w, b});
+    };
+    const auto want2 = twice([&] { return torch::linear(x, w, b); });
+    const auto got2 = twice([&] { return accel::llm::detail::linear(x, w, b); });
+    for (std::size_t k = 0; k < want2.size(); ++k) {
+      INFO("second derivative " << k);
+      CHECK(rel_diff(got2[k], want2[k]) <= 1e-5);
+    }
+    // Asked for directly, with a g that requires grad: mm's value (and a graph) wherever oneDNN is on.
+    const auto gg = g.reshape({-1, 200}).clone().requires_grad_();
+    const auto product = accel::llm::detail::linear_input_grad(gg, w);
+    CHECK(product.requires_grad());
+    const auto d = torch::autograd::grad({product.sum()}, {gg, w});
+    CHECK(rel_diff(d[0], torch::ones_like(product).mm(w.detach().t())) <= 1e-6);
+    CHECK(rel_diff(d[1], gg.detach().t().mm(torch::ones_like(product))) <= 1e-6);
   }
   SECTION("a strided g, bf16 and an empty g take mm, bit for bit") {
     OneDnnCounter counter;

@@ -173,9 +173,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 
 torch::Tensor linear_input_grad(const torch::Tensor& g, const torch::Tensor& weight) {
   const auto g2 = g.reshape({-1, g.size(-1)});
+  // oneDNN's op has no autograd formula: a product that must stay differentiable (the backward of a backward
+  // under create_graph, where grad mode is on) is mm's.
+  const bool graph = torch::GradMode::is_enabled() && (g2.requires_grad() || weight.requires_grad());
   // weight.t(): a transposed view, which oneDNN's inner product reads in place (its "ba" weight layout; no
   // copy or reorder per call: ONEDNN_VERBOSE shows the x64:gemm:jit primitive alone).
-  if (plain(g2) && plain(weight) && weight.dim() == 2 && g2.size(1) == weight.size(0) && onednn_on())
+  if (!graph && plain(g2) && plain(weight) && weight.dim() == 2 && g2.size(1) == weight.size(0) &&
+      onednn_on())
     return onednn_linear(g2, weight.t(), torch::Tensor());
   return g2.mm(weight);
 }

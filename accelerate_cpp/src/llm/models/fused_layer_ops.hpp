@@ -32,10 +32,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 
 /// `g.reshape({-1, g.size(-1)}).mm(weight)`: the input gradient of `linear(x, weight)` for an output gradient
 /// g [..., out] (weight [out, in]; returns [N, in]), by oneDNN's fp32 GEMM reading the weight's transposed
-/// view in place (no copy, no reorder): on this machine 15-30% less CPU time than MKL's mm on Qwen2-0.5B's
-/// MLP and head shapes, 3-11% on its 896- and 128-wide ones. The rules of detail::linear: mm (bit for bit
-/// at::linear's backward) wherever that falls back, and also for a g that is not contiguous as [N, out] (mm
-/// reads it strided; a copy would cost more).
+/// view in place (no copy, no reorder): on this machine 10-15% less CPU time than MKL's mm on Qwen2-0.5B's
+/// MLP and head shapes at one thread (15-30% at two), 3-11% on its 896- and 128-wide ones. The rules of
+/// detail::linear: mm (bit for bit at::linear's backward) wherever that falls back, for a g that is not
+/// contiguous as [N, out] (mm reads it strided; a copy would cost more), and in grad mode with g or weight
+/// requiring grad (the backward of a backward under create_graph: oneDNN's op has no autograd formula, mm's
+/// product stays differentiable).
 torch::Tensor linear_input_grad(const torch::Tensor& g, const torch::Tensor& weight);
 
 }  // namespace accel::llm::detail
