@@ -7,6 +7,7 @@
 
 #include <pwd.h>
 #include <sched.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -93,19 +95,27 @@ std::string both_spellings(const std::string& name) {
   return dashed == name ? "--" + name : "--" + name + ",--" + dashed;
 }
 
+std::string home_directory() {
+  std::string home = get_env("HOME");
+  if (home.empty()) {
+    const passwd* entry = ::getpwuid(::getuid());
+    if (entry != nullptr && entry->pw_dir != nullptr) home = entry->pw_dir;
+  }
+  return home;
+}
+
 }  // namespace
+
+const char* default_allocator() {
+  return "default";
+}
 
 std::string default_config_path() {
   const std::string explicit_path = get_env(env::kConfigFile);
   if (!explicit_path.empty()) return explicit_path;
   const std::string xdg = get_env("XDG_CONFIG_HOME");
   if (!xdg.empty()) return xdg + "/accelerate-cpp/default_config.yaml";
-  std::string home = get_env("HOME");
-  if (home.empty()) {
-    const passwd* entry = ::getpwuid(::getuid());
-    if (entry != nullptr && entry->pw_dir != nullptr) home = entry->pw_dir;
-  }
-  return home + "/.config/accelerate-cpp/default_config.yaml";
+  return home_directory() + "/.config/accelerate-cpp/default_config.yaml";
 }
 
 std::string backend_names_help(const std::string& separator) {
@@ -329,11 +339,146 @@ std::vector<std::string> inherited_environment() {
   return base;
 }
 
+// ---- The ranks' memory allocator: torch.backends.xeon.run_cpu's --enable_tcmalloc / --enable_jemalloc ----
+
+// Replaces the directories searched for an allocator's library (':'-separated), ldconfig's cache included.
+constexpr const char* kAllocatorSearchPath = "ACCEL_ALLOCATOR_SEARCH_PATH";
+// What run_cpu sets in MALLOC_CONF when it preloads jemalloc (unless the user set MALLOC_CONF).
+constexpr const char* kRunCpuJemallocConf = "oversize_threshold:1,background_thread:true,metadata_thp:auto";
+
+struct AllocatorChoice {
+  std::string preload;      // the ranks' LD_PRELOAD; empty: the inherited one, unchanged
+  std::string malloc_conf;  // the ranks' MALLOC_CONF; empty: the inherited one, unchanged
+};
+
+// The unversioned name run_cpu looks for (a -dev package's link), then the runtime packages' versioned names
+// (Debian/Ubuntu: libtcmalloc-minimal4, libgoogle-perftools4, libjemalloc2).
+std::vector<std::string> allocator_library_names(const std::string& allocator) {
+  if (allocator == "jemalloc") return {"libjemalloc.so", "libjemalloc.so.2"};
+  return {"libtcmalloc.so", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc_minimal.so.4"};
+}
+
+std::vector<std::string> split_list(const std::string& text, const std::string& separators) {
+  std::vector<std::string> items;
+  std::string item;
+  for (const char ch : text + separators.substr(0, 1)) {
+    if (separators.find(ch) == std::string::npos) {
+      item += ch;
+    } else if (!item.empty()) {
+      items.push_back(item);
+      item.clear();
+    }
+  }
+  return items;
+}
+
+// run_cpu's directories ($CONDA_PREFIX/lib, $VIRTUAL_ENV/lib, ~/.local/lib, /usr/local/lib, /usr/local/lib64,
+// /usr/lib, /usr/lib64), then the multiarch one (/usr/lib/x86_64-linux-gnu); ACCEL_ALLOCATOR_SEARCH_PATH
+// replaces them all and turns off the `ldconfig -p` lookup.
+std::vector<std::string> allocator_search_dirs(bool* use_ldconfig) {
+  const std::string given = get_env(kAllocatorSearchPath);
+  *use_ldconfig = given.empty();
+  if (!given.empty()) return split_list(given, ":");
+  std::vector<std::string> dirs;
+  for (const char* prefix : {"CONDA_PREFIX", "VIRTUAL_ENV"}) {
+    if (!get_env(prefix).empty()) dirs.push_back(get_env(prefix) + "/lib");
+  }
+  for (const std::string& dir :
+       {home_directory() + "/.local/lib", std::string("/usr/local/lib"), std::string("/usr/local/lib64"),
+        std::string("/usr/lib"), std::string("/usr/lib64")})
+    dirs.push_back(dir);
+  utsname machine{};
+  if (::uname(&machine) == 0) dirs.push_back(std::string("/usr/lib/") + machine.machine + "-linux-gnu");
+  return dirs;
+}
+
+// The first of `names` in the dynamic linker's cache (`ldconfig -p` lines "\tNAME (FLAGS) => PATH"), or "".
+std::string find_in_ldconfig_cache(const std::vector<std::string>& names) {
+  for (const char* command : {"/sbin/ldconfig -p 2>/dev/null", "ldconfig -p 2>/dev/null"}) {
+    FILE* pipe = ::popen(command, "r");
+    if (pipe == nullptr) continue;
+    std::map<std::string, std::string> cache;
+    char line[4096];
+    while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+      const std::vector<std::string> words = split_list(line, " \t\n");
+      if (words.size() >= 3 && words[words.size() - 2] == "=>") cache.emplace(words[0], words.back());
+    }
+    ::pclose(pipe);
+    if (cache.empty()) continue;  // no ldconfig at this path
+    for (const std::string& name : names) {
+      std::error_code ec;
+      const auto found = cache.find(name);
+      if (found != cache.end() && std::filesystem::is_regular_file(found->second, ec)) return found->second;
+    }
+    return "";
+  }
+  return "";
+}
+
+// What the ranks preload; the line saying so (or the warning that the library is missing) goes to `notices`.
+AllocatorChoice choose_allocator(const LaunchOptions& options, std::vector<std::string>& notices) {
+  AllocatorChoice choice;
+  const std::string allocator = options.allocator.empty() ? default_allocator() : options.allocator;
+  if (allocator == "default") return choice;
+  const bool set_conf = allocator == "jemalloc" && std::getenv("MALLOC_CONF") == nullptr;
+  const std::string inherited = get_env("LD_PRELOAD");
+  for (const std::string& item : split_list(inherited, ": ")) {
+    if (std::filesystem::path(item).filename().string().rfind("lib" + allocator, 0) == 0) {
+      notices.push_back("accel-launch: " + allocator + " is already in LD_PRELOAD (" + item +
+                        "): the ranks keep it");
+      if (set_conf) choice.malloc_conf = kRunCpuJemallocConf;
+      return choice;
+    }
+  }
+  bool use_ldconfig = true;
+  const std::vector<std::string> dirs = allocator_search_dirs(&use_ldconfig);
+  const std::vector<std::string> names = allocator_library_names(allocator);
+  std::string library;
+  for (const std::string& dir : dirs) {
+    for (const std::string& name : names) {
+      std::error_code ec;
+      if (library.empty() && std::filesystem::is_regular_file(dir + "/" + name, ec))
+        library = dir + "/" + name;
+    }
+  }
+  if (library.empty() && use_ldconfig) library = find_in_ldconfig_cache(names);
+  if (library.empty()) {
+    std::string searched;
+    for (const std::string& dir : dirs)
+      searched += (searched.empty() ? "" : ", ") + dir;
+    std::string tried;
+    for (const std::string& name : names)
+      tried += (tried.empty() ? "" : ", ") + name;
+    notices.push_back(fmt::format(
+        "accel-launch: warning: --enable_{0}: none of {1} found in {2}{3}; the ranks run with glibc's malloc "
+        "(install it, e.g. apt-get install {4}, or name its directory in {5})",
+        allocator, tried, searched, use_ldconfig ? " or in `ldconfig -p`" : "",
+        allocator == "jemalloc" ? "libjemalloc2" : "libtcmalloc-minimal4", kAllocatorSearchPath));
+    return choice;
+  }
+  choice.preload = inherited.empty() ? library : library + ":" + inherited;
+  if (set_conf) choice.malloc_conf = kRunCpuJemallocConf;
+  notices.push_back("accel-launch: preloading " + allocator +
+                    " into every rank: LD_PRELOAD=" + choice.preload +
+                    (set_conf ? std::string(", MALLOC_CONF=") + kRunCpuJemallocConf : std::string()));
+  return choice;
+}
+
+// Sets NAME=value in an environment list, replacing an inherited NAME.
+void set_variable(std::vector<std::string>& environment, const std::string& name, const std::string& value) {
+  environment.erase(std::remove_if(environment.begin(), environment.end(),
+                                   [&name](const std::string& v) { return v.rfind(name + "=", 0) == 0; }),
+                    environment.end());
+  environment.push_back(name + "=" + value);
+}
+
 SupervisorOptions make_supervisor_options(const LaunchOptions& options, const Config& config,
                                           const std::string& executable, int local_ranks,
                                           const OmpThreads& omp, const std::string& config_path,
-                                          const std::string& run_id) {
-  const std::vector<std::string> base = inherited_environment();
+                                          const std::string& run_id, const AllocatorChoice& allocator) {
+  std::vector<std::string> base = inherited_environment();
+  if (!allocator.preload.empty()) set_variable(base, "LD_PRELOAD", allocator.preload);
+  if (!allocator.malloc_conf.empty()) set_variable(base, "MALLOC_CONF", allocator.malloc_conf);
   SupervisorOptions supervisor;
   supervisor.executable = executable;
   supervisor.argv = options.command;
@@ -461,6 +606,7 @@ void run_launch(const LaunchOptions& options) {
   check_oversubscription(options, local_ranks);
   const OmpThreads omp = choose_omp_threads(options, local_ranks, notices);
   const std::string run_id = choose_run_id(options, config, notices);
+  const AllocatorChoice allocator = choose_allocator(options, notices);
   for (const std::string& notice : notices)
     std::cerr << notice << "\n";
   std::cerr.flush();
@@ -469,8 +615,8 @@ void run_launch(const LaunchOptions& options) {
   // the launcher by its default action, which would leave the file behind.
   const StopSignalsDeferred deferred;
   const TempConfigFile config_file(config.to_yaml());
-  SupervisorOptions supervisor =
-      make_supervisor_options(options, config, executable, local_ranks, omp, config_file.path(), run_id);
+  SupervisorOptions supervisor = make_supervisor_options(options, config, executable, local_ranks, omp,
+                                                         config_file.path(), run_id, allocator);
   supervise_with_restarts(supervisor, config, options, local_ranks, pick_port);
 }
 
@@ -490,6 +636,23 @@ void add_machine_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& op
   sub->add_option_function<int>(
       both_spellings("main_process_port"), [options](const int& v) { options->main_process_port = v; },
       "Rendezvous port on machine 0 (default 29500; 0 picks a free port, single machine only)");
+}
+
+// torch.backends.xeon.run_cpu's allocator flags (both spellings, as run_cpu accepts them); at most one.
+void add_allocator_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& options) {
+  CLI::Option* tcmalloc = sub->add_flag_callback(
+      both_spellings("enable_tcmalloc"), [options] { options->allocator = "tcmalloc"; },
+      "Preload tcmalloc into every rank (LD_PRELOAD; run_cpu's flag): found in run_cpu's directories, the "
+      "multiarch one or `ldconfig -p` (or ACCEL_ALLOCATOR_SEARCH_PATH), else a warning and glibc's malloc");
+  CLI::Option* jemalloc = sub->add_flag_callback(
+      both_spellings("enable_jemalloc"), [options] { options->allocator = "jemalloc"; },
+      std::string("Preload jemalloc into every rank, found as for --enable_tcmalloc; MALLOC_CONF=") +
+          kRunCpuJemallocConf + " as run_cpu sets it, unless MALLOC_CONF is set");
+  CLI::Option* glibc = sub->add_flag_callback(
+      both_spellings("use_default_allocator"), [options] { options->allocator = "default"; },
+      "glibc's malloc: LD_PRELOAD left as it is (the default)");
+  tcmalloc->excludes(jemalloc)->excludes(glibc);
+  jemalloc->excludes(glibc);
 }
 
 }  // namespace
@@ -545,6 +708,7 @@ void add_launch_options(CLI::App* sub, const std::shared_ptr<LaunchOptions>& opt
       both_spellings("num_cpu_threads_per_process"),
       [options](const int& v) { options->num_cpu_threads_per_process = v; },
       "OMP_NUM_THREADS of every rank (default: cores / ranks on this machine)");
+  add_allocator_options(sub, options);
   // Everything from PROGRAM on is the program's, passed exactly as given: even arguments that look like our
   // options, and arguments CLI11 would otherwise split ("[q_proj, v_proj]" is a vector's syntax to it).
   sub->prefix_command();

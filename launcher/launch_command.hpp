@@ -64,6 +64,12 @@ struct LaunchOptions {
   /// TORCHELASTIC_RUN_ID. Unset: a random id per launch on one machine; "none" (torchrun's default) with
   /// several machines, whose launchers must all be given the same id to agree on one.
   std::optional<std::string> run_id;
+  /// `--enable_tcmalloc`, `--enable_jemalloc`, `--use_default_allocator` (torch.backends.xeon.run_cpu's
+  /// flags): "tcmalloc" or "jemalloc" is preloaded into every rank (LD_PRELOAD, prepended to an inherited
+  /// one; found as run_cpu finds it, plus the multiarch directory and `ldconfig -p`; a warning naming what
+  /// was searched when it is missing, and the ranks run with glibc's malloc); "default" leaves LD_PRELOAD as
+  /// it is. Empty: the launcher's default (`default_allocator()`).
+  std::string allocator;
   /// PROGRAM followed by its arguments (everything after PROGRAM belongs to it).
   std::vector<std::string> command;
 };
@@ -88,6 +94,11 @@ class RanksFailed : public LaunchError {
 /// launch` does); a line saying so is appended to `notices` when given. Throws accel::ConfigError naming the
 /// file/flag, value and fix.
 Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices = nullptr);
+
+/// The allocator of a launch given no allocator flag: "default" (glibc's malloc, LD_PRELOAD untouched).
+/// Unlike run_cpu (which preloads tcmalloc when it finds it) the launcher preloads nothing unasked; see
+/// docs/launcher.md for the measurements behind the choice.
+const char* default_allocator();
 
 /// Checks the config, the program and the port, then runs this machine's ranks until they all exit.
 /// Throws ConfigError/UsageError (nothing started), LaunchError (nothing started, or the supervisor failed),

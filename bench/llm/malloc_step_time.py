@@ -9,8 +9,11 @@ cpu(3) itself shows what a setting costs the loading.
     .venv/bin/python bench/llm/malloc_step_time.py [--build build] [--type qlora] [--seq 32] [--steps 18]
         [--rounds 2] [--settings default,mmap128k]
 
-Settings: default (glibc's), mmap128k (MALLOC_MMAP_THRESHOLD_=131072: glibc's initial threshold, pinned), or
-NAME=VAR=VALUE for any other environment variable. Needs ~3 GB for the two ranks (qlora); run it under
+Settings: default (glibc's), mmap128k (MALLOC_MMAP_THRESHOLD_=131072: glibc's initial threshold, pinned),
+jemalloc / tcmalloc (LD_PRELOAD of Debian's libjemalloc.so.2 / libtcmalloc_minimal.so.4, jemalloc with its own
+defaults), jemalloc-runcpu (jemalloc with the MALLOC_CONF that torch.backends.xeon.run_cpu sets:
+oversize_threshold:1,background_thread:true,metadata_thp:auto), or NAME=VAR=VALUE for any other environment
+variable. Needs ~3 GB for the two ranks (qlora); run it under
 flock /tmp/accel-bigmem.lock on a shared machine.
 """
 import argparse
@@ -26,11 +29,19 @@ sys.path.insert(0, HERE)
 import finetune_bench as fb  # noqa: E402
 import memory_check as mc  # noqa: E402
 
-KNOWN = {"default": {}, "mmap128k": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"  # apt-get install libjemalloc2
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"  # apt-get install libtcmalloc-minimal4
+RUN_CPU_JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # run_cpu's
+KNOWN = {"default": {}, "mmap128k": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+         "jemalloc": {"LD_PRELOAD": JEMALLOC}, "tcmalloc": {"LD_PRELOAD": TCMALLOC},
+         "jemalloc-runcpu": {"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": RUN_CPU_JEMALLOC_CONF}}
 
 
 def setting(text):
     if text in KNOWN:
+        for var, value in KNOWN[text].items():
+            if var == "LD_PRELOAD" and not os.path.exists(value):
+                sys.exit(f"setting {text}: {value} is missing (apt-get install libjemalloc2 libtcmalloc-minimal4)")
         return text, KNOWN[text]
     name, var, value = text.split("=", 2)
     return name, {var: value}

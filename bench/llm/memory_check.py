@@ -25,6 +25,9 @@ for a moment while training (`transient=`: autograd's gradient of a trained embe
 shard, twice with a tied head; `gathered=`; `activations=`). The raw peaks are printed too. glibc's free heap
 (pages malloc keeps after the activations are freed) is no part of the estimate: pin its mmap threshold
 (MALLOC_MMAP_THRESHOLD_=131072 in the environment, inherited by the ranks) to keep it out of the peak, and say so.
+Another allocator is measured the same way: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (or
+libtcmalloc_minimal.so.4) in the environment reaches the ranks too (not with --heap, which preloads its sampler of
+glibc's counters); the first line prints LD_PRELOAD and the MALLOC_* settings.
 
   .venv/bin/python bench/llm/memory_check.py [--sizes 0.5B-8L,0.5B] [--types lora,full,deepspeed]
       [--seq 32] [--steps 3] [--max-gib 14] [--extra 'MORE RECIPE ARGS'] [--json FILE] [--state-only] [--heap]
@@ -180,7 +183,8 @@ def main():
                          "(LD_PRELOAD of malloc_sampler.c, built with cc)")
     a = ap.parse_args()
     ranks = 2
-    malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "ACCEL_MALLOC_TRIM"}
+    malloc = {k: v for k, v in os.environ.items()
+              if k.startswith("MALLOC_") or k in ("ACCEL_MALLOC_TRIM", "LD_PRELOAD")}
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}; malloc settings: "
           f"{malloc or 'glibc defaults'}", flush=True)
     rows, skipped = [], []

@@ -1134,3 +1134,82 @@ TEST_CASE("launcher: a privileged main_process_port (below 1024) is warned about
   CHECK(fine.exit_code == 0);
   CHECK_FALSE(contains(fine.err, "privileged"));
 }
+
+namespace {
+
+// The C library this test runs with (/proc/self/maps): a real shared object that every rank loads anyway, so
+// a fake allocator library pointing at it can be preloaded without changing what the ranks do.
+std::string c_library_path() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const std::size_t slash = line.find('/');
+    if (slash != std::string::npos && contains(line, "/libc.so.6")) return line.substr(slash);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "launcher: --enable_jemalloc/--enable_tcmalloc preload the library found into every rank (prepended), "
+    "warn naming the search when it is missing, and --use_default_allocator leaves LD_PRELOAD alone") {
+  TempDir dir;
+  const std::string libc = c_library_path();
+  REQUIRE_FALSE(libc.empty());
+  const std::string jemalloc = dir.str() + "/libjemalloc.so.2";
+  fs::create_symlink(libc, jemalloc);
+  // Only these directories are searched (no system directory, no ldconfig cache): the test does not depend on
+  // what the machine has installed.
+  const std::string search = "ACCEL_ALLOCATOR_SEARCH_PATH=/nonexistent/accel-allocator:" + dir.str();
+  const auto launch = [](const std::vector<std::string>& flags, const std::vector<std::string>& env) {
+    std::vector<std::string> args = {"launch", "--num_processes", "2", "--main_process_port", "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (const char* part :
+         {"/bin/sh", "-c", "echo LD_PRELOAD=${LD_PRELOAD:-unset}; echo MALLOC_CONF=${MALLOC_CONF:-unset}"})
+      args.emplace_back(part);
+    return run(args, env);
+  };
+  const auto twice = [](const std::string& value) { return std::multiset<std::string>{value, value}; };
+
+  // Found: prepended to the inherited LD_PRELOAD, with run_cpu's MALLOC_CONF, and said once.
+  const RunResult je = launch({"--enable_jemalloc"}, {search, "LD_PRELOAD=" + libc, "MALLOC_CONF"});
+  INFO("stdout:\n" << je.out << "\nstderr:\n" << je.err);
+  REQUIRE(je.exit_code == 0);
+  CHECK(values(je.out, "LD_PRELOAD") == twice(jemalloc + ":" + libc));
+  const std::string run_cpu_conf = "oversize_threshold:1,background_thread:true,metadata_thp:auto";
+  CHECK(values(je.out, "MALLOC_CONF") == twice(run_cpu_conf));
+  CHECK(contains(je.err, "accel-launch: preloading jemalloc into every rank: LD_PRELOAD=" + jemalloc + ":" +
+                             libc + ", MALLOC_CONF=" + run_cpu_conf + "\n"));
+  // The user's MALLOC_CONF is kept (as run_cpu keeps it); the dashed spelling works.
+  const RunResult conf =
+      launch({"--enable-jemalloc"}, {search, "LD_PRELOAD", "MALLOC_CONF=dirty_decay_ms:0"});
+  REQUIRE(conf.exit_code == 0);
+  CHECK(values(conf.out, "LD_PRELOAD") == twice(jemalloc));
+  CHECK(values(conf.out, "MALLOC_CONF") == twice("dirty_decay_ms:0"));
+
+  // Missing: a warning naming the files and the directories searched; the ranks run with LD_PRELOAD
+  // unchanged.
+  const RunResult tc = launch({"--enable-tcmalloc"}, {search, "LD_PRELOAD"});
+  INFO("stderr:\n" << tc.err);
+  REQUIRE(tc.exit_code == 0);
+  CHECK(values(tc.out, "LD_PRELOAD") == twice("unset"));
+  CHECK(contains(tc.err,
+                 "accel-launch: warning: --enable_tcmalloc: none of libtcmalloc.so, libtcmalloc.so.4, "
+                 "libtcmalloc_minimal.so, libtcmalloc_minimal.so.4 found in /nonexistent/accel-allocator, " +
+                     dir.str() + "; the ranks run with glibc's malloc"));
+
+  // --use_default_allocator, and no flag (the default): LD_PRELOAD as inherited, nothing said.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--use_default_allocator"}, std::vector<std::string>{}}) {
+    const RunResult plain = launch(flags, {search, "LD_PRELOAD=" + libc});
+    REQUIRE(plain.exit_code == 0);
+    CHECK(values(plain.out, "LD_PRELOAD") == twice(libc));
+    CHECK(values(plain.out, "MALLOC_CONF") == twice("unset"));
+    CHECK_FALSE(contains(plain.err, "preloading"));
+  }
+  // Two allocators: refused before any rank starts.
+  const RunResult both = launch({"--enable_tcmalloc", "--enable_jemalloc"}, {search});
+  CHECK(both.exit_code == 2);
+  CHECK(contains(both.err, "--enable_tcmalloc excludes --enable_jemalloc"));
+  CHECK_FALSE(contains(both.out, "LD_PRELOAD="));
+}
