@@ -13,7 +13,9 @@ Both: LoRA r 8, alpha 16, dropout 0 on q_proj and v_proj; AdamW lr 1e-4 (ours Ch
 torch's); --warmup steps unprofiled, then --steps profiled (figures per step). The GEMM roofline: every GEMM
 shape the two steps run is timed alone (torch.mm / addmm, one thread, best of a few) and the step's
 GEMM FLOPs / that rate is the time the step's GEMMs would take at the standalone rate.
-Classes: GEMM (mm, addmm, bmm, matmul, linear: self time, so composite ops count only their own overhead),
+Classes: GEMM (mm, addmm, bmm, matmul, linear, and oneDNN's mkldnn::_linear_pointwise behind accel's
+detail::linear, timed against torch.mm's MKL rate for its shape: self time, so composite ops count only their
+own overhead),
 SDPA (the flash-attention kernels, forward and backward), loss (cross-entropy ops; ours: the fused loss's
 non-GEMM ops), optimizer (clip + AdamW + zero_grad), elementwise (other ATen compute ops), views/alloc,
 autograd (autograd nodes' own time outside ATen ops). DDP's all-reduce is not in a one-process step: compare
@@ -37,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
-        "aten::mv", "aten::_addmm_activation"}
+        "aten::mv", "aten::_addmm_activation", "mkldnn::_linear_pointwise"}
 LOSS = {"aten::log_softmax", "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss",
         "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::nll_loss_nd", "aten::cross_entropy_loss",
         "aten::logsumexp"}
@@ -68,6 +70,12 @@ def gemm_flops(name, shapes):
         if name == "aten::addmm":
             (m, k), (_, n) = s[1], s[2]
             return 2 * m * k * n, (m, k, n)
+        if name == "mkldnn::_linear_pointwise":  # oneDNN's x W^T: x [..., k], W [n, k] (accel's detail::linear)
+            x, w = s[0], s[1]
+            m = 1
+            for d in x[:-1]:
+                m *= d
+            return 2 * m * x[-1] * w[0], (m, x[-1], w[0])
         if name == "aten::bmm":
             (b, m, k), (_, _, n) = s[0], s[1]
             return 2 * b * m * k * n, (m, k, n, b)
