@@ -96,8 +96,9 @@ class RanksFailed : public LaunchError {
 Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices = nullptr);
 
 /// The allocator of a launch given no allocator flag: "default" (glibc's malloc, LD_PRELOAD untouched).
-/// Unlike run_cpu (which preloads tcmalloc when it finds it) the launcher preloads nothing unasked; see
-/// docs/launcher.md for the measurements behind the choice.
+/// Unlike run_cpu (which preloads tcmalloc when it finds it) the launcher preloads nothing unasked: tcmalloc
+/// measured better memory at the same CPU a step on the LoRA/QLoRA rows (BENCHMARKS.md, eleventh update), but
+/// the suite has not been run under a preloaded allocator.
 const char* default_allocator();
 
 /// Checks the config, the program and the port, then runs this machine's ranks until they all exit.
