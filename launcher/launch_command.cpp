@@ -422,6 +422,11 @@ AllocatorChoice choose_allocator(const LaunchOptions& options, std::vector<std::
   if (allocator == "default") return choice;
   const bool set_conf = allocator == "jemalloc" && std::getenv("MALLOC_CONF") == nullptr;
   const std::string inherited = get_env("LD_PRELOAD");
+  if (options.allocator_by_default) {
+    // The user preloads an allocator of their own (jemalloc, tcmalloc, mimalloc ...): no second one.
+    for (const std::string& item : split_list(inherited, ": "))
+      if (std::filesystem::path(item).filename().string().find("malloc") != std::string::npos) return choice;
+  }
   for (const std::string& item : split_list(inherited, ": ")) {
     if (std::filesystem::path(item).filename().string().rfind("lib" + allocator, 0) == 0) {
       notices.push_back("accel-launch: " + allocator + " is already in LD_PRELOAD (" + item +
@@ -442,6 +447,12 @@ AllocatorChoice choose_allocator(const LaunchOptions& options, std::vector<std::
     }
   }
   if (library.empty() && use_ldconfig) library = find_in_ldconfig_cache(names);
+  if (library.empty() && options.allocator_by_default) {
+    notices.push_back(
+        "accel-launch: note: train preloads tcmalloc where it is installed (as PyTorch's run_cpu); "
+        "it is not (apt-get install libtcmalloc-minimal4): the ranks run with glibc's malloc");
+    return choice;
+  }
   if (library.empty()) {
     std::string searched;
     for (const std::string& dir : dirs)

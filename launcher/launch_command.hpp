@@ -70,6 +70,10 @@ struct LaunchOptions {
   /// was searched when it is missing, and the ranks run with glibc's malloc); "default" leaves LD_PRELOAD as
   /// it is. Empty: the launcher's default (`default_allocator()`).
   std::string allocator;
+  /// Set by `accel-launch train` when no allocator flag was given: `allocator` ("tcmalloc") is preloaded
+  /// where it is found, and where it is not the ranks run with glibc's malloc after a one-line note (not a
+  /// warning: nothing was asked for).
+  bool allocator_by_default = false;
   /// PROGRAM followed by its arguments (everything after PROGRAM belongs to it).
   std::vector<std::string> command;
 };
@@ -95,10 +99,11 @@ class RanksFailed : public LaunchError {
 /// file/flag, value and fix.
 Config resolve_launch_config(const LaunchOptions& options, std::vector<std::string>* notices = nullptr);
 
-/// The allocator of a launch given no allocator flag: "default" (glibc's malloc, LD_PRELOAD untouched).
-/// Unlike run_cpu (which preloads tcmalloc when it finds it) the launcher preloads nothing unasked: tcmalloc
-/// measured better memory at the same CPU a step on the LoRA/QLoRA rows (BENCHMARKS.md, eleventh update), but
-/// the suite has not been run under a preloaded allocator.
+/// The allocator of `accel-launch launch` given no allocator flag: "default" (glibc's malloc, LD_PRELOAD
+/// untouched), as torchrun and `accelerate launch` preload nothing. `accel-launch train` (the fine-tuning
+/// recipe's command) preloads tcmalloc where it is installed, as PyTorch's run_cpu does by default: it
+/// measured better memory at the same CPU a step on the LoRA/QLoRA rows (BENCHMARKS.md, eleventh update), and
+/// the suite passes under it.
 const char* default_allocator();
 
 /// Checks the config, the program and the port, then runs this machine's ranks until they all exit.

@@ -102,6 +102,13 @@ void setup_train_command(CLI::App& app) {
           "train: give the Trainer program to run (for example "
           "build/examples/trainer/fashion_mnist_trainer)");
     LaunchOptions launch = *options;
+    // The recipe's ranks get tcmalloc where it is installed, as PyTorch's run_cpu gives them (glibc's malloc
+    // keeps ~0.1-0.3 GB of activation-sized holes a rank at a step's peak; tcmalloc does not, at the same CPU
+    // a step: BENCHMARKS.md, eleventh update); --use_default_allocator keeps glibc's.
+    if (launch.allocator.empty()) {
+      launch.allocator = "tcmalloc";
+      launch.allocator_by_default = true;
+    }
     if (launch.config_file.empty()) launch.config_file = (dir / (*type + ".accelerate.yaml")).string();
     // The program's own --training_args (after PROGRAM) wins; otherwise the type's file comes first, so that
     // the options after it override its keys.

@@ -15,10 +15,11 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 #    nlohmann-json3-dev is needed by c10d headers and by our safetensors reader; liburing-dev and libaio-dev
 #    by bench_nvme_io only (the asynchronous I/O it compares for NVMe offload); libpcre2-dev (regexes with
 #    Unicode properties, JIT) and libutf8proc-dev (NFC / NFKC) serve the LLM wing's tokenizers, as the peers'
-#    pre-tokenizer patterns and normalizers need.
+#    pre-tokenizer patterns and normalizers need. libtcmalloc-minimal4: `accel-launch train` preloads it into
+#    the ranks, as PyTorch's run_cpu does (less memory than glibc's malloc at the same speed; BENCHMARKS.md).
 pkgs=(build-essential cmake ninja-build ccache clang-format pkg-config zlib1g-dev libcli11-dev libyaml-cpp-dev
   catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist python3 python3-venv liburing-dev libaio-dev
-  libpcre2-dev libutf8proc-dev)
+  libpcre2-dev libutf8proc-dev libtcmalloc-minimal4)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

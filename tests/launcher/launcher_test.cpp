@@ -1213,3 +1213,54 @@ TEST_CASE(
   CHECK(contains(both.err, "--enable_tcmalloc excludes --enable_jemalloc"));
   CHECK_FALSE(contains(both.out, "LD_PRELOAD="));
 }
+
+TEST_CASE(
+    "launcher: train preloads tcmalloc where it is found (run_cpu's default), notes glibc's malloc where it "
+    "is "
+    "not, and keeps an allocator the user preloads or --use_default_allocator") {
+  TempDir dir;
+  const std::string libc = c_library_path();
+  REQUIRE_FALSE(libc.empty());
+  fs::create_directories(dir.path() / "with");
+  const std::string tcmalloc = dir.str() + "/with/libtcmalloc_minimal.so.4";
+  fs::create_symlink(libc, tcmalloc);
+  // The Trainer program: prints its LD_PRELOAD (train puts the type's files before its arguments).
+  const std::string program = dir.str() + "/program.sh";
+  {
+    std::ofstream f(program);
+    f << "#!/bin/sh\necho LD_PRELOAD=${LD_PRELOAD:-unset}\n";
+  }
+  fs::permissions(program, fs::perms::owner_all);
+  const auto train = [&](const std::vector<std::string>& flags, const std::vector<std::string>& env) {
+    std::vector<std::string> args = {"train", "-t", "lora", "--num_processes", "2", "--main_process_port",
+                                     "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back(program);
+    return run(args, env);
+  };
+  const auto twice = [](const std::string& value) { return std::multiset<std::string>{value, value}; };
+  const std::string found = "ACCEL_ALLOCATOR_SEARCH_PATH=" + dir.str() + "/with";
+  const std::string none = "ACCEL_ALLOCATOR_SEARCH_PATH=/nonexistent/accel-allocator";
+
+  const RunResult pre = train({}, {found, "LD_PRELOAD"});
+  INFO("stdout:\n" << pre.out << "\nstderr:\n" << pre.err);
+  REQUIRE(pre.exit_code == 0);
+  CHECK(values(pre.out, "LD_PRELOAD") == twice(tcmalloc));
+  CHECK(contains(pre.err, "accel-launch: preloading tcmalloc into every rank: LD_PRELOAD=" + tcmalloc));
+  // Not installed: a note, not the warning of an asked-for allocator; glibc's malloc.
+  const RunResult missing = train({}, {none, "LD_PRELOAD"});
+  REQUIRE(missing.exit_code == 0);
+  CHECK(values(missing.out, "LD_PRELOAD") == twice("unset"));
+  CHECK(contains(missing.err, "accel-launch: note: train preloads tcmalloc where it is installed"));
+  CHECK_FALSE(contains(missing.err, "warning"));
+  // The user's own allocator in LD_PRELOAD stays alone; --use_default_allocator preloads nothing.
+  const std::string own = dir.str() + "/libjemalloc.so.2";
+  fs::create_symlink(libc, own);
+  const RunResult kept = train({}, {found, "LD_PRELOAD=" + own});
+  REQUIRE(kept.exit_code == 0);
+  CHECK(values(kept.out, "LD_PRELOAD") == twice(own));
+  const RunResult plain = train({"--use_default_allocator"}, {found, "LD_PRELOAD"});
+  REQUIRE(plain.exit_code == 0);
+  CHECK(values(plain.out, "LD_PRELOAD") == twice("unset"));
+  CHECK_FALSE(contains(plain.err, "preloading"));
+}
