@@ -186,7 +186,8 @@ def main():
     malloc = {k: v for k, v in os.environ.items()
               if k.startswith("MALLOC_") or k in ("ACCEL_MALLOC_TRIM", "LD_PRELOAD")}
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {' '.join(sys.argv)}; malloc settings: "
-          f"{malloc or 'glibc defaults'}", flush=True)
+          f"{malloc or 'none set (accel-launch train preloads tcmalloc where installed, else glibc defaults)'}",
+          flush=True)
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix="memory_check_") as work:
         data = os.path.join(work, "data.jsonl")
