@@ -570,9 +570,12 @@ void supervise_with_restarts(SupervisorOptions& supervisor, Config& config, cons
     if (result.exit_code == 0) return;
     // A port the launcher picked itself is free when picked, but another program can take it before rank 0
     // listens on it (seen with many launches at once): pick another and start again, not counted as a
-    // restart.
+    // restart. Two launchers can also pick the same port at once: then one job's rank 0 listens and a rank
+    // of the other job, refused by that store before it touched the job (Communicator's run identity), is
+    // the first to fail, while its own rank 0 fails with EADDRINUSE (seen in a CI run).
     const bool port_taken = result.report.find("EADDRINUSE") != std::string::npos ||
-                            result.report.find("ddress already in use") != std::string::npos;
+                            result.report.find("ddress already in use") != std::string::npos ||
+                            result.report.find(" of another job: run '") != std::string::npos;
     if (pick_port && port_taken && !result.interrupted && port_retries < 3) {
       ++port_retries;
       --restart;

@@ -897,6 +897,14 @@ TEST_CASE("launcher: a picked port taken before rank 0 listens is replaced, with
   }
   REQUIRE(seen.size() == 1);  // both ranks got the new port
   CHECK(!contains(r.err, "accel-launch: port " + *seen.begin() + " was taken"));
+  // Two launchers picked the same port: a rank refused by the other job's store fails first; the same.
+  TempDir other_dir;
+  const RunResult other =
+      run({"launch", "--num_processes", "2", "--main_process_port", "0", script("port_taken_once.sh")},
+          {"MARKER_DIR=" + other_dir.str(), "OTHER_JOB=1"});
+  INFO("stderr:\n" << other.err);
+  CHECK(other.exit_code == 0);
+  CHECK(contains(other.err, "was taken by another program before rank 0 listened on it"));
   // An explicit port is the user's: it is never replaced.
   TempDir fixed_dir;
   const RunResult fixed = run({"launch", "--num_processes", "2", "--main_process_port",
